@@ -1,0 +1,206 @@
+//! The coordinator's configuration file.
+//!
+//! ```toml
+//! federation = "plant-7"
+//! strategy = "fedavg"
+//! rounds = 50
+//! fraction = 1.0
+//! min_clients = 3
+//! min_updates = 2
+//! round_timeout_s = 120
+//! seed = 0
+//! embedded_broker = false      # true: run rumqttd in process on [broker].host:port
+//! initial_params = "head.f32"  # optional: little-endian f32 file; else a seeded init
+//!
+//! [broker]
+//! host = "127.0.0.1"
+//! port = 1883
+//!
+//! [head]
+//! features = 512
+//! hidden = 64
+//! classes = 10
+//!
+//! [train]
+//! objective = "CrossEntropy"   # or "FedProx"
+//! local_epochs = 1
+//! batch_size = 32
+//! learning_rate = 0.05
+//! momentum = 0.9
+//! weight_decay = 0.0005
+//! prox_mu = 0.01
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use fedge_mqtt::BrokerConfig;
+use fedge_wire::TrainParams;
+use serde::{Deserialize, Serialize};
+
+use crate::round::RoundConfig;
+
+/// Head sizes, as in the device profiles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadSizes {
+    /// Backbone feature size.
+    pub features: usize,
+    /// Projector width.
+    #[serde(default = "default_hidden")]
+    pub hidden: usize,
+    /// Classes.
+    pub classes: usize,
+}
+
+fn default_hidden() -> usize {
+    64
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// Federation name.
+    pub federation: String,
+    /// Server strategy.
+    #[serde(default = "default_strategy")]
+    pub strategy: String,
+    /// Rounds to aggregate; 0 runs until stopped.
+    #[serde(default = "default_rounds")]
+    pub rounds: u64,
+    /// Fraction of online clients per round.
+    #[serde(default = "default_fraction")]
+    pub fraction: f32,
+    /// Clients needed online to start, and least selected.
+    #[serde(default = "one")]
+    pub min_clients: usize,
+    /// Quorum at the deadline.
+    #[serde(default = "one")]
+    pub min_updates: usize,
+    /// Seconds a round stays open.
+    #[serde(default = "default_timeout")]
+    pub round_timeout_s: f64,
+    /// Sampling and initialisation seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Run rumqttd in process, listening on the broker address.
+    #[serde(default)]
+    pub embedded_broker: bool,
+    /// Optional starting parameters (raw little-endian f32, flat layout).
+    #[serde(default)]
+    pub initial_params: Option<PathBuf>,
+    /// Broker.
+    #[serde(default)]
+    pub broker: BrokerConfig,
+    /// Head sizes.
+    pub head: HeadSizes,
+    /// Local training sent to devices.
+    #[serde(default)]
+    pub train: TrainParams,
+}
+
+fn default_strategy() -> String {
+    "fedavg".into()
+}
+fn default_rounds() -> u64 {
+    20
+}
+fn default_fraction() -> f32 {
+    1.0
+}
+fn one() -> usize {
+    1
+}
+fn default_timeout() -> f64 {
+    60.0
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Unreadable file.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Invalid TOML or values.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// File.
+        path: PathBuf,
+        /// What to fix.
+        message: String,
+    },
+}
+
+impl CoordinatorConfig {
+    /// Reads and checks a file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.into(), source })?;
+        let invalid = |message: String| ConfigError::Invalid { path: path.into(), message };
+        let config: Self = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        config.check().map_err(invalid)?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        fedge_wire::Topics::new(&self.federation).map_err(|e| format!("federation: {e}"))?;
+        crate::strategy::by_name(&self.strategy)?;
+        if !(self.fraction > 0.0 && self.fraction <= 1.0) {
+            return Err(format!("fraction must be in (0, 1], got {}", self.fraction));
+        }
+        if !(self.round_timeout_s.is_finite() && self.round_timeout_s > 0.0) {
+            return Err("round_timeout_s must be positive".into());
+        }
+        if self.head.features == 0 || self.head.hidden == 0 || self.head.classes < 2 {
+            return Err("head needs features > 0, hidden > 0 and at least 2 classes".into());
+        }
+        Ok(())
+    }
+
+    /// The round machine's settings.
+    pub fn round_config(&self) -> RoundConfig {
+        RoundConfig {
+            rounds: self.rounds,
+            fraction: self.fraction,
+            min_clients: self.min_clients,
+            min_updates: self.min_updates,
+            round_timeout_ms: (self.round_timeout_s * 1000.0) as u64,
+            train: self.train.clone(),
+            seed: self.seed,
+            ..RoundConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_config_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/coordinator.toml");
+        let config = CoordinatorConfig::load(&path).unwrap();
+        assert_eq!(config.head, HeadSizes { features: 512, hidden: 64, classes: 10 });
+        assert_eq!(config.round_config().round_timeout_ms, 60_000);
+    }
+
+    #[test]
+    fn bad_values_name_the_field_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let base = "federation = \"f\"\n[head]\nfeatures = 4\nclasses = 2\n";
+        for (extra, expected) in [
+            ("fraction = 1.5\n", "fraction"),
+            ("strategy = \"nope\"\n", "unknown strategy"),
+            ("federation2 = 1\n", "unknown field"),
+        ] {
+            std::fs::write(&path, format!("{extra}{base}")).unwrap();
+            let err = CoordinatorConfig::load(&path).unwrap_err().to_string();
+            assert!(err.contains(expected), "{extra:?}: {err}");
+        }
+    }
+}

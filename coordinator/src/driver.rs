@@ -1,0 +1,264 @@
+//! The thin tokio driver: MQTT events, a timer and a stop signal in, the round machine's
+//! outputs out.
+//!
+//! Everything that decides lives in [`crate::round::Rounds`]; this file only maps I/O to the
+//! machine's inputs and its outputs to publishes, logs and events.
+
+use std::time::{Duration, Instant};
+
+use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE};
+use fedge_wire::{CoordinatorStatus, EdgeStatus, Topics};
+use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
+use tokio::sync::{mpsc, watch};
+
+use crate::round::{Output, Phase, RoundReport, Rounds, l2_norm};
+
+/// Evaluates global parameters on data the coordinator holds (demo and bench only; in a
+/// deployment an unseen site evaluates).
+pub type Evaluator = Box<dyn Fn(&[f32]) -> Option<f32> + Send>;
+
+/// What the driver tells an embedding program (the demo's progress bar and table).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DriverEvent {
+    /// A round ended.
+    RoundEnded {
+        /// The machine's report.
+        report: RoundReport,
+        /// Evaluator's accuracy on the new global parameters.
+        target_accuracy: Option<f32>,
+    },
+    /// An update was rejected.
+    Rejected {
+        /// Client from the topic.
+        client: String,
+        /// Reason key.
+        reason: &'static str,
+        /// Details.
+        detail: String,
+    },
+}
+
+/// Where and as whom the driver connects.
+#[derive(Debug, Clone)]
+pub struct DriverOptions {
+    /// Broker settings.
+    pub broker: BrokerConfig,
+    /// Federation name (topic root `fedge/<federation>/`).
+    pub federation: String,
+    /// MQTT client id of the coordinator.
+    pub client_id: String,
+}
+
+/// The driver could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// Bad federation name.
+    #[error("invalid federation name: {0}")]
+    Federation(#[from] fedge_wire::DecodeError),
+}
+
+/// Task topics: one frame on `round/task`, or chunk `i` on `round/task/<i>` (all retained).
+struct TaskTopics {
+    base: String,
+    chunk_topics_in_use: usize,
+}
+
+/// Runs the federation until the machine finishes or `stop` turns true; returns the machine.
+pub async fn run(
+    mut rounds: Rounds,
+    options: DriverOptions,
+    evaluator: Option<Evaluator>,
+    events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<Rounds, DriverError> {
+    let topics = Topics::new(&options.federation)?;
+    let status_topic = topics.coordinator_status();
+    let offline = serde_json::json!({"state": "offline", "updated_at": fedge_mqtt::now_rfc3339()});
+    let will = LastWill::new(&status_topic, offline.to_string(), QoS::AtLeastOnce, true);
+    let (client, mut eventloop) = AsyncClient::new(options.broker.options(&options.client_id, Some(will)), REQUEST_QUEUE);
+    let mut task_topics = TaskTopics { base: topics.round_task(), chunk_topics_in_use: 0 };
+    let origin = Instant::now();
+    let now_ms = || origin.elapsed().as_millis() as u64;
+    let mut backoff = Backoff::default();
+    let mut target_accuracy = None;
+    let mut connected = false;
+    rounds.start(now_ms());
+    loop {
+        let deadline = rounds.poll_timeout().map(|ms| tokio::time::Instant::from_std(origin + Duration::from_millis(ms)));
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = eventloop.poll() => match event {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    backoff.reset();
+                    connected = true;
+                    tracing::info!(broker = %format!("{}:{}", options.broker.host, options.broker.port), "coordinator connected");
+                    for filter in [topics.update_filter(), topics.edge_status_filter()] {
+                        if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                            tracing::error!(%filter, error = %e, "cannot subscribe");
+                        }
+                    }
+                    // Republish what a new broker or a reconnecting dashboard needs.
+                    if rounds.phase() == Phase::Training {
+                        rounds.republish_task();
+                    }
+                    rounds.touch_status();
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if let Some(c) = topics.client_of_update(&p.topic) {
+                        rounds.handle_packet(c, &p.payload, now_ms());
+                    } else if let Some(c) = topics.client_of_edge_status(&p.topic) {
+                        let online = serde_json::from_slice::<EdgeStatus>(&p.payload).map(|s| s.online).unwrap_or(false);
+                        rounds.handle_client_status(c, online, now_ms());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    if connected {
+                        tracing::warn!(error = %e, "lost the broker; reconnecting");
+                    }
+                    connected = false;
+                    tracing::debug!(error = %e, ?delay, "broker unreachable");
+                    tokio::time::sleep(delay).await;
+                }
+            },
+            _ = sleep => rounds.handle_timeout(now_ms()),
+            _ = stop.changed() => break,
+        }
+        let finished = drain(&mut rounds, &client, &options, &mut task_topics, &evaluator, &events, &mut target_accuracy, &status_topic, &topics);
+        if finished {
+            break;
+        }
+    }
+    // Let the last publishes (final status, metrics) reach the broker.
+    let flush_until = tokio::time::Instant::now() + Duration::from_millis(300);
+    while tokio::time::timeout_at(flush_until, eventloop.poll()).await.is_ok_and(|r| r.is_ok()) {}
+    let _ = client.try_disconnect();
+    Ok(rounds)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drain(
+    rounds: &mut Rounds,
+    client: &AsyncClient,
+    options: &DriverOptions,
+    task_topics: &mut TaskTopics,
+    evaluator: &Option<Evaluator>,
+    events: &Option<mpsc::UnboundedSender<DriverEvent>>,
+    target_accuracy: &mut Option<f32>,
+    status_topic: &str,
+    topics: &Topics,
+) -> bool {
+    let mut status_dirty = false;
+    let mut finished = false;
+    while let Some(output) = rounds.poll_output() {
+        match output {
+            Output::PublishTask { round, frame } => {
+                publish_task(client, task_topics, round, frame, options.broker.max_packet);
+            }
+            Output::RoundEnded(report) => {
+                if report.aggregated {
+                    *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
+                }
+                tracing::info!(
+                    round = report.round,
+                    aggregated = report.aggregated,
+                    reported = report.reported.len(),
+                    selected = report.selected.len(),
+                    target_accuracy = ?target_accuracy,
+                    "round ended"
+                );
+                let metrics = metrics_json(&report, *target_accuracy, rounds.strategy_name());
+                let _ = client.try_publish(topics.metrics(), QoS::AtLeastOnce, false, metrics.to_string());
+                if let Some(tx) = events {
+                    let _ = tx.send(DriverEvent::RoundEnded { report, target_accuracy: *target_accuracy });
+                }
+            }
+            Output::Rejected { client: who, reason, detail } => {
+                tracing::warn!(client = %who, reason = reason.name(), %detail, "update rejected");
+                if let Some(tx) = events {
+                    let _ = tx.send(DriverEvent::Rejected { client: who, reason: reason.name(), detail });
+                }
+            }
+            Output::StatusChanged => status_dirty = true,
+            Output::Finished => finished = true,
+        }
+    }
+    if status_dirty {
+        let status = status_of(rounds, *target_accuracy);
+        let json = serde_json::to_string(&status).unwrap_or_default();
+        let _ = client.try_publish(status_topic, QoS::AtLeastOnce, true, json);
+    }
+    finished
+}
+
+fn publish_task(client: &AsyncClient, topics: &mut TaskTopics, round: u64, frame: Vec<u8>, max_packet: usize) {
+    let pieces = fedge_wire::split_into_chunks(frame, round, max_packet);
+    let count = if pieces.len() == 1 { 0 } else { pieces.len() };
+    let publish = |topic: String, payload: Vec<u8>| {
+        if let Err(e) = client.try_publish(&topic, QoS::AtLeastOnce, true, payload) {
+            tracing::error!(%topic, error = %e, "cannot publish round task");
+        }
+    };
+    // Clear retained task topics the new task does not overwrite, so no device reassembles a
+    // mix of old and new pieces.
+    if count == 0 {
+        for i in 0..topics.chunk_topics_in_use {
+            publish(format!("{}/{i}", topics.base), Vec::new());
+        }
+        publish(topics.base.clone(), pieces.into_iter().next().unwrap_or_default());
+    } else {
+        publish(topics.base.clone(), Vec::new());
+        for i in count..topics.chunk_topics_in_use {
+            publish(format!("{}/{i}", topics.base), Vec::new());
+        }
+        for (i, piece) in pieces.into_iter().enumerate() {
+            publish(format!("{}/{i}", topics.base), piece);
+        }
+    }
+    topics.chunk_topics_in_use = count;
+}
+
+/// The retained status document.
+pub fn status_of(rounds: &Rounds, target_accuracy: Option<f32>) -> CoordinatorStatus {
+    let rejected = rounds.rejected_total().iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    CoordinatorStatus {
+        state: rounds.phase().name().into(),
+        round: rounds.round(),
+        total_rounds: rounds.config().rounds,
+        strategy: rounds.strategy_name().into(),
+        clients_online: rounds.online().len() as u32,
+        clients_selected: rounds.selected() as u32,
+        clients_reported: rounds.reported() as u32,
+        rejected_total: rounds.rejected_total().values().sum(),
+        rejected_updates: rejected,
+        target_accuracy,
+        source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
+        params_norm: l2_norm(rounds.params()),
+        updated_at: fedge_mqtt::now_rfc3339(),
+    }
+}
+
+fn metrics_json(report: &RoundReport, target_accuracy: Option<f32>, strategy: &str) -> serde_json::Value {
+    serde_json::json!({
+        "round": report.round,
+        "strategy": strategy,
+        "aggregated": report.aggregated,
+        "target_accuracy": target_accuracy,
+        "source_val_accuracy": report.source_val_accuracy,
+        "train_loss": report.train_loss,
+        "clients_selected": report.selected.len(),
+        "clients_reported": report.reported.len(),
+        "rejected": report.rejected.values().sum::<u64>(),
+        "bytes_up": report.bytes_up,
+        "bytes_down": report.bytes_down,
+        "seconds": report.duration_ms as f64 / 1000.0,
+        "params_norm": report.params_norm,
+        "time": fedge_mqtt::now_rfc3339(),
+    })
+}

@@ -1,0 +1,781 @@
+//! The round state machine: sans-IO, no clock.
+//!
+//! Inputs are method calls with the current time in milliseconds (from any monotonic
+//! origin the driver chooses): [`Rounds::handle_client_status`], [`Rounds::handle_packet`],
+//! [`Rounds::handle_timeout`]. Outputs are drained with [`Rounds::poll_output`], and
+//! [`Rounds::poll_timeout`] says when `handle_timeout` must be called next. The machine never
+//! reads a clock, never touches the network or the disk, and has no I/O error: the same
+//! multi-round scenario replays identically with simulated time, without a broker.
+//!
+//! # Round life
+//!
+//! `Waiting` (fewer than `min_clients` online) → `Training` (task published, updates
+//! collected until every selected client reported or the deadline passed) → aggregation →
+//! next round's `Training`, until `rounds` are done (`Finished`). At the deadline with fewer
+//! than `min_updates` accepted updates the deadline is extended once; if the quorum is still
+//! missing, the round is abandoned, the model is kept and a new round re-samples clients.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fedge_wire::{ClientUpdate, DecodeError, Message, Reassembler, RoundTask, TensorF32, TrainParams};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::IteratorRandom;
+
+use crate::strategy::{AcceptedUpdate, Strategy};
+
+/// Settings of the round logic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundConfig {
+    /// Rounds that must aggregate before the federation finishes (abandoned rounds do not
+    /// count); 0 runs until stopped.
+    pub rounds: u64,
+    /// Fraction of online clients selected per round.
+    pub fraction: f32,
+    /// Clients that must be online before a round starts, and the least selected per round.
+    pub min_clients: usize,
+    /// Accepted updates needed to aggregate at the deadline (quorum).
+    pub min_updates: usize,
+    /// Time a round stays open, in milliseconds.
+    pub round_timeout_ms: u64,
+    /// Local training parameters sent with each task.
+    pub train: TrainParams,
+    /// Seed of client sampling.
+    pub seed: u64,
+    /// Time a partly received chunked update waits for its other chunks.
+    pub reassembly_timeout_ms: u64,
+}
+
+impl Default for RoundConfig {
+    fn default() -> Self {
+        Self {
+            rounds: 20,
+            fraction: 1.0,
+            min_clients: 1,
+            min_updates: 1,
+            round_timeout_ms: 60_000,
+            train: TrainParams::default(),
+            seed: 0,
+            reassembly_timeout_ms: fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
+        }
+    }
+}
+
+/// Why an update was not used. The `name` is the key in the status JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rejection {
+    /// Not a decodable fedge frame (bad magic, CRC, body).
+    Malformed,
+    /// A protocol version this coordinator does not speak.
+    Version,
+    /// A valid frame of a kind devices must not send.
+    WrongKind,
+    /// A chunk that does not fit the other chunks of its message.
+    BadChunk,
+    /// `client_id` differs from the client in the topic.
+    ClientMismatch,
+    /// For a round that is not open (late, early or unknown).
+    WrongRound,
+    /// From a client not selected this round.
+    NotSelected,
+    /// A second update from the same client in the same round.
+    Duplicate,
+    /// Parameter count differs from the global head's.
+    Shape,
+    /// NaN or infinite values.
+    NonFinite,
+    /// A sample count of zero.
+    NoSamples,
+}
+
+impl Rejection {
+    /// The reason's key in status JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rejection::Malformed => "malformed",
+            Rejection::Version => "version",
+            Rejection::WrongKind => "wrong_kind",
+            Rejection::BadChunk => "bad_chunk",
+            Rejection::ClientMismatch => "client_mismatch",
+            Rejection::WrongRound => "wrong_round",
+            Rejection::NotSelected => "not_selected",
+            Rejection::Duplicate => "duplicate",
+            Rejection::Shape => "shape",
+            Rejection::NonFinite => "non_finite",
+            Rejection::NoSamples => "no_samples",
+        }
+    }
+
+    fn of_decode(e: &DecodeError) -> Self {
+        match e {
+            DecodeError::UnsupportedVersion(_) => Rejection::Version,
+            DecodeError::BadChunk(_) => Rejection::BadChunk,
+            _ => Rejection::Malformed,
+        }
+    }
+}
+
+/// Where the machine is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for enough clients.
+    Waiting,
+    /// A round is open.
+    Training,
+    /// All rounds done.
+    Finished,
+}
+
+impl Phase {
+    /// Name used in status JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting",
+            Phase::Training => "training",
+            Phase::Finished => "finished",
+        }
+    }
+}
+
+/// What happened to a round that ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundReport {
+    /// Round number.
+    pub round: u64,
+    /// True when the model was updated; false when the round was abandoned below quorum.
+    pub aggregated: bool,
+    /// Clients selected.
+    pub selected: Vec<String>,
+    /// Clients whose update was used.
+    pub reported: Vec<String>,
+    /// Updates rejected during the round, by reason.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Bytes of update payloads received during the round (all chunks, rejected ones too).
+    pub bytes_up: u64,
+    /// Bytes of round-task payload, times the clients selected.
+    pub bytes_down: u64,
+    /// Milliseconds from the task's publication to the aggregation.
+    pub duration_ms: u64,
+    /// Sample-weighted mean of the validation accuracy the clients measured on the global head
+    /// they received (so it describes the previous round's model).
+    pub source_val_accuracy: Option<f32>,
+    /// Sample-weighted mean training loss of the clients.
+    pub train_loss: Option<f32>,
+    /// L2 norm of the global parameters after the round.
+    pub params_norm: f32,
+}
+
+/// Something the driver must do or may show.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Publish this framed round task (retained) on the task topic; chunk it if large.
+    PublishTask {
+        /// Round number.
+        round: u64,
+        /// Framed [`RoundTask`].
+        frame: Vec<u8>,
+    },
+    /// A round ended.
+    RoundEnded(RoundReport),
+    /// An update was rejected.
+    Rejected {
+        /// Client named by the topic.
+        client: String,
+        /// Why.
+        reason: Rejection,
+        /// Details for the log line.
+        detail: String,
+    },
+    /// The status changed; publish a fresh status document.
+    StatusChanged,
+    /// All rounds are done.
+    Finished,
+}
+
+struct OpenRound {
+    round: u64,
+    selected: BTreeSet<String>,
+    accepted: Vec<AcceptedUpdate>,
+    val: Vec<(f32, u32)>,
+    loss: Vec<(f32, u32)>,
+    opened_ms: u64,
+    deadline_ms: u64,
+    extended: bool,
+    task_frame: Vec<u8>,
+    bytes_up: u64,
+    rejected: BTreeMap<&'static str, u64>,
+}
+
+/// The round state machine.
+pub struct Rounds {
+    config: RoundConfig,
+    strategy: Box<dyn Strategy>,
+    params: Vec<f32>,
+    online: BTreeSet<String>,
+    phase: Phase,
+    next_round: u64,
+    open: Option<OpenRound>,
+    rejected_total: BTreeMap<&'static str, u64>,
+    reassembler: Reassembler,
+    rng: StdRng,
+    outputs: std::collections::VecDeque<Output>,
+    last_report: Option<RoundReport>,
+    aggregated_rounds: u64,
+}
+
+impl Rounds {
+    /// A machine starting at round 1 from `initial` parameters.
+    pub fn new(config: RoundConfig, strategy: Box<dyn Strategy>, initial: Vec<f32>) -> Self {
+        let rng = StdRng::seed_from_u64(config.seed);
+        let reassembler = Reassembler::new(config.reassembly_timeout_ms, fedge_wire::MAX_MESSAGE_BYTES);
+        Self {
+            config,
+            strategy,
+            params: initial,
+            online: BTreeSet::new(),
+            phase: Phase::Waiting,
+            next_round: 1,
+            open: None,
+            rejected_total: BTreeMap::new(),
+            reassembler,
+            rng,
+            outputs: Default::default(),
+            last_report: None,
+            aggregated_rounds: 0,
+        }
+    }
+
+    /// Current global parameters.
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// Current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The round open now, or the last one started.
+    pub fn round(&self) -> u64 {
+        self.open.as_ref().map(|o| o.round).unwrap_or(self.next_round.saturating_sub(1))
+    }
+
+    /// The strategy's name.
+    pub fn strategy_name(&self) -> &str {
+        self.strategy.name()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RoundConfig {
+        &self.config
+    }
+
+    /// Clients known to be online.
+    pub fn online(&self) -> &BTreeSet<String> {
+        &self.online
+    }
+
+    /// Clients selected in the open round.
+    pub fn selected(&self) -> usize {
+        self.open.as_ref().map(|o| o.selected.len()).unwrap_or(0)
+    }
+
+    /// Updates accepted in the open round.
+    pub fn reported(&self) -> usize {
+        self.open.as_ref().map(|o| o.accepted.len()).unwrap_or(0)
+    }
+
+    /// All rejections since start, by reason.
+    pub fn rejected_total(&self) -> &BTreeMap<&'static str, u64> {
+        &self.rejected_total
+    }
+
+    /// The last round's report.
+    pub fn last_report(&self) -> Option<&RoundReport> {
+        self.last_report.as_ref()
+    }
+
+    /// A client's retained status said it is (or is no longer) online.
+    pub fn handle_client_status(&mut self, client: &str, online: bool, now_ms: u64) {
+        let changed = if online { self.online.insert(client.to_owned()) } else { self.online.remove(client) };
+        if changed {
+            self.outputs.push_back(Output::StatusChanged);
+        }
+        if self.phase == Phase::Waiting {
+            self.try_start(now_ms);
+        }
+    }
+
+    /// Starts rounds once enough clients are online; call once after construction too.
+    pub fn start(&mut self, now_ms: u64) {
+        if self.phase == Phase::Waiting {
+            self.try_start(now_ms);
+        }
+    }
+
+    /// A payload arrived on `client`'s update topic.
+    pub fn handle_packet(&mut self, client: &str, payload: &[u8], now_ms: u64) {
+        if let Some(open) = self.open.as_mut() {
+            open.bytes_up += payload.len() as u64;
+        }
+        match fedge_wire::decode(payload) {
+            Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
+            Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
+                Ok(Some(frame)) => match fedge_wire::decode(&frame) {
+                    Ok(Message::ClientUpdate(update)) => self.handle_update(client, update, now_ms),
+                    Ok(_) => self.reject(client, Rejection::WrongKind, "chunked message is not an update".into()),
+                    Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
+                },
+                Ok(None) => {}
+                Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
+            },
+            Ok(Message::ClientUpdate(update)) => self.handle_update(client, update, now_ms),
+            Ok(Message::RoundTask(_)) => self.reject(client, Rejection::WrongKind, "round task on an update topic".into()),
+        }
+    }
+
+    fn handle_update(&mut self, client: &str, update: ClientUpdate, now_ms: u64) {
+        if let Err((reason, detail)) = self.validate(client, &update) {
+            self.reject(client, reason, detail);
+            return;
+        }
+        let Some(open) = self.open.as_mut() else { return };
+        let n = update.num_samples;
+        open.val.push((update.metrics.val_accuracy, update.metrics.val_samples));
+        open.loss.push((update.metrics.train_loss, n));
+        open.accepted.push(AcceptedUpdate { client: update.client_id, num_samples: n, delta: update.delta.to_vec() });
+        self.outputs.push_back(Output::StatusChanged);
+        if open.accepted.len() == open.selected.len() {
+            self.close_round(now_ms);
+        }
+    }
+
+    fn validate(&self, client: &str, update: &ClientUpdate) -> Result<(), (Rejection, String)> {
+        if update.client_id != client {
+            return Err((Rejection::ClientMismatch, format!("update names {:?}", update.client_id)));
+        }
+        let Some(open) = self.open.as_ref() else {
+            return Err((Rejection::WrongRound, format!("round {} but no round is open", update.round)));
+        };
+        if update.round != open.round {
+            return Err((Rejection::WrongRound, format!("round {} but round {} is open", update.round, open.round)));
+        }
+        if !open.selected.contains(client) {
+            return Err((Rejection::NotSelected, format!("not selected for round {}", open.round)));
+        }
+        if open.accepted.iter().any(|u| u.client == client) {
+            return Err((Rejection::Duplicate, format!("second update for round {}", open.round)));
+        }
+        if update.delta.len() != self.params.len() {
+            return Err((Rejection::Shape, format!("{} parameters, the head has {}", update.delta.len(), self.params.len())));
+        }
+        if let Some(i) = update.delta.first_non_finite() {
+            return Err((Rejection::NonFinite, format!("parameter {i} is not finite")));
+        }
+        if update.num_samples == 0 {
+            return Err((Rejection::NoSamples, "zero samples".into()));
+        }
+        Ok(())
+    }
+
+    fn reject(&mut self, client: &str, reason: Rejection, detail: String) {
+        *self.rejected_total.entry(reason.name()).or_default() += 1;
+        if let Some(open) = self.open.as_mut() {
+            *open.rejected.entry(reason.name()).or_default() += 1;
+        }
+        self.outputs.push_back(Output::Rejected { client: client.to_owned(), reason, detail });
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    /// Time passed; closes rounds whose deadline is due and drops stale partial chunks.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        self.reassembler.expire(now_ms);
+        let Some(open) = self.open.as_mut() else {
+            if self.phase == Phase::Waiting {
+                self.try_start(now_ms);
+            }
+            return;
+        };
+        if now_ms < open.deadline_ms {
+            return;
+        }
+        if open.accepted.len() >= self.config.min_updates.max(1) {
+            self.close_round(now_ms);
+        } else if !open.extended {
+            open.extended = true;
+            open.deadline_ms = now_ms + self.config.round_timeout_ms;
+            self.outputs.push_back(Output::StatusChanged);
+        } else {
+            self.close_round(now_ms);
+        }
+    }
+
+    /// Asks for the open round's task to be published again (after a broker reconnect).
+    pub fn republish_task(&mut self) {
+        if let Some(open) = &self.open {
+            self.outputs.push_back(Output::PublishTask { round: open.round, frame: open.task_frame.clone() });
+        }
+    }
+
+    /// Asks for the status document to be published again.
+    pub fn touch_status(&mut self) {
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    /// When `handle_timeout` must be called next, if ever.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.open.as_ref().map(|o| o.deadline_ms)
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    fn try_start(&mut self, now_ms: u64) {
+        if self.online.len() >= self.config.min_clients.max(1) {
+            self.open_round(now_ms);
+        }
+    }
+
+    fn open_round(&mut self, now_ms: u64) {
+        let online = self.online.len();
+        // The epsilon keeps 0.3 × 10 at 3 despite f32 rounding.
+        let share = (self.config.fraction.clamp(0.0, 1.0) as f64 * online as f64 - 1e-6).ceil() as usize;
+        let wanted = share
+            .max(self.config.min_clients.min(online))
+            .max(1)
+            .min(online);
+        if online == 0 {
+            self.phase = Phase::Waiting;
+            self.outputs.push_back(Output::StatusChanged);
+            return;
+        }
+        let mut selected: Vec<String> = self.online.iter().cloned().choose_multiple(&mut self.rng, wanted);
+        selected.sort();
+        let round = self.next_round;
+        self.next_round += 1;
+        let task = RoundTask {
+            round,
+            selected: selected.clone(),
+            params: TensorF32::from_slice(&self.params),
+            train: self.strategy.configure_round(round, &self.config.train),
+            deadline_ms: self.config.round_timeout_ms,
+        };
+        let frame = fedge_wire::encode(&Message::RoundTask(task));
+        self.open = Some(OpenRound {
+            round,
+            selected: selected.into_iter().collect(),
+            accepted: Vec::new(),
+            val: Vec::new(),
+            loss: Vec::new(),
+            opened_ms: now_ms,
+            deadline_ms: now_ms + self.config.round_timeout_ms,
+            extended: false,
+            task_frame: frame.clone(),
+            bytes_up: 0,
+            rejected: BTreeMap::new(),
+        });
+        self.phase = Phase::Training;
+        self.outputs.push_back(Output::PublishTask { round, frame });
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    fn close_round(&mut self, now_ms: u64) {
+        let Some(open) = self.open.take() else { return };
+        let aggregated = !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
+        if aggregated {
+            self.params = self.strategy.aggregate(&self.params, &open.accepted);
+        }
+        let report = RoundReport {
+            round: open.round,
+            aggregated,
+            selected: open.selected.iter().cloned().collect(),
+            reported: open.accepted.iter().map(|u| u.client.clone()).collect(),
+            rejected: open.rejected,
+            bytes_up: open.bytes_up,
+            bytes_down: open.task_frame.len() as u64 * open.selected.len() as u64,
+            duration_ms: now_ms.saturating_sub(open.opened_ms),
+            source_val_accuracy: weighted_mean(&open.val),
+            train_loss: weighted_mean(&open.loss),
+            params_norm: l2_norm(&self.params),
+        };
+        self.last_report = Some(report.clone());
+        self.outputs.push_back(Output::RoundEnded(report));
+        if aggregated {
+            self.aggregated_rounds += 1;
+        }
+        let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
+        if done {
+            self.phase = Phase::Finished;
+            self.outputs.push_back(Output::StatusChanged);
+            self.outputs.push_back(Output::Finished);
+        } else {
+            self.phase = Phase::Waiting;
+            self.try_start(now_ms);
+            if self.phase == Phase::Waiting {
+                self.outputs.push_back(Output::StatusChanged);
+            }
+        }
+    }
+
+}
+
+fn weighted_mean(values: &[(f32, u32)]) -> Option<f32> {
+    let total: f64 = values.iter().map(|(_, n)| *n as f64).sum();
+    (total > 0.0).then(|| (values.iter().map(|(v, n)| *v as f64 * *n as f64).sum::<f64>() / total) as f32)
+}
+
+/// Euclidean norm, accumulated in f64.
+pub fn l2_norm(values: &[f32]) -> f32 {
+    values.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>().sqrt() as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::FedAvg;
+    use fedge_wire::{Chunk, LocalMetrics};
+
+    const M: usize = 4;
+
+    fn machine(clients: &[&str], config: RoundConfig) -> Rounds {
+        let mut m = Rounds::new(config, Box::new(FedAvg), vec![0.0; M]);
+        for c in clients {
+            m.handle_client_status(c, true, 0);
+        }
+        m
+    }
+
+    fn config() -> RoundConfig {
+        RoundConfig { rounds: 2, min_clients: 2, min_updates: 2, round_timeout_ms: 1_000, ..RoundConfig::default() }
+    }
+
+    fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
+        fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            round,
+            client_id: client.into(),
+            seq: round,
+            num_samples: n,
+            delta: TensorF32::from_slice(&delta),
+            metrics: LocalMetrics { val_accuracy: 0.5, val_samples: 10, ..LocalMetrics::default() },
+        }))
+    }
+
+    fn drain(m: &mut Rounds) -> Vec<Output> {
+        std::iter::from_fn(|| m.poll_output()).collect()
+    }
+
+    fn tasks(outputs: &[Output]) -> Vec<RoundTask> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::PublishTask { frame, .. } => match fedge_wire::decode(frame) {
+                    Ok(Message::RoundTask(t)) => Some(t),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn reports(outputs: &[Output]) -> Vec<RoundReport> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::RoundEnded(r) => Some(r.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn waits_for_min_clients_then_publishes_round_one_with_current_params() {
+        let mut m = Rounds::new(config(), Box::new(FedAvg), vec![1.0, 2.0, 3.0, 4.0]);
+        m.handle_client_status("a", true, 0);
+        assert_eq!(m.phase(), Phase::Waiting);
+        assert!(tasks(&drain(&mut m)).is_empty());
+        m.handle_client_status("b", true, 5);
+        let t = tasks(&drain(&mut m));
+        assert_eq!(t.len(), 1);
+        assert_eq!((t[0].round, t[0].selected.clone()), (1, vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(t[0].params.to_vec(), vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m.poll_timeout(), Some(1_005));
+    }
+
+    #[test]
+    fn round_closes_when_all_selected_reported_and_applies_fedavg() {
+        let mut m = machine(&["a", "b"], config());
+        drain(&mut m);
+        m.handle_packet("a", &update("a", 1, [1.0, 0.0, 0.0, 0.0], 1), 10);
+        assert_eq!(m.reported(), 1);
+        m.handle_packet("b", &update("b", 1, [0.0, 4.0, 0.0, 0.0], 3), 20);
+        let out = drain(&mut m);
+        let r = reports(&out);
+        assert_eq!(r.len(), 1);
+        assert!(r[0].aggregated);
+        assert_eq!(r[0].duration_ms, 20);
+        assert_eq!(m.params(), &[0.25, 3.0, 0.0, 0.0]);
+        let next = tasks(&out);
+        assert_eq!(next[0].round, 2);
+        assert_eq!(next[0].params.to_vec(), vec![0.25, 3.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn finishes_after_the_configured_rounds() {
+        let mut m = machine(&["a", "b"], config());
+        for round in 1..=2 {
+            for c in ["a", "b"] {
+                m.handle_packet(c, &update(c, round, [1.0; M], 1), round * 100);
+            }
+        }
+        let out = drain(&mut m);
+        assert_eq!(m.phase(), Phase::Finished);
+        assert!(out.contains(&Output::Finished));
+        assert_eq!(m.params(), &[2.0; M]);
+        assert_eq!(m.poll_timeout(), None);
+    }
+
+    #[test]
+    fn bad_updates_are_rejected_counted_and_leave_the_model_untouched() {
+        let mut m = machine(&["a", "b"], config());
+        drain(&mut m);
+        m.handle_packet("a", b"garbage bytes", 1);
+        m.handle_packet("a", &update("a", 7, [1.0; M], 1), 2);
+        m.handle_packet("a", &update("b", 1, [1.0; M], 1), 3);
+        m.handle_packet("a", &update("a", 1, [f32::NAN, 0.0, 0.0, 0.0], 1), 4);
+        m.handle_packet("c", &update("c", 1, [1.0; M], 1), 5);
+        let short = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            round: 1,
+            client_id: "a".into(),
+            seq: 1,
+            num_samples: 1,
+            delta: TensorF32::from_slice(&[1.0]),
+            metrics: LocalMetrics::default(),
+        }));
+        m.handle_packet("a", &short, 6);
+        m.handle_packet("a", &update("a", 1, [1.0; M], 0), 7);
+        let mut corrupted = update("a", 1, [1.0; M], 1);
+        let mid = corrupted.len() / 2;
+        corrupted[mid] ^= 0x40;
+        m.handle_packet("a", &corrupted, 8);
+        let counts: Vec<(&str, u64)> = m.rejected_total().iter().map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(
+            counts,
+            vec![
+                ("client_mismatch", 1),
+                ("malformed", 2),
+                ("no_samples", 1),
+                ("non_finite", 1),
+                ("not_selected", 1),
+                ("shape", 1),
+                ("wrong_round", 1)
+            ]
+        );
+        assert_eq!(m.params(), &[0.0; M]);
+        assert_eq!(m.reported(), 0);
+        // The round goes on: valid updates still close it.
+        m.handle_packet("a", &update("a", 1, [1.0; M], 1), 9);
+        m.handle_packet("a", &update("a", 1, [5.0; M], 1), 9);
+        assert_eq!(m.rejected_total()["duplicate"], 1);
+        m.handle_packet("b", &update("b", 1, [3.0; M], 1), 10);
+        assert_eq!(m.params(), &[2.0; M]);
+    }
+
+    #[test]
+    fn late_update_for_a_closed_round_is_rejected() {
+        let mut m = machine(&["a", "b"], config());
+        m.handle_packet("a", &update("a", 1, [1.0; M], 1), 1);
+        m.handle_packet("b", &update("b", 1, [1.0; M], 1), 2);
+        m.handle_packet("a", &update("a", 1, [9.0; M], 1), 3);
+        assert_eq!(m.rejected_total()["wrong_round"], 1);
+        assert_eq!(m.params(), &[1.0; M]);
+    }
+
+    #[test]
+    fn deadline_with_quorum_aggregates_what_arrived() {
+        let mut m = machine(&["a", "b", "c"], RoundConfig { min_clients: 3, ..config() });
+        drain(&mut m);
+        m.handle_packet("a", &update("a", 1, [2.0; M], 1), 10);
+        m.handle_packet("b", &update("b", 1, [4.0; M], 1), 20);
+        m.handle_timeout(999);
+        assert_eq!(m.round(), 1);
+        m.handle_timeout(1_000);
+        let r = reports(&drain(&mut m));
+        assert_eq!(r[0].reported, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(m.params(), &[3.0; M]);
+        assert_eq!(m.round(), 2);
+    }
+
+    #[test]
+    fn below_quorum_the_deadline_is_extended_once_then_the_round_is_abandoned() {
+        let mut m = machine(&["a", "b"], config());
+        drain(&mut m);
+        m.handle_packet("a", &update("a", 1, [2.0; M], 1), 10);
+        m.handle_timeout(1_000);
+        assert_eq!((m.round(), m.poll_timeout()), (1, Some(2_000)));
+        m.handle_timeout(2_000);
+        let out = drain(&mut m);
+        let r = reports(&out);
+        assert!(!r[0].aggregated);
+        assert_eq!(m.params(), &[0.0; M]);
+        // A new round re-samples; abandoned rounds do not count towards `rounds`.
+        assert_eq!(tasks(&out)[0].round, 2);
+        assert_eq!(m.phase(), Phase::Training);
+    }
+
+    #[test]
+    fn chunked_update_is_reassembled_in_any_order() {
+        let mut m = machine(&["a", "b"], config());
+        drain(&mut m);
+        let frame = update("a", 1, [1.5; M], 2);
+        let mut pieces = fedge_wire::split_into_chunks(frame, 42, 40);
+        assert!(pieces.len() > 2);
+        pieces.reverse();
+        for p in &pieces {
+            m.handle_packet("a", p, 5);
+        }
+        assert_eq!(m.reported(), 1);
+        // A chunk naming a different total length than its siblings is a bad chunk.
+        let bad = fedge_wire::encode(&Message::Chunk(Chunk { message_id: 7, index: 5, count: 2, total_len: 10, data: vec![1] }));
+        m.handle_packet("b", &bad, 6);
+        assert_eq!(m.rejected_total().get("bad_chunk"), Some(&1));
+    }
+
+    #[test]
+    fn sampling_respects_fraction_and_minimum_and_is_seeded() {
+        let clients: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+        let refs: Vec<&str> = clients.iter().map(|s| s.as_str()).collect();
+        let cfg = RoundConfig { fraction: 0.3, min_clients: 2, ..config() };
+        let mut one = machine(&refs, cfg.clone());
+        let mut two = machine(&refs, cfg);
+        let (t1, t2) = (tasks(&drain(&mut one)), tasks(&drain(&mut two)));
+        // min_clients = 2 starts round 1 with 2 online; by then only c0 and c1 are online.
+        assert_eq!(t1[0].selected, vec!["c0".to_string(), "c1".to_string()]);
+        assert_eq!(t1, t2);
+        // Once everyone is online, the fraction decides: ceil(0.3 * 10) = 3 per round.
+        for c in ["c0", "c1"] {
+            one.handle_packet(c, &update(c, 1, [1.0; M], 1), 10);
+        }
+        let t = tasks(&drain(&mut one));
+        assert_eq!(t[0].round, 2);
+        assert_eq!(t[0].selected.len(), 3);
+    }
+
+    #[test]
+    fn clients_joining_are_selected_next_round_and_offline_ones_are_not() {
+        let mut m = machine(&["a", "b"], RoundConfig { rounds: 3, min_updates: 1, ..config() });
+        m.handle_client_status("c", true, 1);
+        m.handle_packet("a", &update("a", 1, [1.0; M], 1), 2);
+        m.handle_packet("b", &update("b", 1, [1.0; M], 1), 3);
+        m.handle_client_status("c", false, 4);
+        m.handle_packet("a", &update("a", 2, [1.0; M], 1), 5);
+        m.handle_packet("b", &update("b", 2, [1.0; M], 1), 6);
+        assert_eq!(m.round(), 2, "round 2 waits for c until its deadline");
+        m.handle_timeout(1_003);
+        let t = tasks(&drain(&mut m));
+        let selected: Vec<Vec<String>> = t.iter().map(|t| t.selected.clone()).collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(selected, vec![s(&["a", "b"]), s(&["a", "b", "c"]), s(&["a", "b"])]);
+    }
+}

@@ -1,0 +1,105 @@
+//! Server strategies: how the round's accepted updates become the next global head.
+//!
+//! Shaped like Flower's strategies: a small synchronous trait, with the arithmetic in free
+//! functions that have their own tests. FedAvg (ALGORITHMS.md §1) lives here; later
+//! strategies plug in behind the same trait.
+
+use fedge_wire::TrainParams;
+
+/// One update that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedUpdate {
+    /// Client id.
+    pub client: String,
+    /// Local training samples (the FedAvg weight).
+    pub num_samples: u32,
+    /// `θ_local − θ_global`, flat layout.
+    pub delta: Vec<f32>,
+}
+
+/// A server-side aggregation rule.
+pub trait Strategy: Send {
+    /// Name shown in status and metrics.
+    fn name(&self) -> &str;
+
+    /// Local training parameters for `round`; the default sends the configured ones unchanged.
+    fn configure_round(&mut self, _round: u64, defaults: &TrainParams) -> TrainParams {
+        defaults.clone()
+    }
+
+    /// The next global parameters from `global` and the round's accepted updates (never empty).
+    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32>;
+}
+
+/// FedAvg: `θ ← θ + Σ_u (n_u / Σ n) Δ_u`.
+#[derive(Debug, Clone, Default)]
+pub struct FedAvg;
+
+impl Strategy for FedAvg {
+    fn name(&self) -> &str {
+        "fedavg"
+    }
+
+    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32> {
+        let delta = weighted_mean_delta(updates, global.len());
+        global.iter().zip(&delta).map(|(g, d)| g + d).collect()
+    }
+}
+
+/// `Σ_u (n_u / Σ n) Δ_u`, accumulated in f64; zeros when there is no weight.
+pub fn weighted_mean_delta(updates: &[AcceptedUpdate], len: usize) -> Vec<f32> {
+    let total: f64 = updates.iter().map(|u| u.num_samples as f64).sum();
+    let mut acc = vec![0f64; len];
+    if total <= 0.0 {
+        return vec![0.0; len];
+    }
+    for u in updates {
+        let w = u.num_samples as f64 / total;
+        for (a, d) in acc.iter_mut().zip(&u.delta) {
+            *a += w * *d as f64;
+        }
+    }
+    acc.into_iter().map(|v| v as f32).collect()
+}
+
+/// Builds a strategy by name.
+pub fn by_name(name: &str) -> Result<Box<dyn Strategy>, String> {
+    match name {
+        "fedavg" => Ok(Box::new(FedAvg)),
+        other => Err(format!("unknown strategy {other:?}; available: fedavg")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(client: &str, n: u32, delta: &[f32]) -> AcceptedUpdate {
+        AcceptedUpdate { client: client.into(), num_samples: n, delta: delta.to_vec() }
+    }
+
+    #[test]
+    fn fedavg_weights_deltas_by_sample_count() {
+        let updates = [update("a", 1, &[1.0, 0.0]), update("b", 3, &[0.0, 4.0])];
+        let next = FedAvg.aggregate(&[10.0, 20.0], &updates);
+        assert_eq!(next, vec![10.25, 23.0]);
+    }
+
+    #[test]
+    fn fedavg_of_one_update_applies_it_exactly() {
+        let next = FedAvg.aggregate(&[1.0, -1.0, 0.5], &[update("a", 7, &[0.5, 0.25, -0.5])]);
+        assert_eq!(next, vec![1.5, -0.75, 0.0]);
+    }
+
+    #[test]
+    fn zero_total_weight_leaves_model_unchanged() {
+        let next = FedAvg.aggregate(&[1.0, 2.0], &[update("a", 0, &[5.0, 5.0])]);
+        assert_eq!(next, vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn unknown_strategy_name_lists_the_available_ones() {
+        let err = by_name("fedfoo").err().unwrap();
+        assert!(err.contains("fedavg"), "{err}");
+    }
+}

@@ -1,0 +1,227 @@
+//! The device's MQTT loop.
+//!
+//! Connect with a Last Will that marks the device offline, publish a retained online status,
+//! follow the retained round task, train when selected, publish the update, and reconnect
+//! with back-off whenever the broker goes away. Training runs on a blocking thread so the
+//! MQTT keep-alive continues meanwhile.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fedge_models::{Backend, HeadConfig};
+use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE, publish_frame};
+use fedge_wire::{ClientUpdate, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask, TensorF32, Topics};
+use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
+use tokio::sync::{mpsc, watch};
+
+use crate::train::{FeatureSet, TrainError, TrainOutcome, accuracy, train_head};
+
+/// Everything a running agent needs.
+#[derive(Debug, Clone)]
+pub struct AgentSetup {
+    /// Client id (one MQTT topic level).
+    pub client_id: String,
+    /// Federation name.
+    pub federation: String,
+    /// Broker.
+    pub broker: BrokerConfig,
+    /// Head sizes; must match the coordinator's.
+    pub head: HeadConfig,
+    /// Local training split, as backbone features.
+    pub train: Arc<FeatureSet>,
+    /// Local validation split.
+    pub val: Arc<FeatureSet>,
+    /// Burn backend for training.
+    pub backend: Backend,
+    /// Hardware profile name, for status.
+    pub profile: String,
+    /// Backbone name, for status.
+    pub backbone: String,
+    /// Seed of local shuffling (mixed with the round number).
+    pub seed: u64,
+}
+
+/// What an agent did before it stopped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentSummary {
+    /// Rounds trained.
+    pub rounds_trained: u64,
+    /// Update bytes published (all chunks).
+    pub bytes_up: u64,
+    /// Task bytes received.
+    pub bytes_down: u64,
+}
+
+/// The agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Invalid client id or federation.
+    #[error("invalid agent identity: {0}")]
+    Identity(String),
+}
+
+struct Trained {
+    round: u64,
+    result: Result<TrainOutcome, TrainError>,
+    val_accuracy: f32,
+    seconds: f32,
+}
+
+/// Runs until `stop` turns true.
+pub async fn run_agent(setup: AgentSetup, mut stop: watch::Receiver<bool>) -> Result<AgentSummary, AgentError> {
+    let topics = Topics::new(&setup.federation).map_err(|e| AgentError::Identity(e.to_string()))?;
+    if !fedge_wire::valid_client_id(&setup.client_id) {
+        return Err(AgentError::Identity(format!(
+            "client id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
+            setup.client_id
+        )));
+    }
+    let status_topic = topics.edge_status(&setup.client_id);
+    let update_topic = topics.update(&setup.client_id);
+    let task_base = topics.round_task();
+    let mut status = EdgeStatus {
+        client_id: setup.client_id.clone(),
+        online: false,
+        profile: setup.profile.clone(),
+        backbone: setup.backbone.clone(),
+        samples: setup.train.len() as u32,
+        last_round: 0,
+        last_error: String::new(),
+    };
+    let will = LastWill::new(&status_topic, json(&status), QoS::AtLeastOnce, true);
+    let options = setup.broker.options(&format!("fedge-edge-{}", setup.client_id), Some(will));
+    let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Trained>();
+    let mut reassembler = Reassembler::new(fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS, fedge_wire::MAX_MESSAGE_BYTES);
+    let origin = Instant::now();
+    let mut backoff = Backoff::default();
+    let mut summary = AgentSummary::default();
+    let mut training: Option<u64> = None;
+    let mut seq = 0u64;
+    let mut connected = false;
+    status.online = true;
+    loop {
+        tokio::select! {
+            event = eventloop.poll() => match event {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    backoff.reset();
+                    connected = true;
+                    tracing::info!(client = %setup.client_id, "edge connected");
+                    for filter in [task_base.clone(), format!("{task_base}/+")] {
+                        let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
+                    }
+                    let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if p.payload.is_empty() || !(p.topic == task_base || p.topic.starts_with(&format!("{task_base}/"))) {
+                        continue;
+                    }
+                    summary.bytes_down += p.payload.len() as u64;
+                    let now_ms = origin.elapsed().as_millis() as u64;
+                    reassembler.expire(now_ms);
+                    let Some(task) = decode_task(&mut reassembler, &p.payload, now_ms) else { continue };
+                    let wanted = task.selected.iter().any(|c| *c == setup.client_id)
+                        && task.round > status.last_round
+                        && training.is_none();
+                    if wanted {
+                        training = Some(task.round);
+                        spawn_training(&setup, task, done_tx.clone());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if connected {
+                        tracing::warn!(client = %setup.client_id, error = %e, "lost the broker; reconnecting");
+                    }
+                    connected = false;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            },
+            Some(done) = done_rx.recv() => {
+                training = None;
+                status.last_round = done.round;
+                match done.result {
+                    Ok(outcome) => {
+                        seq += 1;
+                        let update = ClientUpdate {
+                            round: done.round,
+                            client_id: setup.client_id.clone(),
+                            seq,
+                            num_samples: setup.train.len() as u32,
+                            delta: TensorF32::from_slice(&outcome.delta),
+                            metrics: LocalMetrics {
+                                train_loss: outcome.last_epoch_loss,
+                                val_accuracy: done.val_accuracy,
+                                val_samples: setup.val.len() as u32,
+                                train_seconds: done.seconds,
+                            },
+                        };
+                        let frame = fedge_wire::encode(&Message::ClientUpdate(update));
+                        match publish_frame(&client, &update_topic, frame, seq, setup.broker.max_packet, false) {
+                            Ok(bytes) => {
+                                summary.bytes_up += bytes;
+                                summary.rounds_trained += 1;
+                                status.last_error.clear();
+                            }
+                            Err(e) => {
+                                tracing::error!(client = %setup.client_id, error = %e, "cannot publish update");
+                                status.last_error = e.to_string();
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(client = %setup.client_id, round = done.round, error = %e, "local training failed");
+                        status.last_error = e.to_string();
+                    }
+                }
+                let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    status.online = false;
+    let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
+    let _ = client.try_disconnect();
+    let flush_until = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
+    while tokio::time::timeout_at(flush_until, eventloop.poll()).await.is_ok_and(|r| r.is_ok()) {}
+    Ok(summary)
+}
+
+fn decode_task(reassembler: &mut Reassembler, payload: &[u8], now_ms: u64) -> Option<RoundTask> {
+    let message = match fedge_wire::decode(payload) {
+        Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now_ms) {
+            Ok(Some(frame)) => fedge_wire::decode(&frame),
+            Ok(None) => return None,
+            Err(e) => Err(e),
+        },
+        other => other,
+    };
+    match message {
+        Ok(Message::RoundTask(task)) => Some(task),
+        Ok(_) => {
+            tracing::warn!("ignoring a message that is not a round task on the task topic");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring an undecodable round task");
+            None
+        }
+    }
+}
+
+fn spawn_training(setup: &AgentSetup, task: RoundTask, done: mpsc::UnboundedSender<Trained>) {
+    let (head, train, val, backend) = (setup.head.clone(), setup.train.clone(), setup.val.clone(), setup.backend);
+    let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        let global = task.params.to_vec();
+        let val_accuracy = accuracy(&head, &global, &val).unwrap_or(0.0);
+        let device = fedge_models::training_device(backend);
+        let result = train_head(&head, &global, &train, &task.train, seed, &device);
+        let _ = done.send(Trained { round: task.round, result, val_accuracy, seconds: start.elapsed().as_secs_f32() });
+    });
+}
+
+fn json(status: &EdgeStatus) -> String {
+    serde_json::to_string(status).unwrap_or_default()
+}

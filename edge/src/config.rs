@@ -1,0 +1,168 @@
+//! A device's configuration file (the profiles in `firmware-configs/` are such files).
+//!
+//! Relative paths are resolved against the folder of the file, so a profile works from any
+//! working directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fedge_models::{Backbone, Backend, HeadConfig};
+use fedge_mqtt::BrokerConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::agent::AgentSetup;
+use crate::data::{DIGITS_ANGLES, ImageSet, digits_domains, imagefolder_domains};
+use crate::features::{self, Fnv64};
+
+/// Where the device's samples come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum DataConfig {
+    /// One domain of the built-in rotated digits (`rot0` … `rot75`).
+    Digits {
+        /// Domain name.
+        domain: String,
+        /// Seed of the split of the digits into domains; must agree across devices.
+        #[serde(default)]
+        seed: u64,
+    },
+    /// One domain folder of an ImageFolder tree `root/<domain>/<class>/*.png`.
+    ImageFolder {
+        /// Tree root.
+        root: PathBuf,
+        /// Domain folder name.
+        domain: String,
+    },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeConfig {
+    /// Client id, unique in the federation.
+    pub client_id: String,
+    /// Federation name.
+    pub federation: String,
+    /// Hardware profile name (reported in status).
+    #[serde(default = "default_profile")]
+    pub profile: String,
+    /// Burn CPU backend: `ndarray` or `flex`.
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    /// Local seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Projector width; must match the coordinator's `[head].hidden`.
+    #[serde(default = "default_hidden")]
+    pub hidden: usize,
+    /// Fraction of local samples kept for validation.
+    #[serde(default = "default_val_fraction")]
+    pub val_fraction: f32,
+    /// Folder for the on-disk feature cache.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// Broker.
+    #[serde(default)]
+    pub broker: BrokerConfig,
+    /// Model card of the backbone.
+    pub backbone: PathBuf,
+    /// Local data.
+    pub data: DataConfig,
+}
+
+fn default_profile() -> String {
+    "generic".into()
+}
+fn default_backend() -> String {
+    "ndarray".into()
+}
+fn default_hidden() -> usize {
+    64
+}
+fn default_val_fraction() -> f32 {
+    0.1
+}
+
+impl EdgeConfig {
+    /// Reads a file and resolves its relative paths.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let mut config: Self = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.backbone = base.join(&config.backbone);
+        if let Some(dir) = &config.cache_dir {
+            config.cache_dir = Some(base.join(dir));
+        }
+        if let DataConfig::ImageFolder { root, .. } = &mut config.data {
+            *root = base.join(&*root);
+        }
+        config.backend.parse::<Backend>().map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            fedge_wire::valid_client_id(&config.client_id),
+            "{}: client_id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
+            path.display(),
+            config.client_id
+        );
+        anyhow::ensure!(
+            config.val_fraction > 0.0 && config.val_fraction < 1.0,
+            "{}: val_fraction must be in (0, 1)",
+            path.display()
+        );
+        Ok(config)
+    }
+
+    /// Loads the local domain's images (raw values, at the backbone's input size).
+    pub fn load_images(&self, backbone: &Backbone) -> anyhow::Result<ImageSet> {
+        let card = backbone.card();
+        let domains = match &self.data {
+            DataConfig::Digits { seed, .. } => digits_domains(&DIGITS_ANGLES, *seed),
+            DataConfig::ImageFolder { root, .. } => imagefolder_domains(root, card.channels, card.height, card.width)?,
+        };
+        let wanted = match &self.data {
+            DataConfig::Digits { domain, .. } | DataConfig::ImageFolder { domain, .. } => domain,
+        };
+        let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+        let domain = domains
+            .iter()
+            .find(|d| d.name == *wanted)
+            .ok_or_else(|| anyhow::anyhow!("domain {wanted:?} not found; available: {}", names.join(", ")))?;
+        let data = &domain.data;
+        anyhow::ensure!(
+            (data.channels, data.height, data.width) == (card.channels, card.height, card.width),
+            "data images are {}x{}x{} but backbone {} expects {}x{}x{}",
+            data.channels,
+            data.height,
+            data.width,
+            card.name,
+            card.channels,
+            card.height,
+            card.width
+        );
+        Ok(data.clone())
+    }
+
+    /// Loads backbone and data, computes (or reads cached) features and builds the agent.
+    pub fn setup(&self) -> anyhow::Result<AgentSetup> {
+        let backbone = Backbone::load(&self.backbone)?;
+        let onnx = self.backbone.parent().unwrap_or(Path::new(".")).join(&backbone.card().file);
+        let backbone_id = Fnv64::of(&std::fs::read(onnx)?);
+        let images = self.load_images(&backbone)?;
+        let classes = images.classes();
+        let (train, val) = images.split(self.val_fraction, self.seed);
+        let cache = self.cache_dir.as_deref();
+        let train = features::extract(&backbone, backbone_id, &train, cache)?;
+        let val = features::extract(&backbone, backbone_id, &val, cache)?;
+        Ok(AgentSetup {
+            client_id: self.client_id.clone(),
+            federation: self.federation.clone(),
+            broker: self.broker.clone(),
+            head: HeadConfig::new(backbone.card().feature_size, classes).with_hidden(self.hidden),
+            train: Arc::new(train),
+            val: Arc::new(val),
+            backend: self.backend.parse().map_err(anyhow::Error::msg)?,
+            profile: self.profile.clone(),
+            backbone: backbone.card().name.clone(),
+            seed: self.seed,
+        })
+    }
+}

@@ -1,0 +1,262 @@
+//! Local data sets for the edge agent.
+//!
+//! Every data source produces [`Domain`]s: named [`ImageSet`]s whose images are stored as raw
+//! values (no normalisation), channel-first and packed into one vector. Two sources exist:
+//!
+//! * [`digits_domains`] builds RotatedMNIST-style domains from the UCI optical digits that ship
+//!   with smartcore, so demos and tests need no download.
+//! * [`imagefolder_domains`] reads a folder tree `root/<domain>/<class>/*.png` (or `.jpg`).
+//!
+//! [`ImageSet::split`] and [`ImageSet::partition`] divide a domain deterministically for a seed,
+//! for example into a training and a validation set or into one shard per simulated device.
+
+mod digits;
+mod error;
+mod imagefolder;
+mod rotate;
+
+pub use digits::{DIGITS_ANGLES, digits_domains};
+pub use error::DataError;
+pub use imagefolder::imagefolder_domains;
+pub use rotate::rotate_chw;
+
+use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
+
+/// A labelled set of images, stored as raw values, channel-first and packed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageSet {
+    /// The number of channels of every image (1 for grayscale, 3 for RGB).
+    pub channels: usize,
+    /// The height of every image in pixels.
+    pub height: usize,
+    /// The width of every image in pixels.
+    pub width: usize,
+    /// The class names; a label `l` means the class `class_names[l]`.
+    pub class_names: Vec<String>,
+    /// The images, `len() * channels * height * width` values in CHW order, on their raw scale
+    /// (0..=16 for the digits, 0..=255 for 8-bit image files).
+    pub images: Vec<f32>,
+    /// One label per image, each smaller than `class_names.len()`.
+    pub labels: Vec<u32>,
+}
+
+impl ImageSet {
+    /// Returns the number of images.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Returns true when the set holds no images.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Returns the number of classes, which is the number of class names.
+    pub fn classes(&self) -> usize {
+        self.class_names.len()
+    }
+
+    /// Returns the number of values of one image, `channels * height * width`.
+    pub fn image_len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+
+    /// Returns the values of image `i` in CHW order.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `i >= self.len()`.
+    pub fn image(&self, i: usize) -> &[f32] {
+        let n = self.image_len();
+        &self.images[i * n..(i + 1) * n]
+    }
+
+    /// Returns how many images each class has, indexed by label.
+    pub fn class_counts(&self) -> Vec<usize> {
+        let mut counts = vec![0; self.classes()];
+        for &label in &self.labels {
+            if let Some(count) = counts.get_mut(label as usize) {
+                *count += 1;
+            }
+        }
+        counts
+    }
+
+    /// Returns a new set with the images at `indices`, in that order, with the same shape and
+    /// class names.
+    ///
+    /// # Panics
+    ///
+    /// Panics if an index is out of range.
+    pub fn subset(&self, indices: &[usize]) -> ImageSet {
+        let mut images = Vec::with_capacity(indices.len() * self.image_len());
+        let mut labels = Vec::with_capacity(indices.len());
+        for &i in indices {
+            images.extend_from_slice(self.image(i));
+            labels.push(self.labels[i]);
+        }
+        ImageSet {
+            channels: self.channels,
+            height: self.height,
+            width: self.width,
+            class_names: self.class_names.clone(),
+            images,
+            labels,
+        }
+    }
+
+    /// Splits the set into a training and a validation set, after a shuffle determined by `seed`.
+    ///
+    /// The validation set holds `round(len * val_fraction)` images, with `val_fraction` clamped to
+    /// `0.0..=1.0`. When the set has at least two images and `0 < val_fraction < 1`, both sets
+    /// get at least one image. The two sets are disjoint and together hold every image.
+    pub fn split(&self, val_fraction: f32, seed: u64) -> (ImageSet, ImageSet) {
+        let n = self.len();
+        let fraction = if val_fraction.is_nan() {
+            0.0
+        } else {
+            val_fraction.clamp(0.0, 1.0)
+        };
+        let mut n_val = (n as f64 * f64::from(fraction)).round() as usize;
+        if n >= 2 && fraction > 0.0 && fraction < 1.0 {
+            n_val = n_val.clamp(1, n - 1);
+        }
+        let n_val = n_val.min(n);
+        let order = shuffled_indices(n, seed);
+        let (val, train) = order.split_at(n_val);
+        (self.subset(train), self.subset(val))
+    }
+
+    /// Partitions the set into `parts` disjoint subsets after a shuffle determined by `seed`.
+    ///
+    /// The partition is stratified by class: the subset sizes differ by at most one, and so do
+    /// the numbers of images of any one class in any two subsets. Each subset is in shuffled
+    /// order. Subsets are empty when `parts` exceeds the number of images.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `parts` is zero.
+    pub fn partition(&self, parts: usize, seed: u64) -> Vec<ImageSet> {
+        assert!(parts > 0, "ImageSet::partition needs at least one part");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.shuffle(&mut rng);
+        // A stable sort keeps the shuffled order within each class; dealing the result out
+        // round-robin then spreads every class evenly and keeps the part sizes within one.
+        order.sort_by_key(|&i| self.labels[i]);
+        let mut assigned: Vec<Vec<usize>> = vec![Vec::new(); parts];
+        for (k, &i) in order.iter().enumerate() {
+            assigned[k % parts].push(i);
+        }
+        assigned
+            .iter_mut()
+            .map(|indices| {
+                indices.shuffle(&mut rng);
+                self.subset(indices)
+            })
+            .collect()
+    }
+}
+
+/// A named data set, such as one rotation of the digits or one folder of an ImageFolder tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Domain {
+    /// The domain name, such as `rot15` or the folder name.
+    pub name: String,
+    /// The images of the domain.
+    pub data: ImageSet,
+}
+
+/// Returns `0..n` shuffled by a generator seeded with `seed`.
+fn shuffled_indices(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut StdRng::seed_from_u64(seed));
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a 1x1x2 set of `n` images whose first value is the image index.
+    fn toy_set(n: usize, classes: u32) -> ImageSet {
+        ImageSet {
+            channels: 1,
+            height: 1,
+            width: 2,
+            class_names: (0..classes).map(|c| c.to_string()).collect(),
+            images: (0..n).flat_map(|i| [i as f32, 0.5]).collect(),
+            labels: (0..n).map(|i| i as u32 % classes).collect(),
+        }
+    }
+
+    /// Returns the image indices of a toy set (its first values), sorted.
+    fn ids(set: &ImageSet) -> Vec<usize> {
+        let mut ids: Vec<usize> = (0..set.len()).map(|i| set.image(i)[0] as usize).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn subset_copies_the_chosen_images_and_labels_in_order() {
+        let set = toy_set(5, 3);
+        let sub = set.subset(&[4, 1]);
+        assert_eq!(sub.len(), 2);
+        assert_eq!(sub.image(0), &[4.0, 0.5]);
+        assert_eq!(sub.image(1), &[1.0, 0.5]);
+        assert_eq!(sub.labels, vec![1, 1]);
+        assert_eq!(sub.class_names, set.class_names);
+        assert_eq!(sub.image_len(), 2);
+    }
+
+    #[test]
+    fn split_is_deterministic_disjoint_and_complete() {
+        let set = toy_set(50, 4);
+        let (train, val) = set.split(0.2, 7);
+        assert_eq!((train.len(), val.len()), (40, 10));
+        assert_eq!(set.split(0.2, 7), (train.clone(), val.clone()));
+        let mut all = ids(&train);
+        all.extend(ids(&val));
+        all.sort_unstable();
+        assert_eq!(all, (0..50).collect::<Vec<_>>());
+        assert_ne!(
+            set.split(0.2, 8).1,
+            val,
+            "another seed should give another split"
+        );
+    }
+
+    #[test]
+    fn split_keeps_at_least_one_image_on_each_side() {
+        let set = toy_set(3, 2);
+        let (train, val) = set.split(0.01, 1);
+        assert_eq!((train.len(), val.len()), (2, 1));
+        let (train, val) = set.split(0.99, 1);
+        assert_eq!((train.len(), val.len()), (1, 2));
+        let (train, val) = set.split(0.0, 1);
+        assert_eq!((train.len(), val.len()), (3, 0));
+        let (train, val) = set.split(1.0, 1);
+        assert_eq!((train.len(), val.len()), (0, 3));
+    }
+
+    #[test]
+    fn partition_is_deterministic_disjoint_balanced_and_stratified() {
+        let set = toy_set(103, 5);
+        let parts = set.partition(4, 3);
+        assert_eq!(parts, set.partition(4, 3));
+        let sizes: Vec<usize> = parts.iter().map(ImageSet::len).collect();
+        assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        let mut all: Vec<usize> = parts.iter().flat_map(ids).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..103).collect::<Vec<_>>());
+        for class in 0..5 {
+            let counts: Vec<usize> = parts.iter().map(|p| p.class_counts()[class]).collect();
+            assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1);
+        }
+        assert_ne!(
+            set.partition(4, 4),
+            parts,
+            "another seed should give other parts"
+        );
+    }
+}

@@ -1,0 +1,26 @@
+//! Every device profile in `firmware-configs/` loads, with its backbone and its data.
+
+use std::path::Path;
+
+use fedge_edge::config::EdgeConfig;
+
+#[test]
+fn every_firmware_profile_loads_its_backbone_and_data() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../firmware-configs");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let mut config = EdgeConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        let cache = tempfile::tempdir().unwrap();
+        config.cache_dir = Some(cache.path().to_owned());
+        let setup = config.setup().unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        assert!(setup.train.len() > 100, "{}: too few samples", path.display());
+        assert!(!setup.val.is_empty());
+        assert_eq!(setup.head.features, setup.train.dim);
+        seen += 1;
+    }
+    assert!(seen >= 2, "expected at least two profiles in {}", dir.display());
+}

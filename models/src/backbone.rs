@@ -1,0 +1,178 @@
+//! A frozen ONNX backbone run with tract.
+//!
+//! The model is loaded once with a symbolic batch dimension `N`, optimised, and then run on
+//! batches of raw images; the [`ModelCard`] says how to normalise them and what comes out.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tract_onnx::prelude::*;
+use tract_onnx::tract_hir::internal::DimLike;
+
+use crate::card::{CardError, Layout, ModelCard};
+
+type Plan = Arc<TypedRunnableModel>;
+
+/// Why a backbone could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum BackboneError {
+    /// The card is unreadable or invalid.
+    #[error(transparent)]
+    Card(#[from] CardError),
+    /// tract could not load or optimise the ONNX model.
+    #[error("cannot load backbone {path}: {message}")]
+    Load {
+        /// ONNX file.
+        path: PathBuf,
+        /// tract's message, with its causes.
+        message: String,
+    },
+    /// Running the model failed.
+    #[error("backbone {name} failed: {message}")]
+    Run {
+        /// Card name.
+        name: String,
+        /// tract's message.
+        message: String,
+    },
+    /// The input does not have the card's size.
+    #[error("backbone {name} expects {expected} values per image, got {got} values for {images} images")]
+    InputSize {
+        /// Card name.
+        name: String,
+        /// Values per image.
+        expected: usize,
+        /// Values given.
+        got: usize,
+        /// Images claimed.
+        images: usize,
+    },
+}
+
+/// A loaded, optimised backbone.
+#[derive(Debug, Clone)]
+pub struct Backbone {
+    card: ModelCard,
+    plan: Plan,
+}
+
+impl Backbone {
+    /// Loads the backbone a card describes (its `file` is relative to the card).
+    pub fn load(card_path: &Path) -> Result<Self, BackboneError> {
+        let card = ModelCard::load(card_path)?;
+        let onnx_path = card_path.parent().unwrap_or(Path::new(".")).join(&card.file);
+        let bytes = std::fs::read(&onnx_path).map_err(|e| BackboneError::Load {
+            path: onnx_path.clone(),
+            message: e.to_string(),
+        })?;
+        Self::from_bytes(card, &bytes, &onnx_path)
+    }
+
+    /// Loads an ONNX model held in memory; `origin` only names it in errors.
+    pub fn from_bytes(card: ModelCard, onnx: &[u8], origin: &Path) -> Result<Self, BackboneError> {
+        let load_err = |e: TractError| BackboneError::Load { path: origin.to_owned(), message: format!("{e:#}") };
+        let mut model = tract_onnx::onnx().model_for_read(&mut &onnx[..]).map_err(load_err)?;
+        let batch = model.sym("N");
+        let shape: TVec<TDim> = match card.layout {
+            Layout::Nchw => tvec![batch.into(), card.channels.into(), card.height.into(), card.width.into()],
+            Layout::Nhwc => tvec![batch.into(), card.height.into(), card.width.into(), card.channels.into()],
+        };
+        model = model
+            .with_input_fact(0, InferenceFact::dt_shape(f32::datum_type(), shape))
+            .map_err(load_err)?;
+        let typed = model.into_typed().map_err(load_err)?;
+        let output = typed.output_fact(0).map_err(load_err)?.clone();
+        let features = output.shape.last().and_then(|d| d.to_usize().ok());
+        if features != Some(card.feature_size) || output.rank() != 2 {
+            return Err(BackboneError::Load {
+                path: origin.to_owned(),
+                message: format!(
+                    "the model's output has shape {:?}, the card promises [N, {}]",
+                    output.shape, card.feature_size
+                ),
+            });
+        }
+        let plan = typed.into_optimized().map_err(load_err)?.into_runnable().map_err(load_err)?;
+        Ok(Self { card, plan })
+    }
+
+    /// The card.
+    pub fn card(&self) -> &ModelCard {
+        &self.card
+    }
+
+    /// Features of `images`, each `[C, H, W]` raw values (before the card's scaling), packed.
+    /// Returns `images × feature_size` values, row-major. Runs in batches of `batch` images.
+    pub fn features(&self, raw_chw: &[f32], batch: usize) -> Result<Vec<f32>, BackboneError> {
+        let per_image = self.card.input_len();
+        let images = raw_chw.len() / per_image.max(1);
+        if images * per_image != raw_chw.len() {
+            return Err(BackboneError::InputSize {
+                name: self.card.name.clone(),
+                expected: per_image,
+                got: raw_chw.len(),
+                images,
+            });
+        }
+        let mut out = Vec::with_capacity(images * self.card.feature_size);
+        let mut normalised = Vec::with_capacity(batch.max(1) * per_image);
+        for chunk in raw_chw.chunks(batch.max(1) * per_image) {
+            normalised.clear();
+            for image in chunk.chunks_exact(per_image) {
+                self.card.normalise_chw(image, &mut normalised);
+            }
+            let n = chunk.len() / per_image;
+            let shape = match self.card.layout {
+                Layout::Nchw => [n, self.card.channels, self.card.height, self.card.width],
+                Layout::Nhwc => [n, self.card.height, self.card.width, self.card.channels],
+            };
+            let run_err = |e: TractError| BackboneError::Run { name: self.card.name.clone(), message: format!("{e:#}") };
+            let input = Tensor::from_shape(&shape, &normalised).map_err(run_err)?;
+            let result = self.plan.run(tvec!(input.into())).map_err(run_err)?;
+            let view = result[0].to_plain_array_view::<f32>().map_err(run_err)?;
+            out.extend(view.iter().copied());
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{DIGITS_CONV_ONNX, digits_conv_card};
+
+    fn digits() -> Backbone {
+        Backbone::from_bytes(digits_conv_card(), DIGITS_CONV_ONNX, Path::new("digits-conv.onnx")).unwrap()
+    }
+
+    #[test]
+    fn digits_backbone_gives_512_finite_features_per_image_independent_of_batching() {
+        let backbone = digits();
+        let images: Vec<f32> = (0..5 * 64).map(|i| (i * 7 % 17) as f32).collect();
+        let all = backbone.features(&images, 64).unwrap();
+        let one_by_one = backbone.features(&images, 1).unwrap();
+        assert_eq!(all.len(), 5 * 512);
+        assert!(all.iter().all(|v| v.is_finite() && *v >= 0.0));
+        assert!(all.iter().any(|v| *v > 0.0));
+        for (a, b) in all.iter().zip(&one_by_one) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()));
+        }
+    }
+
+    #[test]
+    fn loads_from_card_file_and_rejects_a_card_that_lies_about_features() {
+        let dir = tempfile::tempdir().unwrap();
+        let card_path = crate::generate::write_digits_conv(dir.path()).unwrap();
+        assert_eq!(Backbone::load(&card_path).unwrap().card().feature_size, 512);
+        let mut card = digits_conv_card();
+        card.feature_size = 100;
+        let err = Backbone::from_bytes(card, DIGITS_CONV_ONNX, Path::new("x.onnx")).unwrap_err();
+        assert!(err.to_string().contains("card promises"), "{err}");
+    }
+
+    #[test]
+    fn wrong_input_size_is_an_error() {
+        let err = digits().features(&[0.0; 65], 8).unwrap_err();
+        assert!(matches!(err, BackboneError::InputSize { .. }), "{err}");
+    }
+}

@@ -1,0 +1,21 @@
+//! fedge models: the trainable head, the frozen backbones and their model cards.
+//!
+//! - [`head`]: the head of the design (projector + classifier) as a Burn module, with the one
+//!   flat parameter layout that travels on the wire.
+//! - [`backbone`]: a frozen ONNX backbone run with tract, described by a [`ModelCard`].
+//! - [`generate`]: the small deterministic convolutional backbone that tests and the demo use,
+//!   written as ONNX by this crate itself.
+//! - [`device`]: which Burn CPU backend trains the head.
+//!
+//! This crate does no networking and knows nothing of rounds or clients.
+
+pub mod backbone;
+pub mod card;
+pub mod device;
+pub mod generate;
+pub mod head;
+
+pub use backbone::{Backbone, BackboneError};
+pub use card::{CardError, Layout, ModelCard};
+pub use device::{Backend, training_device};
+pub use head::{FlatLayoutError, Head, HeadConfig};

@@ -1,0 +1,166 @@
+//! MQTT plumbing shared by `fedge-edge` and `fedge-coordinator`.
+//!
+//! It holds what both binaries need from rumqttc and must get right the same way: broker
+//! settings, client options with a raised packet limit, reconnect back-off (rumqttc's
+//! `poll()` reconnects immediately), and publishing a framed message in chunks no larger
+//! than the broker's packet limit (rumqttc loops forever on an oversized QoS 1 publish).
+
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, LastWill, MqttOptions, QoS};
+use serde::{Deserialize, Serialize};
+
+/// Where the broker is and how to talk to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Host name or address.
+    #[serde(default = "default_host")]
+    pub host: String,
+    /// TCP port.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// MQTT keep-alive in seconds.
+    #[serde(default = "default_keep_alive")]
+    pub keep_alive_s: u64,
+    /// Largest payload fedge publishes; larger frames are chunked.
+    #[serde(default = "default_max_packet")]
+    pub max_packet: usize,
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_port() -> u16 {
+    1883
+}
+fn default_keep_alive() -> u64 {
+    30
+}
+fn default_max_packet() -> usize {
+    fedge_wire::DEFAULT_MAX_PACKET
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self { host: default_host(), port: default_port(), keep_alive_s: default_keep_alive(), max_packet: default_max_packet() }
+    }
+}
+
+impl BrokerConfig {
+    /// Settings for `host:port` with default limits.
+    pub fn at(host: impl Into<String>, port: u16) -> Self {
+        Self { host: host.into(), port, ..Self::default() }
+    }
+
+    /// Parses `mqtt://host:port`, `host:port` or `host` (port 1883).
+    pub fn parse_url(url: &str) -> Result<Self, String> {
+        let rest = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")).unwrap_or(url);
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) => (h, p.parse::<u16>().map_err(|_| format!("bad port in broker URL {url:?}"))?),
+            None => (rest, default_port()),
+        };
+        if host.is_empty() {
+            return Err(format!("no host in broker URL {url:?}; use mqtt://HOST:PORT"));
+        }
+        Ok(Self::at(host, port))
+    }
+
+    /// Client options: clean session, keep-alive, and a packet limit above `max_packet` so that
+    /// fedge's own chunks (plus topic and header) always fit.
+    pub fn options(&self, client_id: &str, last_will: Option<LastWill>) -> MqttOptions {
+        let mut options = MqttOptions::new(client_id, self.host.clone(), self.port);
+        options.set_keep_alive(Duration::from_secs(self.keep_alive_s.max(5)));
+        options.set_clean_session(true);
+        let limit = self.max_packet + 4096;
+        options.set_max_packet_size(limit, limit);
+        if let Some(will) = last_will {
+            options.set_last_will(will);
+        }
+        options
+    }
+}
+
+/// Exponential reconnect back-off: 100 ms doubling up to 10 s, reset on success.
+#[derive(Debug, Clone, Default)]
+pub struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    /// Delay before the next attempt, after one more failure.
+    pub fn next_delay(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let ms = 100u64.saturating_mul(1 << self.failures.min(8).saturating_sub(1));
+        Duration::from_millis(ms.min(10_000))
+    }
+
+    /// Forget past failures.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// The client could not queue a publish.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot publish on {topic}: {message}")]
+pub struct PublishError {
+    /// Topic.
+    pub topic: String,
+    /// rumqttc's message.
+    pub message: String,
+}
+
+/// Queues `frame` on `topic` at QoS 1, split into chunks of at most `max_packet` bytes.
+/// Returns the bytes queued. Never blocks: the client's request queue must be large enough
+/// (see [`REQUEST_QUEUE`]).
+pub fn publish_frame(
+    client: &AsyncClient,
+    topic: &str,
+    frame: Vec<u8>,
+    message_id: u64,
+    max_packet: usize,
+    retain: bool,
+) -> Result<u64, PublishError> {
+    let mut bytes = 0;
+    for piece in fedge_wire::split_into_chunks(frame, message_id, max_packet) {
+        bytes += piece.len() as u64;
+        client
+            .try_publish(topic, QoS::AtLeastOnce, retain, piece)
+            .map_err(|e| PublishError { topic: topic.to_owned(), message: e.to_string() })?;
+    }
+    Ok(bytes)
+}
+
+/// Capacity of the request queue between a client handle and its event loop.
+pub const REQUEST_QUEUE: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_urls_parse_with_and_without_scheme_and_port() {
+        assert_eq!(BrokerConfig::parse_url("mqtt://10.0.0.2:1884").unwrap(), BrokerConfig::at("10.0.0.2", 1884));
+        assert_eq!(BrokerConfig::parse_url("broker.local").unwrap(), BrokerConfig::at("broker.local", 1883));
+        assert!(BrokerConfig::parse_url("mqtt://:12").is_err());
+        assert!(BrokerConfig::parse_url("host:notaport").is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_then_caps_and_resets() {
+        let mut b = Backoff::default();
+        let delays: Vec<u64> = (0..10).map(|_| b.next_delay().as_millis() as u64).collect();
+        assert_eq!(delays[..4], [100, 200, 400, 800]);
+        assert!(delays.iter().all(|d| *d <= 10_000));
+        assert_eq!(*delays.last().unwrap(), 10_000);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 100);
+    }
+}
+
+/// The current time in RFC 3339 (UTC, milliseconds), as dashboards expect.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}

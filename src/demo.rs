@@ -1,0 +1,251 @@
+//! `fedge demo`: one command, a real federation.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::{DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, driver, strategy};
+use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
+use fedge_edge::features::{self, Fnv64};
+use fedge_edge::{AgentSetup, FeatureSet, accuracy};
+use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
+use fedge_models::{Backbone, Backend, HeadConfig};
+use fedge_mqtt::BrokerConfig;
+use fedge_wire::{Objective, TrainParams};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+/// Settings of a demo run.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Rounds to aggregate.
+    pub rounds: u64,
+    /// Edge agents (source domains are shared round-robin when there are more agents).
+    pub clients: usize,
+    /// Server strategy name.
+    pub strategy: String,
+    /// Local training.
+    pub train: TrainParams,
+    /// Seed for data split, initialisation and sampling.
+    pub seed: u64,
+    /// Burn backend of the agents.
+    pub backend: Backend,
+    /// Projector width.
+    pub hidden: usize,
+    /// An external broker; `None` starts the embedded one on a free loopback port.
+    pub broker: Option<BrokerConfig>,
+    /// Largest MQTT payload; larger messages are chunked.
+    pub max_packet: usize,
+    /// Seconds a round stays open.
+    pub round_timeout_s: f64,
+    /// Federation name (topic root).
+    pub federation: String,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        Self {
+            rounds: 20,
+            clients: 5,
+            strategy: "fedavg".into(),
+            train: TrainParams { local_epochs: 2, ..TrainParams::default() },
+            seed: 0,
+            backend: Backend::default(),
+            hidden: 64,
+            broker: None,
+            max_packet: fedge_wire::DEFAULT_MAX_PACKET,
+            round_timeout_s: 30.0,
+            federation: "demo".into(),
+        }
+    }
+}
+
+/// One row of the per-round table, as written to `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RoundRow {
+    /// Round number.
+    pub round: u64,
+    /// Accuracy of the global head on the held-out 75° domain after this round.
+    pub target_accuracy: Option<f32>,
+    /// Clients' validation accuracy of the global head they received this round.
+    pub source_val_accuracy: Option<f32>,
+    /// Clients whose update was aggregated.
+    pub clients: usize,
+    /// Update bytes received by the coordinator.
+    pub bytes_up: u64,
+    /// Task bytes sent, times the clients selected.
+    pub bytes_down: u64,
+    /// Seconds from task publication to aggregation.
+    pub seconds: f64,
+    /// L2 norm of the global parameters after the round.
+    pub params_norm: f32,
+}
+
+/// The outcome of a demo.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DemoResult {
+    /// Per-round rows.
+    pub rounds: Vec<RoundRow>,
+    /// Strategy name.
+    pub strategy: String,
+    /// Target accuracy after the last round.
+    pub final_target_accuracy: Option<f32>,
+    /// Target accuracy of the initial, untrained head.
+    pub initial_target_accuracy: f32,
+    /// Global parameters after the last round.
+    #[serde(skip)]
+    pub final_params: Vec<f32>,
+    /// Initial global parameters.
+    #[serde(skip)]
+    pub initial_params: Vec<f32>,
+    /// Updates rejected, by reason.
+    pub rejected: std::collections::BTreeMap<String, u64>,
+    /// Number of parameters in the head.
+    pub num_params: usize,
+    /// Wall-clock seconds of the federation (after data preparation).
+    pub seconds: f64,
+}
+
+/// The data of a demo: per-client features and the held-out target.
+pub struct DemoData {
+    /// Head sizes.
+    pub head: HeadConfig,
+    /// (client id, train, validation) per client.
+    pub clients: Vec<(String, Arc<FeatureSet>, Arc<FeatureSet>)>,
+    /// Held-out target domain.
+    pub target: Arc<FeatureSet>,
+}
+
+/// Splits the built-in digits into client and target features through `digits-conv`.
+pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
+    anyhow::ensure!(options.clients >= 1, "--clients must be at least 1");
+    let backbone = Backbone::from_bytes(digits_conv_card(), DIGITS_CONV_ONNX, Path::new("digits-conv.onnx"))?;
+    let backbone_id = Fnv64::of(DIGITS_CONV_ONNX);
+    let mut domains = digits_domains(&DIGITS_ANGLES, options.seed);
+    let target: Domain = domains.pop().context("no digits domains")?;
+    let sources = domains.len();
+    let mut shares: Vec<Vec<ImageSet>> = Vec::new();
+    for (d, domain) in domains.iter().enumerate() {
+        let owners = (0..options.clients).filter(|c| c % sources == d).count();
+        shares.push(if owners > 0 { domain.data.partition(owners, options.seed ^ d as u64) } else { Vec::new() });
+    }
+    let mut clients = Vec::new();
+    for c in 0..options.clients {
+        let d = c % sources;
+        let part = shares[d].remove(0);
+        let (train, val) = part.split(0.1, options.seed.wrapping_add(c as u64));
+        let id = format!("site-{c}-{}", domains[d].name);
+        let train = features::extract(&backbone, backbone_id, &train, None)?;
+        let val = features::extract(&backbone, backbone_id, &val, None)?;
+        clients.push((id, Arc::new(train), Arc::new(val)));
+    }
+    let target_features = features::extract(&backbone, backbone_id, &target.data, None)?;
+    let head = HeadConfig::new(backbone.card().feature_size, target.data.classes()).with_hidden(options.hidden);
+    Ok(DemoData { head, clients, target: Arc::new(target_features) })
+}
+
+/// Runs the federation; `on_round` sees every round as it ends.
+pub async fn run(options: &DemoOptions, data: &DemoData, mut on_round: impl FnMut(&RoundRow)) -> anyhow::Result<DemoResult> {
+    let broker = match &options.broker {
+        Some(b) => BrokerConfig { max_packet: options.max_packet, ..b.clone() },
+        None => {
+            let limits = BrokerLimits { max_payload: options.max_packet + 64 * 1024, ..BrokerLimits::default() };
+            let embedded = start_embedded(([127, 0, 0, 1], 0).into(), &limits)?;
+            BrokerConfig { max_packet: options.max_packet, ..BrokerConfig::at(embedded.addr.ip().to_string(), embedded.addr.port()) }
+        }
+    };
+    let initial = data.head.init_flat(options.seed);
+    let initial_target_accuracy = accuracy(&data.head, &initial, &data.target)?;
+    let config = RoundConfig {
+        rounds: options.rounds,
+        fraction: 1.0,
+        min_clients: options.clients,
+        min_updates: options.clients,
+        round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
+        train: options.train.clone(),
+        seed: options.seed,
+        ..RoundConfig::default()
+    };
+    let strategy = strategy::by_name(&options.strategy).map_err(anyhow::Error::msg)?;
+    let rounds = Rounds::new(config, strategy, initial.clone());
+    let (head, target) = (data.head.clone(), data.target.clone());
+    let evaluator: fedge_coordinator::Evaluator = Box::new(move |params: &[f32]| accuracy(&head, params, &target).ok());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (events_tx, mut events_rx) = mpsc::unbounded_channel();
+    let mut agents = Vec::new();
+    for (id, train, val) in &data.clients {
+        let setup = AgentSetup {
+            client_id: id.clone(),
+            federation: options.federation.clone(),
+            broker: broker.clone(),
+            head: data.head.clone(),
+            train: train.clone(),
+            val: val.clone(),
+            backend: options.backend,
+            profile: "demo".into(),
+            backbone: "digits-conv".into(),
+            seed: options.seed,
+        };
+        agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));
+    }
+    let driver_options = DriverOptions {
+        broker: broker.clone(),
+        federation: options.federation.clone(),
+        client_id: format!("fedge-coordinator-{}", options.federation),
+    };
+    let start = Instant::now();
+    let coordinator = tokio::spawn(driver::run(rounds, driver_options, Some(evaluator), Some(events_tx), stop_rx.clone()));
+    let mut rows = Vec::new();
+    let mut rejected = std::collections::BTreeMap::new();
+    while let Some(event) = events_rx.recv().await {
+        match event {
+            DriverEvent::RoundEnded { report, target_accuracy } => {
+                let row = row_of(&report, target_accuracy);
+                on_round(&row);
+                rows.push(row);
+            }
+            DriverEvent::Rejected { reason, .. } => *rejected.entry(reason.to_string()).or_insert(0u64) += 1,
+        }
+    }
+    let rounds = coordinator.await.context("coordinator task panicked")??;
+    let seconds = start.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    for agent in agents {
+        agent.await.context("edge task panicked")??;
+    }
+    Ok(DemoResult {
+        final_target_accuracy: rows.iter().rev().find(|r| r.target_accuracy.is_some()).and_then(|r| r.target_accuracy),
+        rounds: rows,
+        strategy: options.strategy.clone(),
+        initial_target_accuracy,
+        final_params: rounds.params().to_vec(),
+        initial_params: initial,
+        rejected,
+        num_params: data.head.num_params(),
+        seconds,
+    })
+}
+
+fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
+    RoundRow {
+        round: report.round,
+        target_accuracy: if report.aggregated { target_accuracy } else { None },
+        source_val_accuracy: report.source_val_accuracy,
+        clients: report.reported.len(),
+        bytes_up: report.bytes_up,
+        bytes_down: report.bytes_down,
+        seconds: report.duration_ms as f64 / 1000.0,
+        params_norm: report.params_norm,
+    }
+}
+
+/// The default local training of the demo, with the objective chosen by name.
+pub fn objective_by_name(name: &str) -> anyhow::Result<Objective> {
+    match name {
+        "ce" | "fedavg" => Ok(Objective::CrossEntropy),
+        "fedprox" => Ok(Objective::FedProx),
+        other => anyhow::bail!("unknown objective {other:?}; available: ce, fedprox"),
+    }
+}

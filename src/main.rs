@@ -1,0 +1,196 @@
+//! `fedge`: demo and tools.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use fedge::demo::{self, DemoOptions, DemoResult, RoundRow};
+use fedge_models::Backend;
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "fedge", version, about = "Federated learning on edge devices: demo and tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a whole federation in one process: embedded MQTT broker, coordinator and edge agents
+    /// on the built-in rotated digits; the 75° domain is held out as the unseen site.
+    Demo(DemoArgs),
+    /// Time local head training on each Burn CPU backend, side by side.
+    BenchHead(BenchHeadArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchHeadArgs {
+    /// Backbone feature size F.
+    #[arg(long, default_value_t = 512)]
+    features: usize,
+    /// Projector width H.
+    #[arg(long, default_value_t = 128)]
+    hidden: usize,
+    /// Classes K.
+    #[arg(long, default_value_t = 10)]
+    classes: usize,
+    /// Training samples.
+    #[arg(long, default_value_t = 4096)]
+    samples: usize,
+    /// Epochs per timed run.
+    #[arg(long, default_value_t = 2)]
+    epochs: u32,
+    /// Batch size.
+    #[arg(long, default_value_t = 32)]
+    batch_size: u32,
+    /// Timed runs per backend (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Rounds to run.
+    #[arg(long, default_value_t = 20)]
+    rounds: u64,
+    /// Edge agents (each its own MQTT client); the five source domains are shared among them.
+    #[arg(long, default_value_t = 5)]
+    clients: usize,
+    /// Server strategy.
+    #[arg(long, default_value = "fedavg")]
+    strategy: String,
+    /// Local objective: ce or fedprox.
+    #[arg(long, default_value = "ce")]
+    objective: String,
+    /// FedProx mu.
+    #[arg(long, default_value_t = 0.01)]
+    mu: f32,
+    /// Local epochs per round.
+    #[arg(long, default_value_t = 2)]
+    local_epochs: u32,
+    /// Local SGD learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    lr: f32,
+    /// Local batch size.
+    #[arg(long, default_value_t = 32)]
+    batch_size: u32,
+    /// Seed for the data split, the initial head and client sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Burn CPU backend of the agents: ndarray or flex.
+    #[arg(long, default_value = "ndarray")]
+    backend: Backend,
+    /// Use this broker (mqtt://HOST:PORT) instead of starting the embedded one.
+    #[arg(long)]
+    broker: Option<String>,
+    /// Write per-round results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Only print the final table.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rumqttd=error"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match cli.command {
+        Command::Demo(args) => run_demo(args).await,
+        Command::BenchHead(args) => {
+            bench_head(args);
+            Ok(())
+        }
+    }
+}
+
+async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
+    let objective = demo::objective_by_name(&args.objective)?;
+    let defaults = DemoOptions::default();
+    let options = DemoOptions {
+        rounds: args.rounds,
+        clients: args.clients,
+        strategy: args.strategy.clone(),
+        train: fedge_wire::TrainParams {
+            objective,
+            local_epochs: args.local_epochs,
+            learning_rate: args.lr,
+            batch_size: args.batch_size,
+            prox_mu: args.mu,
+            ..defaults.train.clone()
+        },
+        seed: args.seed,
+        backend: args.backend,
+        broker: args.broker.as_deref().map(fedge_mqtt::BrokerConfig::parse_url).transpose().map_err(anyhow::Error::msg)?,
+        ..defaults
+    };
+    let data = demo::prepare(&options)?;
+    eprintln!(
+        "fedge demo: {} edge agents on rotated digits (0°–60°), target 75° held out; head of {} parameters; {} rounds of {}",
+        options.clients,
+        data.head.num_params(),
+        options.rounds,
+        options.strategy
+    );
+    let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(options.rounds) };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30.cyan/blue} round {pos}/{len} {msg} [{elapsed_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let result = demo::run(&options, &data, |row| {
+        bar.set_position(row.round.min(options.rounds));
+        if let Some(acc) = row.target_accuracy {
+            bar.set_message(format!("target accuracy {acc:.3}"));
+        }
+    })
+    .await?;
+    bar.finish_and_clear();
+    print_table(&result);
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&result)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn fmt_acc(v: Option<f32>) -> String {
+    v.map(|a| format!("{a:.3}")).unwrap_or_else(|| "-".into())
+}
+
+fn print_table(result: &DemoResult) {
+    println!("{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}", "round", "target acc", "source val", "clients", "bytes up", "bytes down", "seconds");
+    for RoundRow { round, target_accuracy, source_val_accuracy, clients, bytes_up, bytes_down, seconds, .. } in &result.rounds {
+        println!(
+            "{round:>5}  {:>10}  {:>10}  {clients:>7}  {bytes_up:>10}  {bytes_down:>10}  {seconds:>7.2}",
+            fmt_acc(*target_accuracy),
+            fmt_acc(*source_val_accuracy)
+        );
+    }
+    println!(
+        "untrained head: {:.3} on the 75° target; after {} rounds of {}: {}; {:.1} s; rejected updates: {}",
+        result.initial_target_accuracy,
+        result.rounds.len(),
+        result.strategy,
+        fmt_acc(result.final_target_accuracy),
+        result.seconds,
+        result.rejected.values().sum::<u64>()
+    );
+}
+
+fn bench_head(args: BenchHeadArgs) {
+    let head = fedge_models::HeadConfig::new(args.features, args.classes).with_hidden(args.hidden);
+    println!(
+        "head {}->{}->{}, {} samples x {} epochs, batch {}, median of {} runs",
+        args.features, args.hidden, args.classes, args.samples, args.epochs, args.batch_size, args.repeats
+    );
+    let results = fedge::bench_head::run(&head, args.samples, args.epochs, args.batch_size, args.repeats, &[Backend::NdArray, Backend::Flex]);
+    let base = results.first().map(|r| r.samples_per_s).unwrap_or(1.0);
+    println!("{:>8}  {:>12}  {:>8}  {:>10}", "backend", "samples/s", "ratio", "final loss");
+    for r in &results {
+        println!("{:>8}  {:>12.0}  {:>8.2}  {:>10.4}", r.backend, r.samples_per_s, r.samples_per_s / base, r.final_loss);
+    }
+}

@@ -1,0 +1,98 @@
+//! Bad input on an update topic, against a running coordinator over the embedded broker:
+//! each is logged, counted by reason in the retained status JSON, and the model is untouched.
+
+mod common;
+
+use std::time::Duration;
+
+use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::{DriverOptions, FedAvg, RoundConfig, Rounds, driver};
+use fedge_mqtt::BrokerConfig;
+use fedge_wire::{ClientUpdate, CoordinatorStatus, EdgeStatus, LocalMetrics, Message, TensorF32, Topics};
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
+
+const PARAMS: usize = 8;
+
+fn update(round: u64, client: &str, delta: &[f32]) -> Vec<u8> {
+    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        round,
+        client_id: client.into(),
+        seq: 1,
+        num_samples: 10,
+        delta: TensorF32::from_slice(delta),
+        metrics: LocalMetrics::default(),
+    }))
+}
+
+/// Polls `eventloop` until a status on `topic` satisfies `done`, for at most 20 s.
+async fn wait_status(eventloop: &mut EventLoop, topic: &str, done: impl Fn(&CoordinatorStatus) -> bool) -> CoordinatorStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut last = None;
+    loop {
+        let event = tokio::time::timeout_at(deadline, eventloop.poll()).await;
+        let Ok(event) = event else { panic!("status never satisfied the condition; last: {last:?}") };
+        if let Ok(Event::Incoming(Packet::Publish(p))) = event
+            && p.topic == topic
+            && let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload)
+        {
+            if done(&status) {
+                return status;
+            }
+            last = Some(status);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
+    let broker = start_embedded(([127, 0, 0, 1], 0).into(), &BrokerLimits::default()).unwrap();
+    let broker = BrokerConfig::at("127.0.0.1", broker.addr.port());
+    let topics = Topics::new("bad-input").unwrap();
+    let initial = vec![0.5f32; PARAMS];
+    let config = RoundConfig { rounds: 1, min_clients: 1, min_updates: 1, round_timeout_ms: 60_000, ..RoundConfig::default() };
+    let rounds = Rounds::new(config, Box::new(FedAvg), initial.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let options = DriverOptions { broker: broker.clone(), federation: "bad-input".into(), client_id: "coord".into() };
+    let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
+
+    // A raw MQTT client plays a device called mallory.
+    let mut mqtt = MqttOptions::new("mallory", "127.0.0.1", broker.port);
+    mqtt.set_max_packet_size(1 << 20, 1 << 20);
+    let (client, mut eventloop) = AsyncClient::new(mqtt, 64);
+    client.subscribe(topics.coordinator_status(), QoS::AtLeastOnce).await.unwrap();
+    let online = EdgeStatus { client_id: "mallory".into(), online: true, ..EdgeStatus::default() };
+    client
+        .publish(topics.edge_status("mallory"), QoS::AtLeastOnce, true, serde_json::to_vec(&online).unwrap())
+        .await
+        .unwrap();
+    let status_topic = topics.coordinator_status();
+    let status = wait_status(&mut eventloop, &status_topic, |s| s.state == "training").await;
+    assert_eq!((status.round, status.clients_selected), (1, 1));
+
+    let update_topic = topics.update("mallory");
+    let mut nan = vec![0.1f32; PARAMS];
+    nan[3] = f32::NAN;
+    let bad: Vec<Vec<u8>> = vec![
+        b"\x00\x01garbage that is not a fedge frame".to_vec(),
+        update(9, "mallory", &[0.1; PARAMS]),
+        update(1, "mallory", &[0.1; PARAMS - 1]),
+        update(1, "mallory", &nan),
+    ];
+    for payload in bad {
+        client.publish(&update_topic, QoS::AtLeastOnce, false, payload).await.unwrap();
+    }
+    let status = wait_status(&mut eventloop, &status_topic, |s| s.rejected_total == 4).await;
+    let reasons: Vec<(&str, u64)> = status.rejected_updates.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    assert_eq!(reasons, vec![("malformed", 1), ("non_finite", 1), ("shape", 1), ("wrong_round", 1)]);
+    assert_eq!(status.state, "training", "the round is still open");
+    assert_eq!(status.clients_reported, 0);
+    assert!((status.params_norm - common::norm(&initial)).abs() < 1e-6, "model untouched");
+
+    // A valid update still closes the round.
+    client.publish(&update_topic, QoS::AtLeastOnce, false, update(1, "mallory", &[0.25; PARAMS])).await.unwrap();
+    let status = wait_status(&mut eventloop, &status_topic, |s| s.state == "finished").await;
+    assert_eq!(status.rejected_total, 4);
+    let rounds = tokio::time::timeout(Duration::from_secs(10), coordinator).await.unwrap().unwrap().unwrap();
+    assert_eq!(rounds.params(), &[0.75; PARAMS]);
+    let _ = stop_tx.send(true);
+}

@@ -1,0 +1,38 @@
+//! Decoding errors.
+
+/// Why bytes could not be turned into a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the fixed header and trailer.
+    #[error("payload too short: {0} bytes")]
+    TooShort(usize),
+    /// Larger than [`crate::MAX_MESSAGE_BYTES`].
+    #[error("payload too large: {0} bytes")]
+    TooLarge(usize),
+    /// Not a fedge payload.
+    #[error("bad magic")]
+    BadMagic,
+    /// A protocol version this build does not speak.
+    #[error("unsupported protocol version {0}")]
+    UnsupportedVersion(u8),
+    /// Unknown message kind byte.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// CRC mismatch: the bytes were damaged.
+    #[error("checksum mismatch")]
+    BadChecksum,
+    /// The body is not a valid postcard encoding of the announced kind.
+    #[error("malformed body: {0}")]
+    Malformed(String),
+    /// A tensor whose byte length does not match its shape.
+    #[error("tensor shape {shape:?} does not match {bytes} bytes")]
+    TensorShape {
+        /// Declared shape.
+        shape: Vec<u32>,
+        /// Byte length found.
+        bytes: usize,
+    },
+    /// A chunk whose header is inconsistent.
+    #[error("bad chunk: {0}")]
+    BadChunk(&'static str),
+}

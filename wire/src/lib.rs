@@ -1,0 +1,31 @@
+//! The fedge wire format, version 1.
+//!
+//! This crate defines what travels between devices and the coordinator: the binary messages
+//! (round task, client update), the JSON status documents, the envelope that frames every
+//! binary payload (magic, protocol version, message kind, CRC32), the MQTT topic names, the
+//! f32 tensor codec and the chunking of payloads larger than a broker's packet limit.
+//!
+//! It knows nothing of MQTT clients, tokio, Burn or the file system: it turns values into
+//! bytes and bytes into values.
+//! Decoding never panics, whatever the input; it returns a [`DecodeError`] instead.
+
+mod chunk;
+mod envelope;
+mod error;
+mod messages;
+mod status;
+mod tensor;
+mod topics;
+
+pub use chunk::{
+    Chunk, DEFAULT_MAX_PACKET, DEFAULT_MAX_PENDING, DEFAULT_REASSEMBLY_TIMEOUT_MS, Reassembler,
+    split_into_chunks,
+};
+pub use envelope::{
+    Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION, decode, decode_frame, encode,
+};
+pub use error::DecodeError;
+pub use messages::{ClientUpdate, LocalMetrics, Objective, RoundTask, TrainParams};
+pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
+pub use tensor::TensorF32;
+pub use topics::{Topics, valid_client_id};

@@ -1,0 +1,93 @@
+//! The binary messages of protocol version 1.
+
+use serde::{Deserialize, Serialize};
+
+use crate::tensor::TensorF32;
+
+/// The local objective a device optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Objective {
+    /// Mean cross-entropy.
+    #[default]
+    CrossEntropy,
+    /// Cross-entropy plus the FedProx proximal term `mu/2 * ||theta - theta_g||^2`.
+    FedProx,
+}
+
+/// Hyper-parameters of local training, chosen by the coordinator for a round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainParams {
+    /// Local objective.
+    pub objective: Objective,
+    /// Passes over the local training split.
+    pub local_epochs: u32,
+    /// Mini-batch size.
+    pub batch_size: u32,
+    /// SGD learning rate.
+    pub learning_rate: f32,
+    /// SGD momentum (PyTorch semantics, no dampening).
+    pub momentum: f32,
+    /// L2 weight decay added to the gradient.
+    pub weight_decay: f32,
+    /// FedProx `mu`; ignored unless `objective` is `FedProx`.
+    pub prox_mu: f32,
+}
+
+impl Default for TrainParams {
+    fn default() -> Self {
+        Self {
+            objective: Objective::CrossEntropy,
+            local_epochs: 1,
+            batch_size: 32,
+            learning_rate: 0.05,
+            momentum: 0.9,
+            weight_decay: 5e-4,
+            prox_mu: 0.01,
+        }
+    }
+}
+
+/// Coordinator to devices: the global head and what to do with it this round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundTask {
+    /// Round number, starting at 1; strictly increasing over a federation's life.
+    pub round: u64,
+    /// Clients asked to train this round.
+    pub selected: Vec<String>,
+    /// Global head parameters in the flat order documented by `fedge-models`.
+    pub params: TensorF32,
+    /// Local training hyper-parameters.
+    pub train: TrainParams,
+    /// Milliseconds from publication until the coordinator closes the round.
+    pub deadline_ms: u64,
+}
+
+/// Metrics a device measured during its local round.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LocalMetrics {
+    /// Mean training loss over the last local epoch.
+    pub train_loss: f32,
+    /// Accuracy of the received global head on the local validation split.
+    pub val_accuracy: f32,
+    /// Size of the local validation split.
+    pub val_samples: u32,
+    /// Wall-clock seconds spent training.
+    pub train_seconds: f32,
+}
+
+/// Device to coordinator: the result of local training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientUpdate {
+    /// Round the update answers.
+    pub round: u64,
+    /// The device's client id; must match the topic it was published on.
+    pub client_id: String,
+    /// Per-device sequence number, increasing with every update sent.
+    pub seq: u64,
+    /// Number of local training samples (FedAvg weight).
+    pub num_samples: u32,
+    /// `theta_local - theta_global`, same layout as [`RoundTask::params`].
+    pub delta: TensorF32,
+    /// Local metrics.
+    pub metrics: LocalMetrics,
+}

@@ -1,0 +1,105 @@
+//! JSON documents on the status topics: flat, numbers as numbers, for dashboards.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Rejected updates by reason (reason name to count).
+pub type RejectCounts = BTreeMap<String, u64>;
+
+/// Retained on `fedge/<f>/coordinator/status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CoordinatorStatus {
+    /// `waiting` (for clients), `training` (round open), `aggregating`, `finished`.
+    pub state: String,
+    /// Current (or last) round.
+    pub round: u64,
+    /// Rounds the coordinator will run (0: unbounded).
+    pub total_rounds: u64,
+    /// Server strategy name.
+    pub strategy: String,
+    /// Clients whose retained status says online.
+    pub clients_online: u32,
+    /// Clients selected this round.
+    pub clients_selected: u32,
+    /// Valid updates received this round.
+    pub clients_reported: u32,
+    /// All rejected updates since start, by reason.
+    pub rejected_updates: RejectCounts,
+    /// Total of `rejected_updates`.
+    pub rejected_total: u64,
+    /// Accuracy of the global head on the evaluation set, when the coordinator has one.
+    pub target_accuracy: Option<f32>,
+    /// Mean local validation accuracy reported by last round's clients.
+    pub source_val_accuracy: Option<f32>,
+    /// L2 norm of the global parameters.
+    pub params_norm: f32,
+    /// RFC 3339 time of this document.
+    pub updated_at: String,
+}
+
+/// Retained on `fedge/<f>/edge/<client>/status`; the Last Will publishes `online: false`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EdgeStatus {
+    /// Client id.
+    pub client_id: String,
+    /// False in the Last Will and on clean shutdown.
+    pub online: bool,
+    /// Hardware profile name.
+    pub profile: String,
+    /// Backbone model name.
+    pub backbone: String,
+    /// Local training samples.
+    pub samples: u32,
+    /// Last round this device trained.
+    pub last_round: u64,
+    /// Last error, empty when none.
+    pub last_error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coordinator_status_survives_a_json_round_trip() {
+        let status = CoordinatorStatus {
+            state: "training".into(),
+            round: 4,
+            total_rounds: 20,
+            strategy: "fedavg".into(),
+            clients_online: 3,
+            clients_selected: 2,
+            clients_reported: 1,
+            rejected_updates: RejectCounts::from([("stale_round".into(), 2)]),
+            rejected_total: 2,
+            target_accuracy: Some(0.5),
+            source_val_accuracy: None,
+            params_norm: 1.25,
+            updated_at: "2025-01-01T00:00:00Z".into(),
+        };
+        let json = serde_json::to_string(&status).unwrap();
+        assert!(json.contains("\"round\":4"));
+        assert!(json.contains("\"rejected_updates\":{\"stale_round\":2}"));
+        assert_eq!(
+            serde_json::from_str::<CoordinatorStatus>(&json).unwrap(),
+            status
+        );
+    }
+
+    #[test]
+    fn edge_status_survives_a_json_round_trip() {
+        let status = EdgeStatus {
+            client_id: "cam-01".into(),
+            online: false,
+            profile: "pi4".into(),
+            backbone: "mobilenet".into(),
+            samples: 600,
+            last_round: 3,
+            last_error: String::new(),
+        };
+        let json = serde_json::to_string(&status).unwrap();
+        assert!(json.contains("\"online\":false"));
+        assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), status);
+    }
+}
