@@ -22,14 +22,29 @@ pub struct HeadBench {
 }
 
 /// Times `epochs` epochs over `samples` random samples, `repeats` times per backend.
-pub fn run(head: &HeadConfig, samples: usize, epochs: u32, batch: u32, repeats: usize, backends: &[Backend]) -> Vec<HeadBench> {
+pub fn run(
+    head: &HeadConfig,
+    samples: usize,
+    epochs: u32,
+    batch: u32,
+    repeats: usize,
+    backends: &[Backend],
+) -> Vec<HeadBench> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let data = FeatureSet {
         dim: head.features,
-        features: (0..samples * head.features).map(|_| rng.random_range(0.0f32..1.0)).collect(),
-        labels: (0..samples).map(|_| rng.random_range(0..head.classes as u32)).collect(),
+        features: (0..samples * head.features)
+            .map(|_| rng.random_range(0.0f32..1.0))
+            .collect(),
+        labels: (0..samples)
+            .map(|_| rng.random_range(0..head.classes as u32))
+            .collect(),
     };
-    let params = TrainParams { local_epochs: epochs, batch_size: batch, ..TrainParams::default() };
+    let params = TrainParams {
+        local_epochs: epochs,
+        batch_size: batch,
+        ..TrainParams::default()
+    };
     let global = head.init_flat(1);
     backends
         .iter()
@@ -47,7 +62,11 @@ pub fn run(head: &HeadConfig, samples: usize, epochs: u32, batch: u32, repeats: 
                 rates.push((samples * epochs as usize) as f64 / seconds);
             }
             rates.sort_by(|a, b| a.total_cmp(b));
-            HeadBench { backend: backend.name(), samples_per_s: rates[rates.len() / 2], final_loss }
+            HeadBench {
+                backend: backend.name(),
+                samples_per_s: rates[rates.len() / 2],
+                final_loss,
+            }
         })
         .collect()
 }

@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
-use fedge_coordinator::{DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, driver, strategy};
+use fedge_coordinator::{
+    DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, driver, strategy,
+};
 use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
 use fedge_edge::features::{self, Fnv64};
 use fedge_edge::{AgentSetup, FeatureSet, accuracy};
@@ -50,7 +52,10 @@ impl Default for DemoOptions {
             rounds: 20,
             clients: 5,
             strategy: "fedavg".into(),
-            train: TrainParams { local_epochs: 2, ..TrainParams::default() },
+            train: TrainParams {
+                local_epochs: 5,
+                ..TrainParams::default()
+            },
             seed: 0,
             backend: Backend::default(),
             hidden: 64,
@@ -121,7 +126,11 @@ pub struct DemoData {
 /// Splits the built-in digits into client and target features through `digits-conv`.
 pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
     anyhow::ensure!(options.clients >= 1, "--clients must be at least 1");
-    let backbone = Backbone::from_bytes(digits_conv_card(), DIGITS_CONV_ONNX, Path::new("digits-conv.onnx"))?;
+    let backbone = Backbone::from_bytes(
+        digits_conv_card(),
+        DIGITS_CONV_ONNX,
+        Path::new("digits-conv.onnx"),
+    )?;
     let backbone_id = Fnv64::of(DIGITS_CONV_ONNX);
     let mut domains = digits_domains(&DIGITS_ANGLES, options.seed);
     let target: Domain = domains.pop().context("no digits domains")?;
@@ -129,7 +138,11 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
     let mut shares: Vec<Vec<ImageSet>> = Vec::new();
     for (d, domain) in domains.iter().enumerate() {
         let owners = (0..options.clients).filter(|c| c % sources == d).count();
-        shares.push(if owners > 0 { domain.data.partition(owners, options.seed ^ d as u64) } else { Vec::new() });
+        shares.push(if owners > 0 {
+            domain.data.partition(owners, options.seed ^ d as u64)
+        } else {
+            Vec::new()
+        });
     }
     let mut clients = Vec::new();
     for c in 0..options.clients {
@@ -142,18 +155,36 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
         clients.push((id, Arc::new(train), Arc::new(val)));
     }
     let target_features = features::extract(&backbone, backbone_id, &target.data, None)?;
-    let head = HeadConfig::new(backbone.card().feature_size, target.data.classes()).with_hidden(options.hidden);
-    Ok(DemoData { head, clients, target: Arc::new(target_features) })
+    let head = HeadConfig::new(backbone.card().feature_size, target.data.classes())
+        .with_hidden(options.hidden);
+    Ok(DemoData {
+        head,
+        clients,
+        target: Arc::new(target_features),
+    })
 }
 
 /// Runs the federation; `on_round` sees every round as it ends.
-pub async fn run(options: &DemoOptions, data: &DemoData, mut on_round: impl FnMut(&RoundRow)) -> anyhow::Result<DemoResult> {
+pub async fn run(
+    options: &DemoOptions,
+    data: &DemoData,
+    mut on_round: impl FnMut(&RoundRow),
+) -> anyhow::Result<DemoResult> {
     let broker = match &options.broker {
-        Some(b) => BrokerConfig { max_packet: options.max_packet, ..b.clone() },
+        Some(b) => BrokerConfig {
+            max_packet: options.max_packet,
+            ..b.clone()
+        },
         None => {
-            let limits = BrokerLimits { max_payload: options.max_packet + 64 * 1024, ..BrokerLimits::default() };
+            let limits = BrokerLimits {
+                max_payload: options.max_packet + 64 * 1024,
+                ..BrokerLimits::default()
+            };
             let embedded = start_embedded(([127, 0, 0, 1], 0).into(), &limits)?;
-            BrokerConfig { max_packet: options.max_packet, ..BrokerConfig::at(embedded.addr.ip().to_string(), embedded.addr.port()) }
+            BrokerConfig {
+                max_packet: options.max_packet,
+                ..BrokerConfig::at(embedded.addr.ip().to_string(), embedded.addr.port())
+            }
         }
     };
     let initial = data.head.init_flat(options.seed);
@@ -171,7 +202,8 @@ pub async fn run(options: &DemoOptions, data: &DemoData, mut on_round: impl FnMu
     let strategy = strategy::by_name(&options.strategy).map_err(anyhow::Error::msg)?;
     let rounds = Rounds::new(config, strategy, initial.clone());
     let (head, target) = (data.head.clone(), data.target.clone());
-    let evaluator: fedge_coordinator::Evaluator = Box::new(move |params: &[f32]| accuracy(&head, params, &target).ok());
+    let evaluator: fedge_coordinator::Evaluator =
+        Box::new(move |params: &[f32]| accuracy(&head, params, &target).ok());
     let (stop_tx, stop_rx) = watch::channel(false);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
     let mut agents = Vec::new();
@@ -196,17 +228,28 @@ pub async fn run(options: &DemoOptions, data: &DemoData, mut on_round: impl FnMu
         client_id: format!("fedge-coordinator-{}", options.federation),
     };
     let start = Instant::now();
-    let coordinator = tokio::spawn(driver::run(rounds, driver_options, Some(evaluator), Some(events_tx), stop_rx.clone()));
+    let coordinator = tokio::spawn(driver::run(
+        rounds,
+        driver_options,
+        Some(evaluator),
+        Some(events_tx),
+        stop_rx.clone(),
+    ));
     let mut rows = Vec::new();
     let mut rejected = std::collections::BTreeMap::new();
     while let Some(event) = events_rx.recv().await {
         match event {
-            DriverEvent::RoundEnded { report, target_accuracy } => {
+            DriverEvent::RoundEnded {
+                report,
+                target_accuracy,
+            } => {
                 let row = row_of(&report, target_accuracy);
                 on_round(&row);
                 rows.push(row);
             }
-            DriverEvent::Rejected { reason, .. } => *rejected.entry(reason.to_string()).or_insert(0u64) += 1,
+            DriverEvent::Rejected { reason, .. } => {
+                *rejected.entry(reason.to_string()).or_insert(0u64) += 1
+            }
         }
     }
     let rounds = coordinator.await.context("coordinator task panicked")??;
@@ -216,7 +259,11 @@ pub async fn run(options: &DemoOptions, data: &DemoData, mut on_round: impl FnMu
         agent.await.context("edge task panicked")??;
     }
     Ok(DemoResult {
-        final_target_accuracy: rows.iter().rev().find(|r| r.target_accuracy.is_some()).and_then(|r| r.target_accuracy),
+        final_target_accuracy: rows
+            .iter()
+            .rev()
+            .find(|r| r.target_accuracy.is_some())
+            .and_then(|r| r.target_accuracy),
         rounds: rows,
         strategy: options.strategy.clone(),
         initial_target_accuracy,
@@ -231,7 +278,11 @@ pub async fn run(options: &DemoOptions, data: &DemoData, mut on_round: impl FnMu
 fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
     RoundRow {
         round: report.round,
-        target_accuracy: if report.aggregated { target_accuracy } else { None },
+        target_accuracy: if report.aggregated {
+            target_accuracy
+        } else {
+            None
+        },
         source_val_accuracy: report.source_val_accuracy,
         clients: report.reported.len(),
         bytes_up: report.bytes_up,

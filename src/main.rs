@@ -9,7 +9,11 @@ use fedge_models::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
-#[command(name = "fedge", version, about = "Federated learning on edge devices: demo and tools")]
+#[command(
+    name = "fedge",
+    version,
+    about = "Federated learning on edge devices: demo and tools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -67,7 +71,7 @@ struct DemoArgs {
     #[arg(long, default_value_t = 0.01)]
     mu: f32,
     /// Local epochs per round.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 5)]
     local_epochs: u32,
     /// Local SGD learning rate.
     #[arg(long, default_value_t = 0.05)]
@@ -97,7 +101,10 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rumqttd=error"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     match cli.command {
         Command::Demo(args) => run_demo(args).await,
         Command::BenchHead(args) => {
@@ -124,7 +131,12 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         },
         seed: args.seed,
         backend: args.backend,
-        broker: args.broker.as_deref().map(fedge_mqtt::BrokerConfig::parse_url).transpose().map_err(anyhow::Error::msg)?,
+        broker: args
+            .broker
+            .as_deref()
+            .map(fedge_mqtt::BrokerConfig::parse_url)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
         ..defaults
     };
     let data = demo::prepare(&options)?;
@@ -135,10 +147,16 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         options.rounds,
         options.strategy
     );
-    let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(options.rounds) };
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(options.rounds)
+    };
     bar.set_style(
-        ProgressStyle::with_template("{bar:30.cyan/blue} round {pos}/{len} {msg} [{elapsed_precise}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{bar:30.cyan/blue} round {pos}/{len} {msg} [{elapsed_precise}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let result = demo::run(&options, &data, |row| {
         bar.set_position(row.round.min(options.rounds));
@@ -162,8 +180,21 @@ fn fmt_acc(v: Option<f32>) -> String {
 }
 
 fn print_table(result: &DemoResult) {
-    println!("{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}", "round", "target acc", "source val", "clients", "bytes up", "bytes down", "seconds");
-    for RoundRow { round, target_accuracy, source_val_accuracy, clients, bytes_up, bytes_down, seconds, .. } in &result.rounds {
+    println!(
+        "{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}",
+        "round", "target acc", "source val", "clients", "bytes up", "bytes down", "seconds"
+    );
+    for RoundRow {
+        round,
+        target_accuracy,
+        source_val_accuracy,
+        clients,
+        bytes_up,
+        bytes_down,
+        seconds,
+        ..
+    } in &result.rounds
+    {
         println!(
             "{round:>5}  {:>10}  {:>10}  {clients:>7}  {bytes_up:>10}  {bytes_down:>10}  {seconds:>7.2}",
             fmt_acc(*target_accuracy),
@@ -185,12 +216,34 @@ fn bench_head(args: BenchHeadArgs) {
     let head = fedge_models::HeadConfig::new(args.features, args.classes).with_hidden(args.hidden);
     println!(
         "head {}->{}->{}, {} samples x {} epochs, batch {}, median of {} runs",
-        args.features, args.hidden, args.classes, args.samples, args.epochs, args.batch_size, args.repeats
+        args.features,
+        args.hidden,
+        args.classes,
+        args.samples,
+        args.epochs,
+        args.batch_size,
+        args.repeats
     );
-    let results = fedge::bench_head::run(&head, args.samples, args.epochs, args.batch_size, args.repeats, &[Backend::NdArray, Backend::Flex]);
+    let results = fedge::bench_head::run(
+        &head,
+        args.samples,
+        args.epochs,
+        args.batch_size,
+        args.repeats,
+        &[Backend::NdArray, Backend::Flex],
+    );
     let base = results.first().map(|r| r.samples_per_s).unwrap_or(1.0);
-    println!("{:>8}  {:>12}  {:>8}  {:>10}", "backend", "samples/s", "ratio", "final loss");
+    println!(
+        "{:>8}  {:>12}  {:>8}  {:>10}",
+        "backend", "samples/s", "ratio", "final loss"
+    );
     for r in &results {
-        println!("{:>8}  {:>12.0}  {:>8.2}  {:>10.4}", r.backend, r.samples_per_s, r.samples_per_s / base, r.final_loss);
+        println!(
+            "{:>8}  {:>12.0}  {:>8.2}  {:>10.4}",
+            r.backend,
+            r.samples_per_s,
+            r.samples_per_s / base,
+            r.final_loss
+        );
     }
 }

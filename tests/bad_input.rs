@@ -8,7 +8,9 @@ use std::time::Duration;
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::{DriverOptions, FedAvg, RoundConfig, Rounds, driver};
 use fedge_mqtt::BrokerConfig;
-use fedge_wire::{ClientUpdate, CoordinatorStatus, EdgeStatus, LocalMetrics, Message, TensorF32, Topics};
+use fedge_wire::{
+    ClientUpdate, CoordinatorStatus, EdgeStatus, LocalMetrics, Message, TensorF32, Topics,
+};
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
 
 const PARAMS: usize = 8;
@@ -25,12 +27,18 @@ fn update(round: u64, client: &str, delta: &[f32]) -> Vec<u8> {
 }
 
 /// Polls `eventloop` until a status on `topic` satisfies `done`, for at most 20 s.
-async fn wait_status(eventloop: &mut EventLoop, topic: &str, done: impl Fn(&CoordinatorStatus) -> bool) -> CoordinatorStatus {
+async fn wait_status(
+    eventloop: &mut EventLoop,
+    topic: &str,
+    done: impl Fn(&CoordinatorStatus) -> bool,
+) -> CoordinatorStatus {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut last = None;
     loop {
         let event = tokio::time::timeout_at(deadline, eventloop.poll()).await;
-        let Ok(event) = event else { panic!("status never satisfied the condition; last: {last:?}") };
+        let Ok(event) = event else {
+            panic!("status never satisfied the condition; last: {last:?}")
+        };
         if let Ok(Event::Incoming(Packet::Publish(p))) = event
             && p.topic == topic
             && let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload)
@@ -49,20 +57,42 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
     let broker = BrokerConfig::at("127.0.0.1", broker.addr.port());
     let topics = Topics::new("bad-input").unwrap();
     let initial = vec![0.5f32; PARAMS];
-    let config = RoundConfig { rounds: 1, min_clients: 1, min_updates: 1, round_timeout_ms: 60_000, ..RoundConfig::default() };
+    let config = RoundConfig {
+        rounds: 1,
+        min_clients: 1,
+        min_updates: 1,
+        round_timeout_ms: 60_000,
+        ..RoundConfig::default()
+    };
     let rounds = Rounds::new(config, Box::new(FedAvg), initial.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let options = DriverOptions { broker: broker.clone(), federation: "bad-input".into(), client_id: "coord".into() };
+    let options = DriverOptions {
+        broker: broker.clone(),
+        federation: "bad-input".into(),
+        client_id: "coord".into(),
+    };
     let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
 
     // A raw MQTT client plays a device called mallory.
     let mut mqtt = MqttOptions::new("mallory", "127.0.0.1", broker.port);
     mqtt.set_max_packet_size(1 << 20, 1 << 20);
     let (client, mut eventloop) = AsyncClient::new(mqtt, 64);
-    client.subscribe(topics.coordinator_status(), QoS::AtLeastOnce).await.unwrap();
-    let online = EdgeStatus { client_id: "mallory".into(), online: true, ..EdgeStatus::default() };
     client
-        .publish(topics.edge_status("mallory"), QoS::AtLeastOnce, true, serde_json::to_vec(&online).unwrap())
+        .subscribe(topics.coordinator_status(), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let online = EdgeStatus {
+        client_id: "mallory".into(),
+        online: true,
+        ..EdgeStatus::default()
+    };
+    client
+        .publish(
+            topics.edge_status("mallory"),
+            QoS::AtLeastOnce,
+            true,
+            serde_json::to_vec(&online).unwrap(),
+        )
         .await
         .unwrap();
     let status_topic = topics.coordinator_status();
@@ -79,20 +109,50 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         update(1, "mallory", &nan),
     ];
     for payload in bad {
-        client.publish(&update_topic, QoS::AtLeastOnce, false, payload).await.unwrap();
+        client
+            .publish(&update_topic, QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
     }
     let status = wait_status(&mut eventloop, &status_topic, |s| s.rejected_total == 4).await;
-    let reasons: Vec<(&str, u64)> = status.rejected_updates.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    assert_eq!(reasons, vec![("malformed", 1), ("non_finite", 1), ("shape", 1), ("wrong_round", 1)]);
+    let reasons: Vec<(&str, u64)> = status
+        .rejected_updates
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            ("malformed", 1),
+            ("non_finite", 1),
+            ("shape", 1),
+            ("wrong_round", 1)
+        ]
+    );
     assert_eq!(status.state, "training", "the round is still open");
     assert_eq!(status.clients_reported, 0);
-    assert!((status.params_norm - common::norm(&initial)).abs() < 1e-6, "model untouched");
+    assert!(
+        (status.params_norm - common::norm(&initial)).abs() < 1e-6,
+        "model untouched"
+    );
 
     // A valid update still closes the round.
-    client.publish(&update_topic, QoS::AtLeastOnce, false, update(1, "mallory", &[0.25; PARAMS])).await.unwrap();
+    client
+        .publish(
+            &update_topic,
+            QoS::AtLeastOnce,
+            false,
+            update(1, "mallory", &[0.25; PARAMS]),
+        )
+        .await
+        .unwrap();
     let status = wait_status(&mut eventloop, &status_topic, |s| s.state == "finished").await;
     assert_eq!(status.rejected_total, 4);
-    let rounds = tokio::time::timeout(Duration::from_secs(10), coordinator).await.unwrap().unwrap().unwrap();
+    let rounds = tokio::time::timeout(Duration::from_secs(10), coordinator)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(rounds.params(), &[0.75; PARAMS]);
     let _ = stop_tx.send(true);
 }

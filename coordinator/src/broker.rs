@@ -24,7 +24,11 @@ pub struct BrokerLimits {
 
 impl Default for BrokerLimits {
     fn default() -> Self {
-        Self { max_connections: 1_000, max_payload: 1 << 20, max_inflight: 100 }
+        Self {
+            max_connections: 1_000,
+            max_payload: 1 << 20,
+            max_inflight: 100,
+        }
     }
 }
 
@@ -54,14 +58,24 @@ pub struct EmbeddedBroker {
 /// A free TCP port on loopback (bound and released; another process could take it first).
 pub fn free_loopback_addr() -> Result<SocketAddr, BrokerError> {
     let any: SocketAddr = ([127, 0, 0, 1], 0).into();
-    let listener = TcpListener::bind(any).map_err(|source| BrokerError::Bind { addr: any, source })?;
-    listener.local_addr().map_err(|source| BrokerError::Bind { addr: any, source })
+    let listener =
+        TcpListener::bind(any).map_err(|source| BrokerError::Bind { addr: any, source })?;
+    listener
+        .local_addr()
+        .map_err(|source| BrokerError::Bind { addr: any, source })
 }
 
 /// Starts rumqttd on `addr` (port 0 picks a free loopback port) in its own threads and waits
 /// until it accepts TCP connections.
-pub fn start_embedded(addr: SocketAddr, limits: &BrokerLimits) -> Result<EmbeddedBroker, BrokerError> {
-    let addr = if addr.port() == 0 { free_loopback_addr()? } else { addr };
+pub fn start_embedded(
+    addr: SocketAddr,
+    limits: &BrokerLimits,
+) -> Result<EmbeddedBroker, BrokerError> {
+    let addr = if addr.port() == 0 {
+        free_loopback_addr()?
+    } else {
+        addr
+    };
     // Fail early with a clear error when the address is taken.
     drop(TcpListener::bind(addr).map_err(|source| BrokerError::Bind { addr, source })?);
     let server = ServerSettings {

@@ -139,8 +139,14 @@ pub enum ConfigError {
 impl CoordinatorConfig {
     /// Reads and checks a file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.into(), source })?;
-        let invalid = |message: String| ConfigError::Invalid { path: path.into(), message };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.into(),
+            message,
+        };
         let config: Self = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         config.check().map_err(invalid)?;
         Ok(config)
@@ -184,7 +190,14 @@ mod tests {
     fn shipped_example_config_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/coordinator.toml");
         let config = CoordinatorConfig::load(&path).unwrap();
-        assert_eq!(config.head, HeadSizes { features: 512, hidden: 64, classes: 10 });
+        assert_eq!(
+            config.head,
+            HeadSizes {
+                features: 512,
+                hidden: 64,
+                classes: 10
+            }
+        );
         assert_eq!(config.round_config().round_timeout_ms, 60_000);
     }
 

@@ -75,8 +75,14 @@ pub async fn run(
     let status_topic = topics.coordinator_status();
     let offline = serde_json::json!({"state": "offline", "updated_at": fedge_mqtt::now_rfc3339()});
     let will = LastWill::new(&status_topic, offline.to_string(), QoS::AtLeastOnce, true);
-    let (client, mut eventloop) = AsyncClient::new(options.broker.options(&options.client_id, Some(will)), REQUEST_QUEUE);
-    let mut task_topics = TaskTopics { base: topics.round_task(), chunk_topics_in_use: 0 };
+    let (client, mut eventloop) = AsyncClient::new(
+        options.broker.options(&options.client_id, Some(will)),
+        REQUEST_QUEUE,
+    );
+    let mut task_topics = TaskTopics {
+        base: topics.round_task(),
+        chunk_topics_in_use: 0,
+    };
     let origin = Instant::now();
     let now_ms = || origin.elapsed().as_millis() as u64;
     let mut backoff = Backoff::default();
@@ -84,7 +90,9 @@ pub async fn run(
     let mut connected = false;
     rounds.start(now_ms());
     loop {
-        let deadline = rounds.poll_timeout().map(|ms| tokio::time::Instant::from_std(origin + Duration::from_millis(ms)));
+        let deadline = rounds
+            .poll_timeout()
+            .map(|ms| tokio::time::Instant::from_std(origin + Duration::from_millis(ms)));
         let sleep = async {
             match deadline {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -130,14 +138,27 @@ pub async fn run(
             _ = sleep => rounds.handle_timeout(now_ms()),
             _ = stop.changed() => break,
         }
-        let finished = drain(&mut rounds, &client, &options, &mut task_topics, &evaluator, &events, &mut target_accuracy, &status_topic, &topics);
+        let finished = drain(
+            &mut rounds,
+            &client,
+            &options,
+            &mut task_topics,
+            &evaluator,
+            &events,
+            &mut target_accuracy,
+            &status_topic,
+            &topics,
+        );
         if finished {
             break;
         }
     }
     // Let the last publishes (final status, metrics) reach the broker.
     let flush_until = tokio::time::Instant::now() + Duration::from_millis(300);
-    while tokio::time::timeout_at(flush_until, eventloop.poll()).await.is_ok_and(|r| r.is_ok()) {}
+    while tokio::time::timeout_at(flush_until, eventloop.poll())
+        .await
+        .is_ok_and(|r| r.is_ok())
+    {}
     let _ = client.try_disconnect();
     Ok(rounds)
 }
@@ -174,15 +195,31 @@ fn drain(
                     "round ended"
                 );
                 let metrics = metrics_json(&report, *target_accuracy, rounds.strategy_name());
-                let _ = client.try_publish(topics.metrics(), QoS::AtLeastOnce, false, metrics.to_string());
+                let _ = client.try_publish(
+                    topics.metrics(),
+                    QoS::AtLeastOnce,
+                    false,
+                    metrics.to_string(),
+                );
                 if let Some(tx) = events {
-                    let _ = tx.send(DriverEvent::RoundEnded { report, target_accuracy: *target_accuracy });
+                    let _ = tx.send(DriverEvent::RoundEnded {
+                        report,
+                        target_accuracy: *target_accuracy,
+                    });
                 }
             }
-            Output::Rejected { client: who, reason, detail } => {
+            Output::Rejected {
+                client: who,
+                reason,
+                detail,
+            } => {
                 tracing::warn!(client = %who, reason = reason.name(), %detail, "update rejected");
                 if let Some(tx) = events {
-                    let _ = tx.send(DriverEvent::Rejected { client: who, reason: reason.name(), detail });
+                    let _ = tx.send(DriverEvent::Rejected {
+                        client: who,
+                        reason: reason.name(),
+                        detail,
+                    });
                 }
             }
             Output::StatusChanged => status_dirty = true,
@@ -197,7 +234,13 @@ fn drain(
     finished
 }
 
-fn publish_task(client: &AsyncClient, topics: &mut TaskTopics, round: u64, frame: Vec<u8>, max_packet: usize) {
+fn publish_task(
+    client: &AsyncClient,
+    topics: &mut TaskTopics,
+    round: u64,
+    frame: Vec<u8>,
+    max_packet: usize,
+) {
     let pieces = fedge_wire::split_into_chunks(frame, round, max_packet);
     let count = if pieces.len() == 1 { 0 } else { pieces.len() };
     let publish = |topic: String, payload: Vec<u8>| {
@@ -211,7 +254,10 @@ fn publish_task(client: &AsyncClient, topics: &mut TaskTopics, round: u64, frame
         for i in 0..topics.chunk_topics_in_use {
             publish(format!("{}/{i}", topics.base), Vec::new());
         }
-        publish(topics.base.clone(), pieces.into_iter().next().unwrap_or_default());
+        publish(
+            topics.base.clone(),
+            pieces.into_iter().next().unwrap_or_default(),
+        );
     } else {
         publish(topics.base.clone(), Vec::new());
         for i in count..topics.chunk_topics_in_use {
@@ -226,7 +272,11 @@ fn publish_task(client: &AsyncClient, topics: &mut TaskTopics, round: u64, frame
 
 /// The retained status document.
 pub fn status_of(rounds: &Rounds, target_accuracy: Option<f32>) -> CoordinatorStatus {
-    let rejected = rounds.rejected_total().iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let rejected = rounds
+        .rejected_total()
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
     CoordinatorStatus {
         state: rounds.phase().name().into(),
         round: rounds.round(),
@@ -244,7 +294,11 @@ pub fn status_of(rounds: &Rounds, target_accuracy: Option<f32>) -> CoordinatorSt
     }
 }
 
-fn metrics_json(report: &RoundReport, target_accuracy: Option<f32>, strategy: &str) -> serde_json::Value {
+fn metrics_json(
+    report: &RoundReport,
+    target_accuracy: Option<f32>,
+    strategy: &str,
+) -> serde_json::Value {
     serde_json::json!({
         "round": report.round,
         "strategy": strategy,

@@ -10,7 +10,11 @@ use fedge_coordinator::{DriverOptions, Rounds, driver, strategy};
 use fedge_models::HeadConfig;
 
 #[derive(Parser)]
-#[command(name = "fedge-coordinator", version, about = "Coordinates a fedge federation over MQTT")]
+#[command(
+    name = "fedge-coordinator",
+    version,
+    about = "Coordinates a fedge federation over MQTT"
+)]
 struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -63,7 +67,8 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         let broker = start_embedded(addr, &BrokerLimits::default())?;
         tracing::info!(addr = %broker.addr, "embedded broker listening");
     }
-    let head = HeadConfig::new(config.head.features, config.head.classes).with_hidden(config.head.hidden);
+    let head =
+        HeadConfig::new(config.head.features, config.head.classes).with_hidden(config.head.hidden);
     let initial = match &config.initial_params {
         Some(file) => read_f32_file(file, head.num_params())?,
         None => head.init_flat(config.seed),
@@ -82,7 +87,11 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     });
     tracing::info!(federation = %config.federation, strategy = %config.strategy, rounds = config.rounds, "coordinator starting");
     let rounds = driver::run(rounds, options, None, None, stop_rx).await?;
-    tracing::info!(round = rounds.round(), phase = rounds.phase().name(), "coordinator stopped");
+    tracing::info!(
+        round = rounds.round(),
+        phase = rounds.phase().name(),
+        "coordinator stopped"
+    );
     Ok(())
 }
 
@@ -96,5 +105,8 @@ fn read_f32_file(path: &std::path::Path, expected: usize) -> anyhow::Result<Vec<
         expected,
         expected * 4
     );
-    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }

@@ -17,7 +17,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fedge_wire::{ClientUpdate, DecodeError, Message, Reassembler, RoundTask, TensorF32, TrainParams};
+use fedge_wire::{
+    ClientUpdate, DecodeError, Message, Reassembler, RoundTask, TensorF32, TrainParams,
+};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::IteratorRandom;
@@ -227,7 +229,8 @@ impl Rounds {
     /// A machine starting at round 1 from `initial` parameters.
     pub fn new(config: RoundConfig, strategy: Box<dyn Strategy>, initial: Vec<f32>) -> Self {
         let rng = StdRng::seed_from_u64(config.seed);
-        let reassembler = Reassembler::new(config.reassembly_timeout_ms, fedge_wire::MAX_MESSAGE_BYTES);
+        let reassembler =
+            Reassembler::new(config.reassembly_timeout_ms, fedge_wire::MAX_MESSAGE_BYTES);
         Self {
             config,
             strategy,
@@ -257,7 +260,10 @@ impl Rounds {
 
     /// The round open now, or the last one started.
     pub fn round(&self) -> u64 {
-        self.open.as_ref().map(|o| o.round).unwrap_or(self.next_round.saturating_sub(1))
+        self.open
+            .as_ref()
+            .map(|o| o.round)
+            .unwrap_or(self.next_round.saturating_sub(1))
     }
 
     /// The strategy's name.
@@ -297,7 +303,11 @@ impl Rounds {
 
     /// A client's retained status said it is (or is no longer) online.
     pub fn handle_client_status(&mut self, client: &str, online: bool, now_ms: u64) {
-        let changed = if online { self.online.insert(client.to_owned()) } else { self.online.remove(client) };
+        let changed = if online {
+            self.online.insert(client.to_owned())
+        } else {
+            self.online.remove(client)
+        };
         if changed {
             self.outputs.push_back(Output::StatusChanged);
         }
@@ -323,14 +333,22 @@ impl Rounds {
             Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
                 Ok(Some(frame)) => match fedge_wire::decode(&frame) {
                     Ok(Message::ClientUpdate(update)) => self.handle_update(client, update, now_ms),
-                    Ok(_) => self.reject(client, Rejection::WrongKind, "chunked message is not an update".into()),
+                    Ok(_) => self.reject(
+                        client,
+                        Rejection::WrongKind,
+                        "chunked message is not an update".into(),
+                    ),
                     Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
                 },
                 Ok(None) => {}
                 Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
             },
             Ok(Message::ClientUpdate(update)) => self.handle_update(client, update, now_ms),
-            Ok(Message::RoundTask(_)) => self.reject(client, Rejection::WrongKind, "round task on an update topic".into()),
+            Ok(Message::RoundTask(_)) => self.reject(
+                client,
+                Rejection::WrongKind,
+                "round task on an update topic".into(),
+            ),
         }
     }
 
@@ -339,11 +357,18 @@ impl Rounds {
             self.reject(client, reason, detail);
             return;
         }
-        let Some(open) = self.open.as_mut() else { return };
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
         let n = update.num_samples;
-        open.val.push((update.metrics.val_accuracy, update.metrics.val_samples));
+        open.val
+            .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
-        open.accepted.push(AcceptedUpdate { client: update.client_id, num_samples: n, delta: update.delta.to_vec() });
+        open.accepted.push(AcceptedUpdate {
+            client: update.client_id,
+            num_samples: n,
+            delta: update.delta.to_vec(),
+        });
         self.outputs.push_back(Output::StatusChanged);
         if open.accepted.len() == open.selected.len() {
             self.close_round(now_ms);
@@ -352,22 +377,44 @@ impl Rounds {
 
     fn validate(&self, client: &str, update: &ClientUpdate) -> Result<(), (Rejection, String)> {
         if update.client_id != client {
-            return Err((Rejection::ClientMismatch, format!("update names {:?}", update.client_id)));
+            return Err((
+                Rejection::ClientMismatch,
+                format!("update names {:?}", update.client_id),
+            ));
         }
         let Some(open) = self.open.as_ref() else {
-            return Err((Rejection::WrongRound, format!("round {} but no round is open", update.round)));
+            return Err((
+                Rejection::WrongRound,
+                format!("round {} but no round is open", update.round),
+            ));
         };
         if update.round != open.round {
-            return Err((Rejection::WrongRound, format!("round {} but round {} is open", update.round, open.round)));
+            return Err((
+                Rejection::WrongRound,
+                format!("round {} but round {} is open", update.round, open.round),
+            ));
         }
         if !open.selected.contains(client) {
-            return Err((Rejection::NotSelected, format!("not selected for round {}", open.round)));
+            return Err((
+                Rejection::NotSelected,
+                format!("not selected for round {}", open.round),
+            ));
         }
         if open.accepted.iter().any(|u| u.client == client) {
-            return Err((Rejection::Duplicate, format!("second update for round {}", open.round)));
+            return Err((
+                Rejection::Duplicate,
+                format!("second update for round {}", open.round),
+            ));
         }
         if update.delta.len() != self.params.len() {
-            return Err((Rejection::Shape, format!("{} parameters, the head has {}", update.delta.len(), self.params.len())));
+            return Err((
+                Rejection::Shape,
+                format!(
+                    "{} parameters, the head has {}",
+                    update.delta.len(),
+                    self.params.len()
+                ),
+            ));
         }
         if let Some(i) = update.delta.first_non_finite() {
             return Err((Rejection::NonFinite, format!("parameter {i} is not finite")));
@@ -383,7 +430,11 @@ impl Rounds {
         if let Some(open) = self.open.as_mut() {
             *open.rejected.entry(reason.name()).or_default() += 1;
         }
-        self.outputs.push_back(Output::Rejected { client: client.to_owned(), reason, detail });
+        self.outputs.push_back(Output::Rejected {
+            client: client.to_owned(),
+            reason,
+            detail,
+        });
         self.outputs.push_back(Output::StatusChanged);
     }
 
@@ -413,7 +464,10 @@ impl Rounds {
     /// Asks for the open round's task to be published again (after a broker reconnect).
     pub fn republish_task(&mut self) {
         if let Some(open) = &self.open {
-            self.outputs.push_back(Output::PublishTask { round: open.round, frame: open.task_frame.clone() });
+            self.outputs.push_back(Output::PublishTask {
+                round: open.round,
+                frame: open.task_frame.clone(),
+            });
         }
     }
 
@@ -441,7 +495,8 @@ impl Rounds {
     fn open_round(&mut self, now_ms: u64) {
         let online = self.online.len();
         // The epsilon keeps 0.3 × 10 at 3 despite f32 rounding.
-        let share = (self.config.fraction.clamp(0.0, 1.0) as f64 * online as f64 - 1e-6).ceil() as usize;
+        let share =
+            (self.config.fraction.clamp(0.0, 1.0) as f64 * online as f64 - 1e-6).ceil() as usize;
         let wanted = share
             .max(self.config.min_clients.min(online))
             .max(1)
@@ -451,7 +506,11 @@ impl Rounds {
             self.outputs.push_back(Output::StatusChanged);
             return;
         }
-        let mut selected: Vec<String> = self.online.iter().cloned().choose_multiple(&mut self.rng, wanted);
+        let mut selected: Vec<String> = self
+            .online
+            .iter()
+            .cloned()
+            .choose_multiple(&mut self.rng, wanted);
         selected.sort();
         let round = self.next_round;
         self.next_round += 1;
@@ -483,7 +542,8 @@ impl Rounds {
 
     fn close_round(&mut self, now_ms: u64) {
         let Some(open) = self.open.take() else { return };
-        let aggregated = !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
+        let aggregated =
+            !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
         if aggregated {
             self.params = self.strategy.aggregate(&self.params, &open.accepted);
         }
@@ -518,17 +578,26 @@ impl Rounds {
             }
         }
     }
-
 }
 
 fn weighted_mean(values: &[(f32, u32)]) -> Option<f32> {
     let total: f64 = values.iter().map(|(_, n)| *n as f64).sum();
-    (total > 0.0).then(|| (values.iter().map(|(v, n)| *v as f64 * *n as f64).sum::<f64>() / total) as f32)
+    (total > 0.0).then(|| {
+        (values
+            .iter()
+            .map(|(v, n)| *v as f64 * *n as f64)
+            .sum::<f64>()
+            / total) as f32
+    })
 }
 
 /// Euclidean norm, accumulated in f64.
 pub fn l2_norm(values: &[f32]) -> f32 {
-    values.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>().sqrt() as f32
+    values
+        .iter()
+        .map(|v| (*v as f64) * (*v as f64))
+        .sum::<f64>()
+        .sqrt() as f32
 }
 
 #[cfg(test)]
@@ -548,7 +617,13 @@ mod tests {
     }
 
     fn config() -> RoundConfig {
-        RoundConfig { rounds: 2, min_clients: 2, min_updates: 2, round_timeout_ms: 1_000, ..RoundConfig::default() }
+        RoundConfig {
+            rounds: 2,
+            min_clients: 2,
+            min_updates: 2,
+            round_timeout_ms: 1_000,
+            ..RoundConfig::default()
+        }
     }
 
     fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
@@ -558,7 +633,11 @@ mod tests {
             seq: round,
             num_samples: n,
             delta: TensorF32::from_slice(&delta),
-            metrics: LocalMetrics { val_accuracy: 0.5, val_samples: 10, ..LocalMetrics::default() },
+            metrics: LocalMetrics {
+                val_accuracy: 0.5,
+                val_samples: 10,
+                ..LocalMetrics::default()
+            },
         }))
     }
 
@@ -598,7 +677,10 @@ mod tests {
         m.handle_client_status("b", true, 5);
         let t = tasks(&drain(&mut m));
         assert_eq!(t.len(), 1);
-        assert_eq!((t[0].round, t[0].selected.clone()), (1, vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(
+            (t[0].round, t[0].selected.clone()),
+            (1, vec!["a".to_string(), "b".to_string()])
+        );
         assert_eq!(t[0].params.to_vec(), vec![1.0, 2.0, 3.0, 4.0]);
         assert_eq!(m.poll_timeout(), Some(1_005));
     }
@@ -694,7 +776,13 @@ mod tests {
 
     #[test]
     fn deadline_with_quorum_aggregates_what_arrived() {
-        let mut m = machine(&["a", "b", "c"], RoundConfig { min_clients: 3, ..config() });
+        let mut m = machine(
+            &["a", "b", "c"],
+            RoundConfig {
+                min_clients: 3,
+                ..config()
+            },
+        );
         drain(&mut m);
         m.handle_packet("a", &update("a", 1, [2.0; M], 1), 10);
         m.handle_packet("b", &update("b", 1, [4.0; M], 1), 20);
@@ -726,18 +814,32 @@ mod tests {
 
     #[test]
     fn chunked_update_is_reassembled_in_any_order() {
-        let mut m = machine(&["a", "b"], config());
-        drain(&mut m);
-        let frame = update("a", 1, [1.5; M], 2);
-        let mut pieces = fedge_wire::split_into_chunks(frame, 42, 40);
-        assert!(pieces.len() > 2);
+        let mut m = Rounds::new(config(), Box::new(FedAvg), vec![0.0; 64]);
+        m.handle_client_status("a", true, 0);
+        m.handle_client_status("b", true, 0);
+        let frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            round: 1,
+            client_id: "a".into(),
+            seq: 1,
+            num_samples: 2,
+            delta: TensorF32::from_slice(&[1.5; 64]),
+            metrics: LocalMetrics::default(),
+        }));
+        let mut pieces = fedge_wire::split_into_chunks(frame, 42, 109);
+        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
         pieces.reverse();
         for p in &pieces {
             m.handle_packet("a", p, 5);
         }
         assert_eq!(m.reported(), 1);
         // A chunk naming a different total length than its siblings is a bad chunk.
-        let bad = fedge_wire::encode(&Message::Chunk(Chunk { message_id: 7, index: 5, count: 2, total_len: 10, data: vec![1] }));
+        let bad = fedge_wire::encode(&Message::Chunk(Chunk {
+            message_id: 7,
+            index: 5,
+            count: 2,
+            total_len: 10,
+            data: vec![1],
+        }));
         m.handle_packet("b", &bad, 6);
         assert_eq!(m.rejected_total().get("bad_chunk"), Some(&1));
     }
@@ -746,7 +848,11 @@ mod tests {
     fn sampling_respects_fraction_and_minimum_and_is_seeded() {
         let clients: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
         let refs: Vec<&str> = clients.iter().map(|s| s.as_str()).collect();
-        let cfg = RoundConfig { fraction: 0.3, min_clients: 2, ..config() };
+        let cfg = RoundConfig {
+            fraction: 0.3,
+            min_clients: 2,
+            ..config()
+        };
         let mut one = machine(&refs, cfg.clone());
         let mut two = machine(&refs, cfg);
         let (t1, t2) = (tasks(&drain(&mut one)), tasks(&drain(&mut two)));
@@ -764,7 +870,14 @@ mod tests {
 
     #[test]
     fn clients_joining_are_selected_next_round_and_offline_ones_are_not() {
-        let mut m = machine(&["a", "b"], RoundConfig { rounds: 3, min_updates: 1, ..config() });
+        let mut m = machine(
+            &["a", "b"],
+            RoundConfig {
+                rounds: 3,
+                min_updates: 1,
+                ..config()
+            },
+        );
         m.handle_client_status("c", true, 1);
         m.handle_packet("a", &update("a", 1, [1.0; M], 1), 2);
         m.handle_packet("b", &update("b", 1, [1.0; M], 1), 3);
@@ -776,6 +889,9 @@ mod tests {
         let t = tasks(&drain(&mut m));
         let selected: Vec<Vec<String>> = t.iter().map(|t| t.selected.clone()).collect();
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(selected, vec![s(&["a", "b"]), s(&["a", "b", "c"]), s(&["a", "b"])]);
+        assert_eq!(
+            selected,
+            vec![s(&["a", "b"]), s(&["a", "b", "c"]), s(&["a", "b"])]
+        );
     }
 }

@@ -75,7 +75,11 @@ mod tests {
     use super::*;
 
     fn update(client: &str, n: u32, delta: &[f32]) -> AcceptedUpdate {
-        AcceptedUpdate { client: client.into(), num_samples: n, delta: delta.to_vec() }
+        AcceptedUpdate {
+            client: client.into(),
+            num_samples: n,
+            delta: delta.to_vec(),
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@ use std::time::Instant;
 
 use fedge_models::{Backend, HeadConfig};
 use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE, publish_frame};
-use fedge_wire::{ClientUpdate, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask, TensorF32, Topics};
+use fedge_wire::{
+    ClientUpdate, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask, TensorF32, Topics,
+};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
@@ -68,7 +70,10 @@ struct Trained {
 }
 
 /// Runs until `stop` turns true.
-pub async fn run_agent(setup: AgentSetup, mut stop: watch::Receiver<bool>) -> Result<AgentSummary, AgentError> {
+pub async fn run_agent(
+    setup: AgentSetup,
+    mut stop: watch::Receiver<bool>,
+) -> Result<AgentSummary, AgentError> {
     let topics = Topics::new(&setup.federation).map_err(|e| AgentError::Identity(e.to_string()))?;
     if !fedge_wire::valid_client_id(&setup.client_id) {
         return Err(AgentError::Identity(format!(
@@ -89,10 +94,15 @@ pub async fn run_agent(setup: AgentSetup, mut stop: watch::Receiver<bool>) -> Re
         last_error: String::new(),
     };
     let will = LastWill::new(&status_topic, json(&status), QoS::AtLeastOnce, true);
-    let options = setup.broker.options(&format!("fedge-edge-{}", setup.client_id), Some(will));
+    let options = setup
+        .broker
+        .options(&format!("fedge-edge-{}", setup.client_id), Some(will));
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Trained>();
-    let mut reassembler = Reassembler::new(fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS, fedge_wire::MAX_MESSAGE_BYTES);
+    let mut reassembler = Reassembler::new(
+        fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
+        fedge_wire::MAX_MESSAGE_BYTES,
+    );
     let origin = Instant::now();
     let mut backoff = Backoff::default();
     let mut summary = AgentSummary::default();
@@ -120,7 +130,7 @@ pub async fn run_agent(setup: AgentSetup, mut stop: watch::Receiver<bool>) -> Re
                     let now_ms = origin.elapsed().as_millis() as u64;
                     reassembler.expire(now_ms);
                     let Some(task) = decode_task(&mut reassembler, &p.payload, now_ms) else { continue };
-                    let wanted = task.selected.iter().any(|c| *c == setup.client_id)
+                    let wanted = task.selected.contains(&setup.client_id)
                         && task.round > status.last_round
                         && training.is_none();
                     if wanted {
@@ -183,7 +193,10 @@ pub async fn run_agent(setup: AgentSetup, mut stop: watch::Receiver<bool>) -> Re
     let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
     let _ = client.try_disconnect();
     let flush_until = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
-    while tokio::time::timeout_at(flush_until, eventloop.poll()).await.is_ok_and(|r| r.is_ok()) {}
+    while tokio::time::timeout_at(flush_until, eventloop.poll())
+        .await
+        .is_ok_and(|r| r.is_ok())
+    {}
     Ok(summary)
 }
 
@@ -210,7 +223,12 @@ fn decode_task(reassembler: &mut Reassembler, payload: &[u8], now_ms: u64) -> Op
 }
 
 fn spawn_training(setup: &AgentSetup, task: RoundTask, done: mpsc::UnboundedSender<Trained>) {
-    let (head, train, val, backend) = (setup.head.clone(), setup.train.clone(), setup.val.clone(), setup.backend);
+    let (head, train, val, backend) = (
+        setup.head.clone(),
+        setup.train.clone(),
+        setup.val.clone(),
+        setup.backend,
+    );
     let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     tokio::task::spawn_blocking(move || {
         let start = Instant::now();
@@ -218,7 +236,12 @@ fn spawn_training(setup: &AgentSetup, task: RoundTask, done: mpsc::UnboundedSend
         let val_accuracy = accuracy(&head, &global, &val).unwrap_or(0.0);
         let device = fedge_models::training_device(backend);
         let result = train_head(&head, &global, &train, &task.train, seed, &device);
-        let _ = done.send(Trained { round: task.round, result, val_accuracy, seconds: start.elapsed().as_secs_f32() });
+        let _ = done.send(Trained {
+            round: task.round,
+            result,
+            val_accuracy,
+            seconds: start.elapsed().as_secs_f32(),
+        });
     });
 }
 

@@ -86,8 +86,10 @@ fn default_val_fraction() -> f32 {
 impl EdgeConfig {
     /// Reads a file and resolves its relative paths.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-        let mut config: Self = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let mut config: Self =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.backbone = base.join(&config.backbone);
         if let Some(dir) = &config.cache_dir {
@@ -96,7 +98,10 @@ impl EdgeConfig {
         if let DataConfig::ImageFolder { root, .. } = &mut config.data {
             *root = base.join(&*root);
         }
-        config.backend.parse::<Backend>().map_err(anyhow::Error::msg)?;
+        config
+            .backend
+            .parse::<Backend>()
+            .map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             fedge_wire::valid_client_id(&config.client_id),
             "{}: client_id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
@@ -116,16 +121,20 @@ impl EdgeConfig {
         let card = backbone.card();
         let domains = match &self.data {
             DataConfig::Digits { seed, .. } => digits_domains(&DIGITS_ANGLES, *seed),
-            DataConfig::ImageFolder { root, .. } => imagefolder_domains(root, card.channels, card.height, card.width)?,
+            DataConfig::ImageFolder { root, .. } => {
+                imagefolder_domains(root, card.channels, card.height, card.width)?
+            }
         };
         let wanted = match &self.data {
             DataConfig::Digits { domain, .. } | DataConfig::ImageFolder { domain, .. } => domain,
         };
         let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
-        let domain = domains
-            .iter()
-            .find(|d| d.name == *wanted)
-            .ok_or_else(|| anyhow::anyhow!("domain {wanted:?} not found; available: {}", names.join(", ")))?;
+        let domain = domains.iter().find(|d| d.name == *wanted).ok_or_else(|| {
+            anyhow::anyhow!(
+                "domain {wanted:?} not found; available: {}",
+                names.join(", ")
+            )
+        })?;
         let data = &domain.data;
         anyhow::ensure!(
             (data.channels, data.height, data.width) == (card.channels, card.height, card.width),
@@ -144,7 +153,11 @@ impl EdgeConfig {
     /// Loads backbone and data, computes (or reads cached) features and builds the agent.
     pub fn setup(&self) -> anyhow::Result<AgentSetup> {
         let backbone = Backbone::load(&self.backbone)?;
-        let onnx = self.backbone.parent().unwrap_or(Path::new(".")).join(&backbone.card().file);
+        let onnx = self
+            .backbone
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(&backbone.card().file);
         let backbone_id = Fnv64::of(&std::fs::read(onnx)?);
         let images = self.load_images(&backbone)?;
         let classes = images.classes();

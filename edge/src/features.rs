@@ -30,17 +30,29 @@ pub fn extract(
         && let Some(features) = read_cache(path, images.len() * dim)
     {
         tracing::debug!(path = %path.display(), "feature cache hit");
-        return Ok(FeatureSet { dim, features, labels: images.labels.clone() });
+        return Ok(FeatureSet {
+            dim,
+            features,
+            labels: images.labels.clone(),
+        });
     }
     let features = backbone.features(&images.images, BATCH)?;
     if let Some(path) = &path {
         let bytes: Vec<u8> = features.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let written = path.parent().map(std::fs::create_dir_all).transpose().and_then(|_| write_atomic(path, &bytes));
+        let written = path
+            .parent()
+            .map(std::fs::create_dir_all)
+            .transpose()
+            .and_then(|_| write_atomic(path, &bytes));
         if let Err(e) = written {
             tracing::warn!(path = %path.display(), error = %e, "cannot write feature cache");
         }
     }
-    Ok(FeatureSet { dim, features, labels: images.labels.clone() })
+    Ok(FeatureSet {
+        dim,
+        features,
+        labels: images.labels.clone(),
+    })
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -66,7 +78,10 @@ fn read_cache(path: &Path, expected: usize) -> Option<Vec<f32>> {
     if bytes.len() != expected * 4 {
         return None;
     }
-    let values: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let values: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     values.iter().all(|v| v.is_finite()).then_some(values)
 }
 
@@ -104,7 +119,9 @@ mod tests {
 
     #[test]
     fn cached_features_equal_computed_ones_and_a_corrupt_cache_is_recomputed() {
-        let backbone = Backbone::from_bytes(digits_conv_card(), DIGITS_CONV_ONNX, Path::new("d.onnx")).unwrap();
+        let backbone =
+            Backbone::from_bytes(digits_conv_card(), DIGITS_CONV_ONNX, Path::new("d.onnx"))
+                .unwrap();
         let images = ImageSet {
             channels: 1,
             height: 8,

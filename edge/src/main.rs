@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fedge_edge::config::EdgeConfig;
 
 #[derive(Parser)]
-#[command(name = "fedge-edge", version, about = "Trains a fedge head on local data and reports to the coordinator over MQTT")]
+#[command(
+    name = "fedge-edge",
+    version,
+    about = "Trains a fedge head on local data and reports to the coordinator over MQTT"
+)]
 struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -63,7 +67,11 @@ async fn main() -> anyhow::Result<()> {
                 let _ = stop_tx.send(true);
             });
             let summary = fedge_edge::run_agent(setup, stop_rx).await?;
-            tracing::info!(rounds = summary.rounds_trained, bytes_up = summary.bytes_up, "edge stopped");
+            tracing::info!(
+                rounds = summary.rounds_trained,
+                bytes_up = summary.bytes_up,
+                "edge stopped"
+            );
         }
         Command::Check { config } => {
             let setup = EdgeConfig::load(&config)?.setup()?;

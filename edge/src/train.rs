@@ -5,11 +5,11 @@
 //! FedProx term `mu/2 · ‖θ − θ_g‖²`. A fresh optimiser is created for every round, as Flower
 //! clients do: momentum does not carry over between rounds.
 
+use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::TensorData;
 use fedge_models::{FlatLayoutError, Head, HeadConfig};
 use fedge_wire::{Objective, TrainParams};
@@ -101,11 +101,12 @@ pub fn train_head(
         Objective::FedProx if params.prox_mu > 0.0 => Some(config.from_flat(global, device)?),
         _ => None,
     };
-    let mut sgd = SgdConfig::new().with_momentum((params.momentum > 0.0).then(|| MomentumConfig {
-        momentum: params.momentum as f64,
-        dampening: 0.0,
-        nesterov: false,
-    }));
+    let mut sgd =
+        SgdConfig::new().with_momentum((params.momentum > 0.0).then_some(MomentumConfig {
+            momentum: params.momentum as f64,
+            dampening: 0.0,
+            nesterov: false,
+        }));
     if params.weight_decay > 0.0 {
         sgd = sgd.with_weight_decay(Some(WeightDecayConfig::new(params.weight_decay)));
     }
@@ -125,7 +126,8 @@ pub fn train_head(
                 x.extend_from_slice(&data.features[i * data.dim..(i + 1) * data.dim]);
             }
             let y: Vec<i64> = idx.iter().map(|&i| data.labels[i] as i64).collect();
-            let inputs = Tensor::<2>::from_data(TensorData::new(x.clone(), [idx.len(), data.dim]), device);
+            let inputs =
+                Tensor::<2>::from_data(TensorData::new(x.clone(), [idx.len(), data.dim]), device);
             let targets = Tensor::<1, Int>::from_data(TensorData::new(y, [idx.len()]), device);
             let mut loss = loss_fn.forward(head.forward(inputs), targets);
             if let Some(anchor) = &anchor {
@@ -140,14 +142,21 @@ pub fn train_head(
             head = optim.step(params.learning_rate as f64, head, grads);
             steps += 1;
         }
-        last_epoch_loss = epoch_loss.map(|t| scalar(t) / data.len() as f32).unwrap_or(0.0);
+        last_epoch_loss = epoch_loss
+            .map(|t| scalar(t) / data.len() as f32)
+            .unwrap_or(0.0);
         if !last_epoch_loss.is_finite() {
             return Err(TrainError::Diverged(last_epoch_loss));
         }
     }
     let params_out = head.to_flat();
     let delta = params_out.iter().zip(global).map(|(a, b)| a - b).collect();
-    Ok(TrainOutcome { params: params_out, delta, last_epoch_loss, steps })
+    Ok(TrainOutcome {
+        params: params_out,
+        delta,
+        last_epoch_loss,
+        steps,
+    })
 }
 
 /// `‖θ − θ_anchor‖²` over all head parameters; the anchor carries no gradient.
@@ -156,7 +165,10 @@ fn proximal_term(head: &Head, anchor: &Head) -> Tensor<1> {
     let sq1 = |a: Tensor<1>, b: Tensor<1>| (a - b.detach()).powi_scalar(2).sum();
     let mut total = sq2(head.projector.weight.val(), anchor.projector.weight.val())
         + sq2(head.classifier.weight.val(), anchor.classifier.weight.val());
-    for (b, a) in [(&head.projector.bias, &anchor.projector.bias), (&head.classifier.bias, &anchor.classifier.bias)] {
+    for (b, a) in [
+        (&head.projector.bias, &anchor.projector.bias),
+        (&head.classifier.bias, &anchor.classifier.bias),
+    ] {
         if let (Some(b), Some(a)) = (b, a) {
             total = total + sq1(b.val(), a.val());
         }
@@ -165,22 +177,45 @@ fn proximal_term(head: &Head, anchor: &Head) -> Tensor<1> {
 }
 
 fn scalar(t: Tensor<1>) -> f32 {
-    t.into_data().convert::<f32>().try_into_vec::<f32>().ok().and_then(|v| v.first().copied()).unwrap_or(f32::NAN)
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .ok()
+        .and_then(|v| v.first().copied())
+        .unwrap_or(f32::NAN)
 }
 
-fn check_inputs(config: &HeadConfig, data: &FeatureSet, params: &TrainParams) -> Result<(), TrainError> {
+fn check_inputs(
+    config: &HeadConfig,
+    data: &FeatureSet,
+    params: &TrainParams,
+) -> Result<(), TrainError> {
     if data.is_empty() {
         return Err(TrainError::Empty);
     }
     if data.dim != config.features || data.features.len() != data.len() * data.dim {
-        return Err(TrainError::FeatureSize { expected: config.features, got: data.dim });
+        return Err(TrainError::FeatureSize {
+            expected: config.features,
+            got: data.dim,
+        });
     }
     if let Some(&label) = data.labels.iter().find(|&&l| l as usize >= config.classes) {
-        return Err(TrainError::Label { label, classes: config.classes });
+        return Err(TrainError::Label {
+            label,
+            classes: config.classes,
+        });
     }
     let p = params;
-    let finite = [p.learning_rate, p.momentum, p.weight_decay, p.prox_mu].iter().all(|v| v.is_finite());
-    if !finite || p.batch_size == 0 || p.learning_rate <= 0.0 || !(0.0..1.0).contains(&p.momentum) || p.weight_decay < 0.0 || p.prox_mu < 0.0 {
+    let finite = [p.learning_rate, p.momentum, p.weight_decay, p.prox_mu]
+        .iter()
+        .all(|v| v.is_finite());
+    if !finite
+        || p.batch_size == 0
+        || p.learning_rate <= 0.0
+        || !(0.0..1.0).contains(&p.momentum)
+        || p.weight_decay < 0.0
+        || p.prox_mu < 0.0
+    {
         return Err(TrainError::Params(format!(
             "need batch_size > 0, learning_rate > 0, 0 <= momentum < 1, weight_decay >= 0, prox_mu >= 0; got {p:?}"
         )));
@@ -189,11 +224,19 @@ fn check_inputs(config: &HeadConfig, data: &FeatureSet, params: &TrainParams) ->
 }
 
 /// Accuracy of the head `flat` on `data` (0 for an empty set).
-pub fn accuracy(config: &HeadConfig, flat: &[f32], data: &FeatureSet) -> Result<f32, FlatLayoutError> {
+pub fn accuracy(
+    config: &HeadConfig,
+    flat: &[f32],
+    data: &FeatureSet,
+) -> Result<f32, FlatLayoutError> {
     if data.is_empty() {
         return Ok(0.0);
     }
     let predicted = fedge_models::head::predict_flat(config, flat, &data.features)?;
-    let correct = predicted.iter().zip(&data.labels).filter(|(p, y)| **p == **y as usize).count();
+    let correct = predicted
+        .iter()
+        .zip(&data.labels)
+        .filter(|(p, y)| **p == **y as usize)
+        .count();
     Ok(correct as f32 / data.len() as f32)
 }

@@ -13,14 +13,25 @@ fn every_firmware_profile_loads_its_backbone_and_data() {
         if path.extension().is_none_or(|e| e != "toml") {
             continue;
         }
-        let mut config = EdgeConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        let mut config =
+            EdgeConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
         let cache = tempfile::tempdir().unwrap();
         config.cache_dir = Some(cache.path().to_owned());
-        let setup = config.setup().unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-        assert!(setup.train.len() > 100, "{}: too few samples", path.display());
+        let setup = config
+            .setup()
+            .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        assert!(
+            setup.train.len() > 100,
+            "{}: too few samples",
+            path.display()
+        );
         assert!(!setup.val.is_empty());
         assert_eq!(setup.head.features, setup.train.dim);
         seen += 1;
     }
-    assert!(seen >= 2, "expected at least two profiles in {}", dir.display());
+    assert!(
+        seen >= 2,
+        "expected at least two profiles in {}",
+        dir.display()
+    );
 }

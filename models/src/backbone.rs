@@ -36,7 +36,9 @@ pub enum BackboneError {
         message: String,
     },
     /// The input does not have the card's size.
-    #[error("backbone {name} expects {expected} values per image, got {got} values for {images} images")]
+    #[error(
+        "backbone {name} expects {expected} values per image, got {got} values for {images} images"
+    )]
     InputSize {
         /// Card name.
         name: String,
@@ -60,7 +62,10 @@ impl Backbone {
     /// Loads the backbone a card describes (its `file` is relative to the card).
     pub fn load(card_path: &Path) -> Result<Self, BackboneError> {
         let card = ModelCard::load(card_path)?;
-        let onnx_path = card_path.parent().unwrap_or(Path::new(".")).join(&card.file);
+        let onnx_path = card_path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(&card.file);
         let bytes = std::fs::read(&onnx_path).map_err(|e| BackboneError::Load {
             path: onnx_path.clone(),
             message: e.to_string(),
@@ -70,12 +75,27 @@ impl Backbone {
 
     /// Loads an ONNX model held in memory; `origin` only names it in errors.
     pub fn from_bytes(card: ModelCard, onnx: &[u8], origin: &Path) -> Result<Self, BackboneError> {
-        let load_err = |e: TractError| BackboneError::Load { path: origin.to_owned(), message: format!("{e:#}") };
-        let mut model = tract_onnx::onnx().model_for_read(&mut &onnx[..]).map_err(load_err)?;
+        let load_err = |e: TractError| BackboneError::Load {
+            path: origin.to_owned(),
+            message: format!("{e:#}"),
+        };
+        let mut model = tract_onnx::onnx()
+            .model_for_read(&mut &onnx[..])
+            .map_err(load_err)?;
         let batch = model.sym("N");
         let shape: TVec<TDim> = match card.layout {
-            Layout::Nchw => tvec![batch.into(), card.channels.into(), card.height.into(), card.width.into()],
-            Layout::Nhwc => tvec![batch.into(), card.height.into(), card.width.into(), card.channels.into()],
+            Layout::Nchw => tvec![
+                batch.into(),
+                card.channels.into(),
+                card.height.into(),
+                card.width.into()
+            ],
+            Layout::Nhwc => tvec![
+                batch.into(),
+                card.height.into(),
+                card.width.into(),
+                card.channels.into()
+            ],
         };
         model = model
             .with_input_fact(0, InferenceFact::dt_shape(f32::datum_type(), shape))
@@ -92,7 +112,11 @@ impl Backbone {
                 ),
             });
         }
-        let plan = typed.into_optimized().map_err(load_err)?.into_runnable().map_err(load_err)?;
+        let plan = typed
+            .into_optimized()
+            .map_err(load_err)?
+            .into_runnable()
+            .map_err(load_err)?;
         Ok(Self { card, plan })
     }
 
@@ -126,7 +150,10 @@ impl Backbone {
                 Layout::Nchw => [n, self.card.channels, self.card.height, self.card.width],
                 Layout::Nhwc => [n, self.card.height, self.card.width, self.card.channels],
             };
-            let run_err = |e: TractError| BackboneError::Run { name: self.card.name.clone(), message: format!("{e:#}") };
+            let run_err = |e: TractError| BackboneError::Run {
+                name: self.card.name.clone(),
+                message: format!("{e:#}"),
+            };
             let input = Tensor::from_shape(&shape, &normalised).map_err(run_err)?;
             let result = self.plan.run(tvec!(input.into())).map_err(run_err)?;
             let view = result[0].to_plain_array_view::<f32>().map_err(run_err)?;
@@ -142,7 +169,12 @@ mod tests {
     use crate::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 
     fn digits() -> Backbone {
-        Backbone::from_bytes(digits_conv_card(), DIGITS_CONV_ONNX, Path::new("digits-conv.onnx")).unwrap()
+        Backbone::from_bytes(
+            digits_conv_card(),
+            DIGITS_CONV_ONNX,
+            Path::new("digits-conv.onnx"),
+        )
+        .unwrap()
     }
 
     #[test]

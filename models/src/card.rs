@@ -91,11 +91,18 @@ pub enum CardError {
 impl ModelCard {
     /// Reads and checks a card.
     pub fn load(path: &Path) -> Result<Self, CardError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| CardError::Io { path: path.to_owned(), source })?;
-        let card: ModelCard = toml::from_str(&text)
-            .map_err(|e| CardError::Parse { path: path.to_owned(), message: e.to_string() })?;
-        card.check().map_err(|message| CardError::Invalid { path: path.to_owned(), message })?;
+        let text = std::fs::read_to_string(path).map_err(|source| CardError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let card: ModelCard = toml::from_str(&text).map_err(|e| CardError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        card.check().map_err(|message| CardError::Invalid {
+            path: path.to_owned(),
+            message,
+        })?;
         Ok(card)
     }
 

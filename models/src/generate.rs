@@ -51,10 +51,25 @@ pub fn digits_conv_onnx() -> Vec<u8> {
     let w2 = rng.he_normal(32 * 16 * 9, 16 * 9);
     let b2 = vec![0.01f32; 32];
     let nodes = vec![
-        node("Conv", &["input", "w1", "b1"], "c1", vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])]),
+        node(
+            "Conv",
+            &["input", "w1", "b1"],
+            "c1",
+            vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+        ),
         node("Relu", &["c1"], "r1", vec![]),
-        node("MaxPool", &["r1"], "p1", vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])]),
-        node("Conv", &["p1", "w2", "b2"], "c2", vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])]),
+        node(
+            "MaxPool",
+            &["r1"],
+            "p1",
+            vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+        ),
+        node(
+            "Conv",
+            &["p1", "w2", "b2"],
+            "c2",
+            vec![ints("kernel_shape", &[3, 3]), ints("pads", &[1, 1, 1, 1])],
+        ),
         node("Relu", &["c2"], "r2", vec![]),
         node("Flatten", &["r2"], "features", vec![int("axis", 1)]),
     ];
@@ -73,7 +88,10 @@ pub fn digits_conv_onnx() -> Vec<u8> {
     };
     let model = pb::ModelProto {
         ir_version: 8,
-        opset_import: vec![pb::OperatorSetIdProto { domain: String::new(), version: 13 }],
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 13,
+        }],
         producer_name: "fedge-models".into(),
         producer_version: "1".into(),
         graph: Some(graph),
@@ -91,7 +109,12 @@ pub fn write_digits_conv(dir: &std::path::Path) -> std::io::Result<std::path::Pa
     Ok(card_path)
 }
 
-fn node(op: &str, inputs: &[&str], output: &str, attribute: Vec<pb::AttributeProto>) -> pb::NodeProto {
+fn node(
+    op: &str,
+    inputs: &[&str],
+    output: &str,
+    attribute: Vec<pb::AttributeProto>,
+) -> pb::NodeProto {
     pb::NodeProto {
         op_type: op.into(),
         name: output.into(),

@@ -69,7 +69,10 @@ impl HeadConfig {
     /// A head holding `flat` (see the module docs for the layout).
     pub fn from_flat(&self, flat: &[f32], device: &Device) -> Result<Head, FlatLayoutError> {
         if flat.len() != self.num_params() {
-            return Err(FlatLayoutError { expected: self.num_params(), got: flat.len() });
+            return Err(FlatLayoutError {
+                expected: self.num_params(),
+                got: flat.len(),
+            });
         }
         let (f, h, k) = (self.features, self.hidden, self.classes);
         let (w1, rest) = flat.split_at(f * h);
@@ -85,7 +88,10 @@ impl HeadConfig {
 fn linear_from(weight: &[f32], bias: &[f32], shape: [usize; 2], device: &Device) -> Linear {
     let weight = Tensor::<2>::from_data(TensorData::new(weight.to_vec(), shape), device);
     let bias = Tensor::<1>::from_data(TensorData::new(bias.to_vec(), [shape[1]]), device);
-    Linear { weight: Param::from_tensor(weight), bias: Some(Param::from_tensor(bias)) }
+    Linear {
+        weight: Param::from_tensor(weight),
+        bias: Some(Param::from_tensor(bias)),
+    }
 }
 
 /// Projector and classifier on top of backbone features.
@@ -130,14 +136,23 @@ impl Head {
 }
 
 fn tensor_values(data: TensorData) -> Vec<f32> {
-    data.convert::<f32>().try_into_vec::<f32>().unwrap_or_default()
+    data.convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap_or_default()
 }
 
 /// Predicted classes of `features` (`[n, F]`, row-major) under the head given by `flat`,
 /// computed in plain f32 without Burn, for evaluation where no gradient is needed.
-pub fn predict_flat(config: &HeadConfig, flat: &[f32], features: &[f32]) -> Result<Vec<usize>, FlatLayoutError> {
+pub fn predict_flat(
+    config: &HeadConfig,
+    flat: &[f32],
+    features: &[f32],
+) -> Result<Vec<usize>, FlatLayoutError> {
     if flat.len() != config.num_params() {
-        return Err(FlatLayoutError { expected: config.num_params(), got: flat.len() });
+        return Err(FlatLayoutError {
+            expected: config.num_params(),
+            got: flat.len(),
+        });
     }
     let (f, h, k) = (config.features, config.hidden, config.classes);
     let (w1, rest) = flat.split_at(f * h);
@@ -192,11 +207,19 @@ mod tests {
     fn flat_round_trip_keeps_every_value_in_documented_order() {
         let device = training_device(Backend::NdArray);
         let config = config();
-        let flat: Vec<f32> = (0..config.num_params()).map(|i| i as f32 * 0.01 - 0.2).collect();
+        let flat: Vec<f32> = (0..config.num_params())
+            .map(|i| i as f32 * 0.01 - 0.2)
+            .collect();
         let head = config.from_flat(&flat, &device).unwrap();
         assert_eq!(head.to_flat(), flat);
         // W1 is [F, H] row-major: element (1, 2) is at 1 * H + 2.
-        let w1 = head.projector.weight.val().into_data().try_into_vec::<f32>().unwrap();
+        let w1 = head
+            .projector
+            .weight
+            .val()
+            .into_data()
+            .try_into_vec::<f32>()
+            .unwrap();
         assert_eq!(w1[4 + 2], flat[4 + 2]);
         assert_eq!(head.projector.weight.val().dims(), [5, 4]);
         assert_eq!(head.classifier.weight.val().dims(), [4, 3]);
@@ -206,7 +229,13 @@ mod tests {
     fn from_flat_rejects_wrong_length() {
         let device = training_device(Backend::NdArray);
         let err = config().from_flat(&[0.0; 3], &device).unwrap_err();
-        assert_eq!(err, FlatLayoutError { expected: 39, got: 3 });
+        assert_eq!(
+            err,
+            FlatLayoutError {
+                expected: 39,
+                got: 3
+            }
+        );
     }
 
     #[test]
@@ -215,8 +244,13 @@ mod tests {
         let config = config();
         let head = config.init(&device);
         let flat = head.to_flat();
-        let x: Vec<f32> = (0..6 * 5).map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0).collect();
-        let logits = head.forward(Tensor::<2>::from_data(TensorData::new(x.clone(), [6, 5]), &device));
+        let x: Vec<f32> = (0..6 * 5)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0)
+            .collect();
+        let logits = head.forward(Tensor::<2>::from_data(
+            TensorData::new(x.clone(), [6, 5]),
+            &device,
+        ));
         let logits = logits.into_data().try_into_vec::<f32>().unwrap();
         let expected: Vec<usize> = logits.chunks(3).map(argmax).collect();
         assert_eq!(predict_flat(&config, &flat, &x).unwrap(), expected);

@@ -43,26 +43,44 @@ fn default_max_packet() -> usize {
 
 impl Default for BrokerConfig {
     fn default() -> Self {
-        Self { host: default_host(), port: default_port(), keep_alive_s: default_keep_alive(), max_packet: default_max_packet() }
+        Self {
+            host: default_host(),
+            port: default_port(),
+            keep_alive_s: default_keep_alive(),
+            max_packet: default_max_packet(),
+        }
     }
 }
 
 impl BrokerConfig {
     /// Settings for `host:port` with default limits.
     pub fn at(host: impl Into<String>, port: u16) -> Self {
-        Self { host: host.into(), port, ..Self::default() }
+        Self {
+            host: host.into(),
+            port,
+            ..Self::default()
+        }
     }
 
     /// Parses `mqtt://host:port`, `host:port` or `host` (port 1883).
     pub fn parse_url(url: &str) -> Result<Self, String> {
-        let rest = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")).unwrap_or(url);
+        let rest = url
+            .strip_prefix("mqtt://")
+            .or_else(|| url.strip_prefix("tcp://"))
+            .unwrap_or(url);
         let rest = rest.trim_end_matches('/');
         let (host, port) = match rest.rsplit_once(':') {
-            Some((h, p)) => (h, p.parse::<u16>().map_err(|_| format!("bad port in broker URL {url:?}"))?),
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| format!("bad port in broker URL {url:?}"))?,
+            ),
             None => (rest, default_port()),
         };
         if host.is_empty() {
-            return Err(format!("no host in broker URL {url:?}; use mqtt://HOST:PORT"));
+            return Err(format!(
+                "no host in broker URL {url:?}; use mqtt://HOST:PORT"
+            ));
         }
         Ok(Self::at(host, port))
     }
@@ -128,7 +146,10 @@ pub fn publish_frame(
         bytes += piece.len() as u64;
         client
             .try_publish(topic, QoS::AtLeastOnce, retain, piece)
-            .map_err(|e| PublishError { topic: topic.to_owned(), message: e.to_string() })?;
+            .map_err(|e| PublishError {
+                topic: topic.to_owned(),
+                message: e.to_string(),
+            })?;
     }
     Ok(bytes)
 }
@@ -136,14 +157,25 @@ pub fn publish_frame(
 /// Capacity of the request queue between a client handle and its event loop.
 pub const REQUEST_QUEUE: usize = 1024;
 
+/// The current time in RFC 3339 (UTC, milliseconds), as dashboards expect.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn broker_urls_parse_with_and_without_scheme_and_port() {
-        assert_eq!(BrokerConfig::parse_url("mqtt://10.0.0.2:1884").unwrap(), BrokerConfig::at("10.0.0.2", 1884));
-        assert_eq!(BrokerConfig::parse_url("broker.local").unwrap(), BrokerConfig::at("broker.local", 1883));
+        assert_eq!(
+            BrokerConfig::parse_url("mqtt://10.0.0.2:1884").unwrap(),
+            BrokerConfig::at("10.0.0.2", 1884)
+        );
+        assert_eq!(
+            BrokerConfig::parse_url("broker.local").unwrap(),
+            BrokerConfig::at("broker.local", 1883)
+        );
         assert!(BrokerConfig::parse_url("mqtt://:12").is_err());
         assert!(BrokerConfig::parse_url("host:notaport").is_err());
     }
@@ -158,9 +190,4 @@ mod tests {
         b.reset();
         assert_eq!(b.next_delay().as_millis(), 100);
     }
-}
-
-/// The current time in RFC 3339 (UTC, milliseconds), as dashboards expect.
-pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }

@@ -24,26 +24,52 @@ impl Mosquitto {
     /// `FEDGE_REQUIRE_MOSQUITTO=1`, under which a missing mosquitto fails the test.
     pub fn start() -> Option<Self> {
         let binary = ["mosquitto", "/usr/sbin/mosquitto"].into_iter().find(|b| {
-            Command::new(b).arg("-h").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+            Command::new(b)
+                .arg("-h")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok()
         });
         let Some(binary) = binary else {
             if std::env::var("FEDGE_REQUIRE_MOSQUITTO").is_ok_and(|v| v == "1") {
-                panic!("FEDGE_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt-get install mosquitto)");
+                panic!(
+                    "FEDGE_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt-get install mosquitto)"
+                );
             }
             eprintln!("mosquitto not installed: skipping the interoperability test");
             return None;
         };
-        let port = fedge_coordinator::broker::free_loopback_addr().unwrap().port();
+        let port = fedge_coordinator::broker::free_loopback_addr()
+            .unwrap()
+            .port();
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")).unwrap();
-        let child = Command::new(binary).arg("-c").arg(&conf).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::fs::write(
+            &conf,
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
+        )
+        .unwrap();
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "mosquitto did not start on port {port}");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "mosquitto did not start on port {port}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(Self { child, port, _dir: dir })
+        Some(Self {
+            child,
+            port,
+            _dir: dir,
+        })
     }
 
     /// Client settings for this broker.
