@@ -83,7 +83,7 @@ struct DemoArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Burn CPU backend of the agents: ndarray or flex.
-    #[arg(long, default_value = "ndarray")]
+    #[arg(long, default_value = "flex")]
     backend: Backend,
     /// Use this broker (mqtt://HOST:PORT) instead of starting the embedded one.
     #[arg(long)]

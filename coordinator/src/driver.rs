@@ -153,13 +153,8 @@ pub async fn run(
             break;
         }
     }
-    // Let the last publishes (final status, metrics) reach the broker.
-    let flush_until = tokio::time::Instant::now() + Duration::from_millis(300);
-    while tokio::time::timeout_at(flush_until, eventloop.poll())
-        .await
-        .is_ok_and(|r| r.is_ok())
-    {}
-    let _ = client.try_disconnect();
+    // Let the last publishes (final status, metrics) reach the broker, without a Last Will.
+    fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, Duration::from_secs(2)).await;
     Ok(rounds)
 }
 
@@ -223,7 +218,11 @@ fn drain(
                 }
             }
             Output::StatusChanged => status_dirty = true,
-            Output::Finished => finished = true,
+            Output::Finished => {
+                // A finished federation leaves no retained task for devices that join later.
+                clear_task(client, task_topics);
+                finished = true;
+            }
         }
     }
     if status_dirty {
@@ -232,6 +231,15 @@ fn drain(
         let _ = client.try_publish(status_topic, QoS::AtLeastOnce, true, json);
     }
     finished
+}
+
+fn clear_task(client: &AsyncClient, topics: &mut TaskTopics) {
+    let mut stale = vec![topics.base.clone()];
+    stale.extend((0..topics.chunk_topics_in_use).map(|i| format!("{}/{i}", topics.base)));
+    for topic in stale {
+        let _ = client.try_publish(topic, QoS::AtLeastOnce, true, Vec::<u8>::new());
+    }
+    topics.chunk_topics_in_use = 0;
 }
 
 fn publish_task(

@@ -131,7 +131,9 @@ pub async fn run_agent(
                     reassembler.expire(now_ms);
                     let Some(task) = decode_task(&mut reassembler, &p.payload, now_ms) else { continue };
                     let wanted = task.selected.contains(&setup.client_id)
-                        && task.round > status.last_round
+                        // `!=` rather than `>`: a restarted coordinator counts from 1 again,
+                        // while a task delivered twice (retained, reconnect) has the same round.
+                        && task.round != status.last_round
                         && training.is_none();
                     if wanted {
                         training = Some(task.round);
@@ -191,12 +193,8 @@ pub async fn run_agent(
     }
     status.online = false;
     let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
-    let _ = client.try_disconnect();
-    let flush_until = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
-    while tokio::time::timeout_at(flush_until, eventloop.poll())
-        .await
-        .is_ok_and(|r| r.is_ok())
-    {}
+    fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
+        .await;
     Ok(summary)
 }
 

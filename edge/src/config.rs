@@ -74,7 +74,7 @@ fn default_profile() -> String {
     "generic".into()
 }
 fn default_backend() -> String {
-    "ndarray".into()
+    "flex".into()
 }
 fn default_hidden() -> usize {
     64

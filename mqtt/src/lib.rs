@@ -162,6 +162,21 @@ pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
+/// Lets queued publishes reach the broker, then disconnects cleanly so that the broker does
+/// not publish the Last Will; gives up after `within`.
+///
+/// The event loop is polled until it reports the closed connection: rumqttc announces the
+/// outgoing DISCONNECT before it has flushed the packets queued ahead of it.
+pub async fn flush_and_disconnect(
+    client: &AsyncClient,
+    eventloop: &mut rumqttc::EventLoop,
+    within: Duration,
+) {
+    let until = tokio::time::Instant::now() + within;
+    let _ = client.try_disconnect();
+    while let Ok(Ok(_)) = tokio::time::timeout_at(until, eventloop.poll()).await {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
