@@ -240,3 +240,195 @@ pub fn accuracy(
         .count();
     Ok(correct as f32 / data.len() as f32)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedge_models::{Backend, training_device};
+
+    /// Mean cross-entropy of the head `flat` on `data`, in f64, written out by hand.
+    fn loss(config: &HeadConfig, flat: &[f64], data: &FeatureSet) -> f64 {
+        let (f, h, k) = (config.features, config.hidden, config.classes);
+        let (w1, rest) = flat.split_at(f * h);
+        let (b1, rest) = rest.split_at(h);
+        let (w, b) = rest.split_at(h * k);
+        let mut total = 0.0;
+        for (x, &y) in data.features.chunks(f).zip(&data.labels) {
+            let z: Vec<f64> = (0..h)
+                .map(|j| {
+                    (b1[j] + (0..f).map(|i| x[i] as f64 * w1[i * h + j]).sum::<f64>()).max(0.0)
+                })
+                .collect();
+            let o: Vec<f64> = (0..k)
+                .map(|c| b[c] + (0..h).map(|j| z[j] * w[j * k + c]).sum::<f64>())
+                .collect();
+            let max = o.iter().cloned().fold(f64::MIN, f64::max);
+            let lse = max + o.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+            total += lse - o[y as usize];
+        }
+        total / data.len() as f64
+    }
+
+    /// Central-difference gradient of [`loss`].
+    fn grad(config: &HeadConfig, flat: &[f64], data: &FeatureSet) -> Vec<f64> {
+        let eps = 1e-6;
+        (0..flat.len())
+            .map(|i| {
+                let (mut up, mut down) = (flat.to_vec(), flat.to_vec());
+                up[i] += eps;
+                down[i] -= eps;
+                (loss(config, &up, data) - loss(config, &down, data)) / (2.0 * eps)
+            })
+            .collect()
+    }
+
+    fn tiny() -> (HeadConfig, Vec<f32>, FeatureSet) {
+        let config = HeadConfig::new(3, 2).with_hidden(2);
+        // Pre-activations stay far from the ReLU kink, so finite differences are exact enough.
+        let global = vec![
+            0.5, -0.3, 0.8, 0.4, -0.2, 0.6, 0.3, 0.2, 0.7, -0.5, -0.4, 0.9, 0.1, -0.1,
+        ];
+        let data = FeatureSet {
+            dim: 3,
+            features: vec![1.0, 0.5, 2.0, 1.0, 0.5, 2.0],
+            labels: vec![1, 1],
+        };
+        (config, global, data)
+    }
+
+    #[test]
+    fn two_sgd_steps_follow_pytorch_momentum_and_weight_decay() {
+        let (config, global, data) = tiny();
+        let params = TrainParams {
+            local_epochs: 1,
+            batch_size: 1,
+            learning_rate: 0.1,
+            momentum: 0.9,
+            weight_decay: 0.01,
+            ..TrainParams::default()
+        };
+        let device = training_device(Backend::Flex);
+        let out = train_head(&config, &global, &data, &params, 3, &device).unwrap();
+        assert_eq!(out.steps, 2);
+        // By hand: d = g + wd·θ; buf = d on the first step, then buf = 0.9·buf + d; θ -= lr·buf.
+        let one = FeatureSet {
+            dim: 3,
+            features: data.features[..3].to_vec(),
+            labels: vec![1],
+        };
+        let mut theta: Vec<f64> = global.iter().map(|v| *v as f64).collect();
+        let mut buf = vec![0.0; theta.len()];
+        for step in 0..2 {
+            let g = grad(&config, &theta, &one);
+            for i in 0..theta.len() {
+                let d = g[i] + 0.01 * theta[i];
+                buf[i] = if step == 0 { d } else { 0.9 * buf[i] + d };
+                theta[i] -= 0.1 * buf[i];
+            }
+        }
+        for (got, want) in out.params.iter().zip(&theta) {
+            assert!((*got as f64 - want).abs() < 1e-4, "got {got}, want {want}");
+        }
+        for ((d, p), g) in out.delta.iter().zip(&out.params).zip(&global) {
+            assert!((d - (p - g)).abs() < 1e-7);
+        }
+    }
+
+    #[test]
+    fn fedprox_keeps_the_local_head_closer_to_the_global_one() {
+        let (config, global, data) = tiny();
+        let device = training_device(Backend::Flex);
+        let ce = TrainParams {
+            local_epochs: 20,
+            batch_size: 2,
+            learning_rate: 0.1,
+            ..TrainParams::default()
+        };
+        let prox = TrainParams {
+            objective: Objective::FedProx,
+            prox_mu: 5.0,
+            ..ce.clone()
+        };
+        let norm = |d: &[f32]| d.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let free = train_head(&config, &global, &data, &ce, 0, &device).unwrap();
+        let held = train_head(&config, &global, &data, &prox, 0, &device).unwrap();
+        assert!(
+            norm(&held.delta) < 0.5 * norm(&free.delta),
+            "{} vs {}",
+            norm(&held.delta),
+            norm(&free.delta)
+        );
+        assert!(held.last_epoch_loss.is_finite());
+    }
+
+    #[test]
+    fn training_learns_separable_data_and_is_deterministic_for_a_seed() {
+        let config = HeadConfig::new(4, 2).with_hidden(8);
+        let features: Vec<f32> = (0..64)
+            .flat_map(|i| {
+                if i % 2 == 0 {
+                    [1.0, 0.2, 0.0, 0.1]
+                } else {
+                    [0.0, 0.1, 1.0, 0.3]
+                }
+            })
+            .collect();
+        let labels: Vec<u32> = (0..64).map(|i| i % 2).collect();
+        let data = FeatureSet {
+            dim: 4,
+            features,
+            labels,
+        };
+        let global = config.init_flat(5);
+        let params = TrainParams {
+            local_epochs: 5,
+            batch_size: 8,
+            learning_rate: 0.1,
+            ..TrainParams::default()
+        };
+        let device = training_device(Backend::Flex);
+        let a = train_head(&config, &global, &data, &params, 1, &device).unwrap();
+        let b = train_head(&config, &global, &data, &params, 1, &device).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(accuracy(&config, &a.params, &data).unwrap(), 1.0);
+        assert!(a.last_epoch_loss < 0.3, "{}", a.last_epoch_loss);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors_not_panics() {
+        let (config, global, data) = tiny();
+        let device = training_device(Backend::Flex);
+        let params = TrainParams::default();
+        let bad_label = FeatureSet {
+            labels: vec![1, 7],
+            ..data.clone()
+        };
+        assert!(matches!(
+            train_head(&config, &global, &bad_label, &params, 0, &device),
+            Err(TrainError::Label { label: 7, .. })
+        ));
+        assert!(matches!(
+            train_head(&config, &global[..3], &data, &params, 0, &device),
+            Err(TrainError::Layout(_))
+        ));
+        assert!(matches!(
+            train_head(
+                &config,
+                &global,
+                &FeatureSet::default(),
+                &params,
+                0,
+                &device
+            ),
+            Err(TrainError::Empty)
+        ));
+        let zero_batch = TrainParams {
+            batch_size: 0,
+            ..params
+        };
+        assert!(matches!(
+            train_head(&config, &global, &data, &zero_batch, 0, &device),
+            Err(TrainError::Params(_))
+        ));
+    }
+}
