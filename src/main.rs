@@ -100,7 +100,7 @@ struct DemoArgs {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rumqttd=error"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rumqttd=off"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -50,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
 
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=off"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),
