@@ -77,3 +77,40 @@ async fn three_edges_learn_over_mosquitto_in_three_rounds() {
     .await;
     check_learned(&result);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn federation_survives_a_broker_restart_between_rounds() {
+    let Some(mut mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let options = DemoOptions {
+        rounds: 4,
+        clients: 3,
+        broker: Some(mosquitto.broker()),
+        federation: "e2e-restart".into(),
+        round_timeout_s: 3.0,
+        ..DemoOptions::default()
+    };
+    let data = demo::prepare(&options).unwrap();
+    let mut restarted = false;
+    let run = demo::run(&options, &data, |row| {
+        // Every session and retained message disappears; clients must reconnect with back-off,
+        // resubscribe, republish their status, and the coordinator its task.
+        if row.round == 1 && !restarted {
+            restarted = true;
+            mosquitto.restart(std::time::Duration::from_millis(500));
+        }
+    });
+    let result = tokio::time::timeout(std::time::Duration::from_secs(90), run)
+        .await
+        .expect("federation hung")
+        .unwrap();
+    assert!(restarted);
+    let aggregated: Vec<_> = result
+        .rounds
+        .iter()
+        .filter(|r| r.target_accuracy.is_some())
+        .collect();
+    assert_eq!(aggregated.len(), 4, "{:?}", result.rounds);
+    assert!(result.final_target_accuracy.unwrap() > result.initial_target_accuracy + 0.05);
+}

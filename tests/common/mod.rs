@@ -16,7 +16,8 @@ pub fn norm(v: &[f32]) -> f32 {
 pub struct Mosquitto {
     child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    binary: &'static str,
+    dir: tempfile::TempDir,
 }
 
 impl Mosquitto {
@@ -50,26 +51,26 @@ impl Mosquitto {
             format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
         )
         .unwrap();
-        let child = Command::new(binary)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "mosquitto did not start on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = spawn(binary, &conf, port);
         Some(Self {
             child,
             port,
-            _dir: dir,
+            binary,
+            dir,
         })
+    }
+
+    /// Kills the broker (all sessions and retained messages are lost) and starts a new one on
+    /// the same port after `down`.
+    pub fn restart(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = spawn(
+            self.binary,
+            &self.dir.path().join("mosquitto.conf"),
+            self.port,
+        );
     }
 
     /// Client settings for this broker.
@@ -81,6 +82,25 @@ impl Mosquitto {
     pub fn port(&self) -> u16 {
         self.port
     }
+}
+
+fn spawn(binary: &str, conf: &std::path::Path, port: u16) -> Child {
+    let child = Command::new(binary)
+        .arg("-c")
+        .arg(conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "mosquitto did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
 }
 
 impl Drop for Mosquitto {
