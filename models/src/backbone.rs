@@ -97,9 +97,34 @@ impl Backbone {
                 card.channels.into()
             ],
         };
+        let input_names: Vec<String> = model
+            .input_outlets()
+            .map_err(load_err)?
+            .iter()
+            .map(|o| model.node(o.node).name.clone())
+            .collect();
+        let input = input_names
+            .iter()
+            .position(|n| *n == card.input_name)
+            .ok_or_else(|| BackboneError::Load {
+                path: origin.to_owned(),
+                message: format!(
+                    "the card names input {:?}, the model has {:?}",
+                    card.input_name, input_names
+                ),
+            })?;
         model = model
-            .with_input_fact(0, InferenceFact::dt_shape(f32::datum_type(), shape))
+            .with_input_fact(input, InferenceFact::dt_shape(f32::datum_type(), shape))
             .map_err(load_err)?;
+        model
+            .select_outputs_by_name([&card.output_name])
+            .map_err(|_| BackboneError::Load {
+                path: origin.to_owned(),
+                message: format!(
+                    "the card names output {:?}, which the model does not have",
+                    card.output_name
+                ),
+            })?;
         let typed = model.into_typed().map_err(load_err)?;
         let output = typed.output_fact(0).map_err(load_err)?.clone();
         let features = output.shape.last().and_then(|d| d.to_usize().ok());
@@ -166,6 +191,7 @@ impl Backbone {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::card::ModelCard;
     use crate::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 
     fn digits() -> Backbone {
@@ -200,6 +226,19 @@ mod tests {
         card.feature_size = 100;
         let err = Backbone::from_bytes(card, DIGITS_CONV_ONNX, Path::new("x.onnx")).unwrap_err();
         assert!(err.to_string().contains("card promises"), "{err}");
+        for (input, output, expected) in [
+            ("pixels", "features", "names input"),
+            ("input", "logits", "names output"),
+        ] {
+            let card = ModelCard {
+                input_name: input.into(),
+                output_name: output.into(),
+                ..digits_conv_card()
+            };
+            let err =
+                Backbone::from_bytes(card, DIGITS_CONV_ONNX, Path::new("x.onnx")).unwrap_err();
+            assert!(err.to_string().contains(expected), "{err}");
+        }
     }
 
     #[test]
