@@ -11,6 +11,7 @@
 pub mod broker;
 pub mod config;
 pub mod driver;
+pub mod fedomg;
 pub mod round;
 pub mod strategy;
 

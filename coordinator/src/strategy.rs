@@ -66,7 +66,10 @@ pub fn weighted_mean_delta(updates: &[AcceptedUpdate], len: usize) -> Vec<f32> {
 pub fn by_name(name: &str) -> Result<Box<dyn Strategy>, String> {
     match name {
         "fedavg" => Ok(Box::new(FedAvg)),
-        other => Err(format!("unknown strategy {other:?}; available: fedavg")),
+        "fedomg" => Ok(Box::new(crate::fedomg::FedOmg::default())),
+        other => Err(format!(
+            "unknown strategy {other:?}; available: fedavg, fedomg"
+        )),
     }
 }
 
