@@ -62,13 +62,71 @@ pub fn weighted_mean_delta(updates: &[AcceptedUpdate], len: usize) -> Vec<f32> {
     acc.into_iter().map(|v| v as f32).collect()
 }
 
+/// Server momentum around any strategy (FedAvgM; Flower's `server_momentum` and
+/// `server_learning_rate`): with the inner strategy's direction `d = θ_inner − θ`,
+/// `v ← β v + d`, `θ ← θ + η_s v`. `β = 0, η_s = 1` is the inner strategy unchanged.
+pub struct ServerMomentum<S> {
+    inner: S,
+    beta: f32,
+    lr: f32,
+    velocity: Vec<f32>,
+}
+
+impl<S: Strategy> ServerMomentum<S> {
+    /// Wraps `inner`; `beta` must be in `[0, 1)` and `lr` positive.
+    pub fn new(inner: S, beta: f32, lr: f32) -> Result<Self, String> {
+        if !((0.0..1.0).contains(&beta) && lr.is_finite() && lr > 0.0) {
+            return Err(format!(
+                "server momentum needs 0 <= beta < 1 and lr > 0, got beta {beta}, lr {lr}"
+            ));
+        }
+        Ok(Self {
+            inner,
+            beta,
+            lr,
+            velocity: Vec::new(),
+        })
+    }
+
+    /// The momentum buffer (empty before the first aggregation).
+    pub fn velocity(&self) -> &[f32] {
+        &self.velocity
+    }
+}
+
+impl<S: Strategy> Strategy for ServerMomentum<S> {
+    fn name(&self) -> &str {
+        "fedavgm"
+    }
+
+    fn configure_round(&mut self, round: u64, defaults: &TrainParams) -> TrainParams {
+        self.inner.configure_round(round, defaults)
+    }
+
+    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32> {
+        let inner = self.inner.aggregate(global, updates);
+        if self.velocity.len() != global.len() {
+            self.velocity = vec![0.0; global.len()];
+        }
+        for ((v, next), g) in self.velocity.iter_mut().zip(&inner).zip(global) {
+            *v = self.beta * *v + (next - g);
+        }
+        global
+            .iter()
+            .zip(&self.velocity)
+            .map(|(g, v)| g + self.lr * v)
+            .collect()
+    }
+}
+
 /// Builds a strategy by name.
 pub fn by_name(name: &str) -> Result<Box<dyn Strategy>, String> {
     match name {
         "fedavg" => Ok(Box::new(FedAvg)),
         "fedomg" => Ok(Box::new(crate::fedomg::FedOmg::default())),
+        "fedavgm" => Ok(Box::new(ServerMomentum::new(FedAvg, 0.9, 1.0)?)),
         other => Err(format!(
-            "unknown strategy {other:?}; available: fedavg, fedomg"
+            "unknown strategy {other:?}; available: fedavg, fedavgm, fedomg"
         )),
     }
 }
@@ -105,8 +163,34 @@ mod tests {
     }
 
     #[test]
+    fn server_momentum_with_zero_beta_and_unit_rate_is_the_inner_strategy() {
+        let updates = [update("a", 1, &[1.0, 0.0]), update("b", 3, &[0.0, 4.0])];
+        let mut m = ServerMomentum::new(FedAvg, 0.0, 1.0).unwrap();
+        assert_eq!(
+            m.aggregate(&[10.0, 20.0], &updates),
+            FedAvg.aggregate(&[10.0, 20.0], &updates)
+        );
+    }
+
+    #[test]
+    fn server_momentum_accumulates_directions() {
+        let mut m = ServerMomentum::new(FedAvg, 0.5, 2.0).unwrap();
+        let step = [update("a", 1, &[1.0])];
+        // v = 1, θ = 0 + 2·1 = 2; then v = 0.5 + 1 = 1.5, θ = 2 + 3 = 5.
+        let once = m.aggregate(&[0.0], &step);
+        assert_eq!(once, vec![2.0]);
+        assert_eq!(m.aggregate(&once, &step), vec![5.0]);
+        assert_eq!(m.velocity(), &[1.5]);
+        assert!(ServerMomentum::new(FedAvg, 1.0, 1.0).is_err());
+        assert!(ServerMomentum::new(FedAvg, 0.5, 0.0).is_err());
+    }
+
+    #[test]
     fn unknown_strategy_name_lists_the_available_ones() {
         let err = by_name("fedfoo").err().unwrap();
-        assert!(err.contains("fedavg"), "{err}");
+        assert!(err.contains("fedavg, fedavgm, fedomg"), "{err}");
+        for name in ["fedavg", "fedavgm", "fedomg"] {
+            assert_eq!(by_name(name).unwrap().name(), name);
+        }
     }
 }
