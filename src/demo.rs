@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::strategy::StrategyConfig;
 use fedge_coordinator::{
-    DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, driver, strategy,
+    DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, Strategy, driver,
 };
 use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
 use fedge_edge::features::{self, Fnv64};
@@ -26,8 +27,8 @@ pub struct DemoOptions {
     pub rounds: u64,
     /// Edge agents (source domains are shared round-robin when there are more agents).
     pub clients: usize,
-    /// Server strategy name.
-    pub strategy: String,
+    /// Server strategy and its parameters.
+    pub strategy: StrategyConfig,
     /// Local training.
     pub train: TrainParams,
     /// Seed for data split, initialisation and sampling.
@@ -51,7 +52,7 @@ impl Default for DemoOptions {
         Self {
             rounds: 20,
             clients: 5,
-            strategy: "fedavg".into(),
+            strategy: StrategyConfig::default(),
             train: TrainParams {
                 local_epochs: 5,
                 ..TrainParams::default()
@@ -199,7 +200,8 @@ pub async fn run(
         seed: options.seed,
         ..RoundConfig::default()
     };
-    let strategy = strategy::by_name(&options.strategy).map_err(anyhow::Error::msg)?;
+    let strategy = options.strategy.build().map_err(anyhow::Error::msg)?;
+    let strategy_name = strategy.name().to_string();
     let rounds = Rounds::new(config, strategy, initial.clone());
     let (head, target) = (data.head.clone(), data.target.clone());
     let evaluator: fedge_coordinator::Evaluator =
@@ -265,7 +267,7 @@ pub async fn run(
             .find(|r| r.target_accuracy.is_some())
             .and_then(|r| r.target_accuracy),
         rounds: rows,
-        strategy: options.strategy.clone(),
+        strategy: strategy_name,
         initial_target_accuracy,
         final_params: rounds.params().to_vec(),
         initial_params: initial,

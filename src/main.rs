@@ -61,9 +61,21 @@ struct DemoArgs {
     /// Edge agents (each its own MQTT client); the five source domains are shared among them.
     #[arg(long, default_value_t = 5)]
     clients: usize,
-    /// Server strategy.
+    /// Server strategy: fedavg, fedavgm or fedomg.
     #[arg(long, default_value = "fedavg")]
     strategy: String,
+    /// FedOMG's kappa.
+    #[arg(long, default_value_t = 0.5)]
+    kappa: f64,
+    /// FedOMG's server learning rate, in FedAvg units.
+    #[arg(long, default_value_t = 1.0)]
+    global_lr: f64,
+    /// Server momentum around the strategy (0 = off; fedavgm defaults to 0.9).
+    #[arg(long, default_value_t = 0.0)]
+    server_momentum: f32,
+    /// Server learning rate of the momentum update.
+    #[arg(long, default_value_t = 1.0)]
+    server_lr: f32,
     /// Local objective: ce or fedprox.
     #[arg(long, default_value = "ce")]
     objective: String,
@@ -120,7 +132,13 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
     let options = DemoOptions {
         rounds: args.rounds,
         clients: args.clients,
-        strategy: args.strategy.clone(),
+        strategy: fedge_coordinator::strategy::StrategyConfig {
+            strategy: args.strategy.clone(),
+            kappa: args.kappa,
+            global_lr: args.global_lr,
+            server_momentum: args.server_momentum,
+            server_learning_rate: args.server_lr,
+        },
         train: fedge_wire::TrainParams {
             objective,
             local_epochs: args.local_epochs,
@@ -145,7 +163,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         options.clients,
         data.head.num_params(),
         options.rounds,
-        options.strategy
+        options.strategy.strategy
     );
     let bar = if args.quiet {
         ProgressBar::hidden()

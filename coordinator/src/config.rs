@@ -2,7 +2,11 @@
 //!
 //! ```toml
 //! federation = "plant-7"
-//! strategy = "fedavg"
+//! strategy = "fedavg"        # fedavg, fedavgm or fedomg
+//! kappa = 0.5                 # fedomg
+//! global_lr = 1.0             # fedomg, in FedAvg units
+//! server_momentum = 0.0       # β of server momentum around any strategy; 0 = off
+//! server_learning_rate = 1.0
 //! rounds = 50
 //! fraction = 1.0
 //! min_clients = 3
@@ -62,9 +66,10 @@ fn default_hidden() -> usize {
 pub struct CoordinatorConfig {
     /// Federation name.
     pub federation: String,
-    /// Server strategy.
-    #[serde(default = "default_strategy")]
-    pub strategy: String,
+    /// Server strategy and its parameters (`strategy`, `kappa`, `global_lr`,
+    /// `server_momentum`, `server_learning_rate`).
+    #[serde(flatten)]
+    pub strategy: crate::strategy::StrategyConfig,
     /// Rounds to aggregate; 0 runs until stopped.
     #[serde(default = "default_rounds")]
     pub rounds: u64,
@@ -99,9 +104,6 @@ pub struct CoordinatorConfig {
     pub train: TrainParams,
 }
 
-fn default_strategy() -> String {
-    "fedavg".into()
-}
 fn default_rounds() -> u64 {
     20
 }
@@ -154,7 +156,7 @@ impl CoordinatorConfig {
 
     fn check(&self) -> Result<(), String> {
         fedge_wire::Topics::new(&self.federation).map_err(|e| format!("federation: {e}"))?;
-        crate::strategy::by_name(&self.strategy)?;
+        self.strategy.build()?;
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
             return Err(format!("fraction must be in (0, 1], got {}", self.fraction));
         }

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::config::CoordinatorConfig;
-use fedge_coordinator::{DriverOptions, Rounds, driver, strategy};
+use fedge_coordinator::{DriverOptions, Rounds, driver};
 use fedge_models::HeadConfig;
 
 #[derive(Parser)]
@@ -73,7 +73,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         Some(file) => read_f32_file(file, head.num_params())?,
         None => head.init_flat(config.seed),
     };
-    let strategy = strategy::by_name(&config.strategy).map_err(anyhow::Error::msg)?;
+    let strategy = config.strategy.build().map_err(anyhow::Error::msg)?;
     let rounds = Rounds::new(config.round_config(), strategy, initial);
     let options = DriverOptions {
         broker: config.broker.clone(),
@@ -85,7 +85,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         let _ = stop_tx.send(true);
     });
-    tracing::info!(federation = %config.federation, strategy = %config.strategy, rounds = config.rounds, "coordinator starting");
+    tracing::info!(federation = %config.federation, strategy = %config.strategy.strategy, rounds = config.rounds, "coordinator starting");
     let rounds = driver::run(rounds, options, None, None, stop_rx).await?;
     tracing::info!(
         round = rounds.round(),

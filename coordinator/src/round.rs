@@ -541,10 +541,15 @@ impl Rounds {
     }
 
     fn close_round(&mut self, now_ms: u64) {
-        let Some(open) = self.open.take() else { return };
+        let Some(mut open) = self.open.take() else {
+            return;
+        };
         let aggregated =
             !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
         if aggregated {
+            // Arrival order depends on the network; sorting by client makes the f32 result,
+            // and so the whole run, reproducible for a seed.
+            open.accepted.sort_by(|a, b| a.client.cmp(&b.client));
             self.params = self.strategy.aggregate(&self.params, &open.accepted);
         }
         let report = RoundReport {

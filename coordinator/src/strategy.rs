@@ -66,6 +66,7 @@ pub fn weighted_mean_delta(updates: &[AcceptedUpdate], len: usize) -> Vec<f32> {
 /// `server_learning_rate`): with the inner strategy's direction `d = θ_inner − θ`,
 /// `v ← β v + d`, `θ ← θ + η_s v`. `β = 0, η_s = 1` is the inner strategy unchanged.
 pub struct ServerMomentum<S> {
+    name: String,
     inner: S,
     beta: f32,
     lr: f32,
@@ -80,7 +81,12 @@ impl<S: Strategy> ServerMomentum<S> {
                 "server momentum needs 0 <= beta < 1 and lr > 0, got beta {beta}, lr {lr}"
             ));
         }
+        let name = match inner.name() {
+            "fedavg" => "fedavgm".to_string(),
+            other => format!("{other}+momentum"),
+        };
         Ok(Self {
+            name,
             inner,
             beta,
             lr,
@@ -96,7 +102,7 @@ impl<S: Strategy> ServerMomentum<S> {
 
 impl<S: Strategy> Strategy for ServerMomentum<S> {
     fn name(&self) -> &str {
-        "fedavgm"
+        &self.name
     }
 
     fn configure_round(&mut self, round: u64, defaults: &TrainParams) -> TrainParams {
@@ -119,16 +125,105 @@ impl<S: Strategy> Strategy for ServerMomentum<S> {
     }
 }
 
-/// Builds a strategy by name.
-pub fn by_name(name: &str) -> Result<Box<dyn Strategy>, String> {
-    match name {
-        "fedavg" => Ok(Box::new(FedAvg)),
-        "fedomg" => Ok(Box::new(crate::fedomg::FedOmg::default())),
-        "fedavgm" => Ok(Box::new(ServerMomentum::new(FedAvg, 0.9, 1.0)?)),
-        other => Err(format!(
-            "unknown strategy {other:?}; available: fedavg, fedavgm, fedomg"
-        )),
+impl Strategy for Box<dyn Strategy> {
+    fn name(&self) -> &str {
+        self.as_ref().name()
     }
+
+    fn configure_round(&mut self, round: u64, defaults: &TrainParams) -> TrainParams {
+        self.as_mut().configure_round(round, defaults)
+    }
+
+    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32> {
+        self.as_mut().aggregate(global, updates)
+    }
+}
+
+/// The server side of a configuration: which strategy and its parameters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct StrategyConfig {
+    /// `fedavg`, `fedavgm` (FedAvg with server momentum 0.9 unless set) or `fedomg`.
+    pub strategy: String,
+    /// FedOMG's `κ`.
+    pub kappa: f64,
+    /// FedOMG's server learning rate, in FedAvg units.
+    pub global_lr: f64,
+    /// Server momentum `β` around the strategy; 0 disables it.
+    pub server_momentum: f32,
+    /// Server learning rate `η_s` of the momentum update.
+    pub server_learning_rate: f32,
+}
+
+impl Default for StrategyConfig {
+    fn default() -> Self {
+        Self {
+            strategy: "fedavg".into(),
+            kappa: 0.5,
+            global_lr: 1.0,
+            server_momentum: 0.0,
+            server_learning_rate: 1.0,
+        }
+    }
+}
+
+impl StrategyConfig {
+    /// Builds the strategy, rejecting unknown names and bad parameters.
+    pub fn build(&self) -> Result<Box<dyn Strategy>, String> {
+        let mut beta = self.server_momentum;
+        let base: Box<dyn Strategy> = match self.strategy.as_str() {
+            "fedavg" => Box::new(FedAvg),
+            "fedavgm" => {
+                if beta == 0.0 {
+                    beta = 0.9;
+                }
+                Box::new(FedAvg)
+            }
+            "fedomg" => {
+                if !(self.kappa.is_finite()
+                    && self.kappa >= 0.0
+                    && self.global_lr.is_finite()
+                    && self.global_lr > 0.0)
+                {
+                    return Err(format!(
+                        "fedomg needs kappa >= 0 and global_lr > 0, got {} and {}",
+                        self.kappa, self.global_lr
+                    ));
+                }
+                let config = crate::fedomg::FedOmgConfig {
+                    kappa: self.kappa,
+                    ..Default::default()
+                };
+                Box::new(crate::fedomg::FedOmg {
+                    config,
+                    global_lr: self.global_lr,
+                })
+            }
+            other => {
+                return Err(format!(
+                    "unknown strategy {other:?}; available: fedavg, fedavgm, fedomg"
+                ));
+            }
+        };
+        if beta != 0.0 || self.server_learning_rate != 1.0 {
+            Ok(Box::new(ServerMomentum::new(
+                base,
+                beta,
+                self.server_learning_rate,
+            )?))
+        } else {
+            Ok(base)
+        }
+    }
+}
+
+/// Builds a strategy by name with default parameters.
+pub fn by_name(name: &str) -> Result<Box<dyn Strategy>, String> {
+    StrategyConfig {
+        strategy: name.into(),
+        ..StrategyConfig::default()
+    }
+    .build()
 }
 
 #[cfg(test)]
@@ -183,6 +278,22 @@ mod tests {
         assert_eq!(m.velocity(), &[1.5]);
         assert!(ServerMomentum::new(FedAvg, 1.0, 1.0).is_err());
         assert!(ServerMomentum::new(FedAvg, 0.5, 0.0).is_err());
+    }
+
+    #[test]
+    fn momentum_can_wrap_fedomg_and_bad_parameters_are_rejected() {
+        let config = StrategyConfig {
+            strategy: "fedomg".into(),
+            server_momentum: 0.5,
+            ..StrategyConfig::default()
+        };
+        assert_eq!(config.build().unwrap().name(), "fedomg+momentum");
+        let bad = StrategyConfig {
+            strategy: "fedomg".into(),
+            kappa: -1.0,
+            ..StrategyConfig::default()
+        };
+        assert!(bad.build().err().unwrap().contains("kappa"));
     }
 
     #[test]
