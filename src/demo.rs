@@ -294,10 +294,10 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
     }
 }
 
-/// The default local training of the demo, with the objective chosen by name.
+/// The local objective named on the command line.
 pub fn objective_by_name(name: &str) -> anyhow::Result<Objective> {
     match name {
-        "ce" | "fedavg" => Ok(Objective::CrossEntropy),
+        "ce" => Ok(Objective::CrossEntropy),
         "fedprox" => Ok(Objective::FedProx),
         other => anyhow::bail!("unknown objective {other:?}; available: ce, fedprox"),
     }

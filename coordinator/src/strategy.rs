@@ -217,15 +217,6 @@ impl StrategyConfig {
     }
 }
 
-/// Builds a strategy by name with default parameters.
-pub fn by_name(name: &str) -> Result<Box<dyn Strategy>, String> {
-    StrategyConfig {
-        strategy: name.into(),
-        ..StrategyConfig::default()
-    }
-    .build()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,10 +289,17 @@ mod tests {
 
     #[test]
     fn unknown_strategy_name_lists_the_available_ones() {
-        let err = by_name("fedfoo").err().unwrap();
+        let named = |name: &str| {
+            StrategyConfig {
+                strategy: name.into(),
+                ..StrategyConfig::default()
+            }
+            .build()
+        };
+        let err = named("fedfoo").err().unwrap();
         assert!(err.contains("fedavg, fedavgm, fedomg"), "{err}");
         for name in ["fedavg", "fedavgm", "fedomg"] {
-            assert_eq!(by_name(name).unwrap().name(), name);
+            assert_eq!(named(name).unwrap().name(), name);
         }
     }
 }
