@@ -228,6 +228,7 @@ pub async fn run(
         broker: broker.clone(),
         federation: options.federation.clone(),
         client_id: format!("fedge-coordinator-{}", options.federation),
+        checkpoint: None,
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(

@@ -70,6 +70,9 @@ struct DemoArgs {
     /// FedOMG's server learning rate, in FedAvg units.
     #[arg(long, default_value_t = 1.0)]
     global_lr: f64,
+    /// FedOMG's solver: reference (the authors' 20 SGD steps) or converged.
+    #[arg(long, default_value = "reference")]
+    solver: String,
     /// Server momentum around the strategy (0 = off; fedavgm defaults to 0.9).
     #[arg(long, default_value_t = 0.0)]
     server_momentum: f32,
@@ -136,6 +139,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
             strategy: args.strategy.clone(),
             kappa: args.kappa,
             global_lr: args.global_lr,
+            solver: args.solver.clone(),
             server_momentum: args.server_momentum,
             server_learning_rate: args.server_lr,
         },

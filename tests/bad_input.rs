@@ -66,10 +66,13 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
     };
     let rounds = Rounds::new(config, Box::new(FedAvg), initial.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let state = tempfile::tempdir().unwrap();
+    let checkpoint_path = state.path().join("checkpoint.bin");
     let options = DriverOptions {
         broker: broker.clone(),
         federation: "bad-input".into(),
         client_id: "coord".into(),
+        checkpoint: Some(checkpoint_path.clone()),
     };
     let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
 
@@ -132,6 +135,10 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
     assert_eq!(status.state, "training", "the round is still open");
     assert_eq!(status.clients_reported, 0);
     assert!(
+        !checkpoint_path.exists(),
+        "nothing aggregated, nothing saved"
+    );
+    assert!(
         (status.params_norm - common::norm(&initial)).abs() < 1e-6,
         "model untouched"
     );
@@ -154,5 +161,10 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         .unwrap()
         .unwrap();
     assert_eq!(rounds.params(), &[0.75; PARAMS]);
+    let saved = fedge_coordinator::checkpoint::load(&checkpoint_path)
+        .unwrap()
+        .expect("checkpoint written after the aggregation");
+    assert_eq!(saved.params, vec![0.75; PARAMS]);
+    assert_eq!((saved.next_round, saved.aggregated_rounds), (2, 1));
     let _ = stop_tx.send(true);
 }

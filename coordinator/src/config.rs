@@ -5,6 +5,7 @@
 //! strategy = "fedavg"        # fedavg, fedavgm or fedomg
 //! kappa = 0.5                 # fedomg
 //! global_lr = 1.0             # fedomg, in FedAvg units
+//! solver = "reference"        # fedomg: reference (the authors' 20 steps) or converged
 //! server_momentum = 0.0       # β of server momentum around any strategy; 0 = off
 //! server_learning_rate = 1.0
 //! rounds = 50
@@ -15,6 +16,8 @@
 //! seed = 0
 //! embedded_broker = false      # true: run rumqttd in process on [broker].host:port
 //! initial_params = "head.f32"  # optional: little-endian f32 file; else a seeded init
+//! state_dir = "state"          # optional: checkpoint after every round, resumed at start
+//! update_memory_mb = 1024      # deltas held per round (N·M·4 bytes)
 //!
 //! [broker]
 //! host = "127.0.0.1"
@@ -94,6 +97,14 @@ pub struct CoordinatorConfig {
     /// Optional starting parameters (raw little-endian f32, flat layout).
     #[serde(default)]
     pub initial_params: Option<PathBuf>,
+    /// Directory of the checkpoint (`checkpoint.bin`: head, round, server momentum), written
+    /// after every aggregation and resumed from at start; none keeps no state.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// Most MiB of deltas one round holds (N·M·4 bytes for N updates of M parameters); later
+    /// updates are rejected with reason `memory_budget`.
+    #[serde(default = "default_update_memory_mb")]
+    pub update_memory_mb: usize,
     /// Broker.
     #[serde(default)]
     pub broker: BrokerConfig,
@@ -104,6 +115,9 @@ pub struct CoordinatorConfig {
     pub train: TrainParams,
 }
 
+fn default_update_memory_mb() -> usize {
+    1024
+}
 fn default_rounds() -> u64 {
     20
 }
@@ -163,6 +177,9 @@ impl CoordinatorConfig {
         if !(self.round_timeout_s.is_finite() && self.round_timeout_s > 0.0) {
             return Err("round_timeout_s must be positive".into());
         }
+        if self.update_memory_mb == 0 {
+            return Err("update_memory_mb must be at least 1".into());
+        }
         if self.head.features == 0 || self.head.hidden == 0 || self.head.classes < 2 {
             return Err("head needs features > 0, hidden > 0 and at least 2 classes".into());
         }
@@ -179,6 +196,7 @@ impl CoordinatorConfig {
             round_timeout_ms: (self.round_timeout_s * 1000.0) as u64,
             train: self.train.clone(),
             seed: self.seed,
+            update_memory_bytes: self.update_memory_mb.saturating_mul(1 << 20),
             ..RoundConfig::default()
         }
     }

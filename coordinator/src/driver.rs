@@ -47,6 +47,8 @@ pub struct DriverOptions {
     pub federation: String,
     /// MQTT client id of the coordinator.
     pub client_id: String,
+    /// Where to save the checkpoint after every aggregation.
+    pub checkpoint: Option<std::path::PathBuf>,
 }
 
 /// The driver could not run.
@@ -180,6 +182,12 @@ fn drain(
             Output::RoundEnded(report) => {
                 if report.aggregated {
                     *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
+                    if let Some(path) = &options.checkpoint {
+                        let saved = rounds.checkpoint(&options.federation);
+                        if let Err(e) = crate::checkpoint::save(path, &saved) {
+                            tracing::error!(error = %e, "checkpoint not saved");
+                        }
+                    }
                 }
                 tracing::info!(
                     round = report.round,
@@ -290,6 +298,11 @@ pub fn status_of(rounds: &Rounds, target_accuracy: Option<f32>) -> CoordinatorSt
         round: rounds.round(),
         total_rounds: rounds.config().rounds,
         strategy: rounds.strategy_name().into(),
+        solver: rounds.strategy_solver().map(str::to_owned),
+        momentum_norm: rounds
+            .last_report()
+            .and_then(|r| r.aggregation.as_ref())
+            .and_then(|a| a.momentum_norm),
         clients_online: rounds.online().len() as u32,
         clients_selected: rounds.selected() as u32,
         clients_reported: rounds.reported() as u32,
@@ -307,7 +320,7 @@ fn metrics_json(
     target_accuracy: Option<f32>,
     strategy: &str,
 ) -> serde_json::Value {
-    serde_json::json!({
+    let mut metrics = serde_json::json!({
         "round": report.round,
         "strategy": strategy,
         "aggregated": report.aggregated,
@@ -322,5 +335,12 @@ fn metrics_json(
         "seconds": report.duration_ms as f64 / 1000.0,
         "params_norm": report.params_norm,
         "time": fedge_mqtt::now_rfc3339(),
-    })
+    });
+    // FedOMG's Γ per client, its objective and λ, the momentum norm: flat keys next to the rest.
+    if let (Some(aggregation), Some(map)) = (&report.aggregation, metrics.as_object_mut())
+        && let Ok(serde_json::Value::Object(extra)) = serde_json::to_value(aggregation)
+    {
+        map.extend(extra);
+    }
+    metrics
 }

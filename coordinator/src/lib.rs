@@ -4,17 +4,28 @@
 //!   calls carrying the time, outputs are drained from it. Everything the coordinator decides
 //!   (sampling, validation, deadlines, quorum, aggregation) happens there.
 //! - [`strategy`]: server strategies behind one trait; the arithmetic in free functions.
+//! - [`fedomg`]: FedOMG's solvers and strategy.
+//! - [`updates`], [`gram`]: a round's deltas held compactly, dot products streamed as they
+//!   arrive.
 //! - [`driver`]: the thin tokio + rumqttc driver around the machine.
 //! - [`broker`]: the optional embedded rumqttd broker.
 //! - [`config`]: the coordinator's TOML configuration.
+//! - [`replay`], [`npy`]: one aggregation re-run offline from `.npy` files.
+//! - [`checkpoint`]: the saved state (head, round, strategy buffers), written atomically.
 
 pub mod broker;
+pub mod checkpoint;
 pub mod config;
 pub mod driver;
 pub mod fedomg;
+pub mod gram;
+pub mod npy;
+pub mod replay;
 pub mod round;
 pub mod strategy;
+pub mod updates;
 
 pub use driver::{DriverError, DriverEvent, DriverOptions, Evaluator};
 pub use round::{Output, Phase, Rejection, RoundConfig, RoundReport, Rounds};
-pub use strategy::{AcceptedUpdate, FedAvg, Strategy};
+pub use strategy::{Aggregated, AggregationReport, FedAvg, Strategy};
+pub use updates::RoundUpdates;

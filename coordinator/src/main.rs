@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::config::CoordinatorConfig;
-use fedge_coordinator::{DriverOptions, Rounds, driver};
+use fedge_coordinator::{DriverOptions, Rounds, checkpoint, driver, npy, replay};
 use fedge_models::HeadConfig;
 
 #[derive(Parser)]
@@ -37,6 +37,40 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Re-run one aggregation offline from .npy files and print the new parameters' summary.
+    ///
+    /// DIR holds one <client>.npy delta per client (f32, 1-D, the length of G.npy) and
+    /// counts.json ({"<client>": sample_count}). The report is
+    /// {"gamma": {"<client>": weight}, "objective": f, "lambda": λ, "n_clients": N, ...}.
+    Aggregate(AggregateArgs),
+}
+
+#[derive(clap::Args)]
+struct AggregateArgs {
+    /// fedavg or fedomg.
+    #[arg(long, default_value = "fedomg")]
+    strategy: String,
+    /// FedOMG's conflict-averse radius κ.
+    #[arg(long, default_value_t = 0.5)]
+    kappa: f64,
+    /// Server learning rate in FedAvg units (the authors' η is global_lr × N).
+    #[arg(long, default_value_t = 1.0)]
+    global_lr: f64,
+    /// FedOMG's solver: reference or converged.
+    #[arg(long, default_value = "reference")]
+    solver: String,
+    /// Global parameters (G.npy, f32, 1-D).
+    #[arg(long, value_name = "G.npy")]
+    global: PathBuf,
+    /// Directory of <client>.npy deltas and counts.json.
+    #[arg(long, value_name = "DIR")]
+    deltas: PathBuf,
+    /// Where to write the new global parameters.
+    #[arg(long, value_name = "NEW.npy")]
+    out: PathBuf,
+    /// Where to write the JSON report.
+    #[arg(long, value_name = "REPORT.json")]
+    report: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -45,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
     init_logs(cli.log_format);
     match cli.command {
         Command::Run { config } => run(config).await,
+        Command::Aggregate(args) => aggregate(args),
     }
 }
 
@@ -74,11 +109,28 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         None => head.init_flat(config.seed),
     };
     let strategy = config.strategy.build().map_err(anyhow::Error::msg)?;
-    let rounds = Rounds::new(config.round_config(), strategy, initial);
+    let checkpoint_path = config.state_dir.as_ref().map(|d| d.join("checkpoint.bin"));
+    let saved = match &checkpoint_path {
+        Some(path) => checkpoint::load(path)?,
+        None => None,
+    };
+    let rounds = match saved {
+        Some(saved) => {
+            tracing::info!(
+                next_round = saved.next_round,
+                "resuming from the checkpoint"
+            );
+            Rounds::resume(config.round_config(), strategy, saved, head.num_params())
+                .map_err(anyhow::Error::msg)
+                .context("cannot resume from the checkpoint; move the state directory away to start afresh")?
+        }
+        None => Rounds::new(config.round_config(), strategy, initial),
+    };
     let options = DriverOptions {
         broker: config.broker.clone(),
         federation: config.federation.clone(),
         client_id: format!("fedge-coordinator-{}", config.federation),
+        checkpoint: checkpoint_path,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -92,6 +144,25 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         phase = rounds.phase().name(),
         "coordinator stopped"
     );
+    Ok(())
+}
+
+fn aggregate(args: AggregateArgs) -> anyhow::Result<()> {
+    let config = fedge_coordinator::strategy::StrategyConfig {
+        strategy: args.strategy,
+        kappa: args.kappa,
+        global_lr: args.global_lr,
+        solver: args.solver,
+        ..Default::default()
+    };
+    let (params, report) =
+        replay::aggregate_files(&config, &args.global, &args.deltas).map_err(anyhow::Error::msg)?;
+    npy::write_f32(&args.out, &params).map_err(anyhow::Error::msg)?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.report {
+        std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("{json}");
     Ok(())
 }
 

@@ -24,7 +24,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::IteratorRandom;
 
-use crate::strategy::{AcceptedUpdate, Strategy};
+use crate::checkpoint::Checkpoint;
+use crate::strategy::{AggregationReport, Failure, Strategy};
+use crate::updates::{RoundUpdates, UpdatesConfig};
 
 /// Settings of the round logic.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +48,9 @@ pub struct RoundConfig {
     pub seed: u64,
     /// Time a partly received chunked update waits for its other chunks.
     pub reassembly_timeout_ms: u64,
+    /// Most bytes of deltas held in one round (`N·M·4`); later updates are rejected with
+    /// reason `memory_budget`.
+    pub update_memory_bytes: usize,
 }
 
 impl Default for RoundConfig {
@@ -59,6 +64,7 @@ impl Default for RoundConfig {
             train: TrainParams::default(),
             seed: 0,
             reassembly_timeout_ms: fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
+            update_memory_bytes: 1 << 30,
         }
     }
 }
@@ -88,6 +94,8 @@ pub enum Rejection {
     NonFinite,
     /// A sample count of zero.
     NoSamples,
+    /// Holding the update would pass the round's memory budget for deltas.
+    MemoryBudget,
 }
 
 impl Rejection {
@@ -105,6 +113,7 @@ impl Rejection {
             Rejection::Shape => "shape",
             Rejection::NonFinite => "non_finite",
             Rejection::NoSamples => "no_samples",
+            Rejection::MemoryBudget => "memory_budget",
         }
     }
 
@@ -165,6 +174,8 @@ pub struct RoundReport {
     pub train_loss: Option<f32>,
     /// L2 norm of the global parameters after the round.
     pub params_norm: f32,
+    /// What the strategy reported (FedOMG's Γ, momentum norm), when the round aggregated.
+    pub aggregation: Option<AggregationReport>,
 }
 
 /// Something the driver must do or may show.
@@ -197,7 +208,8 @@ pub enum Output {
 struct OpenRound {
     round: u64,
     selected: BTreeSet<String>,
-    accepted: Vec<AcceptedUpdate>,
+    accepted: RoundUpdates,
+    failures: Vec<Failure>,
     val: Vec<(f32, u32)>,
     loss: Vec<(f32, u32)>,
     opened_ms: u64,
@@ -223,11 +235,13 @@ pub struct Rounds {
     outputs: std::collections::VecDeque<Output>,
     last_report: Option<RoundReport>,
     aggregated_rounds: u64,
+    last_closed: u64,
 }
 
 impl Rounds {
     /// A machine starting at round 1 from `initial` parameters.
-    pub fn new(config: RoundConfig, strategy: Box<dyn Strategy>, initial: Vec<f32>) -> Self {
+    pub fn new(config: RoundConfig, mut strategy: Box<dyn Strategy>, initial: Vec<f32>) -> Self {
+        let initial = strategy.initialize_parameters(initial);
         let rng = StdRng::seed_from_u64(config.seed);
         let reassembler =
             Reassembler::new(config.reassembly_timeout_ms, fedge_wire::MAX_MESSAGE_BYTES);
@@ -245,7 +259,61 @@ impl Rounds {
             outputs: Default::default(),
             last_report: None,
             aggregated_rounds: 0,
+            last_closed: 0,
         }
+    }
+
+    /// A machine continuing from a checkpoint: its parameters, next round and strategy
+    /// buffers. Errors when the checkpoint belongs to another strategy or head size.
+    pub fn resume(
+        config: RoundConfig,
+        mut strategy: Box<dyn Strategy>,
+        checkpoint: Checkpoint,
+        expected_params: usize,
+    ) -> Result<Self, String> {
+        if checkpoint.strategy != strategy.name() {
+            return Err(format!(
+                "the checkpoint was written by strategy {:?}, this coordinator runs {:?}",
+                checkpoint.strategy,
+                strategy.name()
+            ));
+        }
+        if checkpoint.params.len() != expected_params {
+            return Err(format!(
+                "the checkpoint holds {} parameters, the configured head has {expected_params}",
+                checkpoint.params.len()
+            ));
+        }
+        strategy.restore(&checkpoint.strategy_state)?;
+        let mut rounds = Self::new(config, strategy, Vec::new());
+        rounds.params = checkpoint.params;
+        rounds.next_round = checkpoint.next_round.max(1);
+        rounds.last_closed = rounds.next_round - 1;
+        rounds.aggregated_rounds = checkpoint.aggregated_rounds;
+        if rounds.config.rounds > 0 && rounds.aggregated_rounds >= rounds.config.rounds {
+            rounds.phase = Phase::Finished;
+            rounds.outputs.push_back(Output::StatusChanged);
+            rounds.outputs.push_back(Output::Finished);
+        }
+        Ok(rounds)
+    }
+
+    /// The state to save after an aggregation.
+    pub fn checkpoint(&self, federation: &str) -> Checkpoint {
+        Checkpoint {
+            federation: federation.to_owned(),
+            strategy: self.strategy.name().to_owned(),
+            // The round opened after the last close is redone after a restart.
+            next_round: self.last_closed + 1,
+            aggregated_rounds: self.aggregated_rounds,
+            params: self.params.clone(),
+            strategy_state: self.strategy.state(),
+        }
+    }
+
+    /// Rounds aggregated so far.
+    pub fn aggregated_rounds(&self) -> u64 {
+        self.aggregated_rounds
     }
 
     /// Current global parameters.
@@ -269,6 +337,11 @@ impl Rounds {
     /// The strategy's name.
     pub fn strategy_name(&self) -> &str {
         self.strategy.name()
+    }
+
+    /// The strategy's solver, if it has one.
+    pub fn strategy_solver(&self) -> Option<&str> {
+        self.strategy.solver()
     }
 
     /// The configuration.
@@ -361,14 +434,13 @@ impl Rounds {
             return;
         };
         let n = update.num_samples;
+        if let Err(e) = open.accepted.push(client, n, &update.delta.to_vec()) {
+            self.reject(client, Rejection::MemoryBudget, e.to_string());
+            return;
+        }
         open.val
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
-        open.accepted.push(AcceptedUpdate {
-            client: update.client_id,
-            num_samples: n,
-            delta: update.delta.to_vec(),
-        });
         self.outputs.push_back(Output::StatusChanged);
         if open.accepted.len() == open.selected.len() {
             self.close_round(now_ms);
@@ -400,7 +472,7 @@ impl Rounds {
                 format!("not selected for round {}", open.round),
             ));
         }
-        if open.accepted.iter().any(|u| u.client == client) {
+        if open.accepted.contains(client) {
             return Err((
                 Rejection::Duplicate,
                 format!("second update for round {}", open.round),
@@ -429,6 +501,12 @@ impl Rounds {
         *self.rejected_total.entry(reason.name()).or_default() += 1;
         if let Some(open) = self.open.as_mut() {
             *open.rejected.entry(reason.name()).or_default() += 1;
+            if open.selected.contains(client) {
+                open.failures.push(Failure {
+                    client: client.to_owned(),
+                    reason: reason.name().to_owned(),
+                });
+            }
         }
         self.outputs.push_back(Output::Rejected {
             client: client.to_owned(),
@@ -522,10 +600,16 @@ impl Rounds {
             deadline_ms: self.config.round_timeout_ms,
         };
         let frame = fedge_wire::encode(&Message::RoundTask(task));
+        let held = UpdatesConfig {
+            dots: self.strategy.needs_dots(),
+            budget_bytes: self.config.update_memory_bytes,
+            ..UpdatesConfig::default()
+        };
         self.open = Some(OpenRound {
             round,
+            accepted: RoundUpdates::new(self.params.len(), selected.len(), held),
+            failures: Vec::new(),
             selected: selected.into_iter().collect(),
-            accepted: Vec::new(),
             val: Vec::new(),
             loss: Vec::new(),
             opened_ms: now_ms,
@@ -546,17 +630,34 @@ impl Rounds {
         };
         let aggregated =
             !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
+        self.last_closed = open.round;
+        // Views are in client order whatever the arrival order, so a seeded run reproduces.
+        open.accepted.finish();
+        let reported: Vec<String> = (0..open.accepted.len())
+            .map(|i| open.accepted.client(i).to_owned())
+            .collect();
+        let mut aggregation = None;
         if aggregated {
-            // Arrival order depends on the network; sorting by client makes the f32 result,
-            // and so the whole run, reproducible for a seed.
-            open.accepted.sort_by(|a, b| a.client.cmp(&b.client));
-            self.params = self.strategy.aggregate(&self.params, &open.accepted);
+            for client in &open.selected {
+                let failed = open.failures.iter().any(|f| &f.client == client);
+                if !failed && !open.accepted.contains(client) {
+                    open.failures.push(Failure {
+                        client: client.clone(),
+                        reason: "no_report".into(),
+                    });
+                }
+            }
+            let result = self
+                .strategy
+                .aggregate(&self.params, &open.accepted, &open.failures);
+            self.params = result.params;
+            aggregation = Some(result.report);
         }
         let report = RoundReport {
             round: open.round,
             aggregated,
             selected: open.selected.iter().cloned().collect(),
-            reported: open.accepted.iter().map(|u| u.client.clone()).collect(),
+            reported,
             rejected: open.rejected,
             bytes_up: open.bytes_up,
             bytes_down: open.task_frame.len() as u64 * open.selected.len() as u64,
@@ -564,6 +665,7 @@ impl Rounds {
             source_val_accuracy: weighted_mean(&open.val),
             train_loss: weighted_mean(&open.loss),
             params_norm: l2_norm(&self.params),
+            aggregation,
         };
         self.last_report = Some(report.clone());
         self.outputs.push_back(Output::RoundEnded(report));

@@ -292,3 +292,104 @@ fn clients_joining_are_selected_next_round_and_offline_ones_are_not() {
         vec![s(&["a", "b"]), s(&["a", "b", "c"]), s(&["a", "b"])]
     );
 }
+
+fn fedomg_with_momentum() -> Box<dyn Strategy> {
+    crate::strategy::StrategyConfig {
+        strategy: "fedomg".into(),
+        server_momentum: 0.5,
+        ..Default::default()
+    }
+    .build()
+    .unwrap()
+}
+
+/// Plays `rounds` rounds in which "a" and "b" send fixed, different deltas.
+fn play(m: &mut Rounds, first: u64, rounds: u64) -> Vec<RoundReport> {
+    let mut out = Vec::new();
+    for round in first..first + rounds {
+        m.handle_packet(
+            "b",
+            &update("b", round, [0.0, 1.0, 0.5, 0.1], 30),
+            round * 10,
+        );
+        m.handle_packet(
+            "a",
+            &update("a", round, [1.0, 0.0, 0.5, -0.2], 10),
+            round * 10,
+        );
+        out.extend(reports(&drain(m)));
+    }
+    out
+}
+
+#[test]
+fn fedomg_reports_gamma_per_client_and_momentum() {
+    let config = RoundConfig {
+        rounds: 3,
+        ..config()
+    };
+    let mut m = Rounds::new(config, fedomg_with_momentum(), vec![0.0; M]);
+    m.handle_client_status("a", true, 0);
+    m.handle_client_status("b", true, 0);
+    let r = play(&mut m, 1, 1);
+    let aggregation = r[0].aggregation.as_ref().unwrap();
+    assert_eq!(aggregation.gamma.keys().collect::<Vec<_>>(), ["a", "b"]);
+    assert!((aggregation.gamma.values().sum::<f64>() - 1.0).abs() < 1e-9);
+    assert_eq!(aggregation.solver.as_deref(), Some("reference"));
+    assert!(aggregation.momentum_norm.unwrap() > 0.0);
+    assert_eq!(r[0].reported, ["a", "b"], "client order, not arrival order");
+}
+
+#[test]
+fn a_resumed_machine_continues_exactly_like_an_uninterrupted_one() {
+    let config = RoundConfig {
+        rounds: 4,
+        ..config()
+    };
+    let start = |m: &mut Rounds| {
+        m.handle_client_status("a", true, 0);
+        m.handle_client_status("b", true, 0);
+    };
+    let mut straight = Rounds::new(config.clone(), fedomg_with_momentum(), vec![0.0; M]);
+    start(&mut straight);
+    play(&mut straight, 1, 4);
+
+    let mut first = Rounds::new(config.clone(), fedomg_with_momentum(), vec![0.0; M]);
+    start(&mut first);
+    play(&mut first, 1, 2);
+    let saved = first.checkpoint("f");
+    assert!(saved.strategy_state.contains_key("server_momentum"));
+    let saved = crate::checkpoint::decode(&crate::checkpoint::encode(&saved)).unwrap();
+    let mut resumed =
+        Rounds::resume(config.clone(), fedomg_with_momentum(), saved.clone(), M).unwrap();
+    start(&mut resumed);
+    let t = tasks(&drain(&mut resumed));
+    assert_eq!(t[0].round, 3, "resumes at the next round");
+    play(&mut resumed, 3, 2);
+    assert_eq!(resumed.params(), straight.params());
+    assert_eq!(resumed.phase(), Phase::Finished);
+
+    let other = Rounds::resume(config.clone(), Box::new(FedAvg), saved.clone(), M);
+    assert!(other.err().unwrap().contains("fedomg+momentum"));
+    let wrong_size = Rounds::resume(config, fedomg_with_momentum(), saved, M + 1);
+    assert!(wrong_size.err().unwrap().contains("parameters"));
+}
+
+#[test]
+fn updates_beyond_the_memory_budget_are_rejected_and_the_round_goes_on() {
+    let config = RoundConfig {
+        rounds: 1,
+        min_updates: 1,
+        update_memory_bytes: M * 4,
+        ..config()
+    };
+    let mut m = machine(&["a", "b"], config);
+    drain(&mut m);
+    m.handle_packet("a", &update("a", 1, [1.0; M], 1), 1);
+    m.handle_packet("b", &update("b", 1, [3.0; M], 1), 2);
+    assert_eq!(m.rejected_total().get("memory_budget"), Some(&1));
+    m.handle_timeout(1_000);
+    let r = reports(&drain(&mut m));
+    assert!(r[0].aggregated);
+    assert_eq!(m.params(), &[1.0; M]);
+}

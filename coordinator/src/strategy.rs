@@ -6,29 +6,102 @@
 
 use fedge_wire::TrainParams;
 
-/// One update that passed validation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AcceptedUpdate {
+use crate::updates::RoundUpdates;
+
+/// A selected client whose update did not count this round.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Failure {
     /// Client id.
     pub client: String,
-    /// Local training samples (the FedAvg weight).
-    pub num_samples: u32,
-    /// `θ_local − θ_global`, flat layout.
-    pub delta: Vec<f32>,
+    /// Why: a rejection reason (`shape`, `non_finite`, ...) or `no_report`.
+    pub reason: String,
 }
 
-/// A server-side aggregation rule.
+/// What one aggregation did, for status and metrics.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AggregationReport {
+    /// FedOMG's weights `Γ*` per client (sums to 1).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
+    pub gamma: std::collections::BTreeMap<String, f64>,
+    /// FedOMG's objective at `Γ*`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub objective: Option<f64>,
+    /// FedOMG's `λ`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lambda: Option<f64>,
+    /// FedOMG's solver (`reference` or `converged`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub solver: Option<String>,
+    /// Objective evaluations the solver made.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub solver_evaluations: Option<usize>,
+    /// Norm of the server momentum buffer after the update.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub momentum_norm: Option<f32>,
+}
+
+/// The next global parameters and what the aggregation did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Aggregated {
+    /// Next global parameters.
+    pub params: Vec<f32>,
+    /// Details for status and metrics.
+    pub report: AggregationReport,
+}
+
+/// Named f32 buffers a strategy carries from round to round (momentum), saved with the
+/// coordinator's checkpoint.
+pub type StrategyState = std::collections::BTreeMap<String, Vec<f32>>;
+
+/// A server-side aggregation rule, shaped like Flower's `Strategy`.
+///
+/// Server-side evaluation on held-out data is the driver's [`crate::Evaluator`]: it needs data,
+/// which strategies never see.
 pub trait Strategy: Send {
     /// Name shown in status and metrics.
     fn name(&self) -> &str;
+
+    /// The parameters of round 1, given the configured or seeded ones.
+    fn initialize_parameters(&mut self, initial: Vec<f32>) -> Vec<f32> {
+        initial
+    }
 
     /// Local training parameters for `round`; the default sends the configured ones unchanged.
     fn configure_round(&mut self, _round: u64, defaults: &TrainParams) -> TrainParams {
         defaults.clone()
     }
 
-    /// The next global parameters from `global` and the round's accepted updates (never empty).
-    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32>;
+    /// Whether the round should stream dot products between deltas (FedOMG).
+    fn needs_dots(&self) -> bool {
+        false
+    }
+
+    /// The solver, for strategies that have one (shown in the status).
+    fn solver(&self) -> Option<&str> {
+        None
+    }
+
+    /// The next global parameters from `global`, the round's accepted updates (never empty,
+    /// finished) and the selected clients that did not count.
+    fn aggregate(
+        &mut self,
+        global: &[f32],
+        updates: &RoundUpdates,
+        failures: &[Failure],
+    ) -> Aggregated;
+
+    /// Buffers to save with the checkpoint.
+    fn state(&self) -> StrategyState {
+        StrategyState::new()
+    }
+
+    /// Restores [`Strategy::state`]; unknown or mis-sized buffers are an error.
+    fn restore(&mut self, state: &StrategyState) -> Result<(), String> {
+        match state.keys().next() {
+            None => Ok(()),
+            Some(key) => Err(format!("{} keeps no state, found {key:?}", self.name())),
+        }
+    }
 }
 
 /// FedAvg: `θ ← θ + Σ_u (n_u / Σ n) Δ_u`.
@@ -40,26 +113,34 @@ impl Strategy for FedAvg {
         "fedavg"
     }
 
-    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32> {
-        let delta = weighted_mean_delta(updates, global.len());
-        global.iter().zip(&delta).map(|(g, d)| g + d).collect()
+    fn aggregate(&mut self, global: &[f32], updates: &RoundUpdates, _: &[Failure]) -> Aggregated {
+        let delta = weighted_mean_delta(updates);
+        Aggregated {
+            params: apply(global, &delta, 1.0),
+            report: AggregationReport::default(),
+        }
     }
 }
 
-/// `Σ_u (n_u / Σ n) Δ_u`, accumulated in f64; zeros when there is no weight.
-pub fn weighted_mean_delta(updates: &[AcceptedUpdate], len: usize) -> Vec<f32> {
-    let total: f64 = updates.iter().map(|u| u.num_samples as f64).sum();
-    let mut acc = vec![0f64; len];
+/// `Σ_u (n_u / Σ n) Δ_u` in f64; zeros when there is no weight.
+pub fn weighted_mean_delta(updates: &RoundUpdates) -> Vec<f64> {
+    let total = updates.total_samples();
     if total <= 0.0 {
-        return vec![0.0; len];
+        return vec![0.0; updates.m()];
     }
-    for u in updates {
-        let w = u.num_samples as f64 / total;
-        for (a, d) in acc.iter_mut().zip(&u.delta) {
-            *a += w * *d as f64;
-        }
-    }
-    acc.into_iter().map(|v| v as f32).collect()
+    let p: Vec<f64> = (0..updates.len())
+        .map(|i| updates.num_samples(i) as f64 / total)
+        .collect();
+    updates.weighted_sum(&p)
+}
+
+/// `θ + scale · d`, computed in f64 and rounded once.
+pub fn apply(global: &[f32], direction: &[f64], scale: f64) -> Vec<f32> {
+    global
+        .iter()
+        .zip(direction)
+        .map(|(g, d)| (*g as f64 + scale * d) as f32)
+        .collect()
 }
 
 /// Server momentum around any strategy (FedAvgM; Flower's `server_momentum` and
@@ -105,37 +186,104 @@ impl<S: Strategy> Strategy for ServerMomentum<S> {
         &self.name
     }
 
+    fn initialize_parameters(&mut self, initial: Vec<f32>) -> Vec<f32> {
+        self.inner.initialize_parameters(initial)
+    }
+
     fn configure_round(&mut self, round: u64, defaults: &TrainParams) -> TrainParams {
         self.inner.configure_round(round, defaults)
     }
 
-    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32> {
-        let inner = self.inner.aggregate(global, updates);
+    fn needs_dots(&self) -> bool {
+        self.inner.needs_dots()
+    }
+
+    fn solver(&self) -> Option<&str> {
+        self.inner.solver()
+    }
+
+    fn aggregate(
+        &mut self,
+        global: &[f32],
+        updates: &RoundUpdates,
+        failures: &[Failure],
+    ) -> Aggregated {
+        let Aggregated {
+            params: inner,
+            mut report,
+        } = self.inner.aggregate(global, updates, failures);
         if self.velocity.len() != global.len() {
             self.velocity = vec![0.0; global.len()];
         }
         for ((v, next), g) in self.velocity.iter_mut().zip(&inner).zip(global) {
             *v = self.beta * *v + (next - g);
         }
-        global
+        report.momentum_norm = Some(crate::round::l2_norm(&self.velocity));
+        let params = global
             .iter()
             .zip(&self.velocity)
             .map(|(g, v)| g + self.lr * v)
-            .collect()
+            .collect();
+        Aggregated { params, report }
+    }
+
+    fn state(&self) -> StrategyState {
+        let mut state = self.inner.state();
+        if !self.velocity.is_empty() {
+            state.insert(MOMENTUM_KEY.into(), self.velocity.clone());
+        }
+        state
+    }
+
+    fn restore(&mut self, state: &StrategyState) -> Result<(), String> {
+        let mut inner = state.clone();
+        self.velocity = inner.remove(MOMENTUM_KEY).unwrap_or_default();
+        if self.velocity.iter().any(|v| !v.is_finite()) {
+            self.velocity.clear();
+            return Err("saved server momentum is not finite".into());
+        }
+        self.inner.restore(&inner)
     }
 }
+
+const MOMENTUM_KEY: &str = "server_momentum";
 
 impl Strategy for Box<dyn Strategy> {
     fn name(&self) -> &str {
         self.as_ref().name()
     }
 
+    fn initialize_parameters(&mut self, initial: Vec<f32>) -> Vec<f32> {
+        self.as_mut().initialize_parameters(initial)
+    }
+
     fn configure_round(&mut self, round: u64, defaults: &TrainParams) -> TrainParams {
         self.as_mut().configure_round(round, defaults)
     }
 
-    fn aggregate(&mut self, global: &[f32], updates: &[AcceptedUpdate]) -> Vec<f32> {
-        self.as_mut().aggregate(global, updates)
+    fn needs_dots(&self) -> bool {
+        self.as_ref().needs_dots()
+    }
+
+    fn solver(&self) -> Option<&str> {
+        self.as_ref().solver()
+    }
+
+    fn aggregate(
+        &mut self,
+        global: &[f32],
+        updates: &RoundUpdates,
+        failures: &[Failure],
+    ) -> Aggregated {
+        self.as_mut().aggregate(global, updates, failures)
+    }
+
+    fn state(&self) -> StrategyState {
+        self.as_ref().state()
+    }
+
+    fn restore(&mut self, state: &StrategyState) -> Result<(), String> {
+        self.as_mut().restore(state)
     }
 }
 
@@ -149,6 +297,8 @@ pub struct StrategyConfig {
     pub kappa: f64,
     /// FedOMG's server learning rate, in FedAvg units.
     pub global_lr: f64,
+    /// FedOMG's solver: `reference` (the authors' 20 SGD steps) or `converged`.
+    pub solver: String,
     /// Server momentum `β` around the strategy; 0 disables it.
     pub server_momentum: f32,
     /// Server learning rate `η_s` of the momentum update.
@@ -161,6 +311,7 @@ impl Default for StrategyConfig {
             strategy: "fedavg".into(),
             kappa: 0.5,
             global_lr: 1.0,
+            solver: "reference".into(),
             server_momentum: 0.0,
             server_learning_rate: 1.0,
         }
@@ -192,6 +343,7 @@ impl StrategyConfig {
                 }
                 let config = crate::fedomg::FedOmgConfig {
                     kappa: self.kappa,
+                    solver: self.solver.parse()?,
                     ..Default::default()
                 };
                 Box::new(crate::fedomg::FedOmg {
@@ -221,54 +373,79 @@ impl StrategyConfig {
 mod tests {
     use super::*;
 
-    fn update(client: &str, n: u32, delta: &[f32]) -> AcceptedUpdate {
-        AcceptedUpdate {
-            client: client.into(),
-            num_samples: n,
-            delta: delta.to_vec(),
-        }
+    fn held(updates: &[(&str, u32, &[f32])]) -> RoundUpdates {
+        RoundUpdates::from_updates(updates[0].2.len(), true, updates.iter().copied())
+    }
+
+    fn step(s: &mut impl Strategy, global: &[f32], updates: &[(&str, u32, &[f32])]) -> Vec<f32> {
+        s.aggregate(global, &held(updates), &[]).params
     }
 
     #[test]
     fn fedavg_weights_deltas_by_sample_count() {
-        let updates = [update("a", 1, &[1.0, 0.0]), update("b", 3, &[0.0, 4.0])];
-        let next = FedAvg.aggregate(&[10.0, 20.0], &updates);
+        let next = step(
+            &mut FedAvg,
+            &[10.0, 20.0],
+            &[("a", 1, &[1.0, 0.0]), ("b", 3, &[0.0, 4.0])],
+        );
         assert_eq!(next, vec![10.25, 23.0]);
     }
 
     #[test]
     fn fedavg_of_one_update_applies_it_exactly() {
-        let next = FedAvg.aggregate(&[1.0, -1.0, 0.5], &[update("a", 7, &[0.5, 0.25, -0.5])]);
+        let next = step(
+            &mut FedAvg,
+            &[1.0, -1.0, 0.5],
+            &[("a", 7, &[0.5, 0.25, -0.5])],
+        );
         assert_eq!(next, vec![1.5, -0.75, 0.0]);
     }
 
     #[test]
     fn zero_total_weight_leaves_model_unchanged() {
-        let next = FedAvg.aggregate(&[1.0, 2.0], &[update("a", 0, &[5.0, 5.0])]);
+        let next = step(&mut FedAvg, &[1.0, 2.0], &[("a", 0, &[5.0, 5.0])]);
         assert_eq!(next, vec![1.0, 2.0]);
     }
 
     #[test]
     fn server_momentum_with_zero_beta_and_unit_rate_is_the_inner_strategy() {
-        let updates = [update("a", 1, &[1.0, 0.0]), update("b", 3, &[0.0, 4.0])];
+        let updates: [(&str, u32, &[f32]); 2] = [("a", 1, &[1.0, 0.0]), ("b", 3, &[0.0, 4.0])];
         let mut m = ServerMomentum::new(FedAvg, 0.0, 1.0).unwrap();
         assert_eq!(
-            m.aggregate(&[10.0, 20.0], &updates),
-            FedAvg.aggregate(&[10.0, 20.0], &updates)
+            step(&mut m, &[10.0, 20.0], &updates),
+            step(&mut FedAvg, &[10.0, 20.0], &updates)
         );
     }
 
     #[test]
     fn server_momentum_accumulates_directions() {
         let mut m = ServerMomentum::new(FedAvg, 0.5, 2.0).unwrap();
-        let step = [update("a", 1, &[1.0])];
+        let update: [(&str, u32, &[f32]); 1] = [("a", 1, &[1.0])];
         // v = 1, θ = 0 + 2·1 = 2; then v = 0.5 + 1 = 1.5, θ = 2 + 3 = 5.
-        let once = m.aggregate(&[0.0], &step);
+        let once = step(&mut m, &[0.0], &update);
         assert_eq!(once, vec![2.0]);
-        assert_eq!(m.aggregate(&once, &step), vec![5.0]);
+        let twice = m.aggregate(&once, &held(&update), &[]);
+        assert_eq!(twice.params, vec![5.0]);
+        assert_eq!(twice.report.momentum_norm, Some(1.5));
         assert_eq!(m.velocity(), &[1.5]);
         assert!(ServerMomentum::new(FedAvg, 1.0, 1.0).is_err());
         assert!(ServerMomentum::new(FedAvg, 0.5, 0.0).is_err());
+    }
+
+    #[test]
+    fn momentum_buffer_survives_a_save_and_restore() {
+        let update: [(&str, u32, &[f32]); 1] = [("a", 1, &[1.0, -2.0])];
+        let mut a = ServerMomentum::new(FedAvg, 0.5, 1.0).unwrap();
+        let theta = step(&mut a, &[0.0, 0.0], &update);
+        let saved = a.state();
+        assert_eq!(saved.get(MOMENTUM_KEY), Some(&vec![1.0, -2.0]));
+        let mut b = ServerMomentum::new(FedAvg, 0.5, 1.0).unwrap();
+        b.restore(&saved).unwrap();
+        assert_eq!(step(&mut a, &theta, &update), step(&mut b, &theta, &update));
+        let mut bad = saved.clone();
+        bad.insert(MOMENTUM_KEY.into(), vec![f32::NAN, 0.0]);
+        assert!(b.restore(&bad).is_err());
+        assert!(FedAvg.restore(&saved).is_err());
     }
 
     #[test]
@@ -278,13 +455,27 @@ mod tests {
             server_momentum: 0.5,
             ..StrategyConfig::default()
         };
-        assert_eq!(config.build().unwrap().name(), "fedomg+momentum");
+        let built = config.build().unwrap();
+        assert_eq!(built.name(), "fedomg+momentum");
+        assert!(built.needs_dots());
         let bad = StrategyConfig {
             strategy: "fedomg".into(),
             kappa: -1.0,
             ..StrategyConfig::default()
         };
         assert!(bad.build().err().unwrap().contains("kappa"));
+        let bad_solver = StrategyConfig {
+            strategy: "fedomg".into(),
+            solver: "newton".into(),
+            ..StrategyConfig::default()
+        };
+        assert!(
+            bad_solver
+                .build()
+                .err()
+                .unwrap()
+                .contains("reference, converged")
+        );
     }
 
     #[test]

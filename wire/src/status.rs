@@ -18,6 +18,12 @@ pub struct CoordinatorStatus {
     pub total_rounds: u64,
     /// Server strategy name.
     pub strategy: String,
+    /// FedOMG's solver (`reference` or `converged`), for strategies that have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub solver: Option<String>,
+    /// Norm of the server momentum buffer, when server momentum is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum_norm: Option<f32>,
     /// Clients whose retained status says online.
     pub clients_online: u32,
     /// Clients selected this round.
@@ -67,7 +73,9 @@ mod tests {
             state: "training".into(),
             round: 4,
             total_rounds: 20,
-            strategy: "fedavg".into(),
+            strategy: "fedomg".into(),
+            solver: Some("reference".into()),
+            momentum_norm: None,
             clients_online: 3,
             clients_selected: 2,
             clients_reported: 1,

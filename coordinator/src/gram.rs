@@ -1,0 +1,304 @@
+//! Dot products between client deltas: all FedOMG's solver needs (ALGORITHMS.md §2).
+//!
+//! Rows live in one contiguous f32 arena (`rows[i·m .. (i+1)·m]`). [`cross_dots`] computes a
+//! block of new rows against earlier rows. It is written so that the value of one pair's dot
+//! product never depends on how the work was blocked or how many threads ran it:
+//!
+//! - products are summed in f32 over eight lanes (element `k` into lane `k mod 8`) within a
+//!   chunk of [`CHUNK`] elements, the lanes are reduced in a fixed order and the chunk's sum is
+//!   added in f64;
+//! - chunk sums are added in index order within a segment of [`SEGMENT`] elements, and segment
+//!   sums in index order. Threads take whole segments.
+//!
+//! So the Gram matrix is the same bit for bit whether an update arrived first or last, which
+//! keeps a seeded run reproducible. No fused multiply-add is used, so x86-64 with or without
+//! AVX2 and ARM64 give the same numbers too.
+
+use std::ops::Range;
+
+/// Elements summed in f32 before the partial sum moves to f64.
+pub const CHUNK: usize = 256;
+/// Elements per unit of work given to a thread.
+pub const SEGMENT: usize = 1 << 16;
+/// Elements of each row kept hot in cache while all earlier rows stream past.
+const TILE: usize = 4096;
+const LANES: usize = 8;
+
+/// `out[i][j] = rows[new.start + i] · rows[prev.start + j]`, row-major `new.len() × prev.len()`,
+/// using up to `threads` threads.
+pub fn cross_dots(
+    rows: &[f32],
+    m: usize,
+    new: Range<usize>,
+    prev: Range<usize>,
+    threads: usize,
+) -> Vec<f64> {
+    let (r, p) = (new.len(), prev.len());
+    assert!(new.end * m <= rows.len() && prev.end * m <= rows.len());
+    if r == 0 || p == 0 {
+        return vec![0.0; r * p];
+    }
+    let segments = m.div_ceil(SEGMENT).max(1);
+    let threads = threads.clamp(1, segments);
+    let per_thread = segments.div_ceil(threads);
+    // partial[s] holds segment s's sums for every pair.
+    let mut partial = vec![0f64; segments * r * p];
+    let seg_sums = |seg_range: Range<usize>, out: &mut [f64]| {
+        for (s, out) in seg_range.zip(out.chunks_mut(r * p)) {
+            let lo = s * SEGMENT;
+            let hi = ((s + 1) * SEGMENT).min(m);
+            segment_dots(rows, m, &new, &prev, lo..hi, out);
+        }
+    };
+    if threads == 1 {
+        seg_sums(0..segments, &mut partial);
+    } else {
+        std::thread::scope(|scope| {
+            for (t, out) in partial.chunks_mut(per_thread * r * p).enumerate() {
+                let range = t * per_thread..((t + 1) * per_thread).min(segments);
+                scope.spawn(move || seg_sums(range, out));
+            }
+        });
+    }
+    let mut out = vec![0f64; r * p];
+    for seg in partial.chunks(r * p) {
+        for (o, v) in out.iter_mut().zip(seg) {
+            *o += v;
+        }
+    }
+    out
+}
+
+/// One segment's sums for all pairs, tiled so the new rows stay in cache.
+fn segment_dots(
+    rows: &[f32],
+    m: usize,
+    new: &Range<usize>,
+    prev: &Range<usize>,
+    seg: Range<usize>,
+    out: &mut [f64],
+) {
+    let p = prev.len();
+    let row = |i: usize, range: &Range<usize>| &rows[i * m + range.start..i * m + range.end];
+    let mut tile_start = seg.start;
+    while tile_start < seg.end {
+        let tile = tile_start..(tile_start + TILE).min(seg.end);
+        let mut j = prev.start;
+        while j < prev.end {
+            let pj = (prev.end - j).min(2);
+            let mut i = new.start;
+            while i < new.end {
+                let ri = (new.end - i).min(4);
+                let a: Vec<&[f32]> = (i..i + ri).map(|x| row(x, &tile)).collect();
+                let b: Vec<&[f32]> = (j..j + pj).map(|x| row(x, &tile)).collect();
+                let sums = block(&a, &b);
+                for (di, srow) in sums.iter().enumerate().take(ri) {
+                    for (dj, s) in srow.iter().enumerate().take(pj) {
+                        out[(i - new.start + di) * p + (j - prev.start + dj)] += s;
+                    }
+                }
+                i += ri;
+            }
+            j += pj;
+        }
+        tile_start = tile.end;
+    }
+}
+
+/// Chunk sums (already added in f64, in chunk order) for up to 4×2 pairs of equal-length slices.
+fn block(a: &[&[f32]], b: &[&[f32]]) -> [[f64; 2]; 4] {
+    match (a.len(), b.len()) {
+        (4, 2) => dispatch::<4, 2>(a, b),
+        (4, 1) => dispatch::<4, 1>(a, b),
+        (3, 2) => dispatch::<3, 2>(a, b),
+        (3, 1) => dispatch::<3, 1>(a, b),
+        (2, 2) => dispatch::<2, 2>(a, b),
+        (2, 1) => dispatch::<2, 1>(a, b),
+        (1, 2) => dispatch::<1, 2>(a, b),
+        _ => dispatch::<1, 1>(a, b),
+    }
+}
+
+#[allow(unsafe_code)] // the workspace's only unsafe: calling the AVX2 build after detecting AVX2
+fn dispatch<const R: usize, const P: usize>(a: &[&[f32]], b: &[&[f32]]) -> [[f64; 2]; 4] {
+    let a: [&[f32]; R] = std::array::from_fn(|i| a[i]);
+    let b: [&[f32]; P] = std::array::from_fn(|i| b[i]);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { micro_avx2::<R, P>(a, b) };
+    }
+    micro::<R, P>(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn micro_avx2<const R: usize, const P: usize>(a: [&[f32]; R], b: [&[f32]; P]) -> [[f64; 2]; 4] {
+    micro::<R, P>(a, b)
+}
+
+#[inline(always)]
+fn micro<const R: usize, const P: usize>(a: [&[f32]; R], b: [&[f32]; P]) -> [[f64; 2]; 4] {
+    let len = a[0].len();
+    let mut out = [[0f64; 2]; 4];
+    let mut start = 0;
+    while start < len {
+        let end = (start + CHUNK).min(len);
+        let mut acc = [[[0f32; LANES]; P]; R];
+        let ac: [&[f32]; R] = std::array::from_fn(|r| &a[r][start..end]);
+        let bc: [&[f32]; P] = std::array::from_fn(|q| &b[q][start..end]);
+        let groups = (end - start) / LANES;
+        for g in 0..groups {
+            let o = g * LANES;
+            let bl: [&[f32; LANES]; P] =
+                std::array::from_fn(|q| bc[q][o..o + LANES].try_into().expect("lane group"));
+            for r in 0..R {
+                let al: &[f32; LANES] = ac[r][o..o + LANES].try_into().expect("lane group");
+                for q in 0..P {
+                    for l in 0..LANES {
+                        acc[r][q][l] += al[l] * bl[q][l];
+                    }
+                }
+            }
+        }
+        for k in groups * LANES..end - start {
+            for r in 0..R {
+                for q in 0..P {
+                    acc[r][q][k % LANES] += ac[r][k] * bc[q][k];
+                }
+            }
+        }
+        for r in 0..R {
+            for q in 0..P {
+                let l = &acc[r][q];
+                let sum = ((l[0] as f64 + l[4] as f64) + (l[2] as f64 + l[6] as f64))
+                    + ((l[1] as f64 + l[5] as f64) + (l[3] as f64 + l[7] as f64));
+                out[r][q] += sum;
+            }
+        }
+        start = end;
+    }
+    out
+}
+
+/// `Σ_u coef_u · rows[order[u]]` in f64, element by element in `order`, using up to `threads`
+/// threads (each element is summed by one thread, in the same order, whatever the count).
+pub fn weighted_sum(
+    rows: &[f32],
+    m: usize,
+    order: &[usize],
+    coef: &[f64],
+    threads: usize,
+) -> Vec<f64> {
+    assert_eq!(order.len(), coef.len());
+    let mut out = vec![0f64; m];
+    if m == 0 {
+        return out;
+    }
+    let threads = threads.clamp(1, m.div_ceil(SEGMENT).max(1));
+    let span = m.div_ceil(threads);
+    let fill = |offset: usize, out: &mut [f64]| {
+        for (&u, &c) in order.iter().zip(coef) {
+            let src = &rows[u * m + offset..u * m + offset + out.len()];
+            for (o, d) in out.iter_mut().zip(src) {
+                *o += c * *d as f64;
+            }
+        }
+    };
+    if threads == 1 {
+        fill(0, &mut out);
+    } else {
+        std::thread::scope(|scope| {
+            for (t, part) in out.chunks_mut(span).enumerate() {
+                scope.spawn(move || fill(t * span, part));
+            }
+        });
+    }
+    out
+}
+
+/// Threads worth using for aggregation on this machine.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn naive(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
+    }
+
+    fn rows(n: usize, m: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n * m)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cross_dots_match_f64_dot_products() {
+        let (n, m) = (7, 3 * SEGMENT / 2 + 13);
+        let x = rows(n, m, 1);
+        let got = cross_dots(&x, m, 3..7, 0..7, 2);
+        for i in 3..7 {
+            for j in 0..7 {
+                let want = naive(&x[i * m..(i + 1) * m], &x[j * m..(j + 1) * m]);
+                let g = got[(i - 3) * 7 + j];
+                assert!(
+                    (g - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{i},{j}: {g} vs {want}"
+                );
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn a_pair_gets_the_same_bits_however_it_is_blocked(
+            n in 2usize..9, m in 1usize..3000, seed in 0u64..1000, threads in 1usize..4,
+            split in 1usize..8,
+        ) {
+            let x = rows(n, m, seed);
+            let split = split.min(n - 1);
+            // All at once versus two blocks, different thread counts, reversed roles.
+            let all = cross_dots(&x, m, 0..n, 0..n, 1);
+            let first = cross_dots(&x, m, 0..split, 0..n, threads);
+            let second = cross_dots(&x, m, split..n, 0..n, threads);
+            for i in 0..n {
+                for j in 0..n {
+                    let blocked = if i < split { first[i * n + j] } else { second[(i - split) * n + j] };
+                    prop_assert_eq!(all[i * n + j].to_bits(), blocked.to_bits());
+                    prop_assert_eq!(all[i * n + j].to_bits(), all[j * n + i].to_bits());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weighted_sum_is_the_same_with_any_thread_count() {
+        let (n, m) = (5, 2 * SEGMENT + 5);
+        let x = rows(n, m, 9);
+        let order = [4, 0, 2];
+        let coef = [0.5, -1.25, 2.0];
+        let one = weighted_sum(&x, m, &order, &coef, 1);
+        let three = weighted_sum(&x, m, &order, &coef, 3);
+        assert_eq!(one, three);
+        let k = SEGMENT + 1;
+        let want = 0.5 * x[4 * m + k] as f64 - 1.25 * x[k] as f64 + 2.0 * x[2 * m + k] as f64;
+        assert!((one[k] - want).abs() < 1e-12);
+    }
+}

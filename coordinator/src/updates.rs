@@ -1,0 +1,271 @@
+//! The round's accepted updates, held compactly, with their dot products streamed in.
+//!
+//! Deltas are copied into one contiguous f32 arena as they are accepted: `N·M·4` bytes for `N`
+//! updates of `M` parameters (plus `N²·8` bytes of dot products), reserved once for the selected
+//! clients. An update that would take the arena past the configured budget is refused (the
+//! round machine rejects it with reason `memory_budget`, and the round aggregates what it
+//! holds); size `update_memory_mb` as `N·M·4` with room to spare.
+//!
+//! When the strategy asks for them (FedOMG), the dot products `Δ_u·Δ_v` are computed while
+//! updates arrive: every [`UpdatesConfig::block`] arrivals, the new block is multiplied against
+//! all rows held so far ([`crate::gram::cross_dots`]), which reads each earlier delta once per
+//! block instead of once per arrival. At the round's end only the last partial block is left,
+//! so closing costs O(N²) for the solver plus one weighted sum over the deltas.
+//!
+//! Views are in client-id order, whatever the arrival order, so aggregation is reproducible.
+
+use crate::gram;
+
+/// How updates are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdatesConfig {
+    /// Stream the dot products between deltas (FedOMG needs them).
+    pub dots: bool,
+    /// Largest arena, in bytes.
+    pub budget_bytes: usize,
+    /// Arrivals per block of dot products.
+    pub block: usize,
+    /// Threads for dot products and weighted sums.
+    pub threads: usize,
+}
+
+impl Default for UpdatesConfig {
+    fn default() -> Self {
+        Self {
+            dots: false,
+            budget_bytes: 1 << 30,
+            block: 8,
+            threads: gram::default_threads(),
+        }
+    }
+}
+
+/// The update does not fit in the budget.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("holding this update needs {needed} bytes, over the budget of {budget} bytes")]
+pub struct OverBudget {
+    /// Bytes the arena would need.
+    pub needed: usize,
+    /// The budget.
+    pub budget: usize,
+}
+
+/// The accepted updates of one round.
+#[derive(Debug, Clone)]
+pub struct RoundUpdates {
+    m: usize,
+    config: UpdatesConfig,
+    clients: Vec<String>,
+    counts: Vec<u32>,
+    arena: Vec<f32>,
+    /// `tri[i][j] = Δ_i·Δ_j` for `j ≤ i`, arrival indices, for rows below `flushed`.
+    tri: Vec<Vec<f64>>,
+    flushed: usize,
+    /// Arrival indices sorted by client id.
+    order: Vec<usize>,
+}
+
+impl RoundUpdates {
+    /// Empty, for deltas of `m` parameters, with room reserved for `expected` updates (capped
+    /// by the budget).
+    pub fn new(m: usize, expected: usize, config: UpdatesConfig) -> Self {
+        let cap = expected.min(config.budget_bytes / (m.max(1) * 4));
+        Self {
+            m,
+            config,
+            clients: Vec::with_capacity(expected),
+            counts: Vec::with_capacity(expected),
+            arena: Vec::with_capacity(cap * m),
+            tri: Vec::with_capacity(expected),
+            flushed: 0,
+            order: Vec::new(),
+        }
+    }
+
+    /// Holds all of `updates` (client, samples, delta) and finishes the dot products; for tests
+    /// and offline replay. Panics if a delta's length differs from `m`.
+    pub fn from_updates<'a>(
+        m: usize,
+        dots: bool,
+        updates: impl IntoIterator<Item = (&'a str, u32, &'a [f32])>,
+    ) -> Self {
+        let config = UpdatesConfig {
+            dots,
+            budget_bytes: usize::MAX,
+            ..UpdatesConfig::default()
+        };
+        let mut held = Self::new(m, 0, config);
+        for (client, n, delta) in updates {
+            held.push(client, n, delta).expect("no budget");
+        }
+        held.finish();
+        held
+    }
+
+    /// Parameters per delta.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Updates held.
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// No update held.
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+
+    /// Whether `client` has an update held.
+    pub fn contains(&self, client: &str) -> bool {
+        self.clients.iter().any(|c| c == client)
+    }
+
+    /// Bytes of the delta arena.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.len() * 4
+    }
+
+    /// Holds one update; `delta.len()` must be `m` (the round machine checks shapes first).
+    pub fn push(
+        &mut self,
+        client: &str,
+        num_samples: u32,
+        delta: &[f32],
+    ) -> Result<(), OverBudget> {
+        assert_eq!(delta.len(), self.m, "delta length");
+        let needed = (self.arena.len() + self.m) * 4;
+        if needed > self.config.budget_bytes {
+            return Err(OverBudget {
+                needed,
+                budget: self.config.budget_bytes,
+            });
+        }
+        self.clients.push(client.to_string());
+        self.counts.push(num_samples);
+        self.arena.extend_from_slice(delta);
+        self.order.clear();
+        if self.config.dots && self.len() - self.flushed >= self.config.block.max(1) {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// Completes the dot products and the client order; call before reading.
+    pub fn finish(&mut self) {
+        if self.config.dots {
+            self.flush();
+        }
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.sort_by(|a, b| self.clients[*a].cmp(&self.clients[*b]));
+        self.order = order;
+    }
+
+    fn flush(&mut self) {
+        let (start, end) = (self.flushed, self.len());
+        if start == end {
+            return;
+        }
+        let dots = gram::cross_dots(&self.arena, self.m, start..end, 0..end, self.config.threads);
+        for (r, i) in (start..end).enumerate() {
+            self.tri.push(dots[r * end..r * end + i + 1].to_vec());
+        }
+        self.flushed = end;
+    }
+
+    fn physical(&self, i: usize) -> usize {
+        assert_eq!(self.order.len(), self.len(), "call finish() first");
+        self.order[i]
+    }
+
+    /// Client id of the `i`-th update in client order.
+    pub fn client(&self, i: usize) -> &str {
+        &self.clients[self.physical(i)]
+    }
+
+    /// Sample count of the `i`-th update in client order.
+    pub fn num_samples(&self, i: usize) -> u32 {
+        self.counts[self.physical(i)]
+    }
+
+    /// Delta of the `i`-th update in client order.
+    pub fn delta(&self, i: usize) -> &[f32] {
+        let u = self.physical(i);
+        &self.arena[u * self.m..(u + 1) * self.m]
+    }
+
+    /// Sum of the sample counts.
+    pub fn total_samples(&self) -> f64 {
+        self.counts.iter().map(|n| *n as f64).sum()
+    }
+
+    /// `Δ_i·Δ_j` in client order, if dot products were streamed.
+    pub fn dot(&self, i: usize, j: usize) -> Option<f64> {
+        if !self.config.dots {
+            return None;
+        }
+        let (a, b) = (self.physical(i), self.physical(j));
+        let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+        Some(self.tri[hi][lo])
+    }
+
+    /// `Σ_i coef_i Δ_i` (client order), in f64.
+    pub fn weighted_sum(&self, coef: &[f64]) -> Vec<f64> {
+        assert_eq!(coef.len(), self.len());
+        let order: Vec<usize> = (0..self.len()).map(|i| self.physical(i)).collect();
+        gram::weighted_sum(&self.arena, self.m, &order, coef, self.config.threads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_are_in_client_order_and_dots_are_streamed() {
+        let config = UpdatesConfig {
+            dots: true,
+            block: 2,
+            threads: 1,
+            ..UpdatesConfig::default()
+        };
+        let mut held = RoundUpdates::new(2, 3, config);
+        held.push("c", 3, &[1.0, 2.0]).unwrap();
+        held.push("a", 1, &[3.0, 4.0]).unwrap();
+        held.push("b", 2, &[5.0, 6.0]).unwrap();
+        held.finish();
+        assert_eq!(
+            (0..3).map(|i| held.client(i)).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+        assert_eq!(held.delta(0), &[3.0, 4.0]);
+        assert_eq!(held.num_samples(2), 3);
+        assert_eq!(held.dot(0, 2), Some(11.0));
+        assert_eq!(held.dot(2, 0), Some(11.0));
+        assert_eq!(held.dot(1, 1), Some(61.0));
+        assert_eq!(held.weighted_sum(&[1.0, 0.0, 2.0]), vec![5.0, 8.0]);
+        assert_eq!(held.total_samples(), 6.0);
+    }
+
+    #[test]
+    fn an_update_over_the_budget_is_refused_and_nothing_changes() {
+        let config = UpdatesConfig {
+            budget_bytes: 16,
+            ..UpdatesConfig::default()
+        };
+        let mut held = RoundUpdates::new(2, 10, config);
+        held.push("a", 1, &[1.0, 2.0]).unwrap();
+        held.push("b", 1, &[1.0, 2.0]).unwrap();
+        let err = held.push("c", 1, &[1.0, 2.0]).unwrap_err();
+        assert_eq!(err.needed, 24);
+        assert_eq!(held.len(), 2);
+        assert_eq!(held.arena_bytes(), 16);
+    }
+
+    #[test]
+    fn without_dots_there_are_none() {
+        let held = RoundUpdates::from_updates(1, false, [("a", 1, &[1.0f32][..])]);
+        assert_eq!(held.dot(0, 0), None);
+    }
+}
