@@ -5,5 +5,6 @@
 //! Nothing here is a simulation shortcut: the agents and the coordinator are the same library
 //! code the `fedge-edge` and `fedge-coordinator` binaries run, talking through a real broker.
 
+pub mod bench_aggregate;
 pub mod bench_head;
 pub mod demo;

@@ -105,80 +105,119 @@ fn segment_dots(
     }
 }
 
-/// Chunk sums (already added in f64, in chunk order) for up to 4×2 pairs of equal-length slices.
+/// Sums (chunk sums added in f64, in chunk order) for up to 4×2 pairs of equal-length
+/// slices. Full 4×2 blocks use the AVX2 kernel when the CPU has it; it computes exactly what
+/// [`micro`] computes (same lanes, same order, multiply then add), only eight lanes at a time.
 fn block(a: &[&[f32]], b: &[&[f32]]) -> [[f64; 2]; 4] {
-    match (a.len(), b.len()) {
-        (4, 2) => dispatch::<4, 2>(a, b),
-        (4, 1) => dispatch::<4, 1>(a, b),
-        (3, 2) => dispatch::<3, 2>(a, b),
-        (3, 1) => dispatch::<3, 1>(a, b),
-        (2, 2) => dispatch::<2, 2>(a, b),
-        (2, 1) => dispatch::<2, 1>(a, b),
-        (1, 2) => dispatch::<1, 2>(a, b),
-        _ => dispatch::<1, 1>(a, b),
-    }
-}
-
-#[allow(unsafe_code)] // the workspace's only unsafe: calling the AVX2 build after detecting AVX2
-fn dispatch<const R: usize, const P: usize>(a: &[&[f32]], b: &[&[f32]]) -> [[f64; 2]; 4] {
-    let a: [&[f32]; R] = std::array::from_fn(|i| a[i]);
-    let b: [&[f32]; P] = std::array::from_fn(|i| b[i]);
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { micro_avx2::<R, P>(a, b) };
+    if a.len() == 4 && b.len() == 2 && std::arch::is_x86_feature_detected!("avx2") {
+        return avx2::block42([a[0], a[1], a[2], a[3]], [b[0], b[1]]);
     }
-    micro::<R, P>(a, b)
+    micro(a, b)
 }
 
+/// The workspace's only unsafe code: unaligned vector loads inside bounds checked up front.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn micro_avx2<const R: usize, const P: usize>(a: [&[f32]; R], b: [&[f32]; P]) -> [[f64; 2]; 4] {
-    micro::<R, P>(a, b)
+#[allow(unsafe_code)]
+mod avx2 {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+
+    use super::{CHUNK, LANES, reduce};
+
+    /// 4×2 dot products; the caller has checked that the CPU supports AVX2.
+    pub(super) fn block42(a: [&[f32]; 4], b: [&[f32]; 2]) -> [[f64; 2]; 4] {
+        let len = a[0].len();
+        assert!(a.iter().chain(&b).all(|s| s.len() == len), "equal lengths");
+        // SAFETY: AVX2 is present (checked by the caller); every load below reads 8 floats at
+        // an offset k with k + 8 <= len, inside all six slices (lengths checked above).
+        unsafe { kernel(a, b) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn kernel(a: [&[f32]; 4], b: [&[f32]; 2]) -> [[f64; 2]; 4] {
+        let len = a[0].len();
+        let mut out = [[0f64; 2]; 4];
+        let mut start = 0;
+        while start < len {
+            let end = (start + CHUNK).min(len);
+            let full = start + (end - start) / LANES * LANES;
+            let mut acc: [[__m256; 2]; 4] = [[_mm256_setzero_ps(); 2]; 4];
+            let mut k = start;
+            while k < full {
+                // SAFETY: k + 8 <= full <= len, see block42.
+                let (b0, b1) = unsafe {
+                    (
+                        _mm256_loadu_ps(b[0].as_ptr().add(k)),
+                        _mm256_loadu_ps(b[1].as_ptr().add(k)),
+                    )
+                };
+                for r in 0..4 {
+                    // SAFETY: as above.
+                    let x = unsafe { _mm256_loadu_ps(a[r].as_ptr().add(k)) };
+                    acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_mul_ps(x, b0));
+                    acc[r][1] = _mm256_add_ps(acc[r][1], _mm256_mul_ps(x, b1));
+                }
+                k += LANES;
+            }
+            for r in 0..4 {
+                for q in 0..2 {
+                    let mut lanes = [0f32; LANES];
+                    // SAFETY: `lanes` holds 8 floats.
+                    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][q]) };
+                    for k in full..end {
+                        lanes[k - full] += a[r][k] * b[q][k];
+                    }
+                    out[r][q] += reduce(lanes);
+                }
+            }
+            start = end;
+        }
+        out
+    }
 }
 
 #[inline(always)]
-fn micro<const R: usize, const P: usize>(a: [&[f32]; R], b: [&[f32]; P]) -> [[f64; 2]; 4] {
+fn micro(a: &[&[f32]], b: &[&[f32]]) -> [[f64; 2]; 4] {
     let len = a[0].len();
     let mut out = [[0f64; 2]; 4];
     let mut start = 0;
     while start < len {
         let end = (start + CHUNK).min(len);
-        let mut acc = [[[0f32; LANES]; P]; R];
-        let ac: [&[f32]; R] = std::array::from_fn(|r| &a[r][start..end]);
-        let bc: [&[f32]; P] = std::array::from_fn(|q| &b[q][start..end]);
-        let groups = (end - start) / LANES;
-        for g in 0..groups {
-            let o = g * LANES;
-            let bl: [&[f32; LANES]; P] =
-                std::array::from_fn(|q| bc[q][o..o + LANES].try_into().expect("lane group"));
-            for r in 0..R {
-                let al: &[f32; LANES] = ac[r][o..o + LANES].try_into().expect("lane group");
-                for q in 0..P {
-                    for l in 0..LANES {
-                        acc[r][q][l] += al[l] * bl[q][l];
-                    }
-                }
-            }
-        }
-        for k in groups * LANES..end - start {
-            for r in 0..R {
-                for q in 0..P {
-                    acc[r][q][k % LANES] += ac[r][k] * bc[q][k];
-                }
-            }
-        }
-        for r in 0..R {
-            for q in 0..P {
-                let l = &acc[r][q];
-                let sum = ((l[0] as f64 + l[4] as f64) + (l[2] as f64 + l[6] as f64))
-                    + ((l[1] as f64 + l[5] as f64) + (l[3] as f64 + l[7] as f64));
-                out[r][q] += sum;
+        for (r, ar) in a.iter().enumerate().take(4) {
+            for (q, bq) in b.iter().enumerate().take(2) {
+                out[r][q] += chunk_dot(&ar[start..end], &bq[start..end]);
             }
         }
         start = end;
     }
     out
+}
+
+/// One chunk's dot product: element `k` into f32 lane `k mod 8`, lanes reduced in f64 in a
+/// fixed order. Chunks start at multiples of 8, so the lane of an element is fixed.
+#[inline(always)]
+fn chunk_dot(a: &[f32], b: &[f32]) -> f64 {
+    let mut acc = [0f32; LANES];
+    let (xs, xr) = a.as_chunks::<LANES>();
+    let (ys, yr) = b.as_chunks::<LANES>();
+    for (x, y) in xs.iter().zip(ys) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in xr.iter().zip(yr).enumerate() {
+        acc[l] += x * y;
+    }
+    reduce(acc)
+}
+
+/// Lanes to f64, added in a fixed order.
+#[inline(always)]
+fn reduce(lanes: [f32; LANES]) -> f64 {
+    let l = lanes.map(f64::from);
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
 /// `Σ_u coef_u · rows[order[u]]` in f64, element by element in `order`, using up to `threads`

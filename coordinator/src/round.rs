@@ -236,6 +236,8 @@ pub struct Rounds {
     last_report: Option<RoundReport>,
     aggregated_rounds: u64,
     last_closed: u64,
+    /// The last round's delta arena, reused by the next round.
+    spare_arena: Vec<f32>,
 }
 
 impl Rounds {
@@ -260,6 +262,7 @@ impl Rounds {
             last_report: None,
             aggregated_rounds: 0,
             last_closed: 0,
+            spare_arena: Vec::new(),
         }
     }
 
@@ -607,7 +610,12 @@ impl Rounds {
         };
         self.open = Some(OpenRound {
             round,
-            accepted: RoundUpdates::new(self.params.len(), selected.len(), held),
+            accepted: RoundUpdates::reusing(
+                std::mem::take(&mut self.spare_arena),
+                self.params.len(),
+                selected.len(),
+                held,
+            ),
             failures: Vec::new(),
             selected: selected.into_iter().collect(),
             val: Vec::new(),
@@ -667,6 +675,7 @@ impl Rounds {
             params_norm: l2_norm(&self.params),
             aggregation,
         };
+        self.spare_arena = open.accepted.into_arena();
         self.last_report = Some(report.clone());
         self.outputs.push_back(Output::RoundEnded(report));
         if aggregated {

@@ -34,7 +34,7 @@ impl Default for UpdatesConfig {
         Self {
             dots: false,
             budget_bytes: 1 << 30,
-            block: 8,
+            block: 16,
             threads: gram::default_threads(),
         }
     }
@@ -69,13 +69,22 @@ impl RoundUpdates {
     /// Empty, for deltas of `m` parameters, with room reserved for `expected` updates (capped
     /// by the budget).
     pub fn new(m: usize, expected: usize, config: UpdatesConfig) -> Self {
+        Self::reusing(Vec::new(), m, expected, config)
+    }
+
+    /// Like [`RoundUpdates::new`], reusing the memory of an earlier round's arena (see
+    /// [`RoundUpdates::into_arena`]), so a steady federation does not fault in fresh pages
+    /// every round.
+    pub fn reusing(mut arena: Vec<f32>, m: usize, expected: usize, config: UpdatesConfig) -> Self {
         let cap = expected.min(config.budget_bytes / (m.max(1) * 4));
+        arena.clear();
+        arena.reserve(cap * m);
         Self {
             m,
             config,
             clients: Vec::with_capacity(expected),
             counts: Vec::with_capacity(expected),
-            arena: Vec::with_capacity(cap * m),
+            arena,
             tri: Vec::with_capacity(expected),
             flushed: 0,
             order: Vec::new(),
@@ -100,6 +109,11 @@ impl RoundUpdates {
         }
         held.finish();
         held
+    }
+
+    /// The arena's memory, for the next round.
+    pub fn into_arena(self) -> Vec<f32> {
+        self.arena
     }
 
     /// Parameters per delta.
