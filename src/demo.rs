@@ -87,6 +87,9 @@ pub struct RoundRow {
     pub seconds: f64,
     /// L2 norm of the global parameters after the round.
     pub params_norm: f32,
+    /// FedOMG's weight per client (empty for other strategies).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub gamma: std::collections::BTreeMap<String, f64>,
 }
 
 /// The outcome of a demo.
@@ -292,6 +295,11 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
         bytes_down: report.bytes_down,
         seconds: report.duration_ms as f64 / 1000.0,
         params_norm: report.params_norm,
+        gamma: report
+            .aggregation
+            .as_ref()
+            .map(|a| a.gamma.clone())
+            .unwrap_or_default(),
     }
 }
 

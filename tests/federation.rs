@@ -65,17 +65,30 @@ async fn three_edges_learn_over_the_embedded_broker_in_three_rounds() {
     check_learned(&result);
 }
 
+/// Over mosquitto the coordinator runs FedOMG with server momentum, so both strategy paths
+/// cross a real broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_edges_learn_over_mosquitto_in_three_rounds() {
+async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
     let Some(mosquitto) = common::Mosquitto::start() else {
         return;
     };
-    let result = run(three_edges_three_rounds(
-        Some(mosquitto.broker()),
-        "e2e-mosquitto",
-    ))
-    .await;
+    let options = DemoOptions {
+        strategy: fedge_coordinator::strategy::StrategyConfig {
+            strategy: "fedomg".into(),
+            server_momentum: 0.5,
+            ..Default::default()
+        },
+        ..three_edges_three_rounds(Some(mosquitto.broker()), "e2e-mosquitto")
+    };
+    let result = run(options).await;
     check_learned(&result);
+    assert_eq!(result.strategy, "fedomg+momentum");
+    for row in &result.rounds {
+        assert_eq!(row.gamma.len(), 3, "one weight per client: {:?}", row.gamma);
+        let sum: f64 = row.gamma.values().sum();
+        assert!((sum - 1.0).abs() < 1e-9, "Γ sums to {sum}");
+        assert!(row.gamma.values().all(|g| *g > 0.0));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

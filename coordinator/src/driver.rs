@@ -344,3 +344,41 @@ fn metrics_json(
     }
     metrics
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::AggregationReport;
+
+    #[test]
+    fn metrics_carry_gamma_objective_and_momentum_as_flat_keys() {
+        let report = RoundReport {
+            round: 3,
+            aggregated: true,
+            selected: vec!["a".into(), "b".into()],
+            reported: vec!["a".into(), "b".into()],
+            rejected: Default::default(),
+            bytes_up: 10,
+            bytes_down: 20,
+            duration_ms: 1500,
+            source_val_accuracy: Some(0.5),
+            train_loss: None,
+            params_norm: 1.0,
+            aggregation: Some(AggregationReport {
+                gamma: [("a".to_string(), 0.25), ("b".to_string(), 0.75)].into(),
+                objective: Some(0.8),
+                lambda: Some(0.3),
+                solver: Some("reference".into()),
+                solver_evaluations: Some(21),
+                momentum_norm: Some(2.0),
+            }),
+        };
+        let m = metrics_json(&report, Some(0.6), "fedomg+momentum");
+        assert_eq!(m["gamma"]["b"], 0.75);
+        assert_eq!(m["objective"], 0.8);
+        assert_eq!(m["solver"], "reference");
+        assert_eq!(m["momentum_norm"], 2.0);
+        assert_eq!(m["round"], 3);
+        assert_eq!(m["seconds"], 1.5);
+    }
+}
