@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::insight::InsightConfig;
 use fedge_coordinator::strategy::StrategyConfig;
 use fedge_coordinator::{
     DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, Strategy, driver,
@@ -45,6 +46,8 @@ pub struct DemoOptions {
     pub round_timeout_s: f64,
     /// Federation name (topic root).
     pub federation: String,
+    /// FedDIM's server momentum `m` (used when the objective is `FedDim`).
+    pub insight_momentum: f32,
 }
 
 impl Default for DemoOptions {
@@ -64,6 +67,7 @@ impl Default for DemoOptions {
             max_packet: fedge_wire::DEFAULT_MAX_PACKET,
             round_timeout_s: 30.0,
             federation: "demo".into(),
+            insight_momentum: 0.5,
         }
     }
 }
@@ -201,6 +205,11 @@ pub async fn run(
         round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
         train: options.train.clone(),
         seed: options.seed,
+        insight: (options.train.objective == Objective::FedDim).then_some(InsightConfig {
+            hidden: data.head.hidden,
+            classes: data.head.classes,
+            momentum: options.insight_momentum,
+        }),
         ..RoundConfig::default()
     };
     let strategy = options.strategy.build().map_err(anyhow::Error::msg)?;
@@ -308,6 +317,7 @@ pub fn objective_by_name(name: &str) -> anyhow::Result<Objective> {
     match name {
         "ce" => Ok(Objective::CrossEntropy),
         "fedprox" => Ok(Objective::FedProx),
-        other => anyhow::bail!("unknown objective {other:?}; available: ce, fedprox"),
+        "feddim" => Ok(Objective::FedDim),
+        other => anyhow::bail!("unknown objective {other:?}; available: ce, fedprox, feddim"),
     }
 }

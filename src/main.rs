@@ -106,12 +106,18 @@ struct DemoArgs {
     /// Server learning rate of the momentum update.
     #[arg(long, default_value_t = 1.0)]
     server_lr: f32,
-    /// Local objective: ce or fedprox.
+    /// Local objective: ce, fedprox or feddim.
     #[arg(long, default_value = "ce")]
     objective: String,
     /// FedProx mu.
     #[arg(long, default_value_t = 0.01)]
     mu: f32,
+    /// FedDIM's lambda (weight of the insight term).
+    #[arg(long, default_value_t = 0.01)]
+    lambda: f32,
+    /// FedDIM's server momentum m of the global insight matrices.
+    #[arg(long, default_value_t = 0.5)]
+    insight_momentum: f32,
     /// Local epochs per round.
     #[arg(long, default_value_t = 5)]
     local_epochs: u32,
@@ -177,8 +183,10 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
             learning_rate: args.lr,
             batch_size: args.batch_size,
             prox_mu: args.mu,
+            insight_lambda: args.lambda,
             ..defaults.train.clone()
         },
+        insight_momentum: args.insight_momentum,
         seed: args.seed,
         backend: args.backend,
         broker: args

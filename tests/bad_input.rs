@@ -23,6 +23,7 @@ fn update(round: u64, client: &str, delta: &[f32]) -> Vec<u8> {
         num_samples: 10,
         delta: TensorF32::from_slice(delta),
         metrics: LocalMetrics::default(),
+        class_stats: None,
     }))
 }
 

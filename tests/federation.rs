@@ -59,10 +59,32 @@ fn check_learned(result: &DemoResult) {
     );
 }
 
+/// FedDIM on the devices with FedOMG on the coordinator, over the embedded broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_edges_learn_over_the_embedded_broker_in_three_rounds() {
-    let result = run(three_edges_three_rounds(None, "e2e-embedded")).await;
+async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
+    let base = three_edges_three_rounds(None, "e2e-embedded");
+    let options = DemoOptions {
+        strategy: fedge_coordinator::strategy::StrategyConfig {
+            strategy: "fedomg".into(),
+            ..Default::default()
+        },
+        train: fedge_wire::TrainParams {
+            objective: fedge_wire::Objective::FedDim,
+            ..base.train.clone()
+        },
+        ..base
+    };
+    let result = run(options).await;
     check_learned(&result);
+    // From round 2 on, the task carries the global insight matrices, K·H·K = 6,400 floats.
+    let task_bytes = |r: usize| result.rounds[r].bytes_down / 3;
+    let grown = task_bytes(1) - task_bytes(0);
+    assert!(
+        (25_600..25_616).contains(&grown),
+        "task grew by {grown} bytes: {:?}",
+        result.rounds
+    );
+    assert_eq!(task_bytes(2), task_bytes(1));
 }
 
 /// Over mosquitto the coordinator runs FedOMG with server momentum, so both strategy paths

@@ -32,6 +32,8 @@ pub struct Checkpoint {
     pub params: Vec<f32>,
     /// The strategy's buffers.
     pub strategy_state: StrategyState,
+    /// FedDIM's global insight matrices `[K, H, K]`; empty when there are none.
+    pub insight: Vec<f32>,
 }
 
 /// A checkpoint could not be read or written.
@@ -84,7 +86,10 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
     let checkpoint: Checkpoint =
         postcard::from_bytes(&body[5..]).map_err(|e| format!("undecodable: {e}"))?;
     let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
-    if !finite(&checkpoint.params) || !checkpoint.strategy_state.values().all(|v| finite(v)) {
+    if !finite(&checkpoint.params)
+        || !finite(&checkpoint.insight)
+        || !checkpoint.strategy_state.values().all(|v| finite(v))
+    {
         return Err("non-finite parameters".into());
     }
     Ok(checkpoint)
@@ -145,6 +150,7 @@ mod tests {
             aggregated_rounds: 6,
             params: vec![0.5, -1.0, 2.0],
             strategy_state: StrategyState::from([("server_momentum".into(), vec![0.1, 0.2, 0.3])]),
+            insight: vec![0.5; 8],
         }
     }
 

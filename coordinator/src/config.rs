@@ -29,13 +29,17 @@
 //! classes = 10
 //!
 //! [train]
-//! objective = "CrossEntropy"   # or "FedProx"
+//! objective = "CrossEntropy"   # or "FedProx", or "FedDim" (see [feddim])
 //! local_epochs = 1
 //! batch_size = 32
 //! learning_rate = 0.05
 //! momentum = 0.9
 //! weight_decay = 0.0005
 //! prox_mu = 0.01
+//!
+//! [feddim]
+//! lambda = 0.01                # weight of the insight term
+//! momentum = 0.5               # Ī ← (1 − m) Ī + m Ī_round
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -113,6 +117,28 @@ pub struct CoordinatorConfig {
     /// Local training sent to devices.
     #[serde(default)]
     pub train: TrainParams,
+    /// FedDIM settings, used when `[train] objective = "FedDim"`.
+    #[serde(default)]
+    pub feddim: FedDimSettings,
+}
+
+/// `[feddim]`: ALGORITHMS.md §3's `λ` and `m`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FedDimSettings {
+    /// Weight of the insight term in the devices' loss.
+    pub lambda: f32,
+    /// Momentum of the global insight matrices.
+    pub momentum: f32,
+}
+
+impl Default for FedDimSettings {
+    fn default() -> Self {
+        Self {
+            lambda: 0.01,
+            momentum: 0.5,
+        }
+    }
 }
 
 fn default_update_memory_mb() -> usize {
@@ -177,6 +203,12 @@ impl CoordinatorConfig {
         if !(self.round_timeout_s.is_finite() && self.round_timeout_s > 0.0) {
             return Err("round_timeout_s must be positive".into());
         }
+        let FedDimSettings { lambda, momentum } = self.feddim;
+        if !(lambda.is_finite() && lambda >= 0.0 && (0.0..=1.0).contains(&momentum)) {
+            return Err(format!(
+                "[feddim] needs lambda >= 0 and 0 <= momentum <= 1, got {lambda} and {momentum}"
+            ));
+        }
         if self.update_memory_mb == 0 {
             return Err("update_memory_mb must be at least 1".into());
         }
@@ -194,8 +226,18 @@ impl CoordinatorConfig {
             min_clients: self.min_clients,
             min_updates: self.min_updates,
             round_timeout_ms: (self.round_timeout_s * 1000.0) as u64,
-            train: self.train.clone(),
+            train: TrainParams {
+                insight_lambda: self.feddim.lambda,
+                ..self.train.clone()
+            },
             seed: self.seed,
+            insight: (self.train.objective == fedge_wire::Objective::FedDim).then_some(
+                crate::insight::InsightConfig {
+                    hidden: self.head.hidden,
+                    classes: self.head.classes,
+                    momentum: self.feddim.momentum,
+                },
+            ),
             update_memory_bytes: self.update_memory_mb.saturating_mul(1 << 20),
             ..RoundConfig::default()
         }

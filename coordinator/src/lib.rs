@@ -5,6 +5,7 @@
 //!   (sampling, validation, deadlines, quorum, aggregation) happens there.
 //! - [`strategy`]: server strategies behind one trait; the arithmetic in free functions.
 //! - [`fedomg`]: FedOMG's solvers and strategy.
+//! - [`insight`]: FedDIM's class insight matrices, rebuilt from compact statistics.
 //! - [`updates`], [`gram`]: a round's deltas held compactly, dot products streamed as they
 //!   arrive.
 //! - [`driver`]: the thin tokio + rumqttc driver around the machine.
@@ -19,6 +20,7 @@ pub mod config;
 pub mod driver;
 pub mod fedomg;
 pub mod gram;
+pub mod insight;
 pub mod npy;
 pub mod replay;
 pub mod round;

@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::seq::IteratorRandom;
 
 use crate::checkpoint::Checkpoint;
+use crate::insight::{ClientInsight, InsightConfig, round_insight, update_global};
 use crate::strategy::{AggregationReport, Failure, Strategy};
 use crate::updates::{RoundUpdates, UpdatesConfig};
 
@@ -51,6 +52,9 @@ pub struct RoundConfig {
     /// Most bytes of deltas held in one round (`N·M·4`); later updates are rejected with
     /// reason `memory_budget`.
     pub update_memory_bytes: usize,
+    /// FedDIM's server side, when devices train with the `FedDim` objective: updates must carry
+    /// class statistics, and the global `Ī` goes down with each task.
+    pub insight: Option<InsightConfig>,
 }
 
 impl Default for RoundConfig {
@@ -65,6 +69,7 @@ impl Default for RoundConfig {
             seed: 0,
             reassembly_timeout_ms: fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
             update_memory_bytes: 1 << 30,
+            insight: None,
         }
     }
 }
@@ -96,6 +101,8 @@ pub enum Rejection {
     NoSamples,
     /// Holding the update would pass the round's memory budget for deltas.
     MemoryBudget,
+    /// FedDIM class statistics missing, misshapen or not finite.
+    Insight,
 }
 
 impl Rejection {
@@ -114,6 +121,7 @@ impl Rejection {
             Rejection::NonFinite => "non_finite",
             Rejection::NoSamples => "no_samples",
             Rejection::MemoryBudget => "memory_budget",
+            Rejection::Insight => "insight",
         }
     }
 
@@ -210,6 +218,8 @@ struct OpenRound {
     selected: BTreeSet<String>,
     accepted: RoundUpdates,
     failures: Vec<Failure>,
+    /// FedDIM class statistics by client: counts and `[K, H]` means.
+    class_stats: BTreeMap<String, (Vec<u32>, Vec<f32>)>,
     val: Vec<(f32, u32)>,
     loss: Vec<(f32, u32)>,
     opened_ms: u64,
@@ -238,6 +248,8 @@ pub struct Rounds {
     last_closed: u64,
     /// The last round's delta arena, reused by the next round.
     spare_arena: Vec<f32>,
+    /// FedDIM's global class-mean insight matrices `[K, H, K]`, once a round produced them.
+    insight: Option<Vec<f32>>,
 }
 
 impl Rounds {
@@ -263,6 +275,7 @@ impl Rounds {
             aggregated_rounds: 0,
             last_closed: 0,
             spare_arena: Vec::new(),
+            insight: None,
         }
     }
 
@@ -288,11 +301,24 @@ impl Rounds {
             ));
         }
         strategy.restore(&checkpoint.strategy_state)?;
+        let insight = match (&config.insight, checkpoint.insight.is_empty()) {
+            (_, true) => None,
+            (Some(c), false) if checkpoint.insight.len() == c.classes * c.hidden * c.classes => {
+                Some(checkpoint.insight)
+            }
+            (_, false) => {
+                return Err(format!(
+                    "the checkpoint holds {} insight values, which do not fit this configuration",
+                    checkpoint.insight.len()
+                ));
+            }
+        };
         let mut rounds = Self::new(config, strategy, Vec::new());
         rounds.params = checkpoint.params;
         rounds.next_round = checkpoint.next_round.max(1);
         rounds.last_closed = rounds.next_round - 1;
         rounds.aggregated_rounds = checkpoint.aggregated_rounds;
+        rounds.insight = insight;
         if rounds.config.rounds > 0 && rounds.aggregated_rounds >= rounds.config.rounds {
             rounds.phase = Phase::Finished;
             rounds.outputs.push_back(Output::StatusChanged);
@@ -311,6 +337,7 @@ impl Rounds {
             aggregated_rounds: self.aggregated_rounds,
             params: self.params.clone(),
             strategy_state: self.strategy.state(),
+            insight: self.insight.clone().unwrap_or_default(),
         }
     }
 
@@ -441,6 +468,14 @@ impl Rounds {
             self.reject(client, Rejection::MemoryBudget, e.to_string());
             return;
         }
+        if let Some(stats) = &update.class_stats
+            && self.config.insight.is_some()
+        {
+            open.class_stats.insert(
+                client.to_owned(),
+                (stats.counts.clone(), stats.means.to_vec()),
+            );
+        }
         open.val
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
@@ -496,6 +531,29 @@ impl Rounds {
         }
         if update.num_samples == 0 {
             return Err((Rejection::NoSamples, "zero samples".into()));
+        }
+        if let Some(insight) = &self.config.insight {
+            let (h, k) = (insight.hidden, insight.classes);
+            let Some(stats) = &update.class_stats else {
+                return Err((Rejection::Insight, "no FedDIM class statistics".into()));
+            };
+            if stats.counts.len() != k || stats.means.len() != k * h {
+                return Err((
+                    Rejection::Insight,
+                    format!(
+                        "{} class counts and {} mean values, expected {k} and {}",
+                        stats.counts.len(),
+                        stats.means.len(),
+                        k * h
+                    ),
+                ));
+            }
+            if let Some(i) = stats.means.first_non_finite() {
+                return Err((
+                    Rejection::NonFinite,
+                    format!("class mean {i} is not finite"),
+                ));
+            }
         }
         Ok(())
     }
@@ -601,6 +659,7 @@ impl Rounds {
             params: TensorF32::from_slice(&self.params),
             train: self.strategy.configure_round(round, &self.config.train),
             deadline_ms: self.config.round_timeout_ms,
+            insight: self.insight_tensor(),
         };
         let frame = fedge_wire::encode(&Message::RoundTask(task));
         let held = UpdatesConfig {
@@ -617,6 +676,7 @@ impl Rounds {
                 held,
             ),
             failures: Vec::new(),
+            class_stats: BTreeMap::new(),
             selected: selected.into_iter().collect(),
             val: Vec::new(),
             loss: Vec::new(),
@@ -658,6 +718,7 @@ impl Rounds {
             let result = self
                 .strategy
                 .aggregate(&self.params, &open.accepted, &open.failures);
+            self.update_insight(&open);
             self.params = result.params;
             aggregation = Some(result.report);
         }
@@ -693,6 +754,60 @@ impl Rounds {
                 self.outputs.push_back(Output::StatusChanged);
             }
         }
+    }
+}
+
+impl Rounds {
+    /// The global `Ī` as sent with a task.
+    fn insight_tensor(&self) -> Option<TensorF32> {
+        let (config, insight) = (self.config.insight.as_ref()?, self.insight.as_ref()?);
+        let (h, k) = (config.hidden as u32, config.classes as u32);
+        TensorF32::new(vec![k, h, k], insight).ok()
+    }
+
+    /// FedDIM: rebuilds each client's class insight from `W_g + ΔW_c` (the parameters before
+    /// this round's aggregation) and its class means, and folds the round into `Ī`.
+    fn update_insight(&mut self, open: &OpenRound) {
+        let Some(config) = self.config.insight else {
+            return;
+        };
+        let (h, k) = (config.hidden, config.classes);
+        let len = self.params.len();
+        let Some(start) = len.checked_sub(k + h * k) else {
+            return;
+        };
+        let w_range = start..start + h * k;
+        let clients: Vec<ClientInsight> = (0..open.accepted.len())
+            .filter_map(|i| {
+                let (counts, means) = open.class_stats.get(open.accepted.client(i))?;
+                let delta = &open.accepted.delta(i)[w_range.clone()];
+                let classifier = self.params[w_range.clone()]
+                    .iter()
+                    .zip(delta)
+                    .map(|(g, d)| g + d)
+                    .collect();
+                Some(ClientInsight {
+                    classifier,
+                    counts: counts.clone(),
+                    means: means.clone(),
+                })
+            })
+            .collect();
+        if clients.is_empty() {
+            return;
+        }
+        let (round, seen) = round_insight(&clients, &config);
+        self.insight = Some(update_global(
+            self.insight.as_deref(),
+            &round,
+            &seen,
+            &config,
+        ));
+    }
+
+    /// FedDIM's global `Ī`, if any.
+    pub fn insight(&self) -> Option<&[f32]> {
+        self.insight.as_deref()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Tests of the round state machine, with simulated time and no broker.
 
 use super::*;
+use crate::insight::InsightConfig;
 use crate::strategy::FedAvg;
 use fedge_wire::{Chunk, LocalMetrics};
 
@@ -36,6 +37,7 @@ fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
             val_samples: 10,
             ..LocalMetrics::default()
         },
+        class_stats: None,
     }))
 }
 
@@ -132,6 +134,7 @@ fn bad_updates_are_rejected_counted_and_leave_the_model_untouched() {
         num_samples: 1,
         delta: TensorF32::from_slice(&[1.0]),
         metrics: LocalMetrics::default(),
+        class_stats: None,
     }));
     m.handle_packet("a", &short, 6);
     m.handle_packet("a", &update("a", 1, [1.0; M], 0), 7);
@@ -222,6 +225,7 @@ fn chunked_update_is_reassembled_in_any_order() {
         num_samples: 2,
         delta: TensorF32::from_slice(&[1.5; 64]),
         metrics: LocalMetrics::default(),
+        class_stats: None,
     }));
     let mut pieces = fedge_wire::split_into_chunks(frame, 42, 109);
     assert!(pieces.len() >= 3, "{} pieces", pieces.len());
@@ -392,4 +396,93 @@ fn updates_beyond_the_memory_budget_are_rejected_and_the_round_goes_on() {
     let r = reports(&drain(&mut m));
     assert!(r[0].aggregated);
     assert_eq!(m.params(), &[1.0; M]);
+}
+
+fn feddim_update(
+    client: &str,
+    round: u64,
+    delta: [f32; M],
+    counts: [u32; 2],
+    means: [f32; 2],
+) -> Vec<u8> {
+    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        round,
+        client_id: client.into(),
+        seq: round,
+        num_samples: 4,
+        delta: TensorF32::from_slice(&delta),
+        metrics: LocalMetrics::default(),
+        class_stats: Some(fedge_wire::ClassStats {
+            counts: counts.to_vec(),
+            means: TensorF32::from_slice(&means),
+        }),
+    }))
+}
+
+#[test]
+fn feddim_rebuilds_insight_from_class_means_and_sends_it_with_the_next_task() {
+    // Read as a head with H = 1, K = 2: W = params[0..2], b = params[2..4].
+    let config = RoundConfig {
+        insight: Some(InsightConfig {
+            hidden: 1,
+            classes: 2,
+            momentum: 0.5,
+        }),
+        rounds: 3,
+        ..config()
+    };
+    let mut m = Rounds::new(config, Box::new(FedAvg), vec![1.0, 2.0, 0.0, 0.0]);
+    m.handle_client_status("a", true, 0);
+    m.handle_client_status("b", true, 0);
+    assert_eq!(
+        tasks(&drain(&mut m))[0].insight,
+        None,
+        "no Ī before the first round"
+    );
+    // An update without class statistics is rejected.
+    m.handle_packet("a", &update("a", 1, [0.0; M], 1), 1);
+    assert_eq!(m.rejected_total().get("insight"), Some(&1));
+    // a: W_a = [1, 2] + [1, 0] = [2, 2], z̄ = [0.5 (class 0), 3 (class 1)];
+    // b: W_b = [1, 2] + [0, 2] = [1, 4], z̄ = [2 (class 0)], never saw class 1.
+    m.handle_packet(
+        "a",
+        &feddim_update("a", 1, [1.0, 0.0, 0.0, 0.0], [3, 1], [0.5, 3.0]),
+        2,
+    );
+    m.handle_packet(
+        "b",
+        &feddim_update("b", 1, [0.0, 2.0, 0.0, 0.0], [3, 0], [2.0, 0.0]),
+        3,
+    );
+    let outputs = drain(&mut m);
+    // Class 0: mean of [2·0.5, 2·0.5] and [1·2, 4·2] = [1.5, 4.5]; class 1: only a: [6, 6].
+    assert_eq!(m.insight(), Some(&[1.5, 4.5, 6.0, 6.0][..]));
+    let next = &tasks(&outputs)[0];
+    let sent = next.insight.as_ref().unwrap();
+    assert_eq!(sent.shape(), &[2, 1, 2]);
+    assert_eq!(sent.to_vec(), vec![1.5, 4.5, 6.0, 6.0]);
+    // Round 2: only class 0 seen; momentum 0.5 moves class 0, class 1 keeps its value.
+    let global = m.params().to_vec();
+    assert_eq!(global, vec![1.5, 3.0, 0.0, 0.0]);
+    m.handle_packet(
+        "a",
+        &feddim_update("a", 2, [0.5, 1.0, 0.0, 0.0], [3, 0], [1.0, 0.0]),
+        4,
+    );
+    m.handle_packet(
+        "b",
+        &feddim_update("b", 2, [0.5, 1.0, 0.0, 0.0], [3, 0], [1.0, 0.0]),
+        5,
+    );
+    drain(&mut m);
+    // Both W = [2, 4], z̄_0 = 1 → Ī_round(0) = [2, 4]; Ī(0) = 0.5·[1.5, 4.5] + 0.5·[2, 4].
+    let insight = m.insight().unwrap();
+    assert_eq!(&insight[..2], &[1.75, 4.25]);
+    assert_eq!(
+        &insight[2..],
+        &[6.0, 6.0],
+        "nobody saw class 1: it keeps its value"
+    );
+    let saved = m.checkpoint("f");
+    assert_eq!(saved.insight, insight.to_vec());
 }

@@ -11,12 +11,13 @@ use std::time::Instant;
 use fedge_models::{Backend, HeadConfig};
 use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE, publish_frame};
 use fedge_wire::{
-    ClientUpdate, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask, TensorF32, Topics,
+    ClassStats, ClientUpdate, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask, TensorF32,
+    Topics,
 };
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
-use crate::train::{FeatureSet, TrainError, TrainOutcome, accuracy, train_head};
+use crate::train::{FeatureSet, TrainError, TrainOutcome, accuracy, train_head_with};
 
 /// Everything a running agent needs.
 #[derive(Debug, Clone)]
@@ -167,6 +168,10 @@ pub async fn run_agent(
                                 val_samples: setup.val.len() as u32,
                                 train_seconds: done.seconds,
                             },
+                            class_stats: outcome.class_stats.map(|(counts, means)| ClassStats {
+                                counts,
+                                means: TensorF32::from_slice(&means),
+                            }),
                         };
                         let frame = fedge_wire::encode(&Message::ClientUpdate(update));
                         match publish_frame(&client, &update_topic, frame, seq, setup.broker.max_packet, false) {
@@ -233,7 +238,16 @@ fn spawn_training(setup: &AgentSetup, task: RoundTask, done: mpsc::UnboundedSend
         let global = task.params.to_vec();
         let val_accuracy = accuracy(&head, &global, &val).unwrap_or(0.0);
         let device = fedge_models::training_device(backend);
-        let result = train_head(&head, &global, &train, &task.train, seed, &device);
+        let insight = task.insight.as_ref().map(TensorF32::to_vec);
+        let result = train_head_with(
+            &head,
+            &global,
+            &train,
+            &task.train,
+            insight.as_deref(),
+            seed,
+            &device,
+        );
         let _ = done.send(Trained {
             round: task.round,
             result,

@@ -11,7 +11,8 @@ pub mod agent;
 pub mod config;
 pub mod data;
 pub mod features;
+pub mod feddim;
 pub mod train;
 
 pub use agent::{AgentSetup, AgentSummary, run_agent};
-pub use train::{FeatureSet, TrainOutcome, accuracy, train_head};
+pub use train::{FeatureSet, TrainOutcome, accuracy, train_head, train_head_with};

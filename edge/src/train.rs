@@ -13,6 +13,8 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use fedge_models::{FlatLayoutError, Head, HeadConfig};
 use fedge_wire::{Objective, TrainParams};
+
+use crate::feddim::{class_stats, insight_term, one_hot};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -84,6 +86,9 @@ pub struct TrainOutcome {
     pub last_epoch_loss: f32,
     /// Optimiser steps taken.
     pub steps: usize,
+    /// FedDIM's class counts and class-mean projector features `[K, H]` of the final head,
+    /// when the objective is `FedDim`.
+    pub class_stats: Option<(Vec<u32>, Vec<f32>)>,
 }
 
 /// Trains the head starting from `global` on `data`; deterministic for a given `seed`.
@@ -95,7 +100,39 @@ pub fn train_head(
     seed: u64,
     device: &Device,
 ) -> Result<TrainOutcome, TrainError> {
+    train_head_with(config, global, data, params, None, seed, device)
+}
+
+/// [`train_head`] with FedDIM's global insight matrices `[K, H, K]` from the round task; the
+/// insight term is added when the objective is `FedDim` and `insight` is given (none in the
+/// first round).
+pub fn train_head_with(
+    config: &HeadConfig,
+    global: &[f32],
+    data: &FeatureSet,
+    params: &TrainParams,
+    insight: Option<&[f32]>,
+    seed: u64,
+    device: &Device,
+) -> Result<TrainOutcome, TrainError> {
     check_inputs(config, data, params)?;
+    let (h, k) = (config.hidden, config.classes);
+    let insight = match (params.objective, insight) {
+        (Objective::FedDim, Some(values)) if params.insight_lambda > 0.0 => {
+            if values.len() != k * h * k || values.iter().any(|v| !v.is_finite()) {
+                return Err(TrainError::Params(format!(
+                    "insight matrices need {} finite values, got {}",
+                    k * h * k,
+                    values.len()
+                )));
+            }
+            Some(Tensor::<3>::from_data(
+                TensorData::new(values.to_vec(), [k, h, k]),
+                device,
+            ))
+        }
+        _ => None,
+    };
     let mut head = config.from_flat(global, device)?;
     let anchor = match params.objective {
         Objective::FedProx if params.prox_mu > 0.0 => Some(config.from_flat(global, device)?),
@@ -129,7 +166,21 @@ pub fn train_head(
             let inputs =
                 Tensor::<2>::from_data(TensorData::new(x.clone(), [idx.len(), data.dim]), device);
             let targets = Tensor::<1, Int>::from_data(TensorData::new(y, [idx.len()]), device);
-            let mut loss = loss_fn.forward(head.forward(inputs), targets);
+            let mut loss = match &insight {
+                None => loss_fn.forward(head.forward(inputs), targets),
+                Some(insight) => {
+                    let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
+                    let z = head.features(inputs);
+                    let ce = loss_fn.forward(head.classifier.forward(z.clone()), targets);
+                    let term = insight_term(
+                        head.classifier.weight.val(),
+                        z,
+                        one_hot(&labels, k, device),
+                        insight.clone(),
+                    );
+                    ce + term.mul_scalar(params.insight_lambda)
+                }
+            };
             if let Some(anchor) = &anchor {
                 loss = loss + proximal_term(&head, anchor).mul_scalar(params.prox_mu / 2.0);
             }
@@ -151,11 +202,14 @@ pub fn train_head(
     }
     let params_out = head.to_flat();
     let delta = params_out.iter().zip(global).map(|(a, b)| a - b).collect();
+    let class_stats = (params.objective == Objective::FedDim)
+        .then(|| class_stats(config, &params_out, &data.features, &data.labels));
     Ok(TrainOutcome {
         params: params_out,
         delta,
         last_epoch_loss,
         steps,
+        class_stats,
     })
 }
 
@@ -206,15 +260,22 @@ fn check_inputs(
         });
     }
     let p = params;
-    let finite = [p.learning_rate, p.momentum, p.weight_decay, p.prox_mu]
-        .iter()
-        .all(|v| v.is_finite());
+    let finite = [
+        p.learning_rate,
+        p.momentum,
+        p.weight_decay,
+        p.prox_mu,
+        p.insight_lambda,
+    ]
+    .iter()
+    .all(|v| v.is_finite());
     if !finite
         || p.batch_size == 0
         || p.learning_rate <= 0.0
         || !(0.0..1.0).contains(&p.momentum)
         || p.weight_decay < 0.0
         || p.prox_mu < 0.0
+        || p.insight_lambda < 0.0
     {
         return Err(TrainError::Params(format!(
             "need batch_size > 0, learning_rate > 0, 0 <= momentum < 1, weight_decay >= 0, prox_mu >= 0; got {p:?}"
@@ -294,6 +355,114 @@ mod tests {
             labels: vec![1, 1],
         };
         (config, global, data)
+    }
+
+    /// Cross-entropy plus λ times FedDIM's insight term, with every per-sample `H×K` insight
+    /// matrix written out (no expansion), in f64.
+    fn feddim_loss(
+        config: &HeadConfig,
+        flat: &[f64],
+        data: &FeatureSet,
+        insight: &[f64],
+        lambda: f64,
+    ) -> f64 {
+        let (f, h, k) = (config.features, config.hidden, config.classes);
+        let w = &flat[f * h + h..f * h + h + h * k];
+        let mut total = 0.0;
+        for (x, &y) in data.features.chunks(f).zip(&data.labels) {
+            let z: Vec<f64> = (0..h)
+                .map(|j| {
+                    (flat[f * h + j] + (0..f).map(|i| x[i] as f64 * flat[i * h + j]).sum::<f64>())
+                        .max(0.0)
+                })
+                .collect();
+            let target = &insight[y as usize * h * k..(y as usize + 1) * h * k];
+            let mut matrix = vec![0.0; h * k];
+            for j in 0..h {
+                for c in 0..k {
+                    matrix[j * k + c] = w[j * k + c] * z[j];
+                }
+            }
+            total += matrix
+                .iter()
+                .zip(target)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f64>();
+        }
+        loss(config, flat, data) + lambda * total / data.len() as f64
+    }
+
+    #[test]
+    fn feddim_loss_and_gradient_match_a_direct_computation() {
+        let config = HeadConfig::new(3, 3).with_hidden(2);
+        let global: Vec<f32> = vec![
+            0.5, -0.3, 0.8, 0.4, -0.2, 0.6, 0.3, 0.2, // W1 [3, 2], b1 [2]
+            0.7, -0.5, 0.2, -0.4, 0.9, 0.3, // W [2, 3]
+            0.1, -0.1, 0.05, // b [3]
+        ];
+        let data = FeatureSet {
+            dim: 3,
+            features: vec![1.0, 0.5, 2.0, 0.3, 1.5, 1.0, 2.0, 0.2, 0.9],
+            labels: vec![1, 0, 2],
+        };
+        let insight: Vec<f32> = (0..3 * 2 * 3)
+            .map(|i| ((i * 7) % 11) as f32 * 0.1 - 0.4)
+            .collect();
+        let lambda = 0.7;
+        // One full-batch SGD step without momentum or decay: θ' = θ − lr·∇L.
+        let params = TrainParams {
+            objective: Objective::FedDim,
+            insight_lambda: lambda,
+            local_epochs: 1,
+            batch_size: 3,
+            learning_rate: 1e-3,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            ..TrainParams::default()
+        };
+        let device = training_device(Backend::Flex);
+        let out =
+            train_head_with(&config, &global, &data, &params, Some(&insight), 0, &device).unwrap();
+        let theta: Vec<f64> = global.iter().map(|v| *v as f64).collect();
+        let ibar: Vec<f64> = insight.iter().map(|v| *v as f64).collect();
+        let direct = feddim_loss(&config, &theta, &data, &ibar, lambda as f64);
+        assert!(
+            (out.last_epoch_loss as f64 - direct).abs() < 1e-5 * direct,
+            "{} vs {direct}",
+            out.last_epoch_loss
+        );
+        let eps = 1e-6;
+        for i in 0..theta.len() {
+            let (mut up, mut down) = (theta.clone(), theta.clone());
+            up[i] += eps;
+            down[i] -= eps;
+            let numeric = (feddim_loss(&config, &up, &data, &ibar, lambda as f64)
+                - feddim_loss(&config, &down, &data, &ibar, lambda as f64))
+                / (2.0 * eps);
+            let burn = (global[i] - out.params[i]) as f64 / 1e-3;
+            assert!(
+                (burn - numeric).abs() < 2e-3 * numeric.abs().max(1.0),
+                "∂θ{i}: {burn} vs {numeric}"
+            );
+        }
+        // The class statistics describe the trained head: counts per class, finite means.
+        let (counts, means) = out.class_stats.unwrap();
+        assert_eq!(counts, vec![1, 1, 1]);
+        assert_eq!(means.len(), 3 * 2);
+        // Without Ī (first round) the objective is plain cross-entropy.
+        let first = train_head_with(&config, &global, &data, &params, None, 0, &device).unwrap();
+        let ce = loss(&config, &theta, &data);
+        assert!((first.last_epoch_loss as f64 - ce).abs() < 1e-5 * ce);
+        let short = train_head_with(
+            &config,
+            &global,
+            &data,
+            &params,
+            Some(&insight[1..]),
+            0,
+            &device,
+        );
+        assert!(matches!(short, Err(TrainError::Params(_))));
     }
 
     #[test]

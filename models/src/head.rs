@@ -45,6 +45,12 @@ impl HeadConfig {
         self.features * self.hidden + self.hidden + self.hidden * self.classes + self.classes
     }
 
+    /// Where the classifier weight `W` (`[H, K]`, row-major) sits in the flat vector.
+    pub fn classifier_range(&self) -> std::ops::Range<usize> {
+        let start = self.features * self.hidden + self.hidden;
+        start..start + self.hidden * self.classes
+    }
+
     /// Seeded initial parameters in the flat layout, drawn as PyTorch's `nn.Linear` does:
     /// weights and biases uniform in `±1/sqrt(fan_in)`.
     pub fn init_flat(&self, seed: u64) -> Vec<f32> {

@@ -401,6 +401,7 @@ mod tests {
             num_samples: 10,
             delta: TensorF32::from_slice(&values),
             metrics: LocalMetrics::default(),
+            class_stats: None,
         });
         let frame = encode(&message);
         let pieces = split_into_chunks(frame, 77, DEFAULT_MAX_PACKET);

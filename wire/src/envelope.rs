@@ -18,7 +18,7 @@ use crate::messages::{ClientUpdate, RoundTask};
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version written by this crate and the only one it accepts.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -153,11 +153,17 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
         Kind::RoundTask => {
             let task: RoundTask = decode_body(frame.body)?;
             task.params.validate()?;
+            if let Some(insight) = &task.insight {
+                insight.validate()?;
+            }
             Ok(Message::RoundTask(task))
         }
         Kind::ClientUpdate => {
             let update: ClientUpdate = decode_body(frame.body)?;
             update.delta.validate()?;
+            if let Some(stats) = &update.class_stats {
+                stats.means.validate()?;
+            }
             Ok(Message::ClientUpdate(update))
         }
         Kind::Chunk => Ok(Message::Chunk(decode_body(frame.body)?)),
@@ -195,6 +201,7 @@ mod tests {
                 ..TrainParams::default()
             },
             deadline_ms: 60_000,
+            insight: None,
         }
     }
 
@@ -211,6 +218,7 @@ mod tests {
                 val_samples: 64,
                 train_seconds: 3.5,
             },
+            class_stats: None,
         }
     }
 
@@ -356,8 +364,11 @@ mod tests {
         assert_eq!(decode(&bad), Err(DecodeError::BadMagic));
 
         let mut bad = good.clone();
-        bad[4] = 2;
-        assert_eq!(decode(&bad), Err(DecodeError::UnsupportedVersion(2)));
+        bad[4] = PROTOCOL_VERSION + 1;
+        assert_eq!(
+            decode(&bad),
+            Err(DecodeError::UnsupportedVersion(PROTOCOL_VERSION + 1))
+        );
 
         let mut bad = good.clone();
         bad[5] = 9;
@@ -426,6 +437,7 @@ mod tests {
         body.extend(postcard::to_allocvec(&vec![4u32]).unwrap());
         body.extend(postcard::to_allocvec(&update.delta.as_le_bytes().to_vec()).unwrap());
         body.extend(postcard::to_allocvec(&update.metrics).unwrap());
+        body.extend(postcard::to_allocvec(&update.class_stats).unwrap());
         let bytes = frame_body(Kind::ClientUpdate as u8, &body);
         assert_eq!(
             decode(&bytes),
@@ -523,6 +535,7 @@ mod tests {
                 num_samples,
                 delta,
                 metrics: LocalMetrics { train_loss, ..LocalMetrics::default() },
+                class_stats: None,
             });
             let bytes = encode(&message);
             let back = decode(&bytes).unwrap();
@@ -545,6 +558,7 @@ mod tests {
                 params,
                 train: TrainParams { local_epochs, learning_rate, ..TrainParams::default() },
                 deadline_ms,
+                insight: None,
             });
             let bytes = encode(&message);
             let back = decode(&bytes).unwrap();

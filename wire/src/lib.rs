@@ -25,7 +25,7 @@ pub use envelope::{
     Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION, decode, decode_frame, encode,
 };
 pub use error::DecodeError;
-pub use messages::{ClientUpdate, LocalMetrics, Objective, RoundTask, TrainParams};
+pub use messages::{ClassStats, ClientUpdate, LocalMetrics, Objective, RoundTask, TrainParams};
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
 pub use tensor::TensorF32;
 pub use topics::{Topics, valid_client_id};

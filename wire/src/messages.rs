@@ -1,4 +1,4 @@
-//! The binary messages of protocol version 1.
+//! The binary messages of protocol version 2 (version 2 added FedDIM's insight statistics).
 
 use serde::{Deserialize, Serialize};
 
@@ -12,10 +12,14 @@ pub enum Objective {
     CrossEntropy,
     /// Cross-entropy plus the FedProx proximal term `mu/2 * ||theta - theta_g||^2`.
     FedProx,
+    /// Cross-entropy plus FedDIM's insight term `lambda * mean_i ||W ⊙ z_i - Ī_{y_i}||²`; the
+    /// update carries class-mean projector features.
+    FedDim,
 }
 
 /// Hyper-parameters of local training, chosen by the coordinator for a round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TrainParams {
     /// Local objective.
     pub objective: Objective,
@@ -31,6 +35,8 @@ pub struct TrainParams {
     pub weight_decay: f32,
     /// FedProx `mu`; ignored unless `objective` is `FedProx`.
     pub prox_mu: f32,
+    /// FedDIM's `lambda`; ignored unless `objective` is `FedDim`.
+    pub insight_lambda: f32,
 }
 
 impl Default for TrainParams {
@@ -43,6 +49,7 @@ impl Default for TrainParams {
             momentum: 0.9,
             weight_decay: 5e-4,
             prox_mu: 0.01,
+            insight_lambda: 0.01,
         }
     }
 }
@@ -60,6 +67,20 @@ pub struct RoundTask {
     pub train: TrainParams,
     /// Milliseconds from publication until the coordinator closes the round.
     pub deadline_ms: u64,
+    /// FedDIM's global class-mean insight matrices `Ī`, shape `[K, H, K]` (`Ī[c][j][k]`), once
+    /// the coordinator has them.
+    pub insight: Option<TensorF32>,
+}
+
+/// FedDIM's compact statistics: with the final local classifier `W_c`, class `k`'s mean
+/// insight matrix is `W_c ⊙ (z̄_k 1ᵀ)`, so the class-mean projector features `z̄_k` and the
+/// class counts let the coordinator rebuild it exactly.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassStats {
+    /// Training samples per class (K).
+    pub counts: Vec<u32>,
+    /// Class-mean projector features `z̄_k`, shape `[K, H]`; zero rows for absent classes.
+    pub means: TensorF32,
 }
 
 /// Metrics a device measured during its local round.
@@ -90,4 +111,6 @@ pub struct ClientUpdate {
     pub delta: TensorF32,
     /// Local metrics.
     pub metrics: LocalMetrics,
+    /// FedDIM's class statistics, when the objective is `FedDim`.
+    pub class_stats: Option<ClassStats>,
 }
