@@ -6,5 +6,6 @@
 //! code the `fedge-edge` and `fedge-coordinator` binaries run, talking through a real broker.
 
 pub mod bench_aggregate;
+pub mod bench_feddim;
 pub mod bench_head;
 pub mod demo;

@@ -28,6 +28,33 @@ enum Command {
     BenchHead(BenchHeadArgs),
     /// Time the coordinator's FedAvg and FedOMG aggregation against numpy, side by side.
     BenchAggregate(BenchAggregateArgs),
+    /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
+    BenchFeddim(BenchFeddimArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchFeddimArgs {
+    /// Backbone feature size F of the timed head.
+    #[arg(long, default_value_t = 512)]
+    features: usize,
+    /// Projector width H of the timed head.
+    #[arg(long, default_value_t = 64)]
+    hidden: usize,
+    /// Classes K of the timed head.
+    #[arg(long, default_value_t = 10)]
+    classes: usize,
+    /// Training samples.
+    #[arg(long, default_value_t = 4096)]
+    samples: usize,
+    /// Epochs per timed run.
+    #[arg(long, default_value_t = 2)]
+    epochs: u32,
+    /// Batch size.
+    #[arg(long, default_value_t = 32)]
+    batch_size: u32,
+    /// Timed runs each way (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
 }
 
 #[derive(clap::Args)]
@@ -160,6 +187,10 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::BenchAggregate(args) => bench_aggregate(args),
+        Command::BenchFeddim(args) => {
+            bench_feddim(args);
+            Ok(())
+        }
     }
 }
 
@@ -267,6 +298,47 @@ fn print_table(result: &DemoResult) {
         fmt_acc(result.final_target_accuracy),
         result.seconds,
         result.rejected.values().sum::<u64>()
+    );
+}
+
+fn bench_feddim(args: BenchFeddimArgs) {
+    use fedge::bench_feddim as b;
+    println!("insight part of one update, postcard-encoded");
+    println!(
+        "{:>4} {:>5} {:>12} {:>12} {:>7}",
+        "K", "H", "compact B", "full B", "ratio"
+    );
+    for (k, h) in [(10, 64), (10, 128), (65, 512)] {
+        let r = b::insight_bytes(k, h);
+        println!(
+            "{:>4} {:>5} {:>12} {:>12} {:>7.1}",
+            k,
+            h,
+            r.compact,
+            r.full,
+            r.full as f64 / r.compact as f64
+        );
+    }
+    let head = fedge_models::HeadConfig::new(args.features, args.classes).with_hidden(args.hidden);
+    let t = b::timing(
+        &head,
+        args.samples,
+        args.epochs,
+        args.batch_size,
+        args.repeats,
+        Backend::default(),
+    );
+    println!(
+        "local epoch, head {}->{}->{}, {} samples, batch {}, median of {}: ce {:.1} ms, feddim {:.1} ms, ratio {:.2}",
+        args.features,
+        args.hidden,
+        args.classes,
+        args.samples,
+        args.batch_size,
+        args.repeats,
+        t.ce_epoch_s * 1e3,
+        t.feddim_epoch_s * 1e3,
+        t.feddim_epoch_s / t.ce_epoch_s
     );
 }
 

@@ -12,75 +12,105 @@
 
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use fedge_models::HeadConfig;
+use fedge_models::Head;
 
-/// FedDIM's insight term for a batch.
+use crate::train::FeatureSet;
+
+/// FedDIM's global `Ī` prepared once per round: the tensor and its per-class squared norms.
+#[derive(Debug, Clone)]
+pub struct GlobalInsight {
+    /// `[K, H, K]`.
+    pub matrices: Tensor<3>,
+    /// `‖Ī_c‖²_F` per class.
+    pub norms: Vec<f32>,
+}
+
+impl GlobalInsight {
+    /// From the task's flat `[K, H, K]` values.
+    pub fn new(values: &[f32], hidden: usize, classes: usize, device: &Device) -> Self {
+        let matrices = Tensor::<3>::from_data(
+            TensorData::new(values.to_vec(), [classes, hidden, classes]),
+            device,
+        );
+        let norms = values
+            .chunks_exact(hidden * classes)
+            .map(|m| m.iter().map(|v| v * v).sum())
+            .collect();
+        Self { matrices, norms }
+    }
+}
+
+/// FedDIM's insight term for a batch, as `mean_i Σ_j z_ij (z_ij Σ_k W_jk² − 2 Σ_k W_jk Ī_{y_i},jk)`
+/// plus the constant `mean_i ‖Ī_{y_i}‖²` (added as a number: it has no gradient).
 ///
 /// # Shapes
 /// - `w`: `[H, K]` classifier weight
 /// - `z`: `[B, H]` projector features
-/// - `one_hot`: `[B, K]` labels
-/// - `insight`: `[K, H, K]` global class-mean insight matrices (a constant)
+/// - `labels`: `[B]` classes, also given as `labels_host`
 pub fn insight_term(
     w: Tensor<2>,
     z: Tensor<2>,
-    one_hot: Tensor<2>,
-    insight: Tensor<3>,
+    labels: Tensor<1, Int>,
+    labels_host: &[u32],
+    insight: &GlobalInsight,
 ) -> Tensor<1> {
     let [h, k] = w.dims();
-    let w_sq = w.clone().powi_scalar(2).sum_dim(1); // [H, 1]
-    let own = z.clone().powi_scalar(2).matmul(w_sq); // [B, 1]
-    let contracted = (insight.clone() * w.reshape([1, h, k]))
+    let batch = labels_host.len().max(1) as f32;
+    let w_sq = w.clone().powi_scalar(2).sum_dim(1).reshape([1, h]); // [1, H]
+    let contracted = (insight.matrices.clone() * w.reshape([1, h, k]))
         .sum_dim(2)
-        .reshape([k, h]); // [K, H]
-    let cross = (z * one_hot.clone().matmul(contracted)).sum_dim(1); // [B, 1]
-    let norms = insight.powi_scalar(2).sum_dim(2).sum_dim(1).reshape([k, 1]); // [K, 1]
-    let constant = one_hot.matmul(norms); // [B, 1]
-    (own - cross.mul_scalar(2.0) + constant).mean()
+        .reshape([k, h]); // [K, H]: Σ_k W_jk Ī_c,jk
+    let target = contracted.select(0, labels).mul_scalar(2.0); // [B, H]
+    let per_entry = (z.clone() * w_sq - target) * z; // [B, H]
+    let constant: f32 = labels_host.iter().map(|&y| insight.norms[y as usize]).sum();
+    per_entry.sum().add_scalar(constant).div_scalar(batch)
 }
 
-/// One-hot rows for `labels`.
-pub fn one_hot(labels: &[u32], classes: usize, device: &Device) -> Tensor<2> {
-    let mut values = vec![0f32; labels.len() * classes];
-    for (row, &y) in labels.iter().enumerate() {
-        values[row * classes + y as usize] = 1.0;
-    }
-    Tensor::from_data(TensorData::new(values, [labels.len(), classes]), device)
-}
-
-/// Class counts and class-mean projector features `[K, H]` of the head `params` (flat layout)
-/// on `features` (`len × F`), in plain f32 with f64 sums; zero rows for absent classes.
+/// Class counts and class-mean projector features `[K, H]` of `head` on `data`, computed with
+/// Burn in blocks of rows (f32 sums); zero rows for absent classes.
 pub fn class_stats(
-    config: &HeadConfig,
-    params: &[f32],
-    features: &[f32],
-    labels: &[u32],
+    head: &Head,
+    classes: usize,
+    data: &FeatureSet,
+    device: &Device,
 ) -> (Vec<u32>, Vec<f32>) {
-    let (f, h, k) = (config.features, config.hidden, config.classes);
-    let (w1, rest) = params.split_at(f * h);
-    let b1 = &rest[..h];
-    let mut counts = vec![0u32; k];
-    let mut sums = vec![0f64; k * h];
-    let mut z = vec![0f32; h];
-    for (x, &y) in features.chunks_exact(f).zip(labels) {
-        z.copy_from_slice(b1);
-        for (xi, row) in x.iter().zip(w1.chunks_exact(h)) {
-            for (zj, w) in z.iter_mut().zip(row) {
-                *zj += xi * w;
-            }
+    let hidden = head.classifier.weight.val().dims()[0];
+    let mut counts = vec![0u32; classes];
+    let mut sums: Option<Tensor<2>> = None;
+    let rows = 1024;
+    for (block, labels) in data
+        .features
+        .chunks(rows * data.dim)
+        .zip(data.labels.chunks(rows))
+    {
+        let n = labels.len();
+        let x = Tensor::<2>::from_data(TensorData::new(block.to_vec(), [n, data.dim]), device);
+        let mut one_hot = vec![0f32; n * classes];
+        for (i, &y) in labels.iter().enumerate() {
+            one_hot[i * classes + y as usize] = 1.0;
+            counts[y as usize] += 1;
         }
-        let c = y as usize;
-        counts[c] += 1;
-        for (s, zj) in sums[c * h..(c + 1) * h].iter_mut().zip(&z) {
-            *s += zj.max(0.0) as f64;
-        }
+        let one_hot = Tensor::<2>::from_data(TensorData::new(one_hot, [n, classes]), device);
+        let part = one_hot.transpose().matmul(head.features(x).detach()); // [K, H]
+        sums = Some(match sums {
+            Some(s) => s + part,
+            None => part,
+        });
     }
+    let sums: Vec<f32> = sums
+        .map(|s| {
+            s.into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .unwrap_or_default()
+        })
+        .unwrap_or_else(|| vec![0.0; classes * hidden]);
     let means = sums
-        .chunks_exact(h)
+        .chunks_exact(hidden)
         .zip(&counts)
         .flat_map(|(row, n)| {
             row.iter()
-                .map(move |s| if *n > 0 { (s / *n as f64) as f32 } else { 0.0 })
+                .map(move |s| if *n > 0 { s / *n as f32 } else { 0.0 })
         })
         .collect();
     (counts, means)

@@ -14,7 +14,7 @@ use burn::tensor::TensorData;
 use fedge_models::{FlatLayoutError, Head, HeadConfig};
 use fedge_wire::{Objective, TrainParams};
 
-use crate::feddim::{class_stats, insight_term, one_hot};
+use crate::feddim::{GlobalInsight, class_stats, insight_term};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -126,10 +126,7 @@ pub fn train_head_with(
                     values.len()
                 )));
             }
-            Some(Tensor::<3>::from_data(
-                TensorData::new(values.to_vec(), [k, h, k]),
-                device,
-            ))
+            Some(GlobalInsight::new(values, h, k, device))
         }
         _ => None,
     };
@@ -171,13 +168,9 @@ pub fn train_head_with(
                 Some(insight) => {
                     let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
                     let z = head.features(inputs);
-                    let ce = loss_fn.forward(head.classifier.forward(z.clone()), targets);
-                    let term = insight_term(
-                        head.classifier.weight.val(),
-                        z,
-                        one_hot(&labels, k, device),
-                        insight.clone(),
-                    );
+                    let ce = loss_fn.forward(head.classifier.forward(z.clone()), targets.clone());
+                    let w = head.classifier.weight.val();
+                    let term = insight_term(w, z, targets, &labels, insight);
                     ce + term.mul_scalar(params.insight_lambda)
                 }
             };
@@ -203,7 +196,7 @@ pub fn train_head_with(
     let params_out = head.to_flat();
     let delta = params_out.iter().zip(global).map(|(a, b)| a - b).collect();
     let class_stats = (params.objective == Objective::FedDim)
-        .then(|| class_stats(config, &params_out, &data.features, &data.labels));
+        .then(|| class_stats(&head, config.classes, data, device));
     Ok(TrainOutcome {
         params: params_out,
         delta,
