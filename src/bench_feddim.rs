@@ -76,27 +76,30 @@ pub fn timing(
         .collect();
     let global = head.init_flat(1);
     let device = training_device(backend);
-    let time = |objective: Objective| {
+    let run = |objective: Objective| {
         let params = TrainParams {
             objective,
             local_epochs: epochs,
             batch_size: batch,
             ..TrainParams::default()
         };
-        let run = || train_head_with(head, &global, &data, &params, Some(&insight), 0, &device);
-        let _ = run();
-        let mut times: Vec<f64> = (0..repeats.max(1))
-            .map(|_| {
-                let start = Instant::now();
-                let _ = run();
-                start.elapsed().as_secs_f64() / epochs as f64
-            })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        times[times.len() / 2]
+        let start = Instant::now();
+        let _ = train_head_with(head, &global, &data, &params, Some(&insight), 0, &device);
+        start.elapsed().as_secs_f64() / epochs as f64
     };
-    let ce_epoch_s = time(Objective::CrossEntropy);
-    let feddim_epoch_s = time(Objective::FedDim);
+    // Warm up, then alternate the two so that machine noise hits both alike.
+    run(Objective::CrossEntropy);
+    run(Objective::FedDim);
+    let (mut ce, mut dim) = (Vec::new(), Vec::new());
+    for _ in 0..repeats.max(1) {
+        ce.push(run(Objective::CrossEntropy));
+        dim.push(run(Objective::FedDim));
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (ce_epoch_s, feddim_epoch_s) = (median(ce), median(dim));
     InsightTiming {
         ce_epoch_s,
         feddim_epoch_s,
