@@ -9,3 +9,4 @@ pub mod bench_aggregate;
 pub mod bench_feddim;
 pub mod bench_head;
 pub mod demo;
+pub mod fdg;
