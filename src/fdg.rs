@@ -87,15 +87,20 @@ pub struct BenchOptions {
 }
 
 /// One domain's split for one seed: train and validation features.
-struct DomainData {
-    name: String,
-    train: Arc<FeatureSet>,
-    val: Arc<FeatureSet>,
-    all: Arc<FeatureSet>,
+pub struct DomainData {
+    /// Domain name (`rot0` ... `rot75`), also the client id.
+    pub name: String,
+    /// 90 % of the domain, for training.
+    pub train: Arc<FeatureSet>,
+    /// 10 %, for model selection.
+    pub val: Arc<FeatureSet>,
+    /// The whole domain, scored when it is the target.
+    pub all: Arc<FeatureSet>,
 }
 
-/// The built-in digits, six rotated domains, through the `digits-conv` backbone.
-fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
+/// The built-in digits, six rotated domains, through the `digits-conv` backbone; returns the
+/// domains, the feature size and the class count.
+pub fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
     let backbone = Backbone::from_bytes(
         digits_conv_card(),
         DIGITS_CONV_ONNX,
@@ -134,6 +139,9 @@ pub struct RunResult {
     pub target_accuracy: f32,
     /// Target accuracy after the last round.
     pub final_target_accuracy: f32,
+    /// Global parameters after the last round.
+    #[serde(skip)]
+    pub final_params: Vec<f32>,
 }
 
 /// Runs every algorithm with every target and seed; `progress` sees each finished run.
@@ -157,7 +165,8 @@ pub fn run_lodo(
     Ok(results)
 }
 
-fn run_one(
+/// One run in process: `algorithm` with `domains[target]` held out.
+pub fn run_one(
     algorithm: &Algorithm,
     domains: &[DomainData],
     target: usize,
@@ -284,6 +293,7 @@ fn run_one(
         best_source_val: best.1,
         target_accuracy: best.2,
         final_target_accuracy: last_target,
+        final_params: machine.params().to_vec(),
     })
 }
 
