@@ -73,9 +73,26 @@ pub fn parse_algorithm(name: &str) -> anyhow::Result<Algorithm> {
     })
 }
 
+/// How source domains become clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// One client per source domain, all train every round.
+    Lodo,
+    /// Each source domain split at random into `clients_per_domain` clients; `sample` of all
+    /// clients train each round (the FedDIM paper's M = 50, C = 10 setting).
+    Multi {
+        /// Clients per source domain.
+        clients_per_domain: usize,
+        /// Clients selected per round.
+        sample: usize,
+    },
+}
+
 /// Settings of a benchmark run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
+    /// How source domains become clients.
+    pub scenario: Scenario,
     /// Rounds per run.
     pub rounds: u64,
     /// Seeds 0..seeds.
@@ -174,12 +191,14 @@ pub fn run_one(
     head: &HeadConfig,
     options: &BenchOptions,
 ) -> anyhow::Result<RunResult> {
-    let sources: Vec<&DomainData> = domains
-        .iter()
-        .enumerate()
-        .filter(|(d, _)| *d != target)
-        .map(|(_, d)| d)
-        .collect();
+    let sources = clients(domains, target, options.scenario, seed);
+    let (fraction, per_round) = match options.scenario {
+        Scenario::Lodo => (1.0, sources.len()),
+        Scenario::Multi { sample, .. } => {
+            let sample = sample.clamp(1, sources.len());
+            (sample as f32 / sources.len() as f32, sample)
+        }
+    };
     let train = TrainParams {
         objective: algorithm.objective,
         local_epochs: options.local_epochs,
@@ -187,8 +206,9 @@ pub fn run_one(
     };
     let config = RoundConfig {
         rounds: options.rounds,
+        fraction,
         min_clients: sources.len(),
-        min_updates: sources.len(),
+        min_updates: per_round,
         round_timeout_ms: u64::MAX / 4,
         train,
         seed,
@@ -297,6 +317,72 @@ pub fn run_one(
     })
 }
 
+/// A client of a run: its id and its splits.
+struct Client {
+    name: String,
+    train: Arc<FeatureSet>,
+    val: Arc<FeatureSet>,
+}
+
+/// The clients of a run holding out `domains[target]`.
+fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64) -> Vec<Client> {
+    let sources = domains.iter().enumerate().filter(|(d, _)| *d != target);
+    match scenario {
+        Scenario::Lodo => sources
+            .map(|(_, d)| Client {
+                name: d.name.clone(),
+                train: Arc::clone(&d.train),
+                val: Arc::clone(&d.val),
+            })
+            .collect(),
+        Scenario::Multi {
+            clients_per_domain, ..
+        } => {
+            let parts = clients_per_domain.max(1);
+            sources
+                .flat_map(|(i, d)| {
+                    let salt = seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                    let train = partition(&d.train, parts, salt);
+                    let val = partition(&d.val, parts, salt ^ 1);
+                    train
+                        .into_iter()
+                        .zip(val)
+                        .enumerate()
+                        .map(move |(c, (t, v))| Client {
+                            name: format!("{}-{c:02}", d.name),
+                            train: Arc::new(t),
+                            val: Arc::new(v),
+                        })
+                })
+                .filter(|c| !c.train.is_empty())
+                .collect()
+        }
+    }
+}
+
+/// Splits `set` into `parts` disjoint parts at random (seeded), sizes within one.
+pub fn partition(set: &FeatureSet, parts: usize, seed: u64) -> Vec<FeatureSet> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut order: Vec<usize> = (0..set.len()).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    let mut out = vec![
+        FeatureSet {
+            dim: set.dim,
+            ..FeatureSet::default()
+        };
+        parts.max(1)
+    ];
+    let n = out.len();
+    for (k, &i) in order.iter().enumerate() {
+        let part = &mut out[k % n];
+        part.features
+            .extend_from_slice(&set.features[i * set.dim..(i + 1) * set.dim]);
+        part.labels.push(set.labels[i]);
+    }
+    out
+}
+
 /// Mean and sample standard deviation.
 pub fn mean_std(values: &[f32]) -> (f32, f32) {
     let n = values.len().max(1) as f32;
@@ -386,6 +472,31 @@ mod tests {
                 .to_string()
                 .contains("median")
         );
+    }
+
+    #[test]
+    fn partitions_are_disjoint_complete_and_reproducible() {
+        let set = FeatureSet {
+            dim: 2,
+            features: (0..20).map(|v| v as f32).collect(),
+            labels: (0..10).collect(),
+        };
+        let parts = partition(&set, 3, 7);
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [4, 3, 3]);
+        let mut labels: Vec<u32> = parts.iter().flat_map(|p| p.labels.clone()).collect();
+        labels.sort();
+        assert_eq!(labels, (0..10).collect::<Vec<_>>(), "disjoint and complete");
+        for p in &parts {
+            for (row, y) in p.features.chunks(2).zip(&p.labels) {
+                assert_eq!(
+                    row,
+                    &[*y as f32 * 2.0, *y as f32 * 2.0 + 1.0],
+                    "rows stay whole"
+                );
+            }
+        }
+        assert_eq!(partition(&set, 3, 7), parts);
+        assert_ne!(partition(&set, 3, 8), parts);
     }
 
     #[test]

@@ -47,9 +47,16 @@ struct BenchArgs {
         default_value = "fedavg,fedprox,fedavgm,fedomg,feddim,feddim+fedomg"
     )]
     algorithms: Vec<String>,
-    /// Scenario; this version has `lodo` (one client per source domain).
+    /// `lodo` (one client per source domain, all train) or `multi` (each source domain split
+    /// into --clients-per-domain clients, --sample of them train per round).
     #[arg(long, default_value = "lodo")]
     scenario: String,
+    /// Clients per source domain in the `multi` scenario.
+    #[arg(long, default_value_t = 10)]
+    clients_per_domain: usize,
+    /// Clients selected per round in the `multi` scenario.
+    #[arg(long, default_value_t = 10)]
+    sample: usize,
     /// Rounds per run.
     #[arg(long, default_value_t = 20)]
     rounds: u64,
@@ -343,17 +350,27 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "data set {:?} is not available yet; this version has: digits",
         args.dataset
     );
-    anyhow::ensure!(
-        args.scenario == "lodo",
-        "scenario {:?} is not available yet; this version has: lodo",
-        args.scenario
-    );
+    let scenario = match args.scenario.as_str() {
+        "lodo" => fedge::fdg::Scenario::Lodo,
+        "multi" => {
+            anyhow::ensure!(
+                args.clients_per_domain >= 1 && args.sample >= 1,
+                "--clients-per-domain and --sample must be at least 1"
+            );
+            fedge::fdg::Scenario::Multi {
+                clients_per_domain: args.clients_per_domain,
+                sample: args.sample,
+            }
+        }
+        other => anyhow::bail!("unknown scenario {other:?}; available: lodo, multi"),
+    };
     let algorithms = args
         .algorithms
         .iter()
         .map(|a| fedge::fdg::parse_algorithm(a))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let options = fedge::fdg::BenchOptions {
+        scenario,
         rounds: args.rounds,
         seeds: args.seeds,
         local_epochs: args.local_epochs,
@@ -372,7 +389,8 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let table = fedge::fdg::markdown(&results);
     println!(
-        "digits, leave one domain out, {} rounds, {} local epochs, {} seeds; target accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        "digits, leave one domain out ({:?}), {} rounds, {} local epochs, {} seeds; target accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        options.scenario,
         options.rounds,
         options.local_epochs,
         options.seeds,

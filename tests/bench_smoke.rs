@@ -1,7 +1,7 @@
 //! `fedge bench` on the built-in digits: a two-round smoke run of every algorithm, and the
 //! same results when run again with the same seed.
 
-use fedge::fdg::{BenchOptions, markdown, parse_algorithm, run_lodo};
+use fedge::fdg::{BenchOptions, Scenario, markdown, parse_algorithm, run_lodo};
 
 #[test]
 fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
@@ -15,6 +15,7 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
     ];
     let algorithms: Vec<_> = names.iter().map(|n| parse_algorithm(n).unwrap()).collect();
     let options = BenchOptions {
+        scenario: Scenario::Lodo,
         rounds: 2,
         seeds: 1,
         local_epochs: 1,
@@ -29,9 +30,13 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
         ["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"]
     );
     for r in &results {
-        assert!((1..=2).contains(&r.best_round), "{r:?}");
-        assert!((0.0..=1.0).contains(&r.target_accuracy), "{r:?}");
-        assert!(r.best_source_val > 0.2, "the heads learned nothing: {r:?}");
+        let what = (&r.algorithm, &r.target, r.best_round, r.best_source_val);
+        assert!((1..=2).contains(&r.best_round), "{what:?}");
+        assert!((0.0..=1.0).contains(&r.target_accuracy), "{what:?}");
+        assert!(
+            r.best_source_val > 0.2,
+            "the heads learned nothing: {what:?}"
+        );
     }
     let table = markdown(&results);
     assert!(table.starts_with("| algorithm | rot0 |"), "{table}");
@@ -63,6 +68,7 @@ async fn in_process_and_mqtt_runs_give_identical_heads() {
 
     let seed = 0;
     let options = BenchOptions {
+        scenario: Scenario::Lodo,
         rounds: 2,
         seeds: 1,
         local_epochs: 1,
@@ -113,4 +119,29 @@ async fn in_process_and_mqtt_runs_give_identical_heads() {
         over_mqtt.final_target_accuracy,
         Some(simulated.final_target_accuracy)
     );
+}
+
+#[test]
+fn the_multi_scenario_samples_clients_from_split_domains() {
+    let algorithms = vec![parse_algorithm("feddim+fedomg").unwrap()];
+    let options = BenchOptions {
+        scenario: Scenario::Multi {
+            clients_per_domain: 4,
+            sample: 6,
+        },
+        rounds: 3,
+        seeds: 1,
+        local_epochs: 3,
+        hidden: 32,
+    };
+    let results = run_lodo(&algorithms, &options, |_| {}).unwrap();
+    assert_eq!(results.len(), 6);
+    for r in &results {
+        let what = (&r.target, r.best_round, r.best_source_val);
+        assert!((1..=3).contains(&r.best_round), "{what:?}");
+        assert!(
+            r.best_source_val > 0.2,
+            "the heads learned nothing: {what:?}"
+        );
+    }
 }
