@@ -48,6 +48,8 @@ pub struct DemoOptions {
     pub federation: String,
     /// FedDIM's server momentum `m` (used when the objective is `FedDim`).
     pub insight_momentum: f32,
+    /// Clients sampled per round; `None` selects them all.
+    pub per_round: Option<usize>,
 }
 
 impl Default for DemoOptions {
@@ -68,6 +70,7 @@ impl Default for DemoOptions {
             round_timeout_s: 30.0,
             federation: "demo".into(),
             insight_momentum: 0.5,
+            per_round: None,
         }
     }
 }
@@ -91,6 +94,9 @@ pub struct RoundRow {
     pub seconds: f64,
     /// L2 norm of the global parameters after the round.
     pub params_norm: f32,
+    /// Mean accuracy of the new global head on [`DemoData::selection`], when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection_accuracy: Option<f32>,
     /// FedOMG's weight per client (empty for other strategies).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub gamma: std::collections::BTreeMap<String, f64>,
@@ -129,6 +135,9 @@ pub struct DemoData {
     pub clients: Vec<(String, Arc<FeatureSet>, Arc<FeatureSet>)>,
     /// Held-out target domain.
     pub target: Arc<FeatureSet>,
+    /// Validation sets scored with every new global head (model selection in `fedge bench`);
+    /// empty for the demo.
+    pub selection: Vec<Arc<FeatureSet>>,
 }
 
 /// Splits the built-in digits into client and target features through `digits-conv`.
@@ -169,6 +178,7 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
         head,
         clients,
         target: Arc::new(target_features),
+        selection: Vec::new(),
     })
 }
 
@@ -197,11 +207,15 @@ pub async fn run(
     };
     let initial = data.head.init_flat(options.seed);
     let initial_target_accuracy = accuracy(&data.head, &initial, &data.target)?;
+    let per_round = options
+        .per_round
+        .unwrap_or(options.clients)
+        .clamp(1, options.clients.max(1));
     let config = RoundConfig {
         rounds: options.rounds,
-        fraction: 1.0,
+        fraction: per_round as f32 / options.clients.max(1) as f32,
         min_clients: options.clients,
-        min_updates: options.clients,
+        min_updates: per_round,
         round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
         train: options.train.clone(),
         seed: options.seed,
@@ -215,9 +229,26 @@ pub async fn run(
     let strategy = options.strategy.build().map_err(anyhow::Error::msg)?;
     let strategy_name = strategy.name().to_string();
     let rounds = Rounds::new(config, strategy, initial.clone());
-    let (head, target) = (data.head.clone(), data.target.clone());
-    let evaluator: fedge_coordinator::Evaluator =
-        Box::new(move |params: &[f32]| accuracy(&head, params, &target).ok());
+    let (head, target, selection) = (
+        data.head.clone(),
+        data.target.clone(),
+        data.selection.clone(),
+    );
+    let scored = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&scored);
+    let evaluator: fedge_coordinator::Evaluator = Box::new(move |params: &[f32]| {
+        if !selection.is_empty() {
+            let total: usize = selection.iter().map(|s| s.len()).sum();
+            let correct: f64 = selection
+                .iter()
+                .map(|s| accuracy(&head, params, s).unwrap_or(0.0) as f64 * s.len() as f64)
+                .sum();
+            if let Ok(mut log) = log.lock() {
+                log.push((correct / total.max(1) as f64) as f32);
+            }
+        }
+        accuracy(&head, params, &target).ok()
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
     let mut agents = Vec::new();
@@ -273,6 +304,14 @@ pub async fn run(
     for agent in agents {
         agent.await.context("edge task panicked")??;
     }
+    let scored = scored.lock().map(|v| v.clone()).unwrap_or_default();
+    for (row, val) in rows
+        .iter_mut()
+        .filter(|r| r.target_accuracy.is_some())
+        .zip(scored)
+    {
+        row.selection_accuracy = Some(val);
+    }
     Ok(DemoResult {
         final_target_accuracy: rows
             .iter()
@@ -304,6 +343,7 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
         bytes_down: report.bytes_down,
         seconds: report.duration_ms as f64 / 1000.0,
         params_norm: report.params_norm,
+        selection_accuracy: None,
         gamma: report
             .aggregation
             .as_ref()

@@ -182,6 +182,101 @@ pub fn run_lodo(
     Ok(results)
 }
 
+/// How a run's tasks and updates travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Frames handed to the round machine in process.
+    InProcess,
+    /// A real federation over an embedded MQTT broker: agents, driver, chunking.
+    Mqtt,
+}
+
+/// Every algorithm with every target and seed over `transport`.
+pub async fn run_all(
+    algorithms: &[Algorithm],
+    options: &BenchOptions,
+    transport: Transport,
+    mut progress: impl FnMut(&RunResult),
+) -> anyhow::Result<Vec<RunResult>> {
+    if transport == Transport::InProcess {
+        return run_lodo(algorithms, options, progress);
+    }
+    let mut results = Vec::new();
+    for seed in 0..options.seeds.max(1) {
+        let (domains, features, classes) = digits(seed)?;
+        let head = HeadConfig::new(features, classes).with_hidden(options.hidden);
+        for target in 0..domains.len() {
+            for algorithm in algorithms {
+                let r = run_one_mqtt(algorithm, &domains, target, seed, &head, options).await?;
+                progress(&r);
+                results.push(r);
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// One run as a real federation over an embedded MQTT broker (the `fedge demo` machinery):
+/// the same clients, seeds and selection rule as [`run_one`].
+pub async fn run_one_mqtt(
+    algorithm: &Algorithm,
+    domains: &[DomainData],
+    target: usize,
+    seed: u64,
+    head: &HeadConfig,
+    options: &BenchOptions,
+) -> anyhow::Result<RunResult> {
+    let sources = clients(domains, target, options.scenario, seed);
+    let per_round = match options.scenario {
+        Scenario::Lodo => None,
+        Scenario::Multi { sample, .. } => Some(sample),
+    };
+    let data = crate::demo::DemoData {
+        head: head.clone(),
+        selection: sources.iter().map(|c| Arc::clone(&c.val)).collect(),
+        clients: sources
+            .iter()
+            .map(|c| (c.name.clone(), Arc::clone(&c.train), Arc::clone(&c.val)))
+            .collect(),
+        target: Arc::clone(&domains[target].all),
+    };
+    let demo_options = crate::demo::DemoOptions {
+        rounds: options.rounds,
+        clients: sources.len(),
+        per_round,
+        strategy: algorithm.strategy.clone(),
+        train: TrainParams {
+            objective: algorithm.objective,
+            local_epochs: options.local_epochs,
+            ..TrainParams::default()
+        },
+        seed,
+        hidden: head.hidden,
+        federation: format!("bench-{seed}-{target}"),
+        round_timeout_s: 600.0,
+        ..crate::demo::DemoOptions::default()
+    };
+    let result = crate::demo::run(&demo_options, &data, |_| {}).await?;
+    let mut best = (0u64, f32::NEG_INFINITY, 0f32);
+    for row in &result.rounds {
+        if let (Some(val), Some(acc)) = (row.selection_accuracy, row.target_accuracy)
+            && val > best.1
+        {
+            best = (row.round, val, acc);
+        }
+    }
+    Ok(RunResult {
+        algorithm: algorithm.name.clone(),
+        target: domains[target].name.clone(),
+        seed,
+        best_round: best.0,
+        best_source_val: best.1,
+        target_accuracy: best.2,
+        final_target_accuracy: result.final_target_accuracy.unwrap_or(0.0),
+        final_params: result.final_params,
+    })
+}
+
 /// One run in process: `algorithm` with `domains[target]` held out.
 pub fn run_one(
     algorithm: &Algorithm,

@@ -66,6 +66,10 @@ struct BenchArgs {
     /// Local epochs per round.
     #[arg(long, default_value_t = 5)]
     local_epochs: u32,
+    /// `inprocess` (tasks and updates handed to the round machine directly) or `mqtt` (a real
+    /// federation over an embedded broker; slower, same numbers).
+    #[arg(long, default_value = "inprocess")]
+    transport: String,
     /// Write every run as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -224,7 +228,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Demo(args) => run_demo(args).await,
-        Command::Bench(args) => bench(args),
+        Command::Bench(args) => bench(args).await,
         Command::BenchHead(args) => {
             bench_head(args);
             Ok(())
@@ -344,7 +348,7 @@ fn print_table(result: &DemoResult) {
     );
 }
 
-fn bench(args: BenchArgs) -> anyhow::Result<()> {
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.dataset == "digits",
         "data set {:?} is not available yet; this version has: digits",
@@ -382,10 +386,16 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let start = std::time::Instant::now();
-    let results = fedge::fdg::run_lodo(&algorithms, &options, |r| {
+    let transport = match args.transport.as_str() {
+        "inprocess" => fedge::fdg::Transport::InProcess,
+        "mqtt" => fedge::fdg::Transport::Mqtt,
+        other => anyhow::bail!("unknown transport {other:?}; available: inprocess, mqtt"),
+    };
+    let results = fedge::fdg::run_all(&algorithms, &options, transport, |r| {
         bar.set_message(format!("{} on {} (seed {})", r.algorithm, r.target, r.seed));
         bar.inc(1);
-    })?;
+    })
+    .await?;
     bar.finish_and_clear();
     let table = fedge::fdg::markdown(&results);
     println!(
