@@ -9,7 +9,8 @@
 //! round with the best sample-weighted mean source-validation accuracy (never chosen on the
 //! target).
 //!
-//! First version: the built-in `digits` data set and the `lodo` scenario.
+//! Data sets: the built-in `digits` and `fashion-mnist` (IDX files); scenarios `lodo` and
+//! `multi`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use anyhow::Context;
 use fedge_coordinator::insight::InsightConfig;
 use fedge_coordinator::strategy::StrategyConfig;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
-use fedge_edge::data::{DIGITS_ANGLES, digits_domains};
+use fedge_edge::data::{DIGITS_ANGLES, digits_domains, fashion_mnist_domains};
 use fedge_edge::features::{self, Fnv64};
 use fedge_edge::{FeatureSet, accuracy, train_head_with};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
@@ -91,6 +92,8 @@ pub enum Scenario {
 /// Settings of a benchmark run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
+    /// Which images.
+    pub dataset: Dataset,
     /// How source domains become clients.
     pub scenario: Scenario,
     /// Rounds per run.
@@ -115,9 +118,29 @@ pub struct DomainData {
     pub all: Arc<FeatureSet>,
 }
 
+/// Which images make the domains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dataset {
+    /// The built-in UCI digits, six rotated domains.
+    Digits,
+    /// Fashion-MNIST from IDX files in `dir`, `limit` images in all (shrunk to 8×8 for the
+    /// built-in backbone), six rotated domains.
+    FashionMnist {
+        /// Folder of the four IDX files.
+        dir: std::path::PathBuf,
+        /// Images drawn in all; `None` uses the 70,000.
+        limit: Option<usize>,
+    },
+}
+
 /// The built-in digits, six rotated domains, through the `digits-conv` backbone; returns the
 /// domains, the feature size and the class count.
 pub fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
+    load(&Dataset::Digits, seed)
+}
+
+/// `dataset`'s six rotated domains through the `digits-conv` backbone, each split 90/10.
+pub fn load(dataset: &Dataset, seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
     let backbone = Backbone::from_bytes(
         digits_conv_card(),
         DIGITS_CONV_ONNX,
@@ -126,7 +149,13 @@ pub fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
     let id = Fnv64::of(DIGITS_CONV_ONNX);
     let mut out = Vec::new();
     let mut classes = 0;
-    for (d, domain) in digits_domains(&DIGITS_ANGLES, seed).into_iter().enumerate() {
+    let domains = match dataset {
+        Dataset::Digits => digits_domains(&DIGITS_ANGLES, seed),
+        Dataset::FashionMnist { dir, limit } => {
+            fashion_mnist_domains(dir, &DIGITS_ANGLES, seed, *limit, 8)?
+        }
+    };
+    for (d, domain) in domains.into_iter().enumerate() {
         classes = domain.data.classes();
         let (train, val) = domain.data.split(0.1, seed ^ (d as u64 + 1));
         out.push(DomainData {
@@ -169,7 +198,7 @@ pub fn run_lodo(
 ) -> anyhow::Result<Vec<RunResult>> {
     let mut results = Vec::new();
     for seed in 0..options.seeds.max(1) {
-        let (domains, features, classes) = digits(seed)?;
+        let (domains, features, classes) = load(&options.dataset, seed)?;
         let head = HeadConfig::new(features, classes).with_hidden(options.hidden);
         for target in 0..domains.len() {
             for algorithm in algorithms {
@@ -203,7 +232,7 @@ pub async fn run_all(
     }
     let mut results = Vec::new();
     for seed in 0..options.seeds.max(1) {
-        let (domains, features, classes) = digits(seed)?;
+        let (domains, features, classes) = load(&options.dataset, seed)?;
         let head = HeadConfig::new(features, classes).with_hidden(options.hidden);
         for target in 0..domains.len() {
             for algorithm in algorithms {

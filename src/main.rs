@@ -37,9 +37,16 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Data set; this version has the built-in `digits` (six rotated domains).
+    /// `digits` (built in) or `fashion-mnist` (IDX files; see --data-dir); six rotated domains.
     #[arg(long, default_value = "digits")]
     dataset: String,
+    /// Folder of the Fashion-MNIST IDX files (default: where Debian's dataset-fashion-mnist
+    /// puts them).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Fashion-MNIST images drawn in all (0 = all 70,000).
+    #[arg(long, default_value_t = 12_000)]
+    limit: usize,
     /// Comma list of `objective`, `strategy` or `objective+strategy`.
     #[arg(
         long,
@@ -349,11 +356,17 @@ fn print_table(result: &DemoResult) {
 }
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.dataset == "digits",
-        "data set {:?} is not available yet; this version has: digits",
-        args.dataset
-    );
+    let dataset = match args.dataset.as_str() {
+        "digits" => fedge::fdg::Dataset::Digits,
+        "fashion-mnist" => fedge::fdg::Dataset::FashionMnist {
+            dir: args
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(fedge_edge::data::FASHION_MNIST_DIR)),
+            limit: (args.limit > 0).then_some(args.limit),
+        },
+        other => anyhow::bail!("unknown data set {other:?}; available: digits, fashion-mnist"),
+    };
     let scenario = match args.scenario.as_str() {
         "lodo" => fedge::fdg::Scenario::Lodo,
         "multi" => {
@@ -374,6 +387,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         .map(|a| fedge::fdg::parse_algorithm(a))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let options = fedge::fdg::BenchOptions {
+        dataset,
         scenario,
         rounds: args.rounds,
         seeds: args.seeds,
@@ -399,7 +413,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let table = fedge::fdg::markdown(&results);
     println!(
-        "digits, leave one domain out ({:?}), {} rounds, {} local epochs, {} seeds; target accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        "{}, leave one domain out ({:?}), {} rounds, {} local epochs, {} seeds; target accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        args.dataset,
         options.scenario,
         options.rounds,
         options.local_epochs,

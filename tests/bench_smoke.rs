@@ -1,7 +1,7 @@
 //! `fedge bench` on the built-in digits: a two-round smoke run of every algorithm, and the
 //! same results when run again with the same seed.
 
-use fedge::fdg::{BenchOptions, Scenario, markdown, parse_algorithm, run_lodo};
+use fedge::fdg::{BenchOptions, Dataset, Scenario, markdown, parse_algorithm, run_lodo};
 
 #[test]
 fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
@@ -15,6 +15,7 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
     ];
     let algorithms: Vec<_> = names.iter().map(|n| parse_algorithm(n).unwrap()).collect();
     let options = BenchOptions {
+        dataset: Dataset::Digits,
         scenario: Scenario::Lodo,
         rounds: 2,
         seeds: 1,
@@ -66,6 +67,7 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
 
     let seed = 0;
     let options = BenchOptions {
+        dataset: Dataset::Digits,
         scenario: Scenario::Lodo,
         rounds: 2,
         seeds: 1,
@@ -104,6 +106,7 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
 fn the_multi_scenario_samples_clients_from_split_domains() {
     let algorithms = vec![parse_algorithm("feddim+fedomg").unwrap()];
     let options = BenchOptions {
+        dataset: Dataset::Digits,
         scenario: Scenario::Multi {
             clients_per_domain: 4,
             sample: 6,

@@ -42,6 +42,23 @@ pub enum DataError {
         /// The domain folder.
         path: PathBuf,
     },
+    /// An IDX file is malformed.
+    #[error("{}: {reason}", path.display())]
+    BadIdx {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Fashion-MNIST is not where it was looked for.
+    #[error(
+        "Fashion-MNIST not found in {}: install the Debian package (apt-get install dataset-fashion-mnist, files in /usr/share/datasets/fashion-mnist) or pass --data-dir DIR holding train-images-idx3-ubyte.gz and the three other IDX files",
+        dir.display()
+    )]
+    MissingFashionMnist {
+        /// The folder searched.
+        dir: PathBuf,
+    },
     /// A file or folder could not be read.
     #[error("cannot read {}: {source}; check that it exists and is readable", path.display())]
     Io {

@@ -12,11 +12,13 @@
 
 mod digits;
 mod error;
+mod idx;
 mod imagefolder;
 mod rotate;
 
 pub use digits::{DIGITS_ANGLES, digits_domains};
 pub use error::DataError;
+pub use idx::{FASHION_MNIST_DIR, fashion_mnist_domains, read_idx};
 pub use imagefolder::imagefolder_domains;
 pub use rotate::rotate_chw;
 
