@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use fedge_edge::{FeatureSet, train_head_with};
+use fedge_edge::train_head_with;
 use fedge_models::{Backend, HeadConfig, training_device};
 use fedge_wire::{ClassStats, Objective, TensorF32, TrainParams};
 use rand::{Rng, SeedableRng};
@@ -62,15 +62,7 @@ pub fn timing(
     backend: Backend,
 ) -> InsightTiming {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let data = FeatureSet {
-        dim: head.features,
-        features: (0..samples * head.features)
-            .map(|_| rng.random_range(0.0f32..1.0))
-            .collect(),
-        labels: (0..samples)
-            .map(|_| rng.random_range(0..head.classes as u32))
-            .collect(),
-    };
+    let data = crate::bench_head::random_features(head, samples, &mut rng);
     let insight: Vec<f32> = (0..head.classes * head.hidden * head.classes)
         .map(|_| rng.random_range(-0.1f32..0.1))
         .collect();

@@ -21,6 +21,19 @@ pub struct HeadBench {
     pub final_loss: f32,
 }
 
+/// `samples` random features in 0..1 with random labels, for timing.
+pub fn random_features(head: &HeadConfig, samples: usize, rng: &mut impl Rng) -> FeatureSet {
+    FeatureSet {
+        dim: head.features,
+        features: (0..samples * head.features)
+            .map(|_| rng.random_range(0.0f32..1.0))
+            .collect(),
+        labels: (0..samples)
+            .map(|_| rng.random_range(0..head.classes as u32))
+            .collect(),
+    }
+}
+
 /// Times `epochs` epochs over `samples` random samples, `repeats` times per backend.
 pub fn run(
     head: &HeadConfig,
@@ -30,16 +43,7 @@ pub fn run(
     repeats: usize,
     backends: &[Backend],
 ) -> Vec<HeadBench> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let data = FeatureSet {
-        dim: head.features,
-        features: (0..samples * head.features)
-            .map(|_| rng.random_range(0.0f32..1.0))
-            .collect(),
-        labels: (0..samples)
-            .map(|_| rng.random_range(0..head.classes as u32))
-            .collect(),
-    };
+    let data = random_features(head, samples, &mut rand::rngs::StdRng::seed_from_u64(7));
     let params = TrainParams {
         local_epochs: epochs,
         batch_size: batch,

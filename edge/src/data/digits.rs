@@ -1,6 +1,6 @@
 //! Rotated-digits domains built from the UCI optical digits that ship with smartcore.
 
-use super::{Domain, ImageSet, rotate_chw};
+use super::{Domain, ImageSet, rotated_domains};
 
 /// Rotation angles of the built-in digits domains, in degrees.
 pub const DIGITS_ANGLES: [f32; 6] = [0.0, 15.0, 30.0, 45.0, 60.0, 75.0];
@@ -20,28 +20,7 @@ const CLASSES: usize = 10;
 /// `angles[i]` degrees with [`rotate_chw`] and named `rot<angle>`, such as `rot0` or `rot15`.
 /// The class names are `"0"` to `"9"`. An empty `angles` gives no domains.
 pub fn digits_domains(angles: &[f32], seed: u64) -> Vec<Domain> {
-    if angles.is_empty() {
-        return Vec::new();
-    }
-    let all = load_digits();
-    all.partition(angles.len(), seed)
-        .into_iter()
-        .zip(angles)
-        .map(|(mut data, &angle)| {
-            if angle != 0.0 {
-                let n = data.image_len();
-                data.images = data
-                    .images
-                    .chunks_exact(n)
-                    .flat_map(|image| rotate_chw(image, 1, SIDE, SIDE, angle))
-                    .collect();
-            }
-            Domain {
-                name: format!("rot{angle}"),
-                data,
-            }
-        })
-        .collect()
+    rotated_domains(&load_digits(), angles, seed)
 }
 
 /// Loads the unrotated digits as one set in their original order.
@@ -62,6 +41,7 @@ fn load_digits() -> ImageSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::rotate_chw;
 
     /// Returns the images of a set as sortable bit patterns.
     fn image_bits(set: &ImageSet) -> Vec<Vec<u32>> {

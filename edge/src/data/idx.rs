@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{DataError, Domain, ImageSet, rotate_chw};
+use super::{DataError, Domain, ImageSet, rotated_domains};
 
 /// Where Debian's `dataset-fashion-mnist` package puts the files.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
@@ -135,28 +135,7 @@ pub fn fashion_mnist_domains(
         Some(n) if n < all.len() => all.partition(all.len().div_ceil(n), seed ^ 0xfa5)[0].clone(),
         _ => all,
     };
-    if angles.is_empty() {
-        return Ok(Vec::new());
-    }
-    Ok(all
-        .partition(angles.len(), seed)
-        .into_iter()
-        .zip(angles)
-        .map(|(mut data, &angle)| {
-            if angle != 0.0 {
-                let n = data.image_len();
-                data.images = data
-                    .images
-                    .chunks_exact(n)
-                    .flat_map(|image| rotate_chw(image, 1, side, side, angle))
-                    .collect();
-            }
-            Domain {
-                name: format!("rot{angle}"),
-                data,
-            }
-        })
-        .collect())
+    Ok(rotated_domains(&all, angles, seed))
 }
 
 /// Area-averages an `h × w` byte image to `side × side`, scaled to 0..=16.

@@ -169,6 +169,34 @@ pub struct Domain {
     pub data: ImageSet,
 }
 
+/// Splits `all` into `angles.len()` disjoint class-stratified parts (seeded, see
+/// [`ImageSet::partition`]) and rotates part `i` counter-clockwise by `angles[i]` degrees,
+/// naming it `rot<angle>`. An empty `angles` gives no domains.
+pub fn rotated_domains(all: &ImageSet, angles: &[f32], seed: u64) -> Vec<Domain> {
+    if angles.is_empty() {
+        return Vec::new();
+    }
+    all.partition(angles.len(), seed)
+        .into_iter()
+        .zip(angles)
+        .map(|(mut data, &angle)| {
+            if angle != 0.0 {
+                let n = data.image_len();
+                let (c, h, w) = (data.channels, data.height, data.width);
+                data.images = data
+                    .images
+                    .chunks_exact(n)
+                    .flat_map(|image| rotate_chw(image, c, h, w, angle))
+                    .collect();
+            }
+            Domain {
+                name: format!("rot{angle}"),
+                data,
+            }
+        })
+        .collect()
+}
+
 /// Returns `0..n` shuffled by a generator seeded with `seed`.
 fn shuffled_indices(n: usize, seed: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
