@@ -127,3 +127,66 @@ fn the_multi_scenario_samples_clients_from_split_domains() {
         );
     }
 }
+
+/// `fedge bench --json` as a user runs it: the document's fields and one entry per run.
+#[test]
+fn the_json_report_has_the_documented_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("runs.json");
+    let markdown = dir.path().join("table.md");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args([
+            "bench",
+            "--rounds",
+            "1",
+            "--seeds",
+            "1",
+            "--local-epochs",
+            "1",
+        ])
+        .args(["--algorithms", "fedavg,feddim+fedomg", "--json"])
+        .arg(&json)
+        .arg("--markdown")
+        .arg(&markdown)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(doc["dataset"], "digits");
+    assert_eq!(doc["scenario"], "lodo");
+    assert_eq!(
+        (doc["rounds"].as_u64(), doc["seeds"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2 * 6);
+    for run in runs {
+        for key in [
+            "algorithm",
+            "target",
+            "seed",
+            "best_round",
+            "best_source_val",
+            "target_accuracy",
+            "final_target_accuracy",
+        ] {
+            assert!(!run[key].is_null(), "{key} missing in {run}");
+        }
+        assert!(
+            run.get("final_params").is_none(),
+            "parameters stay out of the report"
+        );
+    }
+    let table = std::fs::read_to_string(&markdown).unwrap();
+    assert!(table.contains("| feddim+fedomg |"), "{table}");
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args(["bench", "--dataset", "imagenet"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("available: digits, fashion-mnist"));
+}
