@@ -519,9 +519,17 @@ pub fn mean_std(values: &[f32]) -> (f32, f32) {
     (mean, var.sqrt())
 }
 
-/// The results as a Markdown table: rows are algorithms, columns target domains and the
-/// average, cells `mean ± std` over seeds of the target accuracy (percent).
-pub fn markdown(results: &[RunResult]) -> String {
+/// Per algorithm (in order of appearance): per target domain the mean and std over seeds of
+/// the target accuracy, and the mean and std over seeds of the per-seed average; in percent.
+pub struct Summary {
+    /// Target domains, in order of appearance.
+    pub targets: Vec<String>,
+    /// `(algorithm, per-target (mean, std), average (mean, std))`.
+    pub rows: Vec<(String, Vec<(f32, f32)>, (f32, f32))>,
+}
+
+/// Summarises runs over seeds.
+pub fn summarise(results: &[RunResult]) -> Summary {
     let mut algorithms: Vec<&str> = Vec::new();
     let mut targets: Vec<&str> = Vec::new();
     for r in results {
@@ -532,35 +540,69 @@ pub fn markdown(results: &[RunResult]) -> String {
             targets.push(&r.target);
         }
     }
-    let mut out = format!("| algorithm | {} | average |\n|---|", targets.join(" | "));
-    out.push_str(&"---|".repeat(targets.len() + 1));
-    out.push('\n');
-    for a in &algorithms {
-        out.push_str(&format!("| {a} |"));
-        let mut per_seed_avg: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
-        for t in &targets {
-            let accs: Vec<f32> = results
+    let rows = algorithms
+        .iter()
+        .map(|a| {
+            let mut per_seed: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
+            let cells = targets
                 .iter()
-                .filter(|r| r.algorithm == *a && r.target == *t)
-                .map(|r| {
-                    per_seed_avg
-                        .entry(r.seed)
-                        .or_default()
-                        .push(r.target_accuracy);
-                    r.target_accuracy * 100.0
+                .map(|t| {
+                    let accs: Vec<f32> = results
+                        .iter()
+                        .filter(|r| r.algorithm == *a && r.target == *t)
+                        .map(|r| {
+                            per_seed.entry(r.seed).or_default().push(r.target_accuracy);
+                            r.target_accuracy * 100.0
+                        })
+                        .collect();
+                    mean_std(&accs)
                 })
                 .collect();
-            let (m, s) = mean_std(&accs);
-            out.push_str(&format!(" {m:.1} ± {s:.1} |"));
+            let averages: Vec<f32> = per_seed
+                .values()
+                .map(|v| v.iter().sum::<f32>() / v.len() as f32 * 100.0)
+                .collect();
+            (a.to_string(), cells, mean_std(&averages))
+        })
+        .collect();
+    Summary {
+        targets: targets.iter().map(|t| t.to_string()).collect(),
+        rows,
+    }
+}
+
+/// The results as a Markdown table: rows are algorithms, columns target domains and the
+/// average, cells `mean ± std` over seeds of the target accuracy (percent).
+pub fn markdown(results: &[RunResult]) -> String {
+    let summary = summarise(results);
+    let mut out = format!(
+        "| algorithm | {} | average |\n|---|",
+        summary.targets.join(" | ")
+    );
+    out.push_str(&"---|".repeat(summary.targets.len() + 1));
+    out.push('\n');
+    for (a, cells, (m, s)) in &summary.rows {
+        out.push_str(&format!("| {a} |"));
+        for (cm, cs) in cells {
+            out.push_str(&format!(" {cm:.1} ± {cs:.1} |"));
         }
-        let avgs: Vec<f32> = per_seed_avg
-            .values()
-            .map(|v| v.iter().sum::<f32>() / v.len() as f32 * 100.0)
-            .collect();
-        let (m, s) = mean_std(&avgs);
         out.push_str(&format!(" **{m:.1} ± {s:.1}** |\n"));
     }
     out
+}
+
+/// The bars of `fedge bench --plot`.
+pub fn plot_bars(results: &[RunResult]) -> Vec<crate::plot::Bar> {
+    summarise(results)
+        .rows
+        .into_iter()
+        .map(|(label, cells, (mean, std))| crate::plot::Bar {
+            label,
+            mean,
+            std,
+            domains: cells.iter().map(|(m, _)| *m).collect(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

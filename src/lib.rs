@@ -10,3 +10,4 @@ pub mod bench_feddim;
 pub mod bench_head;
 pub mod demo;
 pub mod fdg;
+pub mod plot;

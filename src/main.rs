@@ -83,6 +83,9 @@ struct BenchArgs {
     /// Write the table as Markdown.
     #[arg(long)]
     markdown: Option<PathBuf>,
+    /// Draw the average target accuracy per algorithm (with error bars) as PNG.
+    #[arg(long, value_name = "PATH.png")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -424,6 +427,14 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     println!("{table}");
     if let Some(path) = &args.markdown {
         std::fs::write(path, &table).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{}, {}: held-out domain accuracy, {} rounds, {} seeds",
+            args.dataset, args.scenario, options.rounds, options.seeds
+        );
+        fedge::plot::write(path, &title, &fedge::fdg::plot_bars(&results))
+            .map_err(anyhow::Error::msg)?;
     }
     if let Some(path) = &args.json {
         let json = serde_json::json!({
