@@ -524,8 +524,18 @@ pub fn mean_std(values: &[f32]) -> (f32, f32) {
 pub struct Summary {
     /// Target domains, in order of appearance.
     pub targets: Vec<String>,
-    /// `(algorithm, per-target (mean, std), average (mean, std))`.
-    pub rows: Vec<(String, Vec<(f32, f32)>, (f32, f32))>,
+    /// One row per algorithm.
+    pub rows: Vec<SummaryRow>,
+}
+
+/// One algorithm's line of a [`Summary`].
+pub struct SummaryRow {
+    /// Algorithm name.
+    pub algorithm: String,
+    /// Per target domain: mean and std over seeds (percent).
+    pub cells: Vec<(f32, f32)>,
+    /// Mean and std over seeds of the per-seed average (percent).
+    pub average: (f32, f32),
 }
 
 /// Summarises runs over seeds.
@@ -562,7 +572,11 @@ pub fn summarise(results: &[RunResult]) -> Summary {
                 .values()
                 .map(|v| v.iter().sum::<f32>() / v.len() as f32 * 100.0)
                 .collect();
-            (a.to_string(), cells, mean_std(&averages))
+            SummaryRow {
+                algorithm: a.to_string(),
+                cells,
+                average: mean_std(&averages),
+            }
         })
         .collect();
     Summary {
@@ -581,9 +595,10 @@ pub fn markdown(results: &[RunResult]) -> String {
     );
     out.push_str(&"---|".repeat(summary.targets.len() + 1));
     out.push('\n');
-    for (a, cells, (m, s)) in &summary.rows {
+    for row in &summary.rows {
+        let (a, (m, s)) = (&row.algorithm, row.average);
         out.push_str(&format!("| {a} |"));
-        for (cm, cs) in cells {
+        for (cm, cs) in &row.cells {
             out.push_str(&format!(" {cm:.1} ± {cs:.1} |"));
         }
         out.push_str(&format!(" **{m:.1} ± {s:.1}** |\n"));
@@ -596,11 +611,11 @@ pub fn plot_bars(results: &[RunResult]) -> Vec<crate::plot::Bar> {
     summarise(results)
         .rows
         .into_iter()
-        .map(|(label, cells, (mean, std))| crate::plot::Bar {
-            label,
-            mean,
-            std,
-            domains: cells.iter().map(|(m, _)| *m).collect(),
+        .map(|row| crate::plot::Bar {
+            label: row.algorithm,
+            mean: row.average.0,
+            std: row.average.1,
+            domains: row.cells.iter().map(|(m, _)| *m).collect(),
         })
         .collect()
 }
