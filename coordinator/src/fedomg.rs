@@ -491,12 +491,15 @@ mod strategy_tests {
             let mut perm: Vec<usize> = (0..n).collect();
             perm.sort_by_key(|i| (*i as u64 + 1).wrapping_mul(seed.wrapping_mul(2654435761) | 1) % 1009);
             let permuted: Vec<Vec<f64>> = perm.iter().map(|&i| rows[i].clone()).collect();
-            for solver in ["reference", "converged"] {
+            // The reference solver's 20 steps are reproduced to rounding. The converged one stops
+            // at a duality gap of 1e-10, which pins the objective, not Γ: where the objective is
+            // flat, Γ can differ by about sqrt(gap).
+            for (solver, tolerance) in [("reference", 1e-7), ("converged", 1e-4)] {
                 let config = FedOmgConfig { solver: solver.parse().unwrap(), ..FedOmgConfig::default() };
                 let a = solve(&gram_of(&rows), n, &config);
                 let b = solve(&gram_of(&permuted), n, &config);
                 for (k, &i) in perm.iter().enumerate() {
-                    prop_assert!((b.gamma[k] - a.gamma[i]).abs() < 1e-7, "{:?} vs {:?}", a.gamma, b.gamma);
+                    prop_assert!((b.gamma[k] - a.gamma[i]).abs() < tolerance, "{} {:?} vs {:?}", solver, a.gamma, b.gamma);
                 }
                 prop_assert!((a.objective - b.objective).abs() < 1e-9);
             }
