@@ -237,15 +237,10 @@ pub async fn run(
     let scored = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&scored);
     let evaluator: fedge_coordinator::Evaluator = Box::new(move |params: &[f32]| {
-        if !selection.is_empty() {
-            let total: usize = selection.iter().map(|s| s.len()).sum();
-            let correct: f64 = selection
-                .iter()
-                .map(|s| accuracy(&head, params, s).unwrap_or(0.0) as f64 * s.len() as f64)
-                .sum();
-            if let Ok(mut log) = log.lock() {
-                log.push((correct / total.max(1) as f64) as f32);
-            }
+        if !selection.is_empty()
+            && let Ok(mut log) = log.lock()
+        {
+            log.push(pooled_accuracy(&head, params, &selection));
         }
         accuracy(&head, params, &target).ok()
     });
@@ -327,6 +322,16 @@ pub async fn run(
         num_params: data.head.num_params(),
         seconds,
     })
+}
+
+/// Accuracy of `params` over the union of `sets` (each set weighted by its size).
+pub fn pooled_accuracy(head: &HeadConfig, params: &[f32], sets: &[Arc<FeatureSet>]) -> f32 {
+    let total: usize = sets.iter().map(|s| s.len()).sum();
+    let correct: f64 = sets
+        .iter()
+        .map(|s| accuracy(head, params, s).unwrap_or(0.0) as f64 * s.len() as f64)
+        .sum();
+    (correct / total.max(1) as f64) as f32
 }
 
 fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {

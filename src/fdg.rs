@@ -22,6 +22,8 @@ use fedge_coordinator::{Output, RoundConfig, Rounds};
 use fedge_edge::data::{DIGITS_ANGLES, digits_domains, fashion_mnist_domains};
 use fedge_edge::features::{self, Fnv64};
 use fedge_edge::{FeatureSet, accuracy, train_head_with};
+
+use crate::demo::pooled_accuracy;
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Backbone, Backend, HeadConfig, training_device};
 use fedge_wire::{
@@ -190,6 +192,38 @@ pub struct RunResult {
     pub final_params: Vec<f32>,
 }
 
+impl RunResult {
+    /// The result of a run from its `(round, mean source-validation accuracy, target
+    /// accuracy)` scores: the target accuracy at the best validation round (the earliest on a
+    /// tie) and after the last round.
+    fn select(
+        algorithm: &Algorithm,
+        target: &str,
+        seed: u64,
+        scores: impl IntoIterator<Item = (u64, f32, f32)>,
+        final_params: Vec<f32>,
+    ) -> Self {
+        let mut best = (0u64, f32::NEG_INFINITY, 0f32);
+        let mut last = 0f32;
+        for (round, val, acc) in scores {
+            if val > best.1 {
+                best = (round, val, acc);
+            }
+            last = acc;
+        }
+        Self {
+            algorithm: algorithm.name.clone(),
+            target: target.to_owned(),
+            seed,
+            best_round: best.0,
+            best_source_val: best.1,
+            target_accuracy: best.2,
+            final_target_accuracy: last,
+            final_params,
+        }
+    }
+}
+
 /// Runs every algorithm with every target and seed; `progress` sees each finished run.
 pub fn run_lodo(
     algorithms: &[Algorithm],
@@ -286,24 +320,17 @@ pub async fn run_one_mqtt(
         ..crate::demo::DemoOptions::default()
     };
     let result = crate::demo::run(&demo_options, &data, |_| {}).await?;
-    let mut best = (0u64, f32::NEG_INFINITY, 0f32);
-    for row in &result.rounds {
-        if let (Some(val), Some(acc)) = (row.selection_accuracy, row.target_accuracy)
-            && val > best.1
-        {
-            best = (row.round, val, acc);
-        }
-    }
-    Ok(RunResult {
-        algorithm: algorithm.name.clone(),
-        target: domains[target].name.clone(),
+    let scores = result
+        .rounds
+        .iter()
+        .filter_map(|row| Some((row.round, row.selection_accuracy?, row.target_accuracy?)));
+    Ok(RunResult::select(
+        algorithm,
+        &domains[target].name,
         seed,
-        best_round: best.0,
-        best_source_val: best.1,
-        target_accuracy: best.2,
-        final_target_accuracy: result.final_target_accuracy.unwrap_or(0.0),
-        final_params: result.final_params,
-    })
+        scores,
+        result.final_params,
+    ))
 }
 
 /// One run in process: `algorithm` with `domains[target]` held out.
@@ -350,9 +377,8 @@ pub fn run_one(
     }
     machine.start(0);
     let device = training_device(Backend::default());
-    let val_total: usize = sources.iter().map(|s| s.val.len()).sum();
-    let mut best = (0u64, f32::NEG_INFINITY, 0f32);
-    let mut last_target = 0f32;
+    let val_sets: Vec<Arc<FeatureSet>> = sources.iter().map(|c| Arc::clone(&c.val)).collect();
+    let mut scores = Vec::new();
     let mut now = 0u64;
     loop {
         let mut task = None;
@@ -362,15 +388,9 @@ pub fn run_one(
                 Output::PublishTask { frame, .. } => task = Some(frame),
                 Output::RoundEnded(report) if report.aggregated => {
                     let params = machine.params();
-                    let mut val = 0f64;
-                    for s in &sources {
-                        val += accuracy(head, params, &s.val)? as f64 * s.val.len() as f64;
-                    }
-                    let val = (val / val_total.max(1) as f64) as f32;
-                    last_target = accuracy(head, params, &domains[target].all)?;
-                    if val > best.1 {
-                        best = (report.round, val, last_target);
-                    }
+                    let val = pooled_accuracy(head, params, &val_sets);
+                    let target_accuracy = accuracy(head, params, &domains[target].all)?;
+                    scores.push((report.round, val, target_accuracy));
                 }
                 Output::Rejected {
                     client,
@@ -429,16 +449,13 @@ pub fn run_one(
             );
         }
     }
-    Ok(RunResult {
-        algorithm: algorithm.name.clone(),
-        target: domains[target].name.clone(),
+    Ok(RunResult::select(
+        algorithm,
+        &domains[target].name,
         seed,
-        best_round: best.0,
-        best_source_val: best.1,
-        target_accuracy: best.2,
-        final_target_accuracy: last_target,
-        final_params: machine.params().to_vec(),
-    })
+        scores,
+        machine.params().to_vec(),
+    ))
 }
 
 /// A client of a run: its id and its splits.
@@ -678,6 +695,23 @@ mod tests {
         }
         assert_eq!(partition(&set, 3, 7), parts);
         assert_ne!(partition(&set, 3, 8), parts);
+    }
+
+    #[test]
+    fn selection_takes_the_target_accuracy_of_the_best_validation_round() {
+        let a = parse_algorithm("fedavg").unwrap();
+        let r = RunResult::select(
+            &a,
+            "rot75",
+            2,
+            [(1, 0.5, 0.3), (2, 0.8, 0.4), (3, 0.8, 0.9), (4, 0.7, 0.6)],
+            vec![],
+        );
+        assert_eq!(
+            (r.best_round, r.best_source_val, r.target_accuracy),
+            (2, 0.8, 0.4)
+        );
+        assert_eq!(r.final_target_accuracy, 0.6);
     }
 
     #[test]

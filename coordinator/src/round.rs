@@ -464,7 +464,7 @@ impl Rounds {
             return;
         };
         let n = update.num_samples;
-        if let Err(e) = open.accepted.push(client, n, &update.delta.to_vec()) {
+        if let Err(e) = open.accepted.push_tensor(client, n, &update.delta) {
             self.reject(client, Rejection::MemoryBudget, e.to_string());
             return;
         }

@@ -148,6 +148,30 @@ impl RoundUpdates {
         num_samples: u32,
         delta: &[f32],
     ) -> Result<(), OverBudget> {
+        self.push_values(client, num_samples, delta.iter().copied())
+    }
+
+    /// [`RoundUpdates::push`] straight from a decoded wire tensor, without an intermediate
+    /// copy of the delta.
+    pub fn push_tensor(
+        &mut self,
+        client: &str,
+        num_samples: u32,
+        delta: &fedge_wire::TensorF32,
+    ) -> Result<(), OverBudget> {
+        let values = delta
+            .as_le_bytes()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        self.push_values(client, num_samples, values)
+    }
+
+    fn push_values(
+        &mut self,
+        client: &str,
+        num_samples: u32,
+        delta: impl ExactSizeIterator<Item = f32>,
+    ) -> Result<(), OverBudget> {
         assert_eq!(delta.len(), self.m, "delta length");
         let needed = (self.arena.len() + self.m) * 4;
         if needed > self.config.budget_bytes {
@@ -158,7 +182,7 @@ impl RoundUpdates {
         }
         self.clients.push(client.to_string());
         self.counts.push(num_samples);
-        self.arena.extend_from_slice(delta);
+        self.arena.extend(delta);
         self.order.clear();
         if self.config.dots && self.len() - self.flushed >= self.config.block.max(1) {
             self.flush();
