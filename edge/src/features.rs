@@ -36,7 +36,8 @@ pub fn extract(
             labels: images.labels.clone(),
         });
     }
-    let features = backbone.features(&images.images, BATCH)?;
+    let shape = (images.channels, images.height, images.width);
+    let features = backbone.features_of(&images.images, shape, images.raw_max, BATCH)?;
     if let Some(path) = &path {
         let bytes: Vec<u8> = features.iter().flat_map(|v| v.to_le_bytes()).collect();
         let written = path
@@ -67,6 +68,7 @@ fn cache_path(dir: &Path, backbone_id: u64, images: &ImageSet) -> PathBuf {
     for v in [images.channels, images.height, images.width, images.len()] {
         h.write(&(v as u64).to_le_bytes());
     }
+    h.write(&images.raw_max.to_le_bytes());
     for v in &images.images {
         h.write(&v.to_le_bytes());
     }
@@ -129,6 +131,7 @@ mod tests {
             class_names: vec!["a".into(), "b".into()],
             images: (0..3 * 64).map(|i| (i % 17) as f32).collect(),
             labels: vec![0, 1, 0],
+            raw_max: 16.0,
         };
         let dir = tempfile::tempdir().unwrap();
         let id = Fnv64::of(DIGITS_CONV_ONNX);

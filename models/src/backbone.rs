@@ -35,6 +35,14 @@ pub enum BackboneError {
         /// tract's message.
         message: String,
     },
+    /// The images cannot be brought to the card's input.
+    #[error("backbone {name}: {message}")]
+    Adapt {
+        /// Card name.
+        name: String,
+        /// What does not fit.
+        message: String,
+    },
     /// The input does not have the card's size.
     #[error(
         "backbone {name} expects {expected} values per image, got {got} values for {images} images"
@@ -150,6 +158,44 @@ impl Backbone {
         &self.card
     }
 
+    /// Features of images of any size and channel count, each `shape = (c, h, w)` raw values
+    /// on the scale `0..=source_max`, packed: every image is first brought to the card's input
+    /// by [`ModelCard::adapt_chw`] (resized, channels replicated or averaged, rescaled), a batch
+    /// at a time. Returns `images × feature_size` values.
+    pub fn features_of(
+        &self,
+        raw_chw: &[f32],
+        shape: (usize, usize, usize),
+        source_max: f32,
+        batch: usize,
+    ) -> Result<Vec<f32>, BackboneError> {
+        let card = &self.card;
+        if shape == (card.channels, card.height, card.width) && source_max == card.raw_max {
+            return self.features(raw_chw, batch);
+        }
+        let per_image = shape.0 * shape.1 * shape.2;
+        if per_image == 0 || !raw_chw.len().is_multiple_of(per_image) {
+            return Err(BackboneError::Adapt {
+                name: card.name.clone(),
+                message: format!("{} values are not whole {shape:?} images", raw_chw.len()),
+            });
+        }
+        let mut out = Vec::with_capacity(raw_chw.len() / per_image * card.feature_size);
+        let mut adapted = Vec::with_capacity(batch.max(1) * card.input_len());
+        for chunk in raw_chw.chunks(batch.max(1) * per_image) {
+            adapted.clear();
+            for image in chunk.chunks_exact(per_image) {
+                card.adapt_chw(image, shape, source_max, &mut adapted)
+                    .map_err(|message| BackboneError::Adapt {
+                        name: card.name.clone(),
+                        message,
+                    })?;
+            }
+            out.extend(self.features(&adapted, batch)?);
+        }
+        Ok(out)
+    }
+
     /// Features of `images`, each `[C, H, W]` raw values (before the card's scaling), packed.
     /// Returns `images × feature_size` values, row-major. Runs in batches of `batch` images.
     pub fn features(&self, raw_chw: &[f32], batch: usize) -> Result<Vec<f32>, BackboneError> {
@@ -239,6 +285,29 @@ mod tests {
                 Backbone::from_bytes(card, DIGITS_CONV_ONNX, Path::new("x.onnx")).unwrap_err();
             assert!(err.to_string().contains(expected), "{err}");
         }
+    }
+
+    #[test]
+    fn adapted_images_give_the_features_of_the_adapted_input() {
+        let backbone = digits();
+        // Two 1x4x4 images on 0..=255 against their 8x8 versions on 0..=16, made by the card.
+        let raw: Vec<f32> = (0..32).map(|v| (v * 8) as f32).collect();
+        let mut adapted = Vec::new();
+        for image in raw.chunks(16) {
+            backbone
+                .card()
+                .adapt_chw(image, (1, 4, 4), 255.0, &mut adapted)
+                .unwrap();
+        }
+        let direct = backbone.features(&adapted, 8).unwrap();
+        assert_eq!(
+            backbone.features_of(&raw, (1, 4, 4), 255.0, 1).unwrap(),
+            direct
+        );
+        let err = backbone
+            .features_of(&raw[..30], (1, 4, 4), 255.0, 1)
+            .unwrap_err();
+        assert!(err.to_string().contains("whole"), "{err}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! scale = 0.0625                # raw value multiplier, applied first
 //! mean = [0.0]                  # per channel, after scaling
 //! std = [1.0]
+//! raw_max = 16.0               # the raw value of a fully-on pixel (default 255)
 //! output_name = "features"
 //! feature_size = 512
 //! ```
@@ -53,10 +54,19 @@ pub struct ModelCard {
     pub mean: Vec<f32>,
     /// Per-channel standard deviation divided by after subtracting the mean.
     pub std: Vec<f32>,
+    /// The raw value of a fully-on pixel that `scale`, `mean` and `std` were made for: 255 for
+    /// 8-bit images (the default), 16 for the optical digits. Images on another scale are
+    /// rescaled to it by [`ModelCard::adapt_chw`].
+    #[serde(default = "default_raw_max")]
+    pub raw_max: f32,
     /// Name of the feature output.
     pub output_name: String,
     /// Length of the feature vector per input.
     pub feature_size: usize,
+}
+
+fn default_raw_max() -> f32 {
+    255.0
 }
 
 /// A card that cannot be read or does not make sense.
@@ -131,6 +141,57 @@ impl ModelCard {
         if self.std.iter().any(|s| !s.is_finite() || *s == 0.0) || !self.scale.is_finite() {
             return Err("std must be finite and non-zero, scale finite".into());
         }
+        if !(self.raw_max.is_finite() && self.raw_max > 0.0) {
+            return Err(format!("raw_max must be positive, got {}", self.raw_max));
+        }
+        Ok(())
+    }
+
+    /// Brings one raw image given as `[c, h, w]` values on the scale `0..=source_max` to the
+    /// card's input: rescaled to `0..=raw_max`, resized to `height × width` (bilinear, pixel
+    /// centres aligned, as image libraries do), and with the card's channel count (a grayscale
+    /// image is replicated to every channel; a colour image becomes grayscale by the mean of
+    /// its channels). Appends `input_len()` values in CHW order to `out`.
+    ///
+    /// Fails when the image does not have `c * h * w` values or its channels cannot be mapped.
+    pub fn adapt_chw(
+        &self,
+        image: &[f32],
+        (c, h, w): (usize, usize, usize),
+        source_max: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<(), String> {
+        if image.len() != c * h * w || c == 0 || h == 0 || w == 0 {
+            return Err(format!(
+                "an image of {} values is not {c}x{h}x{w}",
+                image.len()
+            ));
+        }
+        if c != self.channels && c != 1 && self.channels != 1 {
+            return Err(format!(
+                "{} expects {} channels; images have {c} (only 1 <-> any is converted)",
+                self.name, self.channels
+            ));
+        }
+        let factor = if source_max > 0.0 {
+            self.raw_max / source_max
+        } else {
+            1.0
+        };
+        let plane = h * w;
+        let gray: Vec<f32>;
+        let planes: Vec<&[f32]> = if self.channels == 1 && c > 1 {
+            gray = (0..plane)
+                .map(|p| (0..c).map(|k| image[k * plane + p]).sum::<f32>() / c as f32)
+                .collect();
+            vec![&gray]
+        } else {
+            image.chunks_exact(plane).collect()
+        };
+        for k in 0..self.channels {
+            let src = planes[k.min(planes.len() - 1)];
+            resize_bilinear(src, (h, w), (self.height, self.width), factor, out);
+        }
         Ok(())
     }
 
@@ -157,6 +218,36 @@ impl ModelCard {
     }
 }
 
+/// Resizes one `h × w` plane to `oh × ow` with bilinear interpolation (half-pixel centres,
+/// edges clamped), multiplies by `factor` and appends the result to `out`. Equal sizes copy.
+fn resize_bilinear(
+    src: &[f32],
+    (h, w): (usize, usize),
+    (oh, ow): (usize, usize),
+    factor: f32,
+    out: &mut Vec<f32>,
+) {
+    if (h, w) == (oh, ow) {
+        out.extend(src.iter().map(|v| v * factor));
+        return;
+    }
+    // Source coordinate and weight of the upper neighbour along one axis.
+    let axis = |i: usize, n: usize, on: usize| {
+        let x = ((i as f32 + 0.5) * n as f32 / on as f32 - 0.5).clamp(0.0, (n - 1) as f32);
+        let x0 = x.floor() as usize;
+        (x0, (x0 + 1).min(n - 1), x - x0 as f32)
+    };
+    for r in 0..oh {
+        let (y0, y1, fy) = axis(r, h, oh);
+        for c in 0..ow {
+            let (x0, x1, fx) = axis(c, w, ow);
+            let top = src[y0 * w + x0] * (1.0 - fx) + src[y0 * w + x1] * fx;
+            let bottom = src[y1 * w + x0] * (1.0 - fx) + src[y1 * w + x1] * fx;
+            out.push((top * (1.0 - fy) + bottom * fy) * factor);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +264,7 @@ mod tests {
             scale: 0.5,
             mean: vec![1.0, 0.0],
             std: vec![1.0, 2.0],
+            raw_max: 255.0,
             output_name: "features".into(),
             feature_size: 3,
         }
@@ -187,6 +279,46 @@ mod tests {
         out.clear();
         card(Layout::Nhwc).normalise_chw(&chw, &mut out);
         assert_eq!(out, [0.0, 2.0, 1.0, 3.0]);
+    }
+
+    #[test]
+    fn adaptation_replicates_gray_resizes_and_rescales() {
+        let mut c = card(Layout::Nchw);
+        (c.channels, c.height, c.width, c.raw_max) = (3, 4, 4, 16.0);
+        // A 2x2 grayscale image on 0..=255, upsampled to 4x4 and rescaled to 0..=16.
+        let image = [0.0, 255.0, 255.0, 0.0];
+        let mut out = Vec::new();
+        c.adapt_chw(&image, (1, 2, 2), 255.0, &mut out).unwrap();
+        assert_eq!(out.len(), 48);
+        let plane = &out[..16];
+        let near = |a: f32, b: f32| (a - b).abs() < 1e-5;
+        assert!(near(plane[0], 0.0), "corners keep their pixel: {plane:?}");
+        assert!(near(plane[3], 16.0), "{plane:?}");
+        assert!(
+            near(plane[1], 4.0),
+            "a quarter of the way from 0 to 16: {plane:?}"
+        );
+        assert!(
+            near(plane[5], 4.0 * 0.75 + 12.0 * 0.25),
+            "bilinear inside: {plane:?}"
+        );
+        assert_eq!(&out[16..32], plane, "gray replicated to every channel");
+        assert_eq!(&out[32..], plane);
+        // Colour to gray is the mean of the channels; equal sizes copy.
+        (c.channels, c.height, c.width) = (1, 1, 2);
+        out.clear();
+        c.adapt_chw(&[3.0, 6.0, 9.0, 0.0, 0.0, 0.0], (3, 1, 2), 16.0, &mut out)
+            .unwrap();
+        assert_eq!(out, [4.0, 2.0]);
+        let err = c
+            .adapt_chw(&[1.0; 5], (3, 1, 2), 16.0, &mut out)
+            .unwrap_err();
+        assert!(err.contains("not 3x1x2"), "{err}");
+        c.channels = 2;
+        let err = c
+            .adapt_chw(&[1.0; 6], (3, 1, 2), 16.0, &mut out)
+            .unwrap_err();
+        assert!(err.contains("expects 2 channels"), "{err}");
     }
 
     #[test]

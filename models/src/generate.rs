@@ -38,6 +38,7 @@ pub fn digits_conv_card() -> ModelCard {
         scale: 1.0 / 16.0,
         mean: vec![0.0],
         std: vec![1.0],
+        raw_max: 16.0,
         output_name: "features".into(),
         feature_size: 512,
     }

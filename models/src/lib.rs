@@ -5,6 +5,8 @@
 //! - [`backbone`]: a frozen ONNX backbone run with tract, described by a [`ModelCard`].
 //! - [`generate`]: the small deterministic convolutional backbone that tests and the demo use,
 //!   written as ONNX by this crate itself.
+//! - [`sample`]: checks a converted backbone (EfficientNet-Lite0, see `models/tools/`) against
+//!   the features its converter computed for a sample image.
 //! - [`device`]: which Burn CPU backend trains the head.
 //!
 //! This crate does no networking and knows nothing of rounds or clients.
@@ -14,8 +16,10 @@ pub mod card;
 pub mod device;
 pub mod generate;
 pub mod head;
+pub mod sample;
 
 pub use backbone::{Backbone, BackboneError};
 pub use card::{CardError, Layout, ModelCard};
 pub use device::{Backend, training_device};
 pub use head::{FlatLayoutError, Head, HeadConfig};
+pub use sample::{SampleCheck, check_sample};

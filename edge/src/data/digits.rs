@@ -35,6 +35,7 @@ fn load_digits() -> ImageSet {
         class_names: (0..CLASSES).map(|c| c.to_string()).collect(),
         images: dataset.data,
         labels: dataset.target.iter().map(|&t| t.round() as u32).collect(),
+        raw_max: 16.0,
     }
 }
 

@@ -81,7 +81,7 @@ fn parse_idx(bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), String> {
 
 /// Rotated Fashion-MNIST domains: `limit` images (all 70,000 if `None`) drawn at random with
 /// `seed` from the train and test files in `dir`, shrunk to `side × side` by area averaging,
-/// scaled to 0..=16 (the digits' range, which the built-in backbone expects), split into
+/// kept on the 8-bit scale 0..=255 (a backbone's card rescales them), split into
 /// disjoint class-stratified parts and rotated by `angles` (named `rot<angle>`).
 pub fn fashion_mnist_domains(
     dir: &Path,
@@ -130,6 +130,7 @@ pub fn fashion_mnist_domains(
         class_names: FASHION_CLASSES.iter().map(|s| s.to_string()).collect(),
         images: images.concat(),
         labels,
+        raw_max: 255.0,
     };
     let all = match limit {
         Some(n) if n < all.len() => all.partition(all.len().div_ceil(n), seed ^ 0xfa5)[0].clone(),
@@ -138,7 +139,7 @@ pub fn fashion_mnist_domains(
     Ok(rotated_domains(&all, angles, seed))
 }
 
-/// Area-averages an `h × w` byte image to `side × side`, scaled to 0..=16.
+/// Area-averages an `h × w` byte image to `side × side` (a copy when `side` equals both).
 fn shrink(pixels: &[u8], h: usize, w: usize, side: usize) -> Vec<f32> {
     let mut out = vec![0f32; side * side];
     for r in 0..side {
@@ -152,7 +153,7 @@ fn shrink(pixels: &[u8], h: usize, w: usize, side: usize) -> Vec<f32> {
                 }
             }
             let n = ((r1 - r0) * (c1 - c0)) as f32;
-            out[r * side + c] = sum as f32 / n * 16.0 / 255.0;
+            out[r * side + c] = sum as f32 / n;
         }
     }
     out
@@ -222,7 +223,7 @@ mod tests {
         let d0 = &domains[0].data;
         assert_eq!((d0.height, d0.width, d0.class_names.len()), (8, 8, 10));
         for i in 0..d0.len() {
-            let want = d0.labels[i] as f32 * 20.0 * 16.0 / 255.0;
+            let want = d0.labels[i] as f32 * 20.0;
             assert!(
                 d0.image(i).iter().all(|v| (v - want).abs() < 1e-4),
                 "unrotated domain keeps the shrunk pixels"

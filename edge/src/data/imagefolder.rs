@@ -106,6 +106,7 @@ pub fn imagefolder_domains(
                 class_names: class_names.clone(),
                 images,
                 labels,
+                raw_max: 255.0,
             },
         });
     }

@@ -40,6 +40,8 @@ pub struct ImageSet {
     pub images: Vec<f32>,
     /// One label per image, each smaller than `class_names.len()`.
     pub labels: Vec<u32>,
+    /// The raw value of a fully-on pixel: 16 for the digits, 255 for 8-bit image files.
+    pub raw_max: f32,
 }
 
 impl ImageSet {
@@ -104,6 +106,7 @@ impl ImageSet {
             class_names: self.class_names.clone(),
             images,
             labels,
+            raw_max: self.raw_max,
         }
     }
 
@@ -217,6 +220,7 @@ mod tests {
             class_names: (0..classes).map(|c| c.to_string()).collect(),
             images: (0..n).flat_map(|i| [i as f32, 0.5]).collect(),
             labels: (0..n).map(|i| i as u32 % classes).collect(),
+            raw_max: 1.0,
         }
     }
 
