@@ -37,9 +37,22 @@ enum Command {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// `digits` (built in) or `fashion-mnist` (IDX files; see --data-dir); six rotated domains.
+    /// `digits` (built in, six rotated domains), `fashion-mnist` (IDX files, see --data-dir; six
+    /// rotated domains) or `imagefolder:PATH` (PATH/<domain>/<class>/*.png|jpg, e.g. PACS).
     #[arg(long, default_value = "digits")]
     dataset: String,
+    /// Backbone: a model card (`.toml`) or an `.onnx` file with its card beside it, e.g. the
+    /// EfficientNet-Lite0 that models/tools/fetch-efficientnet-lite0.sh converts. Default: the
+    /// built-in `digits-conv`.
+    #[arg(long, value_name = "PATH.onnx")]
+    backbone: Option<PathBuf>,
+    /// Where backbone features are cached, keyed by backbone and images (default
+    /// ~/.cache/fedge/features).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Compute features again instead of reading or writing the cache.
+    #[arg(long)]
+    no_cache: bool,
     /// Folder of the Fashion-MNIST IDX files (default: where Debian's dataset-fashion-mnist
     /// puts them).
     #[arg(long)]
@@ -83,7 +96,8 @@ struct BenchArgs {
     /// Write the table as Markdown.
     #[arg(long)]
     markdown: Option<PathBuf>,
-    /// Draw the average target accuracy per algorithm (with error bars) as PNG.
+    /// Draw the held-out accuracy per round per algorithm as PNG, and the average per
+    /// algorithm with error bars over seeds next to it (PATH-bars.png).
     #[arg(long, value_name = "PATH.png")]
     plot: Option<PathBuf>,
 }
@@ -359,25 +373,16 @@ fn print_table(result: &DemoResult) {
 }
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let dataset = match args.dataset.as_str() {
-        "digits" => fedge::fdg::Dataset::Digits,
-        "fashion-mnist" => fedge::fdg::Dataset::FashionMnist {
-            dir: args
-                .data_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(fedge_edge::data::FASHION_MNIST_DIR)),
-            limit: (args.limit > 0).then_some(args.limit),
-        },
-        other => anyhow::bail!("unknown data set {other:?}; available: digits, fashion-mnist"),
-    };
+    use fedge::fdg;
+    let dataset = fdg::Dataset::parse(&args.dataset, args.data_dir.as_deref(), args.limit)?;
     let scenario = match args.scenario.as_str() {
-        "lodo" => fedge::fdg::Scenario::Lodo,
+        "lodo" => fdg::Scenario::Lodo,
         "multi" => {
             anyhow::ensure!(
                 args.clients_per_domain >= 1 && args.sample >= 1,
                 "--clients-per-domain and --sample must be at least 1"
             );
-            fedge::fdg::Scenario::Multi {
+            fdg::Scenario::Multi {
                 clients_per_domain: args.clients_per_domain,
                 sample: args.sample,
             }
@@ -387,37 +392,76 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let algorithms = args
         .algorithms
         .iter()
-        .map(|a| fedge::fdg::parse_algorithm(a))
+        .map(|a| fdg::parse_algorithm(a))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let options = fedge::fdg::BenchOptions {
-        dataset,
+    let transport = match args.transport.as_str() {
+        "inprocess" => fdg::Transport::InProcess,
+        "mqtt" => fdg::Transport::Mqtt,
+        other => anyhow::bail!("unknown transport {other:?}; available: inprocess, mqtt"),
+    };
+    let options = fdg::BenchOptions {
         scenario,
         rounds: args.rounds,
         seeds: args.seeds,
         local_epochs: args.local_epochs,
         hidden: 64,
     };
-    let total = algorithms.len() as u64 * 6 * options.seeds.max(1);
-    let bar = indicatif::ProgressBar::new(total).with_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} runs {msg} [{elapsed}]")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
     let start = std::time::Instant::now();
-    let transport = match args.transport.as_str() {
-        "inprocess" => fedge::fdg::Transport::InProcess,
-        "mqtt" => fedge::fdg::Transport::Mqtt,
-        other => anyhow::bail!("unknown transport {other:?}; available: inprocess, mqtt"),
+    let cache_dir = match (&args.cache_dir, args.no_cache) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        (None, false) => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("fedge/features")),
     };
-    let results = fedge::fdg::run_all(&algorithms, &options, transport, |r| {
-        bar.set_message(format!("{} on {} (seed {})", r.algorithm, r.target, r.seed));
-        bar.inc(1);
+    let spinner = indicatif::ProgressBar::new_spinner();
+    let prepared = fdg::prepare(
+        &dataset,
+        args.backbone.as_deref(),
+        cache_dir.as_deref(),
+        |domain| spinner.set_message(format!("features of {domain}")),
+    )?;
+    spinner.finish_and_clear();
+    let runs = algorithms.len() as u64 * prepared.domains.len() as u64 * options.seeds.max(1);
+    let bar = indicatif::ProgressBar::new(runs * options.rounds).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} rounds, {msg} [{elapsed} / ~{duration}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut done = 0u64;
+    let results = fdg::run_all(&prepared, &algorithms, &options, transport, |p| match p {
+        fdg::Progress::Round {
+            algorithm,
+            target,
+            seed,
+            round,
+        } => {
+            bar.set_message(format!(
+                "run {}/{runs}: {algorithm} on {target} (seed {seed}), round {round}",
+                done + 1
+            ));
+            bar.inc(1);
+        }
+        fdg::Progress::Run(r) => {
+            done += 1;
+            // Rounds a run did not aggregate still count as done.
+            bar.set_position(done * options.rounds);
+            bar.set_message(format!(
+                "{} on {}: {:.3}",
+                r.algorithm, r.target, r.target_accuracy
+            ));
+        }
     })
     .await?;
     bar.finish_and_clear();
-    let table = fedge::fdg::markdown(&results);
+    let table = fdg::markdown(&results);
     println!(
-        "{}, leave one domain out ({:?}), {} rounds, {} local epochs, {} seeds; target accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        "{}, {} backbone, {} ({:?}), {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
         args.dataset,
+        prepared.backbone,
+        args.scenario,
         options.scenario,
         options.rounds,
         options.local_epochs,
@@ -429,22 +473,29 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, &table).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if let Some(path) = &args.plot {
-        let title = format!(
-            "{}, {}: held-out domain accuracy, {} rounds, {} seeds",
-            args.dataset, args.scenario, options.rounds, options.seeds
+        let what = format!(
+            "{}, {}, {}, {} rounds, {} seeds",
+            args.dataset, prepared.backbone, args.scenario, options.rounds, options.seeds
         );
-        fedge::plot::write(path, &title, &fedge::fdg::plot_bars(&results))
+        let title = format!("{what}: held-out accuracy per round");
+        fedge::plot::write_curves(path, &title, &fdg::curves(&results))
+            .map_err(anyhow::Error::msg)?;
+        let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+        let bars_path = path.with_file_name(format!("{stem}-bars.png"));
+        let title = format!("{what}: held-out accuracy at the best source-validation round");
+        fedge::plot::write(&bars_path, &title, &fdg::plot_bars(&results))
             .map_err(anyhow::Error::msg)?;
     }
     if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "dataset": args.dataset,
-            "scenario": args.scenario,
-            "rounds": options.rounds,
-            "seeds": options.seeds,
-            "local_epochs": options.local_epochs,
-            "runs": results,
-        });
+        let meta = fdg::ReportMeta {
+            dataset: &args.dataset,
+            scenario: &args.scenario,
+            backbone: &prepared.backbone,
+            rounds: options.rounds,
+            seeds: options.seeds,
+            local_epochs: options.local_epochs,
+        };
+        let json = fdg::report_json(&meta, &results);
         std::fs::write(path, serde_json::to_string_pretty(&json)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }

@@ -1,6 +1,9 @@
-//! `fedge bench --plot PATH.png`: the average target accuracy of each algorithm as a horizontal
-//! bar with a ±1 std whisker over seeds, and one tick per held-out domain, drawn with the
-//! `image` crate and an embedded 8×8 bitmap font (no system fonts needed).
+//! The charts of `fedge bench --plot PATH.png`, drawn with the `image` crate and an embedded
+//! 8×8 bitmap font (no system fonts needed, so they work on a headless gateway or in CI):
+//!
+//! - [`render_curves`]: target accuracy after every round, one line per algorithm (`PATH.png`);
+//! - [`render`]: the average target accuracy of each algorithm as a horizontal bar with a ±1 std
+//!   whisker over seeds and one tick per held-out domain (`PATH-bars.png`).
 
 use std::path::Path;
 
@@ -78,6 +81,143 @@ pub fn render(title: &str, bars: &[Bar]) -> RgbImage {
     img
 }
 
+/// One line of [`render_curves`]: a label and a value (%) per round, rounds from 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
+    /// Algorithm name.
+    pub label: String,
+    /// Value after round `i + 1`.
+    pub points: Vec<f32>,
+}
+
+const PALETTE: [Rgb<u8>; 8] = [
+    Rgb([31, 119, 180]),
+    Rgb([255, 127, 14]),
+    Rgb([44, 160, 44]),
+    Rgb([214, 39, 40]),
+    Rgb([148, 103, 189]),
+    Rgb([140, 86, 75]),
+    Rgb([227, 119, 194]),
+    Rgb([127, 127, 127]),
+];
+const CURVE_LEFT: u32 = 80;
+const CURVE_TOP: u32 = 60;
+const CURVE_W: u32 = 700;
+const CURVE_H: u32 = 420;
+
+/// Renders one line per curve against the round, with a legend; the y axis spans the values
+/// rounded out to tens.
+pub fn render_curves(title: &str, curves: &[Curve]) -> RgbImage {
+    let mut img = RgbImage::from_pixel(WIDTH, CURVE_TOP + CURVE_H + 70, Rgb([255, 255, 255]));
+    text(&mut img, 16, 16, title, INK);
+    let values = curves.iter().flat_map(|c| c.points.iter().copied());
+    let (lo, hi) = values.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    let (lo, hi) = if lo.is_finite() {
+        (
+            (lo / 10.0).floor() * 10.0,
+            ((hi / 10.0).ceil() * 10.0).max(lo + 10.0),
+        )
+    } else {
+        (0.0, 100.0)
+    };
+    let rounds = curves
+        .iter()
+        .map(|c| c.points.len())
+        .max()
+        .unwrap_or(1)
+        .max(2);
+    let x_of = |i: usize| CURVE_LEFT + (i as u32 * CURVE_W) / (rounds as u32 - 1);
+    let y_of = |v: f32| {
+        let f = ((v - lo) / (hi - lo)).clamp(0.0, 1.0);
+        CURVE_TOP + CURVE_H - (f * CURVE_H as f32) as u32
+    };
+    let bottom = CURVE_TOP + CURVE_H;
+    let mut v = lo;
+    while v <= hi + 0.01 {
+        let y = y_of(v);
+        fill(&mut img, CURVE_LEFT, y, CURVE_W + 1, 1, GRID);
+        let label = format!("{v:.0}");
+        text(
+            &mut img,
+            CURVE_LEFT - 8 - CHAR * label.len() as u32,
+            y - CHAR / 2,
+            &label,
+            INK,
+        );
+        v += if hi - lo > 40.0 { 10.0 } else { 5.0 };
+    }
+    let step = rounds.div_ceil(10);
+    for i in (0..rounds).step_by(step) {
+        let label = (i + 1).to_string();
+        let x = x_of(i);
+        fill(&mut img, x, bottom, 1, 6, INK);
+        text(
+            &mut img,
+            x.saturating_sub(CHAR * label.len() as u32 / 2),
+            bottom + 10,
+            &label,
+            INK,
+        );
+    }
+    fill(&mut img, CURVE_LEFT, CURVE_TOP, 1, CURVE_H + 1, INK);
+    fill(&mut img, CURVE_LEFT, bottom, CURVE_W + 1, 1, INK);
+    text(
+        &mut img,
+        CURVE_LEFT,
+        bottom + 34,
+        "round (y: held-out accuracy %)",
+        INK,
+    );
+    for (k, curve) in curves.iter().enumerate() {
+        let color = PALETTE[k % PALETTE.len()];
+        let points: Vec<(u32, u32)> = curve
+            .points
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (x_of(i), y_of(*v)))
+            .collect();
+        for pair in points.windows(2) {
+            line(&mut img, pair[0], pair[1], color);
+        }
+        for &(x, y) in &points {
+            fill(
+                &mut img,
+                x.saturating_sub(2),
+                y.saturating_sub(2),
+                5,
+                5,
+                color,
+            );
+        }
+        let ly = CURVE_TOP + 10 + k as u32 * (CHAR + 12);
+        let lx = CURVE_LEFT + CURVE_W + 30;
+        fill(&mut img, lx, ly + CHAR / 2 - 2, 24, 5, color);
+        text(&mut img, lx + 32, ly, &curve.label, INK);
+    }
+    img
+}
+
+/// Writes [`render_curves`] as PNG.
+pub fn write_curves(path: &Path, title: &str, curves: &[Curve]) -> Result<(), String> {
+    render_curves(title, curves)
+        .save(path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// A 3-pixel-wide straight line from `a` to `b`.
+fn line(img: &mut RgbImage, a: (u32, u32), b: (u32, u32), color: Rgb<u8>) {
+    let (dx, dy) = (b.0 as f32 - a.0 as f32, b.1 as f32 - a.1 as f32);
+    let steps = dx.abs().max(dy.abs()).max(1.0) as u32;
+    for s in 0..=steps {
+        let t = s as f32 / steps as f32;
+        let x = (a.0 as f32 + dx * t).round() as u32;
+        let y = (a.1 as f32 + dy * t).round() as u32;
+        fill(img, x.saturating_sub(1), y.saturating_sub(1), 3, 3, color);
+    }
+}
+
 /// Writes the chart as PNG.
 pub fn write(path: &Path, title: &str, bars: &[Bar]) -> Result<(), String> {
     render(title, bars)
@@ -147,6 +287,39 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("plot.png");
         write(&path, "digits", &bars).unwrap();
+        assert_eq!(image::open(&path).unwrap().width(), WIDTH);
+    }
+
+    #[test]
+    fn curves_go_through_their_points_in_their_colour() {
+        let curves = vec![
+            Curve {
+                label: "fedavg".into(),
+                points: vec![20.0, 40.0, 60.0],
+            },
+            Curve {
+                label: "fedomg".into(),
+                points: vec![30.0, 30.0, 30.0],
+            },
+        ];
+        let img = render_curves("t", &curves);
+        // The axis spans 20..60: round 1 of fedavg sits at the bottom, round 3 at the top.
+        let (x1, x3) = (CURVE_LEFT, CURVE_LEFT + CURVE_W);
+        let (bottom, top) = (CURVE_TOP + CURVE_H, CURVE_TOP);
+        assert_eq!(*img.get_pixel(x1, bottom), PALETTE[0]);
+        assert_eq!(*img.get_pixel(x3, top), PALETTE[0]);
+        // Round 2 of fedavg (40 %) is halfway up, in the middle.
+        assert_eq!(
+            *img.get_pixel(x1 + CURVE_W / 2, (top + bottom) / 2),
+            PALETTE[0]
+        );
+        // fedomg is flat at 30 %, a quarter of the way up.
+        let y30 = bottom - CURVE_H / 4;
+        assert_eq!(*img.get_pixel(x1 + CURVE_W / 4, y30), PALETTE[1]);
+        assert_ne!(*img.get_pixel(x1 + CURVE_W / 4, y30 - 20), PALETTE[1]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("curves.png");
+        write_curves(&path, "t", &curves).unwrap();
         assert_eq!(image::open(&path).unwrap().width(), WIDTH);
     }
 }

@@ -1,7 +1,14 @@
 //! `fedge bench` on the built-in digits: a two-round smoke run of every algorithm, and the
 //! same results when run again with the same seed.
 
-use fedge::fdg::{BenchOptions, Dataset, Scenario, markdown, parse_algorithm, run_lodo};
+use fedge::fdg::{
+    BenchOptions, Dataset, Prepared, Progress, Scenario, markdown, parse_algorithm, prepare,
+    run_lodo,
+};
+
+fn digits() -> Prepared {
+    prepare(&Dataset::Digits, None, None, |_| {}).unwrap()
+}
 
 #[test]
 fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
@@ -15,15 +22,27 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
     ];
     let algorithms: Vec<_> = names.iter().map(|n| parse_algorithm(n).unwrap()).collect();
     let options = BenchOptions {
-        dataset: Dataset::Digits,
         scenario: Scenario::Lodo,
         rounds: 2,
         seeds: 1,
         local_epochs: 1,
         hidden: 32,
     };
-    let results = run_lodo(&algorithms, &options, |_| {}).unwrap();
+    let prepared = digits();
+    let mut rounds_seen = 0;
+    let results = run_lodo(&prepared, &algorithms, &options, |p| {
+        if let Progress::Round { round, .. } = p {
+            assert!((1..=2).contains(&round));
+            rounds_seen += 1;
+        }
+    })
+    .unwrap();
     assert_eq!(results.len(), names.len() * 6);
+    assert_eq!(
+        rounds_seen,
+        names.len() * 6 * 2,
+        "progress hears every round"
+    );
     let mut targets: Vec<&str> = results.iter().map(|r| r.target.as_str()).collect();
     targets.dedup();
     assert_eq!(
@@ -44,7 +63,7 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
     assert_eq!(table.lines().count(), 2 + names.len());
 
     // Same seed, same numbers: the run does not depend on timing or thread scheduling.
-    let again = run_lodo(&algorithms[4..], &options, |_| {}).unwrap();
+    let again = run_lodo(&prepared, &algorithms[4..], &options, |_| {}).unwrap();
     let before: Vec<_> = results
         .iter()
         .filter(|r| r.algorithm.starts_with("feddim"))
@@ -62,12 +81,11 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
 /// global head, bit for bit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_and_mqtt_runs_give_identical_results() {
-    use fedge::fdg::{digits, run_one, run_one_mqtt};
+    use fedge::fdg::{run_one, run_one_mqtt};
     use fedge_models::HeadConfig;
 
     let seed = 0;
     let options = BenchOptions {
-        dataset: Dataset::Digits,
         scenario: Scenario::Lodo,
         rounds: 2,
         seeds: 1,
@@ -75,13 +93,14 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
         hidden: 32,
     };
     let algorithm = parse_algorithm("feddim+fedomg").unwrap();
-    let (domains, features, classes) = digits(seed).unwrap();
-    let head = HeadConfig::new(features, classes).with_hidden(options.hidden);
+    let prepared = digits();
+    let domains = prepared.split(seed);
+    let head = HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(options.hidden);
     let target = domains.len() - 1;
-    let simulated = run_one(&algorithm, &domains, target, seed, &head, &options).unwrap();
+    let simulated = run_one(&algorithm, &domains, target, seed, &head, &options, |_| {}).unwrap();
     let over_mqtt = tokio::time::timeout(
         std::time::Duration::from_secs(120),
-        run_one_mqtt(&algorithm, &domains, target, seed, &head, &options),
+        run_one_mqtt(&algorithm, &domains, target, seed, &head, &options, |_| {}),
     )
     .await
     .expect("federation timed out")
@@ -106,7 +125,6 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
 fn the_multi_scenario_samples_clients_from_split_domains() {
     let algorithms = vec![parse_algorithm("feddim+fedomg").unwrap()];
     let options = BenchOptions {
-        dataset: Dataset::Digits,
         scenario: Scenario::Multi {
             clients_per_domain: 4,
             sample: 6,
@@ -116,7 +134,7 @@ fn the_multi_scenario_samples_clients_from_split_domains() {
         local_epochs: 3,
         hidden: 32,
     };
-    let results = run_lodo(&algorithms, &options, |_| {}).unwrap();
+    let results = run_lodo(&digits(), &algorithms, &options, |_| {}).unwrap();
     assert_eq!(results.len(), 6);
     for r in &results {
         let what = (&r.target, r.best_round, r.best_source_val);
@@ -128,26 +146,26 @@ fn the_multi_scenario_samples_clients_from_split_domains() {
     }
 }
 
-/// `fedge bench --json` as a user runs it: the document's fields and one entry per run.
+/// `fedge bench --json --markdown --plot` as a user runs it: the document's fields, one entry
+/// per run, a summary per algorithm, both charts, the feature cache.
 #[test]
 fn the_json_report_has_the_documented_fields() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("runs.json");
     let markdown = dir.path().join("table.md");
+    let plot = dir.path().join("acc.png");
+    let cache = dir.path().join("cache");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
-        .args([
-            "bench",
-            "--rounds",
-            "1",
-            "--seeds",
-            "1",
-            "--local-epochs",
-            "1",
-        ])
+        .args(["bench", "--rounds", "2", "--seeds", "2"])
+        .args(["--local-epochs", "1"])
         .args(["--algorithms", "fedavg,feddim+fedomg", "--json"])
         .arg(&json)
         .arg("--markdown")
         .arg(&markdown)
+        .arg("--plot")
+        .arg(&plot)
+        .arg("--cache-dir")
+        .arg(&cache)
         .output()
         .unwrap();
     assert!(
@@ -158,35 +176,112 @@ fn the_json_report_has_the_documented_fields() {
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(doc["dataset"], "digits");
     assert_eq!(doc["scenario"], "lodo");
-    assert_eq!(
-        (doc["rounds"].as_u64(), doc["seeds"].as_u64()),
-        (Some(1), Some(1))
-    );
-    let runs = doc["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2 * 6);
+    assert_eq!(doc["backbone"], "digits-conv");
+    assert_eq!(doc["rounds"].as_u64(), Some(2));
+    let runs = doc["results"].as_array().unwrap();
+    assert_eq!(runs.len(), 2 * 6 * 2);
     for run in runs {
         for key in [
             "algorithm",
             "target",
             "seed",
             "best_round",
-            "best_source_val",
             "target_accuracy",
-            "final_target_accuracy",
         ] {
             assert!(!run[key].is_null(), "{key} missing in {run}");
         }
+        assert_eq!(run["curve"].as_array().unwrap().len(), 2, "{run}");
         assert!(
             run.get("final_params").is_none(),
             "parameters stay out of the report"
         );
     }
+    let summary = doc["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 2);
+    for row in summary {
+        // The summary is the mean over seeds of each seed's average over targets.
+        let name = row["algorithm"].as_str().unwrap();
+        let mine: Vec<f64> = runs
+            .iter()
+            .filter(|r| r["algorithm"] == name)
+            .map(|r| r["target_accuracy"].as_f64().unwrap())
+            .collect();
+        let mean = mine.iter().sum::<f64>() / mine.len() as f64;
+        let got = row["mean_target_accuracy"].as_f64().unwrap();
+        assert!((got - mean).abs() < 1e-5, "{name}: {got} vs {mean}");
+        assert!(row["std"].as_f64().unwrap() >= 0.0);
+    }
     let table = std::fs::read_to_string(&markdown).unwrap();
     assert!(table.contains("| feddim+fedomg |"), "{table}");
+    for png in ["acc.png", "acc-bars.png"] {
+        let img = image::open(dir.path().join(png)).unwrap();
+        assert!(img.width() > 500, "{png}");
+    }
+    let cached = std::fs::read_dir(&cache).unwrap().count();
+    assert_eq!(cached, 6, "one feature file per domain");
+
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
         .args(["bench", "--dataset", "imagenet"])
         .output()
         .unwrap();
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("available: digits, fashion-mnist"));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("available: digits, fashion-mnist, imagefolder:PATH"),
+        "{stderr}"
+    );
+}
+
+/// An ImageFolder tree (as PACS ships): the top-level folders are the domains, and features
+/// come back from the on-disk cache unchanged.
+#[test]
+fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    // Three domains that draw the same two classes (a bright left or right half) differently.
+    for (d, domain) in ["photo", "sketch", "cartoon"].iter().enumerate() {
+        for (c, class) in ["left", "right"].iter().enumerate() {
+            let folder = root.join(domain).join(class);
+            std::fs::create_dir_all(&folder).unwrap();
+            for i in 0..12u32 {
+                let img = image::RgbImage::from_fn(16, 16, |x, y| {
+                    let bright = (x < 8) == (c == 0);
+                    let base = if bright { 200 } else { 40 } as u32;
+                    let v = (base + (x * 7 + y * 3 + i * 11) % 30 + d as u32 * 10).min(255);
+                    image::Rgb([v as u8, (v / (d as u32 + 1)) as u8, 255 - v as u8])
+                });
+                img.save(folder.join(format!("{i}.png"))).unwrap();
+            }
+        }
+    }
+    let dataset = Dataset::parse(&format!("imagefolder:{}", root.display()), None, 0).unwrap();
+    let cache = dir.path().join("cache");
+    let first = prepare(&dataset, None, Some(&cache), |_| {}).unwrap();
+    let names: Vec<&str> = first.domains.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["cartoon", "photo", "sketch"]);
+    assert_eq!(first.classes, 2);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 3);
+    let again = prepare(&dataset, None, Some(&cache), |_| {}).unwrap();
+    for ((_, a), (_, b)) in first.domains.iter().zip(&again.domains) {
+        assert_eq!(
+            a.features, b.features,
+            "the cache returns what was computed"
+        );
+    }
+    let options = BenchOptions {
+        scenario: Scenario::Lodo,
+        rounds: 3,
+        seeds: 1,
+        local_epochs: 3,
+        hidden: 16,
+    };
+    let algorithms = vec![parse_algorithm("fedavg").unwrap()];
+    let results = run_lodo(&first, &algorithms, &options, |_| {}).unwrap();
+    assert_eq!(results.len(), 3);
+    for r in &results {
+        assert!(
+            r.target_accuracy > 0.75,
+            "an easy task is learned and carries over: {r:?}"
+        );
+    }
 }

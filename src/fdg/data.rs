@@ -1,0 +1,280 @@
+//! The benchmark's data: domains through a backbone, features cached on disk, split per seed.
+//!
+//! Domains are built once per data set (the rotated data sets with a fixed seed, so every seed
+//! and algorithm sees the same six domains) and their features computed once per (data set,
+//! backbone); with a cache folder they are kept on disk, keyed by the backbone's bytes and the
+//! images. Seeds then vary the 90/10 train/validation split, the head's initialisation, client
+//! sampling and the trainers' shuffles.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use fedge_edge::FeatureSet;
+use fedge_edge::data::{
+    DIGITS_ANGLES, Domain, digits_domains, fashion_mnist_domains, imagefolder_domains,
+};
+use fedge_edge::features::{self, Fnv64};
+use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
+use fedge_models::{Backbone, check_sample};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+/// The seed that partitions and rotates the built-in and IDX data sets into domains.
+pub const DOMAIN_SEED: u64 = 0;
+
+/// Fraction of each client's data held out for model selection.
+pub const VAL_FRACTION: f64 = 0.1;
+
+/// Which images make the domains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dataset {
+    /// The built-in UCI digits, six rotated domains.
+    Digits,
+    /// Fashion-MNIST from IDX files in `dir`, `limit` images in all, six rotated domains.
+    FashionMnist {
+        /// Folder of the four IDX files.
+        dir: PathBuf,
+        /// Images drawn in all; `None` uses the 70,000.
+        limit: Option<usize>,
+    },
+    /// `root/<domain>/<class>/*.png|jpg` (PACS, VLCS and OfficeHome ship this way).
+    ImageFolder {
+        /// The folder whose sub-folders are the domains.
+        root: PathBuf,
+    },
+}
+
+impl Dataset {
+    /// Parses `digits`, `fashion-mnist` or `imagefolder:PATH`; `data_dir` is Fashion-MNIST's
+    /// folder (default: where Debian's `dataset-fashion-mnist` puts it), `limit` its number of
+    /// images (0 = all).
+    pub fn parse(spec: &str, data_dir: Option<&Path>, limit: usize) -> anyhow::Result<Self> {
+        Ok(match spec {
+            "digits" => Dataset::Digits,
+            "fashion-mnist" => Dataset::FashionMnist {
+                dir: data_dir
+                    .map(Path::to_owned)
+                    .unwrap_or_else(|| PathBuf::from(fedge_edge::data::FASHION_MNIST_DIR)),
+                limit: (limit > 0).then_some(limit),
+            },
+            _ => match spec.strip_prefix("imagefolder:") {
+                Some(root) if !root.is_empty() => Dataset::ImageFolder { root: root.into() },
+                _ => anyhow::bail!(
+                    "unknown data set {spec:?}; available: digits, fashion-mnist, imagefolder:PATH"
+                ),
+            },
+        })
+    }
+}
+
+/// Every domain of a data set as features, ready to be split per seed.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The backbone's card name.
+    pub backbone: String,
+    /// Features per sample.
+    pub feature_size: usize,
+    /// Classes.
+    pub classes: usize,
+    /// Domain names and all their features, in order.
+    pub domains: Vec<(String, Arc<FeatureSet>)>,
+}
+
+/// One domain's split for one seed: train and validation features.
+pub struct DomainData {
+    /// Domain name (`rot0` ... `rot75`, or the folder name), also the client id.
+    pub name: String,
+    /// 90 % of the domain, for training.
+    pub train: Arc<FeatureSet>,
+    /// 10 %, for model selection.
+    pub val: Arc<FeatureSet>,
+    /// The whole domain, scored when it is the target.
+    pub all: Arc<FeatureSet>,
+}
+
+/// Loads `backbone` (a model card, or an `.onnx` file with its card beside it; `None` is the
+/// built-in `digits-conv`) and checks it against its converter's sample when one is there.
+/// Returns the backbone and a hash of its weights for cache keys.
+pub fn load_backbone(backbone: Option<&Path>) -> anyhow::Result<(Backbone, u64)> {
+    let Some(path) = backbone else {
+        let card = digits_conv_card();
+        let backbone = Backbone::from_bytes(card, DIGITS_CONV_ONNX, Path::new(DIGITS_CONV))?;
+        return Ok((backbone, Fnv64::of(DIGITS_CONV_ONNX)));
+    };
+    let card_path = if path.extension().is_some_and(|e| e == "onnx") {
+        path.with_extension("toml")
+    } else {
+        path.to_owned()
+    };
+    anyhow::ensure!(
+        card_path.exists(),
+        "no model card {}: a backbone needs its card next to it \
+         (models/tools/fetch-efficientnet-lite0.sh writes both)",
+        card_path.display()
+    );
+    let backbone = Backbone::load(&card_path)?;
+    let onnx = card_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(&backbone.card().file);
+    let bytes = std::fs::read(&onnx).with_context(|| format!("cannot read {}", onnx.display()))?;
+    if let Some(check) = check_sample(&backbone, &card_path)? {
+        anyhow::ensure!(
+            check.agrees(),
+            "{} disagrees with its converter's sample (largest difference {} for features up \
+             to {}): convert it again",
+            onnx.display(),
+            check.max_abs_diff,
+            check.max_abs
+        );
+    }
+    Ok((backbone, Fnv64::of(&bytes)))
+}
+
+/// The domains of `dataset` as `backbone` sees them: built once, features extracted once (or
+/// read from `cache_dir`). `progress` hears each domain's name before its features are made.
+pub fn prepare(
+    dataset: &Dataset,
+    backbone: Option<&Path>,
+    cache_dir: Option<&Path>,
+    mut progress: impl FnMut(&str),
+) -> anyhow::Result<Prepared> {
+    let (backbone, id) = load_backbone(backbone)?;
+    let card = backbone.card().clone();
+    let domains: Vec<Domain> = match dataset {
+        Dataset::Digits => digits_domains(&DIGITS_ANGLES, DOMAIN_SEED),
+        Dataset::FashionMnist { dir, limit } => {
+            // Shrinking 28x28 by area averaging suits a small backbone better than bilinear
+            // resampling; larger inputs start from the native size.
+            let side = if card.height < 28 { card.height } else { 28 };
+            fashion_mnist_domains(dir, &DIGITS_ANGLES, DOMAIN_SEED, *limit, side)?
+        }
+        Dataset::ImageFolder { root } => {
+            imagefolder_domains(root, card.channels, card.height, card.width)?
+        }
+    };
+    anyhow::ensure!(
+        domains.len() >= 2,
+        "leave-one-domain-out needs at least two domains, found {}",
+        domains.len()
+    );
+    let classes = domains[0].data.classes();
+    let mut out = Vec::with_capacity(domains.len());
+    for domain in domains {
+        progress(&domain.name);
+        let features = features::extract(&backbone, id, &domain.data, cache_dir)?;
+        out.push((domain.name, Arc::new(features)));
+    }
+    Ok(Prepared {
+        backbone: card.name,
+        feature_size: card.feature_size,
+        classes,
+        domains: out,
+    })
+}
+
+impl Prepared {
+    /// Every domain split 90/10 into training and validation for `seed`.
+    pub fn split(&self, seed: u64) -> Vec<DomainData> {
+        self.domains
+            .iter()
+            .enumerate()
+            .map(|(d, (name, all))| {
+                let (train, val) = split_features(all, VAL_FRACTION, seed ^ (d as u64 + 1));
+                DomainData {
+                    name: name.clone(),
+                    train: Arc::new(train),
+                    val: Arc::new(val),
+                    all: Arc::clone(all),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The built-in digits through `digits-conv`, split for `seed`: the domains, the feature size
+/// and the class count.
+pub fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
+    let prepared = prepare(&Dataset::Digits, None, None, |_| {})?;
+    Ok((
+        prepared.split(seed),
+        prepared.feature_size,
+        prepared.classes,
+    ))
+}
+
+/// Splits `set` at random (seeded) into a training and a validation set holding
+/// `round(len · val_fraction)` samples, at least one each when `len ≥ 2`.
+pub fn split_features(set: &FeatureSet, val_fraction: f64, seed: u64) -> (FeatureSet, FeatureSet) {
+    let n = set.len();
+    let mut n_val = (n as f64 * val_fraction.clamp(0.0, 1.0)).round() as usize;
+    if n >= 2 {
+        n_val = n_val.clamp(1, n - 1);
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    let (val, train) = order.split_at(n_val.min(n));
+    (rows(set, train), rows(set, val))
+}
+
+/// The rows `indices` of `set`, in that order.
+pub fn rows(set: &FeatureSet, indices: &[usize]) -> FeatureSet {
+    let mut out = FeatureSet {
+        dim: set.dim,
+        features: Vec::with_capacity(indices.len() * set.dim),
+        labels: Vec::with_capacity(indices.len()),
+    };
+    for &i in indices {
+        out.features
+            .extend_from_slice(&set.features[i * set.dim..(i + 1) * set.dim]);
+        out.labels.push(set.labels[i]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_are_disjoint_complete_and_reproducible() {
+        let set = FeatureSet {
+            dim: 1,
+            features: (0..50).map(|v| v as f32).collect(),
+            labels: (0..50).collect(),
+        };
+        let (train, val) = split_features(&set, 0.1, 3);
+        assert_eq!((train.len(), val.len()), (45, 5));
+        let mut all: Vec<u32> = train.labels.iter().chain(&val.labels).copied().collect();
+        all.sort();
+        assert_eq!(all, (0..50).collect::<Vec<_>>());
+        assert_eq!(split_features(&set, 0.1, 3).1.labels, val.labels);
+        assert_ne!(split_features(&set, 0.1, 4).1.labels, val.labels);
+        for (f, y) in train.features.iter().zip(&train.labels) {
+            assert_eq!(*f, *y as f32, "rows stay whole");
+        }
+    }
+
+    #[test]
+    fn data_sets_parse_and_unknown_ones_say_what_exists() {
+        assert_eq!(Dataset::parse("digits", None, 0).unwrap(), Dataset::Digits);
+        assert_eq!(
+            Dataset::parse("imagefolder:data/PACS", None, 0).unwrap(),
+            Dataset::ImageFolder {
+                root: "data/PACS".into()
+            }
+        );
+        let err = Dataset::parse("imagenet", None, 0).unwrap_err().to_string();
+        assert!(err.contains("imagefolder:PATH"), "{err}");
+    }
+
+    #[test]
+    fn a_backbone_without_its_card_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_backbone(Some(&dir.path().join("x.onnx")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no model card"), "{err}");
+    }
+}

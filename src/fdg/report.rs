@@ -1,0 +1,214 @@
+//! What a benchmark prints and writes: the summary over seeds, the Markdown table, the JSON
+//! report and the data of the two plots.
+
+use super::RunResult;
+
+/// Mean and sample standard deviation.
+pub fn mean_std(values: &[f32]) -> (f32, f32) {
+    let n = values.len().max(1) as f32;
+    let mean = values.iter().sum::<f32>() / n;
+    let var = if values.len() > 1 {
+        values.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Per algorithm (in order of appearance): per target domain the mean and std over seeds of
+/// the target accuracy, and the mean and std over seeds of the per-seed average; in percent.
+pub struct Summary {
+    /// Target domains, in order of appearance.
+    pub targets: Vec<String>,
+    /// One row per algorithm.
+    pub rows: Vec<SummaryRow>,
+}
+
+/// One algorithm's line of a [`Summary`].
+pub struct SummaryRow {
+    /// Algorithm name.
+    pub algorithm: String,
+    /// Per target domain: mean and std over seeds (percent).
+    pub cells: Vec<(f32, f32)>,
+    /// Mean and std over seeds of the per-seed average (percent).
+    pub average: (f32, f32),
+}
+
+/// Summarises runs over seeds.
+pub fn summarise(results: &[RunResult]) -> Summary {
+    let mut algorithms: Vec<&str> = Vec::new();
+    let mut targets: Vec<&str> = Vec::new();
+    for r in results {
+        if !algorithms.contains(&r.algorithm.as_str()) {
+            algorithms.push(&r.algorithm);
+        }
+        if !targets.contains(&r.target.as_str()) {
+            targets.push(&r.target);
+        }
+    }
+    let rows = algorithms
+        .iter()
+        .map(|a| {
+            let mut per_seed: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
+            let cells = targets
+                .iter()
+                .map(|t| {
+                    let accs: Vec<f32> = results
+                        .iter()
+                        .filter(|r| r.algorithm == *a && r.target == *t)
+                        .map(|r| {
+                            per_seed.entry(r.seed).or_default().push(r.target_accuracy);
+                            r.target_accuracy * 100.0
+                        })
+                        .collect();
+                    mean_std(&accs)
+                })
+                .collect();
+            let averages: Vec<f32> = per_seed
+                .values()
+                .map(|v| v.iter().sum::<f32>() / v.len() as f32 * 100.0)
+                .collect();
+            SummaryRow {
+                algorithm: a.to_string(),
+                cells,
+                average: mean_std(&averages),
+            }
+        })
+        .collect();
+    Summary {
+        targets: targets.iter().map(|t| t.to_string()).collect(),
+        rows,
+    }
+}
+
+/// The results as a Markdown table: rows are algorithms, columns target domains and the
+/// average, cells `mean ± std` over seeds of the target accuracy (percent).
+pub fn markdown(results: &[RunResult]) -> String {
+    let summary = summarise(results);
+    let mut out = format!(
+        "| algorithm | {} | average |\n|---|",
+        summary.targets.join(" | ")
+    );
+    out.push_str(&"---|".repeat(summary.targets.len() + 1));
+    out.push('\n');
+    for row in &summary.rows {
+        let (a, (m, s)) = (&row.algorithm, row.average);
+        out.push_str(&format!("| {a} |"));
+        for (cm, cs) in &row.cells {
+            out.push_str(&format!(" {cm:.1} ± {cs:.1} |"));
+        }
+        out.push_str(&format!(" **{m:.1} ± {s:.1}** |\n"));
+    }
+    out
+}
+
+/// The bars of `fedge bench --plot`.
+pub fn plot_bars(results: &[RunResult]) -> Vec<crate::plot::Bar> {
+    summarise(results)
+        .rows
+        .into_iter()
+        .map(|row| crate::plot::Bar {
+            label: row.algorithm,
+            mean: row.average.0,
+            std: row.average.1,
+            domains: row.cells.iter().map(|(m, _)| *m).collect(),
+        })
+        .collect()
+}
+
+/// The lines of `fedge bench --plot`: per algorithm, the mean over targets and seeds of the
+/// target accuracy after each round (percent), rounds from 1.
+pub fn curves(results: &[RunResult]) -> Vec<crate::plot::Curve> {
+    let mut out: Vec<(crate::plot::Curve, Vec<u32>)> = Vec::new();
+    for r in results {
+        let at = match out.iter().position(|(c, _)| c.label == r.algorithm) {
+            Some(at) => at,
+            None => {
+                out.push((
+                    crate::plot::Curve {
+                        label: r.algorithm.clone(),
+                        points: Vec::new(),
+                    },
+                    Vec::new(),
+                ));
+                out.len() - 1
+            }
+        };
+        let (curve, counts) = &mut out[at];
+        for score in &r.curve {
+            let i = score.round.saturating_sub(1) as usize;
+            if curve.points.len() <= i {
+                curve.points.resize(i + 1, 0.0);
+                counts.resize(i + 1, 0);
+            }
+            curve.points[i] += score.target_accuracy * 100.0;
+            counts[i] += 1;
+        }
+    }
+    out.into_iter()
+        .map(|(mut curve, counts)| {
+            for (p, n) in curve.points.iter_mut().zip(counts) {
+                *p /= n.max(1) as f32;
+            }
+            curve
+        })
+        .collect()
+}
+
+/// What a report says about how its runs were made.
+#[derive(Debug, Clone)]
+pub struct ReportMeta<'a> {
+    /// Data set as given on the command line.
+    pub dataset: &'a str,
+    /// `lodo` or `multi`.
+    pub scenario: &'a str,
+    /// Backbone card name.
+    pub backbone: &'a str,
+    /// Rounds per run.
+    pub rounds: u64,
+    /// Seeds.
+    pub seeds: u64,
+    /// Local epochs.
+    pub local_epochs: u32,
+}
+
+/// The JSON report of DESIGN.md: `dataset`, `scenario`, `backbone`, `rounds`, `results` (one
+/// entry per run with `algorithm`, `target`, `seed`, `target_accuracy`, `best_round`, plus the
+/// per-round curve) and `summary` (per algorithm `mean_target_accuracy` and `std` over seeds of
+/// the average over targets, as fractions like the per-run accuracies).
+pub fn report_json(meta: &ReportMeta, results: &[RunResult]) -> serde_json::Value {
+    let summary: Vec<serde_json::Value> = summarise(results)
+        .rows
+        .iter()
+        .map(|row| {
+            serde_json::json!({
+                "algorithm": row.algorithm,
+                "mean_target_accuracy": row.average.0 / 100.0,
+                "std": row.average.1 / 100.0,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "dataset": meta.dataset,
+        "scenario": meta.scenario,
+        "backbone": meta.backbone,
+        "rounds": meta.rounds,
+        "seeds": meta.seeds,
+        "local_epochs": meta.local_epochs,
+        "results": results,
+        "summary": summary,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_std_of_seeds() {
+        assert_eq!(mean_std(&[0.5]), (0.5, 0.0));
+        let (m, s) = mean_std(&[1.0, 3.0]);
+        assert_eq!(m, 2.0);
+        assert!((s - 2f32.sqrt()).abs() < 1e-6);
+    }
+}

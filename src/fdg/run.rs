@@ -1,0 +1,426 @@
+//! One benchmark run, in process or over MQTT, and the loops over seeds, targets and
+//! algorithms.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::Context;
+use fedge_coordinator::insight::InsightConfig;
+use fedge_coordinator::{Output, RoundConfig, Rounds};
+use fedge_edge::{FeatureSet, accuracy, train_head_with};
+use fedge_models::{Backend, HeadConfig, training_device};
+use fedge_wire::{
+    ClassStats, ClientUpdate, LocalMetrics, Message, Objective, TensorF32, TrainParams,
+};
+
+use super::{Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport};
+use crate::demo::pooled_accuracy;
+
+/// What a benchmark reports as it goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    /// A round of a run was aggregated.
+    Round {
+        /// Algorithm name.
+        algorithm: &'a str,
+        /// Held-out domain.
+        target: &'a str,
+        /// Seed.
+        seed: u64,
+        /// The round just aggregated.
+        round: u64,
+    },
+    /// A run finished.
+    Run(&'a RunResult),
+}
+
+/// Runs every algorithm with every target and seed in process; `progress` sees every round and
+/// every finished run.
+pub fn run_lodo(
+    prepared: &Prepared,
+    algorithms: &[Algorithm],
+    options: &BenchOptions,
+    mut progress: impl FnMut(Progress),
+) -> anyhow::Result<Vec<RunResult>> {
+    let mut results = Vec::new();
+    let head = head_of(prepared, options);
+    for seed in 0..options.seeds.max(1) {
+        let domains = prepared.split(seed);
+        for target in 0..domains.len() {
+            for algorithm in algorithms {
+                let r = run_one(algorithm, &domains, target, seed, &head, options, |round| {
+                    progress(Progress::Round {
+                        algorithm: &algorithm.name,
+                        target: &domains[target].name,
+                        seed,
+                        round,
+                    })
+                })?;
+                progress(Progress::Run(&r));
+                results.push(r);
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// Every algorithm with every target and seed over `transport`.
+pub async fn run_all(
+    prepared: &Prepared,
+    algorithms: &[Algorithm],
+    options: &BenchOptions,
+    transport: Transport,
+    mut progress: impl FnMut(Progress),
+) -> anyhow::Result<Vec<RunResult>> {
+    if transport == Transport::InProcess {
+        return run_lodo(prepared, algorithms, options, progress);
+    }
+    let mut results = Vec::new();
+    let head = head_of(prepared, options);
+    for seed in 0..options.seeds.max(1) {
+        let domains = prepared.split(seed);
+        for target in 0..domains.len() {
+            for algorithm in algorithms {
+                let r = run_one_mqtt(algorithm, &domains, target, seed, &head, options, |round| {
+                    progress(Progress::Round {
+                        algorithm: &algorithm.name,
+                        target: &domains[target].name,
+                        seed,
+                        round,
+                    })
+                })
+                .await?;
+                progress(Progress::Run(&r));
+                results.push(r);
+            }
+        }
+    }
+    Ok(results)
+}
+
+fn head_of(prepared: &Prepared, options: &BenchOptions) -> HeadConfig {
+    HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(options.hidden)
+}
+
+/// One run as a real federation over an embedded MQTT broker (the `fedge demo` machinery):
+/// the same clients, seeds and selection rule as [`run_one`].
+pub async fn run_one_mqtt(
+    algorithm: &Algorithm,
+    domains: &[DomainData],
+    target: usize,
+    seed: u64,
+    head: &HeadConfig,
+    options: &BenchOptions,
+    mut on_round: impl FnMut(u64),
+) -> anyhow::Result<RunResult> {
+    let sources = clients(domains, target, options.scenario, seed);
+    let per_round = match options.scenario {
+        Scenario::Lodo => None,
+        Scenario::Multi { sample, .. } => Some(sample),
+    };
+    let data = crate::demo::DemoData {
+        head: head.clone(),
+        selection: sources.iter().map(|c| Arc::clone(&c.val)).collect(),
+        clients: sources
+            .iter()
+            .map(|c| (c.name.clone(), Arc::clone(&c.train), Arc::clone(&c.val)))
+            .collect(),
+        target: Arc::clone(&domains[target].all),
+    };
+    let demo_options = crate::demo::DemoOptions {
+        rounds: options.rounds,
+        clients: sources.len(),
+        per_round,
+        strategy: algorithm.strategy.clone(),
+        train: TrainParams {
+            objective: algorithm.objective,
+            local_epochs: options.local_epochs,
+            ..TrainParams::default()
+        },
+        seed,
+        hidden: head.hidden,
+        federation: format!("bench-{seed}-{target}"),
+        round_timeout_s: 600.0,
+        ..crate::demo::DemoOptions::default()
+    };
+    let result = crate::demo::run(&demo_options, &data, |row| on_round(row.round)).await?;
+    let scores = result
+        .rounds
+        .iter()
+        .filter_map(|row| Some((row.round, row.selection_accuracy?, row.target_accuracy?)));
+    Ok(RunResult::select(
+        algorithm,
+        &domains[target].name,
+        seed,
+        scores,
+        result.final_params,
+    ))
+}
+
+/// One run in process: `algorithm` with `domains[target]` held out.
+pub fn run_one(
+    algorithm: &Algorithm,
+    domains: &[DomainData],
+    target: usize,
+    seed: u64,
+    head: &HeadConfig,
+    options: &BenchOptions,
+    mut on_round: impl FnMut(u64),
+) -> anyhow::Result<RunResult> {
+    let sources = clients(domains, target, options.scenario, seed);
+    let (fraction, per_round) = match options.scenario {
+        Scenario::Lodo => (1.0, sources.len()),
+        Scenario::Multi { sample, .. } => {
+            let sample = sample.clamp(1, sources.len());
+            (sample as f32 / sources.len() as f32, sample)
+        }
+    };
+    let train = TrainParams {
+        objective: algorithm.objective,
+        local_epochs: options.local_epochs,
+        ..TrainParams::default()
+    };
+    let config = RoundConfig {
+        rounds: options.rounds,
+        fraction,
+        min_clients: sources.len(),
+        min_updates: per_round,
+        round_timeout_ms: u64::MAX / 4,
+        train,
+        seed,
+        insight: (algorithm.objective == Objective::FedDim).then_some(InsightConfig {
+            hidden: head.hidden,
+            classes: head.classes,
+            momentum: 0.5,
+        }),
+        ..RoundConfig::default()
+    };
+    let strategy = algorithm.strategy.build().map_err(anyhow::Error::msg)?;
+    let mut machine = Rounds::new(config, strategy, head.init_flat(seed));
+    for source in &sources {
+        machine.handle_client_status(&source.name, true, 0);
+    }
+    machine.start(0);
+    let val_sets: Vec<Arc<FeatureSet>> = sources.iter().map(|c| Arc::clone(&c.val)).collect();
+    let mut scores = Vec::new();
+    let mut now = 0u64;
+    loop {
+        let mut task = None;
+        let mut finished = false;
+        while let Some(output) = machine.poll_output() {
+            match output {
+                Output::PublishTask { frame, .. } => task = Some(frame),
+                Output::RoundEnded(report) if report.aggregated => {
+                    let params = machine.params();
+                    let val = pooled_accuracy(head, params, &val_sets);
+                    let target_accuracy = accuracy(head, params, &domains[target].all)?;
+                    scores.push((report.round, val, target_accuracy));
+                    on_round(report.round);
+                }
+                Output::Rejected {
+                    client,
+                    reason,
+                    detail,
+                } => {
+                    anyhow::bail!(
+                        "{client}'s update was rejected ({}): {detail}",
+                        reason.name()
+                    )
+                }
+                Output::Finished => finished = true,
+                _ => {}
+            }
+        }
+        if finished {
+            break;
+        }
+        let frame = task.context("the round machine stopped without a task")?;
+        let Ok(Message::RoundTask(task)) = fedge_wire::decode(&frame) else {
+            anyhow::bail!("undecodable round task");
+        };
+        let global = task.params.to_vec();
+        let insight = task.insight.as_ref().map(TensorF32::to_vec);
+        let selected: Vec<&Client> = sources
+            .iter()
+            .filter(|s| task.selected.contains(&s.name))
+            .collect();
+        let client_seed = seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let frames = in_parallel(&selected, |source| {
+            let out = train_head_with(
+                head,
+                &global,
+                &source.train,
+                &task.train,
+                insight.as_deref(),
+                client_seed,
+                &training_device(Backend::default()),
+            )?;
+            let update = ClientUpdate {
+                round: task.round,
+                client_id: source.name.clone(),
+                seq: task.round,
+                num_samples: source.train.len() as u32,
+                delta: TensorF32::from_slice(&out.delta),
+                metrics: LocalMetrics {
+                    train_loss: out.last_epoch_loss,
+                    ..LocalMetrics::default()
+                },
+                class_stats: out.class_stats.map(|(counts, means)| ClassStats {
+                    counts,
+                    means: TensorF32::from_slice(&means),
+                }),
+            };
+            Ok(fedge_wire::encode(&Message::ClientUpdate(update)))
+        })?;
+        // Handed over in client order, whichever thread finished first.
+        for (source, frame) in selected.iter().zip(frames) {
+            now += 1;
+            machine.handle_packet(&source.name, &frame, now);
+        }
+    }
+    Ok(RunResult::select(
+        algorithm,
+        &domains[target].name,
+        seed,
+        scores,
+        machine.params().to_vec(),
+    ))
+}
+
+/// `work` on every item, on as many threads as there are cores (at most one per item); the
+/// results in item order. The first error wins.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    work: impl Fn(&T) -> anyhow::Result<R> + Sync,
+) -> anyhow::Result<Vec<R>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(&work).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut slots: Vec<Option<anyhow::Result<R>>> = (0..items.len()).map(|_| None).collect();
+    let done: Vec<Vec<(usize, anyhow::Result<R>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, work(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    for (i, r) in done.into_iter().flatten() {
+        slots[i] = Some(r);
+    }
+    slots
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a training thread panicked"))))
+        .collect()
+}
+
+/// A client of a run: its id and its splits.
+struct Client {
+    name: String,
+    train: Arc<FeatureSet>,
+    val: Arc<FeatureSet>,
+}
+
+/// The clients of a run holding out `domains[target]`.
+fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64) -> Vec<Client> {
+    let sources = domains.iter().enumerate().filter(|(d, _)| *d != target);
+    match scenario {
+        Scenario::Lodo => sources
+            .map(|(_, d)| Client {
+                name: d.name.clone(),
+                train: Arc::clone(&d.train),
+                val: Arc::clone(&d.val),
+            })
+            .collect(),
+        Scenario::Multi {
+            clients_per_domain, ..
+        } => {
+            let parts = clients_per_domain.max(1);
+            sources
+                .flat_map(|(i, d)| {
+                    let salt = seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                    let train = partition(&d.train, parts, salt);
+                    let val = partition(&d.val, parts, salt ^ 1);
+                    train
+                        .into_iter()
+                        .zip(val)
+                        .enumerate()
+                        .map(move |(c, (t, v))| Client {
+                            name: format!("{}-{c:02}", d.name),
+                            train: Arc::new(t),
+                            val: Arc::new(v),
+                        })
+                })
+                .filter(|c| !c.train.is_empty())
+                .collect()
+        }
+    }
+}
+
+/// Splits `set` into `parts` disjoint parts at random (seeded), sizes within one.
+pub fn partition(set: &FeatureSet, parts: usize, seed: u64) -> Vec<FeatureSet> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut order: Vec<usize> = (0..set.len()).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    let mut out = vec![
+        FeatureSet {
+            dim: set.dim,
+            ..FeatureSet::default()
+        };
+        parts.max(1)
+    ];
+    let n = out.len();
+    for (k, &i) in order.iter().enumerate() {
+        let part = &mut out[k % n];
+        part.features
+            .extend_from_slice(&set.features[i * set.dim..(i + 1) * set.dim]);
+        part.labels.push(set.labels[i]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_are_disjoint_complete_and_reproducible() {
+        let set = FeatureSet {
+            dim: 2,
+            features: (0..20).map(|v| v as f32).collect(),
+            labels: (0..10).collect(),
+        };
+        let parts = partition(&set, 3, 7);
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [4, 3, 3]);
+        let mut labels: Vec<u32> = parts.iter().flat_map(|p| p.labels.clone()).collect();
+        labels.sort();
+        assert_eq!(labels, (0..10).collect::<Vec<_>>(), "disjoint and complete");
+        for p in &parts {
+            for (row, y) in p.features.chunks(2).zip(&p.labels) {
+                assert_eq!(
+                    row,
+                    &[*y as f32 * 2.0, *y as f32 * 2.0 + 1.0],
+                    "rows stay whole"
+                );
+            }
+        }
+        assert_eq!(partition(&set, 3, 7), parts);
+        assert_ne!(partition(&set, 3, 8), parts);
+    }
+}
