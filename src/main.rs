@@ -29,6 +29,8 @@ enum Command {
     Bench(BenchArgs),
     /// Time local head training on each Burn CPU backend, side by side.
     BenchHead(BenchHeadArgs),
+    /// Time a backbone's feature extraction with tract, per batch size.
+    BenchBackbone(BenchBackboneArgs),
     /// Time the coordinator's FedAvg and FedOMG aggregation against numpy, side by side.
     BenchAggregate(BenchAggregateArgs),
     /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
@@ -53,6 +55,11 @@ struct BenchArgs {
     /// Compute features again instead of reading or writing the cache.
     #[arg(long)]
     no_cache: bool,
+    /// Try a small grid of each algorithm's own hyper-parameters (FedProx mu, FedDIM lambda,
+    /// server momentum beta, FedOMG kappa) and report, per algorithm, the setting with the best
+    /// mean source-validation accuracy (the target is never looked at to choose).
+    #[arg(long)]
+    tune: bool,
     /// Folder of the Fashion-MNIST IDX files (default: where Debian's dataset-fashion-mnist
     /// puts them).
     #[arg(long)]
@@ -150,6 +157,20 @@ struct BenchAggregateArgs {
     /// Write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct BenchBackboneArgs {
+    /// A model card or an `.onnx` file with its card beside it (default: the built-in
+    /// `digits-conv`).
+    #[arg(long, value_name = "PATH.onnx")]
+    backbone: Option<PathBuf>,
+    /// Images per measurement.
+    #[arg(long, default_value_t = 256)]
+    images: usize,
+    /// Batch sizes to compare.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    batch: Vec<usize>,
 }
 
 #[derive(clap::Args)]
@@ -253,6 +274,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(args) => run_demo(args).await,
         Command::Bench(args) => bench(args).await,
+        Command::BenchBackbone(args) => bench_backbone(args),
         Command::BenchHead(args) => {
             bench_head(args);
             Ok(())
@@ -389,11 +411,23 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
         other => anyhow::bail!("unknown scenario {other:?}; available: lodo, multi"),
     };
-    let algorithms = args
+    let asked = args
         .algorithms
         .iter()
         .map(|a| fdg::parse_algorithm(a))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let grids: Vec<(fdg::Algorithm, Vec<fdg::Algorithm>)> = asked
+        .iter()
+        .map(|a| {
+            let variants = if args.tune {
+                fdg::grid(a)
+            } else {
+                vec![a.clone()]
+            };
+            (a.clone(), variants)
+        })
+        .collect();
+    let algorithms: Vec<fdg::Algorithm> = grids.iter().flat_map(|(_, v)| v.clone()).collect();
     let transport = match args.transport.as_str() {
         "inprocess" => fdg::Transport::InProcess,
         "mqtt" => fdg::Transport::Mqtt,
@@ -456,6 +490,23 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     })
     .await?;
     bar.finish_and_clear();
+    let (results, choices) = fdg::choose(&grids, &results);
+    if args.tune {
+        println!("settings chosen on mean source-validation accuracy (%):");
+        for choice in &choices {
+            let tried: Vec<String> = choice
+                .source_val
+                .iter()
+                .map(|(name, val)| format!("{name} {:.2}", val * 100.0))
+                .collect();
+            println!(
+                "  {} -> {} ({})",
+                choice.algorithm,
+                choice.chosen,
+                tried.join(", ")
+            );
+        }
+    }
     let table = fdg::markdown(&results);
     println!(
         "{}, {} backbone, {} ({:?}), {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
@@ -498,6 +549,32 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let json = fdg::report_json(&meta, &results);
         std::fs::write(path, serde_json::to_string_pretty(&json)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn bench_backbone(args: BenchBackboneArgs) -> anyhow::Result<()> {
+    let (backbone, _) = fedge::fdg::load_backbone(args.backbone.as_deref())?;
+    let card = backbone.card().clone();
+    // Deterministic images on the card's raw scale.
+    let images: Vec<f32> = (0..args.images * card.input_len())
+        .map(|i| ((i * 2_654_435_761usize) >> 7) as f32 % (card.raw_max + 1.0))
+        .collect();
+    println!(
+        "{}: {}x{}x{} -> {} features, {} images",
+        card.name, card.channels, card.height, card.width, card.feature_size, args.images
+    );
+    println!("| batch | ms per image | images/s |\n|---|---|---|");
+    for &batch in &args.batch {
+        backbone.features(&images[..card.input_len() * batch.max(1)], batch)?;
+        let start = std::time::Instant::now();
+        backbone.features(&images, batch)?;
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "| {batch} | {:.3} | {:.0} |",
+            secs * 1e3 / args.images as f64,
+            args.images as f64 / secs
+        );
     }
     Ok(())
 }

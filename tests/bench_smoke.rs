@@ -285,3 +285,33 @@ fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
         );
     }
 }
+
+/// `fedge bench --tune`: every setting of the grid runs, one is kept per algorithm and named in
+/// the table.
+#[test]
+fn tuning_keeps_one_setting_per_algorithm() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args(["bench", "--tune", "--algorithms", "fedavg,fedprox"])
+        .args([
+            "--rounds",
+            "1",
+            "--seeds",
+            "1",
+            "--local-epochs",
+            "1",
+            "--no-cache",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("fedprox -> fedprox[mu="), "{stdout}");
+    assert!(stdout.contains("fedprox[mu=0.001] "), "{stdout}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| fed")).collect();
+    assert_eq!(rows.len(), 2, "one row per algorithm: {stdout}");
+    assert!(rows[1].starts_with("| fedprox[mu="), "{stdout}");
+}

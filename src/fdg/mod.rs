@@ -20,6 +20,7 @@
 mod data;
 mod report;
 mod run;
+mod tune;
 
 pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, VAL_FRACTION, digits, load_backbone, prepare, rows,
@@ -29,10 +30,11 @@ pub use report::{
     ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars, report_json, summarise,
 };
 pub use run::{Progress, partition, run_all, run_lodo, run_one, run_one_mqtt};
+pub use tune::{Choice, choose, grid};
 
 use anyhow::Context;
 use fedge_coordinator::strategy::StrategyConfig;
-use fedge_wire::Objective;
+use fedge_wire::{Objective, TrainParams};
 use serde::Serialize;
 
 /// A client objective with a server strategy, named like `feddim+fedomg`.
@@ -44,6 +46,24 @@ pub struct Algorithm {
     pub objective: Objective,
     /// Server strategy.
     pub strategy: StrategyConfig,
+    /// FedProx's `μ`.
+    pub prox_mu: f32,
+    /// FedDIM's `λ`.
+    pub insight_lambda: f32,
+}
+
+impl Algorithm {
+    /// The round tasks' training parameters: the wire defaults with this algorithm's
+    /// objective and hyper-parameters.
+    pub fn train_params(&self, local_epochs: u32) -> TrainParams {
+        TrainParams {
+            objective: self.objective,
+            local_epochs,
+            prox_mu: self.prox_mu,
+            insight_lambda: self.insight_lambda,
+            ..TrainParams::default()
+        }
+    }
 }
 
 /// Parses `objective`, `strategy` or `objective+strategy` (`fedavg`, `fedprox`, `fedavgm`,
@@ -73,10 +93,13 @@ pub fn parse_algorithm(name: &str) -> anyhow::Result<Algorithm> {
         ..StrategyConfig::default()
     };
     strategy.build().map_err(anyhow::Error::msg)?;
+    let train = TrainParams::default();
     Ok(Algorithm {
         name: name.into(),
         objective,
         strategy,
+        prox_mu: train.prox_mu,
+        insight_lambda: train.insight_lambda,
     })
 }
 

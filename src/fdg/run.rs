@@ -9,9 +9,7 @@ use fedge_coordinator::insight::InsightConfig;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
 use fedge_edge::{FeatureSet, accuracy, train_head_with};
 use fedge_models::{Backend, HeadConfig, training_device};
-use fedge_wire::{
-    ClassStats, ClientUpdate, LocalMetrics, Message, Objective, TensorF32, TrainParams,
-};
+use fedge_wire::{ClassStats, ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
 
 use super::{Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport};
 use crate::demo::pooled_accuracy;
@@ -132,11 +130,7 @@ pub async fn run_one_mqtt(
         clients: sources.len(),
         per_round,
         strategy: algorithm.strategy.clone(),
-        train: TrainParams {
-            objective: algorithm.objective,
-            local_epochs: options.local_epochs,
-            ..TrainParams::default()
-        },
+        train: algorithm.train_params(options.local_epochs),
         seed,
         hidden: head.hidden,
         federation: format!("bench-{seed}-{target}"),
@@ -175,11 +169,7 @@ pub fn run_one(
             (sample as f32 / sources.len() as f32, sample)
         }
     };
-    let train = TrainParams {
-        objective: algorithm.objective,
-        local_epochs: options.local_epochs,
-        ..TrainParams::default()
-    };
+    let train = algorithm.train_params(options.local_epochs);
     let config = RoundConfig {
         rounds: options.rounds,
         fraction,
