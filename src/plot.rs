@@ -39,7 +39,7 @@ pub fn render(title: &str, bars: &[Bar]) -> RgbImage {
     let top = 70;
     let height = top + ROW * bars.len() as u32 + 60;
     let mut img = RgbImage::from_pixel(WIDTH, height, Rgb([255, 255, 255]));
-    text(&mut img, 16, 16, title, INK);
+    heading(&mut img, title);
     let x_of = |pct: f32| LEFT + ((pct.clamp(0.0, 100.0) / 100.0) * PLOT_W as f32) as u32;
     let bottom = top + ROW * bars.len() as u32;
     for pct in (0..=100).step_by(10) {
@@ -102,14 +102,14 @@ const PALETTE: [Rgb<u8>; 8] = [
 ];
 const CURVE_LEFT: u32 = 80;
 const CURVE_TOP: u32 = 60;
-const CURVE_W: u32 = 700;
+const CURVE_W: u32 = 600;
 const CURVE_H: u32 = 420;
 
 /// Renders one line per curve against the round, with a legend; the y axis spans the values
 /// rounded out to tens.
 pub fn render_curves(title: &str, curves: &[Curve]) -> RgbImage {
     let mut img = RgbImage::from_pixel(WIDTH, CURVE_TOP + CURVE_H + 70, Rgb([255, 255, 255]));
-    text(&mut img, 16, 16, title, INK);
+    heading(&mut img, title);
     let values = curves.iter().flat_map(|c| c.points.iter().copied());
     let (lo, hi) = values.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| {
         (lo.min(v), hi.max(v))
@@ -223,6 +223,26 @@ pub fn write(path: &Path, title: &str, bars: &[Bar]) -> Result<(), String> {
     render(title, bars)
         .save(path)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The title, wrapped at spaces onto at most two lines that fit the width.
+fn heading(img: &mut RgbImage, title: &str) {
+    let max = ((WIDTH - 32) / CHAR) as usize;
+    let mut lines = vec![String::new()];
+    for word in title.split(' ') {
+        let line = lines.last_mut().expect("one line at least");
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > max {
+            lines.push(word.to_owned());
+        } else {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+    }
+    for (i, line) in lines.iter().take(2).enumerate() {
+        text(img, 16, 8 + i as u32 * (CHAR + 4), line, INK);
+    }
 }
 
 fn fill(img: &mut RgbImage, x: u32, y: u32, w: u32, h: u32, color: Rgb<u8>) {
