@@ -133,7 +133,8 @@ pub fn load_backbone(backbone: Option<&Path>) -> anyhow::Result<(Backbone, u64)>
 }
 
 /// The domains of `dataset` as `backbone` sees them: built once, features extracted once (or
-/// read from `cache_dir`). `progress` hears each domain's name before its features are made.
+/// read from `cache_dir`), one domain per core. `progress` hears the domains' names before
+/// their features are made.
 pub fn prepare(
     dataset: &Dataset,
     backbone: Option<&Path>,
@@ -160,12 +161,17 @@ pub fn prepare(
         domains.len()
     );
     let classes = domains[0].data.classes();
-    let mut out = Vec::with_capacity(domains.len());
-    for domain in domains {
-        progress(&domain.name);
-        let features = features::extract(&backbone, id, &domain.data, cache_dir)?;
-        out.push((domain.name, Arc::new(features)));
-    }
+    let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+    progress(&names.join(", "));
+    // One domain per core; the backbone's plans are shared.
+    let features = super::in_parallel(&domains, |domain| {
+        Ok(features::extract(&backbone, id, &domain.data, cache_dir)?)
+    })?;
+    let out = domains
+        .iter()
+        .zip(features)
+        .map(|(d, f)| (d.name.clone(), Arc::new(f)))
+        .collect();
     Ok(Prepared {
         backbone: card.name,
         feature_size: card.feature_size,

@@ -32,6 +32,8 @@ pub use report::{
 pub use run::{Progress, partition, run_all, run_lodo, run_one, run_one_mqtt};
 pub use tune::{Choice, choose, grid};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use anyhow::Context;
 use fedge_coordinator::strategy::StrategyConfig;
 use fedge_wire::{Objective, TrainParams};
@@ -214,6 +216,48 @@ impl RunResult {
             final_params,
         }
     }
+}
+
+/// `work` on every item, on as many threads as there are cores (at most one per item); the
+/// results in item order. The first error wins.
+pub(crate) fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    work: impl Fn(&T) -> anyhow::Result<R> + Sync,
+) -> anyhow::Result<Vec<R>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(&work).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut slots: Vec<Option<anyhow::Result<R>>> = (0..items.len()).map(|_| None).collect();
+    let done: Vec<Vec<(usize, anyhow::Result<R>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, work(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    for (i, r) in done.into_iter().flatten() {
+        slots[i] = Some(r);
+    }
+    slots
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a training thread panicked"))))
+        .collect()
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! algorithms.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 use fedge_coordinator::insight::InsightConfig;
@@ -11,7 +10,9 @@ use fedge_edge::{FeatureSet, accuracy, train_head_with};
 use fedge_models::{Backend, HeadConfig, training_device};
 use fedge_wire::{ClassStats, ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
 
-use super::{Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport};
+use super::{
+    Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport, in_parallel,
+};
 use crate::demo::pooled_accuracy;
 
 /// What a benchmark reports as it goes.
@@ -275,48 +276,6 @@ pub fn run_one(
         scores,
         machine.params().to_vec(),
     ))
-}
-
-/// `work` on every item, on as many threads as there are cores (at most one per item); the
-/// results in item order. The first error wins.
-fn in_parallel<T: Sync, R: Send>(
-    items: &[T],
-    work: impl Fn(&T) -> anyhow::Result<R> + Sync,
-) -> anyhow::Result<Vec<R>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len());
-    if threads <= 1 {
-        return items.iter().map(&work).collect();
-    }
-    let next = AtomicUsize::new(0);
-    let mut slots: Vec<Option<anyhow::Result<R>>> = (0..items.len()).map(|_| None).collect();
-    let done: Vec<Vec<(usize, anyhow::Result<R>)>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(item) = items.get(i) else { break };
-                        mine.push((i, work(item)));
-                    }
-                    mine
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
-    for (i, r) in done.into_iter().flatten() {
-        slots[i] = Some(r);
-    }
-    slots
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a training thread panicked"))))
-        .collect()
 }
 
 /// A client of a run: its id and its splits.
