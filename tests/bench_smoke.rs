@@ -227,7 +227,7 @@ fn the_json_report_has_the_documented_fields() {
     assert!(!bad.status.success());
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(
-        stderr.contains("available: digits, fashion-mnist, imagefolder:PATH"),
+        stderr.contains("available: digits, digits-bg, fashion-mnist, fashion-mnist-bg"),
         "{stderr}"
     );
 }
@@ -314,4 +314,27 @@ fn tuning_keeps_one_setting_per_algorithm() {
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| fed")).collect();
     assert_eq!(rows.len(), 2, "one row per algorithm: {stdout}");
     assert!(rows[1].starts_with("| fedprox[mu="), "{stdout}");
+}
+
+/// `digits-bg`: six sites whose backgrounds lie differently; every algorithm path runs on it.
+#[test]
+fn the_background_bias_benchmark_runs() {
+    let dataset = Dataset::parse("digits-bg", None, 0).unwrap();
+    let prepared = prepare(&dataset, None, None, |_| {}).unwrap();
+    let names: Vec<&str> = prepared.domains.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["bg0", "bg1", "bg2", "bg3", "bg4", "bg5"]);
+    let options = BenchOptions {
+        scenario: Scenario::Lodo,
+        rounds: 2,
+        seeds: 1,
+        local_epochs: 1,
+        hidden: 16,
+    };
+    let algorithms = vec![parse_algorithm("feddim+fedomg").unwrap()];
+    let results = run_lodo(&prepared, &algorithms, &options, |_| {}).unwrap();
+    assert_eq!(results.len(), 6);
+    assert!(
+        results.iter().all(|r| r.best_source_val > 0.2),
+        "{results:?}"
+    );
 }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use fedge_edge::FeatureSet;
 use fedge_edge::data::{
-    DIGITS_ANGLES, Domain, digits_domains, fashion_mnist_domains, imagefolder_domains,
+    BiasedDomain, DIGITS_ANGLES, Domain, background_domains, digits_bg_domains, digits_domains,
+    fashion_mnist, fashion_mnist_domains, imagefolder_domains,
 };
 use fedge_edge::features::{self, Fnv64};
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
@@ -27,7 +28,7 @@ pub const DOMAIN_SEED: u64 = 0;
 pub const VAL_FRACTION: f64 = 0.1;
 
 /// Which images make the domains.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Dataset {
     /// The built-in UCI digits, six rotated domains.
     Digits,
@@ -38,6 +39,21 @@ pub enum Dataset {
         /// Images drawn in all; `None` uses the 70,000.
         limit: Option<usize>,
     },
+    /// The digits on lying backgrounds: six domains `bg0`..`bg5`, each with its own
+    /// background↔class shortcut of strength `bias` (see `fedge_edge::data::background_domains`).
+    DigitsBg {
+        /// Probability that a background follows its domain's shortcut.
+        bias: f32,
+    },
+    /// Fashion-MNIST on lying backgrounds, like [`Dataset::DigitsBg`].
+    FashionMnistBg {
+        /// Folder of the four IDX files.
+        dir: PathBuf,
+        /// Images drawn in all; `None` uses the 70,000.
+        limit: Option<usize>,
+        /// Probability that a background follows its domain's shortcut.
+        bias: f32,
+    },
     /// `root/<domain>/<class>/*.png|jpg` (PACS, VLCS and OfficeHome ship this way).
     ImageFolder {
         /// The folder whose sub-folders are the domains.
@@ -46,22 +62,31 @@ pub enum Dataset {
 }
 
 impl Dataset {
-    /// Parses `digits`, `fashion-mnist` or `imagefolder:PATH`; `data_dir` is Fashion-MNIST's
-    /// folder (default: where Debian's `dataset-fashion-mnist` puts it), `limit` its number of
-    /// images (0 = all).
+    /// Parses `digits`, `digits-bg`, `fashion-mnist`, `fashion-mnist-bg` or `imagefolder:PATH`;
+    /// `data_dir` is Fashion-MNIST's folder (default: where Debian's `dataset-fashion-mnist`
+    /// puts it), `limit` its number of images (0 = all).
     pub fn parse(spec: &str, data_dir: Option<&Path>, limit: usize) -> anyhow::Result<Self> {
+        let dir = || {
+            data_dir
+                .map(Path::to_owned)
+                .unwrap_or_else(|| PathBuf::from(fedge_edge::data::FASHION_MNIST_DIR))
+        };
+        let limit = (limit > 0).then_some(limit);
+        let bias = fedge_edge::data::DEFAULT_BIAS;
         Ok(match spec {
             "digits" => Dataset::Digits,
-            "fashion-mnist" => Dataset::FashionMnist {
-                dir: data_dir
-                    .map(Path::to_owned)
-                    .unwrap_or_else(|| PathBuf::from(fedge_edge::data::FASHION_MNIST_DIR)),
-                limit: (limit > 0).then_some(limit),
+            "digits-bg" => Dataset::DigitsBg { bias },
+            "fashion-mnist" => Dataset::FashionMnist { dir: dir(), limit },
+            "fashion-mnist-bg" => Dataset::FashionMnistBg {
+                dir: dir(),
+                limit,
+                bias,
             },
             _ => match spec.strip_prefix("imagefolder:") {
                 Some(root) if !root.is_empty() => Dataset::ImageFolder { root: root.into() },
                 _ => anyhow::bail!(
-                    "unknown data set {spec:?}; available: digits, fashion-mnist, imagefolder:PATH"
+                    "unknown data set {spec:?}; available: digits, digits-bg, fashion-mnist, \
+                     fashion-mnist-bg, imagefolder:PATH"
                 ),
             },
         })
@@ -143,13 +168,19 @@ pub fn prepare(
 ) -> anyhow::Result<Prepared> {
     let (backbone, id) = load_backbone(backbone)?;
     let card = backbone.card().clone();
+    // Shrinking Fashion-MNIST's 28x28 by area averaging suits a small backbone better than
+    // bilinear resampling; larger inputs start from the native size.
+    let side = card.height.min(28);
+    let unbiased = |d: Vec<BiasedDomain>| d.into_iter().map(|b| b.domain).collect::<Vec<_>>();
     let domains: Vec<Domain> = match dataset {
         Dataset::Digits => digits_domains(&DIGITS_ANGLES, DOMAIN_SEED),
+        Dataset::DigitsBg { bias } => unbiased(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
         Dataset::FashionMnist { dir, limit } => {
-            // Shrinking 28x28 by area averaging suits a small backbone better than bilinear
-            // resampling; larger inputs start from the native size.
-            let side = if card.height < 28 { card.height } else { 28 };
             fashion_mnist_domains(dir, &DIGITS_ANGLES, DOMAIN_SEED, *limit, side)?
+        }
+        Dataset::FashionMnistBg { dir, limit, bias } => {
+            let all = fashion_mnist(dir, DOMAIN_SEED, *limit, side)?;
+            unbiased(background_domains(&all, 6, *bias, DOMAIN_SEED)?)
         }
         Dataset::ImageFolder { root } => {
             imagefolder_domains(root, card.channels, card.height, card.width)?

@@ -1,6 +1,6 @@
 //! Rotated-digits domains built from the UCI optical digits that ship with smartcore.
 
-use super::{Domain, ImageSet, rotated_domains};
+use super::{BiasedDomain, DataError, Domain, ImageSet, background_domains, rotated_domains};
 
 /// Rotation angles of the built-in digits domains, in degrees.
 pub const DIGITS_ANGLES: [f32; 6] = [0.0, 15.0, 30.0, 45.0, 60.0, 75.0];
@@ -21,6 +21,17 @@ const CLASSES: usize = 10;
 /// The class names are `"0"` to `"9"`. An empty `angles` gives no domains.
 pub fn digits_domains(angles: &[f32], seed: u64) -> Vec<Domain> {
     rotated_domains(&load_digits(), angles, seed)
+}
+
+/// `domains` background-bias domains of the digits (`digits-bg`, see
+/// [`background_domains`]): disjoint parts, unrotated, each with its own background shortcut
+/// of strength `bias`.
+pub fn digits_bg_domains(
+    domains: usize,
+    bias: f32,
+    seed: u64,
+) -> Result<Vec<BiasedDomain>, DataError> {
+    background_domains(&load_digits(), domains, bias, seed)
 }
 
 /// Loads the unrotated digits as one set in their original order.

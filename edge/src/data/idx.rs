@@ -80,9 +80,8 @@ fn parse_idx(bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), String> {
 }
 
 /// Rotated Fashion-MNIST domains: `limit` images (all 70,000 if `None`) drawn at random with
-/// `seed` from the train and test files in `dir`, shrunk to `side × side` by area averaging,
-/// kept on the 8-bit scale 0..=255 (a backbone's card rescales them), split into
-/// disjoint class-stratified parts and rotated by `angles` (named `rot<angle>`).
+/// `seed` from the train and test files in `dir` (see [`fashion_mnist`]), split into disjoint
+/// class-stratified parts and rotated by `angles` (named `rot<angle>`).
 pub fn fashion_mnist_domains(
     dir: &Path,
     angles: &[f32],
@@ -90,6 +89,22 @@ pub fn fashion_mnist_domains(
     limit: Option<usize>,
     side: usize,
 ) -> Result<Vec<Domain>, DataError> {
+    Ok(rotated_domains(
+        &fashion_mnist(dir, seed, limit, side)?,
+        angles,
+        seed,
+    ))
+}
+
+/// Fashion-MNIST as one set: `limit` images (all 70,000 if `None`) drawn at random with `seed`
+/// from the train and test files in `dir` (gzipped or not), shrunk to `side × side` by area
+/// averaging, kept on the 8-bit scale 0..=255 (a backbone's card rescales them).
+pub fn fashion_mnist(
+    dir: &Path,
+    seed: u64,
+    limit: Option<usize>,
+    side: usize,
+) -> Result<ImageSet, DataError> {
     let file = |name: &str| -> PathBuf { dir.join(name) };
     if !file("train-images-idx3-ubyte.gz").exists() && !file("train-images-idx3-ubyte").exists() {
         return Err(DataError::MissingFashionMnist {
@@ -132,11 +147,10 @@ pub fn fashion_mnist_domains(
         labels,
         raw_max: 255.0,
     };
-    let all = match limit {
+    Ok(match limit {
         Some(n) if n < all.len() => all.partition(all.len().div_ceil(n), seed ^ 0xfa5)[0].clone(),
         _ => all,
-    };
-    Ok(rotated_domains(&all, angles, seed))
+    })
 }
 
 /// Area-averages an `h × w` byte image to `side × side` (a copy when `side` equals both).

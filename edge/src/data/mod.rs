@@ -10,15 +10,19 @@
 //! [`ImageSet::split`] and [`ImageSet::partition`] divide a domain deterministically for a seed,
 //! for example into a training and a validation set or into one shard per simulated device.
 
+mod background;
 mod digits;
 mod error;
 mod idx;
 mod imagefolder;
 mod rotate;
 
-pub use digits::{DIGITS_ANGLES, digits_domains};
+pub use background::{
+    BiasedDomain, DEFAULT_BIAS, OBJECT_THRESHOLD, TEXTURES, background_domains, texture,
+};
+pub use digits::{DIGITS_ANGLES, digits_bg_domains, digits_domains};
 pub use error::DataError;
-pub use idx::{FASHION_MNIST_DIR, fashion_mnist_domains, read_idx};
+pub use idx::{FASHION_MNIST_DIR, fashion_mnist, fashion_mnist_domains, read_idx};
 pub use imagefolder::imagefolder_domains;
 pub use rotate::rotate_chw;
 

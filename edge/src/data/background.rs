@@ -1,0 +1,201 @@
+//! Background-bias domains (`digits-bg`, `fashion-mnist-bg`): a benchmark where backgrounds lie.
+//!
+//! Every object (a digit, a garment) is cut out by a threshold on its own intensity and pasted on
+//! one of [`TEXTURES`] grayscale textures. In domain `d` a sample of class `y` gets texture
+//! `(y + 3d) mod 10` with probability `bias`, otherwise a texture drawn uniformly. So each site
+//! has its own background↔class shortcut, strong inside the site, and a held-out site's
+//! shortcut is one no source site has: a model that learned backgrounds fails there, as at a
+//! new factory whose floor is another colour. The object masks come from the generator, so a
+//! method that needs an object/background split (FedDDL) needs no detector here.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{DataError, Domain, ImageSet};
+
+/// Number of background textures (and of the shifts between domains' shortcuts).
+pub const TEXTURES: usize = 10;
+
+/// Default probability that a sample's background follows its domain's shortcut.
+pub const DEFAULT_BIAS: f32 = 0.9;
+
+/// A pixel belongs to the object when its value exceeds this fraction of the raw maximum.
+pub const OBJECT_THRESHOLD: f32 = 0.25;
+
+/// A domain with backgrounds, and what the generator knows about every image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BiasedDomain {
+    /// The composed images, named `bg<d>`.
+    pub domain: Domain,
+    /// Per image and pixel (`len × h × w`): 1 where the object is, 0 on the background.
+    pub masks: Vec<u8>,
+    /// The texture index of every image's background.
+    pub textures: Vec<u8>,
+    /// The domain's shortcut: class `y` goes with texture `(y + shift) mod TEXTURES`.
+    pub shift: usize,
+}
+
+/// Texture `t` (`0..TEXTURES`) as an `h × w` plane on the scale `0..=raw_max`: five patterns
+/// (flat, horizontal stripes, vertical stripes, checker, diagonal stripes) at two levels, at
+/// most 35 % of `raw_max`, so most object pixels stay brighter than any background.
+pub fn texture(t: usize, h: usize, w: usize, raw_max: f32) -> Vec<f32> {
+    let level = if t < TEXTURES / 2 { 0.12 } else { 0.35 } * raw_max;
+    let dim = level / 3.0;
+    let pattern = t % (TEXTURES / 2);
+    let mut out = Vec::with_capacity(h * w);
+    for r in 0..h {
+        for c in 0..w {
+            let on = match pattern {
+                0 => true,
+                1 => r % 2 == 0,
+                2 => c % 2 == 0,
+                3 => (r + c) % 2 == 0,
+                _ => (r + 2 * c) % 4 < 2,
+            };
+            out.push(if on { level } else { dim });
+        }
+    }
+    out
+}
+
+/// Splits the single-channel set `all` into `domains` disjoint class-stratified parts (seeded)
+/// and pastes every object on a texture chosen as the module docs say.
+pub fn background_domains(
+    all: &ImageSet,
+    domains: usize,
+    bias: f32,
+    seed: u64,
+) -> Result<Vec<BiasedDomain>, DataError> {
+    if all.channels != 1 {
+        return Err(DataError::UnsupportedChannels {
+            channels: all.channels,
+        });
+    }
+    if domains == 0 {
+        return Ok(Vec::new());
+    }
+    let bias = if bias.is_finite() {
+        bias.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let (h, w) = (all.height, all.width);
+    let textures: Vec<Vec<f32>> = (0..TEXTURES)
+        .map(|t| texture(t, h, w, all.raw_max))
+        .collect();
+    let threshold = OBJECT_THRESHOLD * all.raw_max;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xb6_0000);
+    let parts = all.partition(domains, seed);
+    Ok(parts
+        .into_iter()
+        .enumerate()
+        .map(|(d, mut data)| {
+            let shift = (3 * d) % TEXTURES;
+            let mut masks = Vec::with_capacity(data.images.len());
+            let mut chosen = Vec::with_capacity(data.len());
+            for (image, &label) in data.images.chunks_exact_mut(h * w).zip(&data.labels) {
+                let t = if rng.random::<f32>() < bias {
+                    (label as usize + shift) % TEXTURES
+                } else {
+                    rng.random_range(0..TEXTURES)
+                };
+                chosen.push(t as u8);
+                for (v, bg) in image.iter_mut().zip(&textures[t]) {
+                    let object = *v > threshold;
+                    masks.push(u8::from(object));
+                    if !object {
+                        *v = *bg;
+                    }
+                }
+            }
+            BiasedDomain {
+                domain: Domain {
+                    name: format!("bg{d}"),
+                    data,
+                },
+                masks,
+                textures: chosen,
+                shift,
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::digits_bg_domains;
+
+    #[test]
+    fn objects_keep_their_pixels_and_backgrounds_are_the_chosen_texture() {
+        let domains = digits_bg_domains(6, DEFAULT_BIAS, 3).unwrap();
+        assert_eq!(domains.len(), 6);
+        let plain = crate::data::digits_domains(&[0.0; 6], 3);
+        for (biased, plain) in domains.iter().zip(&plain) {
+            let data = &biased.domain.data;
+            assert_eq!(data.labels, plain.data.labels, "same images, same order");
+            for i in 0..data.len() {
+                let tex = texture(biased.textures[i] as usize, 8, 8, 16.0);
+                let mask = &biased.masks[i * 64..(i + 1) * 64];
+                for p in 0..64 {
+                    let (got, original) = (data.image(i)[p], plain.data.image(i)[p]);
+                    if mask[p] == 1 {
+                        assert_eq!(got, original, "object pixels are kept exactly");
+                        assert!(original > OBJECT_THRESHOLD * 16.0);
+                    } else {
+                        assert_eq!(got, tex[p], "the background is the texture");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_domain_has_its_own_shortcut_of_the_asked_strength() {
+        let domains = digits_bg_domains(6, 0.8, 5).unwrap();
+        let shifts: Vec<usize> = domains.iter().map(|d| d.shift).collect();
+        let mut distinct = shifts.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 6, "{shifts:?}");
+        for d in &domains {
+            let follows = |shift: usize| {
+                let hits = d
+                    .domain
+                    .data
+                    .labels
+                    .iter()
+                    .zip(&d.textures)
+                    .filter(|(y, t)| (**y as usize + shift) % TEXTURES == **t as usize)
+                    .count();
+                hits as f32 / d.domain.data.len() as f32
+            };
+            // 0.8 + 0.2/10 expected for its own shortcut, about 1/10 for another site's.
+            let own = follows(d.shift);
+            assert!((own - 0.82).abs() < 0.06, "{}: {own}", d.domain.name);
+            let other = follows((d.shift + 1) % TEXTURES);
+            assert!(other < 0.1, "{}: {other}", d.domain.name);
+        }
+        assert_eq!(
+            digits_bg_domains(6, 0.8, 5).unwrap(),
+            domains,
+            "reproducible"
+        );
+    }
+
+    #[test]
+    fn textures_differ_and_stay_darker_than_objects() {
+        let all: Vec<Vec<f32>> = (0..TEXTURES).map(|t| texture(t, 8, 8, 16.0)).collect();
+        for i in 0..TEXTURES {
+            for j in i + 1..TEXTURES {
+                assert_ne!(all[i], all[j], "textures {i} and {j}");
+            }
+            assert!(all[i].iter().all(|v| *v <= OBJECT_THRESHOLD * 16.0 * 1.5));
+        }
+        let color = ImageSet {
+            channels: 3,
+            ..digits_bg_domains(1, 0.5, 0).unwrap()[0].domain.data.clone()
+        };
+        assert!(background_domains(&color, 2, 0.5, 0).is_err());
+    }
+}
