@@ -11,7 +11,9 @@ pub mod agent;
 pub mod config;
 pub mod data;
 pub mod features;
+pub mod fedddl;
 pub mod feddim;
+pub mod stable;
 pub mod train;
 
 pub use agent::{AgentSetup, AgentSummary, run_agent};

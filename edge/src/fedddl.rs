@@ -1,0 +1,260 @@
+//! FedDDL's building blocks on the device (ALGORITHMS.md §4): DEC's counterfactual images and
+//! DEB's contrastive regulariser against causal prototypes.
+//!
+//! - **DEC**: the backgrounds of each class are split at random into `η` groups; a
+//!   counterfactual is a group's mean background with a real object pasted on it, labelled
+//!   with the object's class. Every object gets a background drawn from a random class, so
+//!   objects of every class meet backgrounds of every class and the background stops telling
+//!   the class. Counterfactuals are images: they go through the backbone like real ones.
+//! - **DEB**: `L_CR = −log(exp(f·U⁺/τ) / Σ_k exp(f·U_k/τ))` with `f` the sample's projector
+//!   feature, `U⁺` its class's global prototype and the sum over all classes' prototypes; `f`
+//!   and `U` are L2-normalised (cosine similarity), so `L_CR` is a cross-entropy over cosine
+//!   similarities divided by `τ`.
+//!
+//! These pieces are tested here; the object-only prototypes on the wire and the trainer's
+//! `L_J + λ L_CR` are the next step of the FedDDL work.
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::prelude::*;
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+
+use crate::data::ImageSet;
+
+/// Default number of background groups per class, `η`.
+pub const DEFAULT_GROUPS: usize = 3;
+/// Default temperature `τ` of the contrastive regulariser.
+pub const DEFAULT_TAU: f32 = 0.07;
+
+/// Where a counterfactual's parts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counterfactual {
+    /// The image whose object was pasted (its label is the counterfactual's).
+    pub object: usize,
+    /// The class whose backgrounds were averaged.
+    pub background_class: u32,
+    /// The group of that class.
+    pub group: usize,
+}
+
+/// One counterfactual per image of `set` (DEC). `masks` holds one byte per pixel of every
+/// image (`len × h × w`, 1 on the object); a mask applies to every channel. Backgrounds of each
+/// class are split into `groups` random groups (seeded); a group's mean background is, per
+/// pixel, the mean over its images where that pixel is background (the group's overall
+/// background mean where every image has the object there). Returns the counterfactual images,
+/// labelled with their objects' classes, and their provenance.
+pub fn counterfactuals(
+    set: &ImageSet,
+    masks: &[u8],
+    groups: usize,
+    seed: u64,
+) -> (ImageSet, Vec<Counterfactual>) {
+    let (c, plane) = (set.channels, set.height * set.width);
+    let groups = groups.max(1);
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Per class, its images split into groups, and each group's mean background.
+    let mut means: Vec<Vec<Vec<f32>>> = Vec::with_capacity(set.classes());
+    for class in 0..set.classes() as u32 {
+        let mut members: Vec<usize> = (0..set.len()).filter(|&i| set.labels[i] == class).collect();
+        members.shuffle(&mut rng);
+        let per_group: Vec<&[usize]> = members
+            .chunks(members.len().div_ceil(groups).max(1))
+            .collect();
+        means.push(
+            per_group
+                .iter()
+                .map(|group| mean_background(set, masks, group, c, plane))
+                .collect(),
+        );
+    }
+    let classes_with_backgrounds: Vec<u32> = (0..means.len() as u32)
+        .filter(|&k| !means[k as usize].is_empty())
+        .collect();
+    let mut images = Vec::with_capacity(set.images.len());
+    let mut provenance = Vec::with_capacity(set.len());
+    for object in 0..set.len() {
+        let Some(&background_class) = classes_with_backgrounds.choose(&mut rng) else {
+            break;
+        };
+        let options = &means[background_class as usize];
+        let group = rng.random_range(0..options.len());
+        let background = &options[group];
+        let mask = &masks[object * plane..(object + 1) * plane];
+        let image = set.image(object);
+        for ch in 0..c {
+            for p in 0..plane {
+                let v = if mask[p] == 1 {
+                    image[ch * plane + p]
+                } else {
+                    background[ch * plane + p]
+                };
+                images.push(v);
+            }
+        }
+        provenance.push(Counterfactual {
+            object,
+            background_class,
+            group,
+        });
+    }
+    let labels = provenance.iter().map(|p| set.labels[p.object]).collect();
+    (
+        ImageSet {
+            images,
+            labels,
+            ..set.subset(&[])
+        },
+        provenance,
+    )
+}
+
+/// The mean background of `members` (`c` channels of `plane` pixels).
+fn mean_background(
+    set: &ImageSet,
+    masks: &[u8],
+    members: &[usize],
+    c: usize,
+    plane: usize,
+) -> Vec<f32> {
+    let mut sum = vec![0f64; c * plane];
+    let mut count = vec![0u32; plane];
+    for &i in members {
+        let mask = &masks[i * plane..(i + 1) * plane];
+        let image = set.image(i);
+        for p in (0..plane).filter(|&p| mask[p] == 0) {
+            count[p] += 1;
+            for ch in 0..c {
+                sum[ch * plane + p] += f64::from(image[ch * plane + p]);
+            }
+        }
+    }
+    let total: u32 = count.iter().sum();
+    (0..c * plane)
+        .map(|k| {
+            let p = k % plane;
+            if count[p] > 0 {
+                (sum[k] / f64::from(count[p])) as f32
+            } else {
+                // Covered by the object in every image: the channel's overall background mean.
+                let ch = k / plane;
+                let channel: f64 = sum[ch * plane..(ch + 1) * plane].iter().sum();
+                (channel / f64::from(total.max(1))) as f32
+            }
+        })
+        .collect()
+}
+
+/// `L_CR` for a batch: projector features `f` (`[B, H]`), global prototypes `u` (`[K, H]`),
+/// labels `[B]`, temperature `tau`; mean over the batch. Rows of `f` and `u` are L2-normalised
+/// first.
+pub fn contrastive_loss(f: Tensor<2>, u: Tensor<2>, labels: Tensor<1, Int>, tau: f32) -> Tensor<1> {
+    let normalise = |t: Tensor<2>| {
+        let norm = t.clone().powi_scalar(2).sum_dim(1).sqrt().clamp_min(1e-12);
+        t / norm
+    };
+    let device = f.device();
+    let logits = normalise(f)
+        .matmul(normalise(u).transpose())
+        .div_scalar(tau);
+    CrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(logits, labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+    use fedge_models::{Backend, training_device};
+
+    #[test]
+    fn a_counterfactual_keeps_the_object_and_takes_its_group_mean_background() {
+        // Two classes, four 1x2x2 images; the object is the top-left pixel of each.
+        let set = ImageSet {
+            channels: 1,
+            height: 2,
+            width: 2,
+            class_names: vec!["a".into(), "b".into()],
+            images: vec![
+                9.0, 1.0, 2.0, 3.0, // class 0
+                8.0, 3.0, 4.0, 5.0, // class 0
+                7.0, 10.0, 20.0, 30.0, // class 1
+                6.0, 30.0, 40.0, 50.0, // class 1
+            ],
+            labels: vec![0, 0, 1, 1],
+            raw_max: 255.0,
+        };
+        let masks = [1, 0, 0, 0].repeat(4);
+        for groups in [1, 2] {
+            let (cf, provenance) = counterfactuals(&set, &masks, groups, 11);
+            assert_eq!(cf.len(), 4);
+            assert_eq!(cf.labels, set.labels, "labelled with the object's class");
+            let mut classes_seen = std::collections::BTreeSet::new();
+            for (i, p) in provenance.iter().enumerate() {
+                let image = cf.image(i);
+                assert_eq!(
+                    image[0],
+                    set.image(p.object)[0],
+                    "object pixel kept exactly"
+                );
+                classes_seen.insert(p.background_class);
+                // The group's members are the class's images; with one group, the mean of both.
+                let class_images: Vec<&[f32]> = (0..4)
+                    .filter(|&j| set.labels[j] == p.background_class)
+                    .map(|j| set.image(j))
+                    .collect();
+                if groups == 1 {
+                    for px in 1..4 {
+                        let mean = (class_images[0][px] + class_images[1][px]) / 2.0;
+                        assert_eq!(image[px], mean, "pixel {px} of {p:?}");
+                    }
+                } else {
+                    // One image per group: its background exactly.
+                    assert!(
+                        class_images.iter().any(|c| c[1..] == image[1..]),
+                        "{image:?} from {p:?}"
+                    );
+                }
+            }
+            assert_eq!(counterfactuals(&set, &masks, groups, 11).1, provenance);
+        }
+        // Over many objects, backgrounds of both classes are used.
+        let big = ImageSet {
+            images: set.images.repeat(10),
+            labels: set.labels.repeat(10),
+            ..set.clone()
+        };
+        let (_, provenance) = counterfactuals(&big, &masks.repeat(10), 3, 1);
+        let from_other = provenance
+            .iter()
+            .filter(|p| p.background_class != big.labels[p.object])
+            .count();
+        assert!(from_other > 5 && from_other < 35, "{from_other} of 40");
+    }
+
+    #[test]
+    fn contrastive_loss_on_normalised_vectors() {
+        let device = training_device(Backend::default());
+        // f = (3, 4) normalises to (0.6, 0.8); prototypes (1, 0) and (0, 2) to (1, 0), (0, 1):
+        // cosines 0.6 and 0.8. With τ = 0.5: logits 1.2 and 1.6.
+        let f = Tensor::<2>::from_data(TensorData::new(vec![3.0f32, 4.0], [1, 2]), &device);
+        let u = Tensor::<2>::from_data(
+            TensorData::new(vec![1.0f32, 0.0, 0.0, 2.0], [2, 2]),
+            &device,
+        );
+        for (label, positive) in [(0i64, 1.2f64), (1, 1.6)] {
+            let y = Tensor::<1, Int>::from_data(TensorData::new(vec![label], [1]), &device);
+            let got = contrastive_loss(f.clone(), u.clone(), y, 0.5)
+                .into_data()
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .unwrap()[0];
+            let want = -(positive.exp() / (1.2f64.exp() + 1.6f64.exp())).ln();
+            assert!(
+                (f64::from(got) - want).abs() < 1e-5,
+                "{label}: {got} vs {want}"
+            );
+        }
+    }
+}
