@@ -40,7 +40,9 @@ enum Command {
 #[derive(clap::Args)]
 struct BenchArgs {
     /// `digits` (built in, six rotated domains), `fashion-mnist` (IDX files, see --data-dir; six
-    /// rotated domains) or `imagefolder:PATH` (PATH/<domain>/<class>/*.png|jpg, e.g. PACS).
+    /// rotated domains), `digits-bg` / `fashion-mnist-bg` (objects on backgrounds that follow
+    /// the class differently at each site) or `imagefolder:PATH` (PATH/<domain>/<class>/*.png|jpg,
+    /// e.g. PACS).
     #[arg(long, default_value = "digits")]
     dataset: String,
     /// Backbone: a model card (`.toml`) or an `.onnx` file with its card beside it, e.g. the
