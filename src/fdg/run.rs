@@ -33,6 +33,45 @@ pub enum Progress<'a> {
     Run(&'a RunResult),
 }
 
+/// One run to make: a seed, a held-out domain, an algorithm, and the seed's splits.
+struct Case<'a> {
+    seed: u64,
+    target: usize,
+    algorithm: &'a Algorithm,
+    domains: Arc<Vec<DomainData>>,
+}
+
+impl Case<'_> {
+    fn round(&self, round: u64) -> Progress<'_> {
+        Progress::Round {
+            algorithm: &self.algorithm.name,
+            target: &self.domains[self.target].name,
+            seed: self.seed,
+            round,
+        }
+    }
+}
+
+/// Every (seed, target, algorithm) in report order; each seed's splits are made once.
+fn cases<'a>(
+    prepared: &'a Prepared,
+    algorithms: &'a [Algorithm],
+    seeds: u64,
+) -> impl Iterator<Item = Case<'a>> + 'a {
+    (0..seeds.max(1)).flat_map(move |seed| {
+        let domains = Arc::new(prepared.split(seed));
+        (0..domains.len()).flat_map(move |target| {
+            let domains = Arc::clone(&domains);
+            algorithms.iter().map(move |algorithm| Case {
+                seed,
+                target,
+                algorithm,
+                domains: Arc::clone(&domains),
+            })
+        })
+    })
+}
+
 /// Runs every algorithm with every target and seed in process; `progress` sees every round and
 /// every finished run.
 pub fn run_lodo(
@@ -41,24 +80,15 @@ pub fn run_lodo(
     options: &BenchOptions,
     mut progress: impl FnMut(Progress),
 ) -> anyhow::Result<Vec<RunResult>> {
-    let mut results = Vec::new();
     let head = head_of(prepared, options);
-    for seed in 0..options.seeds.max(1) {
-        let domains = prepared.split(seed);
-        for target in 0..domains.len() {
-            for algorithm in algorithms {
-                let r = run_one(algorithm, &domains, target, seed, &head, options, |round| {
-                    progress(Progress::Round {
-                        algorithm: &algorithm.name,
-                        target: &domains[target].name,
-                        seed,
-                        round,
-                    })
-                })?;
-                progress(Progress::Run(&r));
-                results.push(r);
-            }
-        }
+    let mut results = Vec::new();
+    for case in cases(prepared, algorithms, options.seeds) {
+        let (a, d, t, s) = (case.algorithm, &case.domains, case.target, case.seed);
+        let r = run_one(a, d, t, s, &head, options, |round| {
+            progress(case.round(round))
+        })?;
+        progress(Progress::Run(&r));
+        results.push(r);
     }
     Ok(results)
 }
@@ -74,25 +104,14 @@ pub async fn run_all(
     if transport == Transport::InProcess {
         return run_lodo(prepared, algorithms, options, progress);
     }
-    let mut results = Vec::new();
     let head = head_of(prepared, options);
-    for seed in 0..options.seeds.max(1) {
-        let domains = prepared.split(seed);
-        for target in 0..domains.len() {
-            for algorithm in algorithms {
-                let r = run_one_mqtt(algorithm, &domains, target, seed, &head, options, |round| {
-                    progress(Progress::Round {
-                        algorithm: &algorithm.name,
-                        target: &domains[target].name,
-                        seed,
-                        round,
-                    })
-                })
-                .await?;
-                progress(Progress::Run(&r));
-                results.push(r);
-            }
-        }
+    let mut results = Vec::new();
+    for case in cases(prepared, algorithms, options.seeds) {
+        let (a, d, t, s) = (case.algorithm, &case.domains, case.target, case.seed);
+        let on_round = |round| progress(case.round(round));
+        let r = run_one_mqtt(a, d, t, s, &head, options, on_round).await?;
+        progress(Progress::Run(&r));
+        results.push(r);
     }
     Ok(results)
 }
