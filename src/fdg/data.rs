@@ -17,7 +17,7 @@ use fedge_edge::data::{
 };
 use fedge_edge::features::{self, Fnv64};
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
-use fedge_models::{Backbone, check_sample};
+use fedge_models::{Backbone, ModelCard, check_sample};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
@@ -138,12 +138,13 @@ pub fn load_backbone(backbone: Option<&Path>) -> anyhow::Result<(Backbone, u64)>
          (models/tools/fetch-efficientnet-lite0.sh writes both)",
         card_path.display()
     );
-    let backbone = Backbone::load(&card_path)?;
+    let card = ModelCard::load(&card_path)?;
     let onnx = card_path
         .parent()
         .unwrap_or(Path::new("."))
-        .join(&backbone.card().file);
+        .join(&card.file);
     let bytes = std::fs::read(&onnx).with_context(|| format!("cannot read {}", onnx.display()))?;
+    let backbone = Backbone::from_bytes(card, &bytes, &onnx)?;
     if let Some(check) = check_sample(&backbone, &card_path)? {
         anyhow::ensure!(
             check.agrees(),
