@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::AgentSetup;
 use crate::data::{DIGITS_ANGLES, ImageSet, digits_domains, imagefolder_domains};
-use crate::features::{self, Fnv64};
+use crate::features;
 
 /// Where the device's samples come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,7 +116,8 @@ impl EdgeConfig {
         Ok(config)
     }
 
-    /// Loads the local domain's images (raw values, at the backbone's input size).
+    /// Loads the local domain's images (raw values; ImageFolder images at the backbone's input
+    /// size, the built-in digits at their own).
     pub fn load_images(&self, backbone: &Backbone) -> anyhow::Result<ImageSet> {
         let card = backbone.card();
         let domains = match &self.data {
@@ -135,30 +136,15 @@ impl EdgeConfig {
                 names.join(", ")
             )
         })?;
+        // Images of another size or channel count are adapted to the card when features are
+        // computed (`ModelCard::adapt_chw`); an impossible channel mapping fails there.
         let data = &domain.data;
-        anyhow::ensure!(
-            (data.channels, data.height, data.width) == (card.channels, card.height, card.width),
-            "data images are {}x{}x{} but backbone {} expects {}x{}x{}",
-            data.channels,
-            data.height,
-            data.width,
-            card.name,
-            card.channels,
-            card.height,
-            card.width
-        );
         Ok(data.clone())
     }
 
     /// Loads backbone and data, computes (or reads cached) features and builds the agent.
     pub fn setup(&self) -> anyhow::Result<AgentSetup> {
-        let backbone = Backbone::load(&self.backbone)?;
-        let onnx = self
-            .backbone
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(&backbone.card().file);
-        let backbone_id = Fnv64::of(&std::fs::read(onnx)?);
+        let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
         let images = self.load_images(&backbone)?;
         let classes = images.classes();
         let (train, val) = images.split(self.val_fraction, self.seed);

@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use fedge_models::{Backbone, BackboneError};
+use anyhow::Context;
+use fedge_models::{Backbone, BackboneError, ModelCard, check_sample};
 
 use crate::data::ImageSet;
 use crate::train::FeatureSet;
@@ -54,6 +55,42 @@ pub fn extract(
         features,
         labels: images.labels.clone(),
     })
+}
+
+/// Loads the backbone a model card describes (or an `.onnx` file with its card beside it),
+/// checks it against its converter's sample when one lies next to the card (see
+/// `fedge_models::sample`), and returns it with a hash of its ONNX bytes, the feature cache's
+/// key.
+pub fn load_backbone(path: &Path) -> anyhow::Result<(Backbone, u64)> {
+    let card_path = if path.extension().is_some_and(|e| e == "onnx") {
+        path.with_extension("toml")
+    } else {
+        path.to_owned()
+    };
+    anyhow::ensure!(
+        card_path.exists(),
+        "no model card {}: a backbone needs its card next to it \
+         (models/tools/fetch-efficientnet-lite0.sh writes both)",
+        card_path.display()
+    );
+    let card = ModelCard::load(&card_path)?;
+    let onnx = card_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(&card.file);
+    let bytes = std::fs::read(&onnx).with_context(|| format!("cannot read {}", onnx.display()))?;
+    let backbone = Backbone::from_bytes(card, &bytes, &onnx)?;
+    if let Some(check) = check_sample(&backbone, &card_path)? {
+        anyhow::ensure!(
+            check.agrees(),
+            "{} disagrees with its converter's sample (largest difference {} for features up \
+             to {}): convert it again",
+            onnx.display(),
+            check.max_abs_diff,
+            check.max_abs
+        );
+    }
+    Ok((backbone, Fnv64::of(&bytes)))
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -9,15 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
 use fedge_edge::FeatureSet;
 use fedge_edge::data::{
     BiasedDomain, DIGITS_ANGLES, Domain, background_domains, digits_bg_domains, digits_domains,
     fashion_mnist, fashion_mnist_domains, imagefolder_domains,
 };
 use fedge_edge::features::{self, Fnv64};
+use fedge_models::Backbone;
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
-use fedge_models::{Backbone, ModelCard, check_sample};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
@@ -127,35 +126,7 @@ pub fn load_backbone(backbone: Option<&Path>) -> anyhow::Result<(Backbone, u64)>
         let backbone = Backbone::from_bytes(card, DIGITS_CONV_ONNX, Path::new(DIGITS_CONV))?;
         return Ok((backbone, Fnv64::of(DIGITS_CONV_ONNX)));
     };
-    let card_path = if path.extension().is_some_and(|e| e == "onnx") {
-        path.with_extension("toml")
-    } else {
-        path.to_owned()
-    };
-    anyhow::ensure!(
-        card_path.exists(),
-        "no model card {}: a backbone needs its card next to it \
-         (models/tools/fetch-efficientnet-lite0.sh writes both)",
-        card_path.display()
-    );
-    let card = ModelCard::load(&card_path)?;
-    let onnx = card_path
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(&card.file);
-    let bytes = std::fs::read(&onnx).with_context(|| format!("cannot read {}", onnx.display()))?;
-    let backbone = Backbone::from_bytes(card, &bytes, &onnx)?;
-    if let Some(check) = check_sample(&backbone, &card_path)? {
-        anyhow::ensure!(
-            check.agrees(),
-            "{} disagrees with its converter's sample (largest difference {} for features up \
-             to {}): convert it again",
-            onnx.display(),
-            check.max_abs_diff,
-            check.max_abs
-        );
-    }
-    Ok((backbone, Fnv64::of(&bytes)))
+    features::load_backbone(path)
 }
 
 /// The domains of `dataset` as `backbone` sees them: built once, features extracted once (or
