@@ -6,6 +6,8 @@ use fedge::fdg::{
     run_lodo,
 };
 
+use std::sync::Arc;
+
 fn digits() -> Prepared {
     prepare(&Dataset::Digits, None, None, |_| {}).unwrap()
 }
@@ -257,15 +259,19 @@ fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
     let dataset = Dataset::parse(&format!("imagefolder:{}", root.display()), None, 0).unwrap();
     let cache = dir.path().join("cache");
     let first = prepare(&dataset, None, Some(&cache), |_| {}).unwrap();
-    let names: Vec<&str> = first.domains.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = first.domains.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["cartoon", "photo", "sketch"]);
     assert_eq!(first.classes, 2);
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 3);
     let again = prepare(&dataset, None, Some(&cache), |_| {}).unwrap();
-    for ((_, a), (_, b)) in first.domains.iter().zip(&again.domains) {
+    for (a, b) in first.domains.iter().zip(&again.domains) {
         assert_eq!(
-            a.features, b.features,
+            a.all.features, b.all.features,
             "the cache returns what was computed"
+        );
+        assert!(
+            Arc::ptr_eq(&a.all, &a.held_out),
+            "scored on what it trains on"
         );
     }
     let options = BenchOptions {
@@ -321,8 +327,12 @@ fn tuning_keeps_one_setting_per_algorithm() {
 fn the_background_bias_benchmark_runs() {
     let dataset = Dataset::parse("digits-bg", None, 0).unwrap();
     let prepared = prepare(&dataset, None, None, |_| {}).unwrap();
-    let names: Vec<&str> = prepared.domains.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = prepared.domains.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["bg0", "bg1", "bg2", "bg3", "bg4", "bg5"]);
+    for d in &prepared.domains {
+        assert_eq!(d.all.labels, d.held_out.labels, "same objects");
+        assert_ne!(d.all.features, d.held_out.features, "other backgrounds");
+    }
     let options = BenchOptions {
         scenario: Scenario::Lodo,
         rounds: 2,

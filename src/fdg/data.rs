@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
 use fedge_edge::FeatureSet;
 use fedge_edge::data::{
     BiasedDomain, DIGITS_ANGLES, Domain, background_domains, digits_bg_domains, digits_domains,
@@ -101,8 +102,20 @@ pub struct Prepared {
     pub feature_size: usize,
     /// Classes.
     pub classes: usize,
-    /// Domain names and all their features, in order.
-    pub domains: Vec<(String, Arc<FeatureSet>)>,
+    /// The domains, in order.
+    pub domains: Vec<PreparedDomain>,
+}
+
+/// One domain's features.
+#[derive(Debug, Clone)]
+pub struct PreparedDomain {
+    /// Domain name.
+    pub name: String,
+    /// Every sample, as the domain's clients see them.
+    pub all: Arc<FeatureSet>,
+    /// What the domain is scored on when held out: `all`, except for the background-bias data
+    /// sets, where it is the same objects on backgrounds that say nothing about the class.
+    pub held_out: Arc<FeatureSet>,
 }
 
 /// One domain's split for one seed: train and validation features.
@@ -113,8 +126,8 @@ pub struct DomainData {
     pub train: Arc<FeatureSet>,
     /// 10 %, for model selection.
     pub val: Arc<FeatureSet>,
-    /// The whole domain, scored when it is the target.
-    pub all: Arc<FeatureSet>,
+    /// What is scored when it is the target (see [`PreparedDomain::held_out`]).
+    pub held_out: Arc<FeatureSet>,
 }
 
 /// Loads `backbone` (a model card, or an `.onnx` file with its card beside it; `None` is the
@@ -143,38 +156,75 @@ pub fn prepare(
     // Shrinking Fashion-MNIST's 28x28 by area averaging suits a small backbone better than
     // bilinear resampling; larger inputs start from the native size.
     let side = card.height.min(28);
-    let unbiased = |d: Vec<BiasedDomain>| d.into_iter().map(|b| b.domain).collect::<Vec<_>>();
-    let domains: Vec<Domain> = match dataset {
-        Dataset::Digits => digits_domains(&DIGITS_ANGLES, DOMAIN_SEED),
-        Dataset::DigitsBg { bias } => unbiased(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
-        Dataset::FashionMnist { dir, limit } => {
-            fashion_mnist_domains(dir, &DIGITS_ANGLES, DOMAIN_SEED, *limit, side)?
-        }
+    // Each domain, and the images it is scored on when held out, if they differ.
+    let split_views = |d: Vec<BiasedDomain>| {
+        d.into_iter()
+            .map(|b| {
+                let held_out = Domain {
+                    name: b.domain.name.clone(),
+                    data: b.unbiased,
+                };
+                (b.domain, Some(held_out))
+            })
+            .collect::<Vec<_>>()
+    };
+    let same = |d: Vec<Domain>| d.into_iter().map(|d| (d, None)).collect::<Vec<_>>();
+    let domains: Vec<(Domain, Option<Domain>)> = match dataset {
+        Dataset::Digits => same(digits_domains(&DIGITS_ANGLES, DOMAIN_SEED)),
+        Dataset::DigitsBg { bias } => split_views(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
+        Dataset::FashionMnist { dir, limit } => same(fashion_mnist_domains(
+            dir,
+            &DIGITS_ANGLES,
+            DOMAIN_SEED,
+            *limit,
+            side,
+        )?),
         Dataset::FashionMnistBg { dir, limit, bias } => {
             let all = fashion_mnist(dir, DOMAIN_SEED, *limit, side)?;
-            unbiased(background_domains(&all, 6, *bias, DOMAIN_SEED)?)
+            split_views(background_domains(&all, 6, *bias, DOMAIN_SEED)?)
         }
-        Dataset::ImageFolder { root } => {
-            imagefolder_domains(root, card.channels, card.height, card.width)?
-        }
+        Dataset::ImageFolder { root } => same(imagefolder_domains(
+            root,
+            card.channels,
+            card.height,
+            card.width,
+        )?),
     };
     anyhow::ensure!(
         domains.len() >= 2,
         "leave-one-domain-out needs at least two domains, found {}",
         domains.len()
     );
-    let classes = domains[0].data.classes();
-    let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+    let classes = domains[0].0.data.classes();
+    let names: Vec<&str> = domains.iter().map(|(d, _)| d.name.as_str()).collect();
     progress(&names.join(", "));
-    // One domain per core; the backbone's plans are shared.
-    let features = super::in_parallel(&domains, |domain| {
-        Ok(features::extract(&backbone, id, &domain.data, cache_dir)?)
-    })?;
-    let out = domains
+    // Every image set to extract, one per core; the backbone's plans are shared.
+    let sets: Vec<&Domain> = domains
         .iter()
-        .zip(features)
-        .map(|(d, f)| (d.name.clone(), Arc::new(f)))
+        .flat_map(|(d, held_out)| std::iter::once(d).chain(held_out))
         .collect();
+    let mut features = super::in_parallel(&sets, |domain| {
+        Ok(Arc::new(features::extract(
+            &backbone,
+            id,
+            &domain.data,
+            cache_dir,
+        )?))
+    })?
+    .into_iter();
+    let mut out = Vec::with_capacity(domains.len());
+    for (domain, held_out) in &domains {
+        let all = features.next().context("a feature set is missing")?;
+        let held_out = match held_out {
+            Some(_) => features.next().context("a feature set is missing")?,
+            None => Arc::clone(&all),
+        };
+        out.push(PreparedDomain {
+            name: domain.name.clone(),
+            all,
+            held_out,
+        });
+    }
     Ok(Prepared {
         backbone: card.name,
         feature_size: card.feature_size,
@@ -189,13 +239,14 @@ impl Prepared {
         self.domains
             .iter()
             .enumerate()
-            .map(|(d, (name, all))| {
-                let (train, val) = split_features(all, VAL_FRACTION, seed ^ (d as u64 + 1));
+            .map(|(d, domain)| {
+                let salt = seed ^ (d as u64 + 1);
+                let (train, val) = split_features(&domain.all, VAL_FRACTION, salt);
                 DomainData {
-                    name: name.clone(),
+                    name: domain.name.clone(),
                     train: Arc::new(train),
                     val: Arc::new(val),
-                    all: Arc::clone(all),
+                    held_out: Arc::clone(&domain.held_out),
                 }
             })
             .collect()

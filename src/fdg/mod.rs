@@ -23,8 +23,8 @@ mod run;
 mod tune;
 
 pub use data::{
-    DOMAIN_SEED, Dataset, DomainData, Prepared, VAL_FRACTION, digits, load_backbone, prepare, rows,
-    split_features,
+    DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
+    load_backbone, prepare, rows, split_features,
 };
 pub use report::{
     ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars, report_json, summarise,

@@ -143,7 +143,7 @@ pub async fn run_one_mqtt(
             .iter()
             .map(|c| (c.name.clone(), Arc::clone(&c.train), Arc::clone(&c.val)))
             .collect(),
-        target: Arc::clone(&domains[target].all),
+        target: Arc::clone(&domains[target].held_out),
     };
     let demo_options = crate::demo::DemoOptions {
         rounds: options.rounds,
@@ -223,7 +223,7 @@ pub fn run_one(
                 Output::RoundEnded(report) if report.aggregated => {
                     let params = machine.params();
                     let val = pooled_accuracy(head, params, &val_sets);
-                    let target_accuracy = accuracy(head, params, &domains[target].all)?;
+                    let target_accuracy = accuracy(head, params, &domains[target].held_out)?;
                     scores.push((report.round, val, target_accuracy));
                     on_round(report.round);
                 }

@@ -1,12 +1,14 @@
 //! Background-bias domains (`digits-bg`, `fashion-mnist-bg`): a benchmark where backgrounds lie.
 //!
 //! Every object (a digit, a garment) is cut out by a threshold on its own intensity and pasted on
-//! one of [`TEXTURES`] grayscale textures. In domain `d` a sample of class `y` gets texture
-//! `(y + 3d) mod 10` with probability `bias`, otherwise a texture drawn uniformly. So each site
-//! has its own background↔class shortcut, strong inside the site, and a held-out site's
-//! shortcut is one no source site has: a model that learned backgrounds fails there, as at a
-//! new factory whose floor is another colour. The object masks come from the generator, so a
-//! method that needs an object/background split (FedDDL) needs no detector here.
+//! one of [`TEXTURES`] grayscale textures. In domain `d` a sample of class `y` gets texture `y`
+//! with probability `bias − 0.05·d` (a shortcut of a different strength at every site),
+//! otherwise a texture drawn uniformly. Every domain also comes in an *unbiased* version, the
+//! same objects on uniformly drawn textures: the benchmark trains on the biased sources and
+//! scores the held-out site on its unbiased version, where the background says nothing about
+//! the class, so a model that learned backgrounds fails there, as at a new factory whose floor
+//! is another colour. The object masks come from the generator, so a method that needs an
+//! object/background split (FedDDL) needs no detector here.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -25,14 +27,19 @@ pub const OBJECT_THRESHOLD: f32 = 0.25;
 /// A domain with backgrounds, and what the generator knows about every image.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BiasedDomain {
-    /// The composed images, named `bg<d>`.
+    /// The composed images with the site's shortcut, named `bg<d>`.
     pub domain: Domain,
-    /// Per image and pixel (`len × h × w`): 1 where the object is, 0 on the background.
+    /// The same objects on uniformly drawn textures: what the site is scored on when held out.
+    pub unbiased: ImageSet,
+    /// Per image and pixel (`len × h × w`): 1 where the object is, 0 on the background (the
+    /// same for both versions).
     pub masks: Vec<u8>,
-    /// The texture index of every image's background.
+    /// The texture index of every image's background in `domain`.
     pub textures: Vec<u8>,
-    /// The domain's shortcut: class `y` goes with texture `(y + shift) mod TEXTURES`.
-    pub shift: usize,
+    /// The texture index of every image's background in `unbiased`.
+    pub unbiased_textures: Vec<u8>,
+    /// The probability that a background in `domain` is its class's texture.
+    pub bias: f32,
 }
 
 /// Texture `t` (`0..TEXTURES`) as an `h × w` plane on the scale `0..=raw_max`: five patterns
@@ -59,7 +66,8 @@ pub fn texture(t: usize, h: usize, w: usize, raw_max: f32) -> Vec<f32> {
 }
 
 /// Splits the single-channel set `all` into `domains` disjoint class-stratified parts (seeded)
-/// and pastes every object on a texture chosen as the module docs say.
+/// and pastes every object on textures as the module docs say; domain `d`'s shortcut has the
+/// strength `bias − 0.05·d` (at least 0).
 pub fn background_domains(
     all: &ImageSet,
     domains: usize,
@@ -70,9 +78,6 @@ pub fn background_domains(
         return Err(DataError::UnsupportedChannels {
             channels: all.channels,
         });
-    }
-    if domains == 0 {
-        return Ok(Vec::new());
     }
     let bias = if bias.is_finite() {
         bias.clamp(0.0, 1.0)
@@ -85,37 +90,52 @@ pub fn background_domains(
         .collect();
     let threshold = OBJECT_THRESHOLD * all.raw_max;
     let mut rng = StdRng::seed_from_u64(seed ^ 0xb6_0000);
-    let parts = all.partition(domains, seed);
+    let parts = if domains == 0 {
+        Vec::new()
+    } else {
+        all.partition(domains, seed)
+    };
     Ok(parts
         .into_iter()
         .enumerate()
-        .map(|(d, mut data)| {
-            let shift = (3 * d) % TEXTURES;
-            let mut masks = Vec::with_capacity(data.images.len());
-            let mut chosen = Vec::with_capacity(data.len());
-            for (image, &label) in data.images.chunks_exact_mut(h * w).zip(&data.labels) {
-                let t = if rng.random::<f32>() < bias {
-                    (label as usize + shift) % TEXTURES
-                } else {
-                    rng.random_range(0..TEXTURES)
-                };
-                chosen.push(t as u8);
-                for (v, bg) in image.iter_mut().zip(&textures[t]) {
-                    let object = *v > threshold;
-                    masks.push(u8::from(object));
-                    if !object {
-                        *v = *bg;
+        .map(|(d, original)| {
+            let site_bias = (bias - 0.05 * d as f32).max(0.0);
+            let masks: Vec<u8> = original
+                .images
+                .iter()
+                .map(|v| u8::from(*v > threshold))
+                .collect();
+            let mut compose = |biased: bool| {
+                let mut data = original.clone();
+                let mut chosen = Vec::with_capacity(data.len());
+                let images = data.images.chunks_exact_mut(h * w);
+                for ((image, &label), mask) in images.zip(&data.labels).zip(masks.chunks(h * w)) {
+                    let t = if biased && rng.random::<f32>() < site_bias {
+                        label as usize % TEXTURES
+                    } else {
+                        rng.random_range(0..TEXTURES)
+                    };
+                    chosen.push(t as u8);
+                    for ((v, bg), m) in image.iter_mut().zip(&textures[t]).zip(mask) {
+                        if *m == 0 {
+                            *v = *bg;
+                        }
                     }
                 }
-            }
+                (data, chosen)
+            };
+            let (data, chosen) = compose(true);
+            let (unbiased, unbiased_textures) = compose(false);
             BiasedDomain {
                 domain: Domain {
                     name: format!("bg{d}"),
                     data,
                 },
+                unbiased,
                 masks,
                 textures: chosen,
-                shift,
+                unbiased_textures,
+                bias: site_bias,
             }
         })
         .collect())
@@ -132,18 +152,22 @@ mod tests {
         assert_eq!(domains.len(), 6);
         let plain = crate::data::digits_domains(&[0.0; 6], 3);
         for (biased, plain) in domains.iter().zip(&plain) {
-            let data = &biased.domain.data;
-            assert_eq!(data.labels, plain.data.labels, "same images, same order");
-            for i in 0..data.len() {
-                let tex = texture(biased.textures[i] as usize, 8, 8, 16.0);
-                let mask = &biased.masks[i * 64..(i + 1) * 64];
-                for p in 0..64 {
-                    let (got, original) = (data.image(i)[p], plain.data.image(i)[p]);
-                    if mask[p] == 1 {
-                        assert_eq!(got, original, "object pixels are kept exactly");
-                        assert!(original > OBJECT_THRESHOLD * 16.0);
-                    } else {
-                        assert_eq!(got, tex[p], "the background is the texture");
+            for (data, textures) in [
+                (&biased.domain.data, &biased.textures),
+                (&biased.unbiased, &biased.unbiased_textures),
+            ] {
+                assert_eq!(data.labels, plain.data.labels, "same images, same order");
+                for i in 0..data.len() {
+                    let tex = texture(textures[i] as usize, 8, 8, 16.0);
+                    let mask = &biased.masks[i * 64..(i + 1) * 64];
+                    for p in 0..64 {
+                        let (got, original) = (data.image(i)[p], plain.data.image(i)[p]);
+                        if mask[p] == 1 {
+                            assert_eq!(got, original, "object pixels are kept exactly");
+                            assert!(original > OBJECT_THRESHOLD * 16.0);
+                        } else {
+                            assert_eq!(got, tex[p], "the background is the texture");
+                        }
                     }
                 }
             }
@@ -151,33 +175,28 @@ mod tests {
     }
 
     #[test]
-    fn each_domain_has_its_own_shortcut_of_the_asked_strength() {
-        let domains = digits_bg_domains(6, 0.8, 5).unwrap();
-        let shifts: Vec<usize> = domains.iter().map(|d| d.shift).collect();
-        let mut distinct = shifts.clone();
-        distinct.sort();
-        distinct.dedup();
-        assert_eq!(distinct.len(), 6, "{shifts:?}");
-        for d in &domains {
-            let follows = |shift: usize| {
-                let hits = d
-                    .domain
-                    .data
-                    .labels
-                    .iter()
-                    .zip(&d.textures)
-                    .filter(|(y, t)| (**y as usize + shift) % TEXTURES == **t as usize)
-                    .count();
-                hits as f32 / d.domain.data.len() as f32
-            };
-            // 0.8 + 0.2/10 expected for its own shortcut, about 1/10 for another site's.
-            let own = follows(d.shift);
-            assert!((own - 0.82).abs() < 0.06, "{}: {own}", d.domain.name);
-            let other = follows((d.shift + 1) % TEXTURES);
-            assert!(other < 0.1, "{}: {other}", d.domain.name);
+    fn each_site_has_a_shortcut_of_its_own_strength_and_its_unbiased_version_none() {
+        let domains = digits_bg_domains(6, 0.9, 5).unwrap();
+        let follows = |labels: &[u32], textures: &[u8]| {
+            let hits = labels
+                .iter()
+                .zip(textures)
+                .filter(|(y, t)| **y as usize % TEXTURES == **t as usize)
+                .count();
+            hits as f32 / labels.len() as f32
+        };
+        for (d, site) in domains.iter().enumerate() {
+            let want = 0.9 - 0.05 * d as f32;
+            assert!((site.bias - want).abs() < 1e-6);
+            // bias + (1 − bias)/10 expected with the shortcut, 1/10 without.
+            let own = follows(&site.domain.data.labels, &site.textures);
+            let expected = want + (1.0 - want) / TEXTURES as f32;
+            assert!((own - expected).abs() < 0.06, "bg{d}: {own} vs {expected}");
+            let none = follows(&site.unbiased.labels, &site.unbiased_textures);
+            assert!(none < 0.16, "bg{d} unbiased: {none}");
         }
         assert_eq!(
-            digits_bg_domains(6, 0.8, 5).unwrap(),
+            digits_bg_domains(6, 0.9, 5).unwrap(),
             domains,
             "reproducible"
         );
