@@ -157,8 +157,8 @@ mod tests {
                 (&biased.unbiased, &biased.unbiased_textures),
             ] {
                 assert_eq!(data.labels, plain.data.labels, "same images, same order");
-                for i in 0..data.len() {
-                    let tex = texture(textures[i] as usize, 8, 8, 16.0);
+                for (i, &t) in textures.iter().enumerate() {
+                    let tex = texture(t as usize, 8, 8, 16.0);
                     let mask = &biased.masks[i * 64..(i + 1) * 64];
                     for p in 0..64 {
                         let (got, original) = (data.image(i)[p], plain.data.image(i)[p]);
