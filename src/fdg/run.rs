@@ -346,21 +346,13 @@ pub fn partition(set: &FeatureSet, parts: usize, seed: u64) -> Vec<FeatureSet> {
     use rand::seq::SliceRandom;
     let mut order: Vec<usize> = (0..set.len()).collect();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
-    let mut out = vec![
-        FeatureSet {
-            dim: set.dim,
-            ..FeatureSet::default()
-        };
-        parts.max(1)
-    ];
-    let n = out.len();
-    for (k, &i) in order.iter().enumerate() {
-        let part = &mut out[k % n];
-        part.features
-            .extend_from_slice(&set.features[i * set.dim..(i + 1) * set.dim]);
-        part.labels.push(set.labels[i]);
-    }
-    out
+    let parts = parts.max(1);
+    (0..parts)
+        .map(|p| {
+            let mine: Vec<usize> = order.iter().skip(p).step_by(parts).copied().collect();
+            super::rows(set, &mine)
+        })
+        .collect()
 }
 
 #[cfg(test)]
