@@ -129,17 +129,19 @@ impl EdgeConfig {
         let wanted = match &self.data {
             DataConfig::Digits { domain, .. } | DataConfig::ImageFolder { domain, .. } => domain,
         };
-        let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
-        let domain = domains.iter().find(|d| d.name == *wanted).ok_or_else(|| {
-            anyhow::anyhow!(
-                "domain {wanted:?} not found; available: {}",
-                names.join(", ")
-            )
-        })?;
+        let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
         // Images of another size or channel count are adapted to the card when features are
         // computed (`ModelCard::adapt_chw`); an impossible channel mapping fails there.
-        let data = &domain.data;
-        Ok(data.clone())
+        let domain = domains
+            .into_iter()
+            .find(|d| d.name == *wanted)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "domain {wanted:?} not found; available: {}",
+                    names.join(", ")
+                )
+            })?;
+        Ok(domain.data)
     }
 
     /// Loads backbone and data, computes (or reads cached) features and builds the agent.

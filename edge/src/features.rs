@@ -74,10 +74,7 @@ pub fn load_backbone(path: &Path) -> anyhow::Result<(Backbone, u64)> {
         card_path.display()
     );
     let card = ModelCard::load(&card_path)?;
-    let onnx = card_path
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(&card.file);
+    let onnx = card.onnx_path(&card_path);
     let bytes = std::fs::read(&onnx).with_context(|| format!("cannot read {}", onnx.display()))?;
     let backbone = Backbone::from_bytes(card, &bytes, &onnx)?;
     if let Some(check) = check_sample(&backbone, &card_path)? {

@@ -83,10 +83,7 @@ impl Backbone {
     /// Loads the backbone a card describes (its `file` is relative to the card).
     pub fn load(card_path: &Path) -> Result<Self, BackboneError> {
         let card = ModelCard::load(card_path)?;
-        let onnx_path = card_path
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(&card.file);
+        let onnx_path = card.onnx_path(card_path);
         let bytes = std::fs::read(&onnx_path).map_err(|e| BackboneError::Load {
             path: onnx_path.clone(),
             message: e.to_string(),
@@ -228,9 +225,11 @@ impl Backbone {
                 message: format!("{} values are not whole {shape:?} images", raw_chw.len()),
             });
         }
-        let mut out = Vec::with_capacity(raw_chw.len() / per_image * card.feature_size);
-        let mut adapted = Vec::with_capacity(batch.max(1) * card.input_len());
-        for chunk in raw_chw.chunks(batch.max(1) * per_image) {
+        let images = raw_chw.len() / per_image;
+        let plan_batch = batch.clamp(1, images.max(1));
+        let mut out = Vec::with_capacity(images * card.feature_size);
+        let mut adapted = Vec::with_capacity(plan_batch * card.input_len());
+        for chunk in raw_chw.chunks(plan_batch * per_image) {
             adapted.clear();
             for image in chunk.chunks_exact(per_image) {
                 card.adapt_chw(image, shape, source_max, &mut adapted)
@@ -239,7 +238,7 @@ impl Backbone {
                         message,
                     })?;
             }
-            out.extend(self.features(&adapted, batch)?);
+            out.extend(self.run_batches(&adapted, plan_batch)?);
         }
         Ok(out)
     }
@@ -257,9 +256,15 @@ impl Backbone {
                 images,
             });
         }
-        let mut out = Vec::with_capacity(images * self.card.feature_size);
         // No plan larger than the work: a small call gets a plan of its own size.
-        let batch = batch.clamp(1, images.max(1));
+        self.run_batches(raw_chw, batch.clamp(1, images.max(1)))
+    }
+
+    /// Runs card-shaped raw images through the plan for `batch` images, chunk by chunk; a short
+    /// last chunk is padded, so every chunk of every call with the same `batch` shares one plan.
+    fn run_batches(&self, raw_chw: &[f32], batch: usize) -> Result<Vec<f32>, BackboneError> {
+        let per_image = self.card.input_len();
+        let mut out = Vec::with_capacity(raw_chw.len() / per_image * self.card.feature_size);
         let mut normalised = Vec::with_capacity(batch * per_image);
         for chunk in raw_chw.chunks(batch * per_image) {
             normalised.clear();
@@ -358,6 +363,23 @@ mod tests {
         assert_eq!(
             backbone.features_of(&raw, (1, 4, 4), 255.0, 1).unwrap(),
             direct
+        );
+        // Five images in batches of two: the short last batch is padded, so one plan serves all.
+        let five: Vec<f32> = raw.iter().cycle().take(5 * 16).copied().collect();
+        let fresh = digits();
+        let got = fresh.features_of(&five, (1, 4, 4), 255.0, 2).unwrap();
+        assert_eq!(&got[..2 * 512], &direct[..], "same features when padded");
+        let sizes: Vec<usize> = fresh
+            .plans
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(b, _)| *b)
+            .collect();
+        assert_eq!(
+            sizes,
+            [1, 2],
+            "the load-time plan and one for batches of two"
         );
         let err = backbone
             .features_of(&raw[..30], (1, 4, 4), 255.0, 1)

@@ -116,6 +116,14 @@ impl ModelCard {
         Ok(card)
     }
 
+    /// The ONNX file of the card stored at `card_path` (its `file` is relative to the card).
+    pub fn onnx_path(&self, card_path: &Path) -> PathBuf {
+        card_path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(&self.file)
+    }
+
     /// The card as TOML.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_default()

@@ -13,19 +13,17 @@ use anyhow::Context;
 use fedge_edge::FeatureSet;
 use fedge_edge::data::{
     BiasedDomain, DIGITS_ANGLES, Domain, background_domains, digits_bg_domains, digits_domains,
-    fashion_mnist, fashion_mnist_domains, imagefolder_domains,
+    fashion_mnist, fashion_mnist_domains, imagefolder_domains, split_indices,
 };
 use fedge_edge::features::{self, Fnv64};
 use fedge_models::Backbone;
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 
 /// The seed that partitions and rotates the built-in and IDX data sets into domains.
 pub const DOMAIN_SEED: u64 = 0;
 
 /// Fraction of each client's data held out for model selection.
-pub const VAL_FRACTION: f64 = 0.1;
+pub const VAL_FRACTION: f32 = 0.1;
 
 /// Which images make the domains.
 #[derive(Debug, Clone, PartialEq)]
@@ -264,18 +262,11 @@ pub fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
     ))
 }
 
-/// Splits `set` at random (seeded) into a training and a validation set holding
-/// `round(len · val_fraction)` samples, at least one each when `len ≥ 2`.
-pub fn split_features(set: &FeatureSet, val_fraction: f64, seed: u64) -> (FeatureSet, FeatureSet) {
-    let n = set.len();
-    let mut n_val = (n as f64 * val_fraction.clamp(0.0, 1.0)).round() as usize;
-    if n >= 2 {
-        n_val = n_val.clamp(1, n - 1);
-    }
-    let mut order: Vec<usize> = (0..n).collect();
-    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
-    let (val, train) = order.split_at(n_val.min(n));
-    (rows(set, train), rows(set, val))
+/// Splits `set` at random (seeded) into a training and a validation set by the rule of
+/// `ImageSet::split` ([`split_indices`]).
+pub fn split_features(set: &FeatureSet, val_fraction: f32, seed: u64) -> (FeatureSet, FeatureSet) {
+    let (train, val) = split_indices(set.len(), val_fraction, seed);
+    (rows(set, &train), rows(set, &val))
 }
 
 /// The rows `indices` of `set`, in that order.

@@ -13,26 +13,17 @@ use fedge_wire::Objective;
 /// The settings `--tune` tries for `algorithm`, each named `name[knob=value,...]`; just the
 /// algorithm itself when it has no knob.
 pub fn grid(algorithm: &Algorithm) -> Vec<Algorithm> {
-    let objective: Vec<(&str, f32)> = match algorithm.objective {
-        Objective::FedProx => [0.001, 0.01, 0.1].map(|v| ("mu", v)).to_vec(),
-        Objective::FedDim => [0.001, 0.01, 0.1].map(|v| ("lambda", v)).to_vec(),
-        Objective::CrossEntropy => vec![],
+    // Each side's settings; `None` where the side has no knob of its own.
+    let knob = |name: &'static str, values: [f32; 3]| values.map(|v| Some((name, v))).to_vec();
+    let objective = match algorithm.objective {
+        Objective::FedProx => knob("mu", [0.001, 0.01, 0.1]),
+        Objective::FedDim => knob("lambda", [0.001, 0.01, 0.1]),
+        Objective::CrossEntropy => vec![None],
     };
-    let strategy: Vec<(&str, f32)> = match algorithm.strategy.strategy.as_str() {
-        "fedavgm" => [0.5, 0.7, 0.9].map(|v| ("beta", v)).to_vec(),
-        "fedomg" => [0.25, 0.5, 1.0].map(|v| ("kappa", v)).to_vec(),
-        _ => vec![],
-    };
-    let none = [None];
-    let objective: Vec<Option<(&str, f32)>> = if objective.is_empty() {
-        none.to_vec()
-    } else {
-        objective.into_iter().map(Some).collect()
-    };
-    let strategy: Vec<Option<(&str, f32)>> = if strategy.is_empty() {
-        none.to_vec()
-    } else {
-        strategy.into_iter().map(Some).collect()
+    let strategy = match algorithm.strategy.strategy.as_str() {
+        "fedavgm" => knob("beta", [0.5, 0.7, 0.9]),
+        "fedomg" => knob("kappa", [0.25, 0.5, 1.0]),
+        _ => vec![None],
     };
     let mut out = Vec::new();
     for o in &objective {

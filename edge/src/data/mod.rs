@@ -120,20 +120,8 @@ impl ImageSet {
     /// `0.0..=1.0`. When the set has at least two images and `0 < val_fraction < 1`, both sets
     /// get at least one image. The two sets are disjoint and together hold every image.
     pub fn split(&self, val_fraction: f32, seed: u64) -> (ImageSet, ImageSet) {
-        let n = self.len();
-        let fraction = if val_fraction.is_nan() {
-            0.0
-        } else {
-            val_fraction.clamp(0.0, 1.0)
-        };
-        let mut n_val = (n as f64 * f64::from(fraction)).round() as usize;
-        if n >= 2 && fraction > 0.0 && fraction < 1.0 {
-            n_val = n_val.clamp(1, n - 1);
-        }
-        let n_val = n_val.min(n);
-        let order = shuffled_indices(n, seed);
-        let (val, train) = order.split_at(n_val);
-        (self.subset(train), self.subset(val))
+        let (train, val) = split_indices(self.len(), val_fraction, seed);
+        (self.subset(&train), self.subset(&val))
     }
 
     /// Partitions the set into `parts` disjoint subsets after a shuffle determined by `seed`.
@@ -202,6 +190,25 @@ pub fn rotated_domains(all: &ImageSet, angles: &[f32], seed: u64) -> Vec<Domain>
             }
         })
         .collect()
+}
+
+/// The training and validation indices of a set of `n` items after a shuffle determined by
+/// `seed`: the validation part holds `round(n * val_fraction)` items (`val_fraction` clamped to
+/// `0.0..=1.0`, NaN as 0), at least one on each side when `n ≥ 2` and `0 < val_fraction < 1`.
+/// The rule of [`ImageSet::split`], shared by every split of images or features.
+pub fn split_indices(n: usize, val_fraction: f32, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let fraction = if val_fraction.is_nan() {
+        0.0
+    } else {
+        val_fraction.clamp(0.0, 1.0)
+    };
+    let mut n_val = (n as f64 * f64::from(fraction)).round() as usize;
+    if n >= 2 && fraction > 0.0 && fraction < 1.0 {
+        n_val = n_val.clamp(1, n - 1);
+    }
+    let order = shuffled_indices(n, seed);
+    let (val, train) = order.split_at(n_val.min(n));
+    (train.to_vec(), val.to_vec())
 }
 
 /// Returns `0..n` shuffled by a generator seeded with `seed`.
