@@ -7,15 +7,17 @@ use std::time::Instant;
 use anyhow::Context;
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::insight::InsightConfig;
+use fedge_coordinator::prototypes::PrototypeConfig;
 use fedge_coordinator::strategy::StrategyConfig;
 use fedge_coordinator::{
     DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, Strategy, driver,
 };
 use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
 use fedge_edge::features::{self, Fnv64};
-use fedge_edge::{AgentSetup, FeatureSet, accuracy};
+use fedge_edge::fedddl::DEFAULT_GROUPS;
+use fedge_edge::{AgentSetup, DdlViews, FeatureSet, accuracy};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
-use fedge_models::{Backbone, Backend, HeadConfig};
+use fedge_models::{Backbone, Backend, HeadConfig, ModelLayout};
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::{Objective, TrainParams};
 use serde::Serialize;
@@ -121,18 +123,31 @@ pub struct DemoResult {
     pub initial_params: Vec<f32>,
     /// Updates rejected, by reason.
     pub rejected: std::collections::BTreeMap<String, u64>,
-    /// Number of parameters in the head.
+    /// Number of parameters in the model (the head, and Stable-FedADG's generator).
     pub num_params: usize,
     /// Wall-clock seconds of the federation (after data preparation).
     pub seconds: f64,
+}
+
+/// One simulated device of a demo.
+#[derive(Debug, Clone)]
+pub struct DemoClient {
+    /// Client id.
+    pub id: String,
+    /// Training features.
+    pub train: Arc<FeatureSet>,
+    /// Validation features.
+    pub val: Arc<FeatureSet>,
+    /// FedDDL's views of `train`, when the objective needs them.
+    pub views: Option<Arc<DdlViews>>,
 }
 
 /// The data of a demo: per-client features and the held-out target.
 pub struct DemoData {
     /// Head sizes.
     pub head: HeadConfig,
-    /// (client id, train, validation) per client.
-    pub clients: Vec<(String, Arc<FeatureSet>, Arc<FeatureSet>)>,
+    /// The devices.
+    pub clients: Vec<DemoClient>,
     /// Held-out target domain.
     pub target: Arc<FeatureSet>,
     /// Validation sets scored with every new global head (model selection in `fedge bench`);
@@ -167,9 +182,22 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
         let part = shares[d].remove(0);
         let (train, val) = part.split(0.1, options.seed.wrapping_add(c as u64));
         let id = format!("site-{c}-{}", domains[d].name);
+        let views = if options.train.objective == Objective::FedDdl {
+            let seed = options.seed.wrapping_add(c as u64);
+            let views =
+                DdlViews::build(&backbone, backbone_id, &train, DEFAULT_GROUPS, seed, None)?;
+            Some(Arc::new(views))
+        } else {
+            None
+        };
         let train = features::extract(&backbone, backbone_id, &train, None)?;
         let val = features::extract(&backbone, backbone_id, &val, None)?;
-        clients.push((id, Arc::new(train), Arc::new(val)));
+        clients.push(DemoClient {
+            id,
+            train: Arc::new(train),
+            val: Arc::new(val),
+            views,
+        });
     }
     let target_features = features::extract(&backbone, backbone_id, &target.data, None)?;
     let head = HeadConfig::new(backbone.card().feature_size, target.data.classes())
@@ -205,8 +233,12 @@ pub async fn run(
             }
         }
     };
-    let initial = data.head.init_flat(options.seed);
-    let initial_target_accuracy = accuracy(&data.head, &initial, &data.target)?;
+    let layout = ModelLayout::new(
+        data.head.clone(),
+        options.train.objective.carries_generator(),
+    );
+    let initial = layout.init_flat(options.seed);
+    let initial_target_accuracy = accuracy(&data.head, layout.head_part(&initial), &data.target)?;
     let per_round = options
         .per_round
         .unwrap_or(options.clients)
@@ -224,10 +256,15 @@ pub async fn run(
             classes: data.head.classes,
             momentum: options.insight_momentum,
         }),
+        prototypes: (options.train.objective == Objective::FedDdl).then_some(PrototypeConfig {
+            hidden: data.head.hidden,
+            classes: data.head.classes,
+        }),
         ..RoundConfig::default()
     };
     let strategy = options.strategy.build().map_err(anyhow::Error::msg)?;
     let strategy_name = strategy.name().to_string();
+    let initial_len = initial.len();
     let rounds = Rounds::new(config, strategy, initial.clone());
     let (head, target, selection) = (
         data.head.clone(),
@@ -237,6 +274,7 @@ pub async fn run(
     let scored = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&scored);
     let evaluator: fedge_coordinator::Evaluator = Box::new(move |params: &[f32]| {
+        let params = layout.head_part(params);
         if !selection.is_empty()
             && let Ok(mut log) = log.lock()
         {
@@ -247,14 +285,15 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
     let mut agents = Vec::new();
-    for (id, train, val) in &data.clients {
+    for client in &data.clients {
         let setup = AgentSetup {
-            client_id: id.clone(),
+            client_id: client.id.clone(),
             federation: options.federation.clone(),
             broker: broker.clone(),
             head: data.head.clone(),
-            train: train.clone(),
-            val: val.clone(),
+            train: client.train.clone(),
+            val: client.val.clone(),
+            views: client.views.clone(),
             backend: options.backend,
             profile: "demo".into(),
             backbone: "digits-conv".into(),
@@ -319,7 +358,7 @@ pub async fn run(
         final_params: rounds.params().to_vec(),
         initial_params: initial,
         rejected,
-        num_params: data.head.num_params(),
+        num_params: initial_len,
         seconds,
     })
 }
@@ -363,6 +402,10 @@ pub fn objective_by_name(name: &str) -> anyhow::Result<Objective> {
         "ce" => Ok(Objective::CrossEntropy),
         "fedprox" => Ok(Objective::FedProx),
         "feddim" => Ok(Objective::FedDim),
-        other => anyhow::bail!("unknown objective {other:?}; available: ce, fedprox, feddim"),
+        "stable-fedadg" => Ok(Objective::StableFedAdg),
+        "fedddl" => Ok(Objective::FedDdl),
+        other => anyhow::bail!(
+            "unknown objective {other:?}; available: ce, fedprox, feddim, stable-fedadg, fedddl"
+        ),
     }
 }

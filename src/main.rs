@@ -73,7 +73,7 @@ struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fedavg,fedprox,fedavgm,fedomg,feddim,feddim+fedomg"
+        default_value = "fedavg,fedprox,fedavgm,fedomg,feddim,feddim+fedomg,stable-fedadg,fedddl,fedddl+fedomg"
     )]
     algorithms: Vec<String>,
     /// `lodo` (one client per source domain, all train) or `multi` (each source domain split
@@ -226,7 +226,7 @@ struct DemoArgs {
     /// Server learning rate of the momentum update.
     #[arg(long, default_value_t = 1.0)]
     server_lr: f32,
-    /// Local objective: ce, fedprox or feddim.
+    /// Local objective: ce, fedprox, feddim, stable-fedadg or fedddl.
     #[arg(long, default_value = "ce")]
     objective: String,
     /// FedProx mu.
@@ -325,9 +325,10 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
     };
     let data = demo::prepare(&options)?;
     eprintln!(
-        "fedge demo: {} edge agents on rotated digits (0°–60°), target 75° held out; head of {} parameters; {} rounds of {}",
+        "fedge demo: {} edge agents on rotated digits (0°–60°), target 75° held out; model of {} parameters; {} rounds of {}",
         options.clients,
-        data.head.num_params(),
+        fedge_models::ModelLayout::new(data.head.clone(), objective.carries_generator())
+            .num_params(),
         options.rounds,
         options.strategy.strategy
     );
@@ -456,6 +457,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         &dataset,
         args.backbone.as_deref(),
         cache_dir.as_deref(),
+        algorithms
+            .iter()
+            .any(|a| a.objective == fedge_wire::Objective::FedDdl),
         |domain| spinner.set_message(format!("features of {domain}")),
     )?;
     spinner.finish_and_clear();

@@ -24,6 +24,7 @@ fn update(round: u64, client: &str, delta: &[f32]) -> Vec<u8> {
         delta: TensorF32::from_slice(delta),
         metrics: LocalMetrics::default(),
         class_stats: None,
+        prototypes: None,
     }))
 }
 

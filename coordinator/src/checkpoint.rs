@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::strategy::StrategyState;
 
 const MAGIC: &[u8; 4] = b"FDGC";
-const VERSION: u8 = 1;
+/// Version 2 added FedDDL's prototypes.
+const VERSION: u8 = 2;
 const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
 
 /// Everything needed to continue a federation after a restart.
@@ -34,6 +35,8 @@ pub struct Checkpoint {
     pub strategy_state: StrategyState,
     /// FedDIM's global insight matrices `[K, H, K]`; empty when there are none.
     pub insight: Vec<f32>,
+    /// FedDDL's global causal prototypes `[K, H]`; empty when there are none.
+    pub prototypes: Vec<f32>,
 }
 
 /// A checkpoint could not be read or written.
@@ -88,6 +91,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
     let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
     if !finite(&checkpoint.params)
         || !finite(&checkpoint.insight)
+        || !finite(&checkpoint.prototypes)
         || !checkpoint.strategy_state.values().all(|v| finite(v))
     {
         return Err("non-finite parameters".into());
@@ -151,6 +155,7 @@ mod tests {
             params: vec![0.5, -1.0, 2.0],
             strategy_state: StrategyState::from([("server_momentum".into(), vec![0.1, 0.2, 0.3])]),
             insight: vec![0.5; 8],
+            prototypes: vec![0.25; 4],
         }
     }
 

@@ -29,7 +29,7 @@
 //! classes = 10
 //!
 //! [train]
-//! objective = "CrossEntropy"   # or "FedProx", or "FedDim" (see [feddim])
+//! objective = "CrossEntropy"   # "FedProx", "FedDim" (see [feddim]), "StableFedAdg", "FedDdl"
 //! local_epochs = 1
 //! batch_size = 32
 //! learning_rate = 0.05
@@ -236,6 +236,12 @@ impl CoordinatorConfig {
                     hidden: self.head.hidden,
                     classes: self.head.classes,
                     momentum: self.feddim.momentum,
+                },
+            ),
+            prototypes: (self.train.objective == fedge_wire::Objective::FedDdl).then_some(
+                crate::prototypes::PrototypeConfig {
+                    hidden: self.head.hidden,
+                    classes: self.head.classes,
                 },
             ),
             update_memory_bytes: self.update_memory_mb.saturating_mul(1 << 20),

@@ -22,6 +22,7 @@ pub mod fedomg;
 pub mod gram;
 pub mod insight;
 pub mod npy;
+pub mod prototypes;
 pub mod replay;
 pub mod round;
 pub mod strategy;

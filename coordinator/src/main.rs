@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::config::CoordinatorConfig;
 use fedge_coordinator::{DriverOptions, Rounds, checkpoint, driver, npy, replay};
-use fedge_models::HeadConfig;
+use fedge_models::{HeadConfig, ModelLayout};
 
 #[derive(Parser)]
 #[command(
@@ -104,9 +104,11 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     }
     let head =
         HeadConfig::new(config.head.features, config.head.classes).with_hidden(config.head.hidden);
+    // Stable-FedADG's generator travels after the head.
+    let layout = ModelLayout::new(head, config.train.objective.carries_generator());
     let initial = match &config.initial_params {
-        Some(file) => read_f32_file(file, head.num_params())?,
-        None => head.init_flat(config.seed),
+        Some(file) => read_f32_file(file, layout.num_params())?,
+        None => layout.init_flat(config.seed),
     };
     let strategy = config.strategy.build().map_err(anyhow::Error::msg)?;
     let checkpoint_path = config.state_dir.as_ref().map(|d| d.join("checkpoint.bin"));
@@ -120,7 +122,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
                 next_round = saved.next_round,
                 "resuming from the checkpoint"
             );
-            Rounds::resume(config.round_config(), strategy, saved, head.num_params())
+            Rounds::resume(config.round_config(), strategy, saved, layout.num_params())
                 .map_err(anyhow::Error::msg)
                 .context("cannot resume from the checkpoint; move the state directory away to start afresh")?
         }

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fedge_wire::{
-    ClientUpdate, DecodeError, Message, Reassembler, RoundTask, TensorF32, TrainParams,
+    ClassStats, ClientUpdate, DecodeError, Message, Reassembler, RoundTask, TensorF32, TrainParams,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -26,6 +26,7 @@ use rand::seq::IteratorRandom;
 
 use crate::checkpoint::Checkpoint;
 use crate::insight::{ClientInsight, InsightConfig, round_insight, update_global};
+use crate::prototypes::{PrototypeConfig, average_prototypes};
 use crate::strategy::{AggregationReport, Failure, Strategy};
 use crate::updates::{RoundUpdates, UpdatesConfig};
 
@@ -55,6 +56,9 @@ pub struct RoundConfig {
     /// FedDIM's server side, when devices train with the `FedDim` objective: updates must carry
     /// class statistics, and the global `Ī` goes down with each task.
     pub insight: Option<InsightConfig>,
+    /// FedDDL's server side, when devices train with the `FedDdl` objective: updates must carry
+    /// local causal prototypes, and the global `U_G` goes down with each task.
+    pub prototypes: Option<PrototypeConfig>,
 }
 
 impl Default for RoundConfig {
@@ -70,6 +74,7 @@ impl Default for RoundConfig {
             reassembly_timeout_ms: fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
             update_memory_bytes: 1 << 30,
             insight: None,
+            prototypes: None,
         }
     }
 }
@@ -103,6 +108,8 @@ pub enum Rejection {
     MemoryBudget,
     /// FedDIM class statistics missing, misshapen or not finite.
     Insight,
+    /// FedDDL prototypes missing or misshapen.
+    Prototypes,
 }
 
 impl Rejection {
@@ -122,6 +129,7 @@ impl Rejection {
             Rejection::NoSamples => "no_samples",
             Rejection::MemoryBudget => "memory_budget",
             Rejection::Insight => "insight",
+            Rejection::Prototypes => "prototypes",
         }
     }
 
@@ -220,6 +228,8 @@ struct OpenRound {
     failures: Vec<Failure>,
     /// FedDIM class statistics by client: counts and `[K, H]` means.
     class_stats: BTreeMap<String, (Vec<u32>, Vec<f32>)>,
+    /// FedDDL local prototypes by client: counts and `[K, H]` means.
+    prototypes: BTreeMap<String, (Vec<u32>, Vec<f32>)>,
     val: Vec<(f32, u32)>,
     loss: Vec<(f32, u32)>,
     opened_ms: u64,
@@ -250,6 +260,8 @@ pub struct Rounds {
     spare_arena: Vec<f32>,
     /// FedDIM's global class-mean insight matrices `[K, H, K]`, once a round produced them.
     insight: Option<Vec<f32>>,
+    /// FedDDL's global causal prototypes `[K, H]`, once a round produced them.
+    prototypes: Option<Vec<f32>>,
 }
 
 impl Rounds {
@@ -276,6 +288,7 @@ impl Rounds {
             last_closed: 0,
             spare_arena: Vec::new(),
             insight: None,
+            prototypes: None,
         }
     }
 
@@ -313,12 +326,25 @@ impl Rounds {
                 ));
             }
         };
+        let prototypes = match (&config.prototypes, checkpoint.prototypes.is_empty()) {
+            (_, true) => None,
+            (Some(c), false) if checkpoint.prototypes.len() == c.classes * c.hidden => {
+                Some(checkpoint.prototypes)
+            }
+            (_, false) => {
+                return Err(format!(
+                    "the checkpoint holds {} prototype values, which do not fit this configuration",
+                    checkpoint.prototypes.len()
+                ));
+            }
+        };
         let mut rounds = Self::new(config, strategy, Vec::new());
         rounds.params = checkpoint.params;
         rounds.next_round = checkpoint.next_round.max(1);
         rounds.last_closed = rounds.next_round - 1;
         rounds.aggregated_rounds = checkpoint.aggregated_rounds;
         rounds.insight = insight;
+        rounds.prototypes = prototypes;
         if rounds.config.rounds > 0 && rounds.aggregated_rounds >= rounds.config.rounds {
             rounds.phase = Phase::Finished;
             rounds.outputs.push_back(Output::StatusChanged);
@@ -338,6 +364,7 @@ impl Rounds {
             params: self.params.clone(),
             strategy_state: self.strategy.state(),
             insight: self.insight.clone().unwrap_or_default(),
+            prototypes: self.prototypes.clone().unwrap_or_default(),
         }
     }
 
@@ -476,6 +503,14 @@ impl Rounds {
                 (stats.counts.clone(), stats.means.to_vec()),
             );
         }
+        if let Some(stats) = &update.prototypes
+            && self.config.prototypes.is_some()
+        {
+            open.prototypes.insert(
+                client.to_owned(),
+                (stats.counts.clone(), stats.means.to_vec()),
+            );
+        }
         open.val
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
@@ -533,27 +568,19 @@ impl Rounds {
             return Err((Rejection::NoSamples, "zero samples".into()));
         }
         if let Some(insight) = &self.config.insight {
-            let (h, k) = (insight.hidden, insight.classes);
-            let Some(stats) = &update.class_stats else {
-                return Err((Rejection::Insight, "no FedDIM class statistics".into()));
-            };
-            if stats.counts.len() != k || stats.means.len() != k * h {
-                return Err((
-                    Rejection::Insight,
-                    format!(
-                        "{} class counts and {} mean values, expected {k} and {}",
-                        stats.counts.len(),
-                        stats.means.len(),
-                        k * h
-                    ),
-                ));
-            }
-            if let Some(i) = stats.means.first_non_finite() {
-                return Err((
-                    Rejection::NonFinite,
-                    format!("class mean {i} is not finite"),
-                ));
-            }
+            let shape = (insight.hidden, insight.classes);
+            let what = "FedDIM class statistics";
+            check_class_stats(update.class_stats.as_ref(), shape, Rejection::Insight, what)?;
+        }
+        if let Some(prototypes) = &self.config.prototypes {
+            let shape = (prototypes.hidden, prototypes.classes);
+            let what = "FedDDL prototypes";
+            check_class_stats(
+                update.prototypes.as_ref(),
+                shape,
+                Rejection::Prototypes,
+                what,
+            )?;
         }
         Ok(())
     }
@@ -660,6 +687,7 @@ impl Rounds {
             train: self.strategy.configure_round(round, &self.config.train),
             deadline_ms: self.config.round_timeout_ms,
             insight: self.insight_tensor(),
+            prototypes: self.prototypes_tensor(),
         };
         let frame = fedge_wire::encode(&Message::RoundTask(task));
         let held = UpdatesConfig {
@@ -677,6 +705,7 @@ impl Rounds {
             ),
             failures: Vec::new(),
             class_stats: BTreeMap::new(),
+            prototypes: BTreeMap::new(),
             selected: selected.into_iter().collect(),
             val: Vec::new(),
             loss: Vec::new(),
@@ -719,6 +748,7 @@ impl Rounds {
                 .strategy
                 .aggregate(&self.params, &open.accepted, &open.failures);
             self.update_insight(&open);
+            self.update_prototypes(&open);
             self.params = result.params;
             aggregation = Some(result.report);
         }
@@ -805,10 +835,66 @@ impl Rounds {
         ));
     }
 
+    /// FedDDL's global `U_G` as sent with a task.
+    fn prototypes_tensor(&self) -> Option<TensorF32> {
+        let (config, values) = (self.config.prototypes.as_ref()?, self.prototypes.as_ref()?);
+        TensorF32::new(vec![config.classes as u32, config.hidden as u32], values).ok()
+    }
+
+    /// FedDDL: folds the accepted clients' local prototypes into `U_G`.
+    fn update_prototypes(&mut self, open: &OpenRound) {
+        let Some(config) = self.config.prototypes else {
+            return;
+        };
+        let clients: Vec<(&[u32], &[f32])> = (0..open.accepted.len())
+            .filter_map(|i| open.prototypes.get(open.accepted.client(i)))
+            .map(|(counts, means)| (counts.as_slice(), means.as_slice()))
+            .collect();
+        if !clients.is_empty() {
+            let previous = self.prototypes.as_deref();
+            self.prototypes = Some(average_prototypes(previous, &clients, &config));
+        }
+    }
+
+    /// FedDDL's global prototypes `U_G`, if any.
+    pub fn prototypes(&self) -> Option<&[f32]> {
+        self.prototypes.as_deref()
+    }
+
     /// FedDIM's global `Ī`, if any.
     pub fn insight(&self) -> Option<&[f32]> {
         self.insight.as_deref()
     }
+}
+
+/// Checks per-class statistics of shape `(H, K)`: present, `K` counts, `K·H` finite means.
+fn check_class_stats(
+    stats: Option<&ClassStats>,
+    (h, k): (usize, usize),
+    reason: Rejection,
+    what: &str,
+) -> Result<(), (Rejection, String)> {
+    let Some(stats) = stats else {
+        return Err((reason, format!("no {what}")));
+    };
+    if stats.counts.len() != k || stats.means.len() != k * h {
+        return Err((
+            reason,
+            format!(
+                "{what}: {} class counts and {} mean values, expected {k} and {}",
+                stats.counts.len(),
+                stats.means.len(),
+                k * h
+            ),
+        ));
+    }
+    if let Some(i) = stats.means.first_non_finite() {
+        return Err((
+            Rejection::NonFinite,
+            format!("{what}: mean {i} is not finite"),
+        ));
+    }
+    Ok(())
 }
 
 fn weighted_mean(values: &[(f32, u32)]) -> Option<f32> {

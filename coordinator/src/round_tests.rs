@@ -38,6 +38,7 @@ fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
             ..LocalMetrics::default()
         },
         class_stats: None,
+        prototypes: None,
     }))
 }
 
@@ -135,6 +136,7 @@ fn bad_updates_are_rejected_counted_and_leave_the_model_untouched() {
         delta: TensorF32::from_slice(&[1.0]),
         metrics: LocalMetrics::default(),
         class_stats: None,
+        prototypes: None,
     }));
     m.handle_packet("a", &short, 6);
     m.handle_packet("a", &update("a", 1, [1.0; M], 0), 7);
@@ -226,6 +228,7 @@ fn chunked_update_is_reassembled_in_any_order() {
         delta: TensorF32::from_slice(&[1.5; 64]),
         metrics: LocalMetrics::default(),
         class_stats: None,
+        prototypes: None,
     }));
     let mut pieces = fedge_wire::split_into_chunks(frame, 42, 109);
     assert!(pieces.len() >= 3, "{} pieces", pieces.len());
@@ -416,6 +419,7 @@ fn feddim_update(
             counts: counts.to_vec(),
             means: TensorF32::from_slice(&means),
         }),
+        prototypes: None,
     }))
 }
 
@@ -485,4 +489,51 @@ fn feddim_rebuilds_insight_from_class_means_and_sends_it_with_the_next_task() {
     );
     let saved = m.checkpoint("f");
     assert_eq!(saved.insight, insight.to_vec());
+}
+
+fn fedddl_update(client: &str, round: u64, counts: [u32; 2], means: [f32; 2]) -> Vec<u8> {
+    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        round,
+        client_id: client.into(),
+        seq: round,
+        num_samples: 4,
+        delta: TensorF32::from_slice(&[0.5; M]),
+        metrics: LocalMetrics::default(),
+        class_stats: None,
+        prototypes: Some(fedge_wire::ClassStats {
+            counts: counts.to_vec(),
+            means: TensorF32::from_slice(&means),
+        }),
+    }))
+}
+
+#[test]
+fn fedddl_averages_prototypes_by_count_and_sends_them_with_the_next_task() {
+    let config = RoundConfig {
+        prototypes: Some(crate::prototypes::PrototypeConfig {
+            hidden: 1,
+            classes: 2,
+        }),
+        ..config()
+    };
+    let mut m = machine(&["a", "b"], config);
+    m.start(0);
+    assert_eq!(tasks(&drain(&mut m))[0].prototypes, None, "none at first");
+    // Without prototypes, or with the wrong shape, or not finite: rejected, nothing applied.
+    m.handle_packet("a", &update("a", 1, [0.0; M], 1), 1);
+    m.handle_packet("a", &fedddl_update("a", 1, [1, 1], [f32::NAN, 0.0]), 2);
+    assert_eq!(m.rejected_total().get("prototypes"), Some(&1));
+    assert_eq!(m.rejected_total().get("non_finite"), Some(&1));
+    // a: class 0 from 1 sample at 2.0, class 1 from 3 at 4.0; b: class 0 from 3 at 6.0.
+    m.handle_packet("a", &fedddl_update("a", 1, [1, 3], [2.0, 4.0]), 3);
+    m.handle_packet("b", &fedddl_update("b", 1, [3, 0], [6.0, 0.0]), 4);
+    let outputs = drain(&mut m);
+    assert_eq!(m.prototypes(), Some(&[5.0, 4.0][..]));
+    let next = &tasks(&outputs)[0];
+    let sent = next.prototypes.as_ref().unwrap();
+    assert_eq!(
+        (sent.shape(), sent.to_vec()),
+        (&[2u32, 1][..], vec![5.0, 4.0])
+    );
+    assert_eq!(m.checkpoint("f").prototypes, vec![5.0, 4.0]);
 }

@@ -17,7 +17,11 @@ use fedge_wire::{
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
-use crate::train::{FeatureSet, TrainError, TrainOutcome, accuracy, train_head_with};
+use crate::fedddl::DdlViews;
+use crate::train::{
+    FeatureSet, LocalState, RoundInputs, TrainError, TrainOutcome, accuracy, train_local,
+};
+use fedge_models::ModelLayout;
 
 /// Everything a running agent needs.
 #[derive(Debug, Clone)]
@@ -34,6 +38,8 @@ pub struct AgentSetup {
     pub train: Arc<FeatureSet>,
     /// Local validation split.
     pub val: Arc<FeatureSet>,
+    /// FedDDL's counterfactual and object-only views of `train`, when built.
+    pub views: Option<Arc<DdlViews>>,
     /// Burn backend for training.
     pub backend: Backend,
     /// Hardware profile name, for status.
@@ -100,6 +106,8 @@ pub async fn run_agent(
         .options(&format!("fedge-edge-{}", setup.client_id), Some(will));
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Trained>();
+    // Stable-FedADG's discriminator and memory, kept between rounds (one round trains at a time).
+    let local_state = Arc::new(std::sync::Mutex::new(LocalState::default()));
     let mut reassembler = Reassembler::new(
         fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
         fedge_wire::MAX_MESSAGE_BYTES,
@@ -138,7 +146,7 @@ pub async fn run_agent(
                         && training.is_none();
                     if wanted {
                         training = Some(task.round);
-                        spawn_training(&setup, task, done_tx.clone());
+                        spawn_training(&setup, task, Arc::clone(&local_state), done_tx.clone());
                     }
                 }
                 Ok(_) => {}
@@ -168,10 +176,8 @@ pub async fn run_agent(
                                 val_samples: setup.val.len() as u32,
                                 train_seconds: done.seconds,
                             },
-                            class_stats: outcome.class_stats.map(|(counts, means)| ClassStats {
-                                counts,
-                                means: TensorF32::from_slice(&means),
-                            }),
+                            class_stats: outcome.class_stats.map(class_stats),
+                            prototypes: outcome.prototypes.map(class_stats),
                         };
                         let frame = fedge_wire::encode(&Message::ClientUpdate(update));
                         match publish_frame(&client, &update_topic, frame, seq, setup.broker.max_packet, false) {
@@ -225,26 +231,51 @@ fn decode_task(reassembler: &mut Reassembler, payload: &[u8], now_ms: u64) -> Op
     }
 }
 
-fn spawn_training(setup: &AgentSetup, task: RoundTask, done: mpsc::UnboundedSender<Trained>) {
-    let (head, train, val, backend) = (
+/// Counts and `[K, H]` means as they go on the wire.
+pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>)) -> ClassStats {
+    ClassStats {
+        counts,
+        means: TensorF32::from_slice(&means),
+    }
+}
+
+fn spawn_training(
+    setup: &AgentSetup,
+    task: RoundTask,
+    state: Arc<std::sync::Mutex<LocalState>>,
+    done: mpsc::UnboundedSender<Trained>,
+) {
+    let (head, train, val, views, backend) = (
         setup.head.clone(),
         setup.train.clone(),
         setup.val.clone(),
+        setup.views.clone(),
         setup.backend,
     );
     let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     tokio::task::spawn_blocking(move || {
         let start = Instant::now();
         let global = task.params.to_vec();
-        let val_accuracy = accuracy(&head, &global, &val).unwrap_or(0.0);
+        let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
+        let val_accuracy = accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);
         let device = fedge_models::training_device(backend);
         let insight = task.insight.as_ref().map(TensorF32::to_vec);
-        let result = train_head_with(
+        let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
+        let inputs = RoundInputs {
+            insight: insight.as_deref(),
+            prototypes: prototypes.as_deref(),
+            views: views.as_deref(),
+        };
+        let mut state = state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = train_local(
             &head,
             &global,
             &train,
             &task.train,
-            insight.as_deref(),
+            &inputs,
+            &mut state,
             seed,
             &device,
         );

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::agent::AgentSetup;
 use crate::data::{DIGITS_ANGLES, ImageSet, digits_domains, imagefolder_domains};
 use crate::features;
+use crate::fedddl::DdlViews;
 
 /// Where the device's samples come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,6 +69,40 @@ pub struct EdgeConfig {
     pub backbone: PathBuf,
     /// Local data.
     pub data: DataConfig,
+    /// FedDDL's counterfactual and object-only views, built once at start when enabled.
+    #[serde(default)]
+    pub fedddl: FedDdlConfig,
+}
+
+/// The device side of FedDDL (`[fedddl]` in the file).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedDdlConfig {
+    /// Build the views at start (one extra backbone pass over the training data, cached), so
+    /// the device can train round tasks with the `FedDdl` objective.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Background groups per class, `η`.
+    #[serde(default = "default_groups")]
+    pub groups: usize,
+    /// A detector's model card (see `fedge_edge::data::detector_masks`): its boxes give the
+    /// object masks, replacing the data set's own.
+    #[serde(default)]
+    pub detector: Option<PathBuf>,
+}
+
+impl Default for FedDdlConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            groups: crate::fedddl::DEFAULT_GROUPS,
+            detector: None,
+        }
+    }
+}
+
+fn default_groups() -> usize {
+    crate::fedddl::DEFAULT_GROUPS
 }
 
 fn default_profile() -> String {
@@ -94,6 +129,9 @@ impl EdgeConfig {
         config.backbone = base.join(&config.backbone);
         if let Some(dir) = &config.cache_dir {
             config.cache_dir = Some(base.join(dir));
+        }
+        if let Some(detector) = &config.fedddl.detector {
+            config.fedddl.detector = Some(base.join(detector));
         }
         if let DataConfig::ImageFolder { root, .. } = &mut config.data {
             *root = base.join(&*root);
@@ -147,10 +185,22 @@ impl EdgeConfig {
     /// Loads backbone and data, computes (or reads cached) features and builds the agent.
     pub fn setup(&self) -> anyhow::Result<AgentSetup> {
         let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
-        let images = self.load_images(&backbone)?;
+        let mut images = self.load_images(&backbone)?;
+        if let (true, Some(card)) = (self.fedddl.enabled, &self.fedddl.detector) {
+            let detector = fedge_models::Backbone::load(card)
+                .map_err(|e| anyhow::anyhow!("[fedddl] detector: {e}"))?;
+            images.masks = Some(crate::data::detector_masks(&detector, &images)?);
+        }
         let classes = images.classes();
         let (train, val) = images.split(self.val_fraction, self.seed);
         let cache = self.cache_dir.as_deref();
+        let views = if self.fedddl.enabled {
+            let groups = self.fedddl.groups.max(1);
+            let views = DdlViews::build(&backbone, backbone_id, &train, groups, self.seed, cache)?;
+            Some(Arc::new(views))
+        } else {
+            None
+        };
         let train = features::extract(&backbone, backbone_id, &train, cache)?;
         let val = features::extract(&backbone, backbone_id, &val, cache)?;
         Ok(AgentSetup {
@@ -160,6 +210,7 @@ impl EdgeConfig {
             head: HeadConfig::new(backbone.card().feature_size, classes).with_hidden(self.hidden),
             train: Arc::new(train),
             val: Arc::new(val),
+            views,
             backend: self.backend.parse().map_err(anyhow::Error::msg)?,
             profile: self.profile.clone(),
             backbone: backbone.card().name.clone(),

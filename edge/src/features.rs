@@ -166,6 +166,7 @@ mod tests {
             images: (0..3 * 64).map(|i| (i % 17) as f32).collect(),
             labels: vec![0, 1, 0],
             raw_max: 16.0,
+            masks: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let id = Fnv64::of(DIGITS_CONV_ONNX);

@@ -11,8 +11,13 @@
 //!   and `U` are L2-normalised (cosine similarity), so `L_CR` is a cross-entropy over cosine
 //!   similarities divided by `τ`.
 //!
-//! These pieces are tested here; the object-only prototypes on the wire and the trainer's
-//! `L_J + λ L_CR` are the next step of the FedDDL work.
+//! A device builds its [`DdlViews`] once, when it loads its data: counterfactual and
+//! object-only images through the backbone, cached like the real features. **Choice**: the
+//! counterfactual draw is fixed per device (seeded by its data) rather than redrawn every
+//! round, so FedDDL costs one extra backbone pass over the local data in all, not one per
+//! round; on a gateway running EfficientNet that pass takes minutes. Object-only inputs keep
+//! the object's pixels and set the background to 0 (black). The trainer's `L_J + λ L_CR` is in
+//! [`crate::train`], the prototypes' average in the coordinator.
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
@@ -21,6 +26,93 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 
 use crate::data::ImageSet;
+use crate::train::{FeatureSet, TrainError};
+use fedge_models::Backbone;
+
+/// FedDDL's extra views of a device's training data, row for row with the real features.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DdlViews {
+    /// Features of each row's counterfactual (its object on another background), same label.
+    pub counterfactual: FeatureSet,
+    /// Features of each row's object alone (background set to 0).
+    pub objects: FeatureSet,
+}
+
+impl DdlViews {
+    /// Counterfactuals (`groups` background groups per class, seeded) and object-only images of
+    /// `images`, through `backbone` (features cached in `cache_dir` like real ones). Errors
+    /// when `images` has no object masks.
+    pub fn build(
+        backbone: &Backbone,
+        backbone_id: u64,
+        images: &ImageSet,
+        groups: usize,
+        seed: u64,
+        cache_dir: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
+        let Some(masks) = images.masks.as_deref() else {
+            anyhow::bail!(
+                "FedDDL needs object masks: the built-in data sets have them; for an image \
+                 folder add boxes.csv (file,x1,y1,x2,y2) to each domain folder"
+            );
+        };
+        let (counterfactual, _) = counterfactuals(images, masks, groups, seed);
+        let objects = object_only(images, masks);
+        let extract =
+            |set: &ImageSet| crate::features::extract(backbone, backbone_id, set, cache_dir);
+        Ok(Self {
+            counterfactual: extract(&counterfactual)?,
+            objects: extract(&objects)?,
+        })
+    }
+
+    /// The rows `indices` of both views, in that order.
+    pub fn rows(&self, indices: &[usize]) -> Self {
+        Self {
+            counterfactual: self.counterfactual.rows(indices),
+            objects: self.objects.rows(indices),
+        }
+    }
+
+    /// `self` when both views match `data` row for row (same count, size and labels).
+    pub fn checked(&self, data: &FeatureSet) -> Result<&Self, TrainError> {
+        for (name, view) in [
+            ("counterfactual", &self.counterfactual),
+            ("object-only", &self.objects),
+        ] {
+            if view.dim != data.dim || view.labels != data.labels {
+                return Err(TrainError::Params(format!(
+                    "the {name} features do not match the training data row for row \
+                     ({} rows of size {}, expected {} of size {})",
+                    view.len(),
+                    view.dim,
+                    data.len(),
+                    data.dim
+                )));
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// Every image of `set` with its background set to 0 (`masks` as in [`counterfactuals`]).
+pub fn object_only(set: &ImageSet, masks: &[u8]) -> ImageSet {
+    let (c, plane) = (set.channels, set.height * set.width);
+    let mut out = set.clone();
+    for (i, image) in out.images.chunks_exact_mut(c * plane).enumerate() {
+        let Some(mask) = masks.get(i * plane..(i + 1) * plane) else {
+            break;
+        };
+        for ch in 0..c {
+            for (v, m) in image[ch * plane..(ch + 1) * plane].iter_mut().zip(mask) {
+                if *m == 0 {
+                    *v = 0.0;
+                }
+            }
+        }
+    }
+    out
+}
 
 /// Default number of background groups per class, `η`.
 pub const DEFAULT_GROUPS: usize = 3;
@@ -184,6 +276,7 @@ mod tests {
             ],
             labels: vec![0, 0, 1, 1],
             raw_max: 255.0,
+            masks: None,
         };
         let masks = [1, 0, 0, 0].repeat(4);
         for groups in [1, 2] {
@@ -219,6 +312,9 @@ mod tests {
             }
             assert_eq!(counterfactuals(&set, &masks, groups, 11).1, provenance);
         }
+        let objects = object_only(&set, &masks);
+        assert_eq!(objects.images[..4], [9.0, 0.0, 0.0, 0.0]);
+        assert_eq!(objects.labels, set.labels);
         // Over many objects, backgrounds of both classes are used.
         let big = ImageSet {
             images: set.images.repeat(10),

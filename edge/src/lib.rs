@@ -17,4 +17,8 @@ pub mod stable;
 pub mod train;
 
 pub use agent::{AgentSetup, AgentSummary, run_agent};
-pub use train::{FeatureSet, TrainOutcome, accuracy, train_head, train_head_with};
+pub use fedddl::DdlViews;
+pub use train::{
+    FeatureSet, LocalState, RoundInputs, TrainOutcome, accuracy, train_head, train_head_with,
+    train_local,
+};

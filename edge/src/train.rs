@@ -1,9 +1,11 @@
-//! Local training of the head on cached backbone features (ALGORITHMS.md §1).
+//! Local training of the head on cached backbone features (ALGORITHMS.md §1, §3–5).
 //!
 //! SGD with PyTorch semantics (momentum buffer starts at the first gradient, no dampening,
-//! weight decay added to the gradient before momentum), mean cross-entropy, and the optional
-//! FedProx term `mu/2 · ‖θ − θ_g‖²`. A fresh optimiser is created for every round, as Flower
-//! clients do: momentum does not carry over between rounds.
+//! weight decay added to the gradient before momentum), mean cross-entropy, and per objective:
+//! FedProx's `mu/2 · ‖θ − θ_g‖²`, FedDIM's insight term ([`crate::feddim`]), FedDDL's
+//! counterfactual cross-entropy and contrastive regulariser ([`crate::fedddl`]), or
+//! Stable-FedADG's own schedule ([`crate::stable`]). A fresh optimiser is created for every
+//! round, as Flower clients do: momentum does not carry over between rounds.
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::decay::WeightDecayConfig;
@@ -11,10 +13,12 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use fedge_models::{FlatLayoutError, Head, HeadConfig};
+use fedge_models::{AdversarialConfig, FlatLayoutError, Head, HeadConfig, ModelLayout};
 use fedge_wire::{Objective, TrainParams};
 
+use crate::fedddl::{DdlViews, contrastive_loss};
 use crate::feddim::{GlobalInsight, class_stats, insight_term};
+use crate::stable::{Memory, StableModules};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -39,6 +43,25 @@ impl FeatureSet {
     /// True when there is no sample.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
+    }
+
+    /// The rows `indices`, in that order.
+    ///
+    /// # Panics
+    ///
+    /// Panics if an index is out of range.
+    pub fn rows(&self, indices: &[usize]) -> FeatureSet {
+        let mut out = FeatureSet {
+            dim: self.dim,
+            features: Vec::with_capacity(indices.len() * self.dim),
+            labels: Vec::with_capacity(indices.len()),
+        };
+        for &i in indices {
+            out.features
+                .extend_from_slice(&self.features[i * self.dim..(i + 1) * self.dim]);
+            out.labels.push(self.labels[i]);
+        }
+        out
     }
 }
 
@@ -89,6 +112,29 @@ pub struct TrainOutcome {
     /// FedDIM's class counts and class-mean projector features `[K, H]` of the final head,
     /// when the objective is `FedDim`.
     pub class_stats: Option<(Vec<u32>, Vec<f32>)>,
+    /// FedDDL's local causal prototypes: class counts and class means `[K, H]` of the
+    /// object-only features under the global head, when the objective is `FedDdl`.
+    pub prototypes: Option<(Vec<u32>, Vec<f32>)>,
+}
+
+/// What a round task brings besides the parameters, and the device's extra views of its data.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RoundInputs<'a> {
+    /// FedDIM's global insight matrices `[K, H, K]` (none in the first round).
+    pub insight: Option<&'a [f32]>,
+    /// FedDDL's global causal prototypes `[K, H]` (none in the first round).
+    pub prototypes: Option<&'a [f32]>,
+    /// FedDDL's counterfactual and object-only features, row for row with the training data.
+    pub views: Option<&'a DdlViews>,
+}
+
+/// What a device keeps from round to round: Stable-FedADG's discriminator and memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LocalState {
+    /// The discriminator in its flat layout (never sent).
+    pub discriminator: Option<Vec<f32>>,
+    /// Stable learning's saved features and weights.
+    pub memory: Option<Memory>,
 }
 
 /// Trains the head starting from `global` on `data`; deterministic for a given `seed`.
@@ -115,9 +161,141 @@ pub fn train_head_with(
     seed: u64,
     device: &Device,
 ) -> Result<TrainOutcome, TrainError> {
+    let inputs = RoundInputs {
+        insight,
+        ..RoundInputs::default()
+    };
+    let mut state = LocalState::default();
+    train_local(
+        config, global, data, params, &inputs, &mut state, seed, device,
+    )
+}
+
+/// One local round of any objective. `global` is the task's flat vector (the head, then the
+/// generator for Stable-FedADG, see [`ModelLayout`]); `state` is what the device keeps between
+/// rounds; deterministic for a given `seed` and `state`.
+#[allow(clippy::too_many_arguments)]
+pub fn train_local(
+    config: &HeadConfig,
+    global: &[f32],
+    data: &FeatureSet,
+    params: &TrainParams,
+    inputs: &RoundInputs,
+    state: &mut LocalState,
+    seed: u64,
+    device: &Device,
+) -> Result<TrainOutcome, TrainError> {
     check_inputs(config, data, params)?;
+    let layout = ModelLayout::new(config.clone(), params.objective.carries_generator());
+    if global.len() != layout.num_params() {
+        return Err(FlatLayoutError {
+            expected: layout.num_params(),
+            got: global.len(),
+        }
+        .into());
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (params_out, last_epoch_loss, steps, prototypes) = match params.objective {
+        Objective::StableFedAdg => {
+            let (loss, steps, flat) = stable(
+                config, &layout, global, data, params, state, &mut rng, device,
+            )?;
+            (flat, loss, steps, None)
+        }
+        _ => {
+            let views = match (params.objective, inputs.views) {
+                (Objective::FedDdl, Some(views)) => Some(views.checked(data)?),
+                (Objective::FedDdl, None) => {
+                    return Err(TrainError::Params(
+                        "FedDDL needs counterfactual and object-only features; give the data \
+                         object masks (built-in data sets) or boxes (boxes.csv)"
+                            .into(),
+                    ));
+                }
+                _ => None,
+            };
+            // Local prototypes come from the round's global head, before training.
+            let prototypes = views.map(|v| {
+                let global_head = config.from_flat(global, device);
+                global_head.map(|head| class_stats(&head, config.classes, &v.objects, device))
+            });
+            let prototypes = prototypes.transpose()?;
+            let (head, loss, steps) = gradient_round(
+                config, global, data, params, inputs, views, &mut rng, device,
+            )?;
+            (head.to_flat(), loss, steps, prototypes)
+        }
+    };
+    if !last_epoch_loss.is_finite() {
+        return Err(TrainError::Diverged(last_epoch_loss));
+    }
+    let delta = params_out.iter().zip(global).map(|(a, b)| a - b).collect();
+    let class_stats = (params.objective == Objective::FedDim).then(|| {
+        let head = config.from_flat(layout.head_part(&params_out), device);
+        head.map(|head| class_stats(&head, config.classes, data, device))
+    });
+    Ok(TrainOutcome {
+        params: params_out,
+        delta,
+        last_epoch_loss,
+        steps,
+        class_stats: class_stats.transpose()?,
+        prototypes,
+    })
+}
+
+/// Stable-FedADG's round: the head and generator from `global`, the discriminator from `state`
+/// (a seeded one the first time). Returns the loss, the steps and the trained flat vector.
+#[allow(clippy::too_many_arguments)]
+fn stable(
+    config: &HeadConfig,
+    layout: &ModelLayout,
+    global: &[f32],
+    data: &FeatureSet,
+    params: &TrainParams,
+    state: &mut LocalState,
+    rng: &mut StdRng,
+    device: &Device,
+) -> Result<(f32, usize, Vec<f32>), TrainError> {
+    let adversarial = AdversarialConfig::for_head(config);
+    let disc_flat = match state.discriminator.take() {
+        Some(d) if d.len() == adversarial.discriminator_params() => d,
+        _ => adversarial.init_discriminator(rand::Rng::random(rng)),
+    };
+    let modules = StableModules {
+        head: config.from_flat(layout.head_part(global), device)?,
+        generator: adversarial.generator(layout.generator_part(global), device)?,
+        discriminator: adversarial.discriminator(&disc_flat, device)?,
+    };
+    let round = crate::stable::train_round(
+        modules,
+        data,
+        config.classes,
+        params,
+        &mut state.memory,
+        rng,
+        device,
+    );
+    state.discriminator = Some(round.discriminator.to_flat());
+    let mut flat = round.head.to_flat();
+    flat.extend(round.generator.to_flat());
+    Ok((round.loss, round.steps, flat))
+}
+
+/// A gradient round of cross-entropy, FedProx, FedDIM or FedDDL.
+#[allow(clippy::too_many_arguments)]
+fn gradient_round(
+    config: &HeadConfig,
+    global: &[f32],
+    data: &FeatureSet,
+    params: &TrainParams,
+    inputs: &RoundInputs,
+    views: Option<&DdlViews>,
+    rng: &mut StdRng,
+    device: &Device,
+) -> Result<(Head, f32, usize), TrainError> {
     let (h, k) = (config.hidden, config.classes);
-    let insight = match (params.objective, insight) {
+    let insight = match (params.objective, inputs.insight) {
         (Objective::FedDim, Some(values)) if params.insight_lambda > 0.0 => {
             if values.len() != k * h * k || values.iter().any(|v| !v.is_finite()) {
                 return Err(TrainError::Params(format!(
@@ -130,49 +308,59 @@ pub fn train_head_with(
         }
         _ => None,
     };
+    let prototypes = match (views, inputs.prototypes) {
+        (Some(_), Some(values)) if params.contrastive_weight > 0.0 => {
+            if values.len() != k * h || values.iter().any(|v| !v.is_finite()) {
+                return Err(TrainError::Params(format!(
+                    "prototypes need {} finite values, got {}",
+                    k * h,
+                    values.len()
+                )));
+            }
+            Some(Tensor::<2>::from_data(
+                TensorData::new(values.to_vec(), [k, h]),
+                device,
+            ))
+        }
+        _ => None,
+    };
     let mut head = config.from_flat(global, device)?;
     let anchor = match params.objective {
         Objective::FedProx if params.prox_mu > 0.0 => Some(config.from_flat(global, device)?),
         _ => None,
     };
-    let mut sgd =
-        SgdConfig::new().with_momentum((params.momentum > 0.0).then_some(MomentumConfig {
-            momentum: params.momentum as f64,
-            dampening: 0.0,
-            nesterov: false,
-        }));
-    if params.weight_decay > 0.0 {
-        sgd = sgd.with_weight_decay(Some(WeightDecayConfig::new(params.weight_decay)));
-    }
-    let mut optim = sgd.init();
+    let mut optim = sgd(params, true).init();
     let loss_fn = CrossEntropyLossConfig::new().init(device);
-    let mut rng = StdRng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..data.len()).collect();
     let batch = params.batch_size as usize;
     let (mut steps, mut last_epoch_loss) = (0, 0.0);
-    let mut x = Vec::with_capacity(batch * data.dim);
     for _ in 0..params.local_epochs {
-        order.shuffle(&mut rng);
+        order.shuffle(rng);
         let mut epoch_loss = None::<Tensor<1>>;
         for idx in order.chunks(batch) {
-            x.clear();
-            for &i in idx {
-                x.extend_from_slice(&data.features[i * data.dim..(i + 1) * data.dim]);
-            }
-            let y: Vec<i64> = idx.iter().map(|&i| data.labels[i] as i64).collect();
-            let inputs =
-                Tensor::<2>::from_data(TensorData::new(x.clone(), [idx.len(), data.dim]), device);
-            let targets = Tensor::<1, Int>::from_data(TensorData::new(y, [idx.len()]), device);
-            let mut loss = match &insight {
-                None => loss_fn.forward(head.forward(inputs), targets),
-                Some(insight) => {
-                    let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
+            let (inputs, targets, labels) = batch_tensors(data, idx, device);
+            let mut loss = match (&insight, views) {
+                (Some(insight), _) => {
                     let z = head.features(inputs);
                     let ce = loss_fn.forward(head.classifier.forward(z.clone()), targets.clone());
                     let w = head.classifier.weight.val();
                     let term = insight_term(w, z, targets, &labels, insight);
                     ce + term.mul_scalar(params.insight_lambda)
                 }
+                (None, Some(views)) => {
+                    // L_J = CE(real) + CE(counterfactual): the mean over both halves, doubled.
+                    let (cf, _, _) = batch_tensors(&views.counterfactual, idx, device);
+                    let z = head.features(Tensor::cat(vec![inputs, cf], 0));
+                    let targets = Tensor::cat(vec![targets.clone(), targets], 0);
+                    let logits = head.classifier.forward(z.clone());
+                    let mut loss = loss_fn.forward(logits, targets.clone()).mul_scalar(2.0);
+                    if let Some(u) = &prototypes {
+                        let cr = contrastive_loss(z, u.clone(), targets, params.temperature);
+                        loss = loss + cr.mul_scalar(params.contrastive_weight);
+                    }
+                    loss
+                }
+                (None, None) => loss_fn.forward(head.forward(inputs), targets),
             };
             if let Some(anchor) = &anchor {
                 loss = loss + proximal_term(&head, anchor).mul_scalar(params.prox_mu / 2.0);
@@ -193,17 +381,38 @@ pub fn train_head_with(
             return Err(TrainError::Diverged(last_epoch_loss));
         }
     }
-    let params_out = head.to_flat();
-    let delta = params_out.iter().zip(global).map(|(a, b)| a - b).collect();
-    let class_stats = (params.objective == Objective::FedDim)
-        .then(|| class_stats(&head, config.classes, data, device));
-    Ok(TrainOutcome {
-        params: params_out,
-        delta,
-        last_epoch_loss,
-        steps,
-        class_stats,
-    })
+    Ok((head, last_epoch_loss, steps))
+}
+
+/// The round's SGD: PyTorch semantics, momentum when set, weight decay when `decay` and set.
+pub(crate) fn sgd(params: &TrainParams, decay: bool) -> SgdConfig {
+    let mut sgd =
+        SgdConfig::new().with_momentum((params.momentum > 0.0).then_some(MomentumConfig {
+            momentum: params.momentum as f64,
+            dampening: 0.0,
+            nesterov: false,
+        }));
+    if decay && params.weight_decay > 0.0 {
+        sgd = sgd.with_weight_decay(Some(WeightDecayConfig::new(params.weight_decay)));
+    }
+    sgd
+}
+
+/// The rows `idx` of `data` as inputs `[B, F]`, targets `[B]` and host labels.
+pub(crate) fn batch_tensors(
+    data: &FeatureSet,
+    idx: &[usize],
+    device: &Device,
+) -> (Tensor<2>, Tensor<1, Int>, Vec<u32>) {
+    let mut x = Vec::with_capacity(idx.len() * data.dim);
+    for &i in idx {
+        x.extend_from_slice(&data.features[i * data.dim..(i + 1) * data.dim]);
+    }
+    let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
+    let y: Vec<i64> = labels.iter().map(|&l| i64::from(l)).collect();
+    let inputs = Tensor::<2>::from_data(TensorData::new(x, [idx.len(), data.dim]), device);
+    let targets = Tensor::<1, Int>::from_data(TensorData::new(y, [idx.len()]), device);
+    (inputs, targets, labels)
 }
 
 /// `‖θ − θ_anchor‖²` over all head parameters; the anchor carries no gradient.
@@ -259,6 +468,10 @@ fn check_inputs(
         p.weight_decay,
         p.prox_mu,
         p.insight_lambda,
+        p.adversarial_weight,
+        p.stable_weight,
+        p.contrastive_weight,
+        p.temperature,
     ]
     .iter()
     .all(|v| v.is_finite());
@@ -269,9 +482,14 @@ fn check_inputs(
         || p.weight_decay < 0.0
         || p.prox_mu < 0.0
         || p.insight_lambda < 0.0
+        || p.adversarial_weight < 0.0
+        || p.stable_weight < 0.0
+        || p.contrastive_weight < 0.0
+        || p.temperature <= 0.0
     {
         return Err(TrainError::Params(format!(
-            "need batch_size > 0, learning_rate > 0, 0 <= momentum < 1, weight_decay >= 0, prox_mu >= 0; got {p:?}"
+            "need batch_size > 0, learning_rate > 0, 0 <= momentum < 1, temperature > 0 and \
+             every other weight >= 0; got {p:?}"
         )));
     }
     Ok(())
@@ -554,6 +772,237 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(accuracy(&config, &a.params, &data).unwrap(), 1.0);
         assert!(a.last_epoch_loss < 0.3, "{}", a.last_epoch_loss);
+    }
+
+    /// Two classes in 4 features, 40 samples: class 0 near (1, 0, ·, ·), class 1 near (0, 1, ·, ·).
+    fn two_blobs() -> FeatureSet {
+        let features = (0..40)
+            .flat_map(|i| {
+                let wobble = (i % 7) as f32 * 0.05;
+                if i % 2 == 0 {
+                    [1.0 + wobble, 0.1, wobble, 0.3]
+                } else {
+                    [0.1, 1.0 - wobble, 0.2, wobble]
+                }
+            })
+            .collect();
+        FeatureSet {
+            dim: 4,
+            features,
+            labels: (0..40).map(|i| i % 2).collect(),
+        }
+    }
+
+    #[test]
+    fn stable_fedadg_trains_head_and_generator_and_keeps_the_discriminator() {
+        let config = HeadConfig::new(4, 2).with_hidden(8);
+        let layout = ModelLayout::new(config.clone(), true);
+        let global = layout.init_flat(3);
+        let data = two_blobs();
+        let params = TrainParams {
+            objective: Objective::StableFedAdg,
+            local_epochs: 3,
+            batch_size: 8,
+            learning_rate: 0.1,
+            ..TrainParams::default()
+        };
+        let device = training_device(Backend::Flex);
+        let mut state = LocalState::default();
+        let inputs = RoundInputs::default();
+        let first = train_local(
+            &config, &global, &data, &params, &inputs, &mut state, 1, &device,
+        )
+        .unwrap();
+        assert_eq!(first.delta.len(), layout.num_params());
+        assert_eq!(
+            first.steps, 15,
+            "3 epochs of 5 batches (more than E0 + E1 = 8)"
+        );
+        let moved = |part: &[f32]| part.iter().map(|d| d * d).sum::<f32>().sqrt();
+        assert!(moved(layout.head_part(&first.delta)) > 0.0);
+        assert!(moved(layout.generator_part(&first.delta)) > 0.0, "G trains");
+        let disc = state.discriminator.clone().expect("D kept on the device");
+        let adversarial = AdversarialConfig::for_head(&config);
+        assert_eq!(disc.len(), adversarial.discriminator_params());
+        assert!(
+            state
+                .memory
+                .as_ref()
+                .is_some_and(|m| m.weights.len() == 128)
+        );
+        // The next round continues from the kept discriminator and changes it again.
+        let second = train_local(
+            &config,
+            &first.params,
+            &data,
+            &params,
+            &inputs,
+            &mut state,
+            2,
+            &device,
+        )
+        .unwrap();
+        assert_ne!(state.discriminator.as_ref(), Some(&disc));
+        assert!(accuracy(&config, layout.head_part(&second.params), &data).unwrap() > 0.9);
+        // A vector without the generator does not fit a Stable-FedADG round.
+        let short = train_local(
+            &config,
+            &global[..config.num_params()],
+            &data,
+            &params,
+            &inputs,
+            &mut LocalState::default(),
+            1,
+            &device,
+        );
+        assert!(matches!(short, Err(TrainError::Layout(_))));
+    }
+
+    #[test]
+    fn fedddl_sends_object_prototypes_of_the_global_head_and_uses_the_global_ones() {
+        let config = HeadConfig::new(4, 2).with_hidden(8);
+        let global = config.init_flat(4);
+        let data = two_blobs();
+        // Object-only features: the informative half; counterfactuals: objects on another
+        // "background" (the last two features swapped between classes).
+        let objects = FeatureSet {
+            features: data
+                .features
+                .chunks(4)
+                .flat_map(|r| [r[0], r[1], 0.0, 0.0])
+                .collect(),
+            ..data.clone()
+        };
+        let counterfactual = FeatureSet {
+            features: data
+                .features
+                .chunks(4)
+                .flat_map(|r| [r[0], r[1], r[3], r[2]])
+                .collect(),
+            ..data.clone()
+        };
+        let views = DdlViews {
+            counterfactual,
+            objects: objects.clone(),
+        };
+        let params = TrainParams {
+            objective: Objective::FedDdl,
+            local_epochs: 1,
+            batch_size: 8,
+            learning_rate: 0.05,
+            ..TrainParams::default()
+        };
+        let device = training_device(Backend::Flex);
+        let mut state = LocalState::default();
+        let first_round = RoundInputs {
+            views: Some(&views),
+            ..RoundInputs::default()
+        };
+        let out = train_local(
+            &config,
+            &global,
+            &data,
+            &params,
+            &first_round,
+            &mut state,
+            1,
+            &device,
+        )
+        .unwrap();
+        let head = config.from_flat(&global, &device).unwrap();
+        let expected = class_stats(&head, 2, &objects, &device);
+        assert_eq!(
+            out.prototypes.as_ref(),
+            Some(&expected),
+            "under the global head"
+        );
+        assert!(out.class_stats.is_none());
+        // L_J doubles the cross-entropy of the first batch at the start: the loss differs from
+        // plain cross-entropy, and the global prototypes add L_CR on top.
+        let ce = train_head(
+            &config,
+            &global,
+            &data,
+            &TrainParams {
+                objective: Objective::CrossEntropy,
+                ..params.clone()
+            },
+            1,
+            &device,
+        )
+        .unwrap();
+        assert!(
+            out.last_epoch_loss > ce.last_epoch_loss * 1.5,
+            "{} vs {}",
+            out.last_epoch_loss,
+            ce.last_epoch_loss
+        );
+        let u = expected.1.clone();
+        let with_prototypes = RoundInputs {
+            prototypes: Some(&u),
+            ..first_round
+        };
+        let pulled = train_local(
+            &config,
+            &global,
+            &data,
+            &params,
+            &with_prototypes,
+            &mut state,
+            1,
+            &device,
+        )
+        .unwrap();
+        assert!(
+            pulled.last_epoch_loss > out.last_epoch_loss,
+            "L_CR adds to the loss"
+        );
+        assert_eq!(
+            pulled.prototypes, out.prototypes,
+            "prototypes use the global head"
+        );
+        // Wrong prototype size, views that do not match, or no views: errors.
+        let short = RoundInputs {
+            prototypes: Some(&u[1..]),
+            ..first_round
+        };
+        assert!(matches!(
+            train_local(
+                &config, &global, &data, &params, &short, &mut state, 1, &device
+            ),
+            Err(TrainError::Params(_))
+        ));
+        let fewer = views.rows(&[0, 1, 2]);
+        let mismatched = RoundInputs {
+            views: Some(&fewer),
+            ..RoundInputs::default()
+        };
+        assert!(matches!(
+            train_local(
+                &config,
+                &global,
+                &data,
+                &params,
+                &mismatched,
+                &mut state,
+                1,
+                &device
+            ),
+            Err(TrainError::Params(_))
+        ));
+        let err = train_local(
+            &config,
+            &global,
+            &data,
+            &params,
+            &RoundInputs::default(),
+            &mut state,
+            1,
+            &device,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("boxes.csv"), "{err}");
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn write_digits_conv(dir: &std::path::Path) -> std::io::Result<std::path::Pa
     Ok(card_path)
 }
 
-fn node(
+pub(crate) fn node(
     op: &str,
     inputs: &[&str],
     output: &str,
@@ -126,7 +126,7 @@ fn node(
     }
 }
 
-fn ints(name: &str, values: &[i64]) -> pb::AttributeProto {
+pub(crate) fn ints(name: &str, values: &[i64]) -> pb::AttributeProto {
     pb::AttributeProto {
         name: name.into(),
         r#type: pb::attribute_proto::AttributeType::Ints as i32,
@@ -135,7 +135,7 @@ fn ints(name: &str, values: &[i64]) -> pb::AttributeProto {
     }
 }
 
-fn int(name: &str, value: i64) -> pb::AttributeProto {
+pub(crate) fn int(name: &str, value: i64) -> pb::AttributeProto {
     pb::AttributeProto {
         name: name.into(),
         r#type: pb::attribute_proto::AttributeType::Int as i32,
@@ -144,7 +144,7 @@ fn int(name: &str, value: i64) -> pb::AttributeProto {
     }
 }
 
-fn tensor(name: &str, dims: &[i64], values: Vec<f32>) -> pb::TensorProto {
+pub(crate) fn tensor(name: &str, dims: &[i64], values: Vec<f32>) -> pb::TensorProto {
     pb::TensorProto {
         name: name.into(),
         dims: dims.to_vec(),
@@ -154,7 +154,7 @@ fn tensor(name: &str, dims: &[i64], values: Vec<f32>) -> pb::TensorProto {
     }
 }
 
-fn value_info(name: &str, dims: &[Option<i64>]) -> pb::ValueInfoProto {
+pub(crate) fn value_info(name: &str, dims: &[Option<i64>]) -> pb::ValueInfoProto {
     use pb::tensor_shape_proto::{Dimension, dimension::Value};
     let dim = dims
         .iter()

@@ -2,7 +2,11 @@
 //!
 //! - [`head`]: the head of the design (projector + classifier) as a Burn module, with the one
 //!   flat parameter layout that travels on the wire.
+//! - [`adversarial`]: Stable-FedADG's generator and discriminator, and the flat layout of a
+//!   model that carries the generator after the head.
 //! - [`backbone`]: a frozen ONNX backbone run with tract, described by a [`ModelCard`].
+//! - [`bright_box`]: a tiny detector written as ONNX (the box around bright pixels), the
+//!   reference of the detector contract FedDDL's masks can come from.
 //! - [`generate`]: the small deterministic convolutional backbone that tests and the demo use,
 //!   written as ONNX by this crate itself.
 //! - [`sample`]: checks a converted backbone (EfficientNet-Lite0, see `models/tools/`) against
@@ -11,13 +15,16 @@
 //!
 //! This crate does no networking and knows nothing of rounds or clients.
 
+pub mod adversarial;
 pub mod backbone;
+pub mod bright_box;
 pub mod card;
 pub mod device;
 pub mod generate;
 pub mod head;
 pub mod sample;
 
+pub use adversarial::{AdversarialConfig, Discriminator, Generator, ModelLayout};
 pub use backbone::{Backbone, BackboneError};
 pub use card::{CardError, Layout, ModelCard};
 pub use device::{Backend, training_device};

@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use fedge_edge::FeatureSet;
 use fedge_edge::data::{
     BiasedDomain, DIGITS_ANGLES, Domain, background_domains, digits_bg_domains, digits_domains,
     fashion_mnist, fashion_mnist_domains, imagefolder_domains, split_indices,
 };
 use fedge_edge::features::{self, Fnv64};
+use fedge_edge::fedddl::DEFAULT_GROUPS;
+use fedge_edge::{DdlViews, FeatureSet};
 use fedge_models::Backbone;
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
 
@@ -114,6 +115,10 @@ pub struct PreparedDomain {
     /// What the domain is scored on when held out: `all`, except for the background-bias data
     /// sets, where it is the same objects on backgrounds that say nothing about the class.
     pub held_out: Arc<FeatureSet>,
+    /// FedDDL's counterfactual and object-only views of `all`, row for row, when prepared.
+    /// **Choice**: the counterfactual backgrounds are group means over the whole domain,
+    /// validation rows included (they only choose the reported round).
+    pub views: Option<Arc<DdlViews>>,
 }
 
 /// One domain's split for one seed: train and validation features.
@@ -126,6 +131,8 @@ pub struct DomainData {
     pub val: Arc<FeatureSet>,
     /// What is scored when it is the target (see [`PreparedDomain::held_out`]).
     pub held_out: Arc<FeatureSet>,
+    /// FedDDL's views of `train`, row for row, when prepared.
+    pub views: Option<Arc<DdlViews>>,
 }
 
 /// Loads `backbone` (a model card, or an `.onnx` file with its card beside it; `None` is the
@@ -141,12 +148,14 @@ pub fn load_backbone(backbone: Option<&Path>) -> anyhow::Result<(Backbone, u64)>
 }
 
 /// The domains of `dataset` as `backbone` sees them: built once, features extracted once (or
-/// read from `cache_dir`), one domain per core. `progress` hears the domains' names before
-/// their features are made.
+/// read from `cache_dir`), one domain per core; with `views`, FedDDL's counterfactual and
+/// object-only features too (the domains need object masks). `progress` hears the domains'
+/// names before their features are made.
 pub fn prepare(
     dataset: &Dataset,
     backbone: Option<&Path>,
     cache_dir: Option<&Path>,
+    views: bool,
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<Prepared> {
     let (backbone, id) = load_backbone(backbone)?;
@@ -210,6 +219,19 @@ pub fn prepare(
         )?))
     })?
     .into_iter();
+    let sources: Vec<(usize, &Domain)> = domains.iter().map(|(d, _)| d).enumerate().collect();
+    let mut views = if views {
+        super::in_parallel(&sources, |(d, domain)| {
+            let seed = DOMAIN_SEED ^ (*d as u64 + 1);
+            let views =
+                DdlViews::build(&backbone, id, &domain.data, DEFAULT_GROUPS, seed, cache_dir)
+                    .with_context(|| format!("domain {}", domain.name))?;
+            Ok(Some(Arc::new(views)))
+        })?
+    } else {
+        vec![None; domains.len()]
+    }
+    .into_iter();
     let mut out = Vec::with_capacity(domains.len());
     for (domain, held_out) in &domains {
         let all = features.next().context("a feature set is missing")?;
@@ -221,6 +243,7 @@ pub fn prepare(
             name: domain.name.clone(),
             all,
             held_out,
+            views: views.next().flatten(),
         });
     }
     Ok(Prepared {
@@ -239,12 +262,13 @@ impl Prepared {
             .enumerate()
             .map(|(d, domain)| {
                 let salt = seed ^ (d as u64 + 1);
-                let (train, val) = split_features(&domain.all, VAL_FRACTION, salt);
+                let (train, val) = split_indices(domain.all.len(), VAL_FRACTION, salt);
                 DomainData {
                     name: domain.name.clone(),
-                    train: Arc::new(train),
-                    val: Arc::new(val),
+                    train: Arc::new(domain.all.rows(&train)),
+                    val: Arc::new(domain.all.rows(&val)),
                     held_out: Arc::clone(&domain.held_out),
+                    views: domain.views.as_ref().map(|v| Arc::new(v.rows(&train))),
                 }
             })
             .collect()
@@ -254,7 +278,7 @@ impl Prepared {
 /// The built-in digits through `digits-conv`, split for `seed`: the domains, the feature size
 /// and the class count.
 pub fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
-    let prepared = prepare(&Dataset::Digits, None, None, |_| {})?;
+    let prepared = prepare(&Dataset::Digits, None, None, false, |_| {})?;
     Ok((
         prepared.split(seed),
         prepared.feature_size,
@@ -271,17 +295,7 @@ pub fn split_features(set: &FeatureSet, val_fraction: f32, seed: u64) -> (Featur
 
 /// The rows `indices` of `set`, in that order.
 pub fn rows(set: &FeatureSet, indices: &[usize]) -> FeatureSet {
-    let mut out = FeatureSet {
-        dim: set.dim,
-        features: Vec::with_capacity(indices.len() * set.dim),
-        labels: Vec::with_capacity(indices.len()),
-    };
-    for &i in indices {
-        out.features
-            .extend_from_slice(&set.features[i * set.dim..(i + 1) * set.dim]);
-        out.labels.push(set.labels[i]);
-    }
-    out
+    set.rows(indices)
 }
 
 #[cfg(test)]

@@ -52,6 +52,10 @@ pub struct Algorithm {
     pub prox_mu: f32,
     /// FedDIM's `λ`.
     pub insight_lambda: f32,
+    /// FedDDL's `λ`, the weight of the contrastive regulariser.
+    pub contrastive_weight: f32,
+    /// Stable-FedADG's `λ0`; `λ1 = 1 − λ0`.
+    pub adversarial_weight: f32,
 }
 
 impl Algorithm {
@@ -63,20 +67,18 @@ impl Algorithm {
             local_epochs,
             prox_mu: self.prox_mu,
             insight_lambda: self.insight_lambda,
+            contrastive_weight: self.contrastive_weight,
+            adversarial_weight: self.adversarial_weight,
+            stable_weight: 1.0 - self.adversarial_weight,
             ..TrainParams::default()
         }
     }
 }
 
 /// Parses `objective`, `strategy` or `objective+strategy` (`fedavg`, `fedprox`, `fedavgm`,
-/// `fedomg`, `feddim`, `feddim+fedomg`, `fedprox+fedavgm`, ...).
+/// `fedomg`, `feddim`, `feddim+fedomg`, `fedddl+fedomg`, `stable-fedadg+fedavgm`, ...).
 pub fn parse_algorithm(name: &str) -> anyhow::Result<Algorithm> {
-    let objective_of = |s: &str| match s {
-        "ce" => Some(Objective::CrossEntropy),
-        "fedprox" => Some(Objective::FedProx),
-        "feddim" => Some(Objective::FedDim),
-        _ => None,
-    };
+    let objective_of = |s: &str| crate::demo::objective_by_name(s).ok();
     let is_strategy = |s: &str| matches!(s, "fedavg" | "fedavgm" | "fedomg");
     let (objective, strategy) = match name.split_once('+') {
         Some((o, s)) => (objective_of(o), s),
@@ -84,7 +86,7 @@ pub fn parse_algorithm(name: &str) -> anyhow::Result<Algorithm> {
         None => (objective_of(name), "fedavg"),
     };
     let objective = objective.with_context(|| {
-        format!("unknown algorithm {name:?}: use an objective (ce, fedprox, feddim), a strategy (fedavg, fedavgm, fedomg) or objective+strategy")
+        format!("unknown algorithm {name:?}: use an objective (ce, fedprox, feddim, stable-fedadg, fedddl), a strategy (fedavg, fedavgm, fedomg) or objective+strategy")
     })?;
     anyhow::ensure!(
         is_strategy(strategy),
@@ -102,6 +104,8 @@ pub fn parse_algorithm(name: &str) -> anyhow::Result<Algorithm> {
         strategy,
         prox_mu: train.prox_mu,
         insight_lambda: train.insight_lambda,
+        contrastive_weight: train.contrastive_weight,
+        adversarial_weight: train.adversarial_weight,
     })
 }
 
@@ -174,6 +178,9 @@ pub struct RunResult {
     pub final_target_accuracy: f32,
     /// Every aggregated round's scores.
     pub curve: Vec<RoundScore>,
+    /// Seconds of local training per round, summed over the round's clients (NaN over MQTT,
+    /// where the devices time themselves); serialised as null when unknown.
+    pub train_seconds_per_round: f64,
     /// Global parameters after the last round.
     #[serde(skip)]
     pub final_params: Vec<f32>,
@@ -213,6 +220,7 @@ impl RunResult {
             target_accuracy: best.2,
             final_target_accuracy: last,
             curve,
+            train_seconds_per_round: f64::NAN,
             final_params,
         }
     }

@@ -32,7 +32,14 @@ pub struct SummaryRow {
     pub cells: Vec<(f32, f32)>,
     /// Mean and std over seeds of the per-seed average (percent).
     pub average: (f32, f32),
+    /// Mean seconds of local training per round (summed over the round's clients), when the
+    /// runs timed it.
+    pub train_seconds: Option<f64>,
 }
+
+/// The row whose training cost is the reference of the cost ratios: plain cross-entropy with
+/// FedAvg (`fedavg` or `ce`).
+pub const COST_REFERENCE: [&str; 2] = ["fedavg", "ce"];
 
 /// Summarises runs over seeds.
 pub fn summarise(results: &[RunResult]) -> Summary {
@@ -68,10 +75,17 @@ pub fn summarise(results: &[RunResult]) -> Summary {
                 .values()
                 .map(|v| v.iter().sum::<f32>() / v.len() as f32 * 100.0)
                 .collect();
+            let timed: Vec<f64> = results
+                .iter()
+                .filter(|r| r.algorithm == *a && r.train_seconds_per_round.is_finite())
+                .map(|r| r.train_seconds_per_round)
+                .collect();
             SummaryRow {
                 algorithm: a.to_string(),
                 cells,
                 average: mean_std(&averages),
+                train_seconds: (!timed.is_empty())
+                    .then(|| timed.iter().sum::<f64>() / timed.len() as f64),
             }
         })
         .collect();
@@ -82,14 +96,27 @@ pub fn summarise(results: &[RunResult]) -> Summary {
 }
 
 /// The results as a Markdown table: rows are algorithms, columns target domains and the
-/// average, cells `mean ± std` over seeds of the target accuracy (percent).
+/// average, cells `mean ± std` over seeds of the target accuracy (percent); when the runs were
+/// timed, a last column with the local training time per round and its ratio to plain
+/// cross-entropy ([`COST_REFERENCE`]).
 pub fn markdown(results: &[RunResult]) -> String {
     let summary = summarise(results);
+    let timed = summary.rows.iter().any(|r| r.train_seconds.is_some());
+    let reference = summary
+        .rows
+        .iter()
+        .find(|r| COST_REFERENCE.contains(&r.algorithm.as_str()))
+        .and_then(|r| r.train_seconds);
     let mut out = format!(
-        "| algorithm | {} | average |\n|---|",
-        summary.targets.join(" | ")
+        "| algorithm | {} | average |{}\n|---|",
+        summary.targets.join(" | "),
+        if timed {
+            " train s/round (× CE) |"
+        } else {
+            ""
+        }
     );
-    out.push_str(&"---|".repeat(summary.targets.len() + 1));
+    out.push_str(&"---|".repeat(summary.targets.len() + 1 + usize::from(timed)));
     out.push('\n');
     for row in &summary.rows {
         let (a, (m, s)) = (&row.algorithm, row.average);
@@ -97,7 +124,17 @@ pub fn markdown(results: &[RunResult]) -> String {
         for (cm, cs) in &row.cells {
             out.push_str(&format!(" {cm:.1} ± {cs:.1} |"));
         }
-        out.push_str(&format!(" **{m:.1} ± {s:.1}** |\n"));
+        out.push_str(&format!(" **{m:.1} ± {s:.1}** |"));
+        if timed {
+            match (row.train_seconds, reference) {
+                (Some(t), Some(r)) if r > 0.0 => {
+                    out.push_str(&format!(" {t:.2} ({:.1}×) |", t / r))
+                }
+                (Some(t), _) => out.push_str(&format!(" {t:.2} |")),
+                (None, _) => out.push_str(" – |"),
+            }
+        }
+        out.push('\n');
     }
     out
 }

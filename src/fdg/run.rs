@@ -4,11 +4,16 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use std::sync::Mutex;
+use std::time::Instant;
+
 use fedge_coordinator::insight::InsightConfig;
+use fedge_coordinator::prototypes::PrototypeConfig;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
-use fedge_edge::{FeatureSet, accuracy, train_head_with};
-use fedge_models::{Backend, HeadConfig, training_device};
-use fedge_wire::{ClassStats, ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
+use fedge_edge::agent::class_stats;
+use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, accuracy, train_local};
+use fedge_models::{Backend, HeadConfig, ModelLayout, training_device};
+use fedge_wire::{ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
 
 use super::{
     Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport, in_parallel,
@@ -141,7 +146,12 @@ pub async fn run_one_mqtt(
         selection: sources.iter().map(|c| Arc::clone(&c.val)).collect(),
         clients: sources
             .iter()
-            .map(|c| (c.name.clone(), Arc::clone(&c.train), Arc::clone(&c.val)))
+            .map(|c| crate::demo::DemoClient {
+                id: c.name.clone(),
+                train: Arc::clone(&c.train),
+                val: Arc::clone(&c.val),
+                views: c.views.clone(),
+            })
             .collect(),
         target: Arc::clone(&domains[target].held_out),
     };
@@ -162,13 +172,16 @@ pub async fn run_one_mqtt(
         .rounds
         .iter()
         .filter_map(|row| Some((row.round, row.selection_accuracy?, row.target_accuracy?)));
-    Ok(RunResult::select(
+    let mut result = RunResult::select(
         algorithm,
         &domains[target].name,
         seed,
         scores,
         result.final_params,
-    ))
+    );
+    // Over MQTT the devices time themselves; the in-process runs report training cost.
+    result.train_seconds_per_round = f64::NAN;
+    Ok(result)
 }
 
 /// One run in process: `algorithm` with `domains[target]` held out.
@@ -203,10 +216,18 @@ pub fn run_one(
             classes: head.classes,
             momentum: 0.5,
         }),
+        prototypes: (algorithm.objective == Objective::FedDdl).then_some(PrototypeConfig {
+            hidden: head.hidden,
+            classes: head.classes,
+        }),
         ..RoundConfig::default()
     };
     let strategy = algorithm.strategy.build().map_err(anyhow::Error::msg)?;
-    let mut machine = Rounds::new(config, strategy, head.init_flat(seed));
+    let layout = ModelLayout::new(head.clone(), algorithm.objective.carries_generator());
+    let mut machine = Rounds::new(config, strategy, layout.init_flat(seed));
+    // What each device keeps between rounds (Stable-FedADG's discriminator and memory).
+    let states: Vec<Mutex<LocalState>> = sources.iter().map(|_| Mutex::default()).collect();
+    let mut train_seconds = 0f64;
     for source in &sources {
         machine.handle_client_status(&source.name, true, 0);
     }
@@ -221,7 +242,7 @@ pub fn run_one(
             match output {
                 Output::PublishTask { frame, .. } => task = Some(frame),
                 Output::RoundEnded(report) if report.aggregated => {
-                    let params = machine.params();
+                    let params = layout.head_part(machine.params());
                     let val = pooled_accuracy(head, params, &val_sets);
                     let target_accuracy = accuracy(head, params, &domains[target].held_out)?;
                     scores.push((report.round, val, target_accuracy));
@@ -250,21 +271,34 @@ pub fn run_one(
         };
         let global = task.params.to_vec();
         let insight = task.insight.as_ref().map(TensorF32::to_vec);
-        let selected: Vec<&Client> = sources
+        let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
+        let selected: Vec<(&Client, &Mutex<LocalState>)> = sources
             .iter()
-            .filter(|s| task.selected.contains(&s.name))
+            .zip(&states)
+            .filter(|(s, _)| task.selected.contains(&s.name))
             .collect();
         let client_seed = seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let frames = in_parallel(&selected, |source| {
-            let out = train_head_with(
+        let frames = in_parallel(&selected, |(source, state)| {
+            let inputs = RoundInputs {
+                insight: insight.as_deref(),
+                prototypes: prototypes.as_deref(),
+                views: source.views.as_deref(),
+            };
+            let mut state = state
+                .lock()
+                .map_err(|_| anyhow::anyhow!("a client state is poisoned"))?;
+            let start = Instant::now();
+            let out = train_local(
                 head,
                 &global,
                 &source.train,
                 &task.train,
-                insight.as_deref(),
+                &inputs,
+                &mut state,
                 client_seed,
                 &training_device(Backend::default()),
             )?;
+            let seconds = start.elapsed().as_secs_f64();
             let update = ClientUpdate {
                 round: task.round,
                 client_id: source.name.clone(),
@@ -275,33 +309,35 @@ pub fn run_one(
                     train_loss: out.last_epoch_loss,
                     ..LocalMetrics::default()
                 },
-                class_stats: out.class_stats.map(|(counts, means)| ClassStats {
-                    counts,
-                    means: TensorF32::from_slice(&means),
-                }),
+                class_stats: out.class_stats.map(class_stats),
+                prototypes: out.prototypes.map(class_stats),
             };
-            Ok(fedge_wire::encode(&Message::ClientUpdate(update)))
+            Ok((fedge_wire::encode(&Message::ClientUpdate(update)), seconds))
         })?;
         // Handed over in client order, whichever thread finished first.
-        for (source, frame) in selected.iter().zip(frames) {
+        for ((source, _), (frame, seconds)) in selected.iter().zip(frames) {
             now += 1;
+            train_seconds += seconds;
             machine.handle_packet(&source.name, &frame, now);
         }
     }
-    Ok(RunResult::select(
+    let mut result = RunResult::select(
         algorithm,
         &domains[target].name,
         seed,
         scores,
         machine.params().to_vec(),
-    ))
+    );
+    result.train_seconds_per_round = train_seconds / options.rounds.max(1) as f64;
+    Ok(result)
 }
 
-/// A client of a run: its id and its splits.
+/// A client of a run: its id, its splits and FedDDL's views of its training split.
 struct Client {
     name: String,
     train: Arc<FeatureSet>,
     val: Arc<FeatureSet>,
+    views: Option<Arc<DdlViews>>,
 }
 
 /// The clients of a run holding out `domains[target]`.
@@ -313,6 +349,7 @@ fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64)
                 name: d.name.clone(),
                 train: Arc::clone(&d.train),
                 val: Arc::clone(&d.val),
+                views: d.views.clone(),
             })
             .collect(),
         Scenario::Multi {
@@ -322,7 +359,7 @@ fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64)
             sources
                 .flat_map(|(i, d)| {
                     let salt = seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
-                    let train = partition(&d.train, parts, salt);
+                    let train = partition_indices(d.train.len(), parts, salt);
                     let val = partition(&d.val, parts, salt ^ 1);
                     train
                         .into_iter()
@@ -330,8 +367,9 @@ fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64)
                         .enumerate()
                         .map(move |(c, (t, v))| Client {
                             name: format!("{}-{c:02}", d.name),
-                            train: Arc::new(t),
+                            train: Arc::new(d.train.rows(&t)),
                             val: Arc::new(v),
+                            views: d.views.as_ref().map(|views| Arc::new(views.rows(&t))),
                         })
                 })
                 .filter(|c| !c.train.is_empty())
@@ -342,16 +380,21 @@ fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64)
 
 /// Splits `set` into `parts` disjoint parts at random (seeded), sizes within one.
 pub fn partition(set: &FeatureSet, parts: usize, seed: u64) -> Vec<FeatureSet> {
+    partition_indices(set.len(), parts, seed)
+        .iter()
+        .map(|mine| set.rows(mine))
+        .collect()
+}
+
+/// The rows of each part of [`partition`].
+fn partition_indices(n: usize, parts: usize, seed: u64) -> Vec<Vec<usize>> {
     use rand::SeedableRng;
     use rand::seq::SliceRandom;
-    let mut order: Vec<usize> = (0..set.len()).collect();
+    let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
     let parts = parts.max(1);
     (0..parts)
-        .map(|p| {
-            let mine: Vec<usize> = order.iter().skip(p).step_by(parts).copied().collect();
-            super::rows(set, &mine)
-        })
+        .map(|p| order.iter().skip(p).step_by(parts).copied().collect())
         .collect()
 }
 

@@ -1,7 +1,8 @@
 //! Hyper-parameters chosen on source validation only, never on the target (ALGORITHMS.md §6).
 //!
 //! `fedge bench --tune` runs every algorithm over a small grid of its own knobs (FedProx's `μ`,
-//! FedDIM's `λ`, server momentum's `β`, FedOMG's `κ`; the product for combinations) and keeps,
+//! FedDIM's `λ`, FedDDL's `λ` (`cr`), Stable-FedADG's `λ0` with `λ1 = 1 − λ0`, server
+//! momentum's `β`, FedOMG's `κ`; the product for combinations) and keeps,
 //! per algorithm, the setting whose runs have the highest mean best source-validation accuracy
 //! over all targets and seeds. Only then is the target accuracy of that setting reported. Plain
 //! FedAvg has no knob of its own; the shared ones (learning rate, epochs, batch) stay fixed for
@@ -18,6 +19,8 @@ pub fn grid(algorithm: &Algorithm) -> Vec<Algorithm> {
     let objective = match algorithm.objective {
         Objective::FedProx => knob("mu", [0.001, 0.01, 0.1]),
         Objective::FedDim => knob("lambda", [0.001, 0.01, 0.1]),
+        Objective::FedDdl => knob("cr", [0.1, 0.3, 1.0]),
+        Objective::StableFedAdg => knob("lambda0", [0.5, 0.7, 0.85]),
         Objective::CrossEntropy => vec![None],
     };
     let strategy = match algorithm.strategy.strategy.as_str() {
@@ -37,6 +40,8 @@ pub fn grid(algorithm: &Algorithm) -> Vec<Algorithm> {
                 match knob {
                     "mu" => variant.prox_mu = value,
                     "lambda" => variant.insight_lambda = value,
+                    "cr" => variant.contrastive_weight = value,
+                    "lambda0" => variant.adversarial_weight = value,
                     "beta" => variant.strategy.server_momentum = value,
                     _ => variant.strategy.kappa = f64::from(value),
                 }
@@ -139,6 +144,7 @@ mod tests {
             target_accuracy: target,
             final_target_accuracy: target,
             curve: vec![],
+            train_seconds_per_round: 0.1,
             final_params: vec![],
         };
         let results = vec![

@@ -402,6 +402,7 @@ mod tests {
             delta: TensorF32::from_slice(&values),
             metrics: LocalMetrics::default(),
             class_stats: None,
+            prototypes: None,
         });
         let frame = encode(&message);
         let pieces = split_into_chunks(frame, 77, DEFAULT_MAX_PACKET);

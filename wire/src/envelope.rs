@@ -18,7 +18,7 @@ use crate::messages::{ClientUpdate, RoundTask};
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version written by this crate and the only one it accepts.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -153,15 +153,18 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
         Kind::RoundTask => {
             let task: RoundTask = decode_body(frame.body)?;
             task.params.validate()?;
-            if let Some(insight) = &task.insight {
-                insight.validate()?;
+            for tensor in [&task.insight, &task.prototypes].into_iter().flatten() {
+                tensor.validate()?;
             }
             Ok(Message::RoundTask(task))
         }
         Kind::ClientUpdate => {
             let update: ClientUpdate = decode_body(frame.body)?;
             update.delta.validate()?;
-            if let Some(stats) = &update.class_stats {
+            for stats in [&update.class_stats, &update.prototypes]
+                .into_iter()
+                .flatten()
+            {
                 stats.means.validate()?;
             }
             Ok(Message::ClientUpdate(update))
@@ -202,6 +205,7 @@ mod tests {
             },
             deadline_ms: 60_000,
             insight: None,
+            prototypes: None,
         }
     }
 
@@ -219,6 +223,7 @@ mod tests {
                 train_seconds: 3.5,
             },
             class_stats: None,
+            prototypes: None,
         }
     }
 
@@ -438,6 +443,7 @@ mod tests {
         body.extend(postcard::to_allocvec(&update.delta.as_le_bytes().to_vec()).unwrap());
         body.extend(postcard::to_allocvec(&update.metrics).unwrap());
         body.extend(postcard::to_allocvec(&update.class_stats).unwrap());
+        body.extend(postcard::to_allocvec(&update.prototypes).unwrap());
         let bytes = frame_body(Kind::ClientUpdate as u8, &body);
         assert_eq!(
             decode(&bytes),
@@ -536,6 +542,7 @@ mod tests {
                 delta,
                 metrics: LocalMetrics { train_loss, ..LocalMetrics::default() },
                 class_stats: None,
+                prototypes: None,
             });
             let bytes = encode(&message);
             let back = decode(&bytes).unwrap();
@@ -559,6 +566,7 @@ mod tests {
                 train: TrainParams { local_epochs, learning_rate, ..TrainParams::default() },
                 deadline_ms,
                 insight: None,
+                prototypes: None,
             });
             let bytes = encode(&message);
             let back = decode(&bytes).unwrap();

@@ -1,4 +1,6 @@
-//! The binary messages of protocol version 2 (version 2 added FedDIM's insight statistics).
+//! The binary messages of protocol version 3 (version 2 added FedDIM's insight statistics,
+//! version 3 Stable-FedADG and FedDDL: their objectives and hyper-parameters, and FedDDL's
+//! causal prototypes in both directions).
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +17,21 @@ pub enum Objective {
     /// Cross-entropy plus FedDIM's insight term `lambda * mean_i ||W ⊙ z_i - Ī_{y_i}||²`; the
     /// update carries class-mean projector features.
     FedDim,
+    /// Stable-FedADG: stable learning's sample-weighted cross-entropy and adversarial alignment
+    /// of the projector features with a class-conditional generator. The generator's
+    /// parameters travel after the head's in the flat vector; the discriminator stays on the
+    /// device.
+    StableFedAdg,
+    /// FedDDL: cross-entropy on real and counterfactual inputs plus a contrastive pull towards
+    /// the global causal prototypes; the update carries local prototypes.
+    FedDdl,
+}
+
+impl Objective {
+    /// True when the flat parameter vector carries Stable-FedADG's generator after the head.
+    pub fn carries_generator(self) -> bool {
+        self == Objective::StableFedAdg
+    }
 }
 
 /// Hyper-parameters of local training, chosen by the coordinator for a round.
@@ -37,6 +54,18 @@ pub struct TrainParams {
     pub prox_mu: f32,
     /// FedDIM's `lambda`; ignored unless `objective` is `FedDim`.
     pub insight_lambda: f32,
+    /// Stable-FedADG's `λ0`, the weight of the extractor's adversarial loss `L_f`.
+    pub adversarial_weight: f32,
+    /// Stable-FedADG's `λ1`, the weight of the sample-weighted loss `L_S` in adversarial steps.
+    pub stable_weight: f32,
+    /// Stable-FedADG's `E0`: batches per round on `L_S` alone before the adversarial ones.
+    pub warmup_batches: u32,
+    /// Stable-FedADG's `E1`: the least adversarial batches per round.
+    pub adversarial_batches: u32,
+    /// FedDDL's `λ`, the weight of the contrastive regulariser `L_CR`.
+    pub contrastive_weight: f32,
+    /// FedDDL's temperature `τ`.
+    pub temperature: f32,
 }
 
 impl Default for TrainParams {
@@ -50,6 +79,12 @@ impl Default for TrainParams {
             weight_decay: 5e-4,
             prox_mu: 0.01,
             insight_lambda: 0.01,
+            adversarial_weight: 0.85,
+            stable_weight: 0.15,
+            warmup_batches: 3,
+            adversarial_batches: 5,
+            contrastive_weight: 1.0,
+            temperature: 0.07,
         }
     }
 }
@@ -70,6 +105,8 @@ pub struct RoundTask {
     /// FedDIM's global class-mean insight matrices `Ī`, shape `[K, H, K]` (`Ī[c][j][k]`), once
     /// the coordinator has them.
     pub insight: Option<TensorF32>,
+    /// FedDDL's global causal prototypes `U_G`, shape `[K, H]`, once the coordinator has them.
+    pub prototypes: Option<TensorF32>,
 }
 
 /// FedDIM's compact statistics: with the final local classifier `W_c`, class `k`'s mean
@@ -113,4 +150,8 @@ pub struct ClientUpdate {
     pub metrics: LocalMetrics,
     /// FedDIM's class statistics, when the objective is `FedDim`.
     pub class_stats: Option<ClassStats>,
+    /// FedDDL's local causal prototypes: class counts and class means of the projector
+    /// features of object-only inputs under the round's global head, when the objective is
+    /// `FedDdl`.
+    pub prototypes: Option<ClassStats>,
 }

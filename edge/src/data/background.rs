@@ -30,10 +30,8 @@ pub struct BiasedDomain {
     /// The composed images with the site's shortcut, named `bg<d>`.
     pub domain: Domain,
     /// The same objects on uniformly drawn textures: what the site is scored on when held out.
+    /// Both versions carry the generator's object masks (`ImageSet::masks`).
     pub unbiased: ImageSet,
-    /// Per image and pixel (`len × h × w`): 1 where the object is, 0 on the background (the
-    /// same for both versions).
-    pub masks: Vec<u8>,
     /// The texture index of every image's background in `domain`.
     pub textures: Vec<u8>,
     /// The texture index of every image's background in `unbiased`.
@@ -107,6 +105,7 @@ pub fn background_domains(
                 .collect();
             let mut compose = |biased: bool| {
                 let mut data = original.clone();
+                data.masks = Some(masks.clone());
                 let mut chosen = Vec::with_capacity(data.len());
                 let images = data.images.chunks_exact_mut(h * w);
                 for ((image, &label), mask) in images.zip(&data.labels).zip(masks.chunks(h * w)) {
@@ -132,7 +131,6 @@ pub fn background_domains(
                     data,
                 },
                 unbiased,
-                masks,
                 textures: chosen,
                 unbiased_textures,
                 bias: site_bias,
@@ -159,7 +157,7 @@ mod tests {
                 assert_eq!(data.labels, plain.data.labels, "same images, same order");
                 for (i, &t) in textures.iter().enumerate() {
                     let tex = texture(t as usize, 8, 8, 16.0);
-                    let mask = &biased.masks[i * 64..(i + 1) * 64];
+                    let mask = data.mask(i).expect("the generator sets masks");
                     for p in 0..64 {
                         let (got, original) = (data.image(i)[p], plain.data.image(i)[p]);
                         if mask[p] == 1 {

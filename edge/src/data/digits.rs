@@ -47,6 +47,7 @@ fn load_digits() -> ImageSet {
         images: dataset.data,
         labels: dataset.target.iter().map(|&t| t.round() as u32).collect(),
         raw_max: 16.0,
+        masks: None,
     }
 }
 

@@ -50,6 +50,16 @@ pub enum DataError {
         /// What is wrong.
         reason: String,
     },
+    /// A `boxes.csv` line is malformed.
+    #[error("{}:{line}: {reason}; lines are file,x1,y1,x2,y2 with file relative to the domain folder (class/name.png) and pixel coordinates of the original image", path.display())]
+    BadBoxes {
+        /// The file.
+        path: PathBuf,
+        /// Line number, from 1.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// Fashion-MNIST is not where it was looked for.
     #[error(
         "Fashion-MNIST not found in {}: install the Debian package (apt-get install dataset-fashion-mnist, files in /usr/share/datasets/fashion-mnist) or pass --data-dir DIR holding train-images-idx3-ubyte.gz and the three other IDX files",

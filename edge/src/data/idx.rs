@@ -146,6 +146,7 @@ pub fn fashion_mnist(
         images: images.concat(),
         labels,
         raw_max: 255.0,
+        masks: None,
     };
     Ok(match limit {
         Some(n) if n < all.len() => all.partition(all.len().div_ceil(n), seed ^ 0xfa5)[0].clone(),

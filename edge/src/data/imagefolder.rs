@@ -1,6 +1,7 @@
-//! ImageFolder trees: `root/<domain>/<class>/*.{png,jpg,jpeg}`.
+//! ImageFolder trees: `root/<domain>/<class>/*.{png,jpg,jpeg}`, with optional object boxes in
+//! `root/<domain>/boxes.csv`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use image::imageops::{self, FilterType};
@@ -21,6 +22,13 @@ const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
 /// from the content), converted to `channels` (1 for grayscale, 3 for RGB), resized to
 /// `height` x `width` with a triangle filter unless it already has that size, and stored CHW
 /// with raw values 0..=255.
+///
+/// A domain folder may hold `boxes.csv`, lines `file,x1,y1,x2,y2`: `file` relative to the
+/// domain folder (`dog/001.png`), the box in pixels of the original image (x to the right, y
+/// down, corners inclusive-exclusive; a header line starting with `file` and lines starting
+/// with `#` are skipped). Then the domain's [`ImageSet::masks`] mark the pixels of the resized
+/// image whose centres fall in any of the file's boxes; an image without a line is all object
+/// (no background to swap). Without `boxes.csv` the domain has no masks.
 ///
 /// # Errors
 ///
@@ -86,6 +94,10 @@ pub fn imagefolder_domains(
         let total: usize = classes.iter().map(|(_, files)| files.len()).sum();
         let mut images = Vec::with_capacity(total * image_len);
         let mut labels = Vec::with_capacity(total);
+        let boxes = read_boxes(&root.join(&domain_name).join("boxes.csv"))?;
+        let mut masks = boxes
+            .as_ref()
+            .map(|_| Vec::with_capacity(total * height * width));
         for (class_name, files) in classes {
             let label = class_names
                 .binary_search(&class_name)
@@ -93,6 +105,13 @@ pub fn imagefolder_domains(
             let label = u32::try_from(label).expect("fewer than 2^32 classes");
             for path in files {
                 let decoded = decode(&path)?;
+                if let (Some(boxes), Some(masks)) = (&boxes, masks.as_mut()) {
+                    let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+                    let key = format!("{class_name}/{}", file.unwrap_or_default());
+                    let original = (decoded.width(), decoded.height());
+                    let mine = boxes.get(&key).map_or(&[][..], Vec::as_slice);
+                    masks.extend(box_mask(mine, original, (w, h)));
+                }
                 images.extend(to_chw(decoded, channels, h, w));
                 labels.push(label);
             }
@@ -107,10 +126,81 @@ pub fn imagefolder_domains(
                 images,
                 labels,
                 raw_max: 255.0,
+                masks,
             },
         });
     }
     Ok(domains)
+}
+
+/// Boxes `[x1, y1, x2, y2]` by file (`class/name.png`).
+type Boxes = BTreeMap<String, Vec<[f32; 4]>>;
+
+/// The boxes of a `boxes.csv` by file (`class/name.png`), or `None` when there is no such file.
+fn read_boxes(path: &Path) -> Result<Option<Boxes>, DataError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(DataError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut boxes = Boxes::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || (i == 0 && line.starts_with("file")) {
+            continue;
+        }
+        let bad = |reason: String| DataError::BadBoxes {
+            path: path.to_path_buf(),
+            line: i + 1,
+            reason,
+        };
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let [file, coords @ ..] = fields.as_slice() else {
+            return Err(bad("empty line".into()));
+        };
+        if coords.len() != 4 {
+            return Err(bad(format!("{} fields, expected 5", fields.len())));
+        }
+        let mut b = [0f32; 4];
+        for (v, text) in b.iter_mut().zip(coords) {
+            *v = text
+                .parse::<f32>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| bad(format!("{text:?} is not a pixel coordinate")))?;
+        }
+        if b[2] <= b[0] || b[3] <= b[1] {
+            return Err(bad("x2 must exceed x1 and y2 exceed y1".into()));
+        }
+        boxes.entry(file.replace('\\', "/")).or_default().push(b);
+    }
+    Ok(Some(boxes))
+}
+
+/// The `h × w` mask (row-major) of `boxes` given on an image of `(width, height)` pixels, after
+/// resizing to `(w, h)`: 1 where a pixel's centre falls in a box; all 1 without boxes.
+fn box_mask(boxes: &[[f32; 4]], (ow, oh): (u32, u32), (w, h): (u32, u32)) -> Vec<u8> {
+    if boxes.is_empty() {
+        return vec![1; (w * h) as usize];
+    }
+    let (sx, sy) = (ow as f32 / w as f32, oh as f32 / h as f32);
+    let mut out = Vec::with_capacity((w * h) as usize);
+    for r in 0..h {
+        let y = (r as f32 + 0.5) * sy;
+        for c in 0..w {
+            let x = (c as f32 + 0.5) * sx;
+            let inside = boxes
+                .iter()
+                .any(|[x1, y1, x2, y2]| x >= *x1 && x < *x2 && y >= *y1 && y < *y2);
+            out.push(u8::from(inside));
+        }
+    }
+    out
 }
 
 /// Lists the entries of `dir` that are folders (`folders == true`) or files, sorted by name,
@@ -243,6 +333,40 @@ mod tests {
         let b = &domains[1].data;
         assert_eq!(b.labels, [1]);
         assert_eq!(b.image(0)[..4], [0.0, 1.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn boxes_csv_gives_masks_scaled_to_the_resized_image() {
+        let dir = tree();
+        let root = dir.path();
+        // a/cat/1.png is 2x2, resized to 4x4: the box covers its left column.
+        std::fs::write(
+            root.join("a/boxes.csv"),
+            "file,x1,y1,x2,y2\ncat/1.png,0,0,1,2\n# a comment\n",
+        )
+        .unwrap();
+        let domains = imagefolder_domains(root, 3, 4, 4).unwrap();
+        let a = &domains[0].data;
+        assert!(domains[1].data.masks.is_none(), "b has no boxes.csv");
+        // Sorted: cat/1.png, cat/2.PNG, dog/1.png.
+        assert_eq!(
+            a.mask(0).unwrap(),
+            [1, 1, 0, 0].repeat(4).as_slice(),
+            "left half of every row"
+        );
+        assert!(
+            a.mask(1).unwrap().iter().all(|m| *m == 1),
+            "no line: all object"
+        );
+        for bad in [
+            "cat/1.png,0,0,1\n",
+            "cat/1.png,2,0,1,2\n",
+            "cat/1.png,0,0,x,2\n",
+        ] {
+            std::fs::write(root.join("a/boxes.csv"), bad).unwrap();
+            let err = imagefolder_domains(root, 3, 4, 4).unwrap_err().to_string();
+            assert!(err.contains("boxes.csv:1"), "{err}");
+        }
     }
 
     #[test]

@@ -7,10 +7,14 @@
 //!   with smartcore, so demos and tests need no download.
 //! * [`imagefolder_domains`] reads a folder tree `root/<domain>/<class>/*.png` (or `.jpg`).
 //!
+//! Object masks (for FedDDL) come with the built-in data sets, from `boxes.csv` in an image
+//! folder, or from a detector model ([`detector_masks`]).
+//!
 //! [`ImageSet::split`] and [`ImageSet::partition`] divide a domain deterministically for a seed,
 //! for example into a training and a validation set or into one shard per simulated device.
 
 mod background;
+mod detector;
 mod digits;
 mod error;
 mod idx;
@@ -20,6 +24,7 @@ mod rotate;
 pub use background::{
     BiasedDomain, DEFAULT_BIAS, OBJECT_THRESHOLD, TEXTURES, background_domains, texture,
 };
+pub use detector::detector_masks;
 pub use digits::{DIGITS_ANGLES, digits_bg_domains, digits_domains};
 pub use error::DataError;
 pub use idx::{FASHION_MNIST_DIR, fashion_mnist, fashion_mnist_domains, read_idx};
@@ -46,6 +51,11 @@ pub struct ImageSet {
     pub labels: Vec<u32>,
     /// The raw value of a fully-on pixel: 16 for the digits, 255 for 8-bit image files.
     pub raw_max: f32,
+    /// Where the objects are, when known: one byte per pixel of every image (`len × h × w`), 1
+    /// on the object and 0 on the background, for every channel. The built-in data sets set
+    /// it (a threshold on the object's intensity, or the background generator's masks);
+    /// ImageFolder sets it from an optional `boxes.csv`. FedDDL needs it.
+    pub masks: Option<Vec<u8>>,
 }
 
 impl ImageSet {
@@ -79,6 +89,29 @@ impl ImageSet {
         &self.images[i * n..(i + 1) * n]
     }
 
+    /// Returns the object mask of image `i` (`h × w` bytes), when the set has masks.
+    pub fn mask(&self, i: usize) -> Option<&[u8]> {
+        let plane = self.height * self.width;
+        self.masks.as_ref()?.get(i * plane..(i + 1) * plane)
+    }
+
+    /// Masks from a threshold on intensity: a pixel is on the object when its mean over the
+    /// channels exceeds `fraction × raw_max`. Right for objects on a dark background (the
+    /// digits, Fashion-MNIST), not for photographs.
+    pub fn threshold_masks(&self, fraction: f32) -> Vec<u8> {
+        let (c, plane) = (self.channels, self.height * self.width);
+        let threshold = fraction * self.raw_max * c as f32;
+        self.images
+            .chunks_exact(self.image_len().max(1))
+            .flat_map(|image| {
+                (0..plane).map(move |p| {
+                    let sum: f32 = (0..c).map(|ch| image[ch * plane + p]).sum();
+                    u8::from(sum > threshold)
+                })
+            })
+            .collect()
+    }
+
     /// Returns how many images each class has, indexed by label.
     pub fn class_counts(&self) -> Vec<usize> {
         let mut counts = vec![0; self.classes()];
@@ -99,9 +132,13 @@ impl ImageSet {
     pub fn subset(&self, indices: &[usize]) -> ImageSet {
         let mut images = Vec::with_capacity(indices.len() * self.image_len());
         let mut labels = Vec::with_capacity(indices.len());
+        let mut masks = self.masks.as_ref().map(|_| Vec::new());
         for &i in indices {
             images.extend_from_slice(self.image(i));
             labels.push(self.labels[i]);
+            if let (Some(out), Some(mask)) = (masks.as_mut(), self.mask(i)) {
+                out.extend_from_slice(mask);
+            }
         }
         ImageSet {
             channels: self.channels,
@@ -111,6 +148,7 @@ impl ImageSet {
             images,
             labels,
             raw_max: self.raw_max,
+            masks,
         }
     }
 
@@ -184,6 +222,8 @@ pub fn rotated_domains(all: &ImageSet, angles: &[f32], seed: u64) -> Vec<Domain>
                     .flat_map(|image| rotate_chw(image, c, h, w, angle))
                     .collect();
             }
+            // Rotated objects on a black background: the threshold finds them again.
+            data.masks = Some(data.threshold_masks(OBJECT_THRESHOLD));
             Domain {
                 name: format!("rot{angle}"),
                 data,
@@ -232,6 +272,7 @@ mod tests {
             images: (0..n).flat_map(|i| [i as f32, 0.5]).collect(),
             labels: (0..n).map(|i| i as u32 % classes).collect(),
             raw_max: 1.0,
+            masks: None,
         }
     }
 
