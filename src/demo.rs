@@ -52,6 +52,8 @@ pub struct DemoOptions {
     pub insight_momentum: f32,
     /// Clients sampled per round; `None` selects them all.
     pub per_round: Option<usize>,
+    /// Authenticate: a random key per agent, known to the coordinator.
+    pub auth: bool,
 }
 
 impl Default for DemoOptions {
@@ -73,6 +75,7 @@ impl Default for DemoOptions {
             federation: "demo".into(),
             insight_momentum: 0.5,
             per_round: None,
+            auth: false,
         }
     }
 }
@@ -260,8 +263,16 @@ pub async fn run(
             hidden: data.head.hidden,
             classes: data.head.classes,
         }),
+        auth: options.auth.then(|| {
+            let keys = data
+                .clients
+                .iter()
+                .map(|c| (c.id.clone(), fedge_coordinator::keys::generate()));
+            Arc::new(keys.collect())
+        }),
         ..RoundConfig::default()
     };
+    let keys = config.auth.clone();
     let strategy = options.strategy.build().map_err(anyhow::Error::msg)?;
     let strategy_name = strategy.name().to_string();
     let initial_len = initial.len();
@@ -298,6 +309,7 @@ pub async fn run(
             profile: "demo".into(),
             backbone: "digits-conv".into(),
             seed: options.seed,
+            key: keys.as_ref().and_then(|k| k.get(&client.id).cloned()),
         };
         agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));
     }
@@ -306,6 +318,7 @@ pub async fn run(
         federation: options.federation.clone(),
         client_id: format!("fedge-coordinator-{}", options.federation),
         checkpoint: None,
+        journal: None,
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(

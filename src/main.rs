@@ -238,6 +238,10 @@ struct DemoArgs {
     /// FedDIM's server momentum m of the global insight matrices.
     #[arg(long, default_value_t = 0.5)]
     insight_momentum: f32,
+    /// Give every agent a random key: updates and tasks carry HMAC-SHA256 tags, as in a
+    /// deployment with `[auth] keys_file`.
+    #[arg(long)]
+    auth: bool,
     /// Local epochs per round.
     #[arg(long, default_value_t = 5)]
     local_epochs: u32,
@@ -313,6 +317,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
             ..defaults.train.clone()
         },
         insight_momentum: args.insight_momentum,
+        auth: args.auth,
         seed: args.seed,
         backend: args.backend,
         broker: args

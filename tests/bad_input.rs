@@ -64,6 +64,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         min_clients: 1,
         min_updates: 1,
         round_timeout_ms: 60_000,
+        journal: true,
         ..RoundConfig::default()
     };
     let rounds = Rounds::new(config, Box::new(FedAvg), initial.clone());
@@ -75,6 +76,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         federation: "bad-input".into(),
         client_id: "coord".into(),
         checkpoint: Some(checkpoint_path.clone()),
+        journal: Some(state.path().join("journal.bin")),
     };
     let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
 

@@ -88,7 +88,7 @@ async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
 }
 
 /// Over mosquitto the coordinator runs FedOMG with server momentum, so both strategy paths
-/// cross a real broker.
+/// cross a real broker; every device has a key, so tasks and updates are sealed and checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
     let Some(mosquitto) = common::Mosquitto::start() else {
@@ -100,6 +100,7 @@ async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
             server_momentum: 0.5,
             ..Default::default()
         },
+        auth: true,
         ..three_edges_three_rounds(Some(mosquitto.broker()), "e2e-mosquitto")
     };
     let result = run(options).await;

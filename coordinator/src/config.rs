@@ -1,4 +1,5 @@
-//! The coordinator's configuration file.
+//! The coordinator's configuration file. Relative paths in it (`state_dir`, `initial_params`,
+//! `[auth] keys_file`) are resolved against the file's folder.
 //!
 //! ```toml
 //! federation = "plant-7"
@@ -40,6 +41,9 @@
 //! [feddim]
 //! lambda = 0.01                # weight of the insight term
 //! momentum = 0.5               # Ī ← (1 − m) Ī + m Ī_round
+//!
+//! [auth]
+//! keys_file = "devices.toml"   # optional: device keys; every update must be tagged
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -120,6 +124,19 @@ pub struct CoordinatorConfig {
     /// FedDIM settings, used when `[train] objective = "FedDim"`.
     #[serde(default)]
     pub feddim: FedDimSettings,
+    /// Device authentication.
+    #[serde(default)]
+    pub auth: AuthSettings,
+}
+
+/// `[auth]`: device keys.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    /// Keys file (`client = "hex"` lines, made by `fedge-coordinator keygen`), relative to the
+    /// configuration file. When set, only these devices take part and every update must carry
+    /// its device's HMAC-SHA256 tag; tasks are tagged for each selected device.
+    pub keys_file: Option<PathBuf>,
 }
 
 /// `[feddim]`: ALGORITHMS.md §3's `λ` and `m`.
@@ -189,9 +206,30 @@ impl CoordinatorConfig {
             path: path.into(),
             message,
         };
-        let config: Self = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        let mut config: Self = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         config.check().map_err(invalid)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        // Relative paths are read from the configuration file's folder, as in device profiles.
+        for path in [
+            config.auth.keys_file.as_mut(),
+            config.state_dir.as_mut(),
+            config.initial_params.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *path = base.join(&*path);
+        }
         Ok(config)
+    }
+
+    /// The device keys named by `[auth] keys_file`, if any.
+    pub fn device_keys(&self) -> Result<Option<crate::round::DeviceKeys>, crate::keys::KeysError> {
+        self.auth
+            .keys_file
+            .as_deref()
+            .map(crate::keys::load)
+            .transpose()
     }
 
     fn check(&self) -> Result<(), String> {

@@ -11,6 +11,7 @@ use fedge_wire::{CoordinatorStatus, EdgeStatus, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
+use crate::journal::Record;
 use crate::round::{Output, Phase, RoundReport, Rounds, l2_norm};
 
 /// Evaluates global parameters on data the coordinator holds (demo and bench only; in a
@@ -49,6 +50,8 @@ pub struct DriverOptions {
     pub client_id: String,
     /// Where to save the checkpoint after every aggregation.
     pub checkpoint: Option<std::path::PathBuf>,
+    /// Where to write the open round's journal (`Output::Journal` records).
+    pub journal: Option<std::path::PathBuf>,
 }
 
 /// The driver could not run.
@@ -77,10 +80,11 @@ pub async fn run(
     let status_topic = topics.coordinator_status();
     let offline = serde_json::json!({"state": "offline", "updated_at": fedge_mqtt::now_rfc3339()});
     let will = LastWill::new(&status_topic, offline.to_string(), QoS::AtLeastOnce, true);
-    let (client, mut eventloop) = AsyncClient::new(
-        options.broker.options(&options.client_id, Some(will)),
-        REQUEST_QUEUE,
-    );
+    let mut mqtt = options.broker.options(&options.client_id, Some(will));
+    // A persistent session: while the coordinator is down (crash, restart), the broker queues
+    // the QoS 1 updates devices publish, and delivers them when it is back.
+    mqtt.set_clean_session(false);
+    let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
     let mut task_topics = TaskTopics {
         base: topics.round_task(),
         chunk_topics_in_use: 0,
@@ -90,6 +94,7 @@ pub async fn run(
     let mut backoff = Backoff::default();
     let mut target_accuracy = None;
     let mut connected = false;
+    let mut journal = options.journal.as_ref().map(crate::journal::Journal::new);
     rounds.start(now_ms());
     loop {
         let deadline = rounds
@@ -150,6 +155,7 @@ pub async fn run(
             &mut target_accuracy,
             &status_topic,
             &topics,
+            &mut journal,
         );
         if finished {
             break;
@@ -171,6 +177,7 @@ fn drain(
     target_accuracy: &mut Option<f32>,
     status_topic: &str,
     topics: &Topics,
+    journal: &mut Option<crate::journal::Journal>,
 ) -> bool {
     let mut status_dirty = false;
     let mut finished = false;
@@ -226,6 +233,22 @@ fn drain(
                 }
             }
             Output::StatusChanged => status_dirty = true,
+            Output::Journal(record) => {
+                let Some(journal) = journal.as_mut() else {
+                    continue;
+                };
+                let written = match &record {
+                    Record::Opened { round, selected } => journal.open_round(*round, selected),
+                    Record::Accepted {
+                        round,
+                        client,
+                        frame,
+                    } => journal.append(*round, client, frame),
+                };
+                if let Err(e) = written {
+                    tracing::error!(error = %e, "journal not written; a restart would lose this round's updates");
+                }
+            }
             Output::Finished => {
                 // A finished federation leaves no retained task for devices that join later.
                 clear_task(client, task_topics);

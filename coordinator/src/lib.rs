@@ -11,7 +11,9 @@
 //! - [`driver`]: the thin tokio + rumqttc driver around the machine.
 //! - [`broker`]: the optional embedded rumqttd broker.
 //! - [`config`]: the coordinator's TOML configuration.
+//! - [`keys`]: device keys (the keys file, `keygen`).
 //! - [`replay`], [`npy`]: one aggregation re-run offline from `.npy` files.
+//! - [`journal`]: the open round's accepted updates, so a restart resumes the same round.
 //! - [`checkpoint`]: the saved state (head, round, strategy buffers), written atomically.
 
 pub mod broker;
@@ -21,6 +23,8 @@ pub mod driver;
 pub mod fedomg;
 pub mod gram;
 pub mod insight;
+pub mod journal;
+pub mod keys;
 pub mod npy;
 pub mod prototypes;
 pub mod replay;
@@ -29,6 +33,6 @@ pub mod strategy;
 pub mod updates;
 
 pub use driver::{DriverError, DriverEvent, DriverOptions, Evaluator};
-pub use round::{Output, Phase, Rejection, RoundConfig, RoundReport, Rounds};
+pub use round::{DeviceKeys, Output, Phase, Rejection, RoundConfig, RoundReport, Rounds};
 pub use strategy::{Aggregated, AggregationReport, FedAvg, Strategy};
 pub use updates::RoundUpdates;

@@ -43,6 +43,21 @@ enum Command {
     /// counts.json ({"<client>": sample_count}). The report is
     /// {"gamma": {"<client>": weight}, "objective": f, "lambda": λ, "n_clients": N, ...}.
     Aggregate(AggregateArgs),
+    /// Provision a device: write a new random key to its key file and add it to the keys file.
+    ///
+    /// Copy the device file to the device (its profile's `key_file`) over a secure channel and
+    /// point `[auth] keys_file` of the coordinator's configuration at the keys file.
+    Keygen {
+        /// Client id of the device.
+        #[arg(long)]
+        client: String,
+        /// The coordinator's keys file (created when missing).
+        #[arg(long, value_name = "KEYS.toml")]
+        keys: PathBuf,
+        /// The device's key file to write.
+        #[arg(long, value_name = "DEVICE.key")]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -80,6 +95,15 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config } => run(config).await,
         Command::Aggregate(args) => aggregate(args),
+        Command::Keygen { client, keys, out } => {
+            fedge_coordinator::keys::keygen(&keys, &client, &out)?;
+            println!(
+                "{client}: key written to {}, added to {}",
+                out.display(),
+                keys.display()
+            );
+            Ok(())
+        }
     }
 }
 
@@ -111,28 +135,60 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         None => layout.init_flat(config.seed),
     };
     let strategy = config.strategy.build().map_err(anyhow::Error::msg)?;
+    let mut round_config = config.round_config();
+    if let Some(keys) = config.device_keys()? {
+        tracing::info!(devices = keys.len(), "device authentication on");
+        round_config.auth = Some(std::sync::Arc::new(keys));
+    }
     let checkpoint_path = config.state_dir.as_ref().map(|d| d.join("checkpoint.bin"));
+    let journal_path = config.state_dir.as_ref().map(|d| d.join("journal.bin"));
+    round_config.journal = journal_path.is_some();
+    if let Some(dir) = &config.state_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create state_dir {}", dir.display()))?;
+    }
     let saved = match &checkpoint_path {
         Some(path) => checkpoint::load(path)?,
         None => None,
     };
-    let rounds = match saved {
+    let mut rounds = match saved {
         Some(saved) => {
             tracing::info!(
                 next_round = saved.next_round,
                 "resuming from the checkpoint"
             );
-            Rounds::resume(config.round_config(), strategy, saved, layout.num_params())
+            Rounds::resume(round_config, strategy, saved, layout.num_params())
                 .map_err(anyhow::Error::msg)
                 .context("cannot resume from the checkpoint; move the state directory away to start afresh")?
         }
-        None => Rounds::new(config.round_config(), strategy, initial),
+        None => Rounds::new(round_config, strategy, initial),
     };
+    if let Some(path) = &journal_path {
+        let (log, ignored) = fedge_coordinator::journal::read(path)?;
+        if ignored > 0 {
+            tracing::warn!(
+                bytes = ignored,
+                "ignored a torn or damaged end of the journal"
+            );
+        }
+        if let Some((round, _)) = &log.opened {
+            let round = *round;
+            let restored = rounds.restore_round(log, 0);
+            if rounds.round() == round {
+                tracing::info!(
+                    round,
+                    accepted = restored,
+                    "resuming the open round from the journal"
+                );
+            }
+        }
+    }
     let options = DriverOptions {
         broker: config.broker.clone(),
         federation: config.federation.clone(),
         client_id: format!("fedge-coordinator-{}", config.federation),
         checkpoint: checkpoint_path,
+        journal: journal_path,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

@@ -17,8 +17,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::sync::Arc;
+
 use fedge_wire::{
-    ClassStats, ClientUpdate, DecodeError, Message, Reassembler, RoundTask, TensorF32, TrainParams,
+    ClassStats, ClientUpdate, DecodeError, DeviceKey, Message, Reassembler, RoundTask, Sealed,
+    TensorF32, TrainParams,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -26,6 +29,7 @@ use rand::seq::IteratorRandom;
 
 use crate::checkpoint::Checkpoint;
 use crate::insight::{ClientInsight, InsightConfig, round_insight, update_global};
+use crate::journal::{OpenRoundLog, Record};
 use crate::prototypes::{PrototypeConfig, average_prototypes};
 use crate::strategy::{AggregationReport, Failure, Strategy};
 use crate::updates::{RoundUpdates, UpdatesConfig};
@@ -59,7 +63,17 @@ pub struct RoundConfig {
     /// FedDDL's server side, when devices train with the `FedDdl` objective: updates must carry
     /// local causal prototypes, and the global `U_G` goes down with each task.
     pub prototypes: Option<PrototypeConfig>,
+    /// Device keys by client id. When set, only these devices are selected, every update must
+    /// be sealed with its device's key, and each task carries one tag per selected device.
+    /// When unset, plain and sealed updates are both accepted (sealed ones unverified).
+    pub auth: Option<Arc<DeviceKeys>>,
+    /// Emit [`Output::Journal`] records (the opened round, each accepted update) for the driver
+    /// to write, so a restart can resume the open round with [`Rounds::restore_round`].
+    pub journal: bool,
 }
+
+/// Device keys by client id.
+pub type DeviceKeys = BTreeMap<String, DeviceKey>;
 
 impl Default for RoundConfig {
     fn default() -> Self {
@@ -75,6 +89,8 @@ impl Default for RoundConfig {
             update_memory_bytes: 1 << 30,
             insight: None,
             prototypes: None,
+            auth: None,
+            journal: false,
         }
     }
 }
@@ -110,6 +126,12 @@ pub enum Rejection {
     Insight,
     /// FedDDL prototypes missing or misshapen.
     Prototypes,
+    /// A plain update where authentication is required.
+    Unauthenticated,
+    /// A device with no key on the coordinator (updates and status).
+    UnknownDevice,
+    /// An HMAC tag that is missing for the device or does not verify.
+    BadTag,
 }
 
 impl Rejection {
@@ -130,6 +152,9 @@ impl Rejection {
             Rejection::MemoryBudget => "memory_budget",
             Rejection::Insight => "insight",
             Rejection::Prototypes => "prototypes",
+            Rejection::Unauthenticated => "unauthenticated",
+            Rejection::UnknownDevice => "unknown_device",
+            Rejection::BadTag => "bad_tag",
         }
     }
 
@@ -219,6 +244,9 @@ pub enum Output {
     StatusChanged,
     /// All rounds are done.
     Finished,
+    /// Write this record to the journal before acting on later outputs (only with
+    /// `RoundConfig::journal`).
+    Journal(Record),
 }
 
 struct OpenRound {
@@ -432,7 +460,19 @@ impl Rounds {
     }
 
     /// A client's retained status said it is (or is no longer) online.
+    ///
+    /// With authentication on, a device without a key is never selected: its status is
+    /// rejected as `unknown_device`.
     pub fn handle_client_status(&mut self, client: &str, online: bool, now_ms: u64) {
+        if let Some(keys) = &self.config.auth
+            && !keys.contains_key(client)
+        {
+            if online {
+                let detail = "status from a device without a key; not selected".to_owned();
+                self.reject(client, Rejection::UnknownDevice, detail);
+            }
+            return;
+        }
         let changed = if online {
             self.online.insert(client.to_owned())
         } else {
@@ -458,27 +498,82 @@ impl Rounds {
         if let Some(open) = self.open.as_mut() {
             open.bytes_up += payload.len() as u64;
         }
-        match fedge_wire::decode(payload) {
-            Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
+        // Unknown devices are turned away before their chunks take reassembly memory.
+        if let Some(keys) = &self.config.auth
+            && !keys.contains_key(client)
+        {
+            let detail = "update from a device without a key".to_owned();
+            self.reject(client, Rejection::UnknownDevice, detail);
+            return;
+        }
+        let message = match fedge_wire::decode(payload) {
             Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
-                Ok(Some(frame)) => match fedge_wire::decode(&frame) {
-                    Ok(Message::ClientUpdate(update)) => self.handle_update(client, update, now_ms),
-                    Ok(_) => self.reject(
-                        client,
-                        Rejection::WrongKind,
-                        "chunked message is not an update".into(),
-                    ),
-                    Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
-                },
-                Ok(None) => {}
-                Err(e) => self.reject(client, Rejection::of_decode(&e), e.to_string()),
+                Ok(Some(frame)) => fedge_wire::decode(&frame).and_then(|m| match m {
+                    Message::Chunk(_) => {
+                        Err(DecodeError::Malformed("a chunk inside chunks".into()))
+                    }
+                    other => Ok(other),
+                }),
+                Ok(None) => return,
+                Err(e) => Err(e),
             },
-            Ok(Message::ClientUpdate(update)) => self.handle_update(client, update, now_ms),
-            Ok(Message::RoundTask(_)) => self.reject(
-                client,
+            other => other,
+        };
+        let update = message
+            .map_err(|e| (Rejection::of_decode(&e), e.to_string()))
+            .and_then(|m| self.authenticated_update(client, m));
+        match update {
+            Ok(update) => self.handle_update(client, update, now_ms),
+            Err((reason, detail)) => self.reject(client, reason, detail),
+        }
+    }
+
+    /// The update inside a decoded message, its tag checked when authentication is on.
+    fn authenticated_update(
+        &self,
+        client: &str,
+        message: Message,
+    ) -> Result<ClientUpdate, (Rejection, String)> {
+        let sealed = match message {
+            Message::ClientUpdate(update) => {
+                return match self.config.auth {
+                    None => Ok(update),
+                    Some(_) => Err((
+                        Rejection::Unauthenticated,
+                        "update without a tag; this federation requires device keys".into(),
+                    )),
+                };
+            }
+            Message::Sealed(sealed) => sealed,
+            Message::RoundTask(_) => {
+                return Err((Rejection::WrongKind, "round task on an update topic".into()));
+            }
+            Message::Chunk(_) => {
+                return Err((
+                    Rejection::WrongKind,
+                    "chunk where a message was expected".into(),
+                ));
+            }
+        };
+        let inner = match self.config.auth.as_deref() {
+            // Without keys there is nothing to check a tag against.
+            None => &sealed.inner[..],
+            Some(keys) => {
+                let key = keys
+                    .get(client)
+                    .ok_or_else(|| (Rejection::UnknownDevice, "device without a key".to_owned()))?;
+                sealed
+                    .open(client, key)
+                    .map_err(|e| (Rejection::BadTag, e.to_string()))?
+            }
+        };
+        match fedge_wire::decode(inner) {
+            Ok(Message::ClientUpdate(update)) => Ok(update),
+            Ok(_) => Err((
                 Rejection::WrongKind,
-                "round task on an update topic".into(),
-            ),
+                "sealed message is not an update".into(),
+            )),
+            Err(e) => Err((Rejection::of_decode(&e), e.to_string())),
         }
     }
 
@@ -514,6 +609,16 @@ impl Rounds {
         open.val
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
+        if self.config.journal {
+            let round = open.round;
+            let frame = fedge_wire::encode(&Message::ClientUpdate(update));
+            let client = client.to_owned();
+            self.outputs.push_back(Output::Journal(Record::Accepted {
+                round,
+                client,
+                frame,
+            }));
+        }
         self.outputs.push_back(Output::StatusChanged);
         if open.accepted.len() == open.selected.len() {
             self.close_round(now_ms);
@@ -678,6 +783,43 @@ impl Rounds {
             .cloned()
             .choose_multiple(&mut self.rng, wanted);
         selected.sort();
+        self.open_with(selected, now_ms);
+    }
+
+    /// Resumes the round a journal says was open, with its clients and the updates it had
+    /// accepted (validated again); returns how many were accepted. Does nothing unless the
+    /// machine is waiting and the journal's round is not older than the next round (a journal
+    /// left from before the last checkpoint is stale).
+    pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> usize {
+        let Some((round, mut selected)) = log.opened else {
+            return 0;
+        };
+        if self.phase != Phase::Waiting || round < self.next_round || selected.is_empty() {
+            return 0;
+        }
+        selected.sort();
+        selected.dedup();
+        self.next_round = round;
+        self.last_closed = round - 1;
+        self.open_with(selected, now_ms);
+        for (client, frame) in log.accepted {
+            if self.open.is_none() {
+                break;
+            }
+            match fedge_wire::decode(&frame) {
+                Ok(Message::ClientUpdate(update)) => self.handle_update(&client, update, now_ms),
+                _ => self.reject(
+                    &client,
+                    Rejection::Malformed,
+                    "damaged journal record".into(),
+                ),
+            }
+        }
+        self.open.as_ref().map_or(0, |o| o.accepted.len())
+    }
+
+    /// Opens the next round with these (sorted) clients.
+    fn open_with(&mut self, selected: Vec<String>, now_ms: u64) {
         let round = self.next_round;
         self.next_round += 1;
         let task = RoundTask {
@@ -689,7 +831,15 @@ impl Rounds {
             insight: self.insight_tensor(),
             prototypes: self.prototypes_tensor(),
         };
-        let frame = fedge_wire::encode(&Message::RoundTask(task));
+        let mut frame = fedge_wire::encode(&Message::RoundTask(task));
+        if let Some(keys) = &self.config.auth {
+            // Selected clients are online, and only devices with keys go online.
+            let signers: Vec<(&str, &DeviceKey)> = selected
+                .iter()
+                .filter_map(|c| keys.get(c).map(|k| (c.as_str(), k)))
+                .collect();
+            frame = fedge_wire::encode(&Message::Sealed(Sealed::new(frame, &signers)));
+        }
         let held = UpdatesConfig {
             dots: self.strategy.needs_dots(),
             budget_bytes: self.config.update_memory_bytes,
@@ -717,6 +867,16 @@ impl Rounds {
             rejected: BTreeMap::new(),
         });
         self.phase = Phase::Training;
+        if self.config.journal {
+            let selected = self
+                .open
+                .as_ref()
+                .map(|o| o.selected.iter().cloned().collect());
+            self.outputs.push_back(Output::Journal(Record::Opened {
+                round,
+                selected: selected.unwrap_or_default(),
+            }));
+        }
         self.outputs.push_back(Output::PublishTask { round, frame });
         self.outputs.push_back(Output::StatusChanged);
     }
@@ -920,3 +1080,11 @@ pub fn l2_norm(values: &[f32]) -> f32 {
 #[cfg(test)]
 #[path = "round_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "round_auth_tests.rs"]
+mod auth_tests;
+
+#[cfg(test)]
+#[path = "round_restart_tests.rs"]
+mod restart_tests;

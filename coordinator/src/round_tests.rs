@@ -5,9 +5,9 @@ use crate::insight::InsightConfig;
 use crate::strategy::FedAvg;
 use fedge_wire::{Chunk, LocalMetrics};
 
-const M: usize = 4;
+pub(super) const M: usize = 4;
 
-fn machine(clients: &[&str], config: RoundConfig) -> Rounds {
+pub(super) fn machine(clients: &[&str], config: RoundConfig) -> Rounds {
     let mut m = Rounds::new(config, Box::new(FedAvg), vec![0.0; M]);
     for c in clients {
         m.handle_client_status(c, true, 0);
@@ -15,7 +15,7 @@ fn machine(clients: &[&str], config: RoundConfig) -> Rounds {
     m
 }
 
-fn config() -> RoundConfig {
+pub(super) fn config() -> RoundConfig {
     RoundConfig {
         rounds: 2,
         min_clients: 2,
@@ -25,7 +25,7 @@ fn config() -> RoundConfig {
     }
 }
 
-fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
+pub(super) fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
         round,
         client_id: client.into(),
@@ -42,11 +42,11 @@ fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
     }))
 }
 
-fn drain(m: &mut Rounds) -> Vec<Output> {
+pub(super) fn drain(m: &mut Rounds) -> Vec<Output> {
     std::iter::from_fn(|| m.poll_output()).collect()
 }
 
-fn tasks(outputs: &[Output]) -> Vec<RoundTask> {
+pub(super) fn tasks(outputs: &[Output]) -> Vec<RoundTask> {
     outputs
         .iter()
         .filter_map(|o| match o {
@@ -59,7 +59,7 @@ fn tasks(outputs: &[Output]) -> Vec<RoundTask> {
         .collect()
 }
 
-fn reports(outputs: &[Output]) -> Vec<RoundReport> {
+pub(super) fn reports(outputs: &[Output]) -> Vec<RoundReport> {
     outputs
         .iter()
         .filter_map(|o| match o {

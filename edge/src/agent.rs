@@ -11,8 +11,8 @@ use std::time::Instant;
 use fedge_models::{Backend, HeadConfig};
 use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE, publish_frame};
 use fedge_wire::{
-    ClassStats, ClientUpdate, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask, TensorF32,
-    Topics,
+    ClassStats, ClientUpdate, DeviceKey, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask,
+    Sealed, TensorF32, Topics,
 };
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
@@ -48,6 +48,9 @@ pub struct AgentSetup {
     pub backbone: String,
     /// Seed of local shuffling (mixed with the round number).
     pub seed: u64,
+    /// The device's key: when set, updates are sealed with it and round tasks must carry a tag
+    /// that verifies with it.
+    pub key: Option<DeviceKey>,
 }
 
 /// What an agent did before it stopped.
@@ -138,7 +141,16 @@ pub async fn run_agent(
                     summary.bytes_down += p.payload.len() as u64;
                     let now_ms = origin.elapsed().as_millis() as u64;
                     reassembler.expire(now_ms);
-                    let Some(task) = decode_task(&mut reassembler, &p.payload, now_ms) else { continue };
+                    let task = match decode_task(&mut reassembler, &p.payload, now_ms, &setup.client_id, setup.key.as_ref()) {
+                        Ok(Some(task)) => task,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::error!(client = %setup.client_id, error = %e, "round task refused");
+                            status.last_error = e;
+                            let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
+                            continue;
+                        }
+                    };
                     let wanted = task.selected.contains(&setup.client_id)
                         // `!=` rather than `>`: a restarted coordinator counts from 1 again,
                         // while a task delivered twice (retained, reconnect) has the same round.
@@ -179,7 +191,11 @@ pub async fn run_agent(
                             class_stats: outcome.class_stats.map(class_stats),
                             prototypes: outcome.prototypes.map(class_stats),
                         };
-                        let frame = fedge_wire::encode(&Message::ClientUpdate(update));
+                        let mut frame = fedge_wire::encode(&Message::ClientUpdate(update));
+                        if let Some(key) = &setup.key {
+                            let sealed = Sealed::new(frame, &[(setup.client_id.as_str(), key)]);
+                            frame = fedge_wire::encode(&Message::Sealed(sealed));
+                        }
                         match publish_frame(&client, &update_topic, frame, seq, setup.broker.max_packet, false) {
                             Ok(bytes) => {
                                 summary.bytes_up += bytes;
@@ -209,24 +225,54 @@ pub async fn run_agent(
     Ok(summary)
 }
 
-fn decode_task(reassembler: &mut Reassembler, payload: &[u8], now_ms: u64) -> Option<RoundTask> {
+/// The round task in a payload: `Ok(None)` while chunks are missing, for tasks that do not
+/// concern this device and for undecodable payloads (logged); `Err` for a task that names this
+/// device but fails authentication (reported in the device's status).
+fn decode_task(
+    reassembler: &mut Reassembler,
+    payload: &[u8],
+    now_ms: u64,
+    client_id: &str,
+    key: Option<&DeviceKey>,
+) -> Result<Option<RoundTask>, String> {
     let message = match fedge_wire::decode(payload) {
         Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now_ms) {
             Ok(Some(frame)) => fedge_wire::decode(&frame),
-            Ok(None) => return None,
+            Ok(None) => return Ok(None),
             Err(e) => Err(e),
         },
         other => other,
     };
+    let message = match (message, key) {
+        (Ok(Message::Sealed(sealed)), Some(key)) => {
+            if !sealed.names(client_id) {
+                return Ok(None);
+            }
+            match sealed.open(client_id, key) {
+                Ok(inner) => fedge_wire::decode(inner),
+                Err(e) => return Err(format!("round task tag: {e}")),
+            }
+        }
+        // A device without a key follows tasks without checking their tags.
+        (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
+        (Ok(Message::RoundTask(task)), Some(_)) if task.selected.iter().any(|c| c == client_id) => {
+            return Err(
+                "round task without a tag, but this device has a key: the coordinator must \
+                 have this device's key in its keys file"
+                    .into(),
+            );
+        }
+        (other, _) => other,
+    };
     match message {
-        Ok(Message::RoundTask(task)) => Some(task),
+        Ok(Message::RoundTask(task)) => Ok(Some(task)),
         Ok(_) => {
             tracing::warn!("ignoring a message that is not a round task on the task topic");
-            None
+            Ok(None)
         }
         Err(e) => {
             tracing::warn!(error = %e, "ignoring an undecodable round task");
-            None
+            Ok(None)
         }
     }
 }
@@ -290,4 +336,53 @@ fn spawn_training(
 
 fn json(status: &EdgeStatus) -> String {
     serde_json::to_string(status).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task_frame() -> Vec<u8> {
+        fedge_wire::encode(&Message::RoundTask(RoundTask {
+            round: 3,
+            selected: vec!["cam-1".into(), "cam-2".into()],
+            params: TensorF32::from_slice(&[1.0, 2.0]),
+            train: Default::default(),
+            deadline_ms: 1_000,
+            insight: None,
+            prototypes: None,
+        }))
+    }
+
+    fn decode(
+        payload: &[u8],
+        client: &str,
+        key: Option<&DeviceKey>,
+    ) -> Result<Option<u64>, String> {
+        let mut reassembler = Reassembler::new(1_000, 1 << 20);
+        decode_task(&mut reassembler, payload, 0, client, key).map(|t| t.map(|t| t.round))
+    }
+
+    #[test]
+    fn a_device_with_a_key_follows_only_tasks_tagged_for_it() {
+        let (k1, k2) = (
+            DeviceKey::from_bytes([1; 32]),
+            DeviceKey::from_bytes([2; 32]),
+        );
+        let sealed = fedge_wire::encode(&Message::Sealed(Sealed::new(
+            task_frame(),
+            &[("cam-1", &k1), ("cam-2", &k2)],
+        )));
+        assert_eq!(decode(&sealed, "cam-1", Some(&k1)), Ok(Some(3)));
+        assert_eq!(decode(&sealed, "cam-2", Some(&k2)), Ok(Some(3)));
+        // A forged task (wrong key), a task without tags, a task not for this device.
+        let err = decode(&sealed, "cam-1", Some(&k2)).unwrap_err();
+        assert!(err.contains("does not match"), "{err}");
+        let err = decode(&task_frame(), "cam-1", Some(&k1)).unwrap_err();
+        assert!(err.contains("keys file"), "{err}");
+        assert_eq!(decode(&sealed, "cam-9", Some(&k1)), Ok(None));
+        // Without a key a device follows both.
+        assert_eq!(decode(&sealed, "cam-1", None), Ok(Some(3)));
+        assert_eq!(decode(&task_frame(), "cam-1", None), Ok(Some(3)));
+    }
 }

@@ -72,6 +72,11 @@ pub struct EdgeConfig {
     /// FedDDL's counterfactual and object-only views, built once at start when enabled.
     #[serde(default)]
     pub fedddl: FedDdlConfig,
+    /// File holding the device's key (64 hex digits), provisioned with the profile
+    /// (`fedge-coordinator keygen`). With a key, updates are sealed with HMAC-SHA256 and round
+    /// tasks must carry a tag that verifies; without one, nothing is authenticated.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 /// The device side of FedDDL (`[fedddl]` in the file).
@@ -130,6 +135,9 @@ impl EdgeConfig {
         if let Some(dir) = &config.cache_dir {
             config.cache_dir = Some(base.join(dir));
         }
+        if let Some(key) = &config.key_file {
+            config.key_file = Some(base.join(key));
+        }
         if let Some(detector) = &config.fedddl.detector {
             config.fedddl.detector = Some(base.join(detector));
         }
@@ -182,8 +190,25 @@ impl EdgeConfig {
         Ok(domain.data)
     }
 
+    /// Reads the device key named by `key_file`, if any.
+    pub fn load_key(&self) -> anyhow::Result<Option<fedge_wire::DeviceKey>> {
+        let Some(path) = &self.key_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            anyhow::anyhow!(
+                "key_file {}: {e} (create one with `fedge-coordinator keygen`)",
+                path.display()
+            )
+        })?;
+        let key = fedge_wire::DeviceKey::from_hex(&text)
+            .map_err(|e| anyhow::anyhow!("key_file {}: {e}", path.display()))?;
+        Ok(Some(key))
+    }
+
     /// Loads backbone and data, computes (or reads cached) features and builds the agent.
     pub fn setup(&self) -> anyhow::Result<AgentSetup> {
+        let key = self.load_key()?;
         let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
         let mut images = self.load_images(&backbone)?;
         if let (true, Some(card)) = (self.fedddl.enabled, &self.fedddl.detector) {
@@ -215,6 +240,7 @@ impl EdgeConfig {
             profile: self.profile.clone(),
             backbone: backbone.card().name.clone(),
             seed: self.seed,
+            key,
         })
     }
 }

@@ -11,6 +11,7 @@
 
 use serde::Deserialize;
 
+use crate::auth::Sealed;
 use crate::chunk::Chunk;
 use crate::error::DecodeError;
 use crate::messages::{ClientUpdate, RoundTask};
@@ -40,6 +41,8 @@ pub enum Kind {
     ClientUpdate = 2,
     /// [`Chunk`] of a larger frame.
     Chunk = 3,
+    /// [`Sealed`]: an inner frame with HMAC tags.
+    Sealed = 4,
 }
 
 impl TryFrom<u8> for Kind {
@@ -51,6 +54,7 @@ impl TryFrom<u8> for Kind {
             1 => Ok(Self::RoundTask),
             2 => Ok(Self::ClientUpdate),
             3 => Ok(Self::Chunk),
+            4 => Ok(Self::Sealed),
             other => Err(DecodeError::UnknownKind(other)),
         }
     }
@@ -65,6 +69,9 @@ pub enum Message {
     ClientUpdate(ClientUpdate),
     /// Part of a larger frame; feed it to a [`crate::Reassembler`].
     Chunk(Chunk),
+    /// An authenticated inner frame; open it with [`Sealed::open`], then decode the inner
+    /// frame.
+    Sealed(Sealed),
 }
 
 impl Message {
@@ -74,6 +81,7 @@ impl Message {
             Self::RoundTask(_) => Kind::RoundTask,
             Self::ClientUpdate(_) => Kind::ClientUpdate,
             Self::Chunk(_) => Kind::Chunk,
+            Self::Sealed(_) => Kind::Sealed,
         }
     }
 }
@@ -97,6 +105,7 @@ pub fn encode(message: &Message) -> Vec<u8> {
         Message::RoundTask(task) => task.params.as_le_bytes().len() + 64 * task.selected.len(),
         Message::ClientUpdate(update) => update.delta.as_le_bytes().len(),
         Message::Chunk(chunk) => chunk.data.len(),
+        Message::Sealed(sealed) => sealed.inner.len() + 48 * sealed.tags.len(),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + bulk + 128 + TRAILER_LEN);
     out.extend_from_slice(&MAGIC);
@@ -106,6 +115,7 @@ pub fn encode(message: &Message) -> Vec<u8> {
         Message::RoundTask(task) => postcard::to_extend(task, out),
         Message::ClientUpdate(update) => postcard::to_extend(update, out),
         Message::Chunk(chunk) => postcard::to_extend(chunk, out),
+        Message::Sealed(sealed) => postcard::to_extend(sealed, out),
     };
     // Postcard only fails to serialise into a growable vector for sequences of unknown length,
     // which derived `Serialize` implementations never produce.
@@ -170,6 +180,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
             Ok(Message::ClientUpdate(update))
         }
         Kind::Chunk => Ok(Message::Chunk(decode_body(frame.body)?)),
+        Kind::Sealed => Ok(Message::Sealed(decode_body(frame.body)?)),
     }
 }
 
@@ -242,6 +253,10 @@ mod tests {
             Message::RoundTask(round_task()),
             Message::ClientUpdate(client_update()),
             Message::Chunk(chunk()),
+            Message::Sealed(crate::auth::Sealed::new(
+                encode(&Message::ClientUpdate(client_update())),
+                &[("cam-01", &crate::auth::DeviceKey::from_bytes([9; 32]))],
+            )),
         ]
     }
 
@@ -503,17 +518,17 @@ mod tests {
 
         #[test]
         fn decode_of_an_arbitrary_body_with_a_valid_envelope_never_panics(
-            kind in prop_oneof![1u8..=3, any::<u8>()],
+            kind in prop_oneof![1u8..=4, any::<u8>()],
             body in prop::collection::vec(any::<u8>(), 0..512),
         ) {
             let framed = frame_body(kind, &body);
-            prop_assert!(decode_frame(&framed).is_ok() || !(1..=3).contains(&kind));
+            prop_assert!(decode_frame(&framed).is_ok() || !(1..=4).contains(&kind));
             let _ = decode(&framed);
         }
 
         #[test]
         fn decode_of_a_damaged_valid_body_never_panics(
-            which in 0usize..3,
+            which in 0usize..4,
             edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         ) {
             let message = &all_messages()[which];

@@ -1,14 +1,16 @@
-//! The fedge wire format, version 1.
+//! The fedge wire format, protocol version 3.
 //!
 //! This crate defines what travels between devices and the coordinator: the binary messages
 //! (round task, client update), the JSON status documents, the envelope that frames every
-//! binary payload (magic, protocol version, message kind, CRC32), the MQTT topic names, the
+//! binary payload (magic, protocol version, message kind, CRC32), HMAC-SHA256 tags with
+//! per-device keys (`Sealed`), the MQTT topic names, the
 //! f32 tensor codec and the chunking of payloads larger than a broker's packet limit.
 //!
 //! It knows nothing of MQTT clients, tokio, Burn or the file system: it turns values into
 //! bytes and bytes into values.
 //! Decoding never panics, whatever the input; it returns a [`DecodeError`] instead.
 
+mod auth;
 mod chunk;
 mod envelope;
 mod error;
@@ -17,6 +19,7 @@ mod status;
 mod tensor;
 mod topics;
 
+pub use auth::{AuthError, DeviceKey, KEY_LEN, KeyError, Sealed, Tag};
 pub use chunk::{
     Chunk, DEFAULT_MAX_PACKET, DEFAULT_MAX_PENDING, DEFAULT_REASSEMBLY_TIMEOUT_MS, Reassembler,
     split_into_chunks,

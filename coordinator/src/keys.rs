@@ -1,0 +1,165 @@
+//! Device keys on the coordinator: the keys file and `fedge-coordinator keygen`.
+//!
+//! The keys file is TOML, one line per device: `cam-01 = "<64 hex digits>"`. Each device holds
+//! its own key alone in the file its profile names as `key_file`. `keygen` makes a random key,
+//! writes the device's file (mode 0600 on Unix) and adds or replaces the device's line in the
+//! keys file, so provisioning a device is one command.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use fedge_wire::{DeviceKey, KEY_LEN};
+use rand::RngCore;
+
+use crate::round::DeviceKeys;
+
+/// A keys file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// Unreadable or unwritable file.
+    #[error("{path}: {source}")]
+    Io {
+        /// File.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Not TOML of `client = "hex"` lines, or a bad key or client id.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// File.
+        path: String,
+        /// What to fix.
+        message: String,
+    },
+}
+
+/// Reads a keys file.
+pub fn load(path: &Path) -> Result<DeviceKeys, KeysError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| KeysError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    parse(&text).map_err(|message| KeysError::Invalid {
+        path: shown,
+        message,
+    })
+}
+
+/// Parses the text of a keys file.
+pub fn parse(text: &str) -> Result<DeviceKeys, String> {
+    let table: BTreeMap<String, String> = toml::from_str(text)
+        .map_err(|e| format!("expected lines of client = \"64 hex digits\": {e}"))?;
+    let mut keys = DeviceKeys::new();
+    for (client, hex) in table {
+        if !fedge_wire::valid_client_id(&client) {
+            return Err(format!(
+                "client id {client:?} must be 1-64 characters of A-Z a-z 0-9 _ . -"
+            ));
+        }
+        let key = DeviceKey::from_hex(&hex).map_err(|e| format!("key of {client:?}: {e}"))?;
+        keys.insert(client, key);
+    }
+    Ok(keys)
+}
+
+/// Writes a keys file (all devices, sorted by id).
+pub fn store(path: &Path, keys: &DeviceKeys) -> Result<(), KeysError> {
+    let mut text = String::from("# fedge device keys: client id = HMAC-SHA256 key (hex)\n");
+    for (client, key) in keys {
+        text.push_str(&format!("{client} = \"{}\"\n", key.to_hex()));
+    }
+    write_private(path, text.as_bytes())
+}
+
+/// A fresh random key from the operating system's generator.
+pub fn generate() -> DeviceKey {
+    let mut bytes = [0u8; KEY_LEN];
+    // The thread generator is a CSPRNG seeded from the operating system.
+    rand::rng().fill_bytes(&mut bytes);
+    DeviceKey::from_bytes(bytes)
+}
+
+/// Provisions `client`: a new key in its own file `device_file` and in the keys file
+/// (created when missing; an existing line for the client is replaced).
+pub fn keygen(keys_file: &Path, client: &str, device_file: &Path) -> Result<(), KeysError> {
+    if !fedge_wire::valid_client_id(client) {
+        return Err(KeysError::Invalid {
+            path: keys_file.display().to_string(),
+            message: format!("client id {client:?} must be 1-64 characters of A-Z a-z 0-9 _ . -"),
+        });
+    }
+    let mut keys = if keys_file.exists() {
+        load(keys_file)?
+    } else {
+        DeviceKeys::new()
+    };
+    let key = generate();
+    write_private(device_file, format!("{}\n", key.to_hex()).as_bytes())?;
+    keys.insert(client.to_owned(), key);
+    store(keys_file, &keys)
+}
+
+/// Writes a file readable by its owner only (on Unix), replacing it atomically.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeysError> {
+    let io = |source| KeysError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&tmp).map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keygen_provisions_a_device_and_keeps_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys_file = dir.path().join("devices.toml");
+        keygen(&keys_file, "cam-01", &dir.path().join("cam-01.key")).unwrap();
+        keygen(&keys_file, "cam-02", &dir.path().join("cam-02.key")).unwrap();
+        let first = load(&keys_file).unwrap();
+        keygen(&keys_file, "cam-01", &dir.path().join("cam-01.key")).unwrap();
+        let keys = load(&keys_file).unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys["cam-02"], first["cam-02"]);
+        assert_ne!(
+            keys["cam-01"], first["cam-01"],
+            "a new key replaces the old one"
+        );
+        let device = std::fs::read_to_string(dir.path().join("cam-01.key")).unwrap();
+        assert_eq!(DeviceKey::from_hex(&device).unwrap(), keys["cam-01"]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join("cam-01.key"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn bad_keys_files_say_what_to_fix() {
+        assert!(
+            parse("cam = \"abc\"")
+                .unwrap_err()
+                .contains("64 hex digits")
+        );
+        assert!(parse("\"a b\" = \"00\"").unwrap_err().contains("client id"));
+        assert!(parse("cam = 3").unwrap_err().contains("client = "));
+        assert!(keygen(Path::new("k.toml"), "bad id", Path::new("x.key")).is_err());
+    }
+}

@@ -1,0 +1,152 @@
+//! The round machine with device keys: forged, unknown, unsigned and replayed updates.
+
+use super::tests::{M, config, drain, reports, update};
+use super::*;
+use crate::strategy::FedAvg;
+
+fn key(byte: u8) -> DeviceKey {
+    DeviceKey::from_bytes([byte; fedge_wire::KEY_LEN])
+}
+
+fn keyed_config() -> RoundConfig {
+    let keys: DeviceKeys = [("a".to_owned(), key(1)), ("b".to_owned(), key(2))].into();
+    RoundConfig {
+        auth: Some(Arc::new(keys)),
+        ..config()
+    }
+}
+
+fn sealed(signer: &str, key: &DeviceKey, frame: Vec<u8>) -> Vec<u8> {
+    fedge_wire::encode(&Message::Sealed(Sealed::new(frame, &[(signer, key)])))
+}
+
+fn rejected(outputs: &[Output]) -> Vec<(String, &'static str)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Rejected { client, reason, .. } => Some((client.clone(), reason.name())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn keyed_machine() -> Rounds {
+    let mut m = Rounds::new(keyed_config(), Box::new(FedAvg), vec![0.0; M]);
+    for c in ["a", "b", "mallory"] {
+        m.handle_client_status(c, true, 0);
+    }
+    m
+}
+
+#[test]
+fn unknown_devices_are_never_selected() {
+    let mut m = keyed_machine();
+    let out = drain(&mut m);
+    assert_eq!(rejected(&out), vec![("mallory".into(), "unknown_device")]);
+    assert_eq!(m.online().iter().collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(m.selected(), 2);
+}
+
+#[test]
+fn each_selected_device_can_check_its_own_task_tag_and_no_other() {
+    let mut m = keyed_machine();
+    let out = drain(&mut m);
+    let frame = out
+        .iter()
+        .find_map(|o| match o {
+            Output::PublishTask { frame, .. } => Some(frame.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let Ok(Message::Sealed(sealed)) = fedge_wire::decode(&frame) else {
+        panic!("the task is not sealed");
+    };
+    for (client, k) in [("a", key(1)), ("b", key(2))] {
+        let inner = sealed.open(client, &k).unwrap();
+        let Ok(Message::RoundTask(task)) = fedge_wire::decode(inner) else {
+            panic!("no task inside");
+        };
+        assert_eq!(task.round, 1);
+    }
+    assert_eq!(
+        sealed.open("a", &key(2)),
+        Err(fedge_wire::AuthError::BadTag)
+    );
+    assert_eq!(
+        sealed.open("mallory", &key(3)),
+        Err(fedge_wire::AuthError::NoTag)
+    );
+}
+
+#[test]
+fn forged_unsigned_and_unknown_updates_are_rejected_and_change_nothing() {
+    let mut m = keyed_machine();
+    drain(&mut m);
+    let good = |c: &str| update(c, 1, [1.0; M], 1);
+    // Plain frame, tag made with another device's key, tag under another device's name,
+    // a flipped bit in the tagged bytes, an unknown device.
+    m.handle_packet("a", &good("a"), 1);
+    m.handle_packet("a", &sealed("a", &key(2), good("a")), 2);
+    m.handle_packet("a", &sealed("b", &key(2), good("a")), 3);
+    let mut tampered = Sealed::new(good("a"), &[("a", &key(1))]);
+    let last = tampered.inner.len() - 9;
+    tampered.inner[last] ^= 0x40;
+    m.handle_packet("a", &fedge_wire::encode(&Message::Sealed(tampered)), 4);
+    m.handle_packet("mallory", &sealed("mallory", &key(3), good("mallory")), 5);
+    let out = drain(&mut m);
+    assert_eq!(
+        rejected(&out),
+        vec![
+            ("a".into(), "unauthenticated"),
+            ("a".into(), "bad_tag"),
+            ("a".into(), "bad_tag"),
+            ("a".into(), "bad_tag"),
+            ("mallory".into(), "unknown_device"),
+        ]
+    );
+    assert_eq!(m.reported(), 0);
+    assert_eq!(m.params(), &[0.0; M]);
+    let totals = m.rejected_total();
+    assert_eq!(
+        (
+            totals["bad_tag"],
+            totals["unauthenticated"],
+            totals["unknown_device"]
+        ),
+        (3, 1, 2)
+    );
+}
+
+#[test]
+fn signed_updates_aggregate_and_a_replay_is_a_duplicate_then_stale() {
+    let mut m = keyed_machine();
+    drain(&mut m);
+    let a1 = sealed("a", &key(1), update("a", 1, [1.0, 0.0, 0.0, 0.0], 1));
+    m.handle_packet("a", &a1, 1);
+    m.handle_packet("a", &a1, 2);
+    let b1 = sealed("b", &key(2), update("b", 1, [0.0, 1.0, 0.0, 0.0], 1));
+    m.handle_packet("b", &b1, 3);
+    let out = drain(&mut m);
+    assert_eq!(rejected(&out), vec![("a".into(), "duplicate")]);
+    assert!(reports(&out)[0].aggregated);
+    assert_eq!(m.params(), &[0.5, 0.5, 0.0, 0.0]);
+    // Round 2 is open: the same signed bytes are stale now.
+    m.handle_packet("a", &a1, 4);
+    assert_eq!(rejected(&drain(&mut m)), vec![("a".into(), "wrong_round")]);
+    assert_eq!(m.params(), &[0.5, 0.5, 0.0, 0.0]);
+}
+
+#[test]
+fn signed_updates_survive_chunking() {
+    let mut m = keyed_machine();
+    drain(&mut m);
+    for (c, k) in [("a", key(1)), ("b", key(2))] {
+        let frame = sealed(c, &k, update(c, 1, [2.0; M], 1));
+        for chunk in fedge_wire::split_into_chunks(frame, 7, 60) {
+            m.handle_packet(c, &chunk, 1);
+        }
+    }
+    let out = drain(&mut m);
+    assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
+    assert_eq!(m.params(), &[2.0; M]);
+}

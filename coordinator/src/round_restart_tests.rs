@@ -1,0 +1,126 @@
+//! A machine killed mid-round and rebuilt from its checkpoint and journal ends where an
+//! uninterrupted one does.
+
+use super::tests::{M, config, drain, update};
+use super::*;
+use crate::journal::{OpenRoundLog, Record};
+use crate::strategy::{FedAvg, ServerMomentum};
+
+fn journaled() -> RoundConfig {
+    RoundConfig {
+        rounds: 3,
+        min_clients: 3,
+        min_updates: 3,
+        journal: true,
+        ..config()
+    }
+}
+
+fn strategy() -> Box<dyn Strategy> {
+    Box::new(ServerMomentum::new(FedAvg, 0.5, 1.0).unwrap())
+}
+
+fn delta(client: &str, round: u64) -> [f32; M] {
+    let c = client.as_bytes()[0] as f32;
+    std::array::from_fn(|i| (c * 0.01 + round as f32 * 0.1) * (i as f32 - 1.5))
+}
+
+fn online(m: &mut Rounds) {
+    for c in ["a", "b", "c"] {
+        m.handle_client_status(c, true, 0);
+    }
+}
+
+/// What a driver does with the outputs: the journal in memory, a checkpoint after aggregation.
+fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut Option<Checkpoint>) {
+    for output in drain(m) {
+        match output {
+            Output::Journal(r @ Record::Opened { .. }) => *journal = vec![r],
+            Output::Journal(r) => journal.push(r),
+            Output::RoundEnded(report) if report.aggregated => {
+                *checkpoint = Some(m.checkpoint("f"));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn log_of(journal: &[Record]) -> OpenRoundLog {
+    let mut log = OpenRoundLog::default();
+    for record in journal {
+        match record {
+            Record::Opened { round, selected } => log.opened = Some((*round, selected.clone())),
+            Record::Accepted { client, frame, .. } => {
+                log.accepted.push((client.clone(), frame.clone()))
+            }
+        }
+    }
+    log
+}
+
+#[test]
+fn a_restart_mid_round_keeps_accepted_updates_and_ends_like_an_uninterrupted_run() {
+    let mut reference = Rounds::new(journaled(), strategy(), vec![0.0; M]);
+    online(&mut reference);
+    for round in 1..=3 {
+        for c in ["a", "b", "c"] {
+            reference.handle_packet(c, &update(c, round, delta(c, round), 2), round * 10);
+        }
+    }
+    assert_eq!(reference.phase(), Phase::Finished);
+
+    let (mut journal, mut checkpoint) = (Vec::new(), None);
+    let mut m = Rounds::new(journaled(), strategy(), vec![0.0; M]);
+    online(&mut m);
+    for c in ["a", "b", "c"] {
+        m.handle_packet(c, &update(c, 1, delta(c, 1), 2), 10);
+    }
+    for c in ["a", "b"] {
+        m.handle_packet(c, &update(c, 2, delta(c, 2), 2), 20);
+    }
+    keep(&mut m, &mut journal, &mut checkpoint);
+    assert_eq!(m.reported(), 2);
+    drop(m); // killed: only the checkpoint (after round 1) and the journal (round 2) remain
+
+    let saved = checkpoint.clone().unwrap();
+    assert_eq!(saved.next_round, 2);
+    let mut m = Rounds::resume(journaled(), strategy(), saved, M).unwrap();
+    assert_eq!(m.restore_round(log_of(&journal), 0), 2);
+    assert_eq!(
+        (m.round(), m.phase(), m.reported()),
+        (2, Phase::Training, 2)
+    );
+    // The round's task goes out again; a device resending an accepted update is a duplicate.
+    let out = drain(&mut m);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::PublishTask { round: 2, .. }))
+    );
+    m.handle_packet("a", &update("a", 2, delta("a", 2), 2), 5);
+    m.handle_packet("c", &update("c", 2, delta("c", 2), 2), 6);
+    online(&mut m);
+    for c in ["a", "b", "c"] {
+        m.handle_packet(c, &update(c, 3, delta(c, 3), 2), 30);
+    }
+    assert_eq!(m.phase(), Phase::Finished);
+    assert_eq!(m.rejected_total().get("duplicate"), Some(&1));
+    assert_eq!(m.params(), reference.params(), "bit for bit");
+}
+
+#[test]
+fn a_stale_journal_is_ignored() {
+    let mut m = Rounds::new(journaled(), strategy(), vec![0.0; M]);
+    let mut resumed = Checkpoint {
+        next_round: 5,
+        ..m.checkpoint("f")
+    };
+    resumed.aggregated_rounds = 1;
+    let mut m2 = Rounds::resume(journaled(), strategy(), resumed, M).unwrap();
+    let log = OpenRoundLog {
+        opened: Some((4, vec!["a".into()])),
+        accepted: vec![("a".into(), update("a", 4, [1.0; M], 1))],
+    };
+    assert_eq!(m2.restore_round(log, 0), 0);
+    assert_eq!(m2.phase(), Phase::Waiting);
+    assert_eq!(m.restore_round(OpenRoundLog::default(), 0), 0);
+}

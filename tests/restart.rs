@@ -1,0 +1,254 @@
+//! The coordinator binary killed with SIGKILL mid-round and started again, against mosquitto:
+//! the round resumes with the updates accepted before the kill (journal), an update sent while
+//! it was down arrives through its persistent session, devices are authenticated, and the
+//! final model equals an uninterrupted run's bit for bit.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fedge_coordinator::{Rounds, checkpoint, strategy::StrategyConfig};
+use fedge_models::{HeadConfig, ModelLayout};
+use fedge_wire::{
+    ClientUpdate, CoordinatorStatus, DeviceKey, EdgeStatus, LocalMetrics, Message, Sealed,
+    TensorF32, Topics,
+};
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
+
+const DEVICES: [&str; 3] = ["d1", "d2", "d3"];
+const FEDERATION: &str = "restart";
+
+fn coordinator_binary() -> PathBuf {
+    // target/debug/deps/restart-<hash> → target/debug/fedge-coordinator
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("fedge-coordinator");
+    assert!(bin.exists(), "build the workspace first: {}", bin.display());
+    bin
+}
+
+fn head() -> ModelLayout {
+    ModelLayout::new(HeadConfig::new(4, 2).with_hidden(3), false)
+}
+
+fn key(device: &str) -> DeviceKey {
+    DeviceKey::from_bytes([device.as_bytes()[1]; 32])
+}
+
+fn frame(device: &str, round: u64) -> Vec<u8> {
+    let m = head().num_params();
+    let base = device.as_bytes()[1] as f32 * 0.01;
+    let delta: Vec<f32> = (0..m)
+        .map(|i| (base + round as f32 * 0.03) * ((i % 5) as f32 - 2.0))
+        .collect();
+    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        round,
+        client_id: device.into(),
+        seq: round,
+        num_samples: 10 + device.as_bytes()[1] as u32,
+        delta: TensorF32::from_slice(&delta),
+        metrics: LocalMetrics::default(),
+        class_stats: None,
+        prototypes: None,
+    }))
+}
+
+fn sealed(device: &str, round: u64) -> Vec<u8> {
+    let sealed = Sealed::new(frame(device, round), &[(device, &key(device))]);
+    fedge_wire::encode(&Message::Sealed(sealed))
+}
+
+fn write_config(dir: &Path, port: u16) -> PathBuf {
+    let keys: String = DEVICES
+        .iter()
+        .map(|d| format!("{d} = \"{}\"\n", key(d).to_hex()))
+        .collect();
+    std::fs::write(dir.join("devices.toml"), keys).unwrap();
+    let config = format!(
+        "federation = \"{FEDERATION}\"\nstrategy = \"fedavg\"\nserver_momentum = 0.5\n\
+         rounds = 2\nmin_clients = 3\nmin_updates = 3\nround_timeout_s = 120\nseed = 7\n\
+         state_dir = \"state\"\n\n[broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [head]\nfeatures = 4\nhidden = 3\nclasses = 2\n\n[auth]\nkeys_file = \"devices.toml\"\n"
+    );
+    let path = dir.join("coordinator.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+fn start_coordinator(config: &Path) -> Child {
+    Command::new(coordinator_binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// Polls until a coordinator status satisfies `done` (at most 30 s).
+async fn wait_for(
+    events: &mut EventLoop,
+    topics: &Topics,
+    done: impl Fn(&CoordinatorStatus) -> bool,
+) -> CoordinatorStatus {
+    let status_topic = topics.coordinator_status();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    loop {
+        let Ok(event) = tokio::time::timeout_at(deadline, events.poll()).await else {
+            panic!("the coordinator never reached the expected state; last status: {last:?}");
+        };
+        if let Ok(Event::Incoming(Packet::Publish(p))) = event
+            && p.topic == status_topic
+            && let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload)
+        {
+            if done(&status) {
+                return status;
+            }
+            last = Some(status);
+        }
+    }
+}
+
+/// The same inputs through an in-process machine that is never interrupted.
+fn uninterrupted() -> Vec<f32> {
+    let strategy = StrategyConfig {
+        strategy: "fedavg".into(),
+        server_momentum: 0.5,
+        ..Default::default()
+    };
+    let config = fedge_coordinator::RoundConfig {
+        rounds: 2,
+        min_clients: 3,
+        min_updates: 3,
+        seed: 7,
+        ..Default::default()
+    };
+    let mut m = Rounds::new(config, strategy.build().unwrap(), head().init_flat(7));
+    for d in DEVICES {
+        m.handle_client_status(d, true, 0);
+    }
+    for round in 1..=2 {
+        for d in DEVICES {
+            m.handle_packet(d, &frame(d, round), 0);
+        }
+    }
+    assert_eq!(m.phase(), fedge_coordinator::Phase::Finished);
+    m.params().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupted_run() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), mosquitto.port());
+    let topics = Topics::new(FEDERATION).unwrap();
+    let mut options = MqttOptions::new("devices", "127.0.0.1", mosquitto.port());
+    options.set_keep_alive(Duration::from_secs(5));
+    let (client, mut events) = AsyncClient::new(options, 64);
+    client
+        .subscribe(topics.coordinator_status(), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    for d in DEVICES {
+        let status = EdgeStatus {
+            client_id: d.into(),
+            online: true,
+            ..EdgeStatus::default()
+        };
+        let json = serde_json::to_string(&status).unwrap();
+        client
+            .publish(topics.edge_status(d), QoS::AtLeastOnce, true, json)
+            .await
+            .unwrap();
+    }
+    let send = |d: &'static str, payload: Vec<u8>| {
+        let client = client.clone();
+        let topic = topics.update(d);
+        async move {
+            client
+                .publish(topic, QoS::AtLeastOnce, false, payload)
+                .await
+                .unwrap()
+        }
+    };
+
+    let mut coordinator = start_coordinator(&config);
+    wait_for(&mut events, &topics, |s| {
+        s.state == "training" && s.round == 1
+    })
+    .await;
+    for d in DEVICES {
+        send(d, sealed(d, 1)).await;
+    }
+    // A forged update (d3's frame under d2's key) is rejected and changes nothing.
+    let forged = Sealed::new(frame("d3", 2), &[("d3", &key("d2"))]);
+    send("d3", fedge_wire::encode(&Message::Sealed(forged))).await;
+    wait_for(&mut events, &topics, |s| s.round == 2).await;
+    send("d1", sealed("d1", 2)).await;
+    send("d2", sealed("d2", 2)).await;
+    send(
+        "d3",
+        fedge_wire::encode(&Message::Sealed(Sealed::new(
+            frame("d3", 2),
+            &[("d3", &key("d2"))],
+        ))),
+    )
+    .await;
+    let before = wait_for(&mut events, &topics, |s| {
+        s.round == 2 && s.clients_reported == 2 && s.rejected_updates.get("bad_tag") == Some(&2)
+    })
+    .await;
+    assert_eq!(before.state, "training");
+
+    coordinator.kill().unwrap(); // SIGKILL: no goodbye, no flush
+    coordinator.wait().unwrap();
+    let saved = checkpoint::load(&dir.path().join("state/checkpoint.bin"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(saved.next_round, 2, "the checkpoint holds round 1's result");
+    // Sent while the coordinator is down: the broker keeps it for the persistent session.
+    send("d3", sealed("d3", 2)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut coordinator = start_coordinator(&config);
+    let exit = tokio::task::spawn_blocking(move || {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = coordinator.try_wait().unwrap() {
+                return Some(status);
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = coordinator.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    // Keep the test's own connection alive while the coordinator finishes.
+    let finished = wait_for(&mut events, &topics, |s| s.state == "finished").await;
+    let exit = exit
+        .await
+        .unwrap()
+        .expect("the restarted coordinator did not finish");
+    assert!(exit.success(), "coordinator exited with {exit}");
+    assert_eq!(finished.round, 2);
+    let saved = checkpoint::load(&dir.path().join("state/checkpoint.bin"))
+        .unwrap()
+        .unwrap();
+    assert_eq!((saved.next_round, saved.aggregated_rounds), (3, 2));
+    assert_eq!(
+        saved.params,
+        uninterrupted(),
+        "the killed and resumed federation must end with the uninterrupted run's parameters"
+    );
+}

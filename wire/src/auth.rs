@@ -1,0 +1,219 @@
+//! Authentication: HMAC-SHA256 tags with per-device keys.
+//!
+//! A sealed message ([`crate::Kind::Sealed`]) wraps a complete inner frame (a round task or a
+//! client update, with its own envelope and CRC) and carries one tag per device:
+//! `HMAC-SHA256(key_device, DOMAIN | len(device) | device | inner frame)`.
+//!
+//! - A device seals its update with its own key and its own id; the coordinator checks the tag
+//!   against the key it holds for the client named by the topic.
+//! - The coordinator seals a round task once per selected device, each with that device's key,
+//!   so a device can check that the task came from whoever holds its key; a device can forge
+//!   tasks for nobody but itself.
+//!
+//! Replay: the round id and the client id are inside the tagged inner frame, so a replayed
+//! update is a duplicate in its own round and stale in any later one.
+//! Chunking splits the sealed frame like any other; the tag covers the reassembled whole.
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+/// Bytes of a key and of a tag.
+pub const KEY_LEN: usize = 32;
+
+/// Domain separation for the tag input (a tag for another purpose never verifies here).
+const DOMAIN: &[u8] = b"fedge-auth-v1\0";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// A device's secret key: 32 bytes, written as 64 hex digits in key files.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DeviceKey([u8; KEY_LEN]);
+
+impl std::fmt::Debug for DeviceKey {
+    /// Never prints the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceKey(..)")
+    }
+}
+
+/// A key file or key string that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// Not 64 hex digits.
+    #[error("a device key must be 64 hex digits (32 bytes), found {0} characters")]
+    Length(usize),
+    /// A character that is not a hex digit.
+    #[error("a device key must be hex digits only (0-9, a-f)")]
+    NotHex,
+}
+
+impl DeviceKey {
+    /// A key from raw bytes (for example from a random source).
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// Parses 64 hex digits; surrounding whitespace (a key file's newline) is ignored.
+    pub fn from_hex(text: &str) -> Result<Self, KeyError> {
+        let text = text.trim();
+        if text.len() != 2 * KEY_LEN {
+            return Err(KeyError::Length(text.chars().count()));
+        }
+        let mut bytes = [0u8; KEY_LEN];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            let pair = text.get(2 * i..2 * i + 2).ok_or(KeyError::NotHex)?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| KeyError::NotHex)?;
+        }
+        Ok(Self(bytes))
+    }
+
+    /// The key as 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn mac(&self, device: &str, inner: &[u8]) -> HmacSha256 {
+        // HMAC accepts keys of any length; 32 bytes never fails.
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.0)
+            .expect("HMAC-SHA256 takes a key of any length");
+        mac.update(DOMAIN);
+        // Client ids are at most 64 bytes (`valid_client_id`); longer ones are cut to 255 in the
+        // length byte but still hashed whole.
+        mac.update(&[device.len().min(255) as u8]);
+        mac.update(device.as_bytes());
+        mac.update(inner);
+        mac
+    }
+
+    /// The tag of `inner` for `device`.
+    pub fn tag(&self, device: &str, inner: &[u8]) -> [u8; KEY_LEN] {
+        self.mac(device, inner).finalize().into_bytes().into()
+    }
+
+    /// Checks a tag in constant time.
+    pub fn verify(&self, device: &str, inner: &[u8], tag: &[u8; KEY_LEN]) -> bool {
+        self.mac(device, inner).verify_slice(tag).is_ok()
+    }
+}
+
+/// One device's tag on a sealed message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tag {
+    /// The device whose key made the tag.
+    pub device: String,
+    /// HMAC-SHA256 tag.
+    pub mac: [u8; KEY_LEN],
+}
+
+/// An inner frame with its tags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sealed {
+    /// One tag per device that may read (task) or did write (update) the message.
+    pub tags: Vec<Tag>,
+    /// The complete inner frame (envelope included).
+    #[serde(with = "serde_bytes")]
+    pub inner: Vec<u8>,
+}
+
+/// Why a sealed message does not verify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No tag for this device.
+    #[error("no tag for this device")]
+    NoTag,
+    /// The tag does not match the key.
+    #[error("the tag does not match this device's key")]
+    BadTag,
+}
+
+impl Sealed {
+    /// Seals `inner` with one tag per `(device, key)`.
+    pub fn new(inner: Vec<u8>, signers: &[(&str, &DeviceKey)]) -> Self {
+        let tags = signers
+            .iter()
+            .map(|(device, key)| Tag {
+                device: (*device).to_owned(),
+                mac: key.tag(device, &inner),
+            })
+            .collect();
+        Self { tags, inner }
+    }
+
+    /// The inner frame when `device`'s tag verifies with `key`.
+    pub fn open(&self, device: &str, key: &DeviceKey) -> Result<&[u8], AuthError> {
+        let tag = self
+            .tags
+            .iter()
+            .find(|t| t.device == device)
+            .ok_or(AuthError::NoTag)?;
+        if key.verify(device, &self.inner, &tag.mac) {
+            Ok(&self.inner)
+        } else {
+            Err(AuthError::BadTag)
+        }
+    }
+
+    /// True when the message carries a tag for `device` (verified or not).
+    pub fn names(&self, device: &str) -> bool {
+        self.tags.iter().any(|t| t.device == device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(byte: u8) -> DeviceKey {
+        DeviceKey::from_bytes([byte; KEY_LEN])
+    }
+
+    #[test]
+    fn hmac_sha256_matches_rfc_4231_case_2() {
+        // RFC 4231, test case 2: key "Jefe", data "what do ya want for nothing?".
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        let hex: String = mac
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn keys_round_trip_through_hex_and_reject_bad_text() {
+        let k = DeviceKey::from_bytes(std::array::from_fn(|i| i as u8 * 7));
+        assert_eq!(DeviceKey::from_hex(&format!("{}\n", k.to_hex())), Ok(k));
+        assert_eq!(DeviceKey::from_hex("abcd"), Err(KeyError::Length(4)));
+        assert_eq!(DeviceKey::from_hex(&"zz".repeat(32)), Err(KeyError::NotHex));
+        assert_eq!(DeviceKey::from_hex(&"é".repeat(32)), Err(KeyError::NotHex));
+        assert_eq!(format!("{:?}", key(1)), "DeviceKey(..)");
+    }
+
+    #[test]
+    fn a_tag_opens_only_with_its_key_device_and_bytes() {
+        let inner = b"FDGE\x03\x02 an inner frame".to_vec();
+        let sealed = Sealed::new(inner.clone(), &[("cam-1", &key(1)), ("cam-2", &key(2))]);
+        assert_eq!(sealed.open("cam-1", &key(1)), Ok(&inner[..]));
+        assert_eq!(sealed.open("cam-2", &key(2)), Ok(&inner[..]));
+        assert_eq!(sealed.open("cam-1", &key(2)), Err(AuthError::BadTag));
+        assert_eq!(sealed.open("cam-3", &key(1)), Err(AuthError::NoTag));
+        // The device id is part of the tagged input: cam-2's tag relabelled as cam-1's fails.
+        let mut relabelled = sealed.clone();
+        relabelled.tags[1].device = "cam-1".into();
+        relabelled.tags.remove(0);
+        assert_eq!(relabelled.open("cam-1", &key(2)), Err(AuthError::BadTag));
+        // Any flipped bit of the inner frame breaks the tag.
+        for i in 0..inner.len() {
+            let mut forged = sealed.clone();
+            forged.inner[i] ^= 0x01;
+            assert_eq!(forged.open("cam-1", &key(1)), Err(AuthError::BadTag));
+        }
+        assert!(sealed.names("cam-2") && !sealed.names("cam-3"));
+    }
+}
