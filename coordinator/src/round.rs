@@ -162,6 +162,7 @@ impl Rejection {
         match e {
             DecodeError::UnsupportedVersion(_) => Rejection::Version,
             DecodeError::BadChunk(_) => Rejection::BadChunk,
+            DecodeError::Unauthenticated => Rejection::Unauthenticated,
             _ => Rejection::Malformed,
         }
     }
@@ -506,9 +507,9 @@ impl Rounds {
             self.reject(client, Rejection::UnknownDevice, detail);
             return;
         }
-        let message = match fedge_wire::decode(payload) {
+        let message = match self.decode(payload) {
             Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
-                Ok(Some(frame)) => fedge_wire::decode(&frame).and_then(|m| match m {
+                Ok(Some(frame)) => self.decode(&frame).and_then(|m| match m {
                     Message::Chunk(_) => {
                         Err(DecodeError::Malformed("a chunk inside chunks".into()))
                     }
@@ -526,6 +527,18 @@ impl Rounds {
             Ok(update) => self.handle_update(client, update, now_ms),
             Err((reason, detail)) => self.reject(client, reason, detail),
         }
+    }
+
+    /// Decodes a frame; with device keys, a plain update is refused without decoding its body
+    /// (`authenticated_update` then rejects it as `unauthenticated`).
+    fn decode(&self, bytes: &[u8]) -> Result<Message, DecodeError> {
+        if self.config.auth.is_some() {
+            let frame = fedge_wire::decode_frame(bytes)?;
+            if frame.kind == fedge_wire::Kind::ClientUpdate {
+                return Err(DecodeError::Unauthenticated);
+            }
+        }
+        fedge_wire::decode(bytes)
     }
 
     /// The update inside a decoded message, its tag checked when authentication is on.

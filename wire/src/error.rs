@@ -15,6 +15,10 @@ pub enum DecodeError {
     /// A protocol version this build does not speak.
     #[error("unsupported protocol version {0}")]
     UnsupportedVersion(u8),
+    /// A plain message where the receiver requires a sealed one (raised by receivers that
+    /// check the kind with [`crate::decode_frame`] first, never by [`crate::decode`]).
+    #[error("message without an authentication tag")]
+    Unauthenticated,
     /// Unknown message kind byte.
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
