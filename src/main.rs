@@ -226,6 +226,15 @@ struct DemoArgs {
     /// Server learning rate of the momentum update.
     #[arg(long, default_value_t = 1.0)]
     server_lr: f32,
+    /// Robust rewrite of the deltas around the strategy: none, clip, trimmed-mean or median.
+    #[arg(long, default_value = "none")]
+    robust: String,
+    /// Norm bound of --robust clip; 0 clips to the round's median norm.
+    #[arg(long, default_value_t = 0.0)]
+    clip_norm: f64,
+    /// Fraction pulled in at each end of every coordinate by --robust trimmed-mean.
+    #[arg(long, default_value_t = 0.1)]
+    trim_fraction: f64,
     /// Local objective: ce, fedprox, feddim, stable-fedadg or fedddl.
     #[arg(long, default_value = "ce")]
     objective: String,
@@ -306,6 +315,9 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
             solver: args.solver.clone(),
             server_momentum: args.server_momentum,
             server_learning_rate: args.server_lr,
+            robust: args.robust.clone(),
+            clip_norm: args.clip_norm,
+            trim_fraction: args.trim_fraction,
         },
         train: fedge_wire::TrainParams {
             objective,

@@ -19,6 +19,11 @@
 //! initial_params = "head.f32"  # optional: little-endian f32 file; else a seeded init
 //! state_dir = "state"          # optional: checkpoint after every round, resumed at start
 //! update_memory_mb = 1024      # deltas held per round (N·M·4 bytes)
+//! max_update_norm = 0.0        # reject deltas longer than this on arrival; 0 = off
+//! max_norm_ratio = 0.0         # drop deltas longer than this × the round's median norm; 0 = off
+//! robust = "none"              # clip, trimmed-mean or median around the strategy
+//! clip_norm = 0.0              # clip: bound, 0 = the round's median norm
+//! trim_fraction = 0.1          # trimmed-mean: fraction pulled in at each end
 //!
 //! [broker]
 //! host = "127.0.0.1"
@@ -113,6 +118,13 @@ pub struct CoordinatorConfig {
     /// updates are rejected with reason `memory_budget`.
     #[serde(default = "default_update_memory_mb")]
     pub update_memory_mb: usize,
+    /// Updates with a longer delta are rejected on arrival (`norm`); 0: no bound.
+    #[serde(default)]
+    pub max_update_norm: f64,
+    /// Updates longer than this multiple of the round's median norm are dropped at its end
+    /// (`norm`, with 3 or more updates); 0: off.
+    #[serde(default)]
+    pub max_norm_ratio: f64,
     /// Broker.
     #[serde(default)]
     pub broker: BrokerConfig,
@@ -247,6 +259,14 @@ impl CoordinatorConfig {
                 "[feddim] needs lambda >= 0 and 0 <= momentum <= 1, got {lambda} and {momentum}"
             ));
         }
+        for (name, value) in [
+            ("max_update_norm", self.max_update_norm),
+            ("max_norm_ratio", self.max_norm_ratio),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(format!("{name} must be >= 0 (0: off), got {value}"));
+            }
+        }
         if self.update_memory_mb == 0 {
             return Err("update_memory_mb must be at least 1".into());
         }
@@ -283,6 +303,8 @@ impl CoordinatorConfig {
                 },
             ),
             update_memory_bytes: self.update_memory_mb.saturating_mul(1 << 20),
+            max_update_norm: self.max_update_norm,
+            max_norm_ratio: self.max_norm_ratio,
             ..RoundConfig::default()
         }
     }

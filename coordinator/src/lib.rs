@@ -5,6 +5,7 @@
 //!   (sampling, validation, deadlines, quorum, aggregation) happens there.
 //! - [`strategy`]: server strategies behind one trait; the arithmetic in free functions.
 //! - [`fedomg`]: FedOMG's solvers and strategy.
+//! - [`robust`]: norm clipping, trimmed mean and median around any strategy.
 //! - [`insight`]: FedDIM's class insight matrices, rebuilt from compact statistics.
 //! - [`updates`], [`gram`]: a round's deltas held compactly, dot products streamed as they
 //!   arrive.
@@ -28,6 +29,7 @@ pub mod keys;
 pub mod npy;
 pub mod prototypes;
 pub mod replay;
+pub mod robust;
 pub mod round;
 pub mod strategy;
 pub mod updates;

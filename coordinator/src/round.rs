@@ -70,6 +70,11 @@ pub struct RoundConfig {
     /// Emit [`Output::Journal`] records (the opened round, each accepted update) for the driver
     /// to write, so a restart can resume the open round with [`Rounds::restore_round`].
     pub journal: bool,
+    /// Updates whose delta norm passes this bound are rejected on arrival (`norm`); 0: no bound.
+    pub max_update_norm: f64,
+    /// At the round's end, updates whose norm passes this multiple of the median norm of the
+    /// round's accepted updates are dropped (`norm`), when there are at least 3; 0: off.
+    pub max_norm_ratio: f64,
 }
 
 /// Device keys by client id.
@@ -91,6 +96,8 @@ impl Default for RoundConfig {
             prototypes: None,
             auth: None,
             journal: false,
+            max_update_norm: 0.0,
+            max_norm_ratio: 0.0,
         }
     }
 }
@@ -132,6 +139,8 @@ pub enum Rejection {
     UnknownDevice,
     /// An HMAC tag that is missing for the device or does not verify.
     BadTag,
+    /// A delta norm above the absolute bound, or far above the round's median.
+    Norm,
 }
 
 impl Rejection {
@@ -155,6 +164,7 @@ impl Rejection {
             Rejection::Unauthenticated => "unauthenticated",
             Rejection::UnknownDevice => "unknown_device",
             Rejection::BadTag => "bad_tag",
+            Rejection::Norm => "norm",
         }
     }
 
@@ -685,6 +695,18 @@ impl Rounds {
         if update.num_samples == 0 {
             return Err((Rejection::NoSamples, "zero samples".into()));
         }
+        if self.config.max_update_norm > 0.0 {
+            let norm = update.delta.l2_norm();
+            if norm > self.config.max_update_norm {
+                return Err((
+                    Rejection::Norm,
+                    format!(
+                        "delta norm {norm:.4} above max_update_norm {}",
+                        self.config.max_update_norm
+                    ),
+                ));
+            }
+        }
         if let Some(insight) = &self.config.insight {
             let shape = (insight.hidden, insight.classes);
             let what = "FedDIM class statistics";
@@ -898,11 +920,12 @@ impl Rounds {
         let Some(mut open) = self.open.take() else {
             return;
         };
-        let aggregated =
-            !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
         self.last_closed = open.round;
         // Views are in client order whatever the arrival order, so a seeded run reproduces.
         open.accepted.finish();
+        self.drop_norm_outliers(&mut open);
+        let aggregated =
+            !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
         let reported: Vec<String> = (0..open.accepted.len())
             .map(|i| open.accepted.client(i).to_owned())
             .collect();
@@ -961,6 +984,50 @@ impl Rounds {
 }
 
 impl Rounds {
+    /// Drops updates whose norm passes `max_norm_ratio` × the round's median norm.
+    fn drop_norm_outliers(&mut self, open: &mut OpenRound) {
+        let ratio = self.config.max_norm_ratio;
+        if ratio <= 0.0 || open.accepted.len() < 3 {
+            return;
+        }
+        let norms = crate::robust::norms(&open.accepted);
+        let bound = ratio * crate::robust::median(&norms);
+        if norms.iter().all(|n| *n <= bound) {
+            return;
+        }
+        let held = &open.accepted;
+        let kept = RoundUpdates::from_updates(
+            held.m(),
+            self.strategy.needs_dots(),
+            (0..held.len())
+                .filter(|&i| norms[i] <= bound)
+                .map(|i| (held.client(i), held.num_samples(i), held.delta(i))),
+        );
+        for (i, norm) in norms.iter().enumerate() {
+            if *norm <= bound {
+                continue;
+            }
+            let client = held.client(i).to_owned();
+            open.class_stats.remove(&client);
+            open.prototypes.remove(&client);
+            *open.rejected.entry(Rejection::Norm.name()).or_default() += 1;
+            *self
+                .rejected_total
+                .entry(Rejection::Norm.name())
+                .or_default() += 1;
+            open.failures.push(Failure {
+                client: client.clone(),
+                reason: Rejection::Norm.name().to_owned(),
+            });
+            self.outputs.push_back(Output::Rejected {
+                client,
+                reason: Rejection::Norm,
+                detail: format!("delta norm {norm:.4} above {ratio} × the round's median norm"),
+            });
+        }
+        open.accepted = kept;
+    }
+
     /// The global `Ī` as sent with a task.
     fn insight_tensor(&self) -> Option<TensorF32> {
         let (config, insight) = (self.config.insight.as_ref()?, self.insight.as_ref()?);
@@ -1095,8 +1162,8 @@ pub fn l2_norm(values: &[f32]) -> f32 {
 mod tests;
 
 #[cfg(test)]
-#[path = "round_auth_tests.rs"]
-mod auth_tests;
+#[path = "round_guard_tests.rs"]
+mod guard_tests;
 
 #[cfg(test)]
 #[path = "round_restart_tests.rs"]

@@ -303,6 +303,13 @@ pub struct StrategyConfig {
     pub server_momentum: f32,
     /// Server learning rate `η_s` of the momentum update.
     pub server_learning_rate: f32,
+    /// Robust rewrite of the deltas before the strategy: `none`, `clip`, `trimmed-mean` or
+    /// `median` (see [`crate::robust`]).
+    pub robust: String,
+    /// `clip`'s norm bound; 0 clips to the round's median norm.
+    pub clip_norm: f64,
+    /// `trimmed-mean`'s fraction per side.
+    pub trim_fraction: f64,
 }
 
 impl Default for StrategyConfig {
@@ -314,6 +321,9 @@ impl Default for StrategyConfig {
             solver: "reference".into(),
             server_momentum: 0.0,
             server_learning_rate: 1.0,
+            robust: "none".into(),
+            clip_norm: 0.0,
+            trim_fraction: 0.1,
         }
     }
 }
@@ -356,6 +366,14 @@ impl StrategyConfig {
                     "unknown strategy {other:?}; available: fedavg, fedavgm, fedomg"
                 ));
             }
+        };
+        let base = match crate::robust::RobustRule::parse(
+            &self.robust,
+            self.clip_norm,
+            self.trim_fraction,
+        )? {
+            Some(rule) => Box::new(crate::robust::Robust::new(base, rule)),
+            None => base,
         };
         if beta != 0.0 || self.server_learning_rate != 1.0 {
             Ok(Box::new(ServerMomentum::new(

@@ -108,6 +108,14 @@ impl TensorF32 {
         self.values().position(|value| !value.is_finite())
     }
 
+    /// Euclidean norm, summed in f64 in index order.
+    pub fn l2_norm(&self) -> f64 {
+        self.values()
+            .map(|v| (v as f64) * (v as f64))
+            .sum::<f64>()
+            .sqrt()
+    }
+
     /// The values, decoded one by one; trailing bytes that do not form a whole value are
     /// ignored (they cannot exist once [`TensorF32::validate`] passed).
     fn values(&self) -> impl Iterator<Item = f32> + '_ {

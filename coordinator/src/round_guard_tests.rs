@@ -1,4 +1,5 @@
-//! The round machine with device keys: forged, unknown, unsigned and replayed updates.
+//! The round machine's guards: device keys (forged, unknown, unsigned and replayed updates)
+//! and norm bounds.
 
 use super::tests::{M, config, drain, reports, update};
 use super::*;
@@ -149,4 +150,37 @@ fn signed_updates_survive_chunking() {
     let out = drain(&mut m);
     assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
     assert_eq!(m.params(), &[2.0; M]);
+}
+
+#[test]
+fn norm_bounds_reject_on_arrival_and_drop_outliers_at_the_close() {
+    let config = RoundConfig {
+        min_clients: 4,
+        min_updates: 2,
+        max_update_norm: 50.0,
+        max_norm_ratio: 5.0,
+        ..config()
+    };
+    let mut m = Rounds::new(config, Box::new(FedAvg), vec![0.0; M]);
+    for c in ["a", "b", "c", "d"] {
+        m.handle_client_status(c, true, 0);
+    }
+    drain(&mut m);
+    m.handle_packet("a", &update("a", 1, [1.0, 0.0, 0.0, 0.0], 1), 1);
+    m.handle_packet("b", &update("b", 1, [0.0, 2.0, 0.0, 0.0], 1), 2);
+    // Above the absolute bound: rejected at once.
+    m.handle_packet("c", &update("c", 1, [60.0, 0.0, 0.0, 0.0], 1), 3);
+    assert_eq!(m.reported(), 2);
+    // Under the absolute bound but 20 × the median (1.5 … 2 … 20): dropped at the close.
+    m.handle_packet("c", &update("c", 1, [0.0, 0.0, 20.0, 0.0], 1), 4);
+    m.handle_packet("d", &update("d", 1, [0.0, 0.0, 0.0, 1.5], 1), 5);
+    let out = drain(&mut m);
+    assert_eq!(
+        rejected(&out),
+        vec![("c".into(), "norm"), ("c".into(), "norm")]
+    );
+    let report = &reports(&out)[0];
+    assert_eq!(report.reported, ["a", "b", "d"]);
+    assert_eq!(report.rejected["norm"], 2);
+    assert_eq!(m.params(), &[1.0 / 3.0, 2.0 / 3.0, 0.0, 0.5]);
 }

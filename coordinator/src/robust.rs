@@ -1,0 +1,310 @@
+//! Robust aggregation wrappers (Flower's set: norm clipping, coordinate-wise trimmed mean and
+//! median), usable around any strategy, FedAvg and FedOMG alike.
+//!
+//! Each wrapper rewrites the round's deltas and hands them to the inner strategy, which then
+//! aggregates as usual (FedOMG recomputes its dot products on the rewritten deltas):
+//!
+//! - `clip`: a delta longer than the bound is scaled down to it, `Δ ← Δ · min(1, c/‖Δ‖)`; the
+//!   bound `c` is `clip_norm` when positive, else the median of the round's norms (so one
+//!   huge update cannot drag the model further than a typical one).
+//! - `trimmed-mean` (fraction `β`): per coordinate, the `k = ⌊β·N⌋` largest and `k` smallest
+//!   values are pulled in to the nearest value kept (winsorised). Around FedAvg the result is
+//!   the sample-weighted winsorised mean, which resists the same `k` outliers per side as
+//!   Flower's `FedTrimmedAvg` (it keeps their count in the weights instead of dropping them).
+//! - `median`: the same with all values pulled in to the middle one (odd `N`) or the middle
+//!   two (even `N`): around FedAvg the coordinate-wise median for odd `N`, a weighted mean of
+//!   the two middle values for even `N`.
+//!
+//! **Choice**: winsorising rather than dropping keeps one delta per client, so every inner
+//! strategy (FedOMG's per-client Gram matrix, momentum) still applies unchanged.
+
+use crate::strategy::{Aggregated, Failure, Strategy, StrategyState};
+use crate::updates::RoundUpdates;
+use fedge_wire::TrainParams;
+
+/// Which rewrite of the deltas.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RobustRule {
+    /// Scale deltas down to a norm bound; `0` means the round's median norm.
+    Clip {
+        /// Absolute bound, or 0 for the median norm.
+        norm: f64,
+    },
+    /// Winsorise `⌊β·N⌋` values at each end of every coordinate.
+    TrimmedMean {
+        /// Fraction `β` per side, in `[0, 0.5)`.
+        fraction: f64,
+    },
+    /// Winsorise every coordinate to its middle value(s).
+    Median,
+}
+
+impl RobustRule {
+    /// Parses `none`, `clip`, `trimmed-mean`, `median` with their parameters.
+    pub fn parse(name: &str, clip_norm: f64, fraction: f64) -> Result<Option<Self>, String> {
+        match name {
+            "" | "none" => Ok(None),
+            "clip" if clip_norm.is_finite() && clip_norm >= 0.0 => {
+                Ok(Some(Self::Clip { norm: clip_norm }))
+            }
+            "clip" => Err(format!(
+                "clip_norm must be >= 0 (0: median norm), got {clip_norm}"
+            )),
+            "trimmed-mean" if (0.0..0.5).contains(&fraction) => {
+                Ok(Some(Self::TrimmedMean { fraction }))
+            }
+            "trimmed-mean" => Err(format!("trim_fraction must be in [0, 0.5), got {fraction}")),
+            "median" => Ok(Some(Self::Median)),
+            other => Err(format!(
+                "unknown robust rule {other:?}; available: none, clip, trimmed-mean, median"
+            )),
+        }
+    }
+
+    /// Name shown after the strategy's, e.g. `fedomg+clip`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Clip { .. } => "clip",
+            Self::TrimmedMean { .. } => "trimmed-mean",
+            Self::Median => "median",
+        }
+    }
+}
+
+/// Norms of the held deltas, in view order.
+pub fn norms(updates: &RoundUpdates) -> Vec<f64> {
+    (0..updates.len())
+        .map(|i| match updates.dot(i, i) {
+            Some(d) => d.max(0.0).sqrt(),
+            None => updates
+                .delta(i)
+                .iter()
+                .map(|v| (*v as f64) * (*v as f64))
+                .sum::<f64>()
+                .sqrt(),
+        })
+        .collect()
+}
+
+/// The median of `values` (mean of the middle two for an even count); 0 when empty.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]),
+    }
+}
+
+/// The rewritten deltas, one per held update in view order.
+pub fn rewrite(rule: RobustRule, updates: &RoundUpdates) -> Vec<Vec<f32>> {
+    let n = updates.len();
+    let m = updates.m();
+    let mut rows: Vec<Vec<f32>> = (0..n).map(|i| updates.delta(i).to_vec()).collect();
+    match rule {
+        RobustRule::Clip { norm } => {
+            let lengths = norms(updates);
+            let bound = if norm > 0.0 { norm } else { median(&lengths) };
+            for (row, length) in rows.iter_mut().zip(lengths) {
+                if length > bound && length > 0.0 {
+                    let scale = (bound / length) as f32;
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+            }
+        }
+        RobustRule::TrimmedMean { .. } | RobustRule::Median => {
+            let k = match rule {
+                RobustRule::TrimmedMean { fraction } => (fraction * n as f64).floor() as usize,
+                _ => (n.saturating_sub(1)) / 2,
+            };
+            if k == 0 || n <= 2 * k {
+                return rows;
+            }
+            let mut column = vec![0f32; n];
+            for j in 0..m {
+                for (slot, row) in column.iter_mut().zip(&rows) {
+                    *slot = row[j];
+                }
+                column.sort_by(f32::total_cmp);
+                let (low, high) = (column[k], column[n - 1 - k]);
+                for row in rows.iter_mut() {
+                    row[j] = row[j].clamp(low, high);
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// A strategy whose input deltas are rewritten by a [`RobustRule`] first.
+pub struct Robust {
+    name: String,
+    rule: RobustRule,
+    inner: Box<dyn Strategy>,
+}
+
+impl Robust {
+    /// Wraps `inner`.
+    pub fn new(inner: Box<dyn Strategy>, rule: RobustRule) -> Self {
+        Self {
+            name: format!("{}+{}", inner.name(), rule.name()),
+            rule,
+            inner,
+        }
+    }
+}
+
+impl Strategy for Robust {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn initialize_parameters(&mut self, initial: Vec<f32>) -> Vec<f32> {
+        self.inner.initialize_parameters(initial)
+    }
+
+    fn configure_round(&mut self, round: u64, defaults: &TrainParams) -> TrainParams {
+        self.inner.configure_round(round, defaults)
+    }
+
+    fn needs_dots(&self) -> bool {
+        // Clipping reads the norms from the streamed dot products when there are any.
+        self.inner.needs_dots()
+    }
+
+    fn solver(&self) -> Option<&str> {
+        self.inner.solver()
+    }
+
+    fn aggregate(
+        &mut self,
+        global: &[f32],
+        updates: &RoundUpdates,
+        failures: &[Failure],
+    ) -> Aggregated {
+        let rows = rewrite(self.rule, updates);
+        let rewritten = RoundUpdates::from_updates(
+            updates.m(),
+            self.inner.needs_dots(),
+            rows.iter()
+                .enumerate()
+                .map(|(i, row)| (updates.client(i), updates.num_samples(i), row.as_slice())),
+        );
+        self.inner.aggregate(global, &rewritten, failures)
+    }
+
+    fn state(&self) -> StrategyState {
+        self.inner.state()
+    }
+
+    fn restore(&mut self, state: &StrategyState) -> Result<(), String> {
+        self.inner.restore(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::FedAvg;
+
+    fn held(rows: &[(&str, u32, &[f32])]) -> RoundUpdates {
+        RoundUpdates::from_updates(rows[0].2.len(), true, rows.iter().copied())
+    }
+
+    fn run(rule: RobustRule, rows: &[(&str, u32, &[f32])]) -> Vec<f32> {
+        let mut s = Robust::new(Box::new(FedAvg), rule);
+        s.aggregate(&vec![0.0; rows[0].2.len()], &held(rows), &[])
+            .params
+    }
+
+    const HONEST_AND_ONE_ATTACKER: [(&str, u32, &[f32]); 5] = [
+        ("a", 1, &[1.0, -1.0]),
+        ("b", 1, &[1.2, -0.8]),
+        ("c", 1, &[0.8, -1.2]),
+        ("d", 1, &[1.1, -0.9]),
+        ("evil", 1, &[100.0, 100.0]),
+    ];
+
+    #[test]
+    fn median_around_fedavg_is_the_coordinate_median() {
+        let out = run(RobustRule::Median, &HONEST_AND_ONE_ATTACKER);
+        assert_eq!(out, vec![1.1, -0.9]);
+    }
+
+    #[test]
+    fn trimmed_mean_pulls_in_the_extremes_of_each_coordinate() {
+        // N = 5, β = 0.2: k = 1 per side. Coordinate 0 sorted: 0.8 1.0 1.1 1.2 100 → 0.8→1.0,
+        // 100→1.2: mean (1.0 + 1.2 + 1.0 + 1.1 + 1.2) / 5 = 1.1.
+        let out = run(
+            RobustRule::TrimmedMean { fraction: 0.2 },
+            &HONEST_AND_ONE_ATTACKER,
+        );
+        assert!((out[0] - 1.1).abs() < 1e-6, "{out:?}");
+        // Coordinate 1 sorted: -1.2 -1.0 -0.9 -0.8 100 → -1.2→-1.0, 100→-0.8.
+        let want = (-1.0 - 0.8 - 1.0 - 0.9 - 0.8) / 5.0;
+        assert!((out[1] - want).abs() < 1e-6, "{out:?}");
+        // Plain FedAvg is dragged to ~20.8 by the attacker.
+        let plain = FedAvg
+            .aggregate(&[0.0, 0.0], &held(&HONEST_AND_ONE_ATTACKER), &[])
+            .params;
+        assert!(plain[0] > 20.0);
+    }
+
+    #[test]
+    fn clipping_to_the_median_norm_bounds_every_delta() {
+        let rows = rewrite(
+            RobustRule::Clip { norm: 0.0 },
+            &held(&HONEST_AND_ONE_ATTACKER),
+        );
+        let lengths: Vec<f64> = rows
+            .iter()
+            .map(|r| r.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt())
+            .collect();
+        let bound = median(&norms(&held(&HONEST_AND_ONE_ATTACKER)));
+        assert!(
+            lengths.iter().all(|l| *l <= bound * (1.0 + 1e-6)),
+            "{lengths:?}"
+        );
+        // The attacker keeps its direction.
+        assert!((rows[4][0] - rows[4][1]).abs() < 1e-6);
+        // An absolute bound larger than every norm changes nothing.
+        let rows = rewrite(
+            RobustRule::Clip { norm: 1e6 },
+            &held(&HONEST_AND_ONE_ATTACKER),
+        );
+        assert_eq!(rows[4], vec![100.0, 100.0]);
+    }
+
+    #[test]
+    fn clipping_wraps_fedomg_and_keeps_its_weights_summing_to_one() {
+        let omg = crate::strategy::StrategyConfig {
+            strategy: "fedomg".into(),
+            ..Default::default()
+        }
+        .build()
+        .unwrap();
+        let mut s = Robust::new(omg, RobustRule::Clip { norm: 0.0 });
+        assert_eq!(s.name(), "fedomg+clip");
+        let out = s.aggregate(&[0.0, 0.0], &held(&HONEST_AND_ONE_ATTACKER), &[]);
+        let sum: f64 = out.report.gamma.values().sum();
+        assert!((sum - 1.0).abs() < 1e-9);
+        assert!(
+            out.params.iter().all(|v| v.abs() < 10.0),
+            "{:?}",
+            out.params
+        );
+    }
+
+    #[test]
+    fn few_updates_and_bad_settings() {
+        // With k = 0 nothing changes.
+        let two: [(&str, u32, &[f32]); 2] = [("a", 1, &[1.0]), ("b", 3, &[5.0])];
+        assert_eq!(run(RobustRule::Median, &two), vec![4.0]);
+        assert!(RobustRule::parse("trimmed-mean", 0.0, 0.5).is_err());
+        assert!(RobustRule::parse("clip", -1.0, 0.1).is_err());
+        assert!(RobustRule::parse("krum", 0.0, 0.1).is_err());
+        assert_eq!(RobustRule::parse("none", 0.0, 0.1), Ok(None));
+    }
+}
