@@ -1,5 +1,8 @@
-//! Bad input on an update topic, against a running coordinator over the embedded broker:
-//! each is logged, counted by reason in the retained status JSON, and the model is untouched.
+//! Bad input on an update topic, against a running coordinator over the embedded broker
+//! (garbage, stale round, wrong shape, NaN, an oversized chunk stream, a chunk stream that never
+//! completes): each is logged, counted by reason in the retained status JSON, and the model is
+//! untouched. Forged, unknown and replayed updates are in `tests/restart.rs` and the round
+//! machine's guard tests.
 
 mod common;
 
@@ -25,6 +28,16 @@ fn update(round: u64, client: &str, delta: &[f32]) -> Vec<u8> {
         metrics: LocalMetrics::default(),
         class_stats: None,
         prototypes: None,
+    }))
+}
+
+fn chunk(message_id: u64, index: u32, count: u32, total_len: u32, data: Vec<u8>) -> Vec<u8> {
+    fedge_wire::encode(&Message::Chunk(fedge_wire::Chunk {
+        message_id,
+        index,
+        count,
+        total_len,
+        data,
     }))
 }
 
@@ -64,6 +77,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         min_clients: 1,
         min_updates: 1,
         round_timeout_ms: 60_000,
+        reassembly_timeout_ms: 300,
         journal: true,
         ..RoundConfig::default()
     };
@@ -114,6 +128,10 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         update(9, "mallory", &[0.1; PARAMS]),
         update(1, "mallory", &[0.1; PARAMS - 1]),
         update(1, "mallory", &nan),
+        // A chunk stream announcing more than any message may hold.
+        chunk(1, 0, 2, u32::MAX, vec![0; 16]),
+        // The first half of a stream whose second half never comes.
+        chunk(2, 0, 2, 32, vec![0; 16]),
     ];
     for payload in bad {
         client
@@ -121,7 +139,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
             .await
             .unwrap();
     }
-    let status = wait_status(&mut eventloop, &status_topic, |s| s.rejected_total == 4).await;
+    let status = wait_status(&mut eventloop, &status_topic, |s| s.rejected_total == 6).await;
     let reasons: Vec<(&str, u64)> = status
         .rejected_updates
         .iter()
@@ -130,8 +148,10 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
     assert_eq!(
         reasons,
         vec![
+            ("incomplete", 1),
             ("malformed", 1),
             ("non_finite", 1),
+            ("oversized", 1),
             ("shape", 1),
             ("wrong_round", 1)
         ]
@@ -158,7 +178,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         .await
         .unwrap();
     let status = wait_status(&mut eventloop, &status_topic, |s| s.state == "finished").await;
-    assert_eq!(status.rejected_total, 4);
+    assert_eq!(status.rejected_total, 6);
     let rounds = tokio::time::timeout(Duration::from_secs(10), coordinator)
         .await
         .unwrap()

@@ -141,6 +141,10 @@ pub enum Rejection {
     BadTag,
     /// A delta norm above the absolute bound, or far above the round's median.
     Norm,
+    /// A chunk stream that did not complete within the reassembly timeout.
+    Incomplete,
+    /// A message, or a chunk stream's announced length, above the largest message accepted.
+    Oversized,
 }
 
 impl Rejection {
@@ -165,6 +169,8 @@ impl Rejection {
             Rejection::UnknownDevice => "unknown_device",
             Rejection::BadTag => "bad_tag",
             Rejection::Norm => "norm",
+            Rejection::Incomplete => "incomplete",
+            Rejection::Oversized => "oversized",
         }
     }
 
@@ -173,6 +179,7 @@ impl Rejection {
             DecodeError::UnsupportedVersion(_) => Rejection::Version,
             DecodeError::BadChunk(_) => Rejection::BadChunk,
             DecodeError::Unauthenticated => Rejection::Unauthenticated,
+            DecodeError::TooLarge(_) => Rejection::Oversized,
             _ => Rejection::Malformed,
         }
     }
@@ -746,7 +753,10 @@ impl Rounds {
 
     /// Time passed; closes rounds whose deadline is due and drops stale partial chunks.
     pub fn handle_timeout(&mut self, now_ms: u64) {
-        self.reassembler.expire(now_ms);
+        for sender in self.reassembler.expire_senders(now_ms) {
+            let detail = "chunk stream did not complete in time".to_owned();
+            self.reject(&sender, Rejection::Incomplete, detail);
+        }
         let Some(open) = self.open.as_mut() else {
             if self.phase == Phase::Waiting {
                 self.try_start(now_ms);
@@ -784,7 +794,11 @@ impl Rounds {
 
     /// When `handle_timeout` must be called next, if ever.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.open.as_ref().map(|o| o.deadline_ms)
+        let deadline = self.open.as_ref().map(|o| o.deadline_ms);
+        match (deadline, self.reassembler.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The next output, if any.

@@ -261,11 +261,31 @@ impl Reassembler {
     /// A partial frame times out once `timeout_ms` have passed since its first chunk arrived.
     /// A clock that went backwards times nothing out.
     pub fn expire(&mut self, now_ms: u64) -> usize {
-        let before = self.partial.len();
+        self.expire_senders(now_ms).len()
+    }
+
+    /// Like [`Reassembler::expire`], returning the sender of each dropped frame (sorted, one
+    /// entry per frame), so a receiver can count incomplete chunk streams per sender.
+    pub fn expire_senders(&mut self, now_ms: u64) -> Vec<String> {
         let timeout_ms = self.timeout_ms;
+        let mut dropped = Vec::new();
+        self.partial.retain(|(sender, _), partial| {
+            let keep = now_ms.saturating_sub(partial.started_ms) < timeout_ms;
+            if !keep {
+                dropped.push(sender.clone());
+            }
+            keep
+        });
+        dropped.sort();
+        dropped
+    }
+
+    /// When the oldest partial frame times out, if any is waiting.
+    pub fn next_expiry(&self) -> Option<u64> {
         self.partial
-            .retain(|_, partial| now_ms.saturating_sub(partial.started_ms) < timeout_ms);
-        before - self.partial.len()
+            .values()
+            .map(|p| p.started_ms.saturating_add(self.timeout_ms))
+            .min()
     }
 
     /// Number of frames waiting for chunks.
@@ -448,6 +468,7 @@ mod tests {
             assert_eq!(r.push("a", c.clone(), 100).unwrap(), None);
         }
         assert_eq!(r.pending(), 1);
+        assert_eq!(r.next_expiry(), Some(100 + TIMEOUT));
         assert_eq!(r.expire(100 + TIMEOUT - 1), 0);
         assert_eq!(r.pending(), 1);
         assert_eq!(r.expire(100 + TIMEOUT), 1);
