@@ -221,6 +221,7 @@ impl CoordinatorConfig {
         let mut config: Self = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         config.check().map_err(invalid)?;
         let base = path.parent().unwrap_or(Path::new("."));
+        config.broker.load_tls(base).map_err(invalid)?;
         // Relative paths are read from the configuration file's folder, as in device profiles.
         for path in [
             config.auth.keys_file.as_mut(),

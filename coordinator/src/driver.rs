@@ -133,10 +133,12 @@ pub async fn run(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    let delay = backoff.next_delay();
                     if connected {
                         tracing::warn!(error = %e, "lost the broker; reconnecting");
+                    } else if backoff.is_fresh() {
+                        tracing::warn!(error = %e, "cannot connect to the broker; retrying with back-off");
                     }
+                    let delay = backoff.next_delay();
                     connected = false;
                     tracing::debug!(error = %e, ?delay, "broker unreachable");
                     tokio::time::sleep(delay).await;

@@ -165,6 +165,8 @@ pub async fn run_agent(
                 Err(e) => {
                     if connected {
                         tracing::warn!(client = %setup.client_id, error = %e, "lost the broker; reconnecting");
+                    } else if backoff.is_fresh() {
+                        tracing::warn!(client = %setup.client_id, error = %e, "cannot connect to the broker; retrying with back-off");
                     }
                     connected = false;
                     tokio::time::sleep(backoff.next_delay()).await;

@@ -135,6 +135,10 @@ impl EdgeConfig {
         if let Some(dir) = &config.cache_dir {
             config.cache_dir = Some(base.join(dir));
         }
+        config
+            .broker
+            .load_tls(base)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         if let Some(key) = &config.key_file {
             config.key_file = Some(base.join(key));
         }

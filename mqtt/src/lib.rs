@@ -7,6 +7,9 @@
 
 use std::time::Duration;
 
+mod tls;
+pub use tls::{TlsMaterial, TlsSettings};
+
 use rumqttc::{AsyncClient, LastWill, MqttOptions, QoS};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +29,9 @@ pub struct BrokerConfig {
     /// Largest payload fedge publishes; larger frames are chunked.
     #[serde(default = "default_max_packet")]
     pub max_packet: usize,
+    /// TLS (`[broker.tls]`); plain TCP when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSettings>,
 }
 
 fn default_host() -> String {
@@ -48,6 +54,7 @@ impl Default for BrokerConfig {
             port: default_port(),
             keep_alive_s: default_keep_alive(),
             max_packet: default_max_packet(),
+            tls: None,
         }
     }
 }
@@ -85,6 +92,14 @@ impl BrokerConfig {
         Ok(Self::at(host, port))
     }
 
+    /// Reads the TLS files, if any, relative to `base` (the configuration file's folder).
+    pub fn load_tls(&mut self, base: &std::path::Path) -> Result<(), String> {
+        match &mut self.tls {
+            Some(tls) => tls.load(base),
+            None => Ok(()),
+        }
+    }
+
     /// Client options: clean session, keep-alive, and a packet limit above `max_packet` so that
     /// fedge's own chunks (plus topic and header) always fit.
     pub fn options(&self, client_id: &str, last_will: Option<LastWill>) -> MqttOptions {
@@ -96,22 +111,41 @@ impl BrokerConfig {
         if let Some(will) = last_will {
             options.set_last_will(will);
         }
+        if let Some(tls) = &self.tls {
+            options.set_transport(tls.transport());
+        }
         options
     }
 }
 
-/// Exponential reconnect back-off: 100 ms doubling up to 10 s, reset on success.
+/// Exponential reconnect back-off with jitter: the ceiling starts at 100 ms and doubles up to
+/// 10 s, reset on success; each delay is drawn uniformly from the upper half of the ceiling
+/// ("equal jitter"), so a fleet that lost its broker at the same moment does not reconnect in
+/// lockstep.
 #[derive(Debug, Clone, Default)]
 pub struct Backoff {
     failures: u32,
 }
 
 impl Backoff {
+    /// The ceiling after `failures` failures, in milliseconds.
+    fn ceiling_ms(failures: u32) -> u64 {
+        let ms = 100u64.saturating_mul(1 << failures.min(8).saturating_sub(1));
+        ms.min(10_000)
+    }
+
     /// Delay before the next attempt, after one more failure.
     pub fn next_delay(&mut self) -> Duration {
         self.failures = self.failures.saturating_add(1);
-        let ms = 100u64.saturating_mul(1 << self.failures.min(8).saturating_sub(1));
-        Duration::from_millis(ms.min(10_000))
+        let ceiling = Self::ceiling_ms(self.failures);
+        let ms = rand::Rng::random_range(&mut rand::rng(), ceiling / 2..=ceiling);
+        Duration::from_millis(ms)
+    }
+
+    /// True before the first failure of a streak (to log that failure loudly, and not the
+    /// retries after it).
+    pub fn is_fresh(&self) -> bool {
+        self.failures == 0
     }
 
     /// Forget past failures.
@@ -196,13 +230,27 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_then_caps_and_resets() {
+    fn backoff_doubles_then_caps_and_resets_with_jitter_in_the_upper_half() {
         let mut b = Backoff::default();
-        let delays: Vec<u64> = (0..10).map(|_| b.next_delay().as_millis() as u64).collect();
-        assert_eq!(delays[..4], [100, 200, 400, 800]);
-        assert!(delays.iter().all(|d| *d <= 10_000));
-        assert_eq!(*delays.last().unwrap(), 10_000);
+        let ceilings = [
+            100, 200, 400, 800, 1_600, 3_200, 6_400, 10_000, 10_000, 10_000,
+        ];
+        let mut spread = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            b.reset();
+            for ceiling in ceilings {
+                let d = b.next_delay().as_millis() as u64;
+                assert!(
+                    (ceiling / 2..=ceiling).contains(&d),
+                    "{d} ms for ceiling {ceiling}"
+                );
+                if ceiling == 10_000 {
+                    spread.insert(d);
+                }
+            }
+        }
+        assert!(spread.len() > 10, "delays are jittered: {spread:?}");
         b.reset();
-        assert_eq!(b.next_delay().as_millis(), 100);
+        assert!(b.next_delay().as_millis() <= 100);
     }
 }

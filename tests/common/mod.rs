@@ -24,6 +24,11 @@ impl Mosquitto {
     /// Starts mosquitto, or returns `None` (test skipped) when it is not installed — unless
     /// `FEDGE_REQUIRE_MOSQUITTO=1`, under which a missing mosquitto fails the test.
     pub fn start() -> Option<Self> {
+        Self::start_with("")
+    }
+
+    /// Like [`Mosquitto::start`], with extra lines for the listener (TLS files, for example).
+    pub fn start_with(listener_options: &str) -> Option<Self> {
         let binary = ["mosquitto", "/usr/sbin/mosquitto"].into_iter().find(|b| {
             Command::new(b)
                 .arg("-h")
@@ -48,7 +53,9 @@ impl Mosquitto {
         let conf = dir.path().join("mosquitto.conf");
         std::fs::write(
             &conf,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"),
+            format!(
+                "listener {port} 127.0.0.1\n{listener_options}\nallow_anonymous true\npersistence false\n"
+            ),
         )
         .unwrap();
         let child = spawn(binary, &conf, port);

@@ -1,0 +1,160 @@
+//! TLS to mosquitto with certificates the test makes (openssl): a federation runs over it, and
+//! a client that does not trust the broker's CA fails with an error that says so.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use fedge::demo::{self, DemoOptions};
+use fedge_mqtt::{BrokerConfig, TlsSettings};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is installed (apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a broker certificate for 127.0.0.1 signed by it, and an unrelated second CA.
+fn make_certificates(dir: &Path) {
+    let subj = |cn: &str| format!("/CN={cn}");
+    for ca in ["ca", "other-ca"] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+                "-subj",
+                &subj(&format!("fedge test {ca}")),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
+    }
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            &subj("127.0.0.1"),
+        ],
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "server.pem",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+    // mosquitto started as root drops to its own user, which must read these test-only files.
+    use std::os::unix::fs::PermissionsExt;
+    let open = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+    open(dir, 0o755).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        open(&entry.unwrap().path(), 0o644).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_federation_runs_over_tls_and_a_client_without_the_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certificates(dir.path());
+    let d = dir.path().display();
+    let Some(mosquitto) = common::Mosquitto::start_with(&format!(
+        "cafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key"
+    )) else {
+        return;
+    };
+    let broker = BrokerConfig {
+        tls: Some(TlsSettings::with_ca(dir.path().join("ca.pem")).unwrap()),
+        ..mosquitto.broker()
+    };
+
+    // A client trusting another CA: the handshake fails and the error names the certificate.
+    let wrong = BrokerConfig {
+        tls: Some(TlsSettings::with_ca(dir.path().join("other-ca.pem")).unwrap()),
+        ..mosquitto.broker()
+    };
+    let (_client, mut events) = rumqttc::AsyncClient::new(wrong.options("untrusting", None), 8);
+    let err = tokio::time::timeout(Duration::from_secs(10), events.poll())
+        .await
+        .expect("the handshake neither failed nor succeeded")
+        .expect_err("a broker signed by an unknown CA was accepted");
+    let text = format!("{err}");
+    eprintln!("a client trusting another CA sees: {text}");
+    assert!(
+        text.to_lowercase().contains("certificate") || text.contains("UnknownIssuer"),
+        "unclear TLS error: {text}"
+    );
+    // Plain TCP to the TLS listener fails too.
+    let (_client, mut events) =
+        rumqttc::AsyncClient::new(mosquitto.broker().options("plain", None), 8);
+    let plain = tokio::time::timeout(Duration::from_secs(10), events.poll()).await;
+    assert!(
+        !matches!(plain, Ok(Ok(_))),
+        "plain MQTT accepted on the TLS port"
+    );
+
+    // Edges and coordinator all over TLS.
+    let options = DemoOptions {
+        rounds: 2,
+        clients: 3,
+        broker: Some(broker),
+        federation: "tls".into(),
+        round_timeout_s: 60.0,
+        ..DemoOptions::default()
+    };
+    let data = demo::prepare(&options).unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(120), demo::run(&options, &data, |_| {}))
+        .await
+        .expect("federation over TLS timed out")
+        .unwrap();
+    assert_eq!(result.rounds.len(), 2);
+    assert!(result.rounds.iter().all(|r| r.clients == 3));
+    assert!(result.final_target_accuracy.unwrap() > result.initial_target_accuracy);
+}
