@@ -310,6 +310,7 @@ pub async fn run(
             backbone: "digits-conv".into(),
             seed: options.seed,
             key: keys.as_ref().and_then(|k| k.get(&client.id).cloned()),
+            state_file: None,
         };
         agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));
     }

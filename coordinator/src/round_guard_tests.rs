@@ -184,3 +184,66 @@ fn norm_bounds_reject_on_arrival_and_drop_outliers_at_the_close() {
     assert_eq!(report.rejected["norm"], 2);
     assert_eq!(m.params(), &[1.0 / 3.0, 2.0 / 3.0, 0.0, 0.5]);
 }
+
+mod arbitrary_input {
+    use super::*;
+    use proptest::prelude::{ProptestConfig, any, prop, prop_assert_eq, prop_oneof, proptest};
+    use proptest::strategy::Strategy as Gen;
+
+    /// A payload from the network: random bytes, a valid frame with a few bytes changed, or
+    /// random bytes inside a well-formed chunk (so they reach reassembly and the decoders).
+    fn payload() -> impl Gen<Value = Vec<u8>> {
+        let valid = sealed("a", &key(1), update("a", 1, [1.0; M], 1));
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..300),
+            prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6).prop_map(
+                move |edits| {
+                    let mut bytes = valid.clone();
+                    for (at, value) in edits {
+                        let i = at.index(bytes.len());
+                        bytes[i] ^= value.max(1);
+                    }
+                    bytes
+                }
+            ),
+            (0u32..3, 1u32..4, prop::collection::vec(any::<u8>(), 1..200)).prop_map(
+                |(index, count, data)| {
+                    fedge_wire::encode(&Message::Chunk(fedge_wire::Chunk {
+                        message_id: 1,
+                        index: index.min(count - 1),
+                        count,
+                        total_len: 400,
+                        data,
+                    }))
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn no_input_from_the_network_panics_or_touches_the_model(
+            packets in prop::collection::vec((0usize..3, payload()), 1..12),
+            keyed in any::<bool>(),
+        ) {
+            let mut m = if keyed {
+                keyed_machine()
+            } else {
+                let mut m = Rounds::new(config(), Box::new(FedAvg), vec![0.0; M]);
+                m.handle_client_status("a", true, 0);
+                m.handle_client_status("b", true, 0);
+                m
+            };
+            drain(&mut m);
+            for (t, (who, bytes)) in packets.iter().enumerate() {
+                m.handle_packet(["a", "b", "mallory"][*who], bytes, t as u64 * 10);
+            }
+            m.handle_timeout(60_000);
+            m.handle_timeout(120_000);
+            drain(&mut m);
+            prop_assert_eq!(m.params(), &[0.0; M]);
+        }
+    }
+}

@@ -51,6 +51,49 @@ pub struct AgentSetup {
     /// The device's key: when set, updates are sealed with it and round tasks must carry a tag
     /// that verifies with it.
     pub key: Option<DeviceKey>,
+    /// Where the device keeps its round state (last round trained, update sequence) across
+    /// restarts, so a retained task it already answered is not trained again.
+    pub state_file: Option<std::path::PathBuf>,
+}
+
+/// What a device remembers across restarts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RoundState {
+    /// Last round the device trained and answered.
+    pub last_round: u64,
+    /// Sequence number of its last update.
+    pub seq: u64,
+    /// Seconds its last local training took.
+    pub last_train_seconds: f32,
+}
+
+impl RoundState {
+    /// Reads the state file; a missing or unreadable file is a fresh state (logged).
+    pub fn load(path: &std::path::Path) -> Self {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(file = %path.display(), error = %e, "round state unreadable; starting afresh");
+                Self::default()
+            }),
+            Err(_) => Self::default(),
+        }
+    }
+
+    /// Writes the state file atomically (write, fsync, rename).
+    pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let tmp = path.with_extension("tmp");
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&serde_json::to_vec(self).unwrap_or_default())?;
+        file.sync_all()?;
+        std::fs::rename(tmp, path)
+    }
+}
+
+/// Whether a task should be skipped because the last round's training took longer than the
+/// task's whole deadline: the update would arrive after the round closed.
+pub fn too_slow_for(task_deadline_ms: u64, last_train_seconds: f32) -> bool {
+    task_deadline_ms > 0 && (last_train_seconds as f64) * 1000.0 > task_deadline_ms as f64
 }
 
 /// What an agent did before it stopped.
@@ -104,9 +147,12 @@ pub async fn run_agent(
         last_error: String::new(),
     };
     let will = LastWill::new(&status_topic, json(&status), QoS::AtLeastOnce, true);
-    let options = setup
+    let mut options = setup
         .broker
         .options(&format!("fedge-edge-{}", setup.client_id), Some(will));
+    // A persistent session: the broker keeps the subscription and queues the QoS 1 task while
+    // the device is offline.
+    options.set_clean_session(false);
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Trained>();
     // Stable-FedADG's discriminator and memory, kept between rounds (one round trains at a time).
@@ -119,7 +165,13 @@ pub async fn run_agent(
     let mut backoff = Backoff::default();
     let mut summary = AgentSummary::default();
     let mut training: Option<u64> = None;
-    let mut seq = 0u64;
+    let mut remembered = setup
+        .state_file
+        .as_deref()
+        .map(RoundState::load)
+        .unwrap_or_default();
+    status.last_round = remembered.last_round;
+    let mut seq = remembered.seq;
     let mut connected = false;
     status.online = true;
     loop {
@@ -156,7 +208,16 @@ pub async fn run_agent(
                         // while a task delivered twice (retained, reconnect) has the same round.
                         && task.round != status.last_round
                         && training.is_none();
-                    if wanted {
+                    if wanted && too_slow_for(task.deadline_ms, remembered.last_train_seconds) {
+                        status.last_error = format!(
+                            "skipped round {}: the last local training took {:.1} s, longer than the round's {:.1} s deadline",
+                            task.round, remembered.last_train_seconds, task.deadline_ms as f64 / 1000.0
+                        );
+                        tracing::warn!(client = %setup.client_id, "{}", status.last_error);
+                        // Skip it once; the next round is tried again.
+                        remembered.last_train_seconds = 0.0;
+                        let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
+                    } else if wanted {
                         training = Some(task.round);
                         spawn_training(&setup, task, Arc::clone(&local_state), done_tx.clone());
                     }
@@ -175,6 +236,7 @@ pub async fn run_agent(
             Some(done) = done_rx.recv() => {
                 training = None;
                 status.last_round = done.round;
+                remembered.last_train_seconds = done.seconds;
                 match done.result {
                     Ok(outcome) => {
                         seq += 1;
@@ -214,6 +276,13 @@ pub async fn run_agent(
                         tracing::error!(client = %setup.client_id, round = done.round, error = %e, "local training failed");
                         status.last_error = e.to_string();
                     }
+                }
+                remembered.last_round = done.round;
+                remembered.seq = seq;
+                if let Some(path) = &setup.state_file
+                    && let Err(e) = remembered.save(path)
+                {
+                    tracing::warn!(client = %setup.client_id, error = %e, "round state not saved");
                 }
                 let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
             },
@@ -386,5 +455,34 @@ mod tests {
         // Without a key a device follows both.
         assert_eq!(decode(&sealed, "cam-1", None), Ok(Some(3)));
         assert_eq!(decode(&task_frame(), "cam-1", None), Ok(Some(3)));
+    }
+}
+
+#[cfg(test)]
+mod state_tests {
+    use super::*;
+
+    #[test]
+    fn round_state_survives_a_restart_and_a_damaged_file_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cam.round.json");
+        assert_eq!(RoundState::load(&path), RoundState::default());
+        let state = RoundState {
+            last_round: 7,
+            seq: 9,
+            last_train_seconds: 1.5,
+        };
+        state.save(&path).unwrap();
+        assert_eq!(RoundState::load(&path), state);
+        std::fs::write(&path, b"{not json").unwrap();
+        assert_eq!(RoundState::load(&path), RoundState::default());
+    }
+
+    #[test]
+    fn a_task_is_too_slow_only_when_the_last_training_outlasted_its_deadline() {
+        assert!(too_slow_for(1_000, 1.5));
+        assert!(!too_slow_for(2_000, 1.5));
+        assert!(!too_slow_for(1_000, 0.0), "no measurement yet");
+        assert!(!too_slow_for(0, 9.0), "no deadline");
     }
 }

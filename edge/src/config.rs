@@ -245,6 +245,10 @@ impl EdgeConfig {
             backbone: backbone.card().name.clone(),
             seed: self.seed,
             key,
+            state_file: self
+                .cache_dir
+                .as_ref()
+                .map(|dir| dir.join(format!("{}.round.json", self.client_id))),
         })
     }
 }
