@@ -7,6 +7,7 @@
 
 pub mod bench_aggregate;
 pub mod bench_feddim;
+pub mod bench_fleet;
 pub mod bench_head;
 pub mod demo;
 pub mod fdg;

@@ -35,6 +35,34 @@ enum Command {
     BenchAggregate(BenchAggregateArgs),
     /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
     BenchFeddim(BenchFeddimArgs),
+    /// Simulate many lightweight devices (each its own MQTT connection, no training) against a
+    /// running coordinator, and check that every update is accounted for (see bench/fleet.sh).
+    BenchFleet(BenchFleetArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchFleetArgs {
+    /// Simulated devices.
+    #[arg(long, default_value_t = 200)]
+    devices: usize,
+    /// Rounds to watch.
+    #[arg(long, default_value_t = 3)]
+    rounds: u64,
+    /// Broker URL of the federation.
+    #[arg(long, default_value = "mqtt://127.0.0.1:1883")]
+    broker: String,
+    /// Federation name.
+    #[arg(long, default_value = "fleet")]
+    federation: String,
+    /// The coordinator's keys file, when it authenticates devices (`fleet-00000` …).
+    #[arg(long)]
+    keys: Option<PathBuf>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_s: u64,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -295,6 +323,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::BenchAggregate(args) => bench_aggregate(args),
+        Command::BenchFleet(args) => bench_fleet(args).await,
         Command::BenchFeddim(args) => {
             bench_feddim(args);
             Ok(())
@@ -734,4 +763,51 @@ fn bench_head(args: BenchHeadArgs) {
             r.final_loss
         );
     }
+}
+
+async fn bench_fleet(args: BenchFleetArgs) -> anyhow::Result<()> {
+    use fedge::bench_fleet::{FleetOptions, run_fleet};
+    let keys = match &args.keys {
+        Some(path) => fedge_coordinator::keys::load(path)?,
+        None => Default::default(),
+    };
+    let options = FleetOptions {
+        broker: fedge_mqtt::BrokerConfig::parse_url(&args.broker).map_err(anyhow::Error::msg)?,
+        federation: args.federation.clone(),
+        devices: args.devices,
+        rounds: args.rounds,
+        timeout: std::time::Duration::from_secs(args.timeout_s),
+        keys: keys.into_iter().collect(),
+    };
+    let report = run_fleet(&options).await?;
+    println!("round  selected  reported  rejected  seconds  MB up");
+    for r in &report.rounds {
+        println!(
+            "{:5}  {:8}  {:8}  {:8}  {:7.2}  {:5.1}",
+            r.round,
+            r.selected,
+            r.reported,
+            r.rejected,
+            r.seconds,
+            r.bytes_up as f64 / 1e6
+        );
+    }
+    let reported: u64 = report.rounds.iter().map(|r| r.reported).sum();
+    println!(
+        "{} devices, {} updates sent, {} used by the coordinator, {:.1} s",
+        report.devices, report.updates_sent, reported, report.seconds
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    anyhow::ensure!(
+        report
+            .rounds
+            .iter()
+            .all(|r| r.reported == r.selected && r.rejected == 0)
+            && reported == report.updates_sent,
+        "updates were lost or rejected"
+    );
+    Ok(())
 }

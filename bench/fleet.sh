@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fleet load: N simulated devices (one process, each device its own MQTT connection) against
+# the real fedge-coordinator binary and mosquitto on loopback; the coordinator runs under
+# /usr/bin/time -v so its CPU time and peak memory are its own.
+#
+#   bash bench/fleet.sh [DEVICES] [ROUNDS]        (defaults: 200 devices, 3 rounds)
+#
+# Binaries from target/release (build: cargo build --release --workspace --bins), or from
+# FEDGE_BIN_DIR. Needs mosquitto and /usr/bin/time (Debian package `time`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICES=${1:-200}
+ROUNDS=${2:-3}
+BIN=${FEDGE_BIN_DIR:-target/release}
+MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+ulimit -n 65536 2>/dev/null || ulimit -n 4096 2>/dev/null || true
+
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\n' "$port" > "$work/mosquitto.conf"
+"$MOSQUITTO" -c "$work/mosquitto.conf" >/dev/null 2>&1 &
+sleep 0.5
+
+cat > "$work/coordinator.toml" <<TOML
+federation = "fleet"
+strategy = "${STRATEGY:-fedavg}"
+rounds = $ROUNDS
+fraction = 1.0
+min_clients = $DEVICES
+min_updates = $DEVICES
+round_timeout_s = 600
+seed = 0
+
+[broker]
+host = "127.0.0.1"
+port = $port
+
+[head]
+features = 512
+hidden = 64
+classes = 10
+TOML
+
+/usr/bin/time -v "$BIN/fedge-coordinator" run --config "$work/coordinator.toml" > "$work/coordinator.log" 2> "$work/coordinator.err" &
+coordinator=$!
+"$BIN/fedge" bench-fleet --devices "$DEVICES" --rounds "$ROUNDS" --broker "mqtt://127.0.0.1:$port" \
+  --federation fleet --json "${FLEET_JSON:-/dev/null}"
+wait "$coordinator" || true
+echo "coordinator (strategy ${STRATEGY:-fedavg}, $DEVICES devices, $ROUNDS rounds, 33,482 parameters):"
+grep -E "User time|System time|Elapsed \(wall|Maximum resident" "$work/coordinator.err" | sed 's/^\s*/  /'

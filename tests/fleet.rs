@@ -1,0 +1,73 @@
+//! 60 lightweight devices, each its own MQTT connection with its own key, against a
+//! coordinator over mosquitto for two rounds: every update is accounted for (the full-size
+//! load figures come from `bench/fleet.sh` and are in BENCHMARKS.md).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fedge::bench_fleet::{FleetOptions, device_ids, run_fleet};
+use fedge_coordinator::{DriverOptions, FedAvg, RoundConfig, Rounds, driver};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_update_of_a_keyed_fleet_is_accounted_for() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    const DEVICES: usize = 60;
+    let keys: fedge_coordinator::DeviceKeys = device_ids(DEVICES)
+        .into_iter()
+        .map(|id| (id, fedge_coordinator::keys::generate()))
+        .collect();
+    let params = 40_000; // chunked at the default 128 KiB packet limit: tasks and updates
+    let config = RoundConfig {
+        rounds: 2,
+        min_clients: DEVICES,
+        min_updates: DEVICES,
+        round_timeout_ms: 60_000,
+        auth: Some(Arc::new(keys.clone())),
+        ..RoundConfig::default()
+    };
+    let rounds = Rounds::new(config, Box::new(FedAvg), vec![0.0; params]);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let options = DriverOptions {
+        broker: mosquitto.broker(),
+        federation: "fleet-test".into(),
+        client_id: "coordinator".into(),
+        checkpoint: None,
+        journal: None,
+    };
+    let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
+    let fleet = FleetOptions {
+        broker: mosquitto.broker(),
+        federation: "fleet-test".into(),
+        devices: DEVICES,
+        rounds: 2,
+        timeout: Duration::from_secs(60),
+        keys: keys.into_iter().collect(),
+    };
+    let report = run_fleet(&fleet).await.unwrap();
+    assert_eq!(report.rounds.len(), 2, "{report:?}");
+    for r in &report.rounds {
+        assert_eq!((r.selected, r.reported, r.rejected), (60, 60, 0), "{r:?}");
+        assert!(
+            r.bytes_up > 60 * params as u64 * 4,
+            "chunked updates counted: {r:?}"
+        );
+    }
+    assert_eq!(report.updates_sent, 120);
+    let rounds = tokio::time::timeout(Duration::from_secs(20), coordinator)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // Every device sends 1e-3·((i mod 7) − 3) per round, with equal weights.
+    let want: Vec<f32> = (0..params)
+        .map(|i| (2.0 * 1e-3 * ((i % 7) as f64 - 3.0)) as f32)
+        .collect();
+    for (got, want) in rounds.params().iter().zip(&want) {
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+    let _ = stop_tx.send(true);
+}
