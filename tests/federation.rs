@@ -115,7 +115,7 @@ async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn federation_survives_a_broker_restart_between_rounds() {
+async fn federation_survives_a_broker_restart_mid_round() {
     let Some(mut mosquitto) = common::Mosquitto::start() else {
         return;
     };
@@ -130,8 +130,10 @@ async fn federation_survives_a_broker_restart_between_rounds() {
     let data = demo::prepare(&options).unwrap();
     let mut restarted = false;
     let run = demo::run(&options, &data, |row| {
-        // Every session and retained message disappears; clients must reconnect with back-off,
-        // resubscribe, republish their status, and the coordinator its task.
+        // Called as round 1 ends, right after round 2's task went out: the broker dies while
+        // the devices train round 2. Every session and retained message disappears; clients
+        // must reconnect with back-off, resubscribe, republish their status, the coordinator
+        // its task, and round 2 must still complete.
         if row.round == 1 && !restarted {
             restarted = true;
             mosquitto.restart(std::time::Duration::from_millis(500));
