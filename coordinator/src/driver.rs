@@ -361,6 +361,10 @@ fn metrics_json(
         "params_norm": report.params_norm,
         "time": fedge_mqtt::now_rfc3339(),
     });
+    // Devices read their own entry to report a rejected update in their status.
+    if let (false, Some(map)) = (report.failures.is_empty(), metrics.as_object_mut()) {
+        map.insert("failures".into(), serde_json::json!(report.failures));
+    }
     // FedOMG's Γ per client, its objective and λ, the momentum norm: flat keys next to the rest.
     if let (Some(aggregation), Some(map)) = (&report.aggregation, metrics.as_object_mut())
         && let Ok(serde_json::Value::Object(extra)) = serde_json::to_value(aggregation)
@@ -380,8 +384,9 @@ mod tests {
         let report = RoundReport {
             round: 3,
             aggregated: true,
-            selected: vec!["a".into(), "b".into()],
+            selected: vec!["a".into(), "b".into(), "c".into()],
             reported: vec!["a".into(), "b".into()],
+            failures: [("c".to_string(), "bad_tag".to_string())].into(),
             rejected: Default::default(),
             bytes_up: 10,
             bytes_down: 20,
@@ -405,5 +410,6 @@ mod tests {
         assert_eq!(m["momentum_norm"], 2.0);
         assert_eq!(m["round"], 3);
         assert_eq!(m["seconds"], 1.5);
+        assert_eq!(m["failures"]["c"], "bad_tag");
     }
 }

@@ -235,6 +235,9 @@ pub struct RoundReport {
     pub params_norm: f32,
     /// What the strategy reported (FedOMG's Γ, momentum norm), when the round aggregated.
     pub aggregation: Option<AggregationReport>,
+    /// Selected clients whose update did not count, with the last reason (a rejection's name
+    /// or `no_report`).
+    pub failures: BTreeMap<String, String>,
 }
 
 /// Something the driver must do or may show.
@@ -962,9 +965,21 @@ impl Rounds {
             self.params = result.params;
             aggregation = Some(result.report);
         }
+        let mut failures: BTreeMap<String, String> = open
+            .selected
+            .iter()
+            .filter(|c| !reported.contains(c))
+            .map(|c| (c.clone(), "no_report".to_owned()))
+            .collect();
+        for failure in &open.failures {
+            if let Some(reason) = failures.get_mut(&failure.client) {
+                reason.clone_from(&failure.reason);
+            }
+        }
         let report = RoundReport {
             round: open.round,
             aggregated,
+            failures,
             selected: open.selected.iter().cloned().collect(),
             reported,
             rejected: open.rejected,

@@ -137,6 +137,7 @@ pub async fn run_agent(
     let status_topic = topics.edge_status(&setup.client_id);
     let update_topic = topics.update(&setup.client_id);
     let task_base = topics.round_task();
+    let metrics_topic = topics.metrics();
     let mut status = EdgeStatus {
         client_id: setup.client_id.clone(),
         online: false,
@@ -181,12 +182,20 @@ pub async fn run_agent(
                     backoff.reset();
                     connected = true;
                     tracing::info!(client = %setup.client_id, "edge connected");
-                    for filter in [task_base.clone(), format!("{task_base}/+")] {
+                    for filter in [task_base.clone(), format!("{task_base}/+"), metrics_topic.clone()] {
                         let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
                     }
                     let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if p.topic == metrics_topic {
+                        if let Some(e) = rejection_of(&p.payload, &setup.client_id) {
+                            tracing::warn!(client = %setup.client_id, "{e}");
+                            status.last_error = e;
+                            let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, json(&status));
+                        }
+                        continue;
+                    }
                     if p.payload.is_empty() || !(p.topic == task_base || p.topic.starts_with(&format!("{task_base}/"))) {
                         continue;
                     }
@@ -294,6 +303,17 @@ pub async fn run_agent(
     fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
         .await;
     Ok(summary)
+}
+
+/// The coordinator's word on this device's update, from a round's metrics JSON: `Some` when
+/// the device was selected and its update did not count (a rejection reason or `no_report`).
+pub fn rejection_of(metrics: &[u8], client_id: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(metrics).ok()?;
+    let reason = value.get("failures")?.get(client_id)?.as_str()?;
+    let round = value.get("round").and_then(|r| r.as_u64()).unwrap_or(0);
+    Some(format!(
+        "round {round}: the coordinator did not use this device's update ({reason})"
+    ))
 }
 
 /// The round task in a payload: `Ok(None)` while chunks are missing, for tasks that do not
@@ -476,6 +496,16 @@ mod state_tests {
         assert_eq!(RoundState::load(&path), state);
         std::fs::write(&path, b"{not json").unwrap();
         assert_eq!(RoundState::load(&path), RoundState::default());
+    }
+
+    #[test]
+    fn a_device_reads_its_own_rejection_from_the_round_metrics() {
+        let metrics = br#"{"round": 4, "failures": {"cam-1": "bad_tag", "cam-2": "no_report"}}"#;
+        let e = rejection_of(metrics, "cam-1").unwrap();
+        assert!(e.contains("round 4") && e.contains("bad_tag"), "{e}");
+        assert_eq!(rejection_of(metrics, "cam-3"), None);
+        assert_eq!(rejection_of(br#"{"round": 4}"#, "cam-1"), None);
+        assert_eq!(rejection_of(b"not json", "cam-1"), None);
     }
 
     #[test]
