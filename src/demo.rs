@@ -54,6 +54,8 @@ pub struct DemoOptions {
     pub per_round: Option<usize>,
     /// Authenticate: a random key per agent, known to the coordinator.
     pub auth: bool,
+    /// Announce Home Assistant sensors.
+    pub home_assistant: bool,
 }
 
 impl Default for DemoOptions {
@@ -76,6 +78,7 @@ impl Default for DemoOptions {
             insight_momentum: 0.5,
             per_round: None,
             auth: false,
+            home_assistant: false,
         }
     }
 }
@@ -320,6 +323,7 @@ pub async fn run(
         client_id: format!("fedge-coordinator-{}", options.federation),
         checkpoint: None,
         journal: None,
+        home_assistant: options.home_assistant,
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(

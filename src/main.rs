@@ -279,6 +279,9 @@ struct DemoArgs {
     /// deployment with `[auth] keys_file`.
     #[arg(long)]
     auth: bool,
+    /// Announce the coordinator's sensors through Home Assistant MQTT discovery.
+    #[arg(long)]
+    home_assistant: bool,
     /// Local epochs per round.
     #[arg(long, default_value_t = 5)]
     local_epochs: u32,
@@ -359,6 +362,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         },
         insight_momentum: args.insight_momentum,
         auth: args.auth,
+        home_assistant: args.home_assistant,
         seed: args.seed,
         backend: args.backend,
         broker: args

@@ -91,6 +91,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         client_id: "coord".into(),
         checkpoint: Some(checkpoint_path.clone()),
         journal: Some(state.path().join("journal.bin")),
+        home_assistant: false,
     };
     let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
 

@@ -37,6 +37,7 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
         client_id: "coordinator".into(),
         checkpoint: None,
         journal: None,
+        home_assistant: false,
     };
     let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
     let fleet = FleetOptions {

@@ -96,6 +96,7 @@ async fn a_round_closes_at_its_deadline_with_quorum_when_devices_vanish() {
         client_id: "coordinator".into(),
         checkpoint: None,
         journal: None,
+        home_assistant: false,
     };
     let coordinator = tokio::spawn(driver::run(rounds, options, None, Some(events_tx), stop_rx));
 

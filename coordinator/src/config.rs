@@ -22,6 +22,7 @@
 //! max_update_norm = 0.0        # reject deltas longer than this on arrival; 0 = off
 //! max_norm_ratio = 0.0         # drop deltas longer than this × the round's median norm; 0 = off
 //! robust = "none"              # clip, trimmed-mean or median around the strategy
+//! home_assistant = false       # announce sensors through Home Assistant MQTT discovery
 //! clip_norm = 0.0              # clip: bound, 0 = the round's median norm
 //! trim_fraction = 0.1          # trimmed-mean: fraction pulled in at each end
 //!
@@ -125,6 +126,9 @@ pub struct CoordinatorConfig {
     /// (`norm`, with 3 or more updates); 0: off.
     #[serde(default)]
     pub max_norm_ratio: f64,
+    /// Announce Home Assistant sensors (MQTT discovery under `homeassistant/`).
+    #[serde(default)]
+    pub home_assistant: bool,
     /// Broker.
     #[serde(default)]
     pub broker: BrokerConfig,

@@ -52,6 +52,8 @@ pub struct DriverOptions {
     pub checkpoint: Option<std::path::PathBuf>,
     /// Where to write the open round's journal (`Output::Journal` records).
     pub journal: Option<std::path::PathBuf>,
+    /// Announce Home Assistant sensors (retained discovery configs) on connect.
+    pub home_assistant: bool,
 }
 
 /// The driver could not run.
@@ -95,6 +97,10 @@ pub async fn run(
     let mut target_accuracy = None;
     let mut connected = false;
     let mut journal = options.journal.as_ref().map(crate::journal::Journal::new);
+    let mut clock = Clock {
+        federation: options.federation.clone(),
+        ..Clock::default()
+    };
     rounds.start(now_ms());
     loop {
         let deadline = rounds
@@ -120,6 +126,11 @@ pub async fn run(
                     // Republish what a new broker or a reconnecting dashboard needs.
                     if rounds.phase() == Phase::Training {
                         rounds.republish_task();
+                    }
+                    if options.home_assistant {
+                        for (topic, config) in crate::discovery::discovery_messages(&topics, &options.federation) {
+                            let _ = client.try_publish(topic, QoS::AtLeastOnce, true, config);
+                        }
                     }
                     rounds.touch_status();
                 }
@@ -147,6 +158,8 @@ pub async fn run(
             _ = sleep => rounds.handle_timeout(now_ms()),
             _ = stop.changed() => break,
         }
+        clock.now_ms = now_ms();
+        clock.wall = std::time::SystemTime::now();
         let finished = drain(
             &mut rounds,
             &client,
@@ -158,6 +171,7 @@ pub async fn run(
             &status_topic,
             &topics,
             &mut journal,
+            &mut clock,
         );
         if finished {
             break;
@@ -180,6 +194,7 @@ fn drain(
     status_topic: &str,
     topics: &Topics,
     journal: &mut Option<crate::journal::Journal>,
+    clock: &mut Clock,
 ) -> bool {
     let mut status_dirty = false;
     let mut finished = false;
@@ -190,6 +205,7 @@ fn drain(
             }
             Output::RoundEnded(report) => {
                 if report.aggregated {
+                    clock.last_aggregation = Some(clock.wall);
                     *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
                     if let Some(path) = &options.checkpoint {
                         let saved = rounds.checkpoint(&options.federation);
@@ -259,7 +275,7 @@ fn drain(
         }
     }
     if status_dirty {
-        let status = status_of(rounds, *target_accuracy);
+        let status = status_at(rounds, *target_accuracy, clock);
         let json = serde_json::to_string(&status).unwrap_or_default();
         let _ = client.try_publish(status_topic, QoS::AtLeastOnce, true, json);
     }
@@ -313,13 +329,54 @@ fn publish_task(
 
 /// The retained status document.
 pub fn status_of(rounds: &Rounds, target_accuracy: Option<f32>) -> CoordinatorStatus {
+    status_at(rounds, target_accuracy, &Clock::default())
+}
+
+/// Maps the machine's milliseconds to wall-clock times for status documents.
+#[derive(Debug, Clone)]
+pub struct Clock {
+    /// Machine time now.
+    pub now_ms: u64,
+    /// Wall-clock time now.
+    pub wall: std::time::SystemTime,
+    /// Wall-clock time of the last aggregation.
+    pub last_aggregation: Option<std::time::SystemTime>,
+    /// Federation name.
+    pub federation: String,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self {
+            now_ms: 0,
+            wall: std::time::SystemTime::now(),
+            last_aggregation: None,
+            federation: String::new(),
+        }
+    }
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The status document at a given time.
+pub fn status_at(rounds: &Rounds, target_accuracy: Option<f32>, clock: &Clock) -> CoordinatorStatus {
     let rejected = rounds
         .rejected_total()
         .iter()
         .map(|(k, v)| (k.to_string(), *v))
         .collect();
+    let deadline = rounds.deadline_ms().map(|ms| {
+        rfc3339(clock.wall + Duration::from_millis(ms.saturating_sub(clock.now_ms)))
+    });
     CoordinatorStatus {
+        federation: clock.federation.clone(),
         state: rounds.phase().name().into(),
+        phase: rounds.phase_detail().into(),
+        deadline,
+        last_aggregation: clock.last_aggregation.map(rfc3339),
+        objective: rounds.config().train.objective.name().into(),
         round: rounds.round(),
         total_rounds: rounds.config().rounds,
         strategy: rounds.strategy_name().into(),
@@ -336,7 +393,7 @@ pub fn status_of(rounds: &Rounds, target_accuracy: Option<f32>) -> CoordinatorSt
         target_accuracy,
         source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
         params_norm: l2_norm(rounds.params()),
-        updated_at: fedge_mqtt::now_rfc3339(),
+        updated_at: rfc3339(clock.wall),
     }
 }
 

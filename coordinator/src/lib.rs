@@ -11,6 +11,7 @@
 //!   arrive.
 //! - [`driver`]: the thin tokio + rumqttc driver around the machine.
 //! - [`broker`]: the optional embedded rumqttd broker.
+//! - [`discovery`]: Home Assistant MQTT discovery messages.
 //! - [`config`]: the coordinator's TOML configuration.
 //! - [`keys`]: device keys (the keys file, `keygen`).
 //! - [`replay`], [`npy`]: one aggregation re-run offline from `.npy` files.
@@ -20,6 +21,7 @@
 pub mod broker;
 pub mod checkpoint;
 pub mod config;
+pub mod discovery;
 pub mod driver;
 pub mod fedomg;
 pub mod gram;

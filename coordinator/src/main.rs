@@ -189,6 +189,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         client_id: format!("fedge-coordinator-{}", config.federation),
         checkpoint: checkpoint_path,
         journal: journal_path,
+        home_assistant: config.home_assistant,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

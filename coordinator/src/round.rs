@@ -432,6 +432,21 @@ impl Rounds {
         self.phase
     }
 
+    /// The open round's deadline (machine time), if a round is open.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.open.as_ref().map(|o| o.deadline_ms)
+    }
+
+    /// Finer than [`Phase`]: `waiting`, `collecting`, `extended` (past the first deadline below
+    /// quorum), `finished`.
+    pub fn phase_detail(&self) -> &'static str {
+        match (&self.phase, &self.open) {
+            (Phase::Training, Some(open)) if open.extended => "extended",
+            (Phase::Training, _) => "collecting",
+            (phase, _) => phase.name(),
+        }
+    }
+
     /// The round open now, or the last one started.
     pub fn round(&self) -> u64 {
         self.open

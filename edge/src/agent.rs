@@ -146,6 +146,8 @@ pub async fn run_agent(
         samples: setup.train.len() as u32,
         last_round: 0,
         last_error: String::new(),
+        device: "cpu".into(),
+        updated_at: String::new(),
     };
     let will = LastWill::new(&status_topic, json(&status), QoS::AtLeastOnce, true);
     let mut options = setup
@@ -425,8 +427,13 @@ fn spawn_training(
     });
 }
 
+/// The status document, stamped with the current time.
 fn json(status: &EdgeStatus) -> String {
-    serde_json::to_string(status).unwrap_or_default()
+    let stamped = EdgeStatus {
+        updated_at: fedge_mqtt::now_rfc3339(),
+        ..status.clone()
+    };
+    serde_json::to_string(&stamped).unwrap_or_default()
 }
 
 #[cfg(test)]

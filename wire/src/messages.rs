@@ -28,6 +28,17 @@ pub enum Objective {
 }
 
 impl Objective {
+    /// Name in status JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::CrossEntropy => "cross_entropy",
+            Objective::FedProx => "fedprox",
+            Objective::FedDim => "feddim",
+            Objective::StableFedAdg => "stable_fedadg",
+            Objective::FedDdl => "fedddl",
+        }
+    }
+
     /// True when the flat parameter vector carries Stable-FedADG's generator after the head.
     pub fn carries_generator(self) -> bool {
         self == Objective::StableFedAdg

@@ -10,8 +10,25 @@ pub type RejectCounts = BTreeMap<String, u64>;
 /// Retained on `fedge/<f>/coordinator/status`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CoordinatorStatus {
-    /// `waiting` (for clients), `training` (round open), `aggregating`, `finished`.
+    /// Federation name.
+    #[serde(default)]
+    pub federation: String,
+    /// `waiting` (for clients), `training` (round open), `finished`; `offline` in the Last Will.
     pub state: String,
+    /// Finer than `state`: `waiting`, `collecting` (before the deadline), `extended` (past the
+    /// first deadline below quorum), `finished`.
+    #[serde(default)]
+    pub phase: String,
+    /// RFC 3339 deadline of the open round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    /// RFC 3339 time of the last aggregation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_aggregation: Option<String>,
+    /// Local objective sent to devices (`cross_entropy`, `fedprox`, `feddim`, `stable_fedadg`,
+    /// `fedddl`).
+    #[serde(default)]
+    pub objective: String,
     /// Current (or last) round.
     pub round: u64,
     /// Rounds the coordinator will run (0: unbounded).
@@ -61,6 +78,12 @@ pub struct EdgeStatus {
     pub last_round: u64,
     /// Last error, empty when none.
     pub last_error: String,
+    /// Burn device the agent trains on (`cpu`, or `cuda` on a Jetson build).
+    #[serde(default)]
+    pub device: String,
+    /// RFC 3339 time of this document.
+    #[serde(default)]
+    pub updated_at: String,
 }
 
 #[cfg(test)]
@@ -70,7 +93,12 @@ mod tests {
     #[test]
     fn coordinator_status_survives_a_json_round_trip() {
         let status = CoordinatorStatus {
+            federation: "plant-7".into(),
             state: "training".into(),
+            phase: "collecting".into(),
+            deadline: Some("2025-01-01T00:01:00Z".into()),
+            last_aggregation: None,
+            objective: "fedddl".into(),
             round: 4,
             total_rounds: 20,
             strategy: "fedomg".into(),
@@ -105,6 +133,8 @@ mod tests {
             samples: 600,
             last_round: 3,
             last_error: String::new(),
+            device: "cpu".into(),
+            updated_at: "2025-01-01T00:00:00Z".into(),
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));
