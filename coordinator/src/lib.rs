@@ -13,6 +13,7 @@
 //! - [`broker`]: the optional embedded rumqttd broker.
 //! - [`discovery`]: Home Assistant MQTT discovery messages.
 //! - [`config`]: the coordinator's TOML configuration.
+//! - [`watch`]: the terminal view of a federation's topics.
 //! - [`keys`]: device keys (the keys file, `keygen`).
 //! - [`replay`], [`npy`]: one aggregation re-run offline from `.npy` files.
 //! - [`journal`]: the open round's accepted updates, so a restart resumes the same round.
@@ -35,6 +36,7 @@ pub mod robust;
 pub mod round;
 pub mod strategy;
 pub mod updates;
+pub mod watch;
 
 pub use driver::{DriverError, DriverEvent, DriverOptions, Evaluator};
 pub use round::{DeviceKeys, Output, Phase, Rejection, RoundConfig, RoundReport, Rounds};

@@ -43,6 +43,22 @@ enum Command {
     /// counts.json ({"<client>": sample_count}). The report is
     /// {"gamma": {"<client>": weight}, "objective": f, "lambda": λ, "n_clients": N, ...}.
     Aggregate(AggregateArgs),
+    /// Watch a federation live: coordinator status, recent rounds and every device, read from
+    /// the same MQTT topics dashboards use.
+    Watch {
+        /// Broker URL.
+        #[arg(long, default_value = "mqtt://127.0.0.1:1883")]
+        broker: String,
+        /// Federation name.
+        #[arg(long, default_value = "demo")]
+        federation: String,
+        /// CA file for a TLS broker (PEM).
+        #[arg(long, value_name = "CA.pem")]
+        ca_file: Option<PathBuf>,
+        /// Print one snapshot after this many seconds and exit (for scripts).
+        #[arg(long, value_name = "SECONDS")]
+        once: Option<f64>,
+    },
     /// Provision a device: write a new random key to its key file and add it to the keys file.
     ///
     /// Copy the device file to the device (its profile's `key_file`) over a secure channel and
@@ -95,6 +111,12 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config } => run(config).await,
         Command::Aggregate(args) => aggregate(args),
+        Command::Watch {
+            broker,
+            federation,
+            ca_file,
+            once,
+        } => watch(&broker, &federation, ca_file, once).await,
         Command::Keygen { client, keys, out } => {
             fedge_coordinator::keys::keygen(&keys, &client, &out)?;
             println!(
@@ -239,4 +261,61 @@ fn read_f32_file(path: &std::path::Path, expected: usize) -> anyhow::Result<Vec<
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect())
+}
+
+async fn watch(
+    url: &str,
+    federation: &str,
+    ca_file: Option<PathBuf>,
+    once: Option<f64>,
+) -> anyhow::Result<()> {
+    use fedge_coordinator::watch::{WatchState, render};
+    use rumqttc::{Event, Packet, QoS};
+    let mut broker = fedge_mqtt::BrokerConfig::parse_url(url).map_err(anyhow::Error::msg)?;
+    if let Some(ca) = ca_file {
+        broker.tls = Some(fedge_mqtt::TlsSettings::with_ca(ca).map_err(anyhow::Error::msg)?);
+    }
+    let topics = fedge_wire::Topics::new(federation)?;
+    let id = format!("fedge-watch-{}", std::process::id());
+    let (client, mut events) = rumqttc::AsyncClient::new(broker.options(&id, None), 64);
+    let mut state = WatchState::default();
+    let mut backoff = fedge_mqtt::Backoff::default();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    let until = once.map(|s| tokio::time::Instant::now() + std::time::Duration::from_secs_f64(s));
+    let mut dirty = true;
+    loop {
+        tokio::select! {
+            event = events.poll() => match event {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    backoff.reset();
+                    for filter in [topics.coordinator_status(), topics.metrics(), topics.edge_status_filter()] {
+                        let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    dirty |= state.take(&topics, &p.topic, &p.payload);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if backoff.is_fresh() {
+                        eprintln!("cannot reach the broker at {url}: {e}; retrying");
+                    }
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            },
+            _ = tick.tick() => {
+                if let Some(until) = until {
+                    if tokio::time::Instant::now() >= until {
+                        print!("{}", render(&state, federation));
+                        return Ok(());
+                    }
+                } else if dirty {
+                    // Clear the screen and go home, then draw.
+                    print!("\x1b[2J\x1b[H{}", render(&state, federation));
+                    dirty = false;
+                }
+            },
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
 }

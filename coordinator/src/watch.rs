@@ -1,0 +1,182 @@
+//! `fedge-coordinator watch`: a live terminal view of a federation's topics, for operators
+//! without other MQTT tooling. It reads what dashboards read (the retained coordinator and
+//! device statuses, the per-round metrics) and nothing else.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use fedge_wire::{CoordinatorStatus, EdgeStatus, Topics};
+
+/// Rounds of metrics kept for the view.
+const ROUNDS_SHOWN: usize = 8;
+
+/// What the view knows.
+#[derive(Debug, Clone, Default)]
+pub struct WatchState {
+    /// Last coordinator status.
+    pub coordinator: Option<CoordinatorStatus>,
+    /// Last status per device.
+    pub devices: BTreeMap<String, EdgeStatus>,
+    /// Last rounds' metrics, oldest first.
+    pub rounds: Vec<serde_json::Value>,
+}
+
+impl WatchState {
+    /// Takes one message; returns true when it concerned the federation.
+    pub fn take(&mut self, topics: &Topics, topic: &str, payload: &[u8]) -> bool {
+        if topic == topics.coordinator_status() {
+            if let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(payload) {
+                self.coordinator = Some(status);
+            } else if let Ok(v) = serde_json::from_slice::<serde_json::Value>(payload) {
+                // The Last Will: {"state": "offline", ...}.
+                let state = v["state"].as_str().unwrap_or("unknown").to_owned();
+                let status = self.coordinator.get_or_insert_with(Default::default);
+                status.state = state;
+            }
+            return true;
+        }
+        if topic == topics.metrics() {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(payload) {
+                self.rounds.push(v);
+                let extra = self.rounds.len().saturating_sub(ROUNDS_SHOWN);
+                self.rounds.drain(..extra);
+            }
+            return true;
+        }
+        if let Some(id) = topics.client_of_edge_status(topic) {
+            if let Ok(status) = serde_json::from_slice::<EdgeStatus>(payload) {
+                self.devices.insert(id.to_owned(), status);
+            }
+            return true;
+        }
+        false
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
+}
+
+/// The view as text (no terminal control codes).
+pub fn render(state: &WatchState, federation: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "fedge federation {federation}");
+    match &state.coordinator {
+        None => {
+            let _ = writeln!(out, "coordinator: no status yet");
+        }
+        Some(s) => {
+            let total = if s.total_rounds == 0 {
+                "∞".to_owned()
+            } else {
+                s.total_rounds.to_string()
+            };
+            let _ = writeln!(
+                out,
+                "coordinator: {} ({}), round {}/{}, strategy {}, objective {}",
+                s.state, s.phase, s.round, total, s.strategy, s.objective
+            );
+            let _ = writeln!(
+                out,
+                "clients: {} online, {} selected, {} reported; deadline {}; last aggregation {}",
+                s.clients_online,
+                s.clients_selected,
+                s.clients_reported,
+                s.deadline.as_deref().unwrap_or("-"),
+                s.last_aggregation.as_deref().unwrap_or("-"),
+            );
+            let _ = writeln!(
+                out,
+                "accuracy: target {}, source validation {}; parameter norm {:.3}",
+                pct(s.target_accuracy.map(f64::from)),
+                pct(s.source_val_accuracy.map(f64::from)),
+                s.params_norm
+            );
+            let reasons: Vec<String> = s
+                .rejected_updates
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "rejected updates: {}{}",
+                s.rejected_total,
+                if reasons.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", reasons.join(", "))
+                }
+            );
+        }
+    }
+    let _ = writeln!(out, "\nround  target  source val  reported  seconds  MB up  MB down");
+    for r in &state.rounds {
+        let _ = writeln!(
+            out,
+            "{:5}  {:>6}  {:>10}  {:>4}/{:<3}  {:7.2}  {:5.2}  {:7.2}",
+            r["round"].as_u64().unwrap_or(0),
+            pct(r["target_accuracy"].as_f64()),
+            pct(r["source_val_accuracy"].as_f64()),
+            r["clients_reported"].as_u64().unwrap_or(0),
+            r["clients_selected"].as_u64().unwrap_or(0),
+            r["seconds"].as_f64().unwrap_or(f64::NAN),
+            r["bytes_up"].as_f64().unwrap_or(0.0) / 1e6,
+            r["bytes_down"].as_f64().unwrap_or(0.0) / 1e6,
+        );
+    }
+    let _ = writeln!(out, "\ndevice                online  profile           samples  last round  last error");
+    for (id, d) in &state.devices {
+        let _ = writeln!(
+            out,
+            "{:<21} {:<7} {:<17} {:>7}  {:>10}  {}",
+            id,
+            if d.online { "yes" } else { "NO" },
+            d.profile,
+            d.samples,
+            d.last_round,
+            d.last_error
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_shows_status_rounds_and_devices_and_the_last_will() {
+        let topics = Topics::new("plant").unwrap();
+        let mut state = WatchState::default();
+        let status = CoordinatorStatus {
+            state: "training".into(),
+            phase: "collecting".into(),
+            round: 3,
+            total_rounds: 10,
+            strategy: "fedomg".into(),
+            objective: "feddim".into(),
+            clients_online: 2,
+            rejected_updates: [("bad_tag".to_string(), 2)].into(),
+            rejected_total: 2,
+            target_accuracy: Some(0.5),
+            ..Default::default()
+        };
+        assert!(state.take(&topics, &topics.coordinator_status(), &serde_json::to_vec(&status).unwrap()));
+        let metrics = br#"{"round": 2, "target_accuracy": 0.41, "clients_reported": 2, "clients_selected": 2, "seconds": 1.5, "bytes_up": 2000000, "bytes_down": 1000000}"#;
+        assert!(state.take(&topics, &topics.metrics(), metrics));
+        let device = EdgeStatus {
+            client_id: "cam-1".into(),
+            online: false,
+            last_error: "round 2: bad_tag".into(),
+            ..Default::default()
+        };
+        assert!(state.take(&topics, &topics.edge_status("cam-1"), &serde_json::to_vec(&device).unwrap()));
+        assert!(!state.take(&topics, "other/topic", b"{}"));
+        let text = render(&state, "plant");
+        for needle in ["round 3/10", "fedomg", "bad_tag 2", "41.0%", "cam-1", "NO", "round 2: bad_tag"] {
+            assert!(text.contains(needle), "{needle:?} missing from\n{text}");
+        }
+        state.take(&topics, &topics.coordinator_status(), br#"{"state":"offline","updated_at":"x"}"#);
+        assert!(render(&state, "plant").contains("coordinator: offline"));
+    }
+}
