@@ -14,18 +14,49 @@ pub const DISCOVERY_PREFIX: &str = "homeassistant";
 const SENSORS: [(&str, &str, Option<&str>, Option<&str>); 7] = [
     ("state", "state", None, None),
     ("round", "round", None, Some("measurement")),
-    ("clients_online", "clients online", None, Some("measurement")),
-    ("clients_reported", "clients reported", None, Some("measurement")),
-    ("target_accuracy", "target accuracy", Some("%"), Some("measurement")),
-    ("source_val_accuracy", "source validation accuracy", Some("%"), Some("measurement")),
-    ("rejected_total", "rejected updates", None, Some("total_increasing")),
+    (
+        "clients_online",
+        "clients online",
+        None,
+        Some("measurement"),
+    ),
+    (
+        "clients_reported",
+        "clients reported",
+        None,
+        Some("measurement"),
+    ),
+    (
+        "target_accuracy",
+        "target accuracy",
+        Some("%"),
+        Some("measurement"),
+    ),
+    (
+        "source_val_accuracy",
+        "source validation accuracy",
+        Some("%"),
+        Some("measurement"),
+    ),
+    (
+        "rejected_total",
+        "rejected updates",
+        None,
+        Some("total_increasing"),
+    ),
 ];
 
 /// A federation name as a Home Assistant object id (`[a-zA-Z0-9_-]`).
 fn object_id(federation: &str) -> String {
     federation
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -94,7 +125,10 @@ mod tests {
             assert_eq!(parts[4], "config");
             let v: serde_json::Value = serde_json::from_str(payload).unwrap();
             let id = v["unique_id"].as_str().unwrap();
-            assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));
+            assert!(
+                id.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            );
             assert!(ids.insert(id.to_owned()), "unique ids: {id}");
             assert_eq!(v["state_topic"], "fedge/plant-7/coordinator/status");
             assert_eq!(v["availability_topic"], v["state_topic"]);

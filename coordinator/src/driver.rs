@@ -361,15 +361,19 @@ fn rfc3339(t: std::time::SystemTime) -> String {
 }
 
 /// The status document at a given time.
-pub fn status_at(rounds: &Rounds, target_accuracy: Option<f32>, clock: &Clock) -> CoordinatorStatus {
+pub fn status_at(
+    rounds: &Rounds,
+    target_accuracy: Option<f32>,
+    clock: &Clock,
+) -> CoordinatorStatus {
     let rejected = rounds
         .rejected_total()
         .iter()
         .map(|(k, v)| (k.to_string(), *v))
         .collect();
-    let deadline = rounds.deadline_ms().map(|ms| {
-        rfc3339(clock.wall + Duration::from_millis(ms.saturating_sub(clock.now_ms)))
-    });
+    let deadline = rounds
+        .deadline_ms()
+        .map(|ms| rfc3339(clock.wall + Duration::from_millis(ms.saturating_sub(clock.now_ms))));
     CoordinatorStatus {
         federation: clock.federation.clone(),
         state: rounds.phase().name().into(),

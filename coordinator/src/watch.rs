@@ -109,7 +109,10 @@ pub fn render(state: &WatchState, federation: &str) -> String {
             );
         }
     }
-    let _ = writeln!(out, "\nround  target  source val  reported  seconds  MB up  MB down");
+    let _ = writeln!(
+        out,
+        "\nround  target  source val  reported  seconds  MB up  MB down"
+    );
     for r in &state.rounds {
         let _ = writeln!(
             out,
@@ -124,7 +127,10 @@ pub fn render(state: &WatchState, federation: &str) -> String {
             r["bytes_down"].as_f64().unwrap_or(0.0) / 1e6,
         );
     }
-    let _ = writeln!(out, "\ndevice                online  profile           samples  last round  last error");
+    let _ = writeln!(
+        out,
+        "\ndevice                online  profile           samples  last round  last error"
+    );
     for (id, d) in &state.devices {
         let _ = writeln!(
             out,
@@ -161,7 +167,11 @@ mod tests {
             target_accuracy: Some(0.5),
             ..Default::default()
         };
-        assert!(state.take(&topics, &topics.coordinator_status(), &serde_json::to_vec(&status).unwrap()));
+        assert!(state.take(
+            &topics,
+            &topics.coordinator_status(),
+            &serde_json::to_vec(&status).unwrap()
+        ));
         let metrics = br#"{"round": 2, "target_accuracy": 0.41, "clients_reported": 2, "clients_selected": 2, "seconds": 1.5, "bytes_up": 2000000, "bytes_down": 1000000}"#;
         assert!(state.take(&topics, &topics.metrics(), metrics));
         let device = EdgeStatus {
@@ -170,13 +180,29 @@ mod tests {
             last_error: "round 2: bad_tag".into(),
             ..Default::default()
         };
-        assert!(state.take(&topics, &topics.edge_status("cam-1"), &serde_json::to_vec(&device).unwrap()));
+        assert!(state.take(
+            &topics,
+            &topics.edge_status("cam-1"),
+            &serde_json::to_vec(&device).unwrap()
+        ));
         assert!(!state.take(&topics, "other/topic", b"{}"));
         let text = render(&state, "plant");
-        for needle in ["round 3/10", "fedomg", "bad_tag 2", "41.0%", "cam-1", "NO", "round 2: bad_tag"] {
+        for needle in [
+            "round 3/10",
+            "fedomg",
+            "bad_tag 2",
+            "41.0%",
+            "cam-1",
+            "NO",
+            "round 2: bad_tag",
+        ] {
             assert!(text.contains(needle), "{needle:?} missing from\n{text}");
         }
-        state.take(&topics, &topics.coordinator_status(), br#"{"state":"offline","updated_at":"x"}"#);
+        state.take(
+            &topics,
+            &topics.coordinator_status(),
+            br#"{"state":"offline","updated_at":"x"}"#,
+        );
         assert!(render(&state, "plant").contains("coordinator: offline"));
     }
 }
