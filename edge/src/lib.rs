@@ -8,6 +8,7 @@
 //! This crate does not aggregate and does not decide who trains: the coordinator does.
 
 pub mod agent;
+pub mod check;
 pub mod config;
 pub mod data;
 pub mod features;

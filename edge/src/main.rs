@@ -33,11 +33,15 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Load the profile, backbone and data, print what the device would train on, and exit.
+    /// Check a profile and this device: key, TLS files, cache folder, backbone against its
+    /// card, data, broker. Prints what to fix; exits with 1 when any check fails.
     Check {
         /// Device profile TOML.
         #[arg(long)]
         config: PathBuf,
+        /// Skip the broker (for staging and CI, away from the federation's network).
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -73,18 +77,15 @@ async fn main() -> anyhow::Result<()> {
                 "edge stopped"
             );
         }
-        Command::Check { config } => {
-            let setup = EdgeConfig::load(&config)?.setup()?;
-            println!(
-                "{}: backbone {} ({} features), {} train / {} validation samples, {} classes, head of {} parameters",
-                setup.client_id,
-                setup.backbone,
-                setup.head.features,
-                setup.train.len(),
-                setup.val.len(),
-                setup.head.classes,
-                setup.head.num_params()
-            );
+        Command::Check { config, dry_run } => {
+            let checks = fedge_edge::check::run_checks(&config, dry_run);
+            print!("{}", fedge_edge::check::report(&checks));
+            let failed = checks.iter().filter(|c| !c.ok).count();
+            if failed > 0 {
+                eprintln!("{failed} check(s) failed");
+                std::process::exit(1);
+            }
+            println!("{}: ready", config.display());
         }
     }
     Ok(())

@@ -1,0 +1,193 @@
+//! `fedge-edge check`: is this device ready to join? Each check says what it found, or what to
+//! fix. Run it on site before leaving; `--dry-run` skips the broker (for CI and staging).
+
+use std::net::ToSocketAddrs;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::config::EdgeConfig;
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    /// What was checked.
+    pub name: &'static str,
+    /// Passed.
+    pub ok: bool,
+    /// What was found, or what to fix.
+    pub detail: String,
+}
+
+fn pass(name: &'static str, detail: String) -> Check {
+    Check {
+        name,
+        ok: true,
+        detail,
+    }
+}
+
+fn fail(name: &'static str, detail: String) -> Check {
+    Check {
+        name,
+        ok: false,
+        detail,
+    }
+}
+
+/// Runs every check of the profile at `path`; the broker is skipped when `dry_run`.
+pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
+    let config = match EdgeConfig::load(path) {
+        Ok(config) => config,
+        Err(e) => return vec![fail("profile", format!("{e:#}"))],
+    };
+    let mut checks = vec![pass(
+        "profile",
+        format!(
+            "{} in federation {} (profile {})",
+            config.client_id, config.federation, config.profile
+        ),
+    )];
+    checks.push(match config.load_key() {
+        Ok(Some(_)) => pass("key", "device key present (updates will be signed)".into()),
+        Ok(None) => pass(
+            "key",
+            "no key_file: updates are not signed (fine only if the coordinator has no [auth])"
+                .into(),
+        ),
+        Err(e) => fail("key", format!("{e:#}")),
+    });
+    checks.push(match &config.broker.tls {
+        Some(tls) => pass("tls", format!("CA {}", tls.ca_file.display())),
+        None => pass("tls", "plain TCP to the broker".into()),
+    });
+    checks.push(check_cache(config.cache_dir.as_deref()));
+    let backbone = match crate::features::load_backbone(&config.backbone) {
+        Ok((backbone, _)) => {
+            let card = backbone.card();
+            let input = vec![0f32; card.channels * card.height * card.width];
+            match backbone.features(&input, 1) {
+                Ok(features) if features.len() == card.feature_size => {
+                    checks.push(pass(
+                        "backbone",
+                        format!(
+                            "{} runs: {}×{}×{} in, {} features out, as its card says",
+                            card.name, card.channels, card.height, card.width, card.feature_size
+                        ),
+                    ));
+                    Some(backbone)
+                }
+                Ok(features) => {
+                    checks.push(fail(
+                        "backbone",
+                        format!(
+                            "{} gives {} features but its card says feature_size = {}: fix the card",
+                            card.name,
+                            features.len(),
+                            card.feature_size
+                        ),
+                    ));
+                    None
+                }
+                Err(e) => {
+                    checks.push(fail("backbone", format!("{} does not run: {e}", card.name)));
+                    None
+                }
+            }
+        }
+        Err(e) => {
+            checks.push(fail(
+                "backbone",
+                format!("{e:#} (backbone = {})", config.backbone.display()),
+            ));
+            None
+        }
+    };
+    if let Some(backbone) = &backbone {
+        checks.push(match config.load_images(backbone) {
+            Ok(images) if images.classes() >= 2 && images.len() >= 2 => pass(
+                "data",
+                format!(
+                    "{} labelled samples in {} classes",
+                    images.len(),
+                    images.classes()
+                ),
+            ),
+            Ok(images) => fail(
+                "data",
+                format!(
+                    "{} samples in {} classes: a device needs at least 2 samples of 2 classes",
+                    images.len(),
+                    images.classes()
+                ),
+            ),
+            Err(e) => fail("data", format!("{e:#}")),
+        });
+    }
+    if dry_run {
+        checks.push(pass("broker", "skipped (--dry-run)".into()));
+    } else {
+        checks.push(check_broker(&config.broker.host, config.broker.port));
+    }
+    checks
+}
+
+fn check_cache(dir: Option<&Path>) -> Check {
+    let Some(dir) = dir else {
+        return pass(
+            "cache",
+            "no cache_dir: features are recomputed at every start".into(),
+        );
+    };
+    let probe = dir.join(".fedge-write-test");
+    let result = std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&probe, b"ok"))
+        .and_then(|_| std::fs::remove_file(&probe));
+    match result {
+        Ok(()) => pass("cache", format!("{} is writable", dir.display())),
+        Err(e) => fail(
+            "cache",
+            format!(
+                "cache_dir {} is not writable ({e}): create it for the service user or point cache_dir elsewhere",
+                dir.display()
+            ),
+        ),
+    }
+}
+
+fn check_broker(host: &str, port: u16) -> Check {
+    let addrs: Vec<_> = match (host, port).to_socket_addrs() {
+        Ok(addrs) => addrs.collect(),
+        Err(e) => {
+            return fail(
+                "broker",
+                format!("cannot resolve {host}: {e}; check [broker].host"),
+            );
+        }
+    };
+    for addr in &addrs {
+        if std::net::TcpStream::connect_timeout(addr, Duration::from_secs(5)).is_ok() {
+            return pass("broker", format!("{host}:{port} accepts connections"));
+        }
+    }
+    fail(
+        "broker",
+        format!(
+            "nothing accepts connections at {host}:{port}: is the broker running, is the port open in the firewall?"
+        ),
+    )
+}
+
+/// The report as printed by `fedge-edge check`.
+pub fn report(checks: &[Check]) -> String {
+    checks
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {:<9} {}\n",
+                if c.ok { "ok  " } else { "FAIL" },
+                c.name,
+                c.detail
+            )
+        })
+        .collect()
+}

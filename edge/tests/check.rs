@@ -1,0 +1,132 @@
+//! `fedge-edge check`: every shipped profile passes in dry-run mode, and each kind of
+//! misconfiguration is reported with a message that says what to fix.
+
+use std::path::{Path, PathBuf};
+
+use fedge_edge::check::{Check, run_checks};
+
+fn profiles() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../firmware-configs")
+}
+
+fn failures(checks: &[Check]) -> Vec<(&'static str, String)> {
+    checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| (c.name, c.detail.clone()))
+        .collect()
+}
+
+/// A copy of the generic profile with `edit` applied, in its own folder.
+fn variant(dir: &Path, edit: impl Fn(String) -> String) -> PathBuf {
+    let text = std::fs::read_to_string(profiles().join("generic-x86_64.toml")).unwrap();
+    let text = text.replace(
+        "backbone = \"../models/assets/digits-conv.toml\"",
+        &format!(
+            "backbone = {:?}",
+            profiles().join("../models/assets/digits-conv.toml")
+        ),
+    );
+    let path = dir.join("device.toml");
+    std::fs::write(&path, edit(text)).unwrap();
+    path
+}
+
+#[test]
+fn every_shipped_profile_passes_in_dry_run() {
+    for entry in std::fs::read_dir(profiles()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        // Profiles name system folders for the cache; check them against a writable one.
+        let dir = tempfile::tempdir().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text: String = text
+            .lines()
+            .filter(|l| !l.starts_with("cache_dir"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let copy = path.with_file_name(format!(
+            ".check-{}",
+            path.file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::write(&copy, format!("cache_dir = {:?}\n{text}", dir.path())).unwrap();
+        let checks = run_checks(&copy, true);
+        let _ = std::fs::remove_file(&copy);
+        assert!(
+            failures(&checks).is_empty(),
+            "{}: {:?}",
+            path.display(),
+            failures(&checks)
+        );
+        assert_eq!(checks.len(), 7, "{checks:?}");
+    }
+}
+
+#[test]
+fn each_misconfiguration_is_named_with_what_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cases: Vec<(Box<dyn Fn(String) -> String>, &str, &str)> = vec![
+        (
+            Box::new(|t| t.replace("domain = \"rot15\"", "domain = \"rot99\"")),
+            "data",
+            "domain \"rot99\" not found",
+        ),
+        (
+            Box::new(|t| t.replace("digits-conv.toml", "missing-card.toml")),
+            "backbone",
+            "missing-card.toml",
+        ),
+        (
+            Box::new(|t| format!("key_file = \"nope.key\"\n{t}")),
+            "key",
+            "fedge-coordinator keygen",
+        ),
+        (
+            Box::new(|t| format!("cache_dir = \"/proc/fedge-cache\"\n{t}")),
+            "cache",
+            "not writable",
+        ),
+        (
+            Box::new(|t| t.replace("client_id = \"site-rot15\"", "client_id = \"bad id\"")),
+            "profile",
+            "client_id",
+        ),
+        (
+            Box::new(|t| t.replace("[data]", "[broker.tls]\nca_file = \"no-ca.pem\"\n\n[data]")),
+            "profile",
+            "no-ca.pem",
+        ),
+    ];
+    for (edit, name, needle) in cases {
+        let path = variant(d, edit);
+        let failed = failures(&run_checks(&path, true));
+        assert_eq!(failed.len(), 1, "{name}: {failed:?}");
+        assert_eq!(failed[0].0, name);
+        assert!(
+            failed[0].1.contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            failed[0].1
+        );
+    }
+    std::fs::write(d.join("bad.key"), "zz").unwrap();
+    let path = variant(d, |t| format!("key_file = \"bad.key\"\n{t}"));
+    let failed = failures(&run_checks(&path, true));
+    assert!(failed[0].1.contains("64 hex digits"), "{failed:?}");
+    // A broker nobody listens on: only the full check sees it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = variant(d, |t| t.replace("port = 1883", &format!("port = {port}")));
+    assert!(failures(&run_checks(&path, true)).is_empty());
+    let failed = failures(&run_checks(&path, false));
+    assert_eq!(failed.len(), 1);
+    assert!(
+        failed[0].1.contains("nothing accepts connections"),
+        "{failed:?}"
+    );
+}
