@@ -17,6 +17,9 @@ fn failures(checks: &[Check]) -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// A change to a profile's text.
+type Edit = Box<dyn Fn(String) -> String>;
+
 /// A copy of the generic profile with `edit` applied, in its own folder.
 fn variant(dir: &Path, edit: impl Fn(String) -> String) -> PathBuf {
     let text = std::fs::read_to_string(profiles().join("generic-x86_64.toml")).unwrap();
@@ -68,7 +71,7 @@ fn every_shipped_profile_passes_in_dry_run() {
 fn each_misconfiguration_is_named_with_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let cases: Vec<(Box<dyn Fn(String) -> String>, &str, &str)> = vec![
+    let cases: Vec<(Edit, &str, &str)> = vec![
         (
             Box::new(|t| t.replace("domain = \"rot15\"", "domain = \"rot99\"")),
             "data",
