@@ -1,0 +1,136 @@
+//! The ARM64 build of `fedge-edge` (cross-compiled, see .cargo/config.toml) runs one full
+//! round under qemu-aarch64 against a coordinator and broker on loopback.
+//!
+//! Needs `target/aarch64-unknown-linux-gnu/edge/fedge-edge` (build it with
+//! `cargo build --profile edge --target aarch64-unknown-linux-gnu -p fedge-edge --bin fedge-edge`)
+//! and qemu-user; skipped without them unless `FEDGE_REQUIRE_ARM64=1` (as in CI).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::{DriverEvent, DriverOptions, FedAvg, RoundConfig, Rounds, driver};
+use fedge_models::HeadConfig;
+use fedge_mqtt::BrokerConfig;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn arm_binary() -> Option<PathBuf> {
+    let bin = std::env::var_os("FEDGE_ARM64_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/aarch64-unknown-linux-gnu/edge/fedge-edge"));
+    let qemu = Command::new("qemu-aarch64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if bin.exists() && qemu {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var("FEDGE_REQUIRE_ARM64").map_or(true, |v| v != "1"),
+        "FEDGE_REQUIRE_ARM64=1 but {} or qemu-aarch64 is missing",
+        bin.display()
+    );
+    eprintln!("no ARM64 build or qemu-aarch64: skipping");
+    None
+}
+
+fn profile(dir: &Path, port: u16) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("firmware-configs/arm64-gateway.toml")).unwrap();
+    let text = text
+        .replace(
+            "cache_dir = \"/var/cache/fedge\"",
+            &format!("cache_dir = {:?}", dir.join("cache")),
+        )
+        .replace("port = 1883", &format!("port = {port}"))
+        .replace(
+            "backbone = \"../models/assets/digits-conv.toml\"",
+            &format!(
+                "backbone = {:?}",
+                root().join("models/assets/digits-conv.toml")
+            ),
+        );
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_arm64_edge_binary_trains_a_round_under_qemu() {
+    let Some(binary) = arm_binary() else {
+        return;
+    };
+    let broker = start_embedded(([127, 0, 0, 1], 0).into(), &BrokerLimits::default()).unwrap();
+    let port = broker.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = profile(dir.path(), port);
+    let head = HeadConfig::new(512, 10).with_hidden(64);
+    let rounds = Rounds::new(
+        RoundConfig {
+            rounds: 1,
+            min_clients: 1,
+            min_updates: 1,
+            round_timeout_ms: 600_000,
+            ..RoundConfig::default()
+        },
+        Box::new(FedAvg),
+        fedge_models::ModelLayout::new(head, false).init_flat(0),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let options = DriverOptions {
+        broker: BrokerConfig::at("127.0.0.1", port),
+        federation: "demo".into(),
+        client_id: "coordinator".into(),
+        checkpoint: None,
+        journal: None,
+        home_assistant: false,
+    };
+    let coordinator = tokio::spawn(driver::run(rounds, options, None, Some(events_tx), stop_rx));
+    // `file` would say "ELF 64-bit LSB pie executable, ARM aarch64".
+    let header = std::fs::read(&binary).unwrap();
+    assert_eq!(&header[..4], b"\x7fELF");
+    assert_eq!(
+        u16::from_le_bytes([header[18], header[19]]),
+        183,
+        "EM_AARCH64"
+    );
+    let mut edge = Command::new("qemu-aarch64")
+        .args(["-L", "/usr/aarch64-linux-gnu"])
+        .arg(&binary)
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let report = loop {
+        let event = tokio::time::timeout(Duration::from_secs(600), events_rx.recv())
+            .await
+            .expect("no round within 10 minutes under qemu")
+            .expect("driver stopped");
+        if let DriverEvent::RoundEnded { report, .. } = event {
+            break report;
+        }
+    };
+    let _ = edge.kill();
+    let _ = edge.wait();
+    assert!(report.aggregated, "{report:?}");
+    assert_eq!(report.reported, ["gateway-rot30"]);
+    assert!(report.source_val_accuracy.is_some());
+    let rounds = tokio::time::timeout(Duration::from_secs(20), coordinator)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_ne!(
+        rounds.params(),
+        fedge_models::ModelLayout::new(HeadConfig::new(512, 10).with_hidden(64), false)
+            .init_flat(0)
+    );
+    let _ = stop_tx.send(true);
+}
