@@ -102,6 +102,15 @@ fn make_certificates(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_federation_runs_over_tls_and_a_client_without_the_ca_is_refused() {
+    let has_openssl = Command::new("openssl").arg("version").output().is_ok();
+    if !has_openssl {
+        assert!(
+            std::env::var("FEDGE_REQUIRE_MOSQUITTO").map_or(true, |v| v != "1"),
+            "openssl is needed to make the test certificates (apt-get install openssl)"
+        );
+        eprintln!("openssl not installed: skipping the TLS test");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     make_certificates(dir.path());
     let d = dir.path().display();
