@@ -4,6 +4,8 @@
 # /usr/bin/time -v so its CPU time and peak memory are its own.
 #
 #   bash bench/fleet.sh [DEVICES] [ROUNDS]        (defaults: 200 devices, 3 rounds)
+#   STRATEGY=fedomg bash bench/fleet.sh ...        (another strategy)
+#   JOURNAL=1 bash bench/fleet.sh ...              (with state_dir: checkpoint + fsynced journal)
 #
 # Binaries from target/release (build: cargo build --release --workspace --bins), or from
 # FEDGE_BIN_DIR. Needs mosquitto and /usr/bin/time (Debian package `time`).
@@ -31,6 +33,7 @@ min_clients = $DEVICES
 min_updates = $DEVICES
 round_timeout_s = 600
 seed = 0
+$( [ "${JOURNAL:-0}" = 1 ] && echo 'state_dir = "state"' )
 
 [broker]
 host = "127.0.0.1"
@@ -47,5 +50,5 @@ coordinator=$!
 "$BIN/fedge" bench-fleet --devices "$DEVICES" --rounds "$ROUNDS" --broker "mqtt://127.0.0.1:$port" \
   --federation fleet --json "${FLEET_JSON:-/dev/null}"
 wait "$coordinator" || true
-echo "coordinator (strategy ${STRATEGY:-fedavg}, $DEVICES devices, $ROUNDS rounds, 33,482 parameters):"
+echo "coordinator (strategy ${STRATEGY:-fedavg}, journal ${JOURNAL:-0}, $DEVICES devices, $ROUNDS rounds, 33,482 parameters):"
 grep -E "User time|System time|Elapsed \(wall|Maximum resident" "$work/coordinator.err" | sed 's/^\s*/  /'

@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use fedge_mqtt::{BrokerConfig, publish_frame};
 use fedge_wire::{
-    ClientUpdate, DeviceKey, EdgeStatus, LocalMetrics, Message, Reassembler, Sealed, TensorF32,
-    Topics,
+    ClientUpdate, DeviceKey, EdgeStatus, LocalMetrics, Message, Reassembler, TensorF32, Topics,
 };
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use serde::Serialize;
@@ -126,22 +125,15 @@ async fn device(
             _ => continue,
         };
         let now = origin.elapsed().as_millis() as u64;
-        let message = match fedge_wire::decode(&publish.payload) {
-            Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now) {
-                Ok(Some(frame)) => fedge_wire::decode(&frame),
-                _ => continue,
-            },
-            other => other,
-        };
-        let task = match (message, &key) {
-            (Ok(Message::Sealed(sealed)), Some(key)) => match sealed.open(&id, key) {
-                Ok(inner) => fedge_wire::decode(inner),
-                Err(_) => continue,
-            },
-            (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
-            (other, _) => other,
-        };
-        let Ok(Message::RoundTask(task)) = task else {
+        // The agent's own task decoding: reassembly, tag check, kind.
+        let task = fedge_edge::agent::decode_task(
+            &mut reassembler,
+            &publish.payload,
+            now,
+            &id,
+            key.as_ref(),
+        );
+        let Ok(Some(task)) = task else {
             continue;
         };
         if task.round == answered || !task.selected.contains(&id) {
@@ -161,8 +153,7 @@ async fn device(
             prototypes: None,
         }));
         if let Some(key) = &key {
-            let sealed = Sealed::new(frame, &[(id.as_str(), key)]);
-            frame = fedge_wire::encode(&Message::Sealed(sealed));
+            frame = fedge_wire::seal(frame, &[(id.as_str(), key)]);
         }
         if publish_frame(
             &client,

@@ -12,8 +12,8 @@ use std::time::Duration;
 use fedge_coordinator::{Rounds, checkpoint, strategy::StrategyConfig};
 use fedge_models::{HeadConfig, ModelLayout};
 use fedge_wire::{
-    ClientUpdate, CoordinatorStatus, DeviceKey, EdgeStatus, LocalMetrics, Message, Sealed,
-    TensorF32, Topics,
+    ClientUpdate, CoordinatorStatus, DeviceKey, EdgeStatus, LocalMetrics, Message, TensorF32,
+    Topics,
 };
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
 
@@ -60,8 +60,7 @@ fn frame(device: &str, round: u64) -> Vec<u8> {
 }
 
 fn sealed(device: &str, round: u64) -> Vec<u8> {
-    let sealed = Sealed::new(frame(device, round), &[(device, &key(device))]);
-    fedge_wire::encode(&Message::Sealed(sealed))
+    fedge_wire::seal(frame(device, round), &[(device, &key(device))])
 }
 
 fn write_config(dir: &Path, port: u16) -> PathBuf {
@@ -191,19 +190,12 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
         send(d, sealed(d, 1)).await;
     }
     // A forged update (d3's frame under d2's key) is rejected and changes nothing.
-    let forged = Sealed::new(frame("d3", 2), &[("d3", &key("d2"))]);
-    send("d3", fedge_wire::encode(&Message::Sealed(forged))).await;
+    let forged = || fedge_wire::seal(frame("d3", 2), &[("d3", &key("d2"))]);
+    send("d3", forged()).await;
     wait_for(&mut events, &topics, |s| s.round == 2).await;
     send("d1", sealed("d1", 2)).await;
     send("d2", sealed("d2", 2)).await;
-    send(
-        "d3",
-        fedge_wire::encode(&Message::Sealed(Sealed::new(
-            frame("d3", 2),
-            &[("d3", &key("d2"))],
-        ))),
-    )
-    .await;
+    send("d3", forged()).await;
     let before = wait_for(&mut events, &topics, |s| {
         s.round == 2 && s.clients_reported == 2 && s.rejected_updates.get("bad_tag") == Some(&2)
     })

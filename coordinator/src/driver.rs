@@ -11,7 +11,6 @@ use fedge_wire::{CoordinatorStatus, EdgeStatus, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
-use crate::journal::Record;
 use crate::round::{Output, Phase, RoundReport, Rounds, l2_norm};
 
 /// Evaluates global parameters on data the coordinator holds (demo and bench only; in a
@@ -97,9 +96,9 @@ pub async fn run(
     let mut target_accuracy = None;
     let mut connected = false;
     let mut journal = options.journal.as_ref().map(crate::journal::Journal::new);
-    let mut clock = Clock {
+    let mut context = StatusContext {
         federation: options.federation.clone(),
-        ..Clock::default()
+        ..StatusContext::default()
     };
     rounds.start(now_ms());
     loop {
@@ -158,8 +157,8 @@ pub async fn run(
             _ = sleep => rounds.handle_timeout(now_ms()),
             _ = stop.changed() => break,
         }
-        clock.now_ms = now_ms();
-        clock.wall = std::time::SystemTime::now();
+        context.now_ms = now_ms();
+        context.wall = std::time::SystemTime::now();
         let finished = drain(
             &mut rounds,
             &client,
@@ -171,7 +170,7 @@ pub async fn run(
             &status_topic,
             &topics,
             &mut journal,
-            &mut clock,
+            &mut context,
         );
         if finished {
             break;
@@ -194,7 +193,7 @@ fn drain(
     status_topic: &str,
     topics: &Topics,
     journal: &mut Option<crate::journal::Journal>,
-    clock: &mut Clock,
+    context: &mut StatusContext,
 ) -> bool {
     let mut status_dirty = false;
     let mut finished = false;
@@ -205,7 +204,7 @@ fn drain(
             }
             Output::RoundEnded(report) => {
                 if report.aggregated {
-                    clock.last_aggregation = Some(clock.wall);
+                    context.last_aggregation = Some(context.wall);
                     *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
                     if let Some(path) = &options.checkpoint {
                         let saved = rounds.checkpoint(&options.federation);
@@ -255,15 +254,7 @@ fn drain(
                 let Some(journal) = journal.as_mut() else {
                     continue;
                 };
-                let written = match &record {
-                    Record::Opened { round, selected } => journal.open_round(*round, selected),
-                    Record::Accepted {
-                        round,
-                        client,
-                        frame,
-                    } => journal.append(*round, client, frame),
-                };
-                if let Err(e) = written {
+                if let Err(e) = journal.write(&record) {
                     tracing::error!(error = %e, "journal not written; a restart would lose this round's updates");
                 }
             }
@@ -275,7 +266,7 @@ fn drain(
         }
     }
     if status_dirty {
-        let status = status_at(rounds, *target_accuracy, clock);
+        let status = status_at(rounds, *target_accuracy, context);
         let json = serde_json::to_string(&status).unwrap_or_default();
         let _ = client.try_publish(status_topic, QoS::AtLeastOnce, true, json);
     }
@@ -327,14 +318,10 @@ fn publish_task(
     topics.chunk_topics_in_use = count;
 }
 
-/// The retained status document.
-pub fn status_of(rounds: &Rounds, target_accuracy: Option<f32>) -> CoordinatorStatus {
-    status_at(rounds, target_accuracy, &Clock::default())
-}
-
-/// Maps the machine's milliseconds to wall-clock times for status documents.
+/// What the status document needs beyond the machine: the federation's name and the
+/// driver's clocks (the machine's milliseconds mapped to wall-clock times).
 #[derive(Debug, Clone)]
-pub struct Clock {
+pub struct StatusContext {
     /// Machine time now.
     pub now_ms: u64,
     /// Wall-clock time now.
@@ -345,7 +332,7 @@ pub struct Clock {
     pub federation: String,
 }
 
-impl Default for Clock {
+impl Default for StatusContext {
     fn default() -> Self {
         Self {
             now_ms: 0,
@@ -360,11 +347,11 @@ fn rfc3339(t: std::time::SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-/// The status document at a given time.
+/// The retained status document.
 pub fn status_at(
     rounds: &Rounds,
     target_accuracy: Option<f32>,
-    clock: &Clock,
+    context: &StatusContext,
 ) -> CoordinatorStatus {
     let rejected = rounds
         .rejected_total()
@@ -373,13 +360,13 @@ pub fn status_at(
         .collect();
     let deadline = rounds
         .deadline_ms()
-        .map(|ms| rfc3339(clock.wall + Duration::from_millis(ms.saturating_sub(clock.now_ms))));
+        .map(|ms| rfc3339(context.wall + Duration::from_millis(ms.saturating_sub(context.now_ms))));
     CoordinatorStatus {
-        federation: clock.federation.clone(),
+        federation: context.federation.clone(),
         state: rounds.phase().name().into(),
         phase: rounds.phase_detail().into(),
         deadline,
-        last_aggregation: clock.last_aggregation.map(rfc3339),
+        last_aggregation: context.last_aggregation.map(rfc3339),
         objective: rounds.config().train.objective.name().into(),
         round: rounds.round(),
         total_rounds: rounds.config().rounds,
@@ -397,7 +384,7 @@ pub fn status_at(
         target_accuracy,
         source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
         params_norm: l2_norm(rounds.params()),
-        updated_at: rfc3339(clock.wall),
+        updated_at: rfc3339(context.wall),
     }
 }
 

@@ -6,9 +6,8 @@
 //! from the same client as a duplicate).
 //!
 //! File: a sequence of records `len u32 LE | CRC-32 u32 LE of the body | postcard(Record)`.
-//! [`Journal::open_round`] rewrites the file with one `Opened` record (write, fsync, rename,
-//! fsync the folder); [`Journal::append`] adds an `Accepted` record and fsyncs before it
-//! returns. [`read`] stops at the first torn or damaged record: a crash in the middle of an
+//! [`Journal::write`] rewrites the file with an `Opened` record (write, fsync, rename, fsync
+//! the folder) and appends an `Accepted` record, fsynced before it returns. [`read`] stops at the first torn or damaged record: a crash in the middle of an
 //! append loses at most that update, which its device then still has to send.
 //! Only this module touches the file; the round machine emits and consumes [`Record`] values.
 
@@ -65,11 +64,12 @@ fn io_error(path: &Path, e: std::io::Error) -> std::io::Error {
 }
 
 fn encode(record: &Record) -> Vec<u8> {
-    let body = postcard::to_stdvec(record).expect("a journal record serialises");
-    let mut out = Vec::with_capacity(body.len() + 8);
-    out.extend((body.len() as u32).to_le_bytes());
-    out.extend(CRC.checksum(&body).to_le_bytes());
-    out.extend(body);
+    // Room for the length and CRC, then the body serialised straight after them.
+    let mut out = postcard::to_extend(record, vec![0u8; 8]).expect("a journal record serialises");
+    let body_len = (out.len() - 8) as u32;
+    let crc = CRC.checksum(&out[8..]);
+    out[..4].copy_from_slice(&body_len.to_le_bytes());
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
@@ -82,43 +82,16 @@ impl Journal {
         }
     }
 
-    /// Starts a fresh journal for a newly opened round (atomically replaces the old one).
-    pub fn open_round(&mut self, round: u64, selected: &[String]) -> std::io::Result<()> {
-        self.file = None;
-        let tmp = self.path.with_extension("tmp");
-        let record = encode(&Record::Opened {
-            round,
-            selected: selected.to_vec(),
-        });
-        let mut file = File::create(&tmp).map_err(|e| io_error(&tmp, e))?;
-        file.write_all(&record).map_err(|e| io_error(&tmp, e))?;
-        file.sync_all().map_err(|e| io_error(&tmp, e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| io_error(&self.path, e))?;
-        if let Some(dir) = self.path.parent()
-            && let Ok(dir) = File::open(if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            })
-        {
-            let _ = dir.sync_all();
-        }
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(|e| io_error(&self.path, e))?;
-        self.file = Some(file);
-        Ok(())
-    }
-
-    /// Appends an accepted update and fsyncs it.
-    pub fn append(&mut self, round: u64, client: &str, frame: &[u8]) -> std::io::Result<()> {
-        let record = encode(&Record::Accepted {
-            round,
-            client: client.to_owned(),
-            frame: frame.to_vec(),
-        });
+    /// Writes a record: an `Opened` record atomically replaces the journal (a new round starts
+    /// a fresh one), an `Accepted` record is appended and fsynced before this returns.
+    pub fn write(&mut self, record: &Record) -> std::io::Result<()> {
+        let bytes = encode(record);
         let path = self.path.clone();
+        if let Record::Opened { .. } = record {
+            self.file = None;
+            crate::checkpoint::write_atomically(&path, &bytes, false)
+                .map_err(|e| io_error(&path, e))?;
+        }
         let file = match &mut self.file {
             Some(file) => file,
             None => self.file.insert(
@@ -129,8 +102,11 @@ impl Journal {
                     .map_err(|e| io_error(&path, e))?,
             ),
         };
-        file.write_all(&record).map_err(|e| io_error(&path, e))?;
-        file.sync_data().map_err(|e| io_error(&path, e))
+        if let Record::Accepted { .. } = record {
+            file.write_all(&bytes).map_err(|e| io_error(&path, e))?;
+            file.sync_data().map_err(|e| io_error(&path, e))?;
+        }
+        Ok(())
     }
 }
 
@@ -193,10 +169,19 @@ mod tests {
         let path = dir.path().join("journal.bin");
         assert_eq!(read(&path).unwrap(), (OpenRoundLog::default(), 0));
         let mut journal = Journal::new(&path);
-        journal.open_round(4, &["a".into(), "b".into()]).unwrap();
-        journal.append(4, "a", b"frame-a").unwrap();
-        journal.append(3, "z", b"stale").unwrap();
-        journal.append(4, "b", b"frame-b").unwrap();
+        let accepted = |round, client: &str, frame: &[u8]| Record::Accepted {
+            round,
+            client: client.into(),
+            frame: frame.to_vec(),
+        };
+        let opened = |round, selected: &[&str]| Record::Opened {
+            round,
+            selected: selected.iter().map(|s| s.to_string()).collect(),
+        };
+        journal.write(&opened(4, &["a", "b"])).unwrap();
+        journal.write(&accepted(4, "a", b"frame-a")).unwrap();
+        journal.write(&accepted(3, "z", b"stale")).unwrap();
+        journal.write(&accepted(4, "b", b"frame-b")).unwrap();
         let (log, ignored) = read(&path).unwrap();
         assert_eq!(ignored, 0);
         assert_eq!(log.opened, Some((4, vec!["a".into(), "b".into()])));
@@ -226,7 +211,7 @@ mod tests {
         assert_eq!(log.accepted.len(), 1);
         assert!(ignored > 0);
         // A new round starts a fresh journal.
-        journal.open_round(5, &["b".into()]).unwrap();
+        journal.write(&opened(5, &["b"])).unwrap();
         let (log, _) = read(&path).unwrap();
         assert_eq!(
             (log.opened, log.accepted.len()),

@@ -6,7 +6,6 @@
 //! keys file, so provisioning a device is one command.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use fedge_wire::{DeviceKey, KEY_LEN};
@@ -104,19 +103,10 @@ pub fn keygen(keys_file: &Path, client: &str, device_file: &Path) -> Result<(), 
 
 /// Writes a file readable by its owner only (on Unix), replacing it atomically.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeysError> {
-    let io = |source| KeysError::Io {
+    crate::checkpoint::write_atomically(path, bytes, true).map_err(|source| KeysError::Io {
         path: path.display().to_string(),
         source,
-    };
-    let tmp = path.with_extension("tmp");
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(&tmp).map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    })
 }
 
 #[cfg(test)]

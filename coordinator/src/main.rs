@@ -193,16 +193,8 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
                 "ignored a torn or damaged end of the journal"
             );
         }
-        if let Some((round, _)) = &log.opened {
-            let round = *round;
-            let restored = rounds.restore_round(log, 0);
-            if rounds.round() == round {
-                tracing::info!(
-                    round,
-                    accepted = restored,
-                    "resuming the open round from the journal"
-                );
-            }
+        if let Some((round, accepted)) = rounds.restore_round(log, 0) {
+            tracing::info!(round, accepted, "resuming the open round from the journal");
         }
     }
     let options = DriverOptions {

@@ -76,12 +76,7 @@ pub fn norms(updates: &RoundUpdates) -> Vec<f64> {
     (0..updates.len())
         .map(|i| match updates.dot(i, i) {
             Some(d) => d.max(0.0).sqrt(),
-            None => updates
-                .delta(i)
-                .iter()
-                .map(|v| (*v as f64) * (*v as f64))
-                .sum::<f64>()
-                .sqrt(),
+            None => crate::round::l2_norm_f64(updates.delta(i)),
         })
         .collect()
 }

@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use fedge_wire::{
-    ClassStats, ClientUpdate, DecodeError, DeviceKey, Message, Reassembler, RoundTask, Sealed,
-    TensorF32, TrainParams,
+    ClassStats, ClientUpdate, DecodeError, DeviceKey, Message, Reassembler, RoundTask, TensorF32,
+    TrainParams,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -500,9 +500,7 @@ impl Rounds {
     /// With authentication on, a device without a key is never selected: its status is
     /// rejected as `unknown_device`.
     pub fn handle_client_status(&mut self, client: &str, online: bool, now_ms: u64) {
-        if let Some(keys) = &self.config.auth
-            && !keys.contains_key(client)
-        {
+        if self.unknown_device(client) {
             if online {
                 let detail = "status from a device without a key; not selected".to_owned();
                 self.reject(client, Rejection::UnknownDevice, detail);
@@ -535,9 +533,7 @@ impl Rounds {
             open.bytes_up += payload.len() as u64;
         }
         // Unknown devices are turned away before their chunks take reassembly memory.
-        if let Some(keys) = &self.config.auth
-            && !keys.contains_key(client)
-        {
+        if self.unknown_device(client) {
             let detail = "update from a device without a key".to_owned();
             self.reject(client, Rejection::UnknownDevice, detail);
             return;
@@ -564,16 +560,19 @@ impl Rounds {
         }
     }
 
+    /// With device keys, whether `client` has none.
+    fn unknown_device(&self, client: &str) -> bool {
+        (self.config.auth.as_ref()).is_some_and(|keys| !keys.contains_key(client))
+    }
+
     /// Decodes a frame; with device keys, a plain update is refused without decoding its body
     /// (`authenticated_update` then rejects it as `unauthenticated`).
     fn decode(&self, bytes: &[u8]) -> Result<Message, DecodeError> {
-        if self.config.auth.is_some() {
-            let frame = fedge_wire::decode_frame(bytes)?;
-            if frame.kind == fedge_wire::Kind::ClientUpdate {
-                return Err(DecodeError::Unauthenticated);
-            }
+        let frame = fedge_wire::decode_frame(bytes)?;
+        if self.config.auth.is_some() && frame.kind == fedge_wire::Kind::ClientUpdate {
+            return Err(DecodeError::Unauthenticated);
         }
-        fedge_wire::decode(bytes)
+        fedge_wire::decode_checked(frame)
     }
 
     /// The update inside a decoded message, its tag checked when authentication is on.
@@ -751,8 +750,22 @@ impl Rounds {
     }
 
     fn reject(&mut self, client: &str, reason: Rejection, detail: String) {
+        let mut open = self.open.take();
+        self.count_rejection(open.as_mut(), client, reason, detail);
+        self.open = open;
+    }
+
+    /// The bookkeeping of a rejection: totals, the round's counts and failures (when `open` is
+    /// the round it happened in), the output for the driver.
+    fn count_rejection(
+        &mut self,
+        open: Option<&mut OpenRound>,
+        client: &str,
+        reason: Rejection,
+        detail: String,
+    ) {
         *self.rejected_total.entry(reason.name()).or_default() += 1;
-        if let Some(open) = self.open.as_mut() {
+        if let Some(open) = open {
             *open.rejected.entry(reason.name()).or_default() += 1;
             if open.selected.contains(client) {
                 open.failures.push(Failure {
@@ -854,15 +867,13 @@ impl Rounds {
     }
 
     /// Resumes the round a journal says was open, with its clients and the updates it had
-    /// accepted (validated again); returns how many were accepted. Does nothing unless the
-    /// machine is waiting and the journal's round is not older than the next round (a journal
-    /// left from before the last checkpoint is stale).
-    pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> usize {
-        let Some((round, mut selected)) = log.opened else {
-            return 0;
-        };
+    /// accepted (validated again); returns the round and how many updates it holds. Does
+    /// nothing (`None`) unless the machine is waiting and the journal's round is not older than
+    /// the next round (a journal left from before the last checkpoint is stale).
+    pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> Option<(u64, usize)> {
+        let (round, mut selected) = log.opened?;
         if self.phase != Phase::Waiting || round < self.next_round || selected.is_empty() {
-            return 0;
+            return None;
         }
         selected.sort();
         selected.dedup();
@@ -882,7 +893,8 @@ impl Rounds {
                 ),
             }
         }
-        self.open.as_ref().map_or(0, |o| o.accepted.len())
+        // Every selected client may already be in: the round then closed above.
+        Some((round, self.open.as_ref().map_or(0, |o| o.accepted.len())))
     }
 
     /// Opens the next round with these (sorted) clients.
@@ -905,7 +917,7 @@ impl Rounds {
                 .iter()
                 .filter_map(|c| keys.get(c).map(|k| (c.as_str(), k)))
                 .collect();
-            frame = fedge_wire::encode(&Message::Sealed(Sealed::new(frame, &signers)));
+            frame = fedge_wire::seal(frame, &signers);
         }
         let held = UpdatesConfig {
             dots: self.strategy.needs_dots(),
@@ -1047,29 +1059,17 @@ impl Rounds {
                 .filter(|&i| norms[i] <= bound)
                 .map(|i| (held.client(i), held.num_samples(i), held.delta(i))),
         );
-        for (i, norm) in norms.iter().enumerate() {
-            if *norm <= bound {
-                continue;
-            }
-            let client = held.client(i).to_owned();
+        let dropped: Vec<(String, f64)> = (0..held.len())
+            .filter(|&i| norms[i] > bound)
+            .map(|i| (held.client(i).to_owned(), norms[i]))
+            .collect();
+        open.accepted = kept;
+        for (client, norm) in dropped {
             open.class_stats.remove(&client);
             open.prototypes.remove(&client);
-            *open.rejected.entry(Rejection::Norm.name()).or_default() += 1;
-            *self
-                .rejected_total
-                .entry(Rejection::Norm.name())
-                .or_default() += 1;
-            open.failures.push(Failure {
-                client: client.clone(),
-                reason: Rejection::Norm.name().to_owned(),
-            });
-            self.outputs.push_back(Output::Rejected {
-                client,
-                reason: Rejection::Norm,
-                detail: format!("delta norm {norm:.4} above {ratio} × the round's median norm"),
-            });
+            let detail = format!("delta norm {norm:.4} above {ratio} × the round's median norm");
+            self.count_rejection(Some(open), &client, Rejection::Norm, detail);
         }
-        open.accepted = kept;
     }
 
     /// The global `Ī` as sent with a task.
@@ -1194,11 +1194,16 @@ fn weighted_mean(values: &[(f32, u32)]) -> Option<f32> {
 
 /// Euclidean norm, accumulated in f64.
 pub fn l2_norm(values: &[f32]) -> f32 {
+    l2_norm_f64(values) as f32
+}
+
+/// Euclidean norm, accumulated and returned in f64.
+pub fn l2_norm_f64(values: &[f32]) -> f64 {
     values
         .iter()
         .map(|v| (*v as f64) * (*v as f64))
         .sum::<f64>()
-        .sqrt() as f32
+        .sqrt()
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ fn keyed_config() -> RoundConfig {
 }
 
 fn sealed(signer: &str, key: &DeviceKey, frame: Vec<u8>) -> Vec<u8> {
-    fedge_wire::encode(&Message::Sealed(Sealed::new(frame, &[(signer, key)])))
+    fedge_wire::seal(frame, &[(signer, key)])
 }
 
 fn rejected(outputs: &[Output]) -> Vec<(String, &'static str)> {
@@ -89,7 +89,7 @@ fn forged_unsigned_and_unknown_updates_are_rejected_and_change_nothing() {
     m.handle_packet("a", &good("a"), 1);
     m.handle_packet("a", &sealed("a", &key(2), good("a")), 2);
     m.handle_packet("a", &sealed("b", &key(2), good("a")), 3);
-    let mut tampered = Sealed::new(good("a"), &[("a", &key(1))]);
+    let mut tampered = fedge_wire::Sealed::new(good("a"), &[("a", &key(1))]);
     let last = tampered.inner.len() - 9;
     tampered.inner[last] ^= 0x40;
     m.handle_packet("a", &fedge_wire::encode(&Message::Sealed(tampered)), 4);

@@ -85,7 +85,7 @@ fn a_restart_mid_round_keeps_accepted_updates_and_ends_like_an_uninterrupted_run
     let saved = checkpoint.clone().unwrap();
     assert_eq!(saved.next_round, 2);
     let mut m = Rounds::resume(journaled(), strategy(), saved, M).unwrap();
-    assert_eq!(m.restore_round(log_of(&journal), 0), 2);
+    assert_eq!(m.restore_round(log_of(&journal), 0), Some((2, 2)));
     assert_eq!(
         (m.round(), m.phase(), m.reported()),
         (2, Phase::Training, 2)
@@ -120,7 +120,7 @@ fn a_stale_journal_is_ignored() {
         opened: Some((4, vec!["a".into()])),
         accepted: vec![("a".into(), update("a", 4, [1.0; M], 1))],
     };
-    assert_eq!(m2.restore_round(log, 0), 0);
+    assert_eq!(m2.restore_round(log, 0), None);
     assert_eq!(m2.phase(), Phase::Waiting);
-    assert_eq!(m.restore_round(OpenRoundLog::default(), 0), 0);
+    assert_eq!(m.restore_round(OpenRoundLog::default(), 0), None);
 }

@@ -12,7 +12,7 @@ use fedge_models::{Backend, HeadConfig};
 use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE, publish_frame};
 use fedge_wire::{
     ClassStats, ClientUpdate, DeviceKey, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask,
-    Sealed, TensorF32, Topics,
+    TensorF32, Topics,
 };
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
@@ -174,7 +174,6 @@ pub async fn run_agent(
         .map(RoundState::load)
         .unwrap_or_default();
     status.last_round = remembered.last_round;
-    let mut seq = remembered.seq;
     let mut connected = false;
     status.online = true;
     loop {
@@ -247,10 +246,12 @@ pub async fn run_agent(
             Some(done) = done_rx.recv() => {
                 training = None;
                 status.last_round = done.round;
+                remembered.last_round = done.round;
                 remembered.last_train_seconds = done.seconds;
                 match done.result {
                     Ok(outcome) => {
-                        seq += 1;
+                        remembered.seq += 1;
+                        let seq = remembered.seq;
                         let update = ClientUpdate {
                             round: done.round,
                             client_id: setup.client_id.clone(),
@@ -268,8 +269,7 @@ pub async fn run_agent(
                         };
                         let mut frame = fedge_wire::encode(&Message::ClientUpdate(update));
                         if let Some(key) = &setup.key {
-                            let sealed = Sealed::new(frame, &[(setup.client_id.as_str(), key)]);
-                            frame = fedge_wire::encode(&Message::Sealed(sealed));
+                            frame = fedge_wire::seal(frame, &[(setup.client_id.as_str(), key)]);
                         }
                         match publish_frame(&client, &update_topic, frame, seq, setup.broker.max_packet, false) {
                             Ok(bytes) => {
@@ -288,8 +288,6 @@ pub async fn run_agent(
                         status.last_error = e.to_string();
                     }
                 }
-                remembered.last_round = done.round;
-                remembered.seq = seq;
                 if let Some(path) = &setup.state_file
                     && let Err(e) = remembered.save(path)
                 {
@@ -321,7 +319,7 @@ pub fn rejection_of(metrics: &[u8], client_id: &str) -> Option<String> {
 /// The round task in a payload: `Ok(None)` while chunks are missing, for tasks that do not
 /// concern this device and for undecodable payloads (logged); `Err` for a task that names this
 /// device but fails authentication (reported in the device's status).
-fn decode_task(
+pub fn decode_task(
     reassembler: &mut Reassembler,
     payload: &[u8],
     now_ms: u64,
@@ -467,10 +465,7 @@ mod tests {
             DeviceKey::from_bytes([1; 32]),
             DeviceKey::from_bytes([2; 32]),
         );
-        let sealed = fedge_wire::encode(&Message::Sealed(Sealed::new(
-            task_frame(),
-            &[("cam-1", &k1), ("cam-2", &k2)],
-        )));
+        let sealed = fedge_wire::seal(task_frame(), &[("cam-1", &k1), ("cam-2", &k2)]);
         assert_eq!(decode(&sealed, "cam-1", Some(&k1)), Ok(Some(3)));
         assert_eq!(decode(&sealed, "cam-2", Some(&k2)), Ok(Some(3)));
         // A forged task (wrong key), a task without tags, a task not for this device.

@@ -160,6 +160,12 @@ impl Sealed {
     }
 }
 
+/// The framed [`Sealed`] message around `inner`, one tag per `(device, key)`: what devices
+/// publish for an update and the coordinator for a task.
+pub fn seal(inner: Vec<u8>, signers: &[(&str, &DeviceKey)]) -> Vec<u8> {
+    crate::encode(&crate::Message::Sealed(Sealed::new(inner, signers)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,7 +158,12 @@ pub fn decode_frame(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
 /// Besides the checks of [`decode_frame`], the body must be a postcard encoding of the
 /// announced kind with no trailing bytes, and every tensor must match its shape.
 pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
-    let frame = decode_frame(bytes)?;
+    decode_checked(decode_frame(bytes)?)
+}
+
+/// Decodes the body of a frame [`decode_frame`] already checked, so a receiver that looks at
+/// the kind first (to refuse a kind without decoding it) checks the CRC only once.
+pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
     match frame.kind {
         Kind::RoundTask => {
             let task: RoundTask = decode_body(frame.body)?;

@@ -19,13 +19,14 @@ mod status;
 mod tensor;
 mod topics;
 
-pub use auth::{AuthError, DeviceKey, KEY_LEN, KeyError, Sealed, Tag};
+pub use auth::{AuthError, DeviceKey, KEY_LEN, KeyError, Sealed, Tag, seal};
 pub use chunk::{
     Chunk, DEFAULT_MAX_PACKET, DEFAULT_MAX_PENDING, DEFAULT_REASSEMBLY_TIMEOUT_MS, Reassembler,
     split_into_chunks,
 };
 pub use envelope::{
-    Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION, decode, decode_frame, encode,
+    Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION, decode, decode_checked,
+    decode_frame, encode,
 };
 pub use error::DecodeError;
 pub use messages::{ClassStats, ClientUpdate, LocalMetrics, Objective, RoundTask, TrainParams};
