@@ -19,7 +19,7 @@
 //! strategy (FedOMG's per-client Gram matrix, momentum) still applies unchanged.
 
 use crate::strategy::{Aggregated, Failure, Strategy, StrategyState};
-use crate::updates::RoundUpdates;
+use crate::updates::{RoundUpdates, UpdatesConfig};
 use fedge_wire::TrainParams;
 
 /// Which rewrite of the deltas.
@@ -93,19 +93,20 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// The rewritten deltas, one per held update in view order.
-pub fn rewrite(rule: RobustRule, updates: &RoundUpdates) -> Vec<Vec<f32>> {
-    let n = updates.len();
-    let m = updates.m();
-    let mut rows: Vec<Vec<f32>> = (0..n).map(|i| updates.delta(i).to_vec()).collect();
+/// The rewritten deltas, held like the round's (same clients, counts and views), with dot
+/// products computed when `dots`. Rows are rewritten as they are copied in: a row scale for
+/// `clip`, per-coordinate bounds for the winsorising rules, and no copy of the round in between.
+pub fn rewrite(rule: RobustRule, updates: &RoundUpdates, dots: bool) -> RoundUpdates {
+    let (n, m) = (updates.len(), updates.m());
+    let mut scales = vec![1f32; n];
+    let mut bounds: Option<Vec<(f32, f32)>> = None;
     match rule {
         RobustRule::Clip { norm } => {
             let lengths = norms(updates);
             let bound = if norm > 0.0 { norm } else { median(&lengths) };
-            for (row, length) in rows.iter_mut().zip(lengths) {
+            for (scale, length) in scales.iter_mut().zip(lengths) {
                 if length > bound && length > 0.0 {
-                    let scale = (bound / length) as f32;
-                    row.iter_mut().for_each(|v| *v *= scale);
+                    *scale = (bound / length) as f32;
                 }
             }
         }
@@ -114,23 +115,37 @@ pub fn rewrite(rule: RobustRule, updates: &RoundUpdates) -> Vec<Vec<f32>> {
                 RobustRule::TrimmedMean { fraction } => (fraction * n as f64).floor() as usize,
                 _ => (n.saturating_sub(1)) / 2,
             };
-            if k == 0 || n <= 2 * k {
-                return rows;
-            }
-            let mut column = vec![0f32; n];
-            for j in 0..m {
-                for (slot, row) in column.iter_mut().zip(&rows) {
-                    *slot = row[j];
-                }
-                column.sort_by(f32::total_cmp);
-                let (low, high) = (column[k], column[n - 1 - k]);
-                for row in rows.iter_mut() {
-                    row[j] = row[j].clamp(low, high);
-                }
+            if k > 0 && n > 2 * k {
+                let mut column = vec![0f32; n];
+                let per_coordinate = (0..m).map(|j| {
+                    for (i, slot) in column.iter_mut().enumerate() {
+                        *slot = updates.delta(i)[j];
+                    }
+                    column.sort_by(f32::total_cmp);
+                    (column[k], column[n - 1 - k])
+                });
+                bounds = Some(per_coordinate.collect());
             }
         }
     }
-    rows
+    let config = UpdatesConfig {
+        dots,
+        budget_bytes: usize::MAX,
+        ..UpdatesConfig::default()
+    };
+    let mut out = RoundUpdates::new(m, n, config);
+    for (i, scale) in scales.into_iter().enumerate() {
+        let row = updates.delta(i).iter().enumerate();
+        let values = row.map(|(j, v)| match &bounds {
+            Some(b) => v.clamp(b[j].0, b[j].1),
+            None => v * scale,
+        });
+        // No budget: the round's own arena already held these rows.
+        let pushed = out.push_values(updates.client(i), updates.num_samples(i), values);
+        debug_assert!(pushed.is_ok());
+    }
+    out.finish();
+    out
 }
 
 /// A strategy whose input deltas are rewritten by a [`RobustRule`] first.
@@ -179,14 +194,7 @@ impl Strategy for Robust {
         updates: &RoundUpdates,
         failures: &[Failure],
     ) -> Aggregated {
-        let rows = rewrite(self.rule, updates);
-        let rewritten = RoundUpdates::from_updates(
-            updates.m(),
-            self.inner.needs_dots(),
-            rows.iter()
-                .enumerate()
-                .map(|(i, row)| (updates.client(i), updates.num_samples(i), row.as_slice())),
-        );
+        let rewritten = rewrite(self.rule, updates, self.inner.needs_dots());
         self.inner.aggregate(global, &rewritten, failures)
     }
 
@@ -206,6 +214,12 @@ mod tests {
 
     fn held(rows: &[(&str, u32, &[f32])]) -> RoundUpdates {
         RoundUpdates::from_updates(rows[0].2.len(), true, rows.iter().copied())
+    }
+
+    fn rows_of(updates: &RoundUpdates) -> Vec<Vec<f32>> {
+        (0..updates.len())
+            .map(|i| updates.delta(i).to_vec())
+            .collect()
     }
 
     fn run(rule: RobustRule, rows: &[(&str, u32, &[f32])]) -> Vec<f32> {
@@ -249,10 +263,11 @@ mod tests {
 
     #[test]
     fn clipping_to_the_median_norm_bounds_every_delta() {
-        let rows = rewrite(
+        let rows = rows_of(&rewrite(
             RobustRule::Clip { norm: 0.0 },
             &held(&HONEST_AND_ONE_ATTACKER),
-        );
+            false,
+        ));
         let lengths: Vec<f64> = rows
             .iter()
             .map(|r| r.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt())
@@ -265,10 +280,11 @@ mod tests {
         // The attacker keeps its direction.
         assert!((rows[4][0] - rows[4][1]).abs() < 1e-6);
         // An absolute bound larger than every norm changes nothing.
-        let rows = rewrite(
+        let rows = rows_of(&rewrite(
             RobustRule::Clip { norm: 1e6 },
             &held(&HONEST_AND_ONE_ATTACKER),
-        );
+            false,
+        ));
         assert_eq!(rows[4], vec![100.0, 100.0]);
     }
 

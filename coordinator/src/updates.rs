@@ -166,7 +166,7 @@ impl RoundUpdates {
         self.push_values(client, num_samples, values)
     }
 
-    fn push_values(
+    pub(crate) fn push_values(
         &mut self,
         client: &str,
         num_samples: u32,

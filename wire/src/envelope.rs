@@ -29,7 +29,10 @@ pub const HEADER_LEN: usize = MAGIC.len() + 2;
 pub const TRAILER_LEN: usize = 4;
 
 /// The CRC used by the envelope (CRC-32/ISO-HDLC, the one of zlib and Ethernet).
-const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+/// Slice-by-16 tables: every frame (a whole update, a whole task) is checksummed on both ends;
+/// 2.3 GiB/s against 0.37 GiB/s for the byte-wise table (`cargo bench --workspace --bench crc`).
+const CRC32: crc::Crc<u32, crc::Table<16>> =
+    crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
 
 /// Message kinds, as the byte after the version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
