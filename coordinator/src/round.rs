@@ -899,6 +899,11 @@ impl Rounds {
 
     /// Opens the next round with these (sorted) clients.
     fn open_with(&mut self, selected: Vec<String>, now_ms: u64) {
+        // Every selected client may be halfway through a chunked update at the same moment (a
+        // fleet answering one task); with room for fewer, the oldest partial updates would be
+        // evicted and time out as `incomplete` (seen with 1,000 devices and the journal on).
+        let room = (2 * selected.len()).max(fedge_wire::DEFAULT_MAX_PENDING);
+        self.reassembler.set_max_pending(room);
         let round = self.next_round;
         self.next_round += 1;
         let task = RoundTask {

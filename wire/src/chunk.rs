@@ -144,8 +144,14 @@ impl Reassembler {
 
     /// The same reassembler holding at most `max_pending` partial frames (at least one).
     pub fn with_max_pending(mut self, max_pending: usize) -> Self {
-        self.max_pending = max_pending.max(1);
+        self.set_max_pending(max_pending);
         self
+    }
+
+    /// Changes how many partial frames are held at once (at least one); a receiver that
+    /// expects chunked messages from N senders at a time needs room for N.
+    pub fn set_max_pending(&mut self, max_pending: usize) {
+        self.max_pending = max_pending.max(1);
     }
 
     /// Adds a chunk from `sender` received at `now_ms`; returns the whole frame once the last
