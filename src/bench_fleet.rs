@@ -147,7 +147,7 @@ async fn device(
             client_id: id.clone(),
             seq: task.round,
             num_samples: 10,
-            delta: TensorF32::from_slice(&delta),
+            delta: TensorF32::from_slice_with(&delta, task.train.update_codec),
             metrics: LocalMetrics::default(),
             class_stats: None,
             prototypes: None,

@@ -17,7 +17,7 @@ use fedge_edge::features::{self, Fnv64};
 use fedge_edge::fedddl::DEFAULT_GROUPS;
 use fedge_edge::{AgentSetup, DdlViews, FeatureSet, accuracy};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
-use fedge_models::{Backbone, Backend, HeadConfig, ModelLayout};
+use fedge_models::{Accelerator, Backbone, Backend, HeadConfig, ModelLayout};
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::{Objective, TrainParams};
 use serde::Serialize;
@@ -308,7 +308,8 @@ pub async fn run(
             train: client.train.clone(),
             val: client.val.clone(),
             views: client.views.clone(),
-            backend: options.backend,
+            device: fedge_models::select_device(Accelerator::Cpu, options.backend),
+            memory_budget_mb: 0,
             profile: "demo".into(),
             backbone: "digits-conv".into(),
             seed: options.seed,

@@ -9,6 +9,7 @@ pub mod bench_aggregate;
 pub mod bench_feddim;
 pub mod bench_fleet;
 pub mod bench_head;
+pub mod bench_wire;
 pub mod demo;
 pub mod fdg;
 pub mod plot;

@@ -38,6 +38,22 @@ enum Command {
     /// Simulate many lightweight devices (each its own MQTT connection, no training) against a
     /// running coordinator, and check that every update is accounted for (see bench/fleet.sh).
     BenchFleet(BenchFleetArgs),
+    /// Bytes per update and per round task for each update codec (f32, f16, int8), against
+    /// raw f32 parameters plus FedDIM's full insight matrices (see bench/wire.sh for Flower's).
+    BenchWire(BenchWireArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchWireArgs {
+    /// Devices selected per round (each adds a tag to the round task).
+    #[arg(long, default_value_t = 10)]
+    selected: usize,
+    /// Broker packet limit the frames are chunked at.
+    #[arg(long, default_value_t = fedge_wire::DEFAULT_MAX_PACKET)]
+    max_packet: usize,
+    /// Also write the rows as JSON here.
+    #[arg(long, value_name = "PATH.json")]
+    json: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -97,7 +113,8 @@ struct BenchArgs {
     /// Fashion-MNIST images drawn in all (0 = all 70,000).
     #[arg(long, default_value_t = 12_000)]
     limit: usize,
-    /// Comma list of `objective`, `strategy` or `objective+strategy`.
+    /// Comma list of `objective`, `strategy` or `objective+strategy`, each optionally
+    /// `@f32`, `@f16` (the default) or `@int8`: how clients pack their updates.
     #[arg(
         long,
         value_delimiter = ',',
@@ -201,6 +218,10 @@ struct BenchBackboneArgs {
     /// Batch sizes to compare.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     batch: Vec<usize>,
+    /// Also write images per second per batch size as JSON here (read by
+    /// bench/backbone_ort.py, which runs onnxruntime on the same file).
+    #[arg(long, value_name = "PATH.json")]
+    json: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -272,6 +293,9 @@ struct DemoArgs {
     /// FedDIM's lambda (weight of the insight term).
     #[arg(long, default_value_t = 0.01)]
     lambda: f32,
+    /// How agents pack their updates: f32 (lossless), f16 or int8 (per-tensor scale).
+    #[arg(long, default_value = "f16")]
+    codec: fedge_wire::Codec,
     /// FedDIM's server momentum m of the global insight matrices.
     #[arg(long, default_value_t = 0.5)]
     insight_momentum: f32,
@@ -327,6 +351,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::BenchAggregate(args) => bench_aggregate(args),
         Command::BenchFleet(args) => bench_fleet(args).await,
+        Command::BenchWire(args) => bench_wire(args),
         Command::BenchFeddim(args) => {
             bench_feddim(args);
             Ok(())
@@ -358,6 +383,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
             batch_size: args.batch_size,
             prox_mu: args.mu,
             insight_lambda: args.lambda,
+            update_codec: args.codec,
             ..defaults.train.clone()
         },
         insight_momentum: args.insight_momentum,
@@ -621,6 +647,7 @@ fn bench_backbone(args: BenchBackboneArgs) -> anyhow::Result<()> {
         card.name, card.channels, card.height, card.width, card.feature_size, args.images
     );
     println!("| batch | ms per image | images/s |\n|---|---|---|");
+    let mut rows = Vec::new();
     for &batch in &args.batch {
         backbone.features(&images[..card.input_len() * batch.max(1)], batch)?;
         let start = std::time::Instant::now();
@@ -631,6 +658,12 @@ fn bench_backbone(args: BenchBackboneArgs) -> anyhow::Result<()> {
             secs * 1e3 / args.images as f64,
             args.images as f64 / secs
         );
+        rows.push(serde_json::json!({"batch": batch, "images_per_s": args.images as f64 / secs}));
+    }
+    if let Some(path) = &args.json {
+        let report =
+            serde_json::json!({"backbone": card.name, "images": args.images, "tract": rows});
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
     }
     Ok(())
 }
@@ -813,5 +846,53 @@ async fn bench_fleet(args: BenchFleetArgs) -> anyhow::Result<()> {
             && reported == report.updates_sent,
         "updates were lost or rejected"
     );
+    Ok(())
+}
+
+fn bench_wire(args: BenchWireArgs) -> anyhow::Result<()> {
+    use fedge::bench_wire::{Shape, measure};
+    use fedge_wire::Codec;
+    let shapes = [
+        Shape {
+            features: 512,
+            hidden: 64,
+            classes: 10,
+        },
+        Shape {
+            features: 1280,
+            hidden: 256,
+            classes: 65,
+        },
+    ];
+    println!(
+        "{:<14} {:>6} {:<7} {:>11} {:>11} {:>6} {:>11}",
+        "head F-H-K", "codec", "FedDIM", "update B", "raw B", "ratio", "task B/dev"
+    );
+    let mut rows = Vec::new();
+    for shape in shapes {
+        for feddim in [false, true] {
+            for codec in [Codec::F32, Codec::F16, Codec::Int8] {
+                let row = measure(shape, codec, feddim, args.selected, args.max_packet);
+                println!(
+                    "{:<14} {:>6} {:<7} {:>11} {:>11} {:>6.3} {:>11}",
+                    format!("{}-{}-{}", shape.features, shape.hidden, shape.classes),
+                    row.codec,
+                    if feddim { "yes" } else { "no" },
+                    row.update_bytes,
+                    row.raw_bytes,
+                    row.update_bytes as f64 / row.raw_bytes as f64,
+                    row.task_bytes,
+                );
+                rows.push(row);
+            }
+        }
+    }
+    println!(
+        "update B: sealed update frame, chunked at {} B, with MQTT PUBLISH headers; raw B: 4 · params (+ 4 · K²H for FedDIM's full insight); task: f32 parameters (+ Ī with FedDIM), {} tags",
+        args.max_packet, args.selected
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&rows)?)?;
+    }
     Ok(())
 }

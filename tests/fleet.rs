@@ -20,7 +20,8 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
         .into_iter()
         .map(|id| (id, fedge_coordinator::keys::generate()))
         .collect();
-    let params = 40_000; // chunked at the default 128 KiB packet limit: tasks and updates
+    // Chunked at the default 128 KiB packet limit: tasks (f32, 320 KB) and updates (f16, 160 KB).
+    let params = 80_000;
     let config = RoundConfig {
         rounds: 2,
         min_clients: DEVICES,
@@ -53,7 +54,7 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
     for r in &report.rounds {
         assert_eq!((r.selected, r.reported, r.rejected), (60, 60, 0), "{r:?}");
         assert!(
-            r.bytes_up > 60 * params as u64 * 4,
+            r.bytes_up > 60 * params as u64 * 2,
             "chunked updates counted: {r:?}"
         );
     }
@@ -63,10 +64,12 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
         .unwrap()
         .unwrap()
         .unwrap();
-    // Every device sends 1e-3·((i mod 7) − 3) per round, with equal weights.
-    let want: Vec<f32> = (0..params)
-        .map(|i| (2.0 * 1e-3 * ((i % 7) as f64 - 3.0)) as f32)
-        .collect();
+    // Every device sends 1e-3·((i mod 7) − 3) per round in the default codec (f16), with
+    // equal weights.
+    let sent = |i: usize| {
+        fedge_wire::f16_to_f32(fedge_wire::f32_to_f16(1e-3 * ((i % 7) as f32 - 3.0))) as f64
+    };
+    let want: Vec<f32> = (0..params).map(|i| (2.0 * sent(i)) as f32).collect();
     for (got, want) in rounds.params().iter().zip(&want) {
         assert!((got - want).abs() < 1e-6, "{got} vs {want}");
     }

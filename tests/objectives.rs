@@ -222,7 +222,7 @@ fn fedddl_prototypes_travel_up_and_their_average_comes_back_down() {
                 delta: TensorF32::from_slice(&out.delta),
                 metrics: LocalMetrics::default(),
                 class_stats: None,
-                prototypes: Some(class_stats(stats)),
+                prototypes: Some(class_stats(stats, fedge_wire::Codec::F32)),
             }));
             m.handle_packet(name, &frame, round * 10);
         }

@@ -43,6 +43,7 @@
 //! momentum = 0.9
 //! weight_decay = 0.0005
 //! prox_mu = 0.01
+//! update_codec = "f16"         # how devices pack updates: "f32" (lossless), "f16", "int8"
 //!
 //! [feddim]
 //! lambda = 0.01                # weight of the insight term

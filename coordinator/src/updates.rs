@@ -159,11 +159,7 @@ impl RoundUpdates {
         num_samples: u32,
         delta: &fedge_wire::TensorF32,
     ) -> Result<(), OverBudget> {
-        let values = delta
-            .as_le_bytes()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        self.push_values(client, num_samples, values)
+        self.push_values(client, num_samples, delta.values())
     }
 
     pub(crate) fn push_values(

@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use fedge_models::{Backend, HeadConfig};
+use fedge_models::{HeadConfig, SelectedDevice};
 use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE, publish_frame};
 use fedge_wire::{
-    ClassStats, ClientUpdate, DeviceKey, EdgeStatus, LocalMetrics, Message, Reassembler, RoundTask,
-    TensorF32, Topics,
+    ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, LocalMetrics, Message, Reassembler,
+    RoundTask, TensorF32, Topics,
 };
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
@@ -40,8 +40,10 @@ pub struct AgentSetup {
     pub val: Arc<FeatureSet>,
     /// FedDDL's counterfactual and object-only views of `train`, when built.
     pub views: Option<Arc<DdlViews>>,
-    /// Burn backend for training.
-    pub backend: Backend,
+    /// Burn device for training (CPU, or a CUDA GPU on a Jetson build) and its status name.
+    pub device: SelectedDevice,
+    /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
+    pub memory_budget_mb: u64,
     /// Hardware profile name, for status.
     pub profile: String,
     /// Backbone name, for status.
@@ -117,6 +119,8 @@ pub enum AgentError {
 
 struct Trained {
     round: u64,
+    /// How the task asked for the update to be packed.
+    codec: Codec,
     result: Result<TrainOutcome, TrainError>,
     val_accuracy: f32,
     seconds: f32,
@@ -138,6 +142,9 @@ pub async fn run_agent(
     let update_topic = topics.update(&setup.client_id);
     let task_base = topics.round_task();
     let metrics_topic = topics.metrics();
+    if let Some(reason) = &setup.device.fallback {
+        tracing::warn!(client = %setup.client_id, "{reason}");
+    }
     let mut status = EdgeStatus {
         client_id: setup.client_id.clone(),
         online: false,
@@ -146,7 +153,8 @@ pub async fn run_agent(
         samples: setup.train.len() as u32,
         last_round: 0,
         last_error: String::new(),
-        device: "cpu".into(),
+        device: setup.device.name.clone(),
+        peak_memory_mb: None,
         updated_at: String::new(),
     };
     let will = LastWill::new(&status_topic, json(&status), QoS::AtLeastOnce, true);
@@ -257,15 +265,15 @@ pub async fn run_agent(
                             client_id: setup.client_id.clone(),
                             seq,
                             num_samples: setup.train.len() as u32,
-                            delta: TensorF32::from_slice(&outcome.delta),
+                            delta: TensorF32::from_slice_with(&outcome.delta, done.codec),
                             metrics: LocalMetrics {
                                 train_loss: outcome.last_epoch_loss,
                                 val_accuracy: done.val_accuracy,
                                 val_samples: setup.val.len() as u32,
                                 train_seconds: done.seconds,
                             },
-                            class_stats: outcome.class_stats.map(class_stats),
-                            prototypes: outcome.prototypes.map(class_stats),
+                            class_stats: outcome.class_stats.map(|s| class_stats(s, done.codec)),
+                            prototypes: outcome.prototypes.map(|s| class_stats(s, done.codec)),
                         };
                         let mut frame = fedge_wire::encode(&Message::ClientUpdate(update));
                         if let Some(key) = &setup.key {
@@ -286,6 +294,16 @@ pub async fn run_agent(
                     Err(e) => {
                         tracing::error!(client = %setup.client_id, round = done.round, error = %e, "local training failed");
                         status.last_error = e.to_string();
+                    }
+                }
+                status.peak_memory_mb = crate::resources::peak_rss_mib();
+                if let Some(message) = status
+                    .peak_memory_mb
+                    .and_then(|peak| crate::resources::over_budget(peak, setup.memory_budget_mb))
+                {
+                    tracing::warn!(client = %setup.client_id, "{message}");
+                    if status.last_error.is_empty() {
+                        status.last_error = message;
                     }
                 }
                 if let Some(path) = &setup.state_file
@@ -369,10 +387,10 @@ pub fn decode_task(
 }
 
 /// Counts and `[K, H]` means as they go on the wire.
-pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>)) -> ClassStats {
+pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>), codec: Codec) -> ClassStats {
     ClassStats {
         counts,
-        means: TensorF32::from_slice(&means),
+        means: TensorF32::from_slice_with(&means, codec),
     }
 }
 
@@ -382,12 +400,12 @@ fn spawn_training(
     state: Arc<std::sync::Mutex<LocalState>>,
     done: mpsc::UnboundedSender<Trained>,
 ) {
-    let (head, train, val, views, backend) = (
+    let (head, train, val, views, device) = (
         setup.head.clone(),
         setup.train.clone(),
         setup.val.clone(),
         setup.views.clone(),
-        setup.backend,
+        setup.device.device.clone(),
     );
     let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     tokio::task::spawn_blocking(move || {
@@ -395,7 +413,6 @@ fn spawn_training(
         let global = task.params.to_vec();
         let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
         let val_accuracy = accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);
-        let device = fedge_models::training_device(backend);
         let insight = task.insight.as_ref().map(TensorF32::to_vec);
         let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
         let inputs = RoundInputs {
@@ -418,6 +435,7 @@ fn spawn_training(
         );
         let _ = done.send(Trained {
             round: task.round,
+            codec: task.train.update_codec,
             result,
             val_accuracy,
             seconds: start.elapsed().as_secs_f32(),

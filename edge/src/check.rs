@@ -5,7 +5,10 @@ use std::net::ToSocketAddrs;
 use std::path::Path;
 use std::time::Duration;
 
+use fedge_models::HeadConfig;
+
 use crate::config::EdgeConfig;
+use crate::resources;
 
 /// One check's outcome.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,8 +105,13 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
             None
         }
     };
+    checks.push(check_device(&config));
     if let Some(backbone) = &backbone {
-        checks.push(match config.load_images(backbone) {
+        let images = config.load_images(backbone);
+        if let Ok(images) = &images {
+            checks.push(check_resources(&config, backbone, images));
+        }
+        checks.push(match images {
             Ok(images) if images.classes() >= 2 && images.len() >= 2 => pass(
                 "data",
                 format!(
@@ -129,6 +137,68 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         checks.push(check_broker(&config.broker.host, config.broker.port));
     }
     checks
+}
+
+fn check_device(config: &EdgeConfig) -> Check {
+    let (Ok(accelerator), Ok(backend)) = (config.device.parse(), config.backend.parse()) else {
+        return fail("device", "device or backend does not parse".into());
+    };
+    let selected = fedge_models::select_device(accelerator, backend);
+    match selected.fallback {
+        // The CPU fallback is how a Jetson profile runs before its CUDA build: a note, not a
+        // failure.
+        Some(reason) => pass("device", format!("{} asked for: {reason}", config.device)),
+        None => pass("device", format!("training on {}", selected.name)),
+    }
+}
+
+fn check_resources(
+    config: &EdgeConfig,
+    backbone: &fedge_models::Backbone,
+    images: &crate::data::ImageSet,
+) -> Check {
+    let limits = &config.resources;
+    let card = backbone.card();
+    let per_image = resources::feature_bytes_per_image(card.feature_size, config.fedddl.enabled);
+    let (kept, left_out) = resources::fit_feature_cache(
+        images.clone(),
+        per_image,
+        limits.feature_cache_mb,
+        config.seed,
+    );
+    let params = HeadConfig::new(card.feature_size, images.classes().max(2))
+        .with_hidden(config.hidden)
+        .num_params();
+    // All images are loaded while their features are computed; the cut happens after.
+    let estimate = resources::estimate_mib(images, 0, 0)
+        + (kept.len() as u64 * per_image) as f64 / (1024.0 * 1024.0)
+        + (params * 32) as f64 / (1024.0 * 1024.0);
+    let features_mib = (kept.len() as u64 * per_image) as f64 / (1024.0 * 1024.0);
+    let cut = if left_out > 0 {
+        format!(", {left_out} samples left out to fit feature_cache_mb")
+    } else {
+        String::new()
+    };
+    let budget = limits.memory_budget_mb;
+    if budget > 0 && estimate > budget as f64 {
+        return fail(
+            "resources",
+            format!(
+                "estimated peak {estimate:.0} MiB (features {features_mib:.1} MiB{cut}) is above \
+                 memory_budget_mb = {budget}: set [resources] feature_cache_mb, use fewer or \
+                 smaller images, or raise the budget"
+            ),
+        );
+    }
+    let budget = if budget > 0 {
+        format!("within memory_budget_mb = {budget}")
+    } else {
+        "no memory_budget_mb".into()
+    };
+    pass(
+        "resources",
+        format!("estimated peak {estimate:.0} MiB, {budget}; features {features_mib:.1} MiB{cut}"),
+    )
 }
 
 fn check_cache(dir: Option<&Path>) -> Check {

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fedge_models::{Backbone, Backend, HeadConfig};
+use fedge_models::{Accelerator, Backbone, Backend, HeadConfig};
 use fedge_mqtt::BrokerConfig;
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +14,7 @@ use crate::agent::AgentSetup;
 use crate::data::{DIGITS_ANGLES, ImageSet, digits_domains, imagefolder_domains};
 use crate::features;
 use crate::fedddl::DdlViews;
+use crate::resources::{self, ResourceConfig};
 
 /// Where the device's samples come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,9 +48,16 @@ pub struct EdgeConfig {
     /// Hardware profile name (reported in status).
     #[serde(default = "default_profile")]
     pub profile: String,
-    /// Burn CPU backend: `ndarray` or `flex`.
+    /// Burn CPU backend: `flex` (the `fedge` front end also has `ndarray`).
     #[serde(default = "default_backend")]
     pub backend: String,
+    /// Where the head trains: `auto` (a CUDA GPU in a `cuda` build when one answers, else the
+    /// CPU), `cpu`, or `cuda` (falls back to the CPU, saying why, when there is no GPU).
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Resource limits of the hardware class.
+    #[serde(default)]
+    pub resources: ResourceConfig,
     /// Local seed.
     #[serde(default)]
     pub seed: u64,
@@ -116,6 +124,9 @@ fn default_profile() -> String {
 fn default_backend() -> String {
     "flex".into()
 }
+fn default_device() -> String {
+    "auto".into()
+}
 fn default_hidden() -> usize {
     64
 }
@@ -151,7 +162,11 @@ impl EdgeConfig {
         config
             .backend
             .parse::<Backend>()
-            .map_err(anyhow::Error::msg)?;
+            .map_err(|e| anyhow::anyhow!("{}: backend: {e}", path.display()))?;
+        config
+            .device
+            .parse::<Accelerator>()
+            .map_err(|e| anyhow::anyhow!("{}: device: {e}", path.display()))?;
         anyhow::ensure!(
             fedge_wire::valid_client_id(&config.client_id),
             "{}: client_id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
@@ -214,7 +229,21 @@ impl EdgeConfig {
     pub fn setup(&self) -> anyhow::Result<AgentSetup> {
         let key = self.load_key()?;
         let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
-        let mut images = self.load_images(&backbone)?;
+        let images = self.load_images(&backbone)?;
+        let (mut images, left_out) = resources::fit_feature_cache(
+            images,
+            resources::feature_bytes_per_image(backbone.card().feature_size, self.fedddl.enabled),
+            self.resources.feature_cache_mb,
+            self.seed,
+        );
+        if left_out > 0 {
+            tracing::warn!(
+                kept = images.len(),
+                left_out,
+                limit_mb = self.resources.feature_cache_mb,
+                "local data cut to fit [resources] feature_cache_mb"
+            );
+        }
         if let (true, Some(card)) = (self.fedddl.enabled, &self.fedddl.detector) {
             let detector = fedge_models::Backbone::load(card)
                 .map_err(|e| anyhow::anyhow!("[fedddl] detector: {e}"))?;
@@ -240,7 +269,11 @@ impl EdgeConfig {
             train: Arc::new(train),
             val: Arc::new(val),
             views,
-            backend: self.backend.parse().map_err(anyhow::Error::msg)?,
+            device: fedge_models::select_device(
+                self.device.parse().map_err(anyhow::Error::msg)?,
+                self.backend.parse().map_err(anyhow::Error::msg)?,
+            ),
+            memory_budget_mb: self.resources.memory_budget_mb,
             profile: self.profile.clone(),
             backbone: backbone.card().name.clone(),
             seed: self.seed,

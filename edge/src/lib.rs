@@ -14,6 +14,7 @@ pub mod data;
 pub mod features;
 pub mod fedddl;
 pub mod feddim;
+pub mod resources;
 pub mod stable;
 pub mod train;
 

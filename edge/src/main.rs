@@ -43,10 +43,16 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Print a systemd unit that runs this profile, with the memory limits of its
+    /// `[resources] memory_budget_mb` (see deploy/fedge-edge.service and docs/deploy.md).
+    Unit {
+        /// Device profile TOML, where it will live on the device.
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -57,25 +63,14 @@ async fn main() -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Run { config } => {
-            let setup = EdgeConfig::load(&config)?.setup()?;
-            tracing::info!(
-                client = %setup.client_id,
-                train = setup.train.len(),
-                val = setup.val.len(),
-                backbone = %setup.backbone,
-                "edge starting"
-            );
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                let _ = tokio::signal::ctrl_c().await;
-                let _ = stop_tx.send(true);
-            });
-            let summary = fedge_edge::run_agent(setup, stop_rx).await?;
-            tracing::info!(
-                rounds = summary.rounds_trained,
-                bytes_up = summary.bytes_up,
-                "edge stopped"
-            );
+            let config = EdgeConfig::load(&config)?;
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            if config.resources.threads > 0 {
+                runtime
+                    .worker_threads(config.resources.threads)
+                    .max_blocking_threads(config.resources.threads);
+            }
+            runtime.enable_all().build()?.block_on(run(config))?;
         }
         Command::Check { config, dry_run } => {
             let checks = fedge_edge::check::run_checks(&config, dry_run);
@@ -87,6 +82,39 @@ async fn main() -> anyhow::Result<()> {
             }
             println!("{}: ready", config.display());
         }
+        Command::Unit { config } => {
+            let profile = EdgeConfig::load(&config)?;
+            let path = std::path::absolute(&config)?;
+            print!(
+                "{}",
+                fedge_edge::resources::systemd_unit(&path, &profile.resources)
+            );
+        }
     }
+    Ok(())
+}
+
+/// The agent until Ctrl-C.
+async fn run(config: EdgeConfig) -> anyhow::Result<()> {
+    let setup = config.setup()?;
+    tracing::info!(
+        client = %setup.client_id,
+        train = setup.train.len(),
+        val = setup.val.len(),
+        backbone = %setup.backbone,
+        device = %setup.device.name,
+        "edge starting"
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = stop_tx.send(true);
+    });
+    let summary = fedge_edge::run_agent(setup, stop_rx).await?;
+    tracing::info!(
+        rounds = summary.rounds_trained,
+        bytes_up = summary.bytes_up,
+        "edge stopped"
+    );
     Ok(())
 }

@@ -63,7 +63,12 @@ fn every_shipped_profile_passes_in_dry_run() {
             path.display(),
             failures(&checks)
         );
-        assert_eq!(checks.len(), 7, "{checks:?}");
+        assert_eq!(checks.len(), 9, "{checks:?}");
+        let device = checks.iter().find(|c| c.name == "device").unwrap();
+        if text.contains("device = \"cuda\"") && !fedge_models::CUDA_BUILT {
+            // The Jetson profile in a CPU build: a pass that names the fallback.
+            assert!(device.detail.contains("training on the CPU"), "{device:?}");
+        }
     }
 }
 
@@ -102,6 +107,21 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
             "profile",
             "no-ca.pem",
         ),
+        (
+            Box::new(|t| t.replace("device = \"auto\"", "device = \"gpu\"")),
+            "profile",
+            "device: unknown device \"gpu\"; use auto, cpu or cuda",
+        ),
+        (
+            Box::new(|t| t.replace("memory_budget_mb = 1024", "memory_budget_mb = 20")),
+            "resources",
+            "is above memory_budget_mb = 20: set [resources] feature_cache_mb",
+        ),
+        (
+            Box::new(|t| t.replace("[resources]", "[resources]\ncores = 2")),
+            "profile",
+            "unknown field `cores`",
+        ),
     ];
     for (edit, name, needle) in cases {
         let path = variant(d, edit);
@@ -132,4 +152,30 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
         failed[0].1.contains("nothing accepts connections"),
         "{failed:?}"
     );
+}
+
+#[test]
+fn a_feature_cache_limit_cuts_the_data_and_check_says_how_much() {
+    let dir = tempfile::tempdir().unwrap();
+    // digits-conv gives 512 features (2 KiB) per image, so the smallest limit (1 MiB) holds
+    // 512, more than a digits domain: check the message of an uncut profile, and the cut
+    // itself on that profile's data with a larger row size.
+    let path = variant(dir.path(), |t| t);
+    let checks = run_checks(&path, true);
+    let resources = checks.iter().find(|c| c.name == "resources").unwrap();
+    assert!(resources.ok, "{resources:?}");
+    assert!(
+        resources.detail.contains("within memory_budget_mb = 1024"),
+        "{resources:?}"
+    );
+    assert!(!resources.detail.contains("left out"), "{resources:?}");
+    let config = fedge_edge::config::EdgeConfig::load(&path).unwrap();
+    let (backbone, _) = fedge_edge::features::load_backbone(&config.backbone).unwrap();
+    let images = config.load_images(&backbone).unwrap();
+    let n = images.len();
+    // As if each image had 8 KiB of features: 1 MiB keeps 128 of them.
+    assert!(n > 128, "{n}");
+    let (kept, left_out) = fedge_edge::resources::fit_feature_cache(images, 8192, 1, 0);
+    assert_eq!((kept.len(), left_out), (128, n - 128));
+    assert!(kept.class_counts().iter().all(|&c| c > 0));
 }

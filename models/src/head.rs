@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn flat_round_trip_keeps_every_value_in_documented_order() {
-        let device = training_device(Backend::NdArray);
+        let device = training_device(Backend::Flex);
         let config = config();
         let flat: Vec<f32> = (0..config.num_params())
             .map(|i| i as f32 * 0.01 - 0.2)
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn from_flat_rejects_wrong_length() {
-        let device = training_device(Backend::NdArray);
+        let device = training_device(Backend::Flex);
         let err = config().from_flat(&[0.0; 3], &device).unwrap_err();
         assert_eq!(
             err,
@@ -246,7 +246,7 @@ mod tests {
 
     #[test]
     fn plain_prediction_matches_burn_forward() {
-        let device = training_device(Backend::NdArray);
+        let device = training_device(Backend::Flex);
         let config = config();
         let head = config.init(&device);
         let flat = head.to_flat();

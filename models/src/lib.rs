@@ -11,7 +11,7 @@
 //!   written as ONNX by this crate itself.
 //! - [`sample`]: checks a converted backbone (EfficientNet-Lite0, see `models/tools/`) against
 //!   the features its converter computed for a sample image.
-//! - [`device`]: which Burn CPU backend trains the head.
+//! - [`device`]: which Burn backend and device (CPU, or CUDA on a Jetson) trains the head.
 //!
 //! This crate does no networking and knows nothing of rounds or clients.
 
@@ -27,6 +27,8 @@ pub mod sample;
 pub use adversarial::{AdversarialConfig, Discriminator, Generator, ModelLayout};
 pub use backbone::{Backbone, BackboneError};
 pub use card::{CardError, Layout, ModelCard};
-pub use device::{Backend, training_device};
+pub use device::{
+    Accelerator, Backend, CUDA_BUILT, SelectedDevice, select_device, training_device,
+};
 pub use head::{FlatLayoutError, Head, HeadConfig};
 pub use sample::{SampleCheck, check_sample};

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 use fedge_coordinator::strategy::StrategyConfig;
-use fedge_wire::{Objective, TrainParams};
+use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
 /// A client objective with a server strategy, named like `feddim+fedomg`.
@@ -56,6 +56,8 @@ pub struct Algorithm {
     pub contrastive_weight: f32,
     /// Stable-FedADG's `λ0`; `λ1 = 1 − λ0`.
     pub adversarial_weight: f32,
+    /// How the clients pack their updates (`name@f32`, `@f16`, `@int8`; the wire default).
+    pub codec: Codec,
 }
 
 impl Algorithm {
@@ -70,6 +72,7 @@ impl Algorithm {
             contrastive_weight: self.contrastive_weight,
             adversarial_weight: self.adversarial_weight,
             stable_weight: 1.0 - self.adversarial_weight,
+            update_codec: self.codec,
             ..TrainParams::default()
         }
     }
@@ -77,7 +80,17 @@ impl Algorithm {
 
 /// Parses `objective`, `strategy` or `objective+strategy` (`fedavg`, `fedprox`, `fedavgm`,
 /// `fedomg`, `feddim`, `feddim+fedomg`, `fedddl+fedomg`, `stable-fedadg+fedavgm`, ...).
-pub fn parse_algorithm(name: &str) -> anyhow::Result<Algorithm> {
+pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
+    let train = TrainParams::default();
+    let (name, codec) = match full_name.split_once('@') {
+        Some((name, codec)) => (
+            name,
+            codec
+                .parse::<Codec>()
+                .map_err(|e| anyhow::anyhow!("{full_name:?}: {e}"))?,
+        ),
+        None => (full_name, train.update_codec),
+    };
     let objective_of = |s: &str| crate::demo::objective_by_name(s).ok();
     let is_strategy = |s: &str| matches!(s, "fedavg" | "fedavgm" | "fedomg");
     let (objective, strategy) = match name.split_once('+') {
@@ -97,15 +110,15 @@ pub fn parse_algorithm(name: &str) -> anyhow::Result<Algorithm> {
         ..StrategyConfig::default()
     };
     strategy.build().map_err(anyhow::Error::msg)?;
-    let train = TrainParams::default();
     Ok(Algorithm {
-        name: name.into(),
+        name: full_name.into(),
         objective,
         strategy,
         prox_mu: train.prox_mu,
         insight_lambda: train.insight_lambda,
         contrastive_weight: train.contrastive_weight,
         adversarial_weight: train.adversarial_weight,
+        codec,
     })
 }
 
@@ -288,6 +301,16 @@ mod tests {
         assert_eq!(
             (c.objective, c.strategy.strategy.as_str()),
             (Objective::CrossEntropy, "fedavgm")
+        );
+        assert_eq!(c.codec, Codec::F16);
+        let d = parse_algorithm("fedavg@int8").unwrap();
+        assert_eq!((d.name.as_str(), d.codec), ("fedavg@int8", Codec::Int8));
+        assert_eq!(d.train_params(1).update_codec, Codec::Int8);
+        assert!(
+            parse_algorithm("fedavg@bf16")
+                .unwrap_err()
+                .to_string()
+                .contains("f32, f16 or int8")
         );
         assert!(
             parse_algorithm("fedfoo")

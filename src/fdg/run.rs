@@ -304,13 +304,17 @@ pub fn run_one(
                 client_id: source.name.clone(),
                 seq: task.round,
                 num_samples: source.train.len() as u32,
-                delta: TensorF32::from_slice(&out.delta),
+                delta: TensorF32::from_slice_with(&out.delta, task.train.update_codec),
                 metrics: LocalMetrics {
                     train_loss: out.last_epoch_loss,
                     ..LocalMetrics::default()
                 },
-                class_stats: out.class_stats.map(class_stats),
-                prototypes: out.prototypes.map(class_stats),
+                class_stats: out
+                    .class_stats
+                    .map(|s| class_stats(s, task.train.update_codec)),
+                prototypes: out
+                    .prototypes
+                    .map(|s| class_stats(s, task.train.update_codec)),
             };
             Ok((fedge_wire::encode(&Message::ClientUpdate(update)), seconds))
         })?;

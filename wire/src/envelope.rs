@@ -19,7 +19,7 @@ use crate::messages::{ClientUpdate, RoundTask};
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version written by this crate and the only one it accepts.
-pub const PROTOCOL_VERSION: u8 = 3;
+pub const PROTOCOL_VERSION: u8 = 4;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -105,8 +105,8 @@ pub struct Frame<'a> {
 pub fn encode(message: &Message) -> Vec<u8> {
     // Room for the header, the trailer, the bulk of the body and a few varints and strings.
     let bulk = match message {
-        Message::RoundTask(task) => task.params.as_le_bytes().len() + 64 * task.selected.len(),
-        Message::ClientUpdate(update) => update.delta.as_le_bytes().len(),
+        Message::RoundTask(task) => task.params.packed_len() + 64 * task.selected.len(),
+        Message::ClientUpdate(update) => update.delta.packed_len(),
         Message::Chunk(chunk) => chunk.data.len(),
         Message::Sealed(sealed) => sealed.inner.len() + 48 * sealed.tags.len(),
     };
@@ -463,7 +463,9 @@ mod tests {
         body.extend(postcard::to_allocvec(&update.seq).unwrap());
         body.extend(postcard::to_allocvec(&update.num_samples).unwrap());
         body.extend(postcard::to_allocvec(&vec![4u32]).unwrap());
-        body.extend(postcard::to_allocvec(&update.delta.as_le_bytes().to_vec()).unwrap());
+        body.push(0); // encoding: f32
+        let bytes: Vec<u8> = update.delta.values().flat_map(f32::to_le_bytes).collect();
+        body.extend(postcard::to_allocvec(&bytes).unwrap());
         body.extend(postcard::to_allocvec(&update.metrics).unwrap());
         body.extend(postcard::to_allocvec(&update.class_stats).unwrap());
         body.extend(postcard::to_allocvec(&update.prototypes).unwrap());
@@ -480,8 +482,9 @@ mod tests {
         task.params = TensorF32::from_slice(&[1.0]);
         let mut body = postcard::to_allocvec(&task).unwrap();
         // The body of a task ends with the train params and the deadline; the tensor's shape
-        // is right after the selected ids. Patch its single dimension from 1 to 2.
-        let shape_at = body.windows(3).position(|w| w == [1, 1, 4]).unwrap();
+        // is right after the selected ids (then its encoding, f32 = 0, and 4 bytes). Patch its
+        // single dimension from 1 to 2.
+        let shape_at = body.windows(4).position(|w| w == [1, 1, 0, 4]).unwrap();
         body[shape_at + 1] = 2;
         let bytes = frame_body(Kind::RoundTask as u8, &body);
         assert_eq!(

@@ -36,6 +36,9 @@ pub enum DecodeError {
         /// Byte length found.
         bytes: usize,
     },
+    /// An int8 tensor whose scale is not a finite non-negative number.
+    #[error("tensor int8 scale {0} is not a finite non-negative number")]
+    TensorScale(String),
     /// A chunk whose header is inconsistent.
     #[error("bad chunk: {0}")]
     BadChunk(&'static str),

@@ -1,4 +1,4 @@
-//! The fedge wire format, protocol version 3.
+//! The fedge wire format, protocol version 4.
 //!
 //! This crate defines what travels between devices and the coordinator: the binary messages
 //! (round task, client update), the JSON status documents, the envelope that frames every
@@ -31,5 +31,5 @@ pub use envelope::{
 pub use error::DecodeError;
 pub use messages::{ClassStats, ClientUpdate, LocalMetrics, Objective, RoundTask, TrainParams};
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
-pub use tensor::TensorF32;
+pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

@@ -81,6 +81,10 @@ pub struct EdgeStatus {
     /// Burn device the agent trains on (`cpu`, or `cuda` on a Jetson build).
     #[serde(default)]
     pub device: String,
+    /// Peak resident memory of the agent's process in MiB, after its last round (`None`
+    /// before the first round or where the system does not report it).
+    #[serde(default)]
+    pub peak_memory_mb: Option<f64>,
     /// RFC 3339 time of this document.
     #[serde(default)]
     pub updated_at: String,
@@ -134,6 +138,7 @@ mod tests {
             last_round: 3,
             last_error: String::new(),
             device: "cpu".into(),
+            peak_memory_mb: Some(27.5),
             updated_at: "2025-01-01T00:00:00Z".into(),
         };
         let json = serde_json::to_string(&status).unwrap();

@@ -1,0 +1,234 @@
+//! A hardware class's resource limits (`[resources]` in a profile): runtime threads, the
+//! feature cache's size, the memory budget; and what the agent reads back (its peak memory)
+//! and writes out (a systemd unit whose memory limit is the budget).
+
+use std::path::Path;
+
+use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
+use serde::{Deserialize, Serialize};
+
+use crate::data::ImageSet;
+
+/// `[resources]` in a profile. Zero means "no limit" (threads: one per core).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    /// Worker threads of the agent's runtime (MQTT, status and the training thread's pool).
+    /// Local training itself runs on one thread with the flex backend of this build.
+    #[serde(default)]
+    pub threads: usize,
+    /// Most MiB of backbone features the device keeps (in memory and in `cache_dir`). A larger
+    /// local data set is cut, class-stratified and seeded (the same cut at every start), to fit.
+    #[serde(default)]
+    pub feature_cache_mb: u64,
+    /// Memory the agent may use, in MiB. `check` compares an estimate with it; the agent
+    /// reports its peak in status and says so when it is above; `fedge-edge unit` writes it
+    /// into the systemd unit (`MemoryHigh`, and `MemoryMax` a quarter above it).
+    #[serde(default)]
+    pub memory_budget_mb: u64,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Memory the agent holds whatever its data: binary, runtime, MQTT buffers, the backbone's
+/// plan. Measured: the x86-64 agent on the built-in digits peaks at 27–28 MB, of which the
+/// data and features are under 1 MB (BENCHMARKS.md).
+pub const BASE_MIB: f64 = 26.0;
+
+/// Feature bytes per local image: one row of `feature_size` f32 values, three with FedDDL's
+/// counterfactual and object-only views of each training image.
+pub fn feature_bytes_per_image(feature_size: usize, fedddl: bool) -> u64 {
+    (feature_size * 4 * if fedddl { 3 } else { 1 }) as u64
+}
+
+/// Cuts `images` to what `limit_mb` of features holds, keeping each class's share (largest
+/// remainders get the odd places; images picked at random, seeded by `seed`, kept in their
+/// order); returns the set and how many images were left out. `limit_mb == 0` keeps everything.
+pub fn fit_feature_cache(
+    images: ImageSet,
+    bytes_per_image: u64,
+    limit_mb: u64,
+    seed: u64,
+) -> (ImageSet, usize) {
+    if limit_mb == 0 || bytes_per_image == 0 {
+        return (images, 0);
+    }
+    let fits = ((limit_mb * 1024 * 1024) / bytes_per_image) as usize;
+    let n = images.len();
+    if n <= fits {
+        return (images, 0);
+    }
+    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); images.class_names.len().max(1)];
+    for (i, &label) in images.labels.iter().enumerate() {
+        if let Some(members) = by_class.get_mut(label as usize) {
+            members.push(i);
+        }
+    }
+    // Quotas proportional to the class sizes: floors first, then the largest remainders.
+    let mut quotas: Vec<usize> = by_class.iter().map(|c| c.len() * fits / n).collect();
+    let mut by_remainder: Vec<usize> = (0..by_class.len()).collect();
+    by_remainder.sort_by_key(|&c| (std::cmp::Reverse(by_class[c].len() * fits % n), c));
+    let mut left = fits - quotas.iter().sum::<usize>();
+    for c in by_remainder {
+        if left == 0 {
+            break;
+        }
+        if quotas[c] < by_class[c].len() {
+            quotas[c] += 1;
+            left -= 1;
+        }
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6665_6174_5f63_6163);
+    let mut kept: Vec<usize> = Vec::with_capacity(fits);
+    for (members, quota) in by_class.iter_mut().zip(quotas) {
+        members.shuffle(&mut rng);
+        kept.extend_from_slice(&members[..quota]);
+    }
+    kept.sort_unstable();
+    (images.subset(&kept), n - kept.len())
+}
+
+/// What the agent is expected to hold at its peak, in MiB: the fixed part, the local images
+/// as loaded (f32, all at once while features are computed), their features, and the head's
+/// parameters about eight times over (global, local, gradients, momentum, delta, frames).
+pub fn estimate_mib(images: &ImageSet, feature_bytes_per_image: u64, head_params: usize) -> f64 {
+    let images_bytes = (images.images.len() * 4) as f64;
+    let features = (images.len() as u64 * feature_bytes_per_image) as f64;
+    let params = (head_params * 4 * 8) as f64;
+    BASE_MIB + (images_bytes + features + params) / MIB
+}
+
+/// This process's peak resident memory in MiB (`VmHWM`), where the system reports it.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The message for a peak above the budget, if it is.
+pub fn over_budget(peak_mib: f64, budget_mb: u64) -> Option<String> {
+    (budget_mb > 0 && peak_mib > budget_mb as f64).then(|| {
+        format!(
+            "peak memory {peak_mib:.0} MiB is above the profile's memory_budget_mb = {budget_mb}: \
+             lower [resources] feature_cache_mb or raise the budget"
+        )
+    })
+}
+
+/// The systemd unit for the profile at `config` (an absolute path), from
+/// `deploy/fedge-edge.service`, with the memory limits from the budget.
+pub fn systemd_unit(config: &Path, resources: &ResourceConfig) -> String {
+    const TEMPLATE: &str = include_str!("../../deploy/fedge-edge.service");
+    let config = config.display().to_string();
+    let mut out = String::with_capacity(TEMPLATE.len() + 128);
+    for line in TEMPLATE.lines() {
+        if line.starts_with("# Install:") || line.starts_with("# profile in") {
+            continue;
+        }
+        if line.starts_with("MemoryMax=") {
+            if resources.memory_budget_mb > 0 {
+                let budget = resources.memory_budget_mb;
+                out.push_str(&format!(
+                    "MemoryHigh={budget}M\nMemoryMax={}M\n",
+                    budget + budget / 4
+                ));
+            } else {
+                out.push_str("# No memory_budget_mb in the profile: no memory limit.\n");
+            }
+            continue;
+        }
+        if line.starts_with("# Memory limit of the hardware class") {
+            out.push_str("# Memory limits from the profile's [resources] memory_budget_mb.\n");
+            continue;
+        }
+        out.push_str(&line.replace("/etc/fedge/device.toml", &config));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn images(n: usize, classes: u32) -> ImageSet {
+        ImageSet {
+            channels: 1,
+            height: 2,
+            width: 2,
+            class_names: (0..classes).map(|c| c.to_string()).collect(),
+            images: (0..n * 4).map(|i| i as f32).collect(),
+            labels: (0..n as u32).map(|i| i % classes).collect(),
+            raw_max: 1.0,
+            masks: None,
+        }
+    }
+
+    #[test]
+    fn the_feature_cache_limit_cuts_the_set_by_class_and_the_same_way_each_time() {
+        // 1,000 images of 256 features (1 KiB each): 1 MiB holds 1,024, so nothing is cut.
+        let (kept, cut) = fit_feature_cache(images(1000, 4), 1024, 1, 7);
+        assert_eq!((kept.len(), cut), (1000, 0));
+        // 4 KiB per image: 256 fit, 64 of each of the 4 equal classes.
+        let (kept, cut) = fit_feature_cache(images(1000, 4), 4096, 1, 7);
+        assert_eq!((kept.len(), cut), (256, 744));
+        assert_eq!(kept.class_counts(), vec![64; 4]);
+        // Unequal classes keep their shares: 3 classes of 500, 300, 200 → 128, 77, 51.
+        let mut unequal = images(1000, 3);
+        unequal.labels = (0..1000)
+            .map(|i| {
+                if i < 500 {
+                    0
+                } else if i < 800 {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        let (shares, _) = fit_feature_cache(unequal, 4096, 1, 7);
+        assert_eq!(shares.class_counts(), vec![128, 77, 51]);
+        let (again, _) = fit_feature_cache(images(1000, 4), 4096, 1, 7);
+        assert_eq!(kept, again);
+        // No limit.
+        assert_eq!(fit_feature_cache(images(10, 2), 4096, 0, 7).1, 0);
+    }
+
+    #[test]
+    fn the_estimate_counts_images_features_and_parameters() {
+        let set = images(1024, 2); // 16 bytes of pixels each: 16 KiB
+        let estimate = estimate_mib(&set, 1024, 0); // 1 MiB of features
+        assert!((estimate - BASE_MIB - 1.0 - 16.0 / 1024.0).abs() < 1e-9);
+        assert!(estimate_mib(&set, 1024, 1 << 20) > estimate + 31.9);
+    }
+
+    #[test]
+    fn peak_memory_is_read_and_judged_against_the_budget() {
+        let peak = peak_rss_mib().expect("Linux reports VmHWM");
+        assert!(peak > 1.0, "{peak}");
+        assert!(over_budget(peak, 0).is_none());
+        assert!(over_budget(peak, 1_000_000).is_none());
+        let message = over_budget(300.0, 256).unwrap();
+        assert!(
+            message.contains("300 MiB") && message.contains("256"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_unit_takes_the_profile_path_and_its_memory_budget() {
+        let resources = ResourceConfig {
+            memory_budget_mb: 200,
+            ..Default::default()
+        };
+        let unit = systemd_unit(Path::new("/etc/fedge/gw-7.toml"), &resources);
+        assert!(unit.contains("MemoryHigh=200M\nMemoryMax=250M\n"), "{unit}");
+        assert!(unit.contains("run --config /etc/fedge/gw-7.toml"), "{unit}");
+        assert!(unit.contains("check --dry-run --config /etc/fedge/gw-7.toml"));
+        assert!(!unit.contains("/etc/fedge/device.toml"));
+        assert!(unit.contains("Restart=on-failure") && unit.contains("User=fedge"));
+        let unlimited = systemd_unit(Path::new("/p.toml"), &ResourceConfig::default());
+        assert!(!unlimited.contains("MemoryMax="), "{unlimited}");
+    }
+}
