@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use fedge_coordinator::fedomg::FedOmg;
 use fedge_coordinator::strategy::{FedAvg, Strategy};
-use fedge_coordinator::updates::{RoundUpdates, UpdatesConfig};
+use fedge_coordinator::updates::{Arena, RoundUpdates, UpdatesConfig};
 use rand::{Rng, SeedableRng};
 
 /// One (N, M) measurement; times in seconds, medians over the repeats.
@@ -63,7 +63,7 @@ fn close(
     mut held: RoundUpdates,
     last: &[f32],
     global: &[f32],
-) -> (f64, Vec<f32>, Vec<f32>) {
+) -> (f64, Vec<f32>, Arena) {
     let t = Instant::now();
     held.push("client-last", 100, last).expect("no budget");
     held.finish();
@@ -79,7 +79,7 @@ pub fn measure_fedge(n: usize, m: usize, repeats: usize) -> AggregateBench {
         .collect();
     let global: Vec<f32> = (0..m).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let row = |u: usize| &deltas[u * m..(u + 1) * m];
-    let hold = |dots: bool, arena: Vec<f32>| {
+    let hold = |dots: bool, arena: Arena| {
         let config = UpdatesConfig {
             dots,
             budget_bytes: usize::MAX,
@@ -100,7 +100,12 @@ pub fn measure_fedge(n: usize, m: usize, repeats: usize) -> AggregateBench {
     };
     let (mut avg, mut omg, mut cpu, mut total) = (vec![], vec![], 0.0, vec![]);
     // An untimed round faults the arena in, as the coordinator's first round does.
-    let (_, _, mut arena) = close(&mut FedAvg, hold(false, Vec::new()), row(n - 1), &global);
+    let (_, _, mut arena) = close(
+        &mut FedAvg,
+        hold(false, Arena::default()),
+        row(n - 1),
+        &global,
+    );
     let cpu0 = cpu_seconds();
     for _ in 0..repeats {
         let (t, next, spare) = close(&mut FedAvg, hold(false, arena), row(n - 1), &global);

@@ -11,7 +11,7 @@
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use fedge_coordinator::fedomg::FedOmg;
 use fedge_coordinator::strategy::{FedAvg, Strategy};
-use fedge_coordinator::updates::{RoundUpdates, UpdatesConfig};
+use fedge_coordinator::updates::{Arena, RoundUpdates, UpdatesConfig};
 
 const SHAPES: [(usize, usize); 4] = [
     (10, 66_954),
@@ -32,7 +32,7 @@ fn deltas(n: usize, m: usize) -> Vec<f32> {
         .collect()
 }
 
-fn held(rows: &[f32], m: usize, count: usize, dots: bool, arena: Vec<f32>) -> RoundUpdates {
+fn held(rows: &[f32], m: usize, count: usize, dots: bool, arena: Arena) -> RoundUpdates {
     let config = UpdatesConfig {
         dots,
         budget_bytes: usize::MAX,
@@ -73,19 +73,19 @@ fn bench(c: &mut Criterion) {
         let id = format!("N{n}_M{m}");
         group.bench_function(BenchmarkId::new("fedavg_close", &id), |b| {
             b.iter_batched(
-                || held(&rows, m, n - 1, false, Vec::new()),
+                || held(&rows, m, n - 1, false, Arena::default()),
                 |h| close(&mut FedAvg, h, last, &global),
                 BatchSize::PerIteration,
             )
         });
         group.bench_function(BenchmarkId::new("fedomg_close", &id), |b| {
             b.iter_batched(
-                || held(&rows, m, n - 1, true, Vec::new()),
+                || held(&rows, m, n - 1, true, Arena::default()),
                 |h| close(&mut FedOmg::default(), h, last, &global),
                 BatchSize::PerIteration,
             )
         });
-        let mut arena = Vec::new();
+        let mut arena = Arena::default();
         group.bench_function(BenchmarkId::new("fedomg_round", &id), |b| {
             b.iter(|| {
                 let mut h = held(&rows, m, n - 1, true, std::mem::take(&mut arena));

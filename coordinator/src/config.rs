@@ -18,7 +18,9 @@
 //! embedded_broker = false      # true: run rumqttd in process on [broker].host:port
 //! initial_params = "head.f32"  # optional: little-endian f32 file; else a seeded init
 //! state_dir = "state"          # optional: checkpoint after every round, resumed at start
-//! update_memory_mb = 1024      # deltas held per round (N·M·4 bytes)
+//! update_memory_mb = 1024      # deltas held per round in RAM (N·M·4 bytes)
+//! spill_dir = "spill"           # optional: beyond that, a memory-mapped file here
+//! spill_max_mb = 16384          # the spill file's (sparse) size
 //! max_update_norm = 0.0        # reject deltas longer than this on arrival; 0 = off
 //! max_norm_ratio = 0.0         # drop deltas longer than this × the round's median norm; 0 = off
 //! robust = "none"              # clip, trimmed-mean or median around the strategy
@@ -116,10 +118,19 @@ pub struct CoordinatorConfig {
     /// after every aggregation and resumed from at start; none keeps no state.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
-    /// Most MiB of deltas one round holds (N·M·4 bytes for N updates of M parameters); later
-    /// updates are rejected with reason `memory_budget`.
+    /// Most MiB of deltas one round holds in RAM (N·M·4 bytes for N updates of M
+    /// parameters). A round whose selected clients need more goes to the spill file when
+    /// `spill_dir` is set; otherwise later updates are rejected with reason `memory_budget`.
     #[serde(default = "default_update_memory_mb")]
     pub update_memory_mb: usize,
+    /// Folder of the spill file: an unnamed, sparse, memory-mapped file that holds a round's
+    /// deltas when they outgrow `update_memory_mb` (the kernel pages them out under memory
+    /// pressure). Unset: no spilling.
+    #[serde(default)]
+    pub spill_dir: Option<PathBuf>,
+    /// Size of the spill file's mapping in MiB (sparse: only written pages take disk space).
+    #[serde(default = "default_spill_max_mb")]
+    pub spill_max_mb: usize,
     /// Updates with a longer delta are rejected on arrival (`norm`); 0: no bound.
     #[serde(default)]
     pub max_update_norm: f64,
@@ -173,6 +184,10 @@ impl Default for FedDimSettings {
             momentum: 0.5,
         }
     }
+}
+
+fn default_spill_max_mb() -> usize {
+    16 * 1024
 }
 
 fn default_update_memory_mb() -> usize {
@@ -231,6 +246,7 @@ impl CoordinatorConfig {
         for path in [
             config.auth.keys_file.as_mut(),
             config.state_dir.as_mut(),
+            config.spill_dir.as_mut(),
             config.initial_params.as_mut(),
         ]
         .into_iter()

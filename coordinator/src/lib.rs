@@ -34,6 +34,7 @@ pub mod prototypes;
 pub mod replay;
 pub mod robust;
 pub mod round;
+pub mod spill;
 pub mod strategy;
 pub mod updates;
 pub mod watch;

@@ -185,6 +185,13 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         }
         None => Rounds::new(round_config, strategy, initial),
     };
+    if let Some(dir) = &config.spill_dir {
+        let bytes = config.spill_max_mb.saturating_mul(1 << 20);
+        let file = fedge_coordinator::spill::SpillFile::create(dir, bytes)
+            .with_context(|| format!("cannot create the spill file in {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), mb = config.spill_max_mb, "rounds beyond update_memory_mb spill to a mapped file");
+        rounds.set_spill(file);
+    }
     if let Some(path) = &journal_path {
         let (log, ignored) = fedge_coordinator::journal::read(path)?;
         if ignored > 0 {

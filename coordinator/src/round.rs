@@ -305,8 +305,9 @@ pub struct Rounds {
     last_report: Option<RoundReport>,
     aggregated_rounds: u64,
     last_closed: u64,
-    /// The last round's delta arena, reused by the next round.
-    spare_arena: Vec<f32>,
+    /// The last round's delta arena (with the spill file, if the driver gave one), reused by
+    /// the next round.
+    spare_arena: crate::updates::Arena,
     /// FedDIM's global class-mean insight matrices `[K, H, K]`, once a round produced them.
     insight: Option<Vec<f32>>,
     /// FedDDL's global causal prototypes `[K, H]`, once a round produced them.
@@ -335,10 +336,22 @@ impl Rounds {
             last_report: None,
             aggregated_rounds: 0,
             last_closed: 0,
-            spare_arena: Vec::new(),
+            spare_arena: Default::default(),
             insight: None,
             prototypes: None,
         }
+    }
+
+    /// Gives the machine a spill file for the deltas of rounds that outgrow
+    /// `update_memory_bytes` (see [`crate::spill`]); the driver's side of the machine's memory.
+    /// Rounds opened after the call use it: give it before clients come online.
+    pub fn set_spill(&mut self, file: crate::spill::SpillFile) {
+        self.spare_arena = crate::updates::Arena::with_spill(file);
+    }
+
+    /// Whether the open round's deltas are in the spill file.
+    pub fn round_spilled(&self) -> bool {
+        self.open.as_ref().is_some_and(|o| o.accepted.is_spilled())
     }
 
     /// A machine continuing from a checkpoint: its parameters, next round and strategy
@@ -1023,7 +1036,10 @@ impl Rounds {
             params_norm: l2_norm(&self.params),
             aggregation,
         };
-        self.spare_arena = open.accepted.into_arena();
+        self.spare_arena = open
+            .accepted
+            .into_arena()
+            .keeping_spill_of(std::mem::take(&mut self.spare_arena));
         self.last_report = Some(report.clone());
         self.outputs.push_back(Output::RoundEnded(report));
         if aggregated {
@@ -1068,7 +1084,9 @@ impl Rounds {
             .filter(|&i| norms[i] > bound)
             .map(|i| (held.client(i).to_owned(), norms[i]))
             .collect();
-        open.accepted = kept;
+        // The replaced arena's spill file (if any) serves the next rounds.
+        let replaced = std::mem::replace(&mut open.accepted, kept).into_arena();
+        self.spare_arena = std::mem::take(&mut self.spare_arena).keeping_spill_of(replaced);
         for (client, norm) in dropped {
             open.class_stats.remove(&client);
             open.prototypes.remove(&client);

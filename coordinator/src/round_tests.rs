@@ -401,6 +401,49 @@ fn updates_beyond_the_memory_budget_are_rejected_and_the_round_goes_on() {
     assert_eq!(m.params(), &[1.0; M]);
 }
 
+#[test]
+fn a_round_beyond_the_memory_budget_spills_and_aggregates_as_in_memory() {
+    let budget = RoundConfig {
+        rounds: 2,
+        min_clients: 3,
+        min_updates: 3,
+        update_memory_bytes: M * 4,
+        ..config()
+    };
+    let unlimited = RoundConfig {
+        update_memory_bytes: usize::MAX,
+        ..budget.clone()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut spilled = Rounds::new(budget, Box::new(FedAvg), vec![0.0; M]);
+    spilled.set_spill(crate::spill::SpillFile::create(dir.path(), 1 << 20).unwrap());
+    for c in ["a", "b", "c"] {
+        spilled.handle_client_status(c, true, 0);
+    }
+    let mut in_memory = machine(&["a", "b", "c"], unlimited);
+    let mut used_spill = Vec::new();
+    for m in [&mut spilled, &mut in_memory] {
+        let mut r = Vec::new();
+        for round in 1..=2u64 {
+            let x = round as f32;
+            m.handle_packet("c", &update("c", round, [0.5 * x; M], 3), 10 * round);
+            used_spill.push(m.round_spilled());
+            m.handle_packet("a", &update("a", round, [1.0; M], 1), 10 * round + 1);
+            m.handle_packet("b", &update("b", round, [-2.0 * x; M], 2), 10 * round + 2);
+            r.extend(reports(&drain(m)));
+        }
+        assert_eq!(r.len(), 2, "{:?}", m.rejected_total());
+        assert!(
+            r.iter().all(|r| r.aggregated && r.reported.len() == 3),
+            "{r:?}"
+        );
+    }
+    assert_eq!(used_spill, [true, true, false, false]);
+    assert!(spilled.rejected_total().is_empty());
+    assert_eq!(spilled.params(), in_memory.params());
+    assert_ne!(spilled.params(), &[0.0; M]);
+}
+
 fn feddim_update(
     client: &str,
     round: u64,

@@ -2,9 +2,11 @@
 //!
 //! Deltas are copied into one contiguous f32 arena as they are accepted: `N·M·4` bytes for `N`
 //! updates of `M` parameters (plus `N²·8` bytes of dot products), reserved once for the selected
-//! clients. An update that would take the arena past the configured budget is refused (the
-//! round machine rejects it with reason `memory_budget`, and the round aggregates what it
-//! holds); size `update_memory_mb` as `N·M·4` with room to spare.
+//! clients. When the selected clients' deltas would take more than the configured budget and
+//! the driver gave the machine a spill file ([`crate::spill::SpillFile`]), the round's arena is
+//! that memory-mapped file instead of the heap. An update that would take the arena past its
+//! limit (the budget, or the spill file's size) is refused (the round machine rejects it with
+//! reason `memory_budget`, and the round aggregates what it holds).
 //!
 //! When the strategy asks for them (FedOMG), the dot products `Δ_u·Δ_v` are computed while
 //! updates arrive: every [`UpdatesConfig::block`] arrivals, the new block is multiplied against
@@ -15,6 +17,99 @@
 //! Views are in client-id order, whatever the arrival order, so aggregation is reproducible.
 
 use crate::gram;
+use crate::spill::SpillFile;
+
+/// Where a round's deltas live: the heap, or the spill file when they outgrow the budget. Kept
+/// from round to round, so a steady federation neither faults in fresh pages nor remaps.
+#[derive(Debug, Default)]
+pub struct Arena {
+    heap: Vec<f32>,
+    spill: Option<SpillFile>,
+    /// Values in use in the spill file; `None` while the heap is in use.
+    spilled: Option<usize>,
+}
+
+impl Clone for Arena {
+    /// A copy on the heap (a spill file is not shared).
+    fn clone(&self) -> Self {
+        Self {
+            heap: self.as_slice().to_vec(),
+            spill: None,
+            spilled: None,
+        }
+    }
+}
+
+impl Arena {
+    /// An arena that spills to `file` when a round outgrows its budget.
+    pub fn with_spill(file: SpillFile) -> Self {
+        Self {
+            heap: Vec::new(),
+            spill: Some(file),
+            spilled: None,
+        }
+    }
+
+    /// Empties the arena for a round of `rows` deltas of `m` values under `budget_bytes`:
+    /// the spill file when they do not fit the budget and the file is there, else the heap
+    /// with room reserved for what the budget allows. Returns the most values it may hold.
+    fn begin(&mut self, rows: usize, m: usize, budget_bytes: usize) -> usize {
+        self.heap.clear();
+        self.spilled = None;
+        let wanted = rows.saturating_mul(m);
+        let heap_limit = budget_bytes / 4;
+        match &self.spill {
+            Some(file) if wanted > heap_limit && file.capacity_floats() > heap_limit => {
+                self.heap.shrink_to_fit();
+                self.spilled = Some(0);
+                file.capacity_floats()
+            }
+            _ => {
+                self.heap.reserve(wanted.min(heap_limit));
+                heap_limit
+            }
+        }
+    }
+
+    /// Whether this round's deltas are in the spill file.
+    pub fn is_spilled(&self) -> bool {
+        self.spilled.is_some()
+    }
+
+    /// This arena, taking over `other`'s spill file when it has none (for a round whose
+    /// updates were copied into a new arena, e.g. after dropping norm outliers).
+    pub fn keeping_spill_of(mut self, other: Arena) -> Arena {
+        if self.spill.is_none() {
+            self.spill = other.spill;
+        }
+        self
+    }
+
+    fn len(&self) -> usize {
+        self.spilled.unwrap_or(self.heap.len())
+    }
+
+    fn as_slice(&self) -> &[f32] {
+        match (&self.spill, self.spilled) {
+            (Some(file), Some(len)) => &file.floats()[..len],
+            _ => &self.heap,
+        }
+    }
+
+    /// Appends one row; the caller checked that it fits.
+    fn push_row(&mut self, row: impl ExactSizeIterator<Item = f32>) {
+        match (&mut self.spill, &mut self.spilled) {
+            (Some(file), Some(len)) => {
+                let m = row.len();
+                for (slot, value) in file.floats_mut()[*len..*len + m].iter_mut().zip(row) {
+                    *slot = value;
+                }
+                *len += m;
+            }
+            _ => self.heap.extend(row),
+        }
+    }
+}
 
 /// How updates are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +152,9 @@ pub struct RoundUpdates {
     config: UpdatesConfig,
     clients: Vec<String>,
     counts: Vec<u32>,
-    arena: Vec<f32>,
+    arena: Arena,
+    /// Most values the arena may hold this round.
+    limit: usize,
     /// `tri[i][j] = Δ_i·Δ_j` for `j ≤ i`, arrival indices, for rows below `flushed`.
     tri: Vec<Vec<f64>>,
     flushed: usize,
@@ -69,22 +166,21 @@ impl RoundUpdates {
     /// Empty, for deltas of `m` parameters, with room reserved for `expected` updates (capped
     /// by the budget).
     pub fn new(m: usize, expected: usize, config: UpdatesConfig) -> Self {
-        Self::reusing(Vec::new(), m, expected, config)
+        Self::reusing(Arena::default(), m, expected, config)
     }
 
     /// Like [`RoundUpdates::new`], reusing the memory of an earlier round's arena (see
     /// [`RoundUpdates::into_arena`]), so a steady federation does not fault in fresh pages
-    /// every round.
-    pub fn reusing(mut arena: Vec<f32>, m: usize, expected: usize, config: UpdatesConfig) -> Self {
-        let cap = expected.min(config.budget_bytes / (m.max(1) * 4));
-        arena.clear();
-        arena.reserve(cap * m);
+    /// every round; the arena's spill file, if any, takes the deltas that outgrow the budget.
+    pub fn reusing(mut arena: Arena, m: usize, expected: usize, config: UpdatesConfig) -> Self {
+        let limit = arena.begin(expected, m.max(1), config.budget_bytes);
         Self {
             m,
             config,
             clients: Vec::with_capacity(expected),
             counts: Vec::with_capacity(expected),
             arena,
+            limit,
             tri: Vec::with_capacity(expected),
             flushed: 0,
             order: Vec::new(),
@@ -112,8 +208,13 @@ impl RoundUpdates {
     }
 
     /// The arena's memory, for the next round.
-    pub fn into_arena(self) -> Vec<f32> {
+    pub fn into_arena(self) -> Arena {
         self.arena
+    }
+
+    /// Whether this round's deltas are in the spill file.
+    pub fn is_spilled(&self) -> bool {
+        self.arena.is_spilled()
     }
 
     /// Parameters per delta.
@@ -139,6 +240,10 @@ impl RoundUpdates {
     /// Bytes of the delta arena.
     pub fn arena_bytes(&self) -> usize {
         self.arena.len() * 4
+    }
+
+    fn values(&self) -> &[f32] {
+        self.arena.as_slice()
     }
 
     /// Holds one update; `delta.len()` must be `m` (the round machine checks shapes first).
@@ -169,16 +274,16 @@ impl RoundUpdates {
         delta: impl ExactSizeIterator<Item = f32>,
     ) -> Result<(), OverBudget> {
         assert_eq!(delta.len(), self.m, "delta length");
-        let needed = (self.arena.len() + self.m) * 4;
-        if needed > self.config.budget_bytes {
+        let needed = self.arena.len() + self.m;
+        if needed > self.limit {
             return Err(OverBudget {
-                needed,
-                budget: self.config.budget_bytes,
+                needed: needed.saturating_mul(4),
+                budget: self.limit.saturating_mul(4),
             });
         }
         self.clients.push(client.to_string());
         self.counts.push(num_samples);
-        self.arena.extend(delta);
+        self.arena.push_row(delta);
         self.order.clear();
         if self.config.dots && self.len() - self.flushed >= self.config.block.max(1) {
             self.flush();
@@ -201,7 +306,13 @@ impl RoundUpdates {
         if start == end {
             return;
         }
-        let dots = gram::cross_dots(&self.arena, self.m, start..end, 0..end, self.config.threads);
+        let dots = gram::cross_dots(
+            self.values(),
+            self.m,
+            start..end,
+            0..end,
+            self.config.threads,
+        );
         for (r, i) in (start..end).enumerate() {
             self.tri.push(dots[r * end..r * end + i + 1].to_vec());
         }
@@ -226,7 +337,7 @@ impl RoundUpdates {
     /// Delta of the `i`-th update in client order.
     pub fn delta(&self, i: usize) -> &[f32] {
         let u = self.physical(i);
-        &self.arena[u * self.m..(u + 1) * self.m]
+        &self.values()[u * self.m..(u + 1) * self.m]
     }
 
     /// Sum of the sample counts.
@@ -248,7 +359,7 @@ impl RoundUpdates {
     pub fn weighted_sum(&self, coef: &[f64]) -> Vec<f64> {
         assert_eq!(coef.len(), self.len());
         let order: Vec<usize> = (0..self.len()).map(|i| self.physical(i)).collect();
-        gram::weighted_sum(&self.arena, self.m, &order, coef, self.config.threads)
+        gram::weighted_sum(self.values(), self.m, &order, coef, self.config.threads)
     }
 }
 
