@@ -247,6 +247,12 @@ struct BenchHeadArgs {
     /// Timed runs per backend (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Backends to time, side by side.
+    #[arg(long, value_delimiter = ',', default_value = "ndarray,flex")]
+    backends: Vec<Backend>,
+    /// Also write the measurements as JSON here (read by bench/head_torch.py).
+    #[arg(long, value_name = "PATH.json")]
+    json: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -345,10 +351,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Demo(args) => run_demo(args).await,
         Command::Bench(args) => bench(args).await,
         Command::BenchBackbone(args) => bench_backbone(args),
-        Command::BenchHead(args) => {
-            bench_head(args);
-            Ok(())
-        }
+        Command::BenchHead(args) => bench_head(args),
         Command::BenchAggregate(args) => bench_aggregate(args),
         Command::BenchFleet(args) => bench_fleet(args).await,
         Command::BenchWire(args) => bench_wire(args),
@@ -766,7 +769,7 @@ fn bench_aggregate(args: BenchAggregateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bench_head(args: BenchHeadArgs) {
+fn bench_head(args: BenchHeadArgs) -> anyhow::Result<()> {
     let head = fedge_models::HeadConfig::new(args.features, args.classes).with_hidden(args.hidden);
     println!(
         "head {}->{}->{}, {} samples x {} epochs, batch {}, median of {} runs",
@@ -784,7 +787,7 @@ fn bench_head(args: BenchHeadArgs) {
         args.epochs,
         args.batch_size,
         args.repeats,
-        &[Backend::NdArray, Backend::Flex],
+        &args.backends,
     );
     let base = results.first().map(|r| r.samples_per_s).unwrap_or(1.0);
     println!(
@@ -800,6 +803,18 @@ fn bench_head(args: BenchHeadArgs) {
             r.final_loss
         );
     }
+    if let Some(path) = &args.json {
+        let report = serde_json::json!({
+            "features": args.features, "hidden": args.hidden, "classes": args.classes,
+            "samples": args.samples, "epochs": args.epochs, "batch_size": args.batch_size,
+            "learning_rate": fedge_wire::TrainParams::default().learning_rate,
+            "momentum": fedge_wire::TrainParams::default().momentum,
+            "weight_decay": fedge_wire::TrainParams::default().weight_decay,
+            "results": results,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+    }
+    Ok(())
 }
 
 async fn bench_fleet(args: BenchFleetArgs) -> anyhow::Result<()> {
