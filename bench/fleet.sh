@@ -47,7 +47,7 @@ port = $port
 
 [head]
 features = 512
-hidden = 64
+hidden = ${HIDDEN:-64}
 classes = 10
 TOML
 
