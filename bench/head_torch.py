@@ -51,17 +51,18 @@ def train(cfg, threads):
 
 def main():
     print(f"PyTorch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
-    print("| head F→H→K | batch | fedge flex 1 thread | PyTorch 1 thread | PyTorch 2 threads | fedge / PyTorch 1T | fedge / PyTorch 2T |")
-    print("|---|---|---|---|---|---|---|")
+    print("| head F→H→K | batch | fedge flex | plain f32 loops | PyTorch 1 thread | PyTorch 2 threads | fedge / PyTorch 1T | fedge / PyTorch 2T | plain / PyTorch 1T |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for path in sys.argv[1:]:
         cfg = json.load(open(path))
         fedge = next(r for r in cfg["results"] if r["backend"] == "flex")["samples_per_s"]
+        plain = next(r for r in cfg["results"] if r["backend"] == "plain-f32")["samples_per_s"]
         one, _ = train(cfg, 1)
         two, _ = train(cfg, 2)
         shape = f"{cfg['features']}→{cfg['hidden']}→{cfg['classes']}"
         print(
-            f"| {shape} | {cfg['batch_size']} | {fedge:,.0f} | {one:,.0f} | {two:,.0f} "
-            f"| {fedge / one:.2f} | {fedge / two:.2f} |"
+            f"| {shape} | {cfg['batch_size']} | {fedge:,.0f} | {plain:,.0f} | {one:,.0f} | {two:,.0f} "
+            f"| {fedge / one:.2f} | {fedge / two:.2f} | {plain / one:.2f} |"
         )
 
 

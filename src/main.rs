@@ -789,6 +789,14 @@ fn bench_head(args: BenchHeadArgs) -> anyhow::Result<()> {
         args.repeats,
         &args.backends,
     );
+    let mut results = results;
+    results.push(fedge::bench_head::plain(
+        &head,
+        args.samples,
+        args.epochs,
+        args.batch_size as usize,
+        args.repeats,
+    ));
     let base = results.first().map(|r| r.samples_per_s).unwrap_or(1.0);
     println!(
         "{:>8}  {:>12}  {:>8}  {:>10}",
