@@ -51,7 +51,7 @@ def train(cfg, threads):
 
 def main():
     print(f"PyTorch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
-    print("| head F→H→K | batch | fedge flex | plain f32 loops | PyTorch 1 thread | PyTorch 2 threads | fedge / PyTorch 1T | fedge / PyTorch 2T | plain / PyTorch 1T |")
+    print("| head F→H→K | batch | fedge flex | naive f32 loops | PyTorch 1 thread | PyTorch 2 threads | fedge / PyTorch 1T | fedge / PyTorch 2T | plain / PyTorch 1T |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path in sys.argv[1:]:
         cfg = json.load(open(path))
