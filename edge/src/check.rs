@@ -170,10 +170,9 @@ fn check_resources(
         .with_hidden(config.hidden)
         .num_params();
     // All images are loaded while their features are computed; the cut happens after.
-    let estimate = resources::estimate_mib(images, 0, 0)
-        + (kept.len() as u64 * per_image) as f64 / (1024.0 * 1024.0)
-        + (params * 32) as f64 / (1024.0 * 1024.0);
-    let features_mib = (kept.len() as u64 * per_image) as f64 / (1024.0 * 1024.0);
+    let feature_bytes = kept.len() as u64 * per_image;
+    let estimate = resources::estimate_mib(images, feature_bytes, params);
+    let features_mib = feature_bytes as f64 / (1024.0 * 1024.0);
     let cut = if left_out > 0 {
         format!(", {left_out} samples left out to fit feature_cache_mb")
     } else {

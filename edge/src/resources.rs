@@ -89,13 +89,13 @@ pub fn fit_feature_cache(
 }
 
 /// What the agent is expected to hold at its peak, in MiB: the fixed part, the local images
-/// as loaded (f32, all at once while features are computed), their features, and the head's
-/// parameters about eight times over (global, local, gradients, momentum, delta, frames).
-pub fn estimate_mib(images: &ImageSet, feature_bytes_per_image: u64, head_params: usize) -> f64 {
+/// as loaded (f32, all at once while features are computed), the features kept
+/// (`feature_bytes`), and the head's parameters about eight times over (global, local,
+/// gradients, momentum, delta, frames).
+pub fn estimate_mib(images: &ImageSet, feature_bytes: u64, head_params: usize) -> f64 {
     let images_bytes = (images.images.len() * 4) as f64;
-    let features = (images.len() as u64 * feature_bytes_per_image) as f64;
     let params = (head_params * 4 * 8) as f64;
-    BASE_MIB + (images_bytes + features + params) / MIB
+    BASE_MIB + (images_bytes + feature_bytes as f64 + params) / MIB
 }
 
 /// This process's peak resident memory in MiB (`VmHWM`), where the system reports it.
@@ -198,9 +198,9 @@ mod tests {
     #[test]
     fn the_estimate_counts_images_features_and_parameters() {
         let set = images(1024, 2); // 16 bytes of pixels each: 16 KiB
-        let estimate = estimate_mib(&set, 1024, 0); // 1 MiB of features
+        let estimate = estimate_mib(&set, 1 << 20, 0); // 1 MiB of features
         assert!((estimate - BASE_MIB - 1.0 - 16.0 / 1024.0).abs() < 1e-9);
-        assert!(estimate_mib(&set, 1024, 1 << 20) > estimate + 31.9);
+        assert!(estimate_mib(&set, 1 << 20, 1 << 20) > estimate + 31.9);
     }
 
     #[test]

@@ -147,8 +147,13 @@ pub fn f16_to_f32(h: u16) -> f32 {
 /// The packed bytes of `values` under `codec`, falling back to f32 when the codec cannot
 /// carry them.
 fn pack(values: &[f32], codec: Codec) -> (Encoding, Vec<u8>) {
-    let finite = values.iter().all(|v| v.is_finite());
-    let max_abs = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // One pass for what the lossy codecs need to know; none for f32.
+    let (finite, max_abs) = match codec {
+        Codec::F32 => (true, 0.0),
+        _ => values.iter().fold((true, 0f32), |(finite, max), v| {
+            (finite && v.is_finite(), max.max(v.abs()))
+        }),
+    };
     match codec {
         Codec::F16 if finite && max_abs <= F16_MAX => (
             Encoding::F16,
