@@ -2,7 +2,7 @@
 //! chunked, in each of the target's input modes. `cargo run --example seeds` from `fuzz/`.
 
 use fedge_wire::{
-    ClientUpdate, DeviceKey, LocalMetrics, Message, RoundTask, Sealed, TensorF32,
+    ClientUpdate, Codec, DeviceKey, LocalMetrics, Message, RoundTask, Sealed, TensorF32,
     split_into_chunks,
 };
 
@@ -28,6 +28,20 @@ fn main() {
         insight: None,
         prototypes: None,
     }));
+    // Protocol v4's packed tensors: an f16 and an int8 delta.
+    let packed = |codec| {
+        fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            round: 3,
+            client_id: "dev".into(),
+            seq: 2,
+            num_samples: 12,
+            delta: TensorF32::from_slice_with(&[0.5, -1.0, 2.0, 0.25], codec),
+            metrics: LocalMetrics::default(),
+            class_stats: None,
+            prototypes: None,
+        }))
+    };
+    let (f16, int8) = (packed(Codec::F16), packed(Codec::Int8));
     let key = DeviceKey::from_bytes([7; 32]);
     let sealed = fedge_wire::encode(&Message::Sealed(Sealed::new(update.clone(), &[("dev", &key)])));
     let mut n = 0;
@@ -35,7 +49,7 @@ fn main() {
         std::fs::write(dir.join(format!("seed-{n:02}")), bytes).unwrap();
         n += 1;
     };
-    for frame in [&update, &task, &sealed] {
+    for frame in [&update, &task, &sealed, &f16, &int8] {
         write([&[0u8][..], frame].concat());
         write([&[2u8][..], &frame[..frame.len() - 4]].concat());
         let mut records = vec![1u8];
