@@ -1036,10 +1036,7 @@ impl Rounds {
             params_norm: l2_norm(&self.params),
             aggregation,
         };
-        self.spare_arena = open
-            .accepted
-            .into_arena()
-            .keeping_spill_of(std::mem::take(&mut self.spare_arena));
+        self.spare_arena = open.accepted.into_arena();
         self.last_report = Some(report.clone());
         self.outputs.push_back(Output::RoundEnded(report));
         if aggregated {
@@ -1073,20 +1070,12 @@ impl Rounds {
             return;
         }
         let held = &open.accepted;
-        let kept = RoundUpdates::from_updates(
-            held.m(),
-            self.strategy.needs_dots(),
-            (0..held.len())
-                .filter(|&i| norms[i] <= bound)
-                .map(|i| (held.client(i), held.num_samples(i), held.delta(i))),
-        );
         let dropped: Vec<(String, f64)> = (0..held.len())
             .filter(|&i| norms[i] > bound)
             .map(|i| (held.client(i).to_owned(), norms[i]))
             .collect();
-        // The replaced arena's spill file (if any) serves the next rounds.
-        let replaced = std::mem::replace(&mut open.accepted, kept).into_arena();
-        self.spare_arena = std::mem::take(&mut self.spare_arena).keeping_spill_of(replaced);
+        let keep: Vec<bool> = norms.iter().map(|n| *n <= bound).collect();
+        open.accepted.retain(&keep);
         for (client, norm) in dropped {
             open.class_stats.remove(&client);
             open.prototypes.remove(&client);

@@ -76,15 +76,6 @@ impl Arena {
         self.spilled.is_some()
     }
 
-    /// This arena, taking over `other`'s spill file when it has none (for a round whose
-    /// updates were copied into a new arena, e.g. after dropping norm outliers).
-    pub fn keeping_spill_of(mut self, other: Arena) -> Arena {
-        if self.spill.is_none() {
-            self.spill = other.spill;
-        }
-        self
-    }
-
     fn len(&self) -> usize {
         self.spilled.unwrap_or(self.heap.len())
     }
@@ -93,6 +84,20 @@ impl Arena {
         match (&self.spill, self.spilled) {
             (Some(file), Some(len)) => &file.floats()[..len],
             _ => &self.heap,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        match (&mut self.spill, self.spilled) {
+            (Some(file), Some(len)) => &mut file.floats_mut()[..len],
+            _ => &mut self.heap,
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match &mut self.spilled {
+            Some(used) => *used = (*used).min(len),
+            None => self.heap.truncate(len),
         }
     }
 
@@ -291,6 +296,38 @@ impl RoundUpdates {
         Ok(())
     }
 
+    /// Keeps the updates whose `keep[i]` is true (`i` in client order), compacting the arena
+    /// where it is (heap or spill file); the dot products of the kept pairs are kept, so
+    /// nothing is recomputed. Call after [`RoundUpdates::finish`]; the result is finished.
+    pub fn retain(&mut self, keep: &[bool]) {
+        assert_eq!(keep.len(), self.len(), "one flag per update");
+        let mut kept = vec![false; self.len()];
+        for (i, &k) in keep.iter().enumerate() {
+            kept[self.physical(i)] = k;
+        }
+        let m = self.m;
+        let values = self.arena.as_mut_slice();
+        let mut next = 0;
+        for (u, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
+            values.copy_within(u * m..(u + 1) * m, next * m);
+            next += 1;
+        }
+        self.arena.truncate(next * m);
+        let mut flags = kept.iter();
+        self.clients.retain(|_| *flags.next().unwrap_or(&false));
+        let mut flags = kept.iter();
+        self.counts.retain(|_| *flags.next().unwrap_or(&false));
+        // Flushed rows come first in arrival order, so the kept ones stay first.
+        let rows: Vec<usize> = (0..self.tri.len()).filter(|&u| kept[u]).collect();
+        self.tri = rows
+            .iter()
+            .enumerate()
+            .map(|(a, &u)| rows[..=a].iter().map(|&v| self.tri[u][v]).collect())
+            .collect();
+        self.flushed = rows.len();
+        self.finish();
+    }
+
     /// Completes the dot products and the client order; call before reading.
     pub fn finish(&mut self) {
         if self.config.dots {
@@ -366,6 +403,42 @@ impl RoundUpdates {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retain_compacts_in_place_as_if_only_the_kept_updates_had_arrived() {
+        let rows: [(&str, u32, [f32; 3]); 5] = [
+            ("e", 5, [1.0, -2.0, 0.5]),
+            ("b", 2, [3.0, 0.0, 1.0]),
+            ("d", 4, [-1.0, 1.0, 2.0]),
+            ("a", 1, [0.5, 0.5, 0.5]),
+            ("c", 3, [2.0, 2.0, -1.0]),
+        ];
+        let config = UpdatesConfig {
+            dots: true,
+            block: 2,
+            threads: 1,
+            ..UpdatesConfig::default()
+        };
+        let mut held = RoundUpdates::new(3, 5, config);
+        for (client, n, delta) in &rows {
+            held.push(client, *n, delta).unwrap();
+        }
+        held.finish();
+        // Client order a, b, c, d, e: drop b and e.
+        held.retain(&[true, false, true, true, false]);
+        let kept = rows.iter().filter(|(c, ..)| !matches!(*c, "b" | "e"));
+        let want = RoundUpdates::from_updates(3, true, kept.map(|(c, n, d)| (*c, *n, &d[..])));
+        assert_eq!(held.len(), 3);
+        for i in 0..3 {
+            assert_eq!(held.client(i), want.client(i));
+            assert_eq!(held.num_samples(i), want.num_samples(i));
+            assert_eq!(held.delta(i), want.delta(i));
+            for j in 0..3 {
+                assert_eq!(held.dot(i, j), want.dot(i, j));
+            }
+        }
+        assert_eq!(held.arena_bytes(), 3 * 3 * 4);
+    }
 
     #[test]
     fn views_are_in_client_order_and_dots_are_streamed() {

@@ -140,8 +140,9 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
 }
 
 fn check_device(config: &EdgeConfig) -> Check {
-    let (Ok(accelerator), Ok(backend)) = (config.device.parse(), config.backend.parse()) else {
-        return fail("device", "device or backend does not parse".into());
+    let (accelerator, backend) = match config.training() {
+        Ok(choice) => choice,
+        Err(e) => return fail("device", format!("{e:#}")),
     };
     let selected = fedge_models::select_device(accelerator, backend);
     match selected.fallback {
@@ -160,17 +161,13 @@ fn check_resources(
     let limits = &config.resources;
     let card = backbone.card();
     let per_image = resources::feature_bytes_per_image(card.feature_size, config.fedddl.enabled);
-    let (kept, left_out) = resources::fit_feature_cache(
-        images.clone(),
-        per_image,
-        limits.feature_cache_mb,
-        config.seed,
-    );
+    let kept = resources::cache_rows(images.len(), per_image, limits.feature_cache_mb);
+    let left_out = images.len() - kept;
     let params = HeadConfig::new(card.feature_size, images.classes().max(2))
         .with_hidden(config.hidden)
         .num_params();
     // All images are loaded while their features are computed; the cut happens after.
-    let feature_bytes = kept.len() as u64 * per_image;
+    let feature_bytes = kept as u64 * per_image;
     let estimate = resources::estimate_mib(images, feature_bytes, params);
     let features_mib = feature_bytes as f64 / (1024.0 * 1024.0);
     let cut = if left_out > 0 {

@@ -160,13 +160,8 @@ impl EdgeConfig {
             *root = base.join(&*root);
         }
         config
-            .backend
-            .parse::<Backend>()
-            .map_err(|e| anyhow::anyhow!("{}: backend: {e}", path.display()))?;
-        config
-            .device
-            .parse::<Accelerator>()
-            .map_err(|e| anyhow::anyhow!("{}: device: {e}", path.display()))?;
+            .training()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         anyhow::ensure!(
             fedge_wire::valid_client_id(&config.client_id),
             "{}: client_id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
@@ -179,6 +174,19 @@ impl EdgeConfig {
             path.display()
         );
         Ok(config)
+    }
+
+    /// Where training runs, as `device` and `backend` say.
+    pub fn training(&self) -> anyhow::Result<(Accelerator, Backend)> {
+        let device = self
+            .device
+            .parse()
+            .map_err(|e| anyhow::anyhow!("device: {e}"))?;
+        let backend = self
+            .backend
+            .parse()
+            .map_err(|e| anyhow::anyhow!("backend: {e}"))?;
+        Ok((device, backend))
     }
 
     /// Loads the local domain's images (raw values; ImageFolder images at the backbone's input
@@ -269,10 +277,10 @@ impl EdgeConfig {
             train: Arc::new(train),
             val: Arc::new(val),
             views,
-            device: fedge_models::select_device(
-                self.device.parse().map_err(anyhow::Error::msg)?,
-                self.backend.parse().map_err(anyhow::Error::msg)?,
-            ),
+            device: {
+                let (accelerator, backend) = self.training()?;
+                fedge_models::select_device(accelerator, backend)
+            },
             memory_budget_mb: self.resources.memory_budget_mb,
             profile: self.profile.clone(),
             backbone: backbone.card().name.clone(),

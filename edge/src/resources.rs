@@ -41,6 +41,14 @@ pub fn feature_bytes_per_image(feature_size: usize, fedddl: bool) -> u64 {
     (feature_size * 4 * if fedddl { 3 } else { 1 }) as u64
 }
 
+/// How many of `n` images keep their features under `limit_mb` (0: no limit).
+pub fn cache_rows(n: usize, bytes_per_image: u64, limit_mb: u64) -> usize {
+    if limit_mb == 0 || bytes_per_image == 0 {
+        return n;
+    }
+    n.min(((limit_mb * 1024 * 1024) / bytes_per_image) as usize)
+}
+
 /// Cuts `images` to what `limit_mb` of features holds, keeping each class's share (largest
 /// remainders get the odd places; images picked at random, seeded by `seed`, kept in their
 /// order); returns the set and how many images were left out. `limit_mb == 0` keeps everything.
@@ -50,12 +58,9 @@ pub fn fit_feature_cache(
     limit_mb: u64,
     seed: u64,
 ) -> (ImageSet, usize) {
-    if limit_mb == 0 || bytes_per_image == 0 {
-        return (images, 0);
-    }
-    let fits = ((limit_mb * 1024 * 1024) / bytes_per_image) as usize;
     let n = images.len();
-    if n <= fits {
+    let fits = cache_rows(n, bytes_per_image, limit_mb);
+    if fits == n {
         return (images, 0);
     }
     let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); images.class_names.len().max(1)];

@@ -189,18 +189,13 @@ impl TensorF32 {
     ///
     /// A shape whose product overflows a `usize` is an error as well.
     pub fn new(shape: Vec<u32>, values: &[f32]) -> Result<Self, DecodeError> {
-        Self::encoded(shape, values, Codec::F32)
-    }
-
-    /// Builds a tensor packed with `codec` (f32 when the codec cannot carry the values).
-    pub fn encoded(shape: Vec<u32>, values: &[f32], codec: Codec) -> Result<Self, DecodeError> {
         if element_count(&shape) != Some(values.len()) {
             return Err(DecodeError::TensorShape {
                 shape,
                 bytes: values.len().saturating_mul(4),
             });
         }
-        let (encoding, bytes) = pack(values, codec);
+        let (encoding, bytes) = pack(values, Codec::F32);
         Ok(Self {
             shape,
             encoding,
