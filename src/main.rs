@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fedge::demo::{self, DemoOptions, DemoResult, RoundRow};
+use fedge_coordinator::strategy::{RobustKind, SolverKind, StrategyKind};
 use fedge_models::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -263,9 +264,9 @@ struct DemoArgs {
     /// Edge agents (each its own MQTT client); the five source domains are shared among them.
     #[arg(long, default_value_t = 5)]
     clients: usize,
-    /// Server strategy: fedavg, fedavgm or fedomg.
-    #[arg(long, default_value = "fedavg")]
-    strategy: String,
+    /// Server strategy.
+    #[arg(long, value_enum, default_value_t = StrategyKind::Fedavg)]
+    strategy: StrategyKind,
     /// FedOMG's kappa.
     #[arg(long, default_value_t = 0.5)]
     kappa: f64,
@@ -273,17 +274,17 @@ struct DemoArgs {
     #[arg(long, default_value_t = 1.0)]
     global_lr: f64,
     /// FedOMG's solver: reference (the authors' 20 SGD steps) or converged.
-    #[arg(long, default_value = "reference")]
-    solver: String,
+    #[arg(long, value_enum, default_value_t = SolverKind::Reference)]
+    solver: SolverKind,
     /// Server momentum around the strategy (0 = off; fedavgm defaults to 0.9).
     #[arg(long, default_value_t = 0.0)]
     server_momentum: f32,
     /// Server learning rate of the momentum update.
     #[arg(long, default_value_t = 1.0)]
     server_lr: f32,
-    /// Robust rewrite of the deltas around the strategy: none, clip, trimmed-mean or median.
-    #[arg(long, default_value = "none")]
-    robust: String,
+    /// Robust rewrite of the deltas around the strategy.
+    #[arg(long, value_enum, default_value_t = RobustKind::None)]
+    robust: RobustKind,
     /// Norm bound of --robust clip; 0 clips to the round's median norm.
     #[arg(long, default_value_t = 0.0)]
     clip_norm: f64,
@@ -369,13 +370,13 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         rounds: args.rounds,
         clients: args.clients,
         strategy: fedge_coordinator::strategy::StrategyConfig {
-            strategy: args.strategy.clone(),
+            strategy: args.strategy,
             kappa: args.kappa,
             global_lr: args.global_lr,
-            solver: args.solver.clone(),
+            solver: args.solver,
             server_momentum: args.server_momentum,
             server_learning_rate: args.server_lr,
-            robust: args.robust.clone(),
+            robust: args.robust,
             clip_norm: args.clip_norm,
             trim_fraction: args.trim_fraction,
         },

@@ -204,7 +204,7 @@ async fn a_federation_s_topics_read_with_mosquitto_sub_match_the_schemas_and_agr
         round_timeout_s: 60.0,
         home_assistant: true,
         strategy: fedge_coordinator::strategy::StrategyConfig {
-            strategy: "fedomg".into(),
+            strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
             ..Default::default()
         },
         ..DemoOptions::default()

@@ -65,7 +65,7 @@ async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
     let base = three_edges_three_rounds(None, "e2e-embedded");
     let options = DemoOptions {
         strategy: fedge_coordinator::strategy::StrategyConfig {
-            strategy: "fedomg".into(),
+            strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
             ..Default::default()
         },
         train: fedge_wire::TrainParams {
@@ -96,7 +96,7 @@ async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
     };
     let options = DemoOptions {
         strategy: fedge_coordinator::strategy::StrategyConfig {
-            strategy: "fedomg".into(),
+            strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
             server_momentum: 0.5,
             ..Default::default()
         },

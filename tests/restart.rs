@@ -119,7 +119,7 @@ async fn wait_for(
 /// The same inputs through an in-process machine that is never interrupted.
 fn uninterrupted() -> Vec<f32> {
     let strategy = StrategyConfig {
-        strategy: "fedavg".into(),
+        strategy: fedge_coordinator::strategy::StrategyKind::Fedavg,
         server_momentum: 0.5,
         ..Default::default()
     };

@@ -6,7 +6,6 @@
 //! fsyncs the directory, so a crash leaves either the old or the new checkpoint, never a mix.
 //! The round machine builds and consumes [`Checkpoint`] values; only this file touches disk.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -104,43 +103,11 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
 
 /// Writes `checkpoint` to `path` atomically (temporary file, fsync, rename, fsync directory).
 pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
-    write_atomically(path, &encode(checkpoint), false).map_err(|source| CheckpointError::Io {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-/// Replaces `path` with `bytes` so that a crash leaves the old or the new file, never a mix:
-/// a temporary file beside it, fsync, rename, fsync of the folder. `private` makes the file
-/// readable by its owner only (Unix). The checkpoint, the journal's first record and the keys
-/// file are written this way.
-pub fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir)?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        if private {
-            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        }
-        #[cfg(not(unix))]
-        let _ = private;
-        let mut file = options.open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = std::fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    fedge_daemon::write_atomically(path, &encode(checkpoint), fedge_daemon::Visibility::Shared)
+        .map_err(|source| CheckpointError::Io {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// Reads the checkpoint at `path`; `Ok(None)` when there is none.

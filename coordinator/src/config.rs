@@ -38,7 +38,7 @@
 //! classes = 10
 //!
 //! [train]
-//! objective = "CrossEntropy"   # "FedProx", "FedDim" (see [feddim]), "StableFedAdg", "FedDdl"
+//! objective = "cross-entropy"  # "fedprox", "feddim" (see [feddim]), "stable-fedadg", "fedddl"
 //! local_epochs = 1
 //! batch_size = 32
 //! learning_rate = 0.05
@@ -149,7 +149,7 @@ pub struct CoordinatorConfig {
     /// Local training sent to devices.
     #[serde(default)]
     pub train: TrainParams,
-    /// FedDIM settings, used when `[train] objective = "FedDim"`.
+    /// FedDIM settings, used when `[train] objective = "feddim"`.
     #[serde(default)]
     pub feddim: FedDimSettings,
     /// Device authentication.
@@ -358,7 +358,10 @@ mod tests {
         let base = "federation = \"f\"\n[head]\nfeatures = 4\nclasses = 2\n";
         for (extra, expected) in [
             ("fraction = 1.5\n", "fraction"),
-            ("strategy = \"nope\"\n", "unknown strategy"),
+            (
+                "strategy = \"nope\"\n",
+                "expected one of `fedavg`, `fedavgm`, `fedomg`",
+            ),
             ("federation2 = 1\n", "unknown field"),
         ] {
             std::fs::write(&path, format!("{extra}{base}")).unwrap();

@@ -367,7 +367,7 @@ pub fn status_at(
         phase: rounds.phase_detail().into(),
         deadline,
         last_aggregation: context.last_aggregation.map(rfc3339),
-        objective: rounds.config().train.objective.name().into(),
+        objective: rounds.config().train.objective,
         round: rounds.round(),
         total_rounds: rounds.config().rounds,
         strategy: rounds.strategy_name().into(),

@@ -11,8 +11,6 @@
 //! The solver needs only the N×N Gram matrix; the strategy reads it from the dot products the
 //! round streamed while updates arrived ([`crate::updates`]). Everything here is f64.
 
-use std::str::FromStr;
-
 use crate::strategy::{Aggregated, AggregationReport, Failure, Strategy, apply};
 use crate::updates::RoundUpdates;
 
@@ -40,19 +38,15 @@ impl Solver {
     }
 }
 
-impl FromStr for Solver {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "reference" => Ok(Solver::Reference),
-            "converged" => Ok(Solver::Converged {
+impl Solver {
+    /// The solver named `kind`, with the converged solver's tolerance and iteration cap.
+    pub fn of(kind: crate::strategy::SolverKind) -> Self {
+        match kind {
+            crate::strategy::SolverKind::Reference => Solver::Reference,
+            crate::strategy::SolverKind::Converged => Solver::Converged {
                 tolerance: 1e-10,
                 max_iterations: 100_000,
-            }),
-            other => Err(format!(
-                "unknown FedOMG solver {other:?}; available: reference, converged"
-            )),
+            },
         }
     }
 }
@@ -308,7 +302,7 @@ mod tests {
             &gram,
             3,
             &FedOmgConfig {
-                solver: "converged".parse().unwrap(),
+                solver: Solver::of(crate::strategy::SolverKind::Converged),
                 ..FedOmgConfig::default()
             },
         );
@@ -494,12 +488,12 @@ mod strategy_tests {
             // The reference solver's 20 steps are reproduced to rounding. The converged one stops
             // at a duality gap of 1e-10, which pins the objective, not Γ: where the objective is
             // flat, Γ can differ by about sqrt(gap).
-            for (solver, tolerance) in [("reference", 1e-7), ("converged", 1e-4)] {
-                let config = FedOmgConfig { solver: solver.parse().unwrap(), ..FedOmgConfig::default() };
+            for (solver, tolerance) in [(crate::strategy::SolverKind::Reference, 1e-7), (crate::strategy::SolverKind::Converged, 1e-4)] {
+                let config = FedOmgConfig { solver: Solver::of(solver), ..FedOmgConfig::default() };
                 let a = solve(&gram_of(&rows), n, &config);
                 let b = solve(&gram_of(&permuted), n, &config);
                 for (k, &i) in perm.iter().enumerate() {
-                    prop_assert!((b.gamma[k] - a.gamma[i]).abs() < tolerance, "{} {:?} vs {:?}", solver, a.gamma, b.gamma);
+                    prop_assert!((b.gamma[k] - a.gamma[i]).abs() < tolerance, "{:?} {:?} vs {:?}", solver, a.gamma, b.gamma);
                 }
                 prop_assert!((a.objective - b.objective).abs() < 1e-9);
             }
@@ -524,7 +518,7 @@ mod strategy_tests {
             for (x, y) in a.gamma.iter().zip(&b.gamma) {
                 prop_assert!((x - y).abs() < 1e-7, "{:?} vs {:?}", a.gamma, b.gamma);
             }
-            let converged = FedOmgConfig { solver: "converged".parse().unwrap(), ..config };
+            let converged = FedOmgConfig { solver: Solver::of(crate::strategy::SolverKind::Converged), ..config };
             let a = solve(&gram_of(&base), n, &converged);
             let b = solve(&gram_of(&scaled), n, &converged);
             prop_assert!((a.objective - b.objective).abs() < 1e-8 * a.objective.abs().max(1.0));
@@ -537,7 +531,7 @@ mod strategy_tests {
             let reference = solve(&gram, n, &FedOmgConfig { kappa, ..FedOmgConfig::default() });
             let converged = solve(&gram, n, &FedOmgConfig {
                 kappa,
-                solver: "converged".parse().unwrap(),
+                solver: Solver::of(crate::strategy::SolverKind::Converged),
                 ..FedOmgConfig::default()
             });
             prop_assert!(converged.objective <= reference.objective + 1e-9,

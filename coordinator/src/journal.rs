@@ -92,7 +92,7 @@ impl Journal {
         let path = self.path.clone();
         if let Record::Opened { .. } = record {
             self.file = None;
-            crate::checkpoint::write_atomically(&path, &bytes, false)
+            fedge_daemon::write_atomically(&path, &bytes, fedge_daemon::Visibility::Shared)
                 .map_err(|e| io_error(&path, e))?;
         }
         let file = match &mut self.file {

@@ -103,10 +103,12 @@ pub fn keygen(keys_file: &Path, client: &str, device_file: &Path) -> Result<(), 
 
 /// Writes a file readable by its owner only (on Unix), replacing it atomically.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeysError> {
-    crate::checkpoint::write_atomically(path, bytes, true).map_err(|source| KeysError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    fedge_daemon::write_atomically(path, bytes, fedge_daemon::Visibility::Private).map_err(
+        |source| KeysError::Io {
+            path: path.display().to_string(),
+            source,
+        },
+    )
 }
 
 #[cfg(test)]

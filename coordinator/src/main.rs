@@ -3,11 +3,13 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use fedge_coordinator::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::config::CoordinatorConfig;
+use fedge_coordinator::strategy::{SolverKind, StrategyKind};
 use fedge_coordinator::{DriverOptions, Rounds, checkpoint, driver, npy, replay};
-use fedge_models::{HeadConfig, ModelLayout};
+use fedge_daemon::{LogFormat, init_logs};
+use fedge_wire::{HeadConfig, ModelLayout};
 
 #[derive(Parser)]
 #[command(
@@ -21,12 +23,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -79,8 +75,8 @@ enum Command {
 #[derive(clap::Args)]
 struct AggregateArgs {
     /// fedavg or fedomg.
-    #[arg(long, default_value = "fedomg")]
-    strategy: String,
+    #[arg(long, value_enum, default_value_t = StrategyKind::Fedomg)]
+    strategy: StrategyKind,
     /// FedOMG's conflict-averse radius κ.
     #[arg(long, default_value_t = 0.5)]
     kappa: f64,
@@ -88,8 +84,8 @@ struct AggregateArgs {
     #[arg(long, default_value_t = 1.0)]
     global_lr: f64,
     /// FedOMG's solver: reference or converged.
-    #[arg(long, default_value = "reference")]
-    solver: String,
+    #[arg(long, value_enum, default_value_t = SolverKind::Reference)]
+    solver: SolverKind,
     /// Global parameters (G.npy, f32, 1-D).
     #[arg(long, value_name = "G.npy")]
     global: PathBuf,
@@ -107,7 +103,7 @@ struct AggregateArgs {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logs(cli.log_format);
+    init_logs(cli.log_format, "info,rumqttd=off");
     match cli.command {
         Command::Run { config } => run(config).await,
         Command::Aggregate(args) => aggregate(args),
@@ -126,16 +122,6 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-    }
-}
-
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=off"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }
 
@@ -217,7 +203,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         let _ = stop_tx.send(true);
     });
-    tracing::info!(federation = %config.federation, strategy = %config.strategy.strategy, rounds = config.rounds, "coordinator starting");
+    tracing::info!(federation = %config.federation, strategy = config.strategy.strategy.name(), rounds = config.rounds, "coordinator starting");
     let rounds = driver::run(rounds, options, None, None, stop_rx).await?;
     tracing::info!(
         round = rounds.round(),

@@ -36,10 +36,11 @@ pub fn aggregate_files(
     global: &Path,
     deltas: &Path,
 ) -> Result<(Vec<f32>, ReplayReport), String> {
-    if !matches!(config.strategy.as_str(), "fedavg" | "fedomg") {
+    use crate::strategy::StrategyKind;
+    if !matches!(config.strategy, StrategyKind::Fedavg | StrategyKind::Fedomg) {
         return Err(format!(
-            "replay supports fedavg and fedomg, not {:?} (server momentum needs the saved buffer)",
-            config.strategy
+            "replay supports fedavg and fedomg, not {} (server momentum needs the saved buffer)",
+            config.strategy.name()
         ));
     }
     let mut strategy = config.build()?;
@@ -158,7 +159,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         worked_example(dir.path());
         let config = StrategyConfig {
-            strategy: "fedomg".into(),
+            strategy: crate::strategy::StrategyKind::Fedomg,
             global_lr: 0.5 / 3.0,
             ..StrategyConfig::default()
         };
@@ -209,7 +210,7 @@ mod tests {
         assert!(err.contains("counts.json"), "{err}");
         std::fs::write(deltas.join("site-0.npy"), b"not numpy").unwrap();
         let momentum = StrategyConfig {
-            strategy: "fedavgm".into(),
+            strategy: crate::strategy::StrategyKind::Fedavgm,
             ..StrategyConfig::default()
         };
         assert!(

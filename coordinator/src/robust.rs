@@ -40,24 +40,28 @@ pub enum RobustRule {
 }
 
 impl RobustRule {
-    /// Parses `none`, `clip`, `trimmed-mean`, `median` with their parameters.
-    pub fn parse(name: &str, clip_norm: f64, fraction: f64) -> Result<Option<Self>, String> {
-        match name {
-            "" | "none" => Ok(None),
-            "clip" if clip_norm.is_finite() && clip_norm >= 0.0 => {
+    /// The rule `kind` with its parameters, checked.
+    pub fn parse(
+        kind: crate::strategy::RobustKind,
+        clip_norm: f64,
+        fraction: f64,
+    ) -> Result<Option<Self>, String> {
+        use crate::strategy::RobustKind;
+        match kind {
+            RobustKind::None => Ok(None),
+            RobustKind::Clip if clip_norm.is_finite() && clip_norm >= 0.0 => {
                 Ok(Some(Self::Clip { norm: clip_norm }))
             }
-            "clip" => Err(format!(
+            RobustKind::Clip => Err(format!(
                 "clip_norm must be >= 0 (0: median norm), got {clip_norm}"
             )),
-            "trimmed-mean" if (0.0..0.5).contains(&fraction) => {
+            RobustKind::TrimmedMean if (0.0..0.5).contains(&fraction) => {
                 Ok(Some(Self::TrimmedMean { fraction }))
             }
-            "trimmed-mean" => Err(format!("trim_fraction must be in [0, 0.5), got {fraction}")),
-            "median" => Ok(Some(Self::Median)),
-            other => Err(format!(
-                "unknown robust rule {other:?}; available: none, clip, trimmed-mean, median"
-            )),
+            RobustKind::TrimmedMean => {
+                Err(format!("trim_fraction must be in [0, 0.5), got {fraction}"))
+            }
+            RobustKind::Median => Ok(Some(Self::Median)),
         }
     }
 
@@ -291,7 +295,7 @@ mod tests {
     #[test]
     fn clipping_wraps_fedomg_and_keeps_its_weights_summing_to_one() {
         let omg = crate::strategy::StrategyConfig {
-            strategy: "fedomg".into(),
+            strategy: crate::strategy::StrategyKind::Fedomg,
             ..Default::default()
         }
         .build()
@@ -313,9 +317,9 @@ mod tests {
         // With k = 0 nothing changes.
         let two: [(&str, u32, &[f32]); 2] = [("a", 1, &[1.0]), ("b", 3, &[5.0])];
         assert_eq!(run(RobustRule::Median, &two), vec![4.0]);
-        assert!(RobustRule::parse("trimmed-mean", 0.0, 0.5).is_err());
-        assert!(RobustRule::parse("clip", -1.0, 0.1).is_err());
-        assert!(RobustRule::parse("krum", 0.0, 0.1).is_err());
-        assert_eq!(RobustRule::parse("none", 0.0, 0.1), Ok(None));
+        use crate::strategy::RobustKind;
+        assert!(RobustRule::parse(RobustKind::TrimmedMean, 0.0, 0.5).is_err());
+        assert!(RobustRule::parse(RobustKind::Clip, -1.0, 0.1).is_err());
+        assert_eq!(RobustRule::parse(RobustKind::None, 0.0, 0.1), Ok(None));
     }
 }

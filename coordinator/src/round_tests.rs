@@ -302,7 +302,7 @@ fn clients_joining_are_selected_next_round_and_offline_ones_are_not() {
 
 fn fedomg_with_momentum() -> Box<dyn Strategy> {
     crate::strategy::StrategyConfig {
-        strategy: "fedomg".into(),
+        strategy: crate::strategy::StrategyKind::Fedomg,
         server_momentum: 0.5,
         ..Default::default()
     }

@@ -287,25 +287,126 @@ impl Strategy for Box<dyn Strategy> {
     }
 }
 
+/// Which server strategy (`strategy` in TOML, `--strategy` on the command line).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyKind {
+    /// Sample-weighted mean of the deltas.
+    #[default]
+    Fedavg,
+    /// FedAvg with server momentum (β = 0.9 unless `server_momentum` says otherwise).
+    Fedavgm,
+    /// FedOMG: on-server gradient matching (docs/algorithms.md §2).
+    Fedomg,
+}
+
+impl StrategyKind {
+    /// Name in TOML, on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Fedavg => "fedavg",
+            StrategyKind::Fedavgm => "fedavgm",
+            StrategyKind::Fedomg => "fedomg",
+        }
+    }
+}
+
+impl std::fmt::Display for StrategyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for StrategyKind {
+    type Err = fedge_wire::UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let all = [
+            StrategyKind::Fedavg,
+            StrategyKind::Fedavgm,
+            StrategyKind::Fedomg,
+        ];
+        all.into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| fedge_wire::UnknownName::new("strategy", s, all.map(StrategyKind::name)))
+    }
+}
+
+/// FedOMG's solver of the weights `Γ` (`solver`, `--solver`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SolverKind {
+    /// The authors' 20 SGD steps.
+    #[default]
+    Reference,
+    /// Projected gradient until the Frank–Wolfe gap closes.
+    Converged,
+}
+
+/// The robust rewrite of the deltas before the strategy (`robust`, `--robust`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum RobustKind {
+    /// No rewrite.
+    #[default]
+    None,
+    /// Scale deltas down to `clip_norm` (0: the round's median norm).
+    Clip,
+    /// Coordinate-wise winsorised trimmed mean (`trim_fraction` per side).
+    TrimmedMean,
+    /// Coordinate-wise median.
+    Median,
+}
+
 /// The server side of a configuration: which strategy and its parameters.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct StrategyConfig {
     /// `fedavg`, `fedavgm` (FedAvg with server momentum 0.9 unless set) or `fedomg`.
-    pub strategy: String,
+    pub strategy: StrategyKind,
     /// FedOMG's `κ`.
     pub kappa: f64,
     /// FedOMG's server learning rate, in FedAvg units.
     pub global_lr: f64,
     /// FedOMG's solver: `reference` (the authors' 20 SGD steps) or `converged`.
-    pub solver: String,
+    pub solver: SolverKind,
     /// Server momentum `β` around the strategy; 0 disables it.
     pub server_momentum: f32,
     /// Server learning rate `η_s` of the momentum update.
     pub server_learning_rate: f32,
     /// Robust rewrite of the deltas before the strategy: `none`, `clip`, `trimmed-mean` or
     /// `median` (see [`crate::robust`]).
-    pub robust: String,
+    pub robust: RobustKind,
     /// `clip`'s norm bound; 0 clips to the round's median norm.
     pub clip_norm: f64,
     /// `trimmed-mean`'s fraction per side.
@@ -315,13 +416,13 @@ pub struct StrategyConfig {
 impl Default for StrategyConfig {
     fn default() -> Self {
         Self {
-            strategy: "fedavg".into(),
+            strategy: StrategyKind::Fedavg,
             kappa: 0.5,
             global_lr: 1.0,
-            solver: "reference".into(),
+            solver: SolverKind::Reference,
             server_momentum: 0.0,
             server_learning_rate: 1.0,
-            robust: "none".into(),
+            robust: RobustKind::None,
             clip_norm: 0.0,
             trim_fraction: 0.1,
         }
@@ -332,15 +433,15 @@ impl StrategyConfig {
     /// Builds the strategy, rejecting unknown names and bad parameters.
     pub fn build(&self) -> Result<Box<dyn Strategy>, String> {
         let mut beta = self.server_momentum;
-        let base: Box<dyn Strategy> = match self.strategy.as_str() {
-            "fedavg" => Box::new(FedAvg),
-            "fedavgm" => {
+        let base: Box<dyn Strategy> = match self.strategy {
+            StrategyKind::Fedavg => Box::new(FedAvg),
+            StrategyKind::Fedavgm => {
                 if beta == 0.0 {
                     beta = 0.9;
                 }
                 Box::new(FedAvg)
             }
-            "fedomg" => {
+            StrategyKind::Fedomg => {
                 if !(self.kappa.is_finite()
                     && self.kappa >= 0.0
                     && self.global_lr.is_finite()
@@ -353,7 +454,7 @@ impl StrategyConfig {
                 }
                 let config = crate::fedomg::FedOmgConfig {
                     kappa: self.kappa,
-                    solver: self.solver.parse()?,
+                    solver: crate::fedomg::Solver::of(self.solver),
                     ..Default::default()
                 };
                 Box::new(crate::fedomg::FedOmg {
@@ -361,14 +462,9 @@ impl StrategyConfig {
                     global_lr: self.global_lr,
                 })
             }
-            other => {
-                return Err(format!(
-                    "unknown strategy {other:?}; available: fedavg, fedavgm, fedomg"
-                ));
-            }
         };
         let base = match crate::robust::RobustRule::parse(
-            &self.robust,
+            self.robust,
             self.clip_norm,
             self.trim_fraction,
         )? {
@@ -469,7 +565,7 @@ mod tests {
     #[test]
     fn momentum_can_wrap_fedomg_and_bad_parameters_are_rejected() {
         let config = StrategyConfig {
-            strategy: "fedomg".into(),
+            strategy: StrategyKind::Fedomg,
             server_momentum: 0.5,
             ..StrategyConfig::default()
         };
@@ -477,38 +573,39 @@ mod tests {
         assert_eq!(built.name(), "fedomg+momentum");
         assert!(built.needs_dots());
         let bad = StrategyConfig {
-            strategy: "fedomg".into(),
+            strategy: StrategyKind::Fedomg,
             kappa: -1.0,
             ..StrategyConfig::default()
         };
         assert!(bad.build().err().unwrap().contains("kappa"));
-        let bad_solver = StrategyConfig {
-            strategy: "fedomg".into(),
-            solver: "newton".into(),
-            ..StrategyConfig::default()
-        };
-        assert!(
-            bad_solver
-                .build()
-                .err()
-                .unwrap()
-                .contains("reference, converged")
-        );
     }
 
     #[test]
-    fn unknown_strategy_name_lists_the_available_ones() {
-        let named = |name: &str| {
-            StrategyConfig {
-                strategy: name.into(),
-                ..StrategyConfig::default()
-            }
-            .build()
-        };
-        let err = named("fedfoo").err().unwrap();
-        assert!(err.contains("fedavg, fedavgm, fedomg"), "{err}");
-        for name in ["fedavg", "fedavgm", "fedomg"] {
-            assert_eq!(named(name).unwrap().name(), name);
+    fn unknown_names_fail_at_load_listing_the_valid_ones() {
+        for (text, valid) in [
+            ("strategy = \"fedfoo\"", "`fedavg`, `fedavgm`, `fedomg`"),
+            ("solver = \"newton\"", "`reference` or `converged`"),
+            (
+                "robust = \"krum\"",
+                "`none`, `clip`, `trimmed-mean`, `median`",
+            ),
+        ] {
+            let err = toml::from_str::<StrategyConfig>(text)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(valid), "{err}");
         }
+        for kind in [
+            StrategyKind::Fedavg,
+            StrategyKind::Fedavgm,
+            StrategyKind::Fedomg,
+        ] {
+            let text = format!("strategy = \"{}\"", kind.name());
+            let config: StrategyConfig = toml::from_str(&text).unwrap();
+            assert_eq!(config.build().unwrap().name(), kind.name());
+            assert_eq!(kind.name().parse::<StrategyKind>(), Ok(kind));
+        }
+        let err = "fedfoo".parse::<StrategyKind>().unwrap_err().to_string();
+        assert!(err.contains("fedavg, fedavgm, fedomg"), "{err}");
     }
 }

@@ -160,7 +160,7 @@ mod tests {
             round: 3,
             total_rounds: 10,
             strategy: "fedomg".into(),
-            objective: "feddim".into(),
+            objective: fedge_wire::Objective::FedDim,
             clients_online: 2,
             rejected_updates: [("bad_tag".to_string(), 2)].into(),
             rejected_total: 2,

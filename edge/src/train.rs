@@ -13,7 +13,10 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use fedge_models::{AdversarialConfig, FlatLayoutError, Head, HeadConfig, ModelLayout};
+use fedge_models::{
+    AdversarialConfig, AdversarialModules, FlatLayoutError, Head, HeadConfig, HeadModules,
+    ModelLayout,
+};
 use fedge_wire::{Objective, TrainParams};
 
 use crate::fedddl::{DdlViews, contrastive_loss};

@@ -20,61 +20,26 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::{relu, sigmoid};
 
-use crate::head::{FlatLayoutError, HeadConfig};
+use crate::head::FlatLayoutError;
 
-/// Size of the generator's noise input `ε`.
-pub const NOISE: usize = 16;
+pub use fedge_wire::layout::{AdversarialConfig, ModelLayout, NOISE};
 
-/// Sizes of the generator and discriminator of a head with `H` features and `K` classes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdversarialConfig {
-    /// Projector width `H` (the size of `z` and `z'`).
-    pub hidden: usize,
-    /// Classes `K`.
-    pub classes: usize,
+/// Burn modules for an [`AdversarialConfig`] (the sizes and flat layouts live in
+/// `fedge-wire`).
+pub trait AdversarialModules {
+    /// A generator holding `flat`.
+    fn generator(&self, flat: &[f32], device: &Device) -> Result<Generator, FlatLayoutError>;
+
+    /// A discriminator holding `flat`.
+    fn discriminator(
+        &self,
+        flat: &[f32],
+        device: &Device,
+    ) -> Result<Discriminator, FlatLayoutError>;
 }
 
-impl AdversarialConfig {
-    /// The sizes that fit `head`.
-    pub fn for_head(head: &HeadConfig) -> Self {
-        Self {
-            hidden: head.hidden,
-            classes: head.classes,
-        }
-    }
-
-    fn generator_shapes(&self) -> [[usize; 2]; 2] {
-        let h = self.hidden;
-        [[NOISE + self.classes, h], [h, h]]
-    }
-
-    fn discriminator_shapes(&self) -> [[usize; 2]; 2] {
-        let h = self.hidden;
-        [[h + self.classes, h], [h, 1]]
-    }
-
-    /// Values in the generator's flat layout.
-    pub fn generator_params(&self) -> usize {
-        count(&self.generator_shapes())
-    }
-
-    /// Values in the discriminator's flat layout.
-    pub fn discriminator_params(&self) -> usize {
-        count(&self.discriminator_shapes())
-    }
-
-    /// Seeded generator parameters (uniform in `±1/√fan_in`, as PyTorch's `nn.Linear`).
-    pub fn init_generator(&self, seed: u64) -> Vec<f32> {
-        init(&self.generator_shapes(), seed)
-    }
-
-    /// Seeded discriminator parameters.
-    pub fn init_discriminator(&self, seed: u64) -> Vec<f32> {
-        init(&self.discriminator_shapes(), seed)
-    }
-
-    /// A generator holding `flat`.
-    pub fn generator(&self, flat: &[f32], device: &Device) -> Result<Generator, FlatLayoutError> {
+impl AdversarialModules for AdversarialConfig {
+    fn generator(&self, flat: &[f32], device: &Device) -> Result<Generator, FlatLayoutError> {
         let [first, second] = linears(&self.generator_shapes(), flat, device)?;
         Ok(Generator {
             first,
@@ -83,8 +48,7 @@ impl AdversarialConfig {
         })
     }
 
-    /// A discriminator holding `flat`.
-    pub fn discriminator(
+    fn discriminator(
         &self,
         flat: &[f32],
         device: &Device,
@@ -94,33 +58,12 @@ impl AdversarialConfig {
     }
 }
 
-fn count(shapes: &[[usize; 2]]) -> usize {
-    shapes.iter().map(|[i, o]| i * o + o).sum()
-}
-
-fn init(shapes: &[[usize; 2]], seed: u64) -> Vec<f32> {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut out = Vec::with_capacity(count(shapes));
-    for [fan_in, fan_out] in shapes {
-        let bound = 1.0 / (*fan_in as f32).sqrt();
-        out.extend((0..fan_in * fan_out + fan_out).map(|_| rng.random_range(-bound..bound)));
-    }
-    out
-}
-
 fn linears(
     shapes: &[[usize; 2]; 2],
     flat: &[f32],
     device: &Device,
 ) -> Result<[Linear; 2], FlatLayoutError> {
-    let expected = count(shapes);
-    if flat.len() != expected {
-        return Err(FlatLayoutError {
-            expected,
-            got: flat.len(),
-        });
-    }
+    FlatLayoutError::check(fedge_wire::layout::count(shapes), flat.len())?;
     let mut rest = flat;
     let mut take = |[i, o]: [usize; 2]| {
         let (w, tail) = rest.split_at(i * o);
@@ -204,55 +147,14 @@ impl Discriminator {
     }
 }
 
-/// What the flat parameter vector of a federation holds: the head, and for Stable-FedADG the
-/// generator after it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelLayout {
-    /// The head's sizes.
-    pub head: HeadConfig,
-    /// The generator's sizes, when the vector carries one.
-    pub generator: Option<AdversarialConfig>,
-}
-
-impl ModelLayout {
-    /// The layout of `head`, followed by a generator when `with_generator`.
-    pub fn new(head: HeadConfig, with_generator: bool) -> Self {
-        let generator = with_generator.then(|| AdversarialConfig::for_head(&head));
-        Self { head, generator }
-    }
-
-    /// Length of the flat vector.
-    pub fn num_params(&self) -> usize {
-        self.head.num_params() + self.generator.map_or(0, |g| g.generator_params())
-    }
-
-    /// Seeded initial parameters: the head's [`HeadConfig::init_flat`], then the generator's.
-    pub fn init_flat(&self, seed: u64) -> Vec<f32> {
-        let mut out = self.head.init_flat(seed);
-        if let Some(g) = &self.generator {
-            out.extend(g.init_generator(seed ^ 0x6e6e_7261_746f_7200));
-        }
-        out
-    }
-
-    /// The head's part of `flat` (all of it when `flat` is shorter than the head).
-    pub fn head_part<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
-        &flat[..self.head.num_params().min(flat.len())]
-    }
-
-    /// The generator's part of `flat` (empty without a generator).
-    pub fn generator_part<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
-        &flat[self.head.num_params().min(flat.len())..]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::head::HeadConfig;
     use crate::{Backend, training_device};
 
     #[test]
-    fn flat_layouts_round_trip_and_the_model_vector_appends_the_generator() {
+    fn generator_and_discriminator_round_trip_through_their_flat_layouts() {
         let device = training_device(Backend::default());
         let head = HeadConfig::new(5, 3).with_hidden(4);
         let c = AdversarialConfig::for_head(&head);
@@ -263,15 +165,6 @@ mod tests {
         let d = c.init_discriminator(2);
         assert_eq!(c.discriminator(&d, &device).unwrap().to_flat(), d);
         assert!(c.generator(&d, &device).is_err());
-
-        let layout = ModelLayout::new(head.clone(), true);
-        let flat = layout.init_flat(3);
-        assert_eq!(flat.len(), head.num_params() + c.generator_params());
-        assert_eq!(layout.head_part(&flat), head.init_flat(3).as_slice());
-        assert_eq!(layout.generator_part(&flat).len(), c.generator_params());
-        let plain = ModelLayout::new(head.clone(), false);
-        assert_eq!(plain.init_flat(3), head.init_flat(3));
-        assert!(plain.generator_part(&plain.init_flat(3)).is_empty());
 
         // Shapes and ranges of the modules' outputs.
         let gen_ = c.generator(&g, &device).unwrap();

@@ -8,9 +8,12 @@
 use std::str::FromStr;
 
 use burn::tensor::Device;
+use fedge_wire::UnknownName;
 
 /// A CPU backend for head training.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Backend {
     /// burn-ndarray, deprecated upstream; kept for comparison (`fedge bench-head`).
     #[cfg(feature = "ndarray")]
@@ -32,22 +35,31 @@ impl Backend {
     }
 }
 
-impl FromStr for Backend {
-    type Err = String;
+impl Backend {
+    /// Every backend this build has.
+    pub const ALL: &[Backend] = &[
+        #[cfg(feature = "ndarray")]
+        Backend::NdArray,
+        Backend::Flex,
+    ];
+}
 
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = UnknownName;
+
+    /// A backend of this build by name (`ndarray` is only compiled into the `fedge` front end).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            #[cfg(feature = "ndarray")]
-            "ndarray" => Ok(Backend::NdArray),
-            #[cfg(not(feature = "ndarray"))]
-            "ndarray" => Err(
-                "this build has no ndarray backend (it is only compiled into the \
-                 `fedge` benchmark front end); use flex"
-                    .into(),
-            ),
-            "flex" => Ok(Backend::Flex),
-            other => Err(format!("unknown backend {other:?}; use flex")),
-        }
+        Backend::ALL
+            .iter()
+            .copied()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| UnknownName::new("backend", s, Backend::ALL.iter().map(|b| b.name())))
     }
 }
 
@@ -63,7 +75,9 @@ pub fn training_device(backend: Backend) -> Device {
 }
 
 /// Where a profile asks head training to run (`device` in a device profile).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Accelerator {
     /// A CUDA GPU when the build has the `cuda` feature and one answers, else the CPU.
     #[default]
@@ -74,16 +88,25 @@ pub enum Accelerator {
     Cuda,
 }
 
+impl Accelerator {
+    /// Name in a device profile.
+    pub fn name(self) -> &'static str {
+        match self {
+            Accelerator::Auto => "auto",
+            Accelerator::Cpu => "cpu",
+            Accelerator::Cuda => "cuda",
+        }
+    }
+}
+
 impl FromStr for Accelerator {
-    type Err = String;
+    type Err = UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Accelerator::Auto),
-            "cpu" => Ok(Accelerator::Cpu),
-            "cuda" => Ok(Accelerator::Cuda),
-            other => Err(format!("unknown device {other:?}; use auto, cpu or cuda")),
-        }
+        let all = [Accelerator::Auto, Accelerator::Cpu, Accelerator::Cuda];
+        all.into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| UnknownName::new("device", s, all.map(Accelerator::name)))
     }
 }
 
@@ -203,7 +226,7 @@ mod tests {
         ] {
             assert_eq!(name.parse::<Accelerator>(), Ok(accelerator));
         }
-        let err = "gpu".parse::<Accelerator>().unwrap_err();
-        assert!(err.contains("auto, cpu or cuda"), "{err}");
+        let err = "gpu".parse::<Accelerator>().unwrap_err().to_string();
+        assert!(err.contains("auto, cpu, cuda"), "{err}");
     }
 }

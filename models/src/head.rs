@@ -2,14 +2,8 @@
 //!
 //! # Flat layout
 //!
-//! `θ` is one f32 vector, in this order, every matrix row-major:
-//!
-//! 1. projector weight `W1`, shape `[F, H]` (Burn's `Linear` stores `[d_in, d_out]`),
-//! 2. projector bias `b1`, shape `[H]`,
-//! 3. classifier weight `W`, shape `[H, K]`,
-//! 4. classifier bias `b`, shape `[K]`.
-//!
-//! So `θ.len() = F·H + H + H·K + K`. Deltas, momentum buffers and checkpoints all use it.
+//! The layout is defined once, in `fedge_wire::layout` (`W1 [F,H]`, `b1`, `W [H,K]`, `b`, all
+//! row-major); this module builds Burn modules from it and reads them back into it.
 
 use burn::module::Param;
 use burn::nn::{Linear, LinearConfig};
@@ -17,69 +11,32 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
-/// Sizes of a head.
-#[derive(Config, Debug, PartialEq, Eq)]
-pub struct HeadConfig {
-    /// Backbone feature size `F`.
-    pub features: usize,
-    /// Projector width `H`.
-    #[config(default = 64)]
-    pub hidden: usize,
-    /// Number of classes `K`.
-    pub classes: usize,
-}
+pub use fedge_wire::layout::{FlatLayoutError, HeadConfig};
 
-/// A flat vector whose length does not match the head.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("flat parameter vector has {got} values, the head needs {expected}")]
-pub struct FlatLayoutError {
-    /// Required length.
-    pub expected: usize,
-    /// Length given.
-    pub got: usize,
-}
-
-impl HeadConfig {
-    /// Number of values in the flat layout.
-    pub fn num_params(&self) -> usize {
-        self.features * self.hidden + self.hidden + self.hidden * self.classes + self.classes
-    }
-
-    /// Where the classifier weight `W` (`[H, K]`, row-major) sits in the flat vector.
-    pub fn classifier_range(&self) -> std::ops::Range<usize> {
-        let start = self.features * self.hidden + self.hidden;
-        start..start + self.hidden * self.classes
-    }
-
-    /// Seeded initial parameters in the flat layout, drawn as PyTorch's `nn.Linear` does:
-    /// weights and biases uniform in `±1/sqrt(fan_in)`.
-    pub fn init_flat(&self, seed: u64) -> Vec<f32> {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut out = Vec::with_capacity(self.num_params());
-        for (fan_in, fan_out) in [(self.features, self.hidden), (self.hidden, self.classes)] {
-            let bound = 1.0 / (fan_in as f32).sqrt();
-            out.extend((0..fan_in * fan_out + fan_out).map(|_| rng.random_range(-bound..bound)));
-        }
-        out
-    }
-
+/// Burn modules for a [`HeadConfig`] (the sizes and the flat layout live in `fedge-wire`).
+pub trait HeadModules {
     /// A head with Burn's default (Kaiming-uniform) initialisation.
-    pub fn init(&self, device: &Device) -> Head {
+    fn init(&self, device: &Device) -> Head;
+
+    /// A head holding `flat` (see the module docs for the layout).
+    #[expect(
+        clippy::wrong_self_convention,
+        reason = "the sizes (`self`) and the values (`flat`) make the head; the name is the one \
+                  callers used before the sizes moved to fedge-wire"
+    )]
+    fn from_flat(&self, flat: &[f32], device: &Device) -> Result<Head, FlatLayoutError>;
+}
+
+impl HeadModules for HeadConfig {
+    fn init(&self, device: &Device) -> Head {
         Head {
             projector: LinearConfig::new(self.features, self.hidden).init(device),
             classifier: LinearConfig::new(self.hidden, self.classes).init(device),
         }
     }
 
-    /// A head holding `flat` (see the module docs for the layout).
-    pub fn from_flat(&self, flat: &[f32], device: &Device) -> Result<Head, FlatLayoutError> {
-        if flat.len() != self.num_params() {
-            return Err(FlatLayoutError {
-                expected: self.num_params(),
-                got: flat.len(),
-            });
-        }
+    fn from_flat(&self, flat: &[f32], device: &Device) -> Result<Head, FlatLayoutError> {
+        FlatLayoutError::check(self.num_params(), flat.len())?;
         let (f, h, k) = (self.features, self.hidden, self.classes);
         let (w1, rest) = flat.split_at(f * h);
         let (b1, rest) = rest.split_at(h);
@@ -154,12 +111,7 @@ pub fn predict_flat(
     flat: &[f32],
     features: &[f32],
 ) -> Result<Vec<usize>, FlatLayoutError> {
-    if flat.len() != config.num_params() {
-        return Err(FlatLayoutError {
-            expected: config.num_params(),
-            got: flat.len(),
-        });
-    }
+    FlatLayoutError::check(config.num_params(), flat.len())?;
     let (f, h, k) = (config.features, config.hidden, config.classes);
     let (w1, rest) = flat.split_at(f * h);
     let (b1, rest) = rest.split_at(h);

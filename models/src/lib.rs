@@ -24,11 +24,13 @@ pub mod generate;
 pub mod head;
 pub mod sample;
 
-pub use adversarial::{AdversarialConfig, Discriminator, Generator, ModelLayout};
+pub use adversarial::{
+    AdversarialConfig, AdversarialModules, Discriminator, Generator, ModelLayout, NOISE,
+};
 pub use backbone::{Backbone, BackboneError};
 pub use card::{CardError, Layout, ModelCard};
 pub use device::{
     Accelerator, Backend, CUDA_BUILT, SelectedDevice, select_device, training_device,
 };
-pub use head::{FlatLayoutError, Head, HeadConfig};
+pub use head::{FlatLayoutError, Head, HeadConfig, HeadModules};
 pub use sample::{SampleCheck, check_sample};

@@ -35,7 +35,7 @@ pub use tune::{Choice, choose, grid};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
-use fedge_coordinator::strategy::StrategyConfig;
+use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
@@ -92,7 +92,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         None => (full_name, train.update_codec),
     };
     let objective_of = |s: &str| crate::demo::objective_by_name(s).ok();
-    let is_strategy = |s: &str| matches!(s, "fedavg" | "fedavgm" | "fedomg");
+    let is_strategy = |s: &str| s.parse::<StrategyKind>().is_ok();
     let (objective, strategy) = match name.split_once('+') {
         Some((o, s)) => (objective_of(o), s),
         None if is_strategy(name) => (Some(Objective::CrossEntropy), name),
@@ -101,12 +101,10 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let objective = objective.with_context(|| {
         format!("unknown algorithm {name:?}: use an objective (ce, fedprox, feddim, stable-fedadg, fedddl), a strategy (fedavg, fedavgm, fedomg) or objective+strategy")
     })?;
-    anyhow::ensure!(
-        is_strategy(strategy),
-        "unknown strategy {strategy:?} in {name:?}; available: fedavg, fedavgm, fedomg"
-    );
     let strategy = StrategyConfig {
-        strategy: strategy.into(),
+        strategy: strategy
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{name:?}: {e}"))?,
         ..StrategyConfig::default()
     };
     strategy.build().map_err(anyhow::Error::msg)?;
@@ -289,17 +287,17 @@ mod tests {
     fn algorithm_names_parse_into_objective_and_strategy() {
         let a = parse_algorithm("feddim+fedomg").unwrap();
         assert_eq!(
-            (a.objective, a.strategy.strategy.as_str()),
+            (a.objective, a.strategy.strategy.name()),
             (Objective::FedDim, "fedomg")
         );
         let b = parse_algorithm("fedprox").unwrap();
         assert_eq!(
-            (b.objective, b.strategy.strategy.as_str()),
+            (b.objective, b.strategy.strategy.name()),
             (Objective::FedProx, "fedavg")
         );
         let c = parse_algorithm("fedavgm").unwrap();
         assert_eq!(
-            (c.objective, c.strategy.strategy.as_str()),
+            (c.objective, c.strategy.strategy.name()),
             (Objective::CrossEntropy, "fedavgm")
         );
         assert_eq!(c.codec, Codec::F16);
@@ -310,7 +308,7 @@ mod tests {
             parse_algorithm("fedavg@bf16")
                 .unwrap_err()
                 .to_string()
-                .contains("f32, f16 or int8")
+                .contains("f32, f16, int8")
         );
         assert!(
             parse_algorithm("fedfoo")

@@ -9,6 +9,7 @@
 //! every algorithm so that the comparison is about the methods.
 
 use super::{Algorithm, RunResult};
+use fedge_coordinator::strategy::StrategyKind;
 use fedge_wire::Objective;
 
 /// The settings `--tune` tries for `algorithm`, each named `name[knob=value,...]`; just the
@@ -23,10 +24,10 @@ pub fn grid(algorithm: &Algorithm) -> Vec<Algorithm> {
         Objective::StableFedAdg => knob("lambda0", [0.5, 0.7, 0.85]),
         Objective::CrossEntropy => vec![None],
     };
-    let strategy = match algorithm.strategy.strategy.as_str() {
-        "fedavgm" => knob("beta", [0.5, 0.7, 0.9]),
-        "fedomg" => knob("kappa", [0.25, 0.5, 1.0]),
-        _ => vec![None],
+    let strategy = match algorithm.strategy.strategy {
+        StrategyKind::Fedavgm => knob("beta", [0.5, 0.7, 0.9]),
+        StrategyKind::Fedomg => knob("kappa", [0.25, 0.5, 1.0]),
+        StrategyKind::Fedavg => vec![None],
     };
     let mut out = Vec::new();
     for o in &objective {

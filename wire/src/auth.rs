@@ -15,8 +15,10 @@
 //! Chunking splits the sealed frame like any other; the tag covers the reassembled whole.
 
 use hmac::{Hmac, Mac};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+
+use crate::envelope::{Message, encode};
+use crate::messages::{Sealed, Tag};
 
 /// Bytes of a key and of a tag.
 pub const KEY_LEN: usize = 32;
@@ -97,25 +99,6 @@ impl DeviceKey {
     }
 }
 
-/// One device's tag on a sealed message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tag {
-    /// The device whose key made the tag.
-    pub device: String,
-    /// HMAC-SHA256 tag.
-    pub mac: [u8; KEY_LEN],
-}
-
-/// An inner frame with its tags.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Sealed {
-    /// One tag per device that may read (task) or did write (update) the message.
-    pub tags: Vec<Tag>,
-    /// The complete inner frame (envelope included).
-    #[serde(with = "serde_bytes")]
-    pub inner: Vec<u8>,
-}
-
 /// Why a sealed message does not verify.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -163,7 +146,7 @@ impl Sealed {
 /// The framed [`Sealed`] message around `inner`, one tag per `(device, key)`: what devices
 /// publish for an update and the coordinator for a task.
 pub fn seal(inner: Vec<u8>, signers: &[(&str, &DeviceKey)]) -> Vec<u8> {
-    crate::encode(&crate::Message::Sealed(Sealed::new(inner, signers)))
+    encode(&Message::Sealed(Sealed::new(inner, signers)))
 }
 
 #[cfg(test)]

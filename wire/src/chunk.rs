@@ -5,10 +5,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::{Deserialize, Serialize};
-
 use crate::envelope::{HEADER_LEN, Message, TRAILER_LEN, encode};
 use crate::error::DecodeError;
+use crate::messages::Chunk;
 
 /// Default largest MQTT payload fedge publishes: 128 KiB.
 pub const DEFAULT_MAX_PACKET: usize = 128 * 1024;
@@ -28,22 +27,6 @@ const CHUNK_OVERHEAD: usize = HEADER_LEN + TRAILER_LEN + 10 + 3 * 5 + 10;
 /// broker imposes, the pieces are larger than `max_packet`: splitting into ever smaller pieces
 /// would not make them fit anyway.
 const MIN_CHUNK_DATA: usize = 64;
-
-/// One piece of a larger frame.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Chunk {
-    /// Identifies the split frame among those of the same sender.
-    pub message_id: u64,
-    /// Position, from 0.
-    pub index: u32,
-    /// Number of chunks of the frame.
-    pub count: u32,
-    /// Length of the whole frame in bytes.
-    pub total_len: u32,
-    /// This chunk's bytes.
-    #[serde(with = "serde_bytes")]
-    pub data: Vec<u8>,
-}
 
 /// Returns `frame` itself when it fits in `max_packet` bytes, else the framed chunks (each at
 /// most `max_packet` bytes) that a [`Reassembler`] turns back into `frame`.

@@ -11,10 +11,8 @@
 
 use serde::Deserialize;
 
-use crate::auth::Sealed;
-use crate::chunk::Chunk;
 use crate::error::DecodeError;
-use crate::messages::{ClientUpdate, RoundTask};
+use crate::messages::{Chunk, ClientUpdate, RoundTask, Sealed};
 
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
@@ -261,7 +259,7 @@ mod tests {
             Message::RoundTask(round_task()),
             Message::ClientUpdate(client_update()),
             Message::Chunk(chunk()),
-            Message::Sealed(crate::auth::Sealed::new(
+            Message::Sealed(crate::messages::Sealed::new(
                 encode(&Message::ClientUpdate(client_update())),
                 &[("cam-01", &crate::auth::DeviceKey::from_bytes([9; 32]))],
             )),

@@ -43,3 +43,31 @@ pub enum DecodeError {
     #[error("bad chunk: {0}")]
     BadChunk(&'static str),
 }
+
+/// A name outside a closed set of values (an objective, a codec, a strategy …), with the names
+/// that are valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} {got:?}; valid values: {}", valid.join(", "))]
+pub struct UnknownName {
+    /// What was being named (`objective`, `codec`, …).
+    pub kind: &'static str,
+    /// The name given.
+    pub got: String,
+    /// Every valid name.
+    pub valid: Vec<&'static str>,
+}
+
+impl UnknownName {
+    /// `got` is not one of `valid`.
+    pub fn new(
+        kind: &'static str,
+        got: &str,
+        valid: impl IntoIterator<Item = &'static str>,
+    ) -> Self {
+        Self {
+            kind,
+            got: got.to_owned(),
+            valid: valid.into_iter().collect(),
+        }
+    }
+}

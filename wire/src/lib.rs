@@ -6,6 +6,9 @@
 //! per-device keys (`Sealed`), the MQTT topic names, the
 //! f32 tensor codec and the chunking of payloads larger than a broker's packet limit.
 //!
+//! It also holds the flat parameter layout of the head ([`layout`]), so that the coordinator
+//! counts and initialises parameters without an ML framework.
+//!
 //! It knows nothing of MQTT clients, tokio, Burn or the file system: it turns values into
 //! bytes and bytes into values.
 //! Decoding never panics, whatever the input; it returns a [`DecodeError`] instead.
@@ -14,22 +17,26 @@ mod auth;
 mod chunk;
 mod envelope;
 mod error;
+pub mod layout;
 mod messages;
 mod status;
 mod tensor;
 mod topics;
 
-pub use auth::{AuthError, DeviceKey, KEY_LEN, KeyError, Sealed, Tag, seal};
+pub use auth::{AuthError, DeviceKey, KEY_LEN, KeyError, seal};
 pub use chunk::{
-    Chunk, DEFAULT_MAX_PACKET, DEFAULT_MAX_PENDING, DEFAULT_REASSEMBLY_TIMEOUT_MS, Reassembler,
+    DEFAULT_MAX_PACKET, DEFAULT_MAX_PENDING, DEFAULT_REASSEMBLY_TIMEOUT_MS, Reassembler,
     split_into_chunks,
 };
 pub use envelope::{
     Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION, decode, decode_checked,
     decode_frame, encode,
 };
-pub use error::DecodeError;
-pub use messages::{ClassStats, ClientUpdate, LocalMetrics, Objective, RoundTask, TrainParams};
+pub use error::{DecodeError, UnknownName};
+pub use layout::{HeadConfig, ModelLayout};
+pub use messages::{
+    Chunk, ClassStats, ClientUpdate, LocalMetrics, Objective, RoundTask, Sealed, Tag, TrainParams,
+};
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

@@ -7,35 +7,56 @@ use serde::{Deserialize, Serialize};
 
 use crate::tensor::{Codec, TensorF32};
 
-/// The local objective a device optimises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// The local objective a device optimises; spelled the same on the command line, in TOML and in
+/// JSON (the old spellings `CrossEntropy`, `ce`, `FedProx`, … are read too, for one release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Objective {
     /// Mean cross-entropy.
     #[default]
+    #[serde(rename = "cross-entropy", alias = "CrossEntropy", alias = "ce")]
+    #[cfg_attr(feature = "clap", value(name = "cross-entropy", alias = "ce"))]
     CrossEntropy,
     /// Cross-entropy plus the FedProx proximal term `mu/2 * ||theta - theta_g||^2`.
+    #[serde(rename = "fedprox", alias = "FedProx")]
+    #[cfg_attr(feature = "clap", value(name = "fedprox"))]
     FedProx,
     /// Cross-entropy plus FedDIM's insight term `lambda * mean_i ||W ⊙ z_i - Ī_{y_i}||²`; the
     /// update carries class-mean projector features.
+    #[serde(rename = "feddim", alias = "FedDim")]
+    #[cfg_attr(feature = "clap", value(name = "feddim"))]
     FedDim,
     /// Stable-FedADG: stable learning's sample-weighted cross-entropy and adversarial alignment
     /// of the projector features with a class-conditional generator. The generator's
     /// parameters travel after the head's in the flat vector; the discriminator stays on the
     /// device.
+    #[serde(rename = "stable-fedadg", alias = "StableFedAdg")]
+    #[cfg_attr(feature = "clap", value(name = "stable-fedadg"))]
     StableFedAdg,
     /// FedDDL: cross-entropy on real and counterfactual inputs plus a contrastive pull towards
     /// the global causal prototypes; the update carries local prototypes.
+    #[serde(rename = "fedddl", alias = "FedDdl")]
+    #[cfg_attr(feature = "clap", value(name = "fedddl"))]
     FedDdl,
 }
 
 impl Objective {
-    /// Name in status JSON.
+    /// Every objective, in declaration order.
+    pub const ALL: [Objective; 5] = [
+        Objective::CrossEntropy,
+        Objective::FedProx,
+        Objective::FedDim,
+        Objective::StableFedAdg,
+        Objective::FedDdl,
+    ];
+
+    /// Name on the command line, in TOML and in JSON.
     pub fn name(self) -> &'static str {
         match self {
-            Objective::CrossEntropy => "cross_entropy",
+            Objective::CrossEntropy => "cross-entropy",
             Objective::FedProx => "fedprox",
             Objective::FedDim => "feddim",
-            Objective::StableFedAdg => "stable_fedadg",
+            Objective::StableFedAdg => "stable-fedadg",
             Objective::FedDdl => "fedddl",
         }
     }
@@ -43,6 +64,26 @@ impl Objective {
     /// True when the flat parameter vector carries Stable-FedADG's generator after the head.
     pub fn carries_generator(self) -> bool {
         self == Objective::StableFedAdg
+    }
+}
+
+impl std::fmt::Display for Objective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Objective {
+    type Err = crate::UnknownName;
+
+    /// Reads a name as [`Objective::name`] writes it, or an old spelling (`ce`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let found = Objective::ALL.into_iter().find(|o| o.name() == s);
+        found
+            .or((s == "ce").then_some(Objective::CrossEntropy))
+            .ok_or_else(|| {
+                crate::UnknownName::new("objective", s, Objective::ALL.map(Objective::name))
+            })
     }
 }
 
@@ -170,4 +211,39 @@ pub struct ClientUpdate {
     /// features of object-only inputs under the round's global head, when the objective is
     /// `FedDdl`.
     pub prototypes: Option<ClassStats>,
+}
+
+/// One piece of a larger frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    /// Identifies the split frame among those of the same sender.
+    pub message_id: u64,
+    /// Position, from 0.
+    pub index: u32,
+    /// Number of chunks of the frame.
+    pub count: u32,
+    /// Length of the whole frame in bytes.
+    pub total_len: u32,
+    /// This chunk's bytes.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// One device's tag on a sealed message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tag {
+    /// The device whose key made the tag.
+    pub device: String,
+    /// HMAC-SHA256 tag.
+    pub mac: [u8; crate::auth::KEY_LEN],
+}
+
+/// An inner frame with its tags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sealed {
+    /// One tag per device that may read (task) or did write (update) the message.
+    pub tags: Vec<Tag>,
+    /// The complete inner frame (envelope included).
+    #[serde(with = "serde_bytes")]
+    pub inner: Vec<u8>,
 }

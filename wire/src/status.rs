@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::messages::Objective;
+
 /// Rejected updates by reason (reason name to count).
 pub type RejectCounts = BTreeMap<String, u64>;
 
@@ -25,10 +27,10 @@ pub struct CoordinatorStatus {
     /// RFC 3339 time of the last aggregation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_aggregation: Option<String>,
-    /// Local objective sent to devices (`cross_entropy`, `fedprox`, `feddim`, `stable_fedadg`,
+    /// Local objective sent to devices (`cross-entropy`, `fedprox`, `feddim`, `stable-fedadg`,
     /// `fedddl`).
     #[serde(default)]
-    pub objective: String,
+    pub objective: Objective,
     /// Current (or last) round.
     pub round: u64,
     /// Rounds the coordinator will run (0: unbounded).
@@ -102,7 +104,7 @@ mod tests {
             phase: "collecting".into(),
             deadline: Some("2025-01-01T00:01:00Z".into()),
             last_aggregation: None,
-            objective: "fedddl".into(),
+            objective: Objective::FedDdl,
             round: 4,
             total_rounds: 20,
             strategy: "fedomg".into(),

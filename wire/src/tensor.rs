@@ -14,6 +14,7 @@ use crate::error::DecodeError;
 /// updates (`TrainParams::update_codec`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Codec {
     /// 4 bytes per value, lossless.
     #[default]
@@ -35,16 +36,20 @@ impl Codec {
     }
 }
 
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Codec {
-    type Err = String;
+    type Err = crate::UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "f32" => Ok(Codec::F32),
-            "f16" => Ok(Codec::F16),
-            "int8" => Ok(Codec::Int8),
-            other => Err(format!("unknown codec {other:?}; use f32, f16 or int8")),
-        }
+        [Codec::F32, Codec::F16, Codec::Int8]
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| crate::UnknownName::new("codec", s, ["f32", "f16", "int8"]))
     }
 }
 
@@ -604,7 +609,8 @@ mod tests {
             "bf16"
                 .parse::<Codec>()
                 .unwrap_err()
-                .contains("f32, f16 or int8")
+                .to_string()
+                .contains("f32, f16, int8")
         );
     }
 }

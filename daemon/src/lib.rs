@@ -1,0 +1,15 @@
+//! What fedge's daemons (`fedge-coordinator`, `fedge-edge`) and the front end need from the
+//! machine they run on, written once:
+//!
+//! - [`durable`]: the one atomic, durable file write (temporary file, fsync, rename, folder
+//!   fsync) behind every file fedge keeps: checkpoints, journals, keys, a device's round state
+//!   and its feature cache.
+//! - [`logs`]: the logging set-up (text or JSON, `RUST_LOG` filters).
+//!
+//! It knows nothing of rounds, messages, MQTT or ML.
+
+pub mod durable;
+pub mod logs;
+
+pub use durable::{Visibility, write_atomically};
+pub use logs::{LogFormat, init_logs};

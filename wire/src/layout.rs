@@ -1,0 +1,260 @@
+//! The flat parameter layout (docs/algorithms.md §0): what the parameter vectors of round tasks,
+//! updates, checkpoints and momentum buffers hold, without any ML framework.
+//!
+//! # Head
+//!
+//! `θ` is one f32 vector, in this order, every matrix row-major:
+//!
+//! 1. projector weight `W1`, shape `[F, H]` (Burn's `Linear` stores `[d_in, d_out]`),
+//! 2. projector bias `b1`, shape `[H]`,
+//! 3. classifier weight `W`, shape `[H, K]`,
+//! 4. classifier bias `b`, shape `[K]`.
+//!
+//! So `θ.len() = F·H + H + H·K + K`.
+//!
+//! # Stable-FedADG's generator and discriminator
+//!
+//! Generator: `W_g1 [NOISE + K, H]`, `b_g1 [H]`, `W_g2 [H, H]`, `b_g2 [H]`. Discriminator:
+//! `W_d1 [H + K, H]`, `b_d1 [H]`, `W_d2 [H, 1]`, `b_d2 [1]`. A Stable-FedADG model is the
+//! head's flat vector followed by the generator's ([`ModelLayout`]); the discriminator never
+//! leaves the device.
+//!
+//! `fedge-models` builds Burn modules from these layouts; the coordinator needs only the sizes.
+
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Size of Stable-FedADG's generator noise input `ε`.
+pub const NOISE: usize = 16;
+
+/// Default projector width `H`.
+pub const DEFAULT_HIDDEN: usize = 64;
+
+fn default_hidden() -> usize {
+    DEFAULT_HIDDEN
+}
+
+/// Sizes of a head: backbone features `F`, projector width `H`, classes `K`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadConfig {
+    /// Backbone feature size `F`.
+    pub features: usize,
+    /// Projector width `H`.
+    #[serde(default = "default_hidden")]
+    pub hidden: usize,
+    /// Number of classes `K`.
+    pub classes: usize,
+}
+
+/// A flat vector whose length does not match its layout.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("flat parameter vector has {got} values, the layout needs {expected}")]
+pub struct FlatLayoutError {
+    /// Required length.
+    pub expected: usize,
+    /// Length given.
+    pub got: usize,
+}
+
+impl FlatLayoutError {
+    /// `Ok` when `got == expected`.
+    pub fn check(expected: usize, got: usize) -> Result<(), Self> {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(Self { expected, got })
+        }
+    }
+}
+
+impl HeadConfig {
+    /// A head with `features` inputs, `classes` outputs and the default width.
+    pub fn new(features: usize, classes: usize) -> Self {
+        Self {
+            features,
+            hidden: DEFAULT_HIDDEN,
+            classes,
+        }
+    }
+
+    /// The same head with projector width `hidden`.
+    pub fn with_hidden(mut self, hidden: usize) -> Self {
+        self.hidden = hidden;
+        self
+    }
+
+    /// `(fan_in, fan_out)` of the projector and the classifier.
+    pub fn shapes(&self) -> [[usize; 2]; 2] {
+        [[self.features, self.hidden], [self.hidden, self.classes]]
+    }
+
+    /// Number of values in the flat layout.
+    pub fn num_params(&self) -> usize {
+        count(&self.shapes())
+    }
+
+    /// Where the classifier weight `W` (`[H, K]`, row-major) sits in the flat vector.
+    pub fn classifier_range(&self) -> std::ops::Range<usize> {
+        let start = self.features * self.hidden + self.hidden;
+        start..start + self.hidden * self.classes
+    }
+
+    /// Seeded initial parameters in the flat layout, drawn as PyTorch's `nn.Linear` does:
+    /// weights and biases uniform in `±1/sqrt(fan_in)`.
+    pub fn init_flat(&self, seed: u64) -> Vec<f32> {
+        init_uniform(&self.shapes(), seed)
+    }
+}
+
+/// Sizes of Stable-FedADG's generator and discriminator for a head with `H` features and `K`
+/// classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdversarialConfig {
+    /// Projector width `H` (the size of `z` and `z'`).
+    pub hidden: usize,
+    /// Classes `K`.
+    pub classes: usize,
+}
+
+impl AdversarialConfig {
+    /// The sizes that fit `head`.
+    pub fn for_head(head: &HeadConfig) -> Self {
+        Self {
+            hidden: head.hidden,
+            classes: head.classes,
+        }
+    }
+
+    /// `(fan_in, fan_out)` of the generator's two layers.
+    pub fn generator_shapes(&self) -> [[usize; 2]; 2] {
+        let h = self.hidden;
+        [[NOISE + self.classes, h], [h, h]]
+    }
+
+    /// `(fan_in, fan_out)` of the discriminator's two layers.
+    pub fn discriminator_shapes(&self) -> [[usize; 2]; 2] {
+        let h = self.hidden;
+        [[h + self.classes, h], [h, 1]]
+    }
+
+    /// Values in the generator's flat layout.
+    pub fn generator_params(&self) -> usize {
+        count(&self.generator_shapes())
+    }
+
+    /// Values in the discriminator's flat layout.
+    pub fn discriminator_params(&self) -> usize {
+        count(&self.discriminator_shapes())
+    }
+
+    /// Seeded generator parameters (uniform in `±1/√fan_in`, as PyTorch's `nn.Linear`).
+    pub fn init_generator(&self, seed: u64) -> Vec<f32> {
+        init_uniform(&self.generator_shapes(), seed)
+    }
+
+    /// Seeded discriminator parameters.
+    pub fn init_discriminator(&self, seed: u64) -> Vec<f32> {
+        init_uniform(&self.discriminator_shapes(), seed)
+    }
+}
+
+/// What the flat parameter vector of a federation holds: the head, and for Stable-FedADG the
+/// generator after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelLayout {
+    /// The head's sizes.
+    pub head: HeadConfig,
+    /// The generator's sizes, when the vector carries one.
+    pub generator: Option<AdversarialConfig>,
+}
+
+impl ModelLayout {
+    /// The layout of `head`, followed by a generator when `with_generator`.
+    pub fn new(head: HeadConfig, with_generator: bool) -> Self {
+        let generator = with_generator.then(|| AdversarialConfig::for_head(&head));
+        Self { head, generator }
+    }
+
+    /// Length of the flat vector.
+    pub fn num_params(&self) -> usize {
+        self.head.num_params() + self.generator.map_or(0, |g| g.generator_params())
+    }
+
+    /// Seeded initial parameters: the head's [`HeadConfig::init_flat`], then the generator's.
+    pub fn init_flat(&self, seed: u64) -> Vec<f32> {
+        let mut out = self.head.init_flat(seed);
+        if let Some(g) = &self.generator {
+            out.extend(g.init_generator(seed ^ 0x6e6e_7261_746f_7200));
+        }
+        out
+    }
+
+    /// The head's part of `flat` (all of it when `flat` is shorter than the head).
+    pub fn head_part<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
+        &flat[..self.head.num_params().min(flat.len())]
+    }
+
+    /// The generator's part of `flat` (empty without a generator).
+    pub fn generator_part<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
+        &flat[self.head.num_params().min(flat.len())..]
+    }
+}
+
+/// Values of dense layers with these `(fan_in, fan_out)` shapes, biases included.
+pub fn count(shapes: &[[usize; 2]]) -> usize {
+    shapes.iter().map(|[i, o]| i * o + o).sum()
+}
+
+/// Seeded values for dense layers of these shapes, each weight then its bias, uniform in
+/// `±1/√fan_in`.
+fn init_uniform(shapes: &[[usize; 2]], seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(count(shapes));
+    for [fan_in, fan_out] in shapes {
+        let bound = 1.0 / (*fan_in as f32).sqrt();
+        out.extend((0..fan_in * fan_out + fan_out).map(|_| rng.random_range(-bound..bound)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_head_layout_counts_and_places_the_classifier() {
+        let head = HeadConfig::new(5, 3).with_hidden(4);
+        assert_eq!(head.num_params(), 5 * 4 + 4 + 4 * 3 + 3);
+        assert_eq!(head.classifier_range(), 24..36);
+        let flat = head.init_flat(7);
+        assert_eq!(flat.len(), head.num_params());
+        assert!(flat[..20].iter().all(|v| v.abs() <= 1.0 / 5f32.sqrt()));
+        assert!(flat[24..].iter().all(|v| v.abs() <= 0.5));
+        assert_eq!(flat, head.init_flat(7));
+        assert_ne!(flat, head.init_flat(8));
+    }
+
+    #[test]
+    fn the_model_vector_appends_the_generator_after_the_head() {
+        let head = HeadConfig::new(5, 3).with_hidden(4);
+        let c = AdversarialConfig::for_head(&head);
+        assert_eq!(c.generator_params(), (NOISE + 3) * 4 + 4 + 4 * 4 + 4);
+        assert_eq!(c.discriminator_params(), (4 + 3) * 4 + 4 + 4 + 1);
+        let layout = ModelLayout::new(head.clone(), true);
+        let flat = layout.init_flat(3);
+        assert_eq!(flat.len(), head.num_params() + c.generator_params());
+        assert_eq!(layout.head_part(&flat), head.init_flat(3).as_slice());
+        assert_eq!(layout.generator_part(&flat).len(), c.generator_params());
+        let plain = ModelLayout::new(head.clone(), false);
+        assert_eq!(plain.init_flat(3), head.init_flat(3));
+        assert!(plain.generator_part(&plain.init_flat(3)).is_empty());
+    }
+
+    #[test]
+    fn a_head_section_reads_with_the_default_width_and_refuses_unknown_keys() {
+        let head: HeadConfig = serde_json::from_str(r#"{"features": 8, "classes": 2}"#).unwrap();
+        assert_eq!(head, HeadConfig::new(8, 2));
+        assert!(serde_json::from_str::<HeadConfig>(r#"{"features": 8, "clases": 2}"#).is_err());
+    }
+}
