@@ -18,9 +18,9 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::envelope::{Message, encode};
-use crate::messages::{Sealed, Tag};
+use crate::messages::{Sealed, TAG_LEN, Tag};
 
-/// Bytes of a key and of a tag.
+/// Bytes of a device key.
 pub const KEY_LEN: usize = 32;
 
 /// Domain separation for the tag input (a tag for another purpose never verifies here).
@@ -89,12 +89,12 @@ impl DeviceKey {
     }
 
     /// The tag of `inner` for `device`.
-    pub fn tag(&self, device: &str, inner: &[u8]) -> [u8; KEY_LEN] {
+    pub fn tag(&self, device: &str, inner: &[u8]) -> [u8; TAG_LEN] {
         self.mac(device, inner).finalize().into_bytes().into()
     }
 
     /// Checks a tag in constant time.
-    pub fn verify(&self, device: &str, inner: &[u8], tag: &[u8; KEY_LEN]) -> bool {
+    pub fn verify(&self, device: &str, inner: &[u8], tag: &[u8; TAG_LEN]) -> bool {
         self.mac(device, inner).verify_slice(tag).is_ok()
     }
 }

@@ -229,13 +229,16 @@ pub struct Chunk {
     pub data: Vec<u8>,
 }
 
+/// Bytes of an HMAC-SHA256 tag.
+pub const TAG_LEN: usize = 32;
+
 /// One device's tag on a sealed message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tag {
     /// The device whose key made the tag.
     pub device: String,
     /// HMAC-SHA256 tag.
-    pub mac: [u8; crate::auth::KEY_LEN],
+    pub mac: [u8; TAG_LEN],
 }
 
 /// An inner frame with its tags.
