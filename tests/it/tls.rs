@@ -1,14 +1,14 @@
 //! TLS to mosquitto with certificates the test makes (openssl): a federation runs over it, and
 //! a client that does not trust the broker's CA fails with an error that says so.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fedge::demo::{self, DemoOptions};
+use fedge::demo::DemoOptions;
 use fedge_mqtt::{BrokerConfig, TlsSettings};
+
+use crate::common;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -158,11 +158,7 @@ async fn a_federation_runs_over_tls_and_a_client_without_the_ca_is_refused() {
         round_timeout_s: 60.0,
         ..DemoOptions::default()
     };
-    let data = demo::prepare(&options).unwrap();
-    let result = tokio::time::timeout(Duration::from_secs(120), demo::run(&options, &data, |_| {}))
-        .await
-        .expect("federation over TLS timed out")
-        .unwrap();
+    let result = common::run_demo(&options).await;
     assert_eq!(result.rounds.len(), 2);
     assert!(result.rounds.iter().all(|r| r.clients == 3));
     assert!(result.final_target_accuracy.unwrap() > result.initial_target_accuracy);

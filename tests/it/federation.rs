@@ -1,9 +1,9 @@
 //! End to end: edge agents, coordinator and a real broker, over loopback.
 
-mod common;
-
 use fedge::demo::{self, DemoOptions, DemoResult};
 use fedge_mqtt::BrokerConfig;
+
+use crate::common;
 
 fn three_edges_three_rounds(broker: Option<BrokerConfig>, federation: &str) -> DemoOptions {
     DemoOptions {
@@ -14,15 +14,6 @@ fn three_edges_three_rounds(broker: Option<BrokerConfig>, federation: &str) -> D
         round_timeout_s: 60.0,
         ..DemoOptions::default()
     }
-}
-
-async fn run(options: DemoOptions) -> DemoResult {
-    let data = demo::prepare(&options).unwrap();
-    let run = demo::run(&options, &data, |_| {});
-    tokio::time::timeout(std::time::Duration::from_secs(120), run)
-        .await
-        .expect("federation timed out")
-        .unwrap()
 }
 
 fn check_learned(result: &DemoResult) {
@@ -74,7 +65,7 @@ async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
         },
         ..base
     };
-    let result = run(options).await;
+    let result = common::run_demo(&options).await;
     check_learned(&result);
     // From round 2 on, the task carries the global insight matrices, K·H·K = 6,400 floats.
     let task_bytes = |r: usize| result.rounds[r].bytes_down / 3;
@@ -103,7 +94,7 @@ async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
         auth: true,
         ..three_edges_three_rounds(Some(mosquitto.broker()), "e2e-mosquitto")
     };
-    let result = run(options).await;
+    let result = common::run_demo(&options).await;
     check_learned(&result);
     assert_eq!(result.strategy, "fedomg+momentum");
     for row in &result.rounds {
