@@ -15,7 +15,7 @@ use crate::common::{self, Driver};
 const PARAMS: usize = 8;
 
 fn update(round: u64, client: &str, delta: &[f32]) -> Vec<u8> {
-    common::update_frame(round, client, 1, 10, delta)
+    common::update_frame(common::client_update(round, client, 1, 10, delta))
 }
 
 fn chunk(message_id: u64, index: u32, count: u32, total_len: u32, data: Vec<u8>) -> Vec<u8> {

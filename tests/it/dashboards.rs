@@ -197,17 +197,12 @@ async fn a_federation_s_topics_read_with_mosquitto_sub_match_the_schemas_and_agr
     let live = sub(&[]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let options = DemoOptions {
-        rounds: 3,
-        clients: 3,
-        broker: Some(mosquitto.broker()),
-        federation: "dash".into(),
-        round_timeout_s: 60.0,
         home_assistant: true,
         strategy: fedge_coordinator::strategy::StrategyConfig {
             strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
             ..Default::default()
         },
-        ..DemoOptions::default()
+        ..common::demo_options(Some(mosquitto.broker()), "dash")
     };
     let result = common::run_demo(&options).await;
     assert_eq!(result.rounds.len(), 3);

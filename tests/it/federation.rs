@@ -1,20 +1,8 @@
 //! End to end: edge agents, coordinator and a real broker, over loopback.
 
 use fedge::demo::{self, DemoOptions, DemoResult};
-use fedge_mqtt::BrokerConfig;
 
 use crate::common;
-
-fn three_edges_three_rounds(broker: Option<BrokerConfig>, federation: &str) -> DemoOptions {
-    DemoOptions {
-        rounds: 3,
-        clients: 3,
-        broker,
-        federation: federation.into(),
-        round_timeout_s: 60.0,
-        ..DemoOptions::default()
-    }
-}
 
 fn check_learned(result: &DemoResult) {
     assert_eq!(result.rounds.len(), 3, "{:?}", result.rounds);
@@ -53,7 +41,7 @@ fn check_learned(result: &DemoResult) {
 /// FedDIM on the devices with FedOMG on the coordinator, over the embedded broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
-    let base = three_edges_three_rounds(None, "e2e-embedded");
+    let base = common::demo_options(None, "e2e-embedded");
     let options = DemoOptions {
         strategy: fedge_coordinator::strategy::StrategyConfig {
             strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
@@ -92,7 +80,7 @@ async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
             ..Default::default()
         },
         auth: true,
-        ..three_edges_three_rounds(Some(mosquitto.broker()), "e2e-mosquitto")
+        ..common::demo_options(Some(mosquitto.broker()), "e2e-mosquitto")
     };
     let result = common::run_demo(&options).await;
     check_learned(&result);
@@ -112,11 +100,8 @@ async fn federation_survives_a_broker_restart_mid_round() {
     };
     let options = DemoOptions {
         rounds: 4,
-        clients: 3,
-        broker: Some(mosquitto.broker()),
-        federation: "e2e-restart".into(),
         round_timeout_s: 3.0,
-        ..DemoOptions::default()
+        ..common::demo_options(Some(mosquitto.broker()), "e2e-restart")
     };
     let data = demo::prepare(&options).unwrap();
     let mut restarted = false;

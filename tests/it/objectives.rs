@@ -92,7 +92,7 @@ fn the_generator_is_averaged_by_sample_counts_and_the_discriminator_never_leaves
             &head, &global, features, &train, &inputs, &mut state, 3, &device,
         )
         .unwrap();
-        let frame = common::update_frame(task.round, name, 1, n, &out.delta);
+        let frame = common::update_frame(common::client_update(task.round, name, 1, n, &out.delta));
         // The update holds the head and the generator, nothing else of size.
         let Ok(Message::ClientUpdate(decoded)) = fedge_wire::decode(&frame) else {
             panic!("undecodable update");
@@ -205,10 +205,11 @@ fn fedddl_prototypes_travel_up_and_their_average_comes_back_down() {
             let stats = out.prototypes.clone().expect("FedDDL sends prototypes");
             assert_eq!(stats.0.iter().sum::<u32>() as usize, features.len());
             next.push(stats.clone());
-            let frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            let samples = features.len() as u32;
+            let frame = common::update_frame(ClientUpdate {
                 prototypes: Some(class_stats(stats, fedge_wire::Codec::F32)),
-                ..common::client_update(task.round, name, round, features.len() as u32, &out.delta)
-            }));
+                ..common::client_update(task.round, name, round, samples, &out.delta)
+            });
             m.handle_packet(name, &frame, round * 10);
         }
         sent = next;

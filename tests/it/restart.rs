@@ -32,7 +32,13 @@ fn frame(device: &str, round: u64) -> Vec<u8> {
         .map(|i| (base + round as f32 * 0.03) * ((i % 5) as f32 - 2.0))
         .collect();
     let num_samples = 10 + device.as_bytes()[1] as u32;
-    common::update_frame(round, device, round, num_samples, &delta)
+    common::update_frame(common::client_update(
+        round,
+        device,
+        round,
+        num_samples,
+        &delta,
+    ))
 }
 
 fn sealed(device: &str, round: u64) -> Vec<u8> {

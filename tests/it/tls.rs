@@ -152,11 +152,7 @@ async fn a_federation_runs_over_tls_and_a_client_without_the_ca_is_refused() {
     // Edges and coordinator all over TLS.
     let options = DemoOptions {
         rounds: 2,
-        clients: 3,
-        broker: Some(broker),
-        federation: "tls".into(),
-        round_timeout_s: 60.0,
-        ..DemoOptions::default()
+        ..common::demo_options(Some(broker), "tls")
     };
     let result = common::run_demo(&options).await;
     assert_eq!(result.rounds.len(), 2);

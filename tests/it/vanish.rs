@@ -52,7 +52,7 @@ fn record(online: &mut BTreeMap<String, bool>, topics: &Topics, p: &rumqttc::Pub
 }
 
 fn update(id: &str) -> Vec<u8> {
-    common::update_frame(1, id, 1, 10, &[1.0; PARAMS])
+    common::update_frame(common::client_update(1, id, 1, 10, &[1.0; PARAMS]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

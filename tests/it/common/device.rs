@@ -23,21 +23,9 @@ pub fn client_update(
     }
 }
 
-/// [`client_update`] encoded as a frame, unsealed.
-pub fn update_frame(
-    round: u64,
-    client: &str,
-    seq: u64,
-    num_samples: u32,
-    delta: &[f32],
-) -> Vec<u8> {
-    fedge_wire::encode(&Message::ClientUpdate(client_update(
-        round,
-        client,
-        seq,
-        num_samples,
-        delta,
-    )))
+/// `update` encoded as a frame, unsealed.
+pub fn update_frame(update: ClientUpdate) -> Vec<u8> {
+    fedge_wire::encode(&Message::ClientUpdate(update))
 }
 
 /// A device's status document, online or not, with every other field at its default.

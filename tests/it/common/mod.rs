@@ -20,6 +20,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use fedge::demo::{self, DemoOptions, DemoResult};
+use fedge_mqtt::BrokerConfig;
 
 /// Euclidean norm, as the coordinator computes it.
 pub fn norm(v: &[f32]) -> f32 {
@@ -48,6 +49,19 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A demo federation of three devices for three rounds of at most a minute each, over
+/// `broker` (the embedded one when `None`).
+pub fn demo_options(broker: Option<BrokerConfig>, federation: &str) -> DemoOptions {
+    DemoOptions {
+        rounds: 3,
+        clients: 3,
+        broker,
+        federation: federation.into(),
+        round_timeout_s: 60.0,
+        ..DemoOptions::default()
     }
 }
 
