@@ -12,6 +12,17 @@ fn digits() -> Prepared {
     prepare(&Dataset::Digits, None, None, true, |_| {}).unwrap()
 }
 
+/// Leave-one-domain-out runs with one seed: quick, and enough to compare runs.
+fn lodo(rounds: u64, local_epochs: u32, hidden: usize) -> BenchOptions {
+    BenchOptions {
+        scenario: Scenario::Lodo,
+        rounds,
+        seeds: 1,
+        local_epochs,
+        hidden,
+    }
+}
+
 #[test]
 fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
     let names = [
@@ -25,13 +36,7 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
         "fedddl+fedomg",
     ];
     let algorithms: Vec<_> = names.iter().map(|n| parse_algorithm(n).unwrap()).collect();
-    let options = BenchOptions {
-        scenario: Scenario::Lodo,
-        rounds: 2,
-        seeds: 1,
-        local_epochs: 1,
-        hidden: 32,
-    };
+    let options = lodo(2, 1, 32);
     let prepared = digits();
     let mut rounds_seen = 0;
     let results = run_lodo(&prepared, &algorithms, &options, |p| {
@@ -99,13 +104,7 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
     use fedge_models::HeadConfig;
 
     let seed = 0;
-    let options = BenchOptions {
-        scenario: Scenario::Lodo,
-        rounds: 2,
-        seeds: 1,
-        local_epochs: 1,
-        hidden: 32,
-    };
+    let options = lodo(2, 1, 32);
     let prepared = digits();
     let domains = prepared.split(seed);
     let head = HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(options.hidden);
@@ -146,10 +145,7 @@ fn the_multi_scenario_samples_clients_from_split_domains() {
             clients_per_domain: 4,
             sample: 6,
         },
-        rounds: 3,
-        seeds: 1,
-        local_epochs: 3,
-        hidden: 32,
+        ..lodo(3, 3, 32)
     };
     let results = run_lodo(&digits(), &algorithms, &options, |_| {}).unwrap();
     assert_eq!(results.len(), 6);
@@ -289,13 +285,7 @@ fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
             "scored on what it trains on"
         );
     }
-    let options = BenchOptions {
-        scenario: Scenario::Lodo,
-        rounds: 3,
-        seeds: 1,
-        local_epochs: 3,
-        hidden: 16,
-    };
+    let options = lodo(3, 3, 16);
     let algorithms = vec![parse_algorithm("fedavg").unwrap()];
     let results = run_lodo(&first, &algorithms, &options, |_| {}).unwrap();
     assert_eq!(results.len(), 3);
@@ -356,13 +346,7 @@ fn the_background_bias_benchmark_runs() {
         assert_eq!(d.all.labels, d.held_out.labels, "same objects");
         assert_ne!(d.all.features, d.held_out.features, "other backgrounds");
     }
-    let options = BenchOptions {
-        scenario: Scenario::Lodo,
-        rounds: 2,
-        seeds: 1,
-        local_epochs: 3,
-        hidden: 16,
-    };
+    let options = lodo(2, 3, 16);
     let algorithms: Vec<_> = ["feddim+fedomg", "stable-fedadg", "fedddl+fedavgm"]
         .iter()
         .map(|n| parse_algorithm(n).unwrap())

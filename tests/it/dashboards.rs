@@ -3,17 +3,17 @@
 //! the JSON Schemas in docs/schemas and for consistency; the examples in docs/ parse, match
 //! the schemas and name only topics that exist.
 
-mod common;
-
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fedge::demo::{self, DemoOptions};
+use fedge::demo::DemoOptions;
 use serde_json::Value;
 
+use crate::common;
+
 fn docs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+    common::repo_root().join("docs")
 }
 
 fn schema(name: &str) -> Value {
@@ -197,23 +197,14 @@ async fn a_federation_s_topics_read_with_mosquitto_sub_match_the_schemas_and_agr
     let live = sub(&[]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let options = DemoOptions {
-        rounds: 3,
-        clients: 3,
-        broker: Some(mosquitto.broker()),
-        federation: "dash".into(),
-        round_timeout_s: 60.0,
         home_assistant: true,
         strategy: fedge_coordinator::strategy::StrategyConfig {
             strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
             ..Default::default()
         },
-        ..DemoOptions::default()
+        ..common::demo_options(Some(mosquitto.broker()), "dash")
     };
-    let data = demo::prepare(&options).unwrap();
-    let result = tokio::time::timeout(Duration::from_secs(120), demo::run(&options, &data, |_| {}))
-        .await
-        .expect("federation timed out")
-        .unwrap();
+    let result = common::run_demo(&options).await;
     assert_eq!(result.rounds.len(), 3);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut live = live;

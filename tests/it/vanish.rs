@@ -2,26 +2,17 @@
 //! deadline with the quorum of the seven that reported, and the broker's Last Wills flip the
 //! vanished devices' retained status to offline.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fedge_coordinator::{DriverEvent, DriverOptions, FedAvg, RoundConfig, Rounds, driver};
-use fedge_wire::{ClientUpdate, EdgeStatus, LocalMetrics, Message, TensorF32, Topics};
+use fedge_coordinator::{FedAvg, RoundConfig, Rounds};
+use fedge_wire::{EdgeStatus, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
+
+use crate::common::{self, Driver, edge_status_json as status};
 
 const PARAMS: usize = 8;
 const FEDERATION: &str = "vanish";
-
-fn status(id: &str, online: bool) -> String {
-    serde_json::to_string(&EdgeStatus {
-        client_id: id.into(),
-        online,
-        ..EdgeStatus::default()
-    })
-    .unwrap()
-}
 
 /// A lightweight device: its own MQTT connection with a Last Will, announcing itself online.
 fn device(port: u16, id: String, topics: &Topics) -> (AsyncClient, tokio::task::JoinHandle<()>) {
@@ -61,16 +52,7 @@ fn record(online: &mut BTreeMap<String, bool>, topics: &Topics, p: &rumqttc::Pub
 }
 
 fn update(id: &str) -> Vec<u8> {
-    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
-        round: 1,
-        client_id: id.into(),
-        seq: 1,
-        num_samples: 10,
-        delta: TensorF32::from_slice(&[1.0; PARAMS]),
-        metrics: LocalMetrics::default(),
-        class_stats: None,
-        prototypes: None,
-    }))
+    common::update_frame(common::client_update(1, id, 1, 10, &[1.0; PARAMS]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,17 +70,8 @@ async fn a_round_closes_at_its_deadline_with_quorum_when_devices_vanish() {
         ..RoundConfig::default()
     };
     let rounds = Rounds::new(config, Box::new(FedAvg), vec![0.0; PARAMS]);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let options = DriverOptions {
-        broker: mosquitto.broker(),
-        federation: FEDERATION.into(),
-        client_id: "coordinator".into(),
-        checkpoint: None,
-        journal: None,
-        home_assistant: false,
-    };
-    let coordinator = tokio::spawn(driver::run(rounds, options, None, Some(events_tx), stop_rx));
+    let options = common::driver_options(mosquitto.broker(), FEDERATION);
+    let mut coordinator = Driver::spawn(rounds, options);
 
     // An observer follows the retained device statuses and the round task.
     let mut observer = MqttOptions::new("observer", "127.0.0.1", mosquitto.port());
@@ -140,15 +113,7 @@ async fn a_round_closes_at_its_deadline_with_quorum_when_devices_vanish() {
             .await
             .unwrap();
     }
-    let report = loop {
-        let event = tokio::time::timeout(Duration::from_secs(20), events_rx.recv())
-            .await
-            .expect("the round never ended")
-            .expect("driver stopped");
-        if let DriverEvent::RoundEnded { report, .. } = event {
-            break report;
-        }
-    };
+    let report = coordinator.round_ended(Duration::from_secs(20)).await;
     assert!(report.aggregated, "quorum of 7 reached: {report:?}");
     assert_eq!(report.selected.len(), 10);
     assert_eq!(report.reported, ids[..7].to_vec());
@@ -156,11 +121,7 @@ async fn a_round_closes_at_its_deadline_with_quorum_when_devices_vanish() {
         started.elapsed() >= Duration::from_millis(1_500),
         "closed before its deadline"
     );
-    let rounds = tokio::time::timeout(Duration::from_secs(10), coordinator)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let rounds = coordinator.finished(Duration::from_secs(10)).await;
     assert_eq!(rounds.params(), &[1.0; PARAMS]);
 
     // The Last Wills mark exactly the vanished devices offline.
@@ -178,5 +139,4 @@ async fn a_round_closes_at_its_deadline_with_quorum_when_devices_vanish() {
             record(&mut online, &topics, &p);
         }
     }
-    let _ = stop_tx.send(true);
 }

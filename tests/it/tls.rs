@@ -1,14 +1,14 @@
 //! TLS to mosquitto with certificates the test makes (openssl): a federation runs over it, and
 //! a client that does not trust the broker's CA fails with an error that says so.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fedge::demo::{self, DemoOptions};
+use fedge::demo::DemoOptions;
 use fedge_mqtt::{BrokerConfig, TlsSettings};
+
+use crate::common;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -152,17 +152,9 @@ async fn a_federation_runs_over_tls_and_a_client_without_the_ca_is_refused() {
     // Edges and coordinator all over TLS.
     let options = DemoOptions {
         rounds: 2,
-        clients: 3,
-        broker: Some(broker),
-        federation: "tls".into(),
-        round_timeout_s: 60.0,
-        ..DemoOptions::default()
+        ..common::demo_options(Some(broker), "tls")
     };
-    let data = demo::prepare(&options).unwrap();
-    let result = tokio::time::timeout(Duration::from_secs(120), demo::run(&options, &data, |_| {}))
-        .await
-        .expect("federation over TLS timed out")
-        .unwrap();
+    let result = common::run_demo(&options).await;
     assert_eq!(result.rounds.len(), 2);
     assert!(result.rounds.iter().all(|r| r.clients == 3));
     assert!(result.final_target_accuracy.unwrap() > result.initial_target_accuracy);

@@ -1,29 +1,8 @@
 //! End to end: edge agents, coordinator and a real broker, over loopback.
 
-mod common;
-
 use fedge::demo::{self, DemoOptions, DemoResult};
-use fedge_mqtt::BrokerConfig;
 
-fn three_edges_three_rounds(broker: Option<BrokerConfig>, federation: &str) -> DemoOptions {
-    DemoOptions {
-        rounds: 3,
-        clients: 3,
-        broker,
-        federation: federation.into(),
-        round_timeout_s: 60.0,
-        ..DemoOptions::default()
-    }
-}
-
-async fn run(options: DemoOptions) -> DemoResult {
-    let data = demo::prepare(&options).unwrap();
-    let run = demo::run(&options, &data, |_| {});
-    tokio::time::timeout(std::time::Duration::from_secs(120), run)
-        .await
-        .expect("federation timed out")
-        .unwrap()
-}
+use crate::common;
 
 fn check_learned(result: &DemoResult) {
     assert_eq!(result.rounds.len(), 3, "{:?}", result.rounds);
@@ -62,7 +41,7 @@ fn check_learned(result: &DemoResult) {
 /// FedDIM on the devices with FedOMG on the coordinator, over the embedded broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
-    let base = three_edges_three_rounds(None, "e2e-embedded");
+    let base = common::demo_options(None, "e2e-embedded");
     let options = DemoOptions {
         strategy: fedge_coordinator::strategy::StrategyConfig {
             strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
@@ -74,7 +53,7 @@ async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
         },
         ..base
     };
-    let result = run(options).await;
+    let result = common::run_demo(&options).await;
     check_learned(&result);
     // From round 2 on, the task carries the global insight matrices, K·H·K = 6,400 floats.
     let task_bytes = |r: usize| result.rounds[r].bytes_down / 3;
@@ -101,9 +80,9 @@ async fn three_edges_learn_with_fedomg_over_mosquitto_in_three_rounds() {
             ..Default::default()
         },
         auth: true,
-        ..three_edges_three_rounds(Some(mosquitto.broker()), "e2e-mosquitto")
+        ..common::demo_options(Some(mosquitto.broker()), "e2e-mosquitto")
     };
-    let result = run(options).await;
+    let result = common::run_demo(&options).await;
     check_learned(&result);
     assert_eq!(result.strategy, "fedomg+momentum");
     for row in &result.rounds {
@@ -121,11 +100,8 @@ async fn federation_survives_a_broker_restart_mid_round() {
     };
     let options = DemoOptions {
         rounds: 4,
-        clients: 3,
-        broker: Some(mosquitto.broker()),
-        federation: "e2e-restart".into(),
         round_timeout_s: 3.0,
-        ..DemoOptions::default()
+        ..common::demo_options(Some(mosquitto.broker()), "e2e-restart")
     };
     let data = demo::prepare(&options).unwrap();
     let mut restarted = false;

@@ -9,19 +9,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
-use fedge_coordinator::{DriverEvent, DriverOptions, FedAvg, RoundConfig, Rounds, driver};
+use fedge_coordinator::{FedAvg, RoundConfig, Rounds};
 use fedge_models::HeadConfig;
-use fedge_mqtt::BrokerConfig;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::common::{self, Driver, KillOnDrop};
 
 fn arm_binary() -> Option<PathBuf> {
     let bin = std::env::var_os("FEDGE_ARM64_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/aarch64-unknown-linux-gnu/edge/fedge-edge"));
+        .unwrap_or_else(|| {
+            common::repo_root().join("target/aarch64-unknown-linux-gnu/edge/fedge-edge")
+        });
     let qemu = Command::new("qemu-aarch64")
         .arg("--version")
         .stdout(Stdio::null())
@@ -40,23 +38,13 @@ fn arm_binary() -> Option<PathBuf> {
 }
 
 fn profile(dir: &Path, port: u16) -> PathBuf {
-    let text = std::fs::read_to_string(root().join("firmware-configs/arm64-gateway.toml")).unwrap();
-    let text = text
-        .replace(
+    common::profile_copy("arm64-gateway.toml", dir, |text| {
+        text.replace(
             "cache_dir = \"/var/cache/fedge\"",
             &format!("cache_dir = {:?}", dir.join("cache")),
         )
         .replace("port = 1883", &format!("port = {port}"))
-        .replace(
-            "backbone = \"../models/assets/digits-conv.toml\"",
-            &format!(
-                "backbone = {:?}",
-                root().join("models/assets/digits-conv.toml")
-            ),
-        );
-    let path = dir.join("gateway.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,10 +52,9 @@ async fn the_arm64_edge_binary_trains_a_round_under_qemu() {
     let Some(binary) = arm_binary() else {
         return;
     };
-    let broker = start_embedded(([127, 0, 0, 1], 0).into(), &BrokerLimits::default()).unwrap();
-    let port = broker.addr.port();
+    let broker = common::embedded_broker();
     let dir = tempfile::tempdir().unwrap();
-    let config = profile(dir.path(), port);
+    let config = profile(dir.path(), broker.port);
     let head = HeadConfig::new(512, 10).with_hidden(64);
     let rounds = Rounds::new(
         RoundConfig {
@@ -80,17 +67,7 @@ async fn the_arm64_edge_binary_trains_a_round_under_qemu() {
         Box::new(FedAvg),
         fedge_models::ModelLayout::new(head, false).init_flat(0),
     );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let options = DriverOptions {
-        broker: BrokerConfig::at("127.0.0.1", port),
-        federation: "demo".into(),
-        client_id: "coordinator".into(),
-        checkpoint: None,
-        journal: None,
-        home_assistant: false,
-    };
-    let coordinator = tokio::spawn(driver::run(rounds, options, None, Some(events_tx), stop_rx));
+    let mut coordinator = Driver::spawn(rounds, common::driver_options(broker, "demo"));
     // `file` would say "ELF 64-bit LSB pie executable, ARM aarch64".
     let header = std::fs::read(&binary).unwrap();
     assert_eq!(&header[..4], b"\x7fELF");
@@ -99,7 +76,7 @@ async fn the_arm64_edge_binary_trains_a_round_under_qemu() {
         183,
         "EM_AARCH64"
     );
-    let mut edge = Command::new("qemu-aarch64")
+    let edge = Command::new("qemu-aarch64")
         .args(["-L", "/usr/aarch64-linux-gnu"])
         .arg(&binary)
         .args(["run", "--config"])
@@ -108,29 +85,17 @@ async fn the_arm64_edge_binary_trains_a_round_under_qemu() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let report = loop {
-        let event = tokio::time::timeout(Duration::from_secs(600), events_rx.recv())
-            .await
-            .expect("no round within 10 minutes under qemu")
-            .expect("driver stopped");
-        if let DriverEvent::RoundEnded { report, .. } = event {
-            break report;
-        }
-    };
-    let _ = edge.kill();
-    let _ = edge.wait();
+    let edge = KillOnDrop(edge);
+    // Under qemu one round takes minutes.
+    let report = coordinator.round_ended(Duration::from_secs(600)).await;
+    drop(edge);
     assert!(report.aggregated, "{report:?}");
     assert_eq!(report.reported, ["gateway-rot30"]);
     assert!(report.source_val_accuracy.is_some());
-    let rounds = tokio::time::timeout(Duration::from_secs(20), coordinator)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let rounds = coordinator.finished(Duration::from_secs(20)).await;
     assert_ne!(
         rounds.params(),
         fedge_models::ModelLayout::new(HeadConfig::new(512, 10).with_hidden(64), false)
             .init_flat(0)
     );
-    let _ = stop_tx.send(true);
 }

@@ -1,16 +1,11 @@
-//! Helpers shared by the end-to-end tests.
-#![allow(dead_code)]
+//! A mosquitto broker the tests start on a free loopback port and kill on drop. It does not
+//! install mosquitto: without it the tests that need it skip, unless `FEDGE_REQUIRE_MOSQUITTO=1`.
 
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fedge_mqtt::BrokerConfig;
-
-/// Euclidean norm, as the coordinator computes it.
-pub fn norm(v: &[f32]) -> f32 {
-    fedge_coordinator::round::l2_norm(v)
-}
 
 /// A mosquitto broker on a free loopback port, killed on drop.
 pub struct Mosquitto {

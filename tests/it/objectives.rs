@@ -8,9 +8,9 @@ use fedge_edge::data::digits_bg_domains;
 use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, train_local};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Backbone, Backend, HeadConfig, ModelLayout, training_device};
-use fedge_wire::{
-    ClientUpdate, LocalMetrics, Message, Objective, RoundTask, TensorF32, TrainParams,
-};
+use fedge_wire::{ClientUpdate, Message, Objective, RoundTask, TensorF32, TrainParams};
+
+use crate::common;
 
 /// Two source sites of `digits-bg` as (features, FedDDL views) through the built-in backbone.
 fn sites() -> (HeadConfig, Vec<(String, FeatureSet, DdlViews)>) {
@@ -92,16 +92,7 @@ fn the_generator_is_averaged_by_sample_counts_and_the_discriminator_never_leaves
             &head, &global, features, &train, &inputs, &mut state, 3, &device,
         )
         .unwrap();
-        let frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
-            round: task.round,
-            client_id: name.clone(),
-            seq: 1,
-            num_samples: n,
-            delta: TensorF32::from_slice(&out.delta),
-            metrics: LocalMetrics::default(),
-            class_stats: None,
-            prototypes: None,
-        }));
+        let frame = common::update_frame(common::client_update(task.round, name, 1, n, &out.delta));
         // The update holds the head and the generator, nothing else of size.
         let Ok(Message::ClientUpdate(decoded)) = fedge_wire::decode(&frame) else {
             panic!("undecodable update");
@@ -214,16 +205,11 @@ fn fedddl_prototypes_travel_up_and_their_average_comes_back_down() {
             let stats = out.prototypes.clone().expect("FedDDL sends prototypes");
             assert_eq!(stats.0.iter().sum::<u32>() as usize, features.len());
             next.push(stats.clone());
-            let frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
-                round: task.round,
-                client_id: name.clone(),
-                seq: round,
-                num_samples: features.len() as u32,
-                delta: TensorF32::from_slice(&out.delta),
-                metrics: LocalMetrics::default(),
-                class_stats: None,
+            let samples = features.len() as u32;
+            let frame = common::update_frame(ClientUpdate {
                 prototypes: Some(class_stats(stats, fedge_wire::Codec::F32)),
-            }));
+                ..common::client_update(task.round, name, round, samples, &out.delta)
+            });
             m.handle_packet(name, &frame, round * 10);
         }
         sent = next;

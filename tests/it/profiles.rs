@@ -1,18 +1,13 @@
 //! Every device profile in `firmware-configs/` loads, with its backbone and its data.
 
-use std::path::Path;
-
 use fedge_edge::config::EdgeConfig;
+
+use crate::common;
 
 #[test]
 fn every_firmware_profile_loads_its_backbone_and_data() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../firmware-configs");
     let mut seen = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "toml") {
-            continue;
-        }
+    for path in common::shipped_profiles() {
         let mut config =
             EdgeConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
         let cache = tempfile::tempdir().unwrap();
@@ -32,6 +27,6 @@ fn every_firmware_profile_loads_its_backbone_and_data() {
     assert!(
         seen >= 2,
         "expected at least two profiles in {}",
-        dir.display()
+        common::firmware_configs().display()
     );
 }

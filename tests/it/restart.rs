@@ -3,35 +3,19 @@
 //! it was down arrives through its persistent session, devices are authenticated, and the
 //! final model equals an uninterrupted run's bit for bit.
 
-mod common;
-
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fedge_coordinator::{Rounds, checkpoint, strategy::StrategyConfig};
 use fedge_models::{HeadConfig, ModelLayout};
-use fedge_wire::{
-    ClientUpdate, CoordinatorStatus, DeviceKey, EdgeStatus, LocalMetrics, Message, TensorF32,
-    Topics,
-};
-use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
+use fedge_wire::{DeviceKey, Topics};
+use rumqttc::{AsyncClient, MqttOptions, QoS};
+
+use crate::common::{self, KillOnDrop};
 
 const DEVICES: [&str; 3] = ["d1", "d2", "d3"];
 const FEDERATION: &str = "restart";
-
-fn coordinator_binary() -> PathBuf {
-    // target/debug/deps/restart-<hash> → target/debug/fedge-coordinator
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("fedge-coordinator");
-    assert!(bin.exists(), "build the workspace first: {}", bin.display());
-    bin
-}
 
 fn head() -> ModelLayout {
     ModelLayout::new(HeadConfig::new(4, 2).with_hidden(3), false)
@@ -47,16 +31,14 @@ fn frame(device: &str, round: u64) -> Vec<u8> {
     let delta: Vec<f32> = (0..m)
         .map(|i| (base + round as f32 * 0.03) * ((i % 5) as f32 - 2.0))
         .collect();
-    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+    let num_samples = 10 + device.as_bytes()[1] as u32;
+    common::update_frame(common::client_update(
         round,
-        client_id: device.into(),
-        seq: round,
-        num_samples: 10 + device.as_bytes()[1] as u32,
-        delta: TensorF32::from_slice(&delta),
-        metrics: LocalMetrics::default(),
-        class_stats: None,
-        prototypes: None,
-    }))
+        device,
+        round,
+        num_samples,
+        &delta,
+    ))
 }
 
 fn sealed(device: &str, round: u64) -> Vec<u8> {
@@ -80,40 +62,16 @@ fn write_config(dir: &Path, port: u16) -> PathBuf {
     path
 }
 
-fn start_coordinator(config: &Path) -> Child {
-    Command::new(coordinator_binary())
+fn start_coordinator(config: &Path) -> KillOnDrop {
+    let child = Command::new(common::coordinator_binary())
         .args(["run", "--config"])
         .arg(config)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap()
-}
-
-/// Polls until a coordinator status satisfies `done` (at most 30 s).
-async fn wait_for(
-    events: &mut EventLoop,
-    topics: &Topics,
-    done: impl Fn(&CoordinatorStatus) -> bool,
-) -> CoordinatorStatus {
-    let status_topic = topics.coordinator_status();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut last = None;
-    loop {
-        let Ok(event) = tokio::time::timeout_at(deadline, events.poll()).await else {
-            panic!("the coordinator never reached the expected state; last status: {last:?}");
-        };
-        if let Ok(Event::Incoming(Packet::Publish(p))) = event
-            && p.topic == status_topic
-            && let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload)
-        {
-            if done(&status) {
-                return status;
-            }
-            last = Some(status);
-        }
-    }
+        .unwrap();
+    KillOnDrop(child)
 }
 
 /// The same inputs through an in-process machine that is never interrupted.
@@ -159,17 +117,13 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
         .await
         .unwrap();
     for d in DEVICES {
-        let status = EdgeStatus {
-            client_id: d.into(),
-            online: true,
-            ..EdgeStatus::default()
-        };
-        let json = serde_json::to_string(&status).unwrap();
+        let json = common::edge_status_json(d, true);
         client
             .publish(topics.edge_status(d), QoS::AtLeastOnce, true, json)
             .await
             .unwrap();
     }
+    let status_topic = topics.coordinator_status();
     let send = |d: &'static str, payload: Vec<u8>| {
         let client = client.clone();
         let topic = topics.update(d);
@@ -182,7 +136,7 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
     };
 
     let mut coordinator = start_coordinator(&config);
-    wait_for(&mut events, &topics, |s| {
+    common::wait_status(&mut events, &status_topic, |s| {
         s.state == "training" && s.round == 1
     })
     .await;
@@ -192,11 +146,11 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
     // A forged update (d3's frame under d2's key) is rejected and changes nothing.
     let forged = || fedge_wire::seal(frame("d3", 2), &[("d3", &key("d2"))]);
     send("d3", forged()).await;
-    wait_for(&mut events, &topics, |s| s.round == 2).await;
+    common::wait_status(&mut events, &status_topic, |s| s.round == 2).await;
     send("d1", sealed("d1", 2)).await;
     send("d2", sealed("d2", 2)).await;
     send("d3", forged()).await;
-    let before = wait_for(&mut events, &topics, |s| {
+    let before = common::wait_status(&mut events, &status_topic, |s| {
         s.round == 2 && s.clients_reported == 2 && s.rejected_updates.get("bad_tag") == Some(&2)
     })
     .await;
@@ -227,7 +181,7 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
         }
     });
     // Keep the test's own connection alive while the coordinator finishes.
-    let finished = wait_for(&mut events, &topics, |s| s.state == "finished").await;
+    let finished = common::wait_status(&mut events, &status_topic, |s| s.state == "finished").await;
     let exit = exit
         .await
         .unwrap()

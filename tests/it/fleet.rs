@@ -2,13 +2,13 @@
 //! coordinator over mosquitto for two rounds: every update is accounted for (the full-size
 //! load figures come from `bench/fleet.sh` and are in BENCHMARKS.md).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use fedge::bench_fleet::{FleetOptions, device_ids, run_fleet};
-use fedge_coordinator::{DriverOptions, FedAvg, RoundConfig, Rounds, driver};
+use fedge_coordinator::{FedAvg, RoundConfig, Rounds};
+
+use crate::common::{self, Driver};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_update_of_a_keyed_fleet_is_accounted_for() {
@@ -31,16 +31,8 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
         ..RoundConfig::default()
     };
     let rounds = Rounds::new(config, Box::new(FedAvg), vec![0.0; params]);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let options = DriverOptions {
-        broker: mosquitto.broker(),
-        federation: "fleet-test".into(),
-        client_id: "coordinator".into(),
-        checkpoint: None,
-        journal: None,
-        home_assistant: false,
-    };
-    let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
+    let options = common::driver_options(mosquitto.broker(), "fleet-test");
+    let coordinator = Driver::spawn(rounds, options);
     let fleet = FleetOptions {
         broker: mosquitto.broker(),
         federation: "fleet-test".into(),
@@ -59,11 +51,7 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
         );
     }
     assert_eq!(report.updates_sent, 120);
-    let rounds = tokio::time::timeout(Duration::from_secs(20), coordinator)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let rounds = coordinator.finished(Duration::from_secs(20)).await;
     // Every device sends 1e-3·((i mod 7) − 3) per round in the default codec (f16), with
     // equal weights.
     let sent = |i: usize| {
@@ -73,5 +61,4 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
     for (got, want) in rounds.params().iter().zip(&want) {
         assert!((got - want).abs() < 1e-6, "{got} vs {want}");
     }
-    let _ = stop_tx.send(true);
 }

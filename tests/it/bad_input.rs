@@ -1,34 +1,21 @@
 //! Bad input on an update topic, against a running coordinator over the embedded broker
 //! (garbage, stale round, wrong shape, NaN, an oversized chunk stream, a chunk stream that never
 //! completes): each is logged, counted by reason in the retained status JSON, and the model is
-//! untouched. Forged, unknown and replayed updates are in `tests/restart.rs` and the round
+//! untouched. Forged, unknown and replayed updates are in the `restart` module and the round
 //! machine's guard tests.
-
-mod common;
 
 use std::time::Duration;
 
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
-use fedge_coordinator::{DriverOptions, FedAvg, RoundConfig, Rounds, driver};
-use fedge_mqtt::BrokerConfig;
-use fedge_wire::{
-    ClientUpdate, CoordinatorStatus, EdgeStatus, LocalMetrics, Message, TensorF32, Topics,
-};
-use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
+use fedge_coordinator::{DriverOptions, FedAvg, RoundConfig, Rounds};
+use fedge_wire::{Message, Topics};
+use rumqttc::{AsyncClient, MqttOptions, QoS};
+
+use crate::common::{self, Driver};
 
 const PARAMS: usize = 8;
 
 fn update(round: u64, client: &str, delta: &[f32]) -> Vec<u8> {
-    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
-        round,
-        client_id: client.into(),
-        seq: 1,
-        num_samples: 10,
-        delta: TensorF32::from_slice(delta),
-        metrics: LocalMetrics::default(),
-        class_stats: None,
-        prototypes: None,
-    }))
+    common::update_frame(common::client_update(round, client, 1, 10, delta))
 }
 
 fn chunk(message_id: u64, index: u32, count: u32, total_len: u32, data: Vec<u8>) -> Vec<u8> {
@@ -41,35 +28,9 @@ fn chunk(message_id: u64, index: u32, count: u32, total_len: u32, data: Vec<u8>)
     }))
 }
 
-/// Polls `eventloop` until a status on `topic` satisfies `done`, for at most 20 s.
-async fn wait_status(
-    eventloop: &mut EventLoop,
-    topic: &str,
-    done: impl Fn(&CoordinatorStatus) -> bool,
-) -> CoordinatorStatus {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut last = None;
-    loop {
-        let event = tokio::time::timeout_at(deadline, eventloop.poll()).await;
-        let Ok(event) = event else {
-            panic!("status never satisfied the condition; last: {last:?}")
-        };
-        if let Ok(Event::Incoming(Packet::Publish(p))) = event
-            && p.topic == topic
-            && let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload)
-        {
-            if done(&status) {
-                return status;
-            }
-            last = Some(status);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
-    let broker = start_embedded(([127, 0, 0, 1], 0).into(), &BrokerLimits::default()).unwrap();
-    let broker = BrokerConfig::at("127.0.0.1", broker.addr.port());
+    let broker = common::embedded_broker();
     let topics = Topics::new("bad-input").unwrap();
     let initial = vec![0.5f32; PARAMS];
     let config = RoundConfig {
@@ -82,18 +43,15 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         ..RoundConfig::default()
     };
     let rounds = Rounds::new(config, Box::new(FedAvg), initial.clone());
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let state = tempfile::tempdir().unwrap();
     let checkpoint_path = state.path().join("checkpoint.bin");
     let options = DriverOptions {
-        broker: broker.clone(),
-        federation: "bad-input".into(),
         client_id: "coord".into(),
         checkpoint: Some(checkpoint_path.clone()),
         journal: Some(state.path().join("journal.bin")),
-        home_assistant: false,
+        ..common::driver_options(broker.clone(), "bad-input")
     };
-    let coordinator = tokio::spawn(driver::run(rounds, options, None, None, stop_rx));
+    let coordinator = Driver::spawn(rounds, options);
 
     // A raw MQTT client plays a device called mallory.
     let mut mqtt = MqttOptions::new("mallory", "127.0.0.1", broker.port);
@@ -103,22 +61,18 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         .subscribe(topics.coordinator_status(), QoS::AtLeastOnce)
         .await
         .unwrap();
-    let online = EdgeStatus {
-        client_id: "mallory".into(),
-        online: true,
-        ..EdgeStatus::default()
-    };
     client
         .publish(
             topics.edge_status("mallory"),
             QoS::AtLeastOnce,
             true,
-            serde_json::to_vec(&online).unwrap(),
+            common::edge_status_json("mallory", true),
         )
         .await
         .unwrap();
     let status_topic = topics.coordinator_status();
-    let status = wait_status(&mut eventloop, &status_topic, |s| s.state == "training").await;
+    let status =
+        common::wait_status(&mut eventloop, &status_topic, |s| s.state == "training").await;
     assert_eq!((status.round, status.clients_selected), (1, 1));
 
     let update_topic = topics.update("mallory");
@@ -140,7 +94,8 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
             .await
             .unwrap();
     }
-    let status = wait_status(&mut eventloop, &status_topic, |s| s.rejected_total == 6).await;
+    let status =
+        common::wait_status(&mut eventloop, &status_topic, |s| s.rejected_total == 6).await;
     let reasons: Vec<(&str, u64)> = status
         .rejected_updates
         .iter()
@@ -178,18 +133,14 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         )
         .await
         .unwrap();
-    let status = wait_status(&mut eventloop, &status_topic, |s| s.state == "finished").await;
+    let status =
+        common::wait_status(&mut eventloop, &status_topic, |s| s.state == "finished").await;
     assert_eq!(status.rejected_total, 6);
-    let rounds = tokio::time::timeout(Duration::from_secs(10), coordinator)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let rounds = coordinator.finished(Duration::from_secs(10)).await;
     assert_eq!(rounds.params(), &[0.75; PARAMS]);
     let saved = fedge_coordinator::checkpoint::load(&checkpoint_path)
         .unwrap()
         .expect("checkpoint written after the aggregation");
     assert_eq!(saved.params, vec![0.75; PARAMS]);
     assert_eq!((saved.next_round, saved.aggregated_rounds), (2, 1));
-    let _ = stop_tx.send(true);
 }

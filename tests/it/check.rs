@@ -5,9 +5,7 @@ use std::path::{Path, PathBuf};
 
 use fedge_edge::check::{Check, run_checks};
 
-fn profiles() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../firmware-configs")
-}
+use crate::common;
 
 fn failures(checks: &[Check]) -> Vec<(&'static str, String)> {
     checks
@@ -21,42 +19,29 @@ fn failures(checks: &[Check]) -> Vec<(&'static str, String)> {
 type Edit = Box<dyn Fn(String) -> String>;
 
 /// A copy of the generic profile with `edit` applied, in its own folder.
-fn variant(dir: &Path, edit: impl Fn(String) -> String) -> PathBuf {
-    let text = std::fs::read_to_string(profiles().join("generic-x86_64.toml")).unwrap();
-    let text = text.replace(
-        "backbone = \"../models/assets/digits-conv.toml\"",
-        &format!(
-            "backbone = {:?}",
-            profiles().join("../models/assets/digits-conv.toml")
-        ),
-    );
-    let path = dir.join("device.toml");
-    std::fs::write(&path, edit(text)).unwrap();
-    path
+fn variant(dir: &Path, edit: impl FnOnce(String) -> String) -> PathBuf {
+    common::profile_copy("generic-x86_64.toml", dir, edit)
 }
 
 #[test]
 fn every_shipped_profile_passes_in_dry_run() {
-    for entry in std::fs::read_dir(profiles()).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "toml") {
-            continue;
-        }
-        // Profiles name system folders for the cache; check them against a writable one.
+    for path in common::shipped_profiles() {
+        // Profiles name system folders for the cache; check them against a writable one. The
+        // copy goes to a folder of its own, where other tests listing the profiles cannot see it.
         let dir = tempfile::tempdir().unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        let text: String = text
-            .lines()
-            .filter(|l| !l.starts_with("cache_dir"))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let copy = path.with_file_name(format!(
-            ".check-{}",
-            path.file_name().unwrap().to_string_lossy()
-        ));
-        std::fs::write(&copy, format!("cache_dir = {:?}\n{text}", dir.path())).unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        let mut text = String::new();
+        let name = path.file_name().unwrap().to_string_lossy();
+        let copy = common::profile_copy(&name, dir.path(), |original| {
+            text = original
+                .lines()
+                .filter(|l| !l.starts_with("cache_dir"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            format!("cache_dir = {cache:?}\n{text}")
+        });
         let checks = run_checks(&copy, true);
-        let _ = std::fs::remove_file(&copy);
         assert!(
             failures(&checks).is_empty(),
             "{}: {:?}",

@@ -1,0 +1,21 @@
+//! The workspace's end-to-end tests, in one binary so burn, tract and the brokers are linked
+//! once: one module per area, the shared helpers in `common`. They run the real pieces (edge
+//! agents, coordinator driver and binary, the embedded rumqttd or a mosquitto they start
+//! themselves, openssl, qemu) over loopback, each bounded in time; unit tests stay next to the
+//! code they test. Tests needing a tool that is missing skip, unless CI's
+//! `FEDGE_REQUIRE_MOSQUITTO=1` or `FEDGE_REQUIRE_ARM64=1` says it must be there.
+
+mod common;
+
+mod arm64;
+mod bad_input;
+mod bench_smoke;
+mod check;
+mod dashboards;
+mod federation;
+mod fleet;
+mod objectives;
+mod profiles;
+mod restart;
+mod tls;
+mod vanish;
