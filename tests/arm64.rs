@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::{DriverEvent, DriverOptions, FedAvg, RoundConfig, Rounds, driver};
 use fedge_models::HeadConfig;
 use fedge_mqtt::BrokerConfig;

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::{DriverOptions, FedAvg, RoundConfig, Rounds, driver};
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::{
@@ -186,7 +186,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
         .unwrap()
         .unwrap();
     assert_eq!(rounds.params(), &[0.75; PARAMS]);
-    let saved = fedge_coordinator::checkpoint::load(&checkpoint_path)
+    let saved = fedge_coordinator::store::checkpoint::load(&checkpoint_path)
         .unwrap()
         .expect("checkpoint written after the aggregation");
     assert_eq!(saved.params, vec![0.75; PARAMS]);

@@ -258,17 +258,17 @@ impl CoordinatorConfig {
     }
 
     /// The device keys named by `[auth] keys_file`, if any.
-    pub fn device_keys(&self) -> Result<Option<crate::round::DeviceKeys>, crate::keys::KeysError> {
+    pub fn device_keys(&self) -> Result<Option<crate::round::DeviceKeys>, crate::store::keys::KeysError> {
         self.auth
             .keys_file
             .as_deref()
-            .map(crate::keys::load)
+            .map(crate::store::keys::load)
             .transpose()
     }
 
     fn check(&self) -> Result<(), String> {
         fedge_wire::Topics::new(&self.federation).map_err(|e| format!("federation: {e}"))?;
-        self.strategy.build()?;
+        self.strategy.build().map_err(|e| e.to_string())?;
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
             return Err(format!("fraction must be in (0, 1], got {}", self.fraction));
         }
@@ -312,14 +312,14 @@ impl CoordinatorConfig {
             },
             seed: self.seed,
             insight: (self.train.objective == fedge_wire::Objective::FedDim).then_some(
-                crate::insight::InsightConfig {
+                crate::objectives::feddim::InsightConfig {
                     hidden: self.head.hidden,
                     classes: self.head.classes,
                     momentum: self.feddim.momentum,
                 },
             ),
             prototypes: (self.train.objective == fedge_wire::Objective::FedDdl).then_some(
-                crate::prototypes::PrototypeConfig {
+                crate::objectives::fedddl::PrototypeConfig {
                     hidden: self.head.hidden,
                     classes: self.head.classes,
                 },

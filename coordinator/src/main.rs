@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::config::CoordinatorConfig;
 use fedge_coordinator::strategy::{SolverKind, StrategyKind};
-use fedge_coordinator::{DriverOptions, Rounds, checkpoint, driver, npy, replay};
+use fedge_coordinator::replay::{self, npy};
+use fedge_coordinator::store::{checkpoint, journal, keys};
+use fedge_coordinator::{DriverOptions, Rounds, driver};
 use fedge_daemon::{LogFormat, init_logs};
 use fedge_wire::{HeadConfig, ModelLayout};
 
@@ -114,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
             once,
         } => watch(&broker, &federation, ca_file, once).await,
         Command::Keygen { client, keys, out } => {
-            fedge_coordinator::keys::keygen(&keys, &client, &out)?;
+            keys::keygen(&keys, &client, &out)?;
             println!(
                 "{client}: key written to {}, added to {}",
                 out.display(),
@@ -173,13 +175,13 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     };
     if let Some(dir) = &config.spill_dir {
         let bytes = config.spill_max_mb.saturating_mul(1 << 20);
-        let file = fedge_coordinator::spill::SpillFile::create(dir, bytes)
+        let file = fedge_coordinator::updates::spill::SpillFile::create(dir, bytes)
             .with_context(|| format!("cannot create the spill file in {}", dir.display()))?;
         tracing::info!(dir = %dir.display(), mb = config.spill_max_mb, "rounds beyond update_memory_mb spill to a mapped file");
         rounds.set_spill(file);
     }
     if let Some(path) = &journal_path {
-        let (log, ignored) = fedge_coordinator::journal::read(path)?;
+        let (log, ignored) = journal::read(path)?;
         if ignored > 0 {
             tracing::warn!(
                 bytes = ignored,
@@ -254,7 +256,7 @@ async fn watch(
     ca_file: Option<PathBuf>,
     once: Option<f64>,
 ) -> anyhow::Result<()> {
-    use fedge_coordinator::watch::{WatchState, render};
+    use fedge_coordinator::io::watch::{WatchState, render};
     use rumqttc::{Event, Packet, QoS};
     let mut broker = fedge_mqtt::BrokerConfig::parse_url(url).map_err(anyhow::Error::msg)?;
     if let Some(ca) = ca_file {

@@ -9,7 +9,7 @@ use fedge_mqtt::BrokerConfig;
 
 /// Euclidean norm, as the coordinator computes it.
 pub fn norm(v: &[f32]) -> f32 {
-    fedge_coordinator::round::l2_norm(v)
+    fedge_coordinator::updates::norms::l2_norm(v)
 }
 
 /// A mosquitto broker on a free loopback port, killed on drop.
@@ -46,7 +46,7 @@ impl Mosquitto {
             eprintln!("mosquitto not installed: skipping the interoperability test");
             return None;
         };
-        let port = fedge_coordinator::broker::free_loopback_addr()
+        let port = fedge_coordinator::io::broker::free_loopback_addr()
             .unwrap()
             .port();
         let dir = tempfile::tempdir().unwrap();

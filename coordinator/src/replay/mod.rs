@@ -9,7 +9,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::npy;
+pub mod npy;
+
 use crate::strategy::{Strategy, StrategyConfig};
 use crate::updates::RoundUpdates;
 
@@ -43,7 +44,7 @@ pub fn aggregate_files(
             config.strategy.name()
         ));
     }
-    let mut strategy = config.build()?;
+    let mut strategy = config.build().map_err(|e| e.to_string())?;
     let theta = npy::read_f32(global)?;
     let counts_path = deltas.join("counts.json");
     let text = std::fs::read_to_string(&counts_path)

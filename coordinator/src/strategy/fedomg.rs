@@ -11,7 +11,7 @@
 //! The solver needs only the N×N Gram matrix; the strategy reads it from the dot products the
 //! round streamed while updates arrived ([`crate::updates`]). Everything here is f64.
 
-use crate::strategy::{Aggregated, AggregationReport, Failure, Strategy, apply};
+use super::{Aggregated, AggregationReport, Failure, Strategy, apply};
 use crate::updates::RoundUpdates;
 
 /// Which solver finds `Γ*`.
@@ -38,12 +38,33 @@ impl Solver {
     }
 }
 
+/// FedOMG's solver of the weights `Γ` (`solver`, `--solver`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SolverKind {
+    /// The authors' 20 SGD steps.
+    #[default]
+    Reference,
+    /// Projected gradient until the Frank–Wolfe gap closes.
+    Converged,
+}
+
 impl Solver {
     /// The solver named `kind`, with the converged solver's tolerance and iteration cap.
-    pub fn of(kind: crate::strategy::SolverKind) -> Self {
+    pub fn of(kind: SolverKind) -> Self {
         match kind {
-            crate::strategy::SolverKind::Reference => Solver::Reference,
-            crate::strategy::SolverKind::Converged => Solver::Converged {
+            SolverKind::Reference => Solver::Reference,
+            SolverKind::Converged => Solver::Converged {
                 tolerance: 1e-10,
                 max_iterations: 100_000,
             },
@@ -302,7 +323,7 @@ mod tests {
             &gram,
             3,
             &FedOmgConfig {
-                solver: Solver::of(crate::strategy::SolverKind::Converged),
+                solver: Solver::of(SolverKind::Converged),
                 ..FedOmgConfig::default()
             },
         );
@@ -488,7 +509,7 @@ mod strategy_tests {
             // The reference solver's 20 steps are reproduced to rounding. The converged one stops
             // at a duality gap of 1e-10, which pins the objective, not Γ: where the objective is
             // flat, Γ can differ by about sqrt(gap).
-            for (solver, tolerance) in [(crate::strategy::SolverKind::Reference, 1e-7), (crate::strategy::SolverKind::Converged, 1e-4)] {
+            for (solver, tolerance) in [(SolverKind::Reference, 1e-7), (SolverKind::Converged, 1e-4)] {
                 let config = FedOmgConfig { solver: Solver::of(solver), ..FedOmgConfig::default() };
                 let a = solve(&gram_of(&rows), n, &config);
                 let b = solve(&gram_of(&permuted), n, &config);
@@ -518,7 +539,7 @@ mod strategy_tests {
             for (x, y) in a.gamma.iter().zip(&b.gamma) {
                 prop_assert!((x - y).abs() < 1e-7, "{:?} vs {:?}", a.gamma, b.gamma);
             }
-            let converged = FedOmgConfig { solver: Solver::of(crate::strategy::SolverKind::Converged), ..config };
+            let converged = FedOmgConfig { solver: Solver::of(SolverKind::Converged), ..config };
             let a = solve(&gram_of(&base), n, &converged);
             let b = solve(&gram_of(&scaled), n, &converged);
             prop_assert!((a.objective - b.objective).abs() < 1e-8 * a.objective.abs().max(1.0));
@@ -531,7 +552,7 @@ mod strategy_tests {
             let reference = solve(&gram, n, &FedOmgConfig { kappa, ..FedOmgConfig::default() });
             let converged = solve(&gram, n, &FedOmgConfig {
                 kappa,
-                solver: Solver::of(crate::strategy::SolverKind::Converged),
+                solver: Solver::of(SolverKind::Converged),
                 ..FedOmgConfig::default()
             });
             prop_assert!(converged.objective <= reference.objective + 1e-9,

@@ -2,6 +2,8 @@
 //! and norm bounds.
 
 use super::tests::{M, config, drain, reports, update};
+use std::sync::Arc;
+
 use super::*;
 use crate::strategy::FedAvg;
 

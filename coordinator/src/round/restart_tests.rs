@@ -3,7 +3,7 @@
 
 use super::tests::{M, config, drain, update};
 use super::*;
-use crate::journal::{OpenRoundLog, Record};
+use super::saved::{OpenRoundLog, Record};
 use crate::strategy::{FedAvg, ServerMomentum};
 
 fn journaled() -> RoundConfig {

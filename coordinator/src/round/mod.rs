@@ -1,0 +1,713 @@
+//! The round state machine: sans-IO, no clock.
+//!
+//! Inputs are method calls with the current time in milliseconds (from any monotonic
+//! origin the driver chooses): [`Rounds::handle_client_status`], [`Rounds::handle_packet`],
+//! [`Rounds::handle_timeout`]. Outputs are drained with [`Rounds::poll_output`], and
+//! [`Rounds::poll_timeout`] says when `handle_timeout` must be called next. The machine never
+//! reads a clock, never touches the network or the disk, and has no I/O error: the same
+//! multi-round scenario replays identically with simulated time, without a broker.
+//!
+//! # Round life
+//!
+//! `Waiting` (fewer than `min_clients` online) → `Training` (task published, updates
+//! collected until every selected client reported or the deadline passed) → aggregation →
+//! next round's `Training`, until `rounds` are done (`Finished`). At the deadline with fewer
+//! than `min_updates` accepted updates the deadline is extended once; if the quorum is still
+//! missing, the round is abandoned, the model is kept and a new round re-samples clients.
+
+mod admit;
+mod open;
+pub mod saved;
+pub mod types;
+mod validate;
+
+pub use saved::{Checkpoint, OpenRoundLog, Record};
+pub use types::{DeviceKeys, Output, Phase, Rejection, RoundConfig, RoundReport};
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use fedge_wire::{
+    ClientUpdate, DecodeError, DeviceKey, Message, Reassembler, RoundTask, TensorF32,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::IteratorRandom;
+
+use crate::objectives::fedddl::GlobalPrototypes;
+use crate::objectives::feddim::GlobalInsight;
+use crate::strategy::{Failure, StateError, Strategy};
+use crate::updates::norms::l2_norm;
+use crate::updates::spill::SpillFile;
+use crate::updates::{Arena, RoundUpdates, UpdatesConfig};
+use open::{OpenRound, weighted_mean};
+
+/// A checkpoint that does not belong to this machine's configuration.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResumeError {
+    /// Written by another strategy.
+    #[error("the checkpoint was written by strategy {saved:?}, this coordinator runs {running:?}")]
+    Strategy {
+        /// The checkpoint's strategy.
+        saved: String,
+        /// This coordinator's strategy.
+        running: String,
+    },
+    /// Another head size.
+    #[error("the checkpoint holds {saved} parameters, the configured head has {expected}")]
+    Params {
+        /// Parameters in the checkpoint.
+        saved: usize,
+        /// Parameters of the configured head.
+        expected: usize,
+    },
+    /// The strategy's buffers do not fit it.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// FedDIM's `Ī` of another shape, or without FedDIM configured.
+    #[error("the checkpoint holds {0} insight values, which do not fit this configuration")]
+    Insight(usize),
+    /// FedDDL's `U_G` of another shape, or without FedDDL configured.
+    #[error("the checkpoint holds {0} prototype values, which do not fit this configuration")]
+    Prototypes(usize),
+}
+
+/// The round state machine.
+pub struct Rounds {
+    config: RoundConfig,
+    strategy: Box<dyn Strategy>,
+    params: Vec<f32>,
+    online: BTreeSet<String>,
+    phase: Phase,
+    next_round: u64,
+    open: Option<OpenRound>,
+    rejected_total: BTreeMap<&'static str, u64>,
+    reassembler: Reassembler,
+    rng: StdRng,
+    outputs: VecDeque<Output>,
+    last_report: Option<RoundReport>,
+    aggregated_rounds: u64,
+    last_closed: u64,
+    /// The last round's delta arena (with the spill file, if the driver gave one), reused by
+    /// the next round.
+    spare_arena: Arena,
+    /// FedDIM's server side (the global `Ī`), when devices train with FedDIM.
+    insight: Option<GlobalInsight>,
+    /// FedDDL's server side (the global `U_G`), when devices train with FedDDL.
+    prototypes: Option<GlobalPrototypes>,
+}
+
+impl Rounds {
+    /// A machine starting at round 1 from `initial` parameters.
+    pub fn new(config: RoundConfig, mut strategy: Box<dyn Strategy>, initial: Vec<f32>) -> Self {
+        let initial = strategy.initialize_parameters(initial);
+        let rng = StdRng::seed_from_u64(config.seed);
+        let reassembler =
+            Reassembler::new(config.reassembly_timeout_ms, fedge_wire::MAX_MESSAGE_BYTES);
+        Self {
+            strategy,
+            params: initial,
+            online: BTreeSet::new(),
+            phase: Phase::Waiting,
+            next_round: 1,
+            open: None,
+            rejected_total: BTreeMap::new(),
+            reassembler,
+            rng,
+            outputs: Default::default(),
+            last_report: None,
+            aggregated_rounds: 0,
+            last_closed: 0,
+            spare_arena: Default::default(),
+            insight: config.insight.map(GlobalInsight::new),
+            prototypes: config.prototypes.map(GlobalPrototypes::new),
+            config,
+        }
+    }
+
+    /// Gives the machine a spill file for the deltas of rounds that outgrow
+    /// `update_memory_bytes` (see [`crate::updates::spill`]); the driver's side of the machine's memory.
+    /// Rounds opened after the call use it: give it before clients come online.
+    pub fn set_spill(&mut self, file: SpillFile) {
+        self.spare_arena = Arena::with_spill(file);
+    }
+
+    /// Whether the open round's deltas are in the spill file.
+    pub fn round_spilled(&self) -> bool {
+        self.open.as_ref().is_some_and(|o| o.accepted.is_spilled())
+    }
+
+    /// A machine continuing from a checkpoint: its parameters, next round and strategy
+    /// buffers. Errors when the checkpoint belongs to another strategy or head size.
+    pub fn resume(
+        config: RoundConfig,
+        mut strategy: Box<dyn Strategy>,
+        checkpoint: Checkpoint,
+        expected_params: usize,
+    ) -> Result<Self, ResumeError> {
+        if checkpoint.strategy != strategy.name() {
+            return Err(ResumeError::Strategy {
+                saved: checkpoint.strategy,
+                running: strategy.name().to_owned(),
+            });
+        }
+        if checkpoint.params.len() != expected_params {
+            return Err(ResumeError::Params {
+                saved: checkpoint.params.len(),
+                expected: expected_params,
+            });
+        }
+        strategy.restore(&checkpoint.strategy_state)?;
+        let mut rounds = Self::new(config, strategy, Vec::new());
+        if !checkpoint.insight.is_empty() {
+            match rounds.insight.as_mut() {
+                Some(insight) if insight.fits(&checkpoint.insight) => {
+                    insight.restore(checkpoint.insight);
+                }
+                _ => return Err(ResumeError::Insight(checkpoint.insight.len())),
+            }
+        }
+        if !checkpoint.prototypes.is_empty() {
+            match rounds.prototypes.as_mut() {
+                Some(prototypes) if prototypes.fits(&checkpoint.prototypes) => {
+                    prototypes.restore(checkpoint.prototypes);
+                }
+                _ => return Err(ResumeError::Prototypes(checkpoint.prototypes.len())),
+            }
+        }
+        rounds.params = checkpoint.params;
+        rounds.next_round = checkpoint.next_round.max(1);
+        rounds.last_closed = rounds.next_round - 1;
+        rounds.aggregated_rounds = checkpoint.aggregated_rounds;
+        if rounds.config.rounds > 0 && rounds.aggregated_rounds >= rounds.config.rounds {
+            rounds.phase = Phase::Finished;
+            rounds.outputs.push_back(Output::StatusChanged);
+            rounds.outputs.push_back(Output::Finished);
+        }
+        Ok(rounds)
+    }
+
+    /// The state to save after an aggregation.
+    pub fn checkpoint(&self, federation: &str) -> Checkpoint {
+        Checkpoint {
+            federation: federation.to_owned(),
+            strategy: self.strategy.name().to_owned(),
+            // The round opened after the last close is redone after a restart.
+            next_round: self.last_closed + 1,
+            aggregated_rounds: self.aggregated_rounds,
+            params: self.params.clone(),
+            strategy_state: self.strategy.state(),
+            insight: self.insight().map(<[f32]>::to_vec).unwrap_or_default(),
+            prototypes: self.prototypes().map(<[f32]>::to_vec).unwrap_or_default(),
+        }
+    }
+
+    /// Rounds aggregated so far.
+    pub fn aggregated_rounds(&self) -> u64 {
+        self.aggregated_rounds
+    }
+
+    /// Current global parameters.
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// Current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The open round's deadline (machine time), if a round is open.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.open.as_ref().map(|o| o.deadline_ms)
+    }
+
+    /// Finer than [`Phase`]: `waiting`, `collecting`, `extended` (past the first deadline below
+    /// quorum), `finished`.
+    pub fn phase_detail(&self) -> &'static str {
+        match (&self.phase, &self.open) {
+            (Phase::Training, Some(open)) if open.extended => "extended",
+            (Phase::Training, _) => "collecting",
+            (phase, _) => phase.name(),
+        }
+    }
+
+    /// The round open now, or the last one started.
+    pub fn round(&self) -> u64 {
+        self.open
+            .as_ref()
+            .map(|o| o.round)
+            .unwrap_or(self.next_round.saturating_sub(1))
+    }
+
+    /// The strategy's name.
+    pub fn strategy_name(&self) -> &str {
+        self.strategy.name()
+    }
+
+    /// The strategy's solver, if it has one.
+    pub fn strategy_solver(&self) -> Option<&str> {
+        self.strategy.solver()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RoundConfig {
+        &self.config
+    }
+
+    /// Clients known to be online.
+    pub fn online(&self) -> &BTreeSet<String> {
+        &self.online
+    }
+
+    /// Clients selected in the open round.
+    pub fn selected(&self) -> usize {
+        self.open.as_ref().map(|o| o.selected.len()).unwrap_or(0)
+    }
+
+    /// Updates accepted in the open round.
+    pub fn reported(&self) -> usize {
+        self.open.as_ref().map(|o| o.accepted.len()).unwrap_or(0)
+    }
+
+    /// All rejections since start, by reason.
+    pub fn rejected_total(&self) -> &BTreeMap<&'static str, u64> {
+        &self.rejected_total
+    }
+
+    /// The last round's report.
+    pub fn last_report(&self) -> Option<&RoundReport> {
+        self.last_report.as_ref()
+    }
+
+    /// A client's retained status said it is (or is no longer) online.
+    ///
+    /// With authentication on, a device without a key is never selected: its status is
+    /// rejected as `unknown_device`.
+    pub fn handle_client_status(&mut self, client: &str, online: bool, now_ms: u64) {
+        if admit::unknown_device(self.config.auth.as_deref(), client) {
+            if online {
+                let detail = "status from a device without a key; not selected".to_owned();
+                self.reject(client, Rejection::UnknownDevice, detail);
+            }
+            return;
+        }
+        let changed = if online {
+            self.online.insert(client.to_owned())
+        } else {
+            self.online.remove(client)
+        };
+        if changed {
+            self.outputs.push_back(Output::StatusChanged);
+        }
+        if self.phase == Phase::Waiting {
+            self.try_start(now_ms);
+        }
+    }
+
+    /// Starts rounds once enough clients are online; call once after construction too.
+    pub fn start(&mut self, now_ms: u64) {
+        if self.phase == Phase::Waiting {
+            self.try_start(now_ms);
+        }
+    }
+
+    /// A payload arrived on `client`'s update topic.
+    pub fn handle_packet(&mut self, client: &str, payload: &[u8], now_ms: u64) {
+        if let Some(open) = self.open.as_mut() {
+            open.bytes_up += payload.len() as u64;
+        }
+        // Unknown devices are turned away before their chunks take reassembly memory.
+        if admit::unknown_device(self.config.auth.as_deref(), client) {
+            let detail = "update from a device without a key".to_owned();
+            self.reject(client, Rejection::UnknownDevice, detail);
+            return;
+        }
+        let auth = self.config.auth.clone();
+        let auth = auth.as_deref();
+        let message = match admit::decode(auth, payload) {
+            Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
+                Ok(Some(frame)) => admit::decode(auth, &frame).and_then(|m| match m {
+                    Message::Chunk(_) => {
+                        Err(DecodeError::Malformed("a chunk inside chunks".into()))
+                    }
+                    other => Ok(other),
+                }),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            },
+            other => other,
+        };
+        let update = message
+            .map_err(|e| (Rejection::of_decode(&e), e.to_string()))
+            .and_then(|m| admit::authenticated_update(auth, client, m));
+        match update {
+            Ok(update) => self.handle_update(client, update, now_ms),
+            Err((reason, detail)) => self.reject(client, reason, detail),
+        }
+    }
+
+    fn handle_update(&mut self, client: &str, update: ClientUpdate, now_ms: u64) {
+        let open = self.open.as_ref();
+        let checked = validate::validate(&self.config, open, self.params.len(), client, &update);
+        if let Err((reason, detail)) = checked {
+            self.reject(client, reason, detail);
+            return;
+        }
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
+        let n = update.num_samples;
+        if let Err(e) = open.accepted.push_tensor(client, n, &update.delta) {
+            self.reject(client, Rejection::MemoryBudget, e.to_string());
+            return;
+        }
+        if let Some(stats) = &update.class_stats
+            && self.config.insight.is_some()
+        {
+            open.class_stats.insert(
+                client.to_owned(),
+                (stats.counts.clone(), stats.means.to_vec()),
+            );
+        }
+        if let Some(stats) = &update.prototypes
+            && self.config.prototypes.is_some()
+        {
+            open.prototypes.insert(
+                client.to_owned(),
+                (stats.counts.clone(), stats.means.to_vec()),
+            );
+        }
+        open.val
+            .push((update.metrics.val_accuracy, update.metrics.val_samples));
+        open.loss.push((update.metrics.train_loss, n));
+        if self.config.journal {
+            let round = open.round;
+            let frame = fedge_wire::encode(&Message::ClientUpdate(update));
+            let client = client.to_owned();
+            self.outputs.push_back(Output::Journal(Record::Accepted {
+                round,
+                client,
+                frame,
+            }));
+        }
+        self.outputs.push_back(Output::StatusChanged);
+        if open.accepted.len() == open.selected.len() {
+            self.close_round(now_ms);
+        }
+    }
+
+    fn reject(&mut self, client: &str, reason: Rejection, detail: String) {
+        let mut open = self.open.take();
+        self.count_rejection(open.as_mut(), client, reason, detail);
+        self.open = open;
+    }
+
+    /// The bookkeeping of a rejection: totals, the round's counts and failures (when `open` is
+    /// the round it happened in), the output for the driver.
+    fn count_rejection(
+        &mut self,
+        open: Option<&mut OpenRound>,
+        client: &str,
+        reason: Rejection,
+        detail: String,
+    ) {
+        *self.rejected_total.entry(reason.name()).or_default() += 1;
+        if let Some(open) = open {
+            open.count_rejection(client, reason.name());
+        }
+        self.outputs.push_back(Output::Rejected {
+            client: client.to_owned(),
+            reason,
+            detail,
+        });
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    /// Time passed; closes rounds whose deadline is due and drops stale partial chunks.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        for sender in self.reassembler.expire_senders(now_ms) {
+            let detail = "chunk stream did not complete in time".to_owned();
+            self.reject(&sender, Rejection::Incomplete, detail);
+        }
+        let Some(open) = self.open.as_mut() else {
+            if self.phase == Phase::Waiting {
+                self.try_start(now_ms);
+            }
+            return;
+        };
+        if now_ms < open.deadline_ms {
+            return;
+        }
+        if open.accepted.len() >= self.config.min_updates.max(1) {
+            self.close_round(now_ms);
+        } else if !open.extended {
+            open.extended = true;
+            open.deadline_ms = now_ms + self.config.round_timeout_ms;
+            self.outputs.push_back(Output::StatusChanged);
+        } else {
+            self.close_round(now_ms);
+        }
+    }
+
+    /// Asks for the open round's task to be published again (after a broker reconnect).
+    pub fn republish_task(&mut self) {
+        if let Some(open) = &self.open {
+            self.outputs.push_back(Output::PublishTask {
+                round: open.round,
+                frame: open.task_frame.clone(),
+            });
+        }
+    }
+
+    /// Asks for the status document to be published again.
+    pub fn touch_status(&mut self) {
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    /// When `handle_timeout` must be called next, if ever.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let deadline = self.open.as_ref().map(|o| o.deadline_ms);
+        match (deadline, self.reassembler.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    fn try_start(&mut self, now_ms: u64) {
+        if self.online.len() >= self.config.min_clients.max(1) {
+            self.open_round(now_ms);
+        }
+    }
+
+    fn open_round(&mut self, now_ms: u64) {
+        let online = self.online.len();
+        // The epsilon keeps 0.3 × 10 at 3 despite f32 rounding.
+        let share =
+            (self.config.fraction.clamp(0.0, 1.0) as f64 * online as f64 - 1e-6).ceil() as usize;
+        let wanted = share
+            .max(self.config.min_clients.min(online))
+            .max(1)
+            .min(online);
+        if online == 0 {
+            self.phase = Phase::Waiting;
+            self.outputs.push_back(Output::StatusChanged);
+            return;
+        }
+        let mut selected: Vec<String> = self
+            .online
+            .iter()
+            .cloned()
+            .choose_multiple(&mut self.rng, wanted);
+        selected.sort();
+        self.open_with(selected, now_ms);
+    }
+
+    /// Resumes the round a journal says was open, with its clients and the updates it had
+    /// accepted (validated again); returns the round and how many updates it holds. Does
+    /// nothing (`None`) unless the machine is waiting and the journal's round is not older than
+    /// the next round (a journal left from before the last checkpoint is stale).
+    pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> Option<(u64, usize)> {
+        let (round, mut selected) = log.opened?;
+        if self.phase != Phase::Waiting || round < self.next_round || selected.is_empty() {
+            return None;
+        }
+        selected.sort();
+        selected.dedup();
+        self.next_round = round;
+        self.last_closed = round - 1;
+        self.open_with(selected, now_ms);
+        for (client, frame) in log.accepted {
+            if self.open.is_none() {
+                break;
+            }
+            match fedge_wire::decode(&frame) {
+                Ok(Message::ClientUpdate(update)) => self.handle_update(&client, update, now_ms),
+                _ => self.reject(
+                    &client,
+                    Rejection::Malformed,
+                    "damaged journal record".into(),
+                ),
+            }
+        }
+        // Every selected client may already be in: the round then closed above.
+        Some((round, self.open.as_ref().map_or(0, |o| o.accepted.len())))
+    }
+
+    /// Opens the next round with these (sorted) clients.
+    fn open_with(&mut self, selected: Vec<String>, now_ms: u64) {
+        // Every selected client may be halfway through a chunked update at the same moment (a
+        // fleet answering one task); with room for fewer, the oldest partial updates would be
+        // evicted and time out as `incomplete` (seen with 1,000 devices and the journal on).
+        let room = (2 * selected.len()).max(fedge_wire::DEFAULT_MAX_PENDING);
+        self.reassembler.set_max_pending(room);
+        let round = self.next_round;
+        self.next_round += 1;
+        let task = RoundTask {
+            round,
+            selected: selected.clone(),
+            params: TensorF32::from_slice(&self.params),
+            train: self.strategy.configure_round(round, &self.config.train),
+            deadline_ms: self.config.round_timeout_ms,
+            insight: self.insight.as_ref().and_then(GlobalInsight::tensor),
+            prototypes: self.prototypes.as_ref().and_then(GlobalPrototypes::tensor),
+        };
+        let mut frame = fedge_wire::encode(&Message::RoundTask(task));
+        if let Some(keys) = &self.config.auth {
+            // Selected clients are online, and only devices with keys go online.
+            let signers: Vec<(&str, &DeviceKey)> = selected
+                .iter()
+                .filter_map(|c| keys.get(c).map(|k| (c.as_str(), k)))
+                .collect();
+            frame = fedge_wire::seal(frame, &signers);
+        }
+        let held = UpdatesConfig {
+            dots: self.strategy.needs_dots(),
+            budget_bytes: self.config.update_memory_bytes,
+            ..UpdatesConfig::default()
+        };
+        let accepted = RoundUpdates::reusing(
+            std::mem::take(&mut self.spare_arena),
+            self.params.len(),
+            selected.len(),
+            held,
+        );
+        let times = (now_ms, now_ms + self.config.round_timeout_ms);
+        self.open = Some(OpenRound::new(round, selected, accepted, times, frame.clone()));
+        self.phase = Phase::Training;
+        if self.config.journal {
+            let selected = self
+                .open
+                .as_ref()
+                .map(|o| o.selected.iter().cloned().collect());
+            self.outputs.push_back(Output::Journal(Record::Opened {
+                round,
+                selected: selected.unwrap_or_default(),
+            }));
+        }
+        self.outputs.push_back(Output::PublishTask { round, frame });
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    fn close_round(&mut self, now_ms: u64) {
+        let Some(mut open) = self.open.take() else {
+            return;
+        };
+        self.last_closed = open.round;
+        // Views are in client order whatever the arrival order, so a seeded run reproduces.
+        open.accepted.finish();
+        self.drop_norm_outliers(&mut open);
+        let aggregated =
+            !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
+        let reported: Vec<String> = (0..open.accepted.len())
+            .map(|i| open.accepted.client(i).to_owned())
+            .collect();
+        let mut aggregation = None;
+        if aggregated {
+            for client in &open.selected {
+                let failed = open.failures.iter().any(|f| &f.client == client);
+                if !failed && !open.accepted.contains(client) {
+                    open.failures.push(Failure {
+                        client: client.clone(),
+                        reason: "no_report".into(),
+                    });
+                }
+            }
+            let result = self
+                .strategy
+                .aggregate(&self.params, &open.accepted, &open.failures);
+            if let Some(insight) = self.insight.as_mut() {
+                insight.fold(&self.params, &open.accepted, &open.class_stats);
+            }
+            if let Some(prototypes) = self.prototypes.as_mut() {
+                prototypes.fold(&open.accepted, &open.prototypes);
+            }
+            self.params = result.params;
+            aggregation = Some(result.report);
+        }
+        let mut failures: BTreeMap<String, String> = open
+            .selected
+            .iter()
+            .filter(|c| !reported.contains(c))
+            .map(|c| (c.clone(), "no_report".to_owned()))
+            .collect();
+        for failure in &open.failures {
+            if let Some(reason) = failures.get_mut(&failure.client) {
+                reason.clone_from(&failure.reason);
+            }
+        }
+        let report = RoundReport {
+            round: open.round,
+            aggregated,
+            failures,
+            selected: open.selected.iter().cloned().collect(),
+            reported,
+            rejected: open.rejected,
+            bytes_up: open.bytes_up,
+            bytes_down: open.task_frame.len() as u64 * open.selected.len() as u64,
+            duration_ms: now_ms.saturating_sub(open.opened_ms),
+            source_val_accuracy: weighted_mean(&open.val),
+            train_loss: weighted_mean(&open.loss),
+            params_norm: l2_norm(&self.params),
+            aggregation,
+        };
+        self.spare_arena = open.accepted.into_arena();
+        self.last_report = Some(report.clone());
+        self.outputs.push_back(Output::RoundEnded(report));
+        if aggregated {
+            self.aggregated_rounds += 1;
+        }
+        let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
+        if done {
+            self.phase = Phase::Finished;
+            self.outputs.push_back(Output::StatusChanged);
+            self.outputs.push_back(Output::Finished);
+        } else {
+            self.phase = Phase::Waiting;
+            self.try_start(now_ms);
+            if self.phase == Phase::Waiting {
+                self.outputs.push_back(Output::StatusChanged);
+            }
+        }
+    }
+}
+
+impl Rounds {
+    /// Drops updates whose norm passes `max_norm_ratio` × the round's median norm.
+    fn drop_norm_outliers(&mut self, open: &mut OpenRound) {
+        let ratio = self.config.max_norm_ratio;
+        let Some((keep, dropped)) = validate::norm_outliers(ratio, &open.accepted) else {
+            return;
+        };
+        open.accepted.retain(&keep);
+        for (client, norm) in dropped {
+            open.class_stats.remove(&client);
+            open.prototypes.remove(&client);
+            let detail = format!("delta norm {norm:.4} above {ratio} × the round's median norm");
+            self.count_rejection(Some(open), &client, Rejection::Norm, detail);
+        }
+    }
+
+    /// FedDDL's global prototypes `U_G`, if any.
+    pub fn prototypes(&self) -> Option<&[f32]> {
+        self.prototypes.as_ref()?.global()
+    }
+
+    /// FedDIM's global `Ī`, if any.
+    pub fn insight(&self) -> Option<&[f32]> {
+        self.insight.as_ref()?.global()
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod guard_tests;
+
+#[cfg(test)]
+mod restart_tests;
