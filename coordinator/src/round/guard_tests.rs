@@ -4,6 +4,8 @@
 use super::tests::{M, config, drain, reports, update};
 use std::sync::Arc;
 
+use fedge_wire::DeviceKey;
+
 use super::*;
 use crate::strategy::FedAvg;
 

@@ -1,5 +1,7 @@
 //! Tests of the round state machine, with simulated time and no broker.
 
+use fedge_wire::{RoundTask, TensorF32};
+
 use super::*;
 use crate::objectives::feddim::InsightConfig;
 use crate::strategy::FedAvg;
