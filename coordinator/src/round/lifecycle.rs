@@ -1,7 +1,7 @@
 //! Opening and closing rounds: sampling the clients, the task (with its tags and the
 //! objectives' global tensors), the journal's `Opened` record; at the close, the norm guard,
-//! the aggregation, the objectives' folding and the round's report. Called by the machine's
-//! inputs in `mod.rs`; no I/O.
+//! the aggregation, the objectives' folding and the round's report; and the bookkeeping of a
+//! rejection. Called by the machine's inputs in `mod.rs` and never calls back into them; no I/O.
 
 use std::collections::BTreeMap;
 
@@ -198,5 +198,33 @@ impl Rounds {
             let detail = format!("delta norm {norm:.4} above {ratio} × the round's median norm");
             self.count_rejection(Some(open), &client, Rejection::Norm, detail);
         }
+    }
+
+    /// Counts a rejection of `client`'s message in the open round, if any.
+    pub(super) fn reject(&mut self, client: &str, reason: Rejection, detail: String) {
+        let mut open = self.open.take();
+        self.count_rejection(open.as_mut(), client, reason, detail);
+        self.open = open;
+    }
+
+    /// The bookkeeping of a rejection: totals, the round's counts and failures (when `open` is
+    /// the round it happened in), the output for the driver.
+    pub(super) fn count_rejection(
+        &mut self,
+        open: Option<&mut OpenRound>,
+        client: &str,
+        reason: Rejection,
+        detail: String,
+    ) {
+        *self.rejected_total.entry(reason.name()).or_default() += 1;
+        if let Some(open) = open {
+            open.count_rejection(client, reason.name());
+        }
+        self.outputs.push_back(Output::Rejected {
+            client: client.to_owned(),
+            reason,
+            detail,
+        });
+        self.outputs.push_back(Output::StatusChanged);
     }
 }

@@ -393,33 +393,6 @@ impl Rounds {
         }
     }
 
-    fn reject(&mut self, client: &str, reason: Rejection, detail: String) {
-        let mut open = self.open.take();
-        self.count_rejection(open.as_mut(), client, reason, detail);
-        self.open = open;
-    }
-
-    /// The bookkeeping of a rejection: totals, the round's counts and failures (when `open` is
-    /// the round it happened in), the output for the driver.
-    fn count_rejection(
-        &mut self,
-        open: Option<&mut OpenRound>,
-        client: &str,
-        reason: Rejection,
-        detail: String,
-    ) {
-        *self.rejected_total.entry(reason.name()).or_default() += 1;
-        if let Some(open) = open {
-            open.count_rejection(client, reason.name());
-        }
-        self.outputs.push_back(Output::Rejected {
-            client: client.to_owned(),
-            reason,
-            detail,
-        });
-        self.outputs.push_back(Output::StatusChanged);
-    }
-
     /// Time passed; closes rounds whose deadline is due and drops stale partial chunks.
     pub fn handle_timeout(&mut self, now_ms: u64) {
         for sender in self.reassembler.expire_senders(now_ms) {
