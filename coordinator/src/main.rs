@@ -11,7 +11,7 @@ use fedge_coordinator::replay::{self, npy};
 use fedge_coordinator::store::{checkpoint, journal, keys};
 use fedge_coordinator::{DriverOptions, Rounds, driver};
 use fedge_daemon::{LogFormat, init_logs};
-use fedge_wire::{HeadConfig, ModelLayout};
+use fedge_wire::ModelLayout;
 
 #[derive(Parser)]
 #[command(
@@ -136,15 +136,13 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         let broker = start_embedded(addr, &BrokerLimits::default())?;
         tracing::info!(addr = %broker.addr, "embedded broker listening");
     }
-    let head =
-        HeadConfig::new(config.head.features, config.head.classes).with_hidden(config.head.hidden);
     // Stable-FedADG's generator travels after the head.
-    let layout = ModelLayout::new(head, config.train.objective.carries_generator());
+    let layout = ModelLayout::new(config.head.clone(), config.train.objective.carries_generator());
     let initial = match &config.initial_params {
         Some(file) => read_f32_file(file, layout.num_params())?,
         None => layout.init_flat(config.seed),
     };
-    let strategy = config.strategy.build().map_err(anyhow::Error::msg)?;
+    let strategy = config.strategy.build()?;
     let mut round_config = config.round_config();
     if let Some(keys) = config.device_keys()? {
         tracing::info!(devices = keys.len(), "device authentication on");
@@ -168,7 +166,6 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
                 "resuming from the checkpoint"
             );
             Rounds::resume(round_config, strategy, saved, layout.num_params())
-                .map_err(anyhow::Error::msg)
                 .context("cannot resume from the checkpoint; move the state directory away to start afresh")?
         }
         None => Rounds::new(round_config, strategy, initial),
@@ -224,8 +221,8 @@ fn aggregate(args: AggregateArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let (params, report) =
-        replay::aggregate_files(&config, &args.global, &args.deltas).map_err(anyhow::Error::msg)?;
-    npy::write_f32(&args.out, &params).map_err(anyhow::Error::msg)?;
+        replay::aggregate_files(&config, &args.global, &args.deltas)?;
+    npy::write_f32(&args.out, &params)?;
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.report {
         std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
