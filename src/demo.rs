@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::strategy::StrategyConfig;
 use fedge_coordinator::{
     DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, Strategy, driver,

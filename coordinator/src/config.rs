@@ -286,7 +286,9 @@ impl CoordinatorConfig {
     }
 
     /// The device keys named by `[auth] keys_file`, if any.
-    pub fn device_keys(&self) -> Result<Option<crate::round::DeviceKeys>, crate::store::keys::KeysError> {
+    pub fn device_keys(
+        &self,
+    ) -> Result<Option<crate::round::DeviceKeys>, crate::store::keys::KeysError> {
         self.auth
             .keys_file
             .as_deref()
@@ -366,10 +368,7 @@ mod tests {
     fn shipped_example_config_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/coordinator.toml");
         let config = CoordinatorConfig::load(&path).unwrap();
-        assert_eq!(
-            config.head,
-            HeadConfig::new(512, 10).with_hidden(64)
-        );
+        assert_eq!(config.head, HeadConfig::new(512, 10).with_hidden(64));
         assert_eq!(config.round_config().round_timeout_ms, 60_000);
     }
 

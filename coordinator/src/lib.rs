@@ -37,10 +37,7 @@ pub use io::driver::{self, DriverError, DriverEvent, DriverOptions, Evaluator};
 pub use objectives::fedddl::PrototypeConfig;
 pub use objectives::feddim::InsightConfig;
 pub use round::{
-    Checkpoint, DeviceKeys, Output, Phase, Rejection, ResumeError, RoundConfig, RoundReport,
-    Rounds,
+    Checkpoint, DeviceKeys, Output, Phase, Rejection, ResumeError, RoundConfig, RoundReport, Rounds,
 };
-pub use strategy::{
-    Aggregated, AggregationReport, FedAvg, Strategy, StrategyConfig, StrategyKind,
-};
+pub use strategy::{Aggregated, AggregationReport, FedAvg, Strategy, StrategyConfig, StrategyKind};
 pub use updates::RoundUpdates;

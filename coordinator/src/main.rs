@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::config::CoordinatorConfig;
-use fedge_coordinator::strategy::{SolverKind, StrategyKind};
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::replay::{self, npy};
 use fedge_coordinator::store::{checkpoint, journal, keys};
+use fedge_coordinator::strategy::{SolverKind, StrategyKind};
 use fedge_coordinator::{DriverOptions, Rounds, driver};
 use fedge_daemon::{LogFormat, init_logs};
 use fedge_wire::ModelLayout;
@@ -137,7 +137,10 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         tracing::info!(addr = %broker.addr, "embedded broker listening");
     }
     // Stable-FedADG's generator travels after the head.
-    let layout = ModelLayout::new(config.head.clone(), config.train.objective.carries_generator());
+    let layout = ModelLayout::new(
+        config.head.clone(),
+        config.train.objective.carries_generator(),
+    );
     let initial = match &config.initial_params {
         Some(file) => read_f32_file(file, layout.num_params())?,
         None => layout.init_flat(config.seed),
@@ -165,8 +168,9 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
                 next_round = saved.next_round,
                 "resuming from the checkpoint"
             );
-            Rounds::resume(round_config, strategy, saved, layout.num_params())
-                .context("cannot resume from the checkpoint; move the state directory away to start afresh")?
+            Rounds::resume(round_config, strategy, saved, layout.num_params()).context(
+                "cannot resume from the checkpoint; move the state directory away to start afresh",
+            )?
         }
         None => Rounds::new(round_config, strategy, initial),
     };
@@ -220,8 +224,7 @@ fn aggregate(args: AggregateArgs) -> anyhow::Result<()> {
         solver: args.solver,
         ..Default::default()
     };
-    let (params, report) =
-        replay::aggregate_files(&config, &args.global, &args.deltas)?;
+    let (params, report) = replay::aggregate_files(&config, &args.global, &args.deltas)?;
     npy::write_f32(&args.out, &params)?;
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.report {

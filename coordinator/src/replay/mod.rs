@@ -12,8 +12,8 @@ use serde::Serialize;
 pub mod npy;
 
 use crate::strategy::{BuildError, Strategy, StrategyConfig, StrategyKind};
-use npy::NpyFileError;
 use crate::updates::RoundUpdates;
+use npy::NpyFileError;
 
 /// What the replay reports (`--report`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -36,9 +36,7 @@ pub struct ReplayReport {
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     /// A strategy that needs state the files do not hold.
-    #[error(
-        "replay supports fedavg and fedomg, not {0} (server momentum needs the saved buffer)"
-    )]
+    #[error("replay supports fedavg and fedomg, not {0} (server momentum needs the saved buffer)")]
     Unsupported(StrategyKind),
     /// The strategy's parameters.
     #[error(transparent)]
@@ -121,12 +119,18 @@ pub fn aggregate_files(
     for (client, path) in &files {
         let n = *counts.get(client).ok_or_else(|| {
             let shown = counts_path.display();
-            invalid(path, format!("no sample count for client {client:?} in {shown}"))
+            invalid(
+                path,
+                format!("no sample count for client {client:?} in {shown}"),
+            )
         })?;
         let delta = npy::read_f32(path)?;
         if delta.len() != theta.len() {
             let (got, shown, want) = (delta.len(), global.display(), theta.len());
-            return Err(invalid(path, format!("{got} values, but {shown} holds {want}")));
+            return Err(invalid(
+                path,
+                format!("{got} values, but {shown} holds {want}"),
+            ));
         }
         if let Some(i) = delta.iter().position(|v| !v.is_finite()) {
             return Err(invalid(path, format!("value {i} is not finite")));

@@ -105,7 +105,10 @@ pub fn parse_f32(bytes: &[u8]) -> Result<Vec<f32>, NpyError> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| NpyError::BadShape(shape.to_owned())))
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|_| NpyError::BadShape(shape.to_owned()))
+        })
         .collect::<Result<_, _>>()?;
     let [len] = dims[..] else {
         let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();

@@ -87,7 +87,13 @@ impl Rounds {
             held,
         );
         let times = (now_ms, now_ms + self.config.round_timeout_ms);
-        self.open = Some(OpenRound::new(round, selected, accepted, times, frame.clone()));
+        self.open = Some(OpenRound::new(
+            round,
+            selected,
+            accepted,
+            times,
+            frame.clone(),
+        ));
         self.phase = Phase::Training;
         if self.config.journal {
             let selected = self

@@ -34,8 +34,8 @@ use rand::rngs::StdRng;
 use crate::objectives::fedddl::GlobalPrototypes;
 use crate::objectives::feddim::GlobalInsight;
 use crate::strategy::{StateError, Strategy};
-use crate::updates::spill::SpillFile;
 use crate::updates::Arena;
+use crate::updates::spill::SpillFile;
 use open::OpenRound;
 
 /// A checkpoint that does not belong to this machine's configuration.

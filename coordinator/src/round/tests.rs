@@ -368,7 +368,8 @@ fn a_resumed_machine_continues_exactly_like_an_uninterrupted_one() {
     play(&mut first, 1, 2);
     let saved = first.checkpoint("f");
     assert!(saved.strategy_state.contains_key("server_momentum"));
-    let saved = crate::store::checkpoint::decode(&crate::store::checkpoint::encode(&saved)).unwrap();
+    let saved =
+        crate::store::checkpoint::decode(&crate::store::checkpoint::encode(&saved)).unwrap();
     let mut resumed =
         Rounds::resume(config.clone(), fedomg_with_momentum(), saved.clone(), M).unwrap();
     start(&mut resumed);
@@ -381,7 +382,10 @@ fn a_resumed_machine_continues_exactly_like_an_uninterrupted_one() {
     let other = Rounds::resume(config.clone(), Box::new(FedAvg), saved.clone(), M);
     assert!(other.err().unwrap().to_string().contains("fedomg+momentum"));
     let wrong_size = Rounds::resume(config, fedomg_with_momentum(), saved, M + 1);
-    assert!(matches!(wrong_size.err().unwrap(), ResumeError::Params { .. }));
+    assert!(matches!(
+        wrong_size.err().unwrap(),
+        ResumeError::Params { .. }
+    ));
 }
 
 #[test]

@@ -14,11 +14,11 @@ use crate::updates::norms::{median, norms};
 /// Why `client`'s `update` cannot be used in the `open` round of a machine whose head has
 /// `params` parameters; `Ok` when it can.
 pub(super) fn validate(
-config: &RoundConfig,
-open: Option<&OpenRound>,
-params: usize,
-client: &str,
-update: &ClientUpdate,
+    config: &RoundConfig,
+    open: Option<&OpenRound>,
+    params: usize,
+    client: &str,
+    update: &ClientUpdate,
 ) -> Result<(), (Rejection, String)> {
     if update.client_id != client {
         return Err((
@@ -53,11 +53,7 @@ update: &ClientUpdate,
     if update.delta.len() != params {
         return Err((
             Rejection::Shape,
-            format!(
-                "{} parameters, the head has {}",
-                update.delta.len(),
-                params
-            ),
+            format!("{} parameters, the head has {}", update.delta.len(), params),
         ));
     }
     if let Some(i) = update.delta.first_non_finite() {

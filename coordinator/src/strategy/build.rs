@@ -5,6 +5,7 @@
 
 use super::fedomg::{FedOmg, FedOmgConfig, Solver, SolverKind};
 use super::momentum::{MomentumError, ServerMomentum};
+use super::names::closed_set;
 use super::robust::{Robust, RobustError, RobustKind, RobustRule};
 use super::{FedAvg, Strategy};
 
@@ -27,58 +28,16 @@ pub enum BuildError {
     Momentum(#[from] MomentumError),
 }
 
-/// Which server strategy (`strategy` in TOML, `--strategy` on the command line).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum StrategyKind {
-    /// Sample-weighted mean of the deltas.
-    #[default]
-    Fedavg,
-    /// FedAvg with server momentum (β = 0.9 unless `server_momentum` says otherwise).
-    Fedavgm,
-    /// FedOMG: on-server gradient matching (docs/algorithms.md §2).
-    Fedomg,
-}
-
-impl StrategyKind {
-    /// Name in TOML, on the command line and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            StrategyKind::Fedavg => "fedavg",
-            StrategyKind::Fedavgm => "fedavgm",
-            StrategyKind::Fedomg => "fedomg",
-        }
-    }
-}
-
-impl std::fmt::Display for StrategyKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for StrategyKind {
-    type Err = fedge_wire::UnknownName;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let all = [
-            StrategyKind::Fedavg,
-            StrategyKind::Fedavgm,
-            StrategyKind::Fedomg,
-        ];
-        all.into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| fedge_wire::UnknownName::new("strategy", s, all.map(StrategyKind::name)))
+closed_set! {
+    /// Which server strategy (`strategy` in TOML, `--strategy` on the command line).
+    pub enum StrategyKind("strategy") {
+        /// Sample-weighted mean of the deltas.
+        #[default]
+        Fedavg = "fedavg",
+        /// FedAvg with server momentum (β = 0.9 unless `server_momentum` says otherwise).
+        Fedavgm = "fedavgm",
+        /// FedOMG: on-server gradient matching (docs/algorithms.md §2).
+        Fedomg = "fedomg",
     }
 }
 
@@ -157,11 +116,7 @@ impl StrategyConfig {
                 })
             }
         };
-        let base = match RobustRule::of(
-            self.robust,
-            self.clip_norm,
-            self.trim_fraction,
-        )? {
+        let base = match RobustRule::of(self.robust, self.clip_norm, self.trim_fraction)? {
             Some(rule) => Box::new(Robust::new(base, rule)),
             None => base,
         };

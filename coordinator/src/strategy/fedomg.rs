@@ -11,6 +11,7 @@
 //! The solver needs only the N×N Gram matrix; the strategy reads it from the dot products the
 //! round streamed while updates arrived ([`crate::updates`]). Everything here is f64.
 
+use super::names::closed_set;
 use super::{Aggregated, AggregationReport, Failure, Strategy, apply};
 use crate::updates::RoundUpdates;
 
@@ -38,25 +39,15 @@ impl Solver {
     }
 }
 
-/// FedOMG's solver of the weights `Γ` (`solver`, `--solver`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum SolverKind {
-    /// The authors' 20 SGD steps.
-    #[default]
-    Reference,
-    /// Projected gradient until the Frank–Wolfe gap closes.
-    Converged,
+closed_set! {
+    /// FedOMG's solver of the weights `Γ` (`solver`, `--solver`).
+    pub enum SolverKind("solver") {
+        /// The authors' 20 SGD steps.
+        #[default]
+        Reference = "reference",
+        /// Projected gradient until the Frank–Wolfe gap closes.
+        Converged = "converged",
+    }
 }
 
 impl Solver {

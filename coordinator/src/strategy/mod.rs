@@ -10,6 +10,7 @@ pub mod build;
 pub mod fedavg;
 pub mod fedomg;
 pub mod momentum;
+mod names;
 pub mod robust;
 
 pub use build::{BuildError, StrategyConfig, StrategyKind};

@@ -18,33 +18,24 @@
 //! **Choice**: winsorising rather than dropping keeps one delta per client, so every inner
 //! strategy (FedOMG's per-client Gram matrix, momentum) still applies unchanged.
 
+use super::names::closed_set;
 use super::{Aggregated, Failure, Strategy};
 use crate::updates::norms::{median, norms};
 use crate::updates::{RoundUpdates, UpdatesConfig};
 
-/// The robust rewrite of the deltas before the strategy (`robust`, `--robust`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum RobustKind {
-    /// No rewrite.
-    #[default]
-    None,
-    /// Scale deltas down to `clip_norm` (0: the round's median norm).
-    Clip,
-    /// Coordinate-wise winsorised trimmed mean (`trim_fraction` per side).
-    TrimmedMean,
-    /// Coordinate-wise median.
-    Median,
+closed_set! {
+    /// The robust rewrite of the deltas before the strategy (`robust`, `--robust`).
+    pub enum RobustKind("robust") {
+        /// No rewrite.
+        #[default]
+        None = "none",
+        /// Scale deltas down to `clip_norm` (0: the round's median norm).
+        Clip = "clip",
+        /// Coordinate-wise winsorised trimmed mean (`trim_fraction` per side).
+        TrimmedMean = "trimmed-mean",
+        /// Coordinate-wise median.
+        Median = "median",
+    }
 }
 
 /// A robust rule's parameter out of range.
@@ -77,7 +68,11 @@ pub enum RobustRule {
 
 impl RobustRule {
     /// The rule `kind` with its parameters, checked.
-    pub fn of(kind: RobustKind, clip_norm: f64, fraction: f64) -> Result<Option<Self>, RobustError> {
+    pub fn of(
+        kind: RobustKind,
+        clip_norm: f64,
+        fraction: f64,
+    ) -> Result<Option<Self>, RobustError> {
         match kind {
             RobustKind::None => Ok(None),
             RobustKind::Clip if clip_norm.is_finite() && clip_norm >= 0.0 => {

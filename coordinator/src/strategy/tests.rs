@@ -124,3 +124,27 @@ fn unknown_names_fail_at_load_listing_the_valid_ones() {
     let err = "fedfoo".parse::<StrategyKind>().unwrap_err().to_string();
     assert!(err.contains("fedavg, fedavgm, fedomg"), "{err}");
 }
+
+#[test]
+fn every_closed_set_is_spelled_the_same_in_toml_json_and_on_the_command_line() {
+    use clap::ValueEnum;
+    fn check<T>(all: &[T], name: fn(T) -> &'static str)
+    where
+        T: Copy + PartialEq + std::fmt::Debug + serde::Serialize + ValueEnum,
+        T: std::str::FromStr + serde::de::DeserializeOwned,
+        <T as std::str::FromStr>::Err: std::fmt::Debug,
+    {
+        for &kind in all {
+            let text = name(kind);
+            assert_eq!(serde_json::to_string(&kind).unwrap(), format!("\"{text}\""));
+            let back: T = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+            assert_eq!(back, kind);
+            let value = kind.to_possible_value().unwrap();
+            assert_eq!(value.get_name(), text);
+            assert_eq!(text.parse::<T>().unwrap(), kind);
+        }
+    }
+    check(StrategyKind::ALL, StrategyKind::name);
+    check(SolverKind::ALL, SolverKind::name);
+    check(RobustKind::ALL, RobustKind::name);
+}
