@@ -194,11 +194,11 @@ impl Rounds {
     /// Drops updates whose norm passes `max_norm_ratio` × the round's median norm.
     fn drop_norm_outliers(&mut self, open: &mut OpenRound) {
         let ratio = self.config.max_norm_ratio;
-        let Some((keep, dropped)) = validate::norm_outliers(ratio, &open.accepted) else {
+        let Some(outliers) = validate::norm_outliers(ratio, &open.accepted) else {
             return;
         };
-        open.accepted.retain(&keep);
-        for (client, norm) in dropped {
+        open.accepted.retain(&outliers.keep);
+        for (client, norm) in outliers.dropped {
             open.class_stats.remove(&client);
             open.prototypes.remove(&client);
             let detail = format!("delta norm {norm:.4} above {ratio} × the round's median norm");

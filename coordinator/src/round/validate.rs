@@ -92,13 +92,17 @@ pub(super) fn validate(
     Ok(())
 }
 
+/// The updates a round drops at its end for their norm.
+pub(super) struct NormOutliers {
+    /// Whether each update stays, in view order.
+    pub(super) keep: Vec<bool>,
+    /// The dropped clients with their norms.
+    pub(super) dropped: Vec<(String, f64)>,
+}
+
 /// The updates to drop at the round's end: those whose norm passes `ratio` × the round's
-/// median norm, when there are at least 3 (`keep` flags in view order, and the dropped clients
-/// with their norms); `None` when every update stays.
-pub(super) fn norm_outliers(
-    ratio: f64,
-    accepted: &RoundUpdates,
-) -> Option<(Vec<bool>, Vec<(String, f64)>)> {
+/// median norm, when there are at least 3; `None` when every update stays.
+pub(super) fn norm_outliers(ratio: f64, accepted: &RoundUpdates) -> Option<NormOutliers> {
     if ratio <= 0.0 || accepted.len() < 3 {
         return None;
     }
@@ -112,7 +116,7 @@ pub(super) fn norm_outliers(
         .map(|i| (accepted.client(i).to_owned(), norms[i]))
         .collect();
     let keep: Vec<bool> = norms.iter().map(|n| *n <= bound).collect();
-    Some((keep, dropped))
+    Some(NormOutliers { keep, dropped })
 }
 
 /// Checks per-class statistics of shape `(H, K)`: present, `K` counts, `K·H` finite means.
