@@ -14,6 +14,14 @@
 //! next round's `Training`, until `rounds` are done (`Finished`). At the deadline with fewer
 //! than `min_updates` accepted updates the deadline is extended once; if the quorum is still
 //! missing, the round is abandoned, the model is kept and a new round re-samples clients.
+//!
+//! # Files
+//!
+//! This file holds the machine and its public methods, grouped as getters, `handle_*` inputs
+//! and `poll_*` outputs. [`types`] is its vocabulary (settings, phases, rejections, outputs),
+//! [`saved`] what it hands out to be saved (checkpoint, journal records), `admit` who may send
+//! and how far a payload is decoded before its sender is trusted, `validate` the checks of an
+//! update, `open` the open round's record, and `lifecycle` the opening and closing of rounds.
 
 mod admit;
 mod lifecycle;

@@ -226,7 +226,7 @@ pub enum Output {
     PublishTask {
         /// Round number.
         round: u64,
-        /// Framed [`RoundTask`].
+        /// Framed [`fedge_wire::RoundTask`].
         frame: Vec<u8>,
     },
     /// A round ended.
