@@ -71,6 +71,21 @@ struct TaskTopics {
     chunk_topics_in_use: usize,
 }
 
+/// What the driver keeps to act on the machine's outputs: where to publish, what to write, and
+/// the status document's context.
+struct Sinks<'a> {
+    client: &'a AsyncClient,
+    options: &'a DriverOptions,
+    topics: &'a Topics,
+    status_topic: String,
+    task_topics: TaskTopics,
+    evaluator: Option<Evaluator>,
+    events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    target_accuracy: Option<f32>,
+    journal: Option<Journal>,
+    context: StatusContext,
+}
+
 /// Runs the federation until the machine finishes or `stop` turns true; returns the machine.
 pub async fn run(
     mut rounds: Rounds,
@@ -88,19 +103,27 @@ pub async fn run(
     // the QoS 1 updates devices publish, and delivers them when it is back.
     mqtt.set_clean_session(false);
     let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
-    let mut task_topics = TaskTopics {
-        base: topics.round_task(),
-        chunk_topics_in_use: 0,
-    };
     let origin = Instant::now();
     let now_ms = || origin.elapsed().as_millis() as u64;
     let mut backoff = Backoff::default();
-    let mut target_accuracy = None;
     let mut connected = false;
-    let mut journal = options.journal.as_ref().map(Journal::new);
-    let mut context = StatusContext {
-        federation: options.federation.clone(),
-        ..StatusContext::default()
+    let mut sinks = Sinks {
+        client: &client,
+        options: &options,
+        topics: &topics,
+        status_topic,
+        task_topics: TaskTopics {
+            base: topics.round_task(),
+            chunk_topics_in_use: 0,
+        },
+        evaluator,
+        events,
+        target_accuracy: None,
+        journal: options.journal.as_ref().map(Journal::new),
+        context: StatusContext {
+            federation: options.federation.clone(),
+            ..StatusContext::default()
+        },
     };
     rounds.start(now_ms());
     loop {
@@ -159,22 +182,9 @@ pub async fn run(
             _ = sleep => rounds.handle_timeout(now_ms()),
             _ = stop.changed() => break,
         }
-        context.now_ms = now_ms();
-        context.wall = std::time::SystemTime::now();
-        let finished = drain(
-            &mut rounds,
-            &client,
-            &options,
-            &mut task_topics,
-            &evaluator,
-            &events,
-            &mut target_accuracy,
-            &status_topic,
-            &topics,
-            &mut journal,
-            &mut context,
-        );
-        if finished {
+        sinks.context.now_ms = now_ms();
+        sinks.context.wall = std::time::SystemTime::now();
+        if sinks.drain(&mut rounds) {
             break;
         }
     }
@@ -183,96 +193,99 @@ pub async fn run(
     Ok(rounds)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn drain(
-    rounds: &mut Rounds,
-    client: &AsyncClient,
-    options: &DriverOptions,
-    task_topics: &mut TaskTopics,
-    evaluator: &Option<Evaluator>,
-    events: &Option<mpsc::UnboundedSender<DriverEvent>>,
-    target_accuracy: &mut Option<f32>,
-    status_topic: &str,
-    topics: &Topics,
-    journal: &mut Option<Journal>,
-    context: &mut StatusContext,
-) -> bool {
-    let mut status_dirty = false;
-    let mut finished = false;
-    while let Some(output) = rounds.poll_output() {
-        match output {
-            Output::PublishTask { round, frame } => {
-                publish_task(client, task_topics, round, frame, options.broker.max_packet);
-            }
-            Output::RoundEnded(report) => {
-                if report.aggregated {
-                    context.last_aggregation = Some(context.wall);
-                    *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
-                    if let Some(path) = &options.checkpoint {
-                        let saved = rounds.checkpoint(&options.federation);
-                        if let Err(e) = crate::store::checkpoint::save(path, &saved) {
-                            tracing::error!(error = %e, "checkpoint not saved");
+impl Sinks<'_> {
+    /// Acts on every output the machine has; true once the federation finished.
+    fn drain(&mut self, rounds: &mut Rounds) -> bool {
+        let Sinks {
+            client,
+            options,
+            topics,
+            status_topic,
+            task_topics,
+            evaluator,
+            events,
+            target_accuracy,
+            journal,
+            context,
+        } = self;
+        let (client, options, topics) = (*client, *options, *topics);
+        let mut status_dirty = false;
+        let mut finished = false;
+        while let Some(output) = rounds.poll_output() {
+            match output {
+                Output::PublishTask { round, frame } => {
+                    publish_task(client, task_topics, round, frame, options.broker.max_packet);
+                }
+                Output::RoundEnded(report) => {
+                    if report.aggregated {
+                        context.last_aggregation = Some(context.wall);
+                        *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
+                        if let Some(path) = &options.checkpoint {
+                            let saved = rounds.checkpoint(&options.federation);
+                            if let Err(e) = crate::store::checkpoint::save(path, &saved) {
+                                tracing::error!(error = %e, "checkpoint not saved");
+                            }
                         }
                     }
+                    tracing::info!(
+                        round = report.round,
+                        aggregated = report.aggregated,
+                        reported = report.reported.len(),
+                        selected = report.selected.len(),
+                        target_accuracy = ?target_accuracy,
+                        "round ended"
+                    );
+                    let metrics = metrics_json(&report, *target_accuracy, rounds.strategy_name());
+                    let _ = client.try_publish(
+                        topics.metrics(),
+                        QoS::AtLeastOnce,
+                        false,
+                        metrics.to_string(),
+                    );
+                    if let Some(tx) = events {
+                        let _ = tx.send(DriverEvent::RoundEnded {
+                            report,
+                            target_accuracy: *target_accuracy,
+                        });
+                    }
                 }
-                tracing::info!(
-                    round = report.round,
-                    aggregated = report.aggregated,
-                    reported = report.reported.len(),
-                    selected = report.selected.len(),
-                    target_accuracy = ?target_accuracy,
-                    "round ended"
-                );
-                let metrics = metrics_json(&report, *target_accuracy, rounds.strategy_name());
-                let _ = client.try_publish(
-                    topics.metrics(),
-                    QoS::AtLeastOnce,
-                    false,
-                    metrics.to_string(),
-                );
-                if let Some(tx) = events {
-                    let _ = tx.send(DriverEvent::RoundEnded {
-                        report,
-                        target_accuracy: *target_accuracy,
-                    });
+                Output::Rejected {
+                    client: who,
+                    reason,
+                    detail,
+                } => {
+                    tracing::warn!(client = %who, reason = reason.name(), %detail, "update rejected");
+                    if let Some(tx) = events {
+                        let _ = tx.send(DriverEvent::Rejected {
+                            client: who,
+                            reason: reason.name(),
+                            detail,
+                        });
+                    }
                 }
-            }
-            Output::Rejected {
-                client: who,
-                reason,
-                detail,
-            } => {
-                tracing::warn!(client = %who, reason = reason.name(), %detail, "update rejected");
-                if let Some(tx) = events {
-                    let _ = tx.send(DriverEvent::Rejected {
-                        client: who,
-                        reason: reason.name(),
-                        detail,
-                    });
+                Output::StatusChanged => status_dirty = true,
+                Output::Journal(record) => {
+                    let Some(journal) = journal.as_mut() else {
+                        continue;
+                    };
+                    if let Err(e) = journal.write(&record) {
+                        tracing::error!(error = %e, "journal not written; a restart would lose this round's updates");
+                    }
                 }
-            }
-            Output::StatusChanged => status_dirty = true,
-            Output::Journal(record) => {
-                let Some(journal) = journal.as_mut() else {
-                    continue;
-                };
-                if let Err(e) = journal.write(&record) {
-                    tracing::error!(error = %e, "journal not written; a restart would lose this round's updates");
+                Output::Finished => {
+                    // A finished federation leaves no retained task for devices that join later.
+                    clear_task(client, task_topics);
+                    finished = true;
                 }
-            }
-            Output::Finished => {
-                // A finished federation leaves no retained task for devices that join later.
-                clear_task(client, task_topics);
-                finished = true;
             }
         }
+        if status_dirty {
+            let status = status_at(rounds, *target_accuracy, context);
+            let json = serde_json::to_string(&status).unwrap_or_default();
+            let _ = client.try_publish(status_topic.as_str(), QoS::AtLeastOnce, true, json);
+        }
+        finished
     }
-    if status_dirty {
-        let status = status_at(rounds, *target_accuracy, context);
-        let json = serde_json::to_string(&status).unwrap_or_default();
-        let _ = client.try_publish(status_topic, QoS::AtLeastOnce, true, json);
-    }
-    finished
 }
 
 fn clear_task(client: &AsyncClient, topics: &mut TaskTopics) {

@@ -130,8 +130,9 @@ impl Rounds {
     }
 
     /// Gives the machine a spill file for the deltas of rounds that outgrow
-    /// `update_memory_bytes` (see [`crate::updates::spill`]); the driver's side of the machine's memory.
-    /// Rounds opened after the call use it: give it before clients come online.
+    /// `update_memory_bytes` (see [`crate::updates::spill`]); the driver's side of the
+    /// machine's memory. Rounds opened after the call use it: give it before clients come
+    /// online.
     pub fn set_spill(&mut self, file: SpillFile) {
         self.spare_arena = Arena::with_spill(file);
     }
@@ -327,8 +328,7 @@ impl Rounds {
             self.reject(client, Rejection::UnknownDevice, detail);
             return;
         }
-        let auth = self.config.auth.clone();
-        let auth = auth.as_deref();
+        let auth = self.config.auth.as_deref();
         let message = match admit::decode(auth, payload) {
             Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
                 Ok(Some(frame)) => admit::decode(auth, &frame).and_then(|m| match m {
