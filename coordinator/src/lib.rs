@@ -41,3 +41,6 @@ pub use round::{
 };
 pub use strategy::{Aggregated, AggregationReport, FedAvg, Strategy, StrategyConfig, StrategyKind};
 pub use updates::RoundUpdates;
+
+#[cfg(test)]
+mod layering_tests;
