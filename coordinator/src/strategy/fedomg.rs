@@ -280,66 +280,6 @@ fn softmax(w: &[f64]) -> Vec<f64> {
     e.iter().map(|x| x / sum).collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn close(got: &[f64], want: &[f64], rel: f64) {
-        for (g, w) in got.iter().zip(want) {
-            assert!(
-                (g - w).abs() <= rel * w.abs().max(1e-12),
-                "got {got:?}, want {want:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn worked_example_of_the_spec_is_reproduced() {
-        let g = [
-            [1.0, 0.0, 0.5, -0.2],
-            [0.0, 1.0, 0.5, 0.1],
-            [-0.3, 0.2, 1.0, 0.0],
-        ];
-        let gram: Vec<f64> = (0..3)
-            .flat_map(|u| (0..3).map(move |v| (0..4).map(|i| g[u][i] * g[v][i]).sum()))
-            .collect();
-        let sol = solve(&gram, 3, &FedOmgConfig::default());
-        close(
-            &sol.gamma,
-            &[0.5502149834, 0.0672155945, 0.3825694221],
-            1e-6,
-        );
-        close(&[sol.objective], &[0.7856505870], 1e-6);
-        let converged = solve(
-            &gram,
-            3,
-            &FedOmgConfig {
-                solver: Solver::of(SolverKind::Converged),
-                ..FedOmgConfig::default()
-            },
-        );
-        assert!(converged.objective <= sol.objective, "{converged:?}");
-        let g_out: Vec<f64> = (0..4)
-            .map(|i| (0..3).map(|u| sol.coefficients[u] * g[u][i]).sum())
-            .collect();
-        close(
-            &g_out,
-            &[0.3559158583, 0.3758650237, 0.8020230763, -0.0668258225],
-            1e-6,
-        );
-        let theta: Vec<f64> = [0.1, -0.2, 0.3, 0.4]
-            .iter()
-            .zip(&g_out)
-            .map(|(t, d)| t + 0.5 * d)
-            .collect();
-        close(
-            &theta,
-            &[0.2779579292, -0.0120674882, 0.7010115382, 0.3665870888],
-            1e-6,
-        );
-    }
-}
-
 /// FedOMG as a server strategy: `θ ← θ + global_lr · N · g_out` (ALGORITHMS.md §2 **Choice**:
 /// `global_lr` is in FedAvg units, so `κ = 0, global_lr = 1` is exactly FedAvg).
 ///
@@ -559,5 +499,65 @@ mod strategy_tests {
         assert_eq!(project_to_simplex(&[2.0, 0.0]), vec![1.0, 0.0]);
         let p = project_to_simplex(&[0.5, 0.5, 0.5]);
         assert!(p.iter().all(|x| (x - 1.0 / 3.0).abs() < 1e-12));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(got: &[f64], want: &[f64], rel: f64) {
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= rel * w.abs().max(1e-12),
+                "got {got:?}, want {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn worked_example_of_the_spec_is_reproduced() {
+        let g = [
+            [1.0, 0.0, 0.5, -0.2],
+            [0.0, 1.0, 0.5, 0.1],
+            [-0.3, 0.2, 1.0, 0.0],
+        ];
+        let gram: Vec<f64> = (0..3)
+            .flat_map(|u| (0..3).map(move |v| (0..4).map(|i| g[u][i] * g[v][i]).sum()))
+            .collect();
+        let sol = solve(&gram, 3, &FedOmgConfig::default());
+        close(
+            &sol.gamma,
+            &[0.5502149834, 0.0672155945, 0.3825694221],
+            1e-6,
+        );
+        close(&[sol.objective], &[0.7856505870], 1e-6);
+        let converged = solve(
+            &gram,
+            3,
+            &FedOmgConfig {
+                solver: Solver::of(SolverKind::Converged),
+                ..FedOmgConfig::default()
+            },
+        );
+        assert!(converged.objective <= sol.objective, "{converged:?}");
+        let g_out: Vec<f64> = (0..4)
+            .map(|i| (0..3).map(|u| sol.coefficients[u] * g[u][i]).sum())
+            .collect();
+        close(
+            &g_out,
+            &[0.3559158583, 0.3758650237, 0.8020230763, -0.0668258225],
+            1e-6,
+        );
+        let theta: Vec<f64> = [0.1, -0.2, 0.3, 0.4]
+            .iter()
+            .zip(&g_out)
+            .map(|(t, d)| t + 0.5 * d)
+            .collect();
+        close(
+            &theta,
+            &[0.2779579292, -0.0120674882, 0.7010115382, 0.3665870888],
+            1e-6,
+        );
     }
 }
