@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use fedge_coordinator::fedomg::FedOmg;
+use fedge_coordinator::strategy::FedOmg;
 use fedge_coordinator::strategy::{FedAvg, Strategy};
 use fedge_coordinator::updates::{Arena, RoundUpdates, UpdatesConfig};
 use rand::{Rng, SeedableRng};

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
-use fedge_coordinator::insight::InsightConfig;
-use fedge_coordinator::prototypes::PrototypeConfig;
+use fedge_coordinator::InsightConfig;
+use fedge_coordinator::PrototypeConfig;
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::strategy::StrategyConfig;
 use fedge_coordinator::{
     DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, Strategy, driver,
@@ -270,7 +270,7 @@ pub async fn run(
             let keys = data
                 .clients
                 .iter()
-                .map(|c| (c.id.clone(), fedge_coordinator::keys::generate()));
+                .map(|c| (c.id.clone(), fedge_coordinator::store::keys::generate()));
             Arc::new(keys.collect())
         }),
         ..RoundConfig::default()

@@ -829,7 +829,7 @@ fn bench_head(args: BenchHeadArgs) -> anyhow::Result<()> {
 async fn bench_fleet(args: BenchFleetArgs) -> anyhow::Result<()> {
     use fedge::bench_fleet::{FleetOptions, run_fleet};
     let keys = match &args.keys {
-        Some(path) => fedge_coordinator::keys::load(path)?,
+        Some(path) => fedge_coordinator::store::keys::load(path)?,
         None => Default::default(),
     };
     let options = FleetOptions {

@@ -9,7 +9,7 @@
 //! `fedge bench-aggregate` (BENCHMARKS.md).
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
-use fedge_coordinator::fedomg::FedOmg;
+use fedge_coordinator::strategy::FedOmg;
 use fedge_coordinator::strategy::{FedAvg, Strategy};
 use fedge_coordinator::updates::{Arena, RoundUpdates, UpdatesConfig};
 

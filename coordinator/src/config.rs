@@ -58,27 +58,10 @@
 use std::path::{Path, PathBuf};
 
 use fedge_mqtt::BrokerConfig;
-use fedge_wire::TrainParams;
+use fedge_wire::{HeadConfig, TrainParams};
 use serde::{Deserialize, Serialize};
 
 use crate::round::RoundConfig;
-
-/// Head sizes, as in the device profiles.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HeadSizes {
-    /// Backbone feature size.
-    pub features: usize,
-    /// Projector width.
-    #[serde(default = "default_hidden")]
-    pub hidden: usize,
-    /// Classes.
-    pub classes: usize,
-}
-
-fn default_hidden() -> usize {
-    64
-}
 
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,8 +127,8 @@ pub struct CoordinatorConfig {
     /// Broker.
     #[serde(default)]
     pub broker: BrokerConfig,
-    /// Head sizes.
-    pub head: HeadSizes,
+    /// Head sizes, as in the device profiles (`hidden` defaults to 64).
+    pub head: HeadConfig,
     /// Local training sent to devices.
     #[serde(default)]
     pub train: TrainParams,
@@ -218,13 +201,58 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// Invalid TOML or values.
-    #[error("{path}: {message}")]
+    #[error("{path}: {reason}")]
     Invalid {
         /// File.
         path: PathBuf,
         /// What to fix.
-        message: String,
+        reason: InvalidConfig,
     },
+}
+
+/// What is wrong in a configuration file; each message names the field to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidConfig {
+    /// Not TOML of this shape, or a value outside its set (the message lists the valid ones).
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// A federation name that cannot be a topic level.
+    #[error("federation: {0}")]
+    Federation(fedge_wire::DecodeError),
+    /// Strategy parameters out of range.
+    #[error(transparent)]
+    Strategy(#[from] crate::strategy::BuildError),
+    /// The broker's TLS files.
+    #[error("{0}")]
+    Tls(String),
+    /// `fraction` outside `(0, 1]`.
+    #[error("fraction must be in (0, 1], got {0}")]
+    Fraction(f32),
+    /// A round timeout that is not a positive number of seconds.
+    #[error("round_timeout_s must be positive")]
+    RoundTimeout,
+    /// `[feddim]`'s `λ` or momentum.
+    #[error("[feddim] needs lambda >= 0 and 0 <= momentum <= 1, got {lambda} and {momentum}")]
+    FedDim {
+        /// The `λ` asked for.
+        lambda: f32,
+        /// The momentum asked for.
+        momentum: f32,
+    },
+    /// A negative or non-finite norm bound.
+    #[error("{name} must be >= 0 (0: off), got {value}")]
+    NormBound {
+        /// The field.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// No memory for deltas.
+    #[error("update_memory_mb must be at least 1")]
+    UpdateMemory,
+    /// An empty head.
+    #[error("head needs features > 0, hidden > 0 and at least 2 classes")]
+    Head,
 }
 
 impl CoordinatorConfig {
@@ -234,14 +262,14 @@ impl CoordinatorConfig {
             path: path.into(),
             source,
         })?;
-        let invalid = |message: String| ConfigError::Invalid {
+        let invalid = |reason: InvalidConfig| ConfigError::Invalid {
             path: path.into(),
-            message,
+            reason,
         };
-        let mut config: Self = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        let mut config: Self = toml::from_str(&text).map_err(|e| invalid(e.into()))?;
         config.check().map_err(invalid)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        config.broker.load_tls(base).map_err(invalid)?;
+        (config.broker.load_tls(base)).map_err(|e| invalid(InvalidConfig::Tls(e)))?;
         // Relative paths are read from the configuration file's folder, as in device profiles.
         for path in [
             config.auth.keys_file.as_mut(),
@@ -258,42 +286,42 @@ impl CoordinatorConfig {
     }
 
     /// The device keys named by `[auth] keys_file`, if any.
-    pub fn device_keys(&self) -> Result<Option<crate::round::DeviceKeys>, crate::keys::KeysError> {
+    pub fn device_keys(
+        &self,
+    ) -> Result<Option<crate::round::DeviceKeys>, crate::store::keys::KeysError> {
         self.auth
             .keys_file
             .as_deref()
-            .map(crate::keys::load)
+            .map(crate::store::keys::load)
             .transpose()
     }
 
-    fn check(&self) -> Result<(), String> {
-        fedge_wire::Topics::new(&self.federation).map_err(|e| format!("federation: {e}"))?;
+    fn check(&self) -> Result<(), InvalidConfig> {
+        fedge_wire::Topics::new(&self.federation).map_err(InvalidConfig::Federation)?;
         self.strategy.build()?;
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
-            return Err(format!("fraction must be in (0, 1], got {}", self.fraction));
+            return Err(InvalidConfig::Fraction(self.fraction));
         }
         if !(self.round_timeout_s.is_finite() && self.round_timeout_s > 0.0) {
-            return Err("round_timeout_s must be positive".into());
+            return Err(InvalidConfig::RoundTimeout);
         }
         let FedDimSettings { lambda, momentum } = self.feddim;
         if !(lambda.is_finite() && lambda >= 0.0 && (0.0..=1.0).contains(&momentum)) {
-            return Err(format!(
-                "[feddim] needs lambda >= 0 and 0 <= momentum <= 1, got {lambda} and {momentum}"
-            ));
+            return Err(InvalidConfig::FedDim { lambda, momentum });
         }
         for (name, value) in [
             ("max_update_norm", self.max_update_norm),
             ("max_norm_ratio", self.max_norm_ratio),
         ] {
             if !(value.is_finite() && value >= 0.0) {
-                return Err(format!("{name} must be >= 0 (0: off), got {value}"));
+                return Err(InvalidConfig::NormBound { name, value });
             }
         }
         if self.update_memory_mb == 0 {
-            return Err("update_memory_mb must be at least 1".into());
+            return Err(InvalidConfig::UpdateMemory);
         }
         if self.head.features == 0 || self.head.hidden == 0 || self.head.classes < 2 {
-            return Err("head needs features > 0, hidden > 0 and at least 2 classes".into());
+            return Err(InvalidConfig::Head);
         }
         Ok(())
     }
@@ -312,14 +340,14 @@ impl CoordinatorConfig {
             },
             seed: self.seed,
             insight: (self.train.objective == fedge_wire::Objective::FedDim).then_some(
-                crate::insight::InsightConfig {
+                crate::objectives::feddim::InsightConfig {
                     hidden: self.head.hidden,
                     classes: self.head.classes,
                     momentum: self.feddim.momentum,
                 },
             ),
             prototypes: (self.train.objective == fedge_wire::Objective::FedDdl).then_some(
-                crate::prototypes::PrototypeConfig {
+                crate::objectives::fedddl::PrototypeConfig {
                     hidden: self.head.hidden,
                     classes: self.head.classes,
                 },
@@ -340,14 +368,7 @@ mod tests {
     fn shipped_example_config_loads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/coordinator.toml");
         let config = CoordinatorConfig::load(&path).unwrap();
-        assert_eq!(
-            config.head,
-            HeadSizes {
-                features: 512,
-                hidden: 64,
-                classes: 10
-            }
-        );
+        assert_eq!(config.head, HeadConfig::new(512, 10).with_hidden(64));
         assert_eq!(config.round_config().round_timeout_ms, 60_000);
     }
 

@@ -1,45 +1,46 @@
 //! fedge-coordinator: runs the rounds of a federation.
 //!
+//! The modules depend on each other in one direction, from the I/O at the edge down to the
+//! arithmetic:
+//!
+//! - [`io`]: the thin tokio + rumqttc driver around the machine, the status it publishes, the
+//!   optional embedded rumqttd broker, Home Assistant discovery and the `watch` terminal view.
+//! - [`store`]: the files (checkpoint, the open round's journal, device keys), all written
+//!   through `fedge_daemon::write_atomically`.
 //! - [`round`]: the round state machine. It does no I/O and reads no clock: inputs are method
 //!   calls carrying the time, outputs are drained from it. Everything the coordinator decides
-//!   (sampling, validation, deadlines, quorum, aggregation) happens there.
-//! - [`strategy`]: server strategies behind one trait; the arithmetic in free functions.
-//! - [`fedomg`]: FedOMG's solvers and strategy.
-//! - [`robust`]: norm clipping, trimmed mean and median around any strategy.
-//! - [`insight`]: FedDIM's class insight matrices, rebuilt from compact statistics.
-//! - [`updates`], [`gram`]: a round's deltas held compactly, dot products streamed as they
-//!   arrive.
-//! - [`driver`]: the thin tokio + rumqttc driver around the machine.
-//! - [`broker`]: the optional embedded rumqttd broker.
-//! - [`discovery`]: Home Assistant MQTT discovery messages.
+//!   (sampling, admission, validation, deadlines, quorum, aggregation) happens there.
+//! - [`strategy`]: server strategies behind one trait (FedAvg, FedOMG, server momentum, the
+//!   robust rewrites) and the configuration that builds them.
+//! - [`objectives`]: the server sides of FedDIM and FedDDL (global tensors the tasks carry).
+//! - [`updates`]: a round's deltas held compactly (heap or spill file), dot products streamed
+//!   as they arrive, and their norms.
+//! - [`replay`]: one aggregation re-run offline from `.npy` files.
 //! - [`config`]: the coordinator's TOML configuration.
-//! - [`watch`]: the terminal view of a federation's topics.
-//! - [`keys`]: device keys (the keys file, `keygen`).
-//! - [`replay`], [`npy`]: one aggregation re-run offline from `.npy` files.
-//! - [`journal`]: the open round's accepted updates, so a restart resumes the same round.
-//! - [`checkpoint`]: the saved state (head, round, strategy buffers), written atomically.
+//!
+//! `io` and `replay` may use everything; `store` uses `round`'s plain saved types; `round` uses
+//! `strategy`, `objectives` and `updates`; `strategy` and `objectives` use `updates`; nothing
+//! points back up. Nothing under `round`, `strategy`, `objectives` or `updates` (but the spill
+//! file's creation) touches files, the network or a clock.
 
-pub mod broker;
-pub mod checkpoint;
 pub mod config;
-pub mod discovery;
-pub mod driver;
-pub mod fedomg;
-pub mod gram;
-pub mod insight;
-pub mod journal;
-pub mod keys;
-pub mod npy;
-pub mod prototypes;
+pub mod io;
+pub mod objectives;
 pub mod replay;
-pub mod robust;
 pub mod round;
-pub mod spill;
+pub mod store;
 pub mod strategy;
 pub mod updates;
-pub mod watch;
 
-pub use driver::{DriverError, DriverEvent, DriverOptions, Evaluator};
-pub use round::{DeviceKeys, Output, Phase, Rejection, RoundConfig, RoundReport, Rounds};
-pub use strategy::{Aggregated, AggregationReport, FedAvg, Strategy};
+pub use config::CoordinatorConfig;
+pub use io::driver::{self, DriverError, DriverEvent, DriverOptions, Evaluator};
+pub use objectives::fedddl::PrototypeConfig;
+pub use objectives::feddim::InsightConfig;
+pub use round::{
+    Checkpoint, DeviceKeys, Output, Phase, Rejection, ResumeError, RoundConfig, RoundReport, Rounds,
+};
+pub use strategy::{Aggregated, AggregationReport, FedAvg, Strategy, StrategyConfig, StrategyKind};
 pub use updates::RoundUpdates;
+
+#[cfg(test)]
+mod layering_tests;

@@ -4,12 +4,14 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::config::CoordinatorConfig;
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::replay::{self, npy};
+use fedge_coordinator::store::{checkpoint, journal, keys};
 use fedge_coordinator::strategy::{SolverKind, StrategyKind};
-use fedge_coordinator::{DriverOptions, Rounds, checkpoint, driver, npy, replay};
+use fedge_coordinator::{DriverOptions, Rounds, driver};
 use fedge_daemon::{LogFormat, init_logs};
-use fedge_wire::{HeadConfig, ModelLayout};
+use fedge_wire::ModelLayout;
 
 #[derive(Parser)]
 #[command(
@@ -114,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
             once,
         } => watch(&broker, &federation, ca_file, once).await,
         Command::Keygen { client, keys, out } => {
-            fedge_coordinator::keys::keygen(&keys, &client, &out)?;
+            keys::keygen(&keys, &client, &out)?;
             println!(
                 "{client}: key written to {}, added to {}",
                 out.display(),
@@ -134,15 +136,16 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         let broker = start_embedded(addr, &BrokerLimits::default())?;
         tracing::info!(addr = %broker.addr, "embedded broker listening");
     }
-    let head =
-        HeadConfig::new(config.head.features, config.head.classes).with_hidden(config.head.hidden);
     // Stable-FedADG's generator travels after the head.
-    let layout = ModelLayout::new(head, config.train.objective.carries_generator());
+    let layout = ModelLayout::new(
+        config.head.clone(),
+        config.train.objective.carries_generator(),
+    );
     let initial = match &config.initial_params {
         Some(file) => read_f32_file(file, layout.num_params())?,
         None => layout.init_flat(config.seed),
     };
-    let strategy = config.strategy.build().map_err(anyhow::Error::msg)?;
+    let strategy = config.strategy.build()?;
     let mut round_config = config.round_config();
     if let Some(keys) = config.device_keys()? {
         tracing::info!(devices = keys.len(), "device authentication on");
@@ -165,21 +168,21 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
                 next_round = saved.next_round,
                 "resuming from the checkpoint"
             );
-            Rounds::resume(round_config, strategy, saved, layout.num_params())
-                .map_err(anyhow::Error::msg)
-                .context("cannot resume from the checkpoint; move the state directory away to start afresh")?
+            Rounds::resume(round_config, strategy, saved, layout.num_params()).context(
+                "cannot resume from the checkpoint; move the state directory away to start afresh",
+            )?
         }
         None => Rounds::new(round_config, strategy, initial),
     };
     if let Some(dir) = &config.spill_dir {
         let bytes = config.spill_max_mb.saturating_mul(1 << 20);
-        let file = fedge_coordinator::spill::SpillFile::create(dir, bytes)
+        let file = fedge_coordinator::updates::spill::SpillFile::create(dir, bytes)
             .with_context(|| format!("cannot create the spill file in {}", dir.display()))?;
         tracing::info!(dir = %dir.display(), mb = config.spill_max_mb, "rounds beyond update_memory_mb spill to a mapped file");
         rounds.set_spill(file);
     }
     if let Some(path) = &journal_path {
-        let (log, ignored) = fedge_coordinator::journal::read(path)?;
+        let (log, ignored) = journal::read(path)?;
         if ignored > 0 {
             tracing::warn!(
                 bytes = ignored,
@@ -221,9 +224,8 @@ fn aggregate(args: AggregateArgs) -> anyhow::Result<()> {
         solver: args.solver,
         ..Default::default()
     };
-    let (params, report) =
-        replay::aggregate_files(&config, &args.global, &args.deltas).map_err(anyhow::Error::msg)?;
-    npy::write_f32(&args.out, &params).map_err(anyhow::Error::msg)?;
+    let (params, report) = replay::aggregate_files(&config, &args.global, &args.deltas)?;
+    npy::write_f32(&args.out, &params)?;
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.report {
         std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
@@ -254,7 +256,7 @@ async fn watch(
     ca_file: Option<PathBuf>,
     once: Option<f64>,
 ) -> anyhow::Result<()> {
-    use fedge_coordinator::watch::{WatchState, render};
+    use fedge_coordinator::io::watch::{WatchState, render};
     use rumqttc::{Event, Packet, QoS};
     let mut broker = fedge_mqtt::BrokerConfig::parse_url(url).map_err(anyhow::Error::msg)?;
     if let Some(ca) = ca_file {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use fedge_coordinator::npy;
+use fedge_coordinator::replay::npy;
 
 fn write_example(dir: &Path) {
     // Equal counts make p_u = 1/3, so the deltas are 3·g_u; η_ref = 0.5 is global_lr = 0.5/3.

@@ -7,8 +7,8 @@ use anyhow::Context;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use fedge_coordinator::insight::InsightConfig;
-use fedge_coordinator::prototypes::PrototypeConfig;
+use fedge_coordinator::InsightConfig;
+use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
 use fedge_edge::agent::class_stats;
 use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, accuracy, train_local};

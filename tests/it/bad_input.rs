@@ -138,7 +138,7 @@ async fn bad_updates_are_counted_by_reason_and_the_round_goes_on() {
     assert_eq!(status.rejected_total, 6);
     let rounds = coordinator.finished(Duration::from_secs(10)).await;
     assert_eq!(rounds.params(), &[0.75; PARAMS]);
-    let saved = fedge_coordinator::checkpoint::load(&checkpoint_path)
+    let saved = fedge_coordinator::store::checkpoint::load(&checkpoint_path)
         .unwrap()
         .expect("checkpoint written after the aggregation");
     assert_eq!(saved.params, vec![0.75; PARAMS]);

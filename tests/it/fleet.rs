@@ -18,7 +18,7 @@ async fn every_update_of_a_keyed_fleet_is_accounted_for() {
     const DEVICES: usize = 60;
     let keys: fedge_coordinator::DeviceKeys = device_ids(DEVICES)
         .into_iter()
-        .map(|id| (id, fedge_coordinator::keys::generate()))
+        .map(|id| (id, fedge_coordinator::store::keys::generate()))
         .collect();
     // Chunked at the default 128 KiB packet limit: tasks (f32, 320 KB) and updates (f16, 160 KB).
     let params = 80_000;

@@ -1,7 +1,7 @@
 //! Stable-FedADG and FedDDL through the coordinator's round machine, inspecting the encoded
 //! messages: what travels, what stays on the device, and how the coordinator combines it.
 
-use fedge_coordinator::prototypes::PrototypeConfig;
+use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{FedAvg, Output, RoundConfig, Rounds};
 use fedge_edge::agent::class_stats;
 use fedge_edge::data::digits_bg_domains;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fedge_coordinator::{Rounds, checkpoint, strategy::StrategyConfig};
+use fedge_coordinator::{Rounds, StrategyConfig, store::checkpoint};
 use fedge_models::{HeadConfig, ModelLayout};
 use fedge_wire::{DeviceKey, Topics};
 use rumqttc::{AsyncClient, MqttOptions, QoS};

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fedge_coordinator::broker::{BrokerLimits, start_embedded};
+use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::{DriverError, DriverEvent, DriverOptions, RoundReport, Rounds, driver};
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::CoordinatorStatus;

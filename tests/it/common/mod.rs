@@ -24,7 +24,7 @@ use fedge_mqtt::BrokerConfig;
 
 /// Euclidean norm, as the coordinator computes it.
 pub fn norm(v: &[f32]) -> f32 {
-    fedge_coordinator::round::l2_norm(v)
+    fedge_coordinator::updates::norms::l2_norm(v)
 }
 
 /// A child process killed and reaped when the test ends, a failed one included, so that no

@@ -41,7 +41,7 @@ impl Mosquitto {
             eprintln!("mosquitto not installed: skipping the interoperability test");
             return None;
         };
-        let port = fedge_coordinator::broker::free_loopback_addr()
+        let port = fedge_coordinator::io::broker::free_loopback_addr()
             .unwrap()
             .port();
         let dir = tempfile::tempdir().unwrap();

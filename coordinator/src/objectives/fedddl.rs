@@ -6,6 +6,15 @@
 //! over every client's data (the paper averages over clients without saying how; weighting by
 //! counts keeps a client with three samples of a class from counting as much as one with three
 //! hundred). A class no client saw this round keeps its previous prototype (zero before any).
+//!
+//! [`GlobalPrototypes`] is the state the round machine keeps between rounds (`U_G`); it goes
+//! down with each task and into the checkpoint. Nothing here validates updates or knows about
+//! rounds.
+
+use fedge_wire::TensorF32;
+
+use super::ClientStats;
+use crate::updates::RoundUpdates;
 
 /// FedDDL's server settings: the prototype shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +60,57 @@ pub fn average_prototypes(
             }
         })
         .collect()
+}
+
+/// FedDDL's server state: the prototype shape and the global `U_G` `[K, H]`, once a round made
+/// it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalPrototypes {
+    config: PrototypeConfig,
+    global: Option<Vec<f32>>,
+}
+
+impl GlobalPrototypes {
+    /// No `U_G` yet.
+    pub fn new(config: PrototypeConfig) -> Self {
+        Self {
+            config,
+            global: None,
+        }
+    }
+
+    /// Whether `values` saved in a checkpoint have the shape of this configuration's `U_G`.
+    pub fn fits(&self, values: &[f32]) -> bool {
+        values.len() == self.config.classes * self.config.hidden
+    }
+
+    /// Takes a saved `U_G` back (checked with [`GlobalPrototypes::fits`] first).
+    pub fn restore(&mut self, values: Vec<f32>) {
+        self.global = Some(values);
+    }
+
+    /// The global `U_G`, if a round produced one.
+    pub fn global(&self) -> Option<&[f32]> {
+        self.global.as_deref()
+    }
+
+    /// The global `U_G` as sent with a task.
+    pub fn tensor(&self) -> Option<TensorF32> {
+        let shape = vec![self.config.classes as u32, self.config.hidden as u32];
+        TensorF32::new(shape, self.global.as_deref()?).ok()
+    }
+
+    /// Folds the accepted clients' local prototypes into `U_G`.
+    pub fn fold(&mut self, accepted: &RoundUpdates, stats: &ClientStats) {
+        let clients: Vec<(&[u32], &[f32])> = (0..accepted.len())
+            .filter_map(|i| stats.get(accepted.client(i)))
+            .map(|(counts, means)| (counts.as_slice(), means.as_slice()))
+            .collect();
+        if !clients.is_empty() {
+            let previous = self.global.as_deref();
+            self.global = Some(average_prototypes(previous, &clients, &self.config));
+        }
+    }
 }
 
 #[cfg(test)]

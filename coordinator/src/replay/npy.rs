@@ -5,10 +5,74 @@ use std::path::Path;
 
 const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
+/// What is wrong with bytes that should be a 1-D f32 `.npy` array; each message says what to
+/// change.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NpyError {
+    /// No `\x93NUMPY` magic.
+    #[error("not a .npy file (no \\x93NUMPY magic)")]
+    NotNpy,
+    /// A format version other than 1, 2 or 3.
+    #[error(".npy format version {0} is not supported")]
+    Version(u8),
+    /// The header runs past the end of the file.
+    #[error("truncated .npy header")]
+    Truncated,
+    /// The header is not UTF-8.
+    #[error("header is not text")]
+    HeaderNotText,
+    /// A key the header must have.
+    #[error("header has no '{0}'")]
+    MissingKey(&'static str),
+    /// Another element type.
+    #[error(
+        "dtype {0}, expected little-endian float32 ('<f4'); save with np.asarray(x, dtype=np.float32)"
+    )]
+    Dtype(String),
+    /// Column-major data.
+    #[error("Fortran-ordered arrays are not supported")]
+    FortranOrder,
+    /// A shape that does not parse.
+    #[error("bad shape {0}")]
+    BadShape(String),
+    /// More or fewer than one dimension.
+    #[error("shape ({0}) but a 1-D vector is needed; flatten it with x.ravel()")]
+    NotOneDimensional(String),
+    /// The data's length differs from the shape's.
+    #[error("{len} values announced, {bytes} bytes of data present")]
+    Length {
+        /// Values the shape announces.
+        len: usize,
+        /// Bytes of data present.
+        bytes: usize,
+    },
+}
+
+/// A `.npy` file that cannot be read or written; the message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum NpyFileError {
+    /// File system error.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Not a 1-D f32 array.
+    #[error("{}: {source}", path.display())]
+    Invalid {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        source: NpyError,
+    },
+}
+
 /// Parses a `.npy` file holding a 1-D `<f4` array; the error says what to change.
-pub fn parse_f32(bytes: &[u8]) -> Result<Vec<f32>, String> {
+pub fn parse_f32(bytes: &[u8]) -> Result<Vec<f32>, NpyError> {
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
-        return Err("not a .npy file (no \\x93NUMPY magic)".into());
+        return Err(NpyError::NotNpy);
     }
     let major = bytes[6];
     let (header_len, start): (usize, usize) = match major {
@@ -17,24 +81,22 @@ pub fn parse_f32(bytes: &[u8]) -> Result<Vec<f32>, String> {
             u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
             12,
         ),
-        _ => return Err(format!(".npy format version {major} is not supported")),
+        _ => return Err(NpyError::Version(major)),
     };
     let end = start
         .checked_add(header_len)
         .filter(|e| *e <= bytes.len())
-        .ok_or("truncated .npy header")?;
-    let header = std::str::from_utf8(&bytes[start..end]).map_err(|_| "header is not text")?;
-    let descr = value_of(header, "descr").ok_or("header has no 'descr'")?;
+        .ok_or(NpyError::Truncated)?;
+    let header = std::str::from_utf8(&bytes[start..end]).map_err(|_| NpyError::HeaderNotText)?;
+    let descr = value_of(header, "descr").ok_or(NpyError::MissingKey("descr"))?;
     let descr = descr.trim_matches(|c| c == '\'' || c == '"');
     if descr != "<f4" && !(descr == "=f4" && cfg!(target_endian = "little")) {
-        return Err(format!(
-            "dtype {descr}, expected little-endian float32 ('<f4'); save with np.asarray(x, dtype=np.float32)"
-        ));
+        return Err(NpyError::Dtype(descr.to_owned()));
     }
     if value_of(header, "fortran_order").is_some_and(|v| v.starts_with("True")) {
-        return Err("Fortran-ordered arrays are not supported".into());
+        return Err(NpyError::FortranOrder);
     }
-    let shape = value_of(header, "shape").ok_or("header has no 'shape'")?;
+    let shape = value_of(header, "shape").ok_or(NpyError::MissingKey("shape"))?;
     let dims: Vec<usize> = shape
         .trim_start_matches('(')
         .split(')')
@@ -43,23 +105,21 @@ pub fn parse_f32(bytes: &[u8]) -> Result<Vec<f32>, String> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("bad shape {shape}")))
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|_| NpyError::BadShape(shape.to_owned()))
+        })
         .collect::<Result<_, _>>()?;
     let [len] = dims[..] else {
-        return Err(format!(
-            "shape ({}) but a 1-D vector is needed; flatten it with x.ravel()",
-            dims.iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+        let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+        return Err(NpyError::NotOneDimensional(dims.join(", ")));
     };
     let data = &bytes[end..];
     if data.len() != len * 4 {
-        return Err(format!(
-            "{len} values announced, {} bytes of data present",
-            data.len()
-        ));
+        return Err(NpyError::Length {
+            len,
+            bytes: data.len(),
+        });
     }
     Ok(data
         .chunks_exact(4)
@@ -107,14 +167,23 @@ pub fn to_bytes(values: &[f32]) -> Vec<u8> {
 }
 
 /// Reads a 1-D f32 `.npy` file; errors name the file.
-pub fn read_f32(path: &Path) -> Result<Vec<f32>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse_f32(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+pub fn read_f32(path: &Path) -> Result<Vec<f32>, NpyFileError> {
+    let bytes = std::fs::read(path).map_err(|source| NpyFileError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_f32(&bytes).map_err(|source| NpyFileError::Invalid {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Writes a 1-D f32 `.npy` file.
-pub fn write_f32(path: &Path, values: &[f32]) -> Result<(), String> {
-    std::fs::write(path, to_bytes(values)).map_err(|e| format!("{}: {e}", path.display()))
+pub fn write_f32(path: &Path, values: &[f32]) -> Result<(), NpyFileError> {
+    std::fs::write(path, to_bytes(values)).map_err(|source| NpyFileError::Io {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -165,15 +234,16 @@ mod tests {
             [&bytes[..at], to.as_bytes(), &bytes[at + from.len()..]].concat()
         };
         let err = parse_f32(&edit(to_bytes(&[1.0]), "<f4", "<f8")).unwrap_err();
-        assert!(err.contains("float32"), "{err}");
+        assert!(err.to_string().contains("float32"), "{err}");
         let two_d = edit(to_bytes(&[1.0, 2.0]), "(2,)", "(1, 2)");
-        assert!(parse_f32(&two_d).unwrap_err().contains("ravel"));
+        assert!(parse_f32(&two_d).unwrap_err().to_string().contains("ravel"));
         let mut short = to_bytes(&[1.0, 2.0]);
         short.pop();
-        assert!(parse_f32(&short).unwrap_err().contains("announced"));
+        assert!(matches!(parse_f32(&short), Err(NpyError::Length { .. })));
         assert!(
             parse_f32(b"PK\x03\x04 zip")
                 .unwrap_err()
+                .to_string()
                 .contains("not a .npy")
         );
         for cut in 0..20 {

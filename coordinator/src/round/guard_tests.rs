@@ -2,6 +2,10 @@
 //! and norm bounds.
 
 use super::tests::{M, config, drain, reports, update};
+use std::sync::Arc;
+
+use fedge_wire::DeviceKey;
+
 use super::*;
 use crate::strategy::FedAvg;
 

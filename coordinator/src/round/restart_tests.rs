@@ -1,9 +1,9 @@
 //! A machine killed mid-round and rebuilt from its checkpoint and journal ends where an
 //! uninterrupted one does.
 
+use super::saved::{OpenRoundLog, Record};
 use super::tests::{M, config, drain, update};
 use super::*;
-use crate::journal::{OpenRoundLog, Record};
 use crate::strategy::{FedAvg, ServerMomentum};
 
 fn journaled() -> RoundConfig {

@@ -18,9 +18,36 @@
 //! **Choice**: winsorising rather than dropping keeps one delta per client, so every inner
 //! strategy (FedOMG's per-client Gram matrix, momentum) still applies unchanged.
 
-use crate::strategy::{Aggregated, Failure, Strategy, StrategyState};
+use super::names::closed_set;
+use super::{Aggregated, Failure, Strategy};
+use crate::updates::norms::{median, norms};
 use crate::updates::{RoundUpdates, UpdatesConfig};
-use fedge_wire::TrainParams;
+
+closed_set! {
+    /// The robust rewrite of the deltas before the strategy (`robust`, `--robust`).
+    pub enum RobustKind("robust") {
+        /// No rewrite.
+        #[default]
+        None = "none",
+        /// Scale deltas down to `clip_norm` (0: the round's median norm).
+        Clip = "clip",
+        /// Coordinate-wise winsorised trimmed mean (`trim_fraction` per side).
+        TrimmedMean = "trimmed-mean",
+        /// Coordinate-wise median.
+        Median = "median",
+    }
+}
+
+/// A robust rule's parameter out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RobustError {
+    /// A negative or non-finite clipping bound.
+    #[error("clip_norm must be >= 0 (0: median norm), got {0}")]
+    ClipNorm(f64),
+    /// A trimming fraction outside `[0, 0.5)`.
+    #[error("trim_fraction must be in [0, 0.5), got {0}")]
+    TrimFraction(f64),
+}
 
 /// Which rewrite of the deltas.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,26 +68,21 @@ pub enum RobustRule {
 
 impl RobustRule {
     /// The rule `kind` with its parameters, checked.
-    pub fn parse(
-        kind: crate::strategy::RobustKind,
+    pub fn of(
+        kind: RobustKind,
         clip_norm: f64,
         fraction: f64,
-    ) -> Result<Option<Self>, String> {
-        use crate::strategy::RobustKind;
+    ) -> Result<Option<Self>, RobustError> {
         match kind {
             RobustKind::None => Ok(None),
             RobustKind::Clip if clip_norm.is_finite() && clip_norm >= 0.0 => {
                 Ok(Some(Self::Clip { norm: clip_norm }))
             }
-            RobustKind::Clip => Err(format!(
-                "clip_norm must be >= 0 (0: median norm), got {clip_norm}"
-            )),
+            RobustKind::Clip => Err(RobustError::ClipNorm(clip_norm)),
             RobustKind::TrimmedMean if (0.0..0.5).contains(&fraction) => {
                 Ok(Some(Self::TrimmedMean { fraction }))
             }
-            RobustKind::TrimmedMean => {
-                Err(format!("trim_fraction must be in [0, 0.5), got {fraction}"))
-            }
+            RobustKind::TrimmedMean => Err(RobustError::TrimFraction(fraction)),
             RobustKind::Median => Ok(Some(Self::Median)),
         }
     }
@@ -72,28 +94,6 @@ impl RobustRule {
             Self::TrimmedMean { .. } => "trimmed-mean",
             Self::Median => "median",
         }
-    }
-}
-
-/// Norms of the held deltas, in view order.
-pub fn norms(updates: &RoundUpdates) -> Vec<f64> {
-    (0..updates.len())
-        .map(|i| match updates.dot(i, i) {
-            Some(d) => d.max(0.0).sqrt(),
-            None => crate::round::l2_norm_f64(updates.delta(i)),
-        })
-        .collect()
-}
-
-/// The median of `values` (mean of the middle two for an even count); 0 when empty.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => sorted[n / 2],
-        _ => 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]),
     }
 }
 
@@ -175,21 +175,14 @@ impl Strategy for Robust {
         &self.name
     }
 
-    fn initialize_parameters(&mut self, initial: Vec<f32>) -> Vec<f32> {
-        self.inner.initialize_parameters(initial)
+    // Clipping reads the norms from the streamed dot products when the inner strategy asks for
+    // them (`needs_dots` goes to the inner strategy).
+    fn inner(&self) -> Option<&dyn Strategy> {
+        Some(self.inner.as_ref())
     }
 
-    fn configure_round(&mut self, round: u64, defaults: &TrainParams) -> TrainParams {
-        self.inner.configure_round(round, defaults)
-    }
-
-    fn needs_dots(&self) -> bool {
-        // Clipping reads the norms from the streamed dot products when there are any.
-        self.inner.needs_dots()
-    }
-
-    fn solver(&self) -> Option<&str> {
-        self.inner.solver()
+    fn inner_mut(&mut self) -> Option<&mut dyn Strategy> {
+        Some(self.inner.as_mut())
     }
 
     fn aggregate(
@@ -200,14 +193,6 @@ impl Strategy for Robust {
     ) -> Aggregated {
         let rewritten = rewrite(self.rule, updates, self.inner.needs_dots());
         self.inner.aggregate(global, &rewritten, failures)
-    }
-
-    fn state(&self) -> StrategyState {
-        self.inner.state()
-    }
-
-    fn restore(&mut self, state: &StrategyState) -> Result<(), String> {
-        self.inner.restore(state)
     }
 }
 
@@ -317,9 +302,8 @@ mod tests {
         // With k = 0 nothing changes.
         let two: [(&str, u32, &[f32]); 2] = [("a", 1, &[1.0]), ("b", 3, &[5.0])];
         assert_eq!(run(RobustRule::Median, &two), vec![4.0]);
-        use crate::strategy::RobustKind;
-        assert!(RobustRule::parse(RobustKind::TrimmedMean, 0.0, 0.5).is_err());
-        assert!(RobustRule::parse(RobustKind::Clip, -1.0, 0.1).is_err());
-        assert_eq!(RobustRule::parse(RobustKind::None, 0.0, 0.1), Ok(None));
+        assert!(RobustRule::of(RobustKind::TrimmedMean, 0.0, 0.5).is_err());
+        assert!(RobustRule::of(RobustKind::Clip, -1.0, 0.1).is_err());
+        assert_eq!(RobustRule::of(RobustKind::None, 0.0, 0.1), Ok(None));
     }
 }

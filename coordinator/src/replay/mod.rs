@@ -5,13 +5,15 @@
 //! and `counts.json` (`{"<client>": samples}`). Every input problem is an error naming the file.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::npy;
-use crate::strategy::{Strategy, StrategyConfig};
+pub mod npy;
+
+use crate::strategy::{BuildError, Strategy, StrategyConfig, StrategyKind};
 use crate::updates::RoundUpdates;
+use npy::NpyFileError;
 
 /// What the replay reports (`--report`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -30,86 +32,117 @@ pub struct ReplayReport {
     pub lambda: Option<f64>,
 }
 
+/// A replay that cannot run; every message names the file to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A strategy that needs state the files do not hold.
+    #[error("replay supports fedavg and fedomg, not {0} (server momentum needs the saved buffer)")]
+    Unsupported(StrategyKind),
+    /// The strategy's parameters.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// A `.npy` file.
+    #[error(transparent)]
+    Npy(#[from] NpyFileError),
+    /// File system error.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// `counts.json` is not a map of client to sample count.
+    #[error("{}: {source} (expected {{\"<client>\": sample_count}})", path.display())]
+    Counts {
+        /// The file.
+        path: PathBuf,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+    /// Anything else wrong with the files: which file, and what.
+    #[error("{}: {message}", path.display())]
+    Invalid {
+        /// The file or folder.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(path: &Path, message: String) -> ReplayError {
+    ReplayError::Invalid {
+        path: path.to_owned(),
+        message,
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReplayError {
+    let path = path.to_owned();
+    move |source| ReplayError::Io { path, source }
+}
+
 /// Runs one aggregation from the files; returns the new parameters and the report.
 pub fn aggregate_files(
     config: &StrategyConfig,
     global: &Path,
     deltas: &Path,
-) -> Result<(Vec<f32>, ReplayReport), String> {
-    use crate::strategy::StrategyKind;
+) -> Result<(Vec<f32>, ReplayReport), ReplayError> {
     if !matches!(config.strategy, StrategyKind::Fedavg | StrategyKind::Fedomg) {
-        return Err(format!(
-            "replay supports fedavg and fedomg, not {} (server momentum needs the saved buffer)",
-            config.strategy.name()
-        ));
+        return Err(ReplayError::Unsupported(config.strategy));
     }
     let mut strategy = config.build()?;
     let theta = npy::read_f32(global)?;
     let counts_path = deltas.join("counts.json");
-    let text = std::fs::read_to_string(&counts_path)
-        .map_err(|e| format!("{}: {e}", counts_path.display()))?;
-    let counts: BTreeMap<String, u32> = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}: {e} (expected {{\"<client>\": sample_count}})",
-            counts_path.display()
-        )
-    })?;
+    let text = std::fs::read_to_string(&counts_path).map_err(io(&counts_path))?;
+    let counts: BTreeMap<String, u32> =
+        serde_json::from_str(&text).map_err(|source| ReplayError::Counts {
+            path: counts_path.clone(),
+            source,
+        })?;
     let mut files = BTreeMap::new();
-    let entries = std::fs::read_dir(deltas).map_err(|e| format!("{}: {e}", deltas.display()))?;
-    for entry in entries {
-        let path = entry
-            .map_err(|e| format!("{}: {e}", deltas.display()))?
-            .path();
+    for entry in std::fs::read_dir(deltas).map_err(io(deltas))? {
+        let path = entry.map_err(io(deltas))?.path();
         if path.extension().is_some_and(|e| e == "npy") {
             let client = path
                 .file_stem()
                 .and_then(|s| s.to_str())
-                .ok_or_else(|| format!("{}: file name is not UTF-8", path.display()))?
+                .ok_or_else(|| invalid(&path, "file name is not UTF-8".into()))?
                 .to_owned();
             files.insert(client, path);
         }
     }
     if files.is_empty() {
-        return Err(format!(
-            "{}: no <client>.npy deltas found",
-            deltas.display()
-        ));
+        return Err(invalid(deltas, "no <client>.npy deltas found".into()));
     }
     let mut held = Vec::new();
     for (client, path) in &files {
         let n = *counts.get(client).ok_or_else(|| {
-            format!(
-                "{}: no sample count for client {client:?} in {}",
-                path.display(),
-                counts_path.display()
+            let shown = counts_path.display();
+            invalid(
+                path,
+                format!("no sample count for client {client:?} in {shown}"),
             )
         })?;
         let delta = npy::read_f32(path)?;
         if delta.len() != theta.len() {
-            return Err(format!(
-                "{}: {} values, but {} holds {}",
-                path.display(),
-                delta.len(),
-                global.display(),
-                theta.len()
+            let (got, shown, want) = (delta.len(), global.display(), theta.len());
+            return Err(invalid(
+                path,
+                format!("{got} values, but {shown} holds {want}"),
             ));
         }
         if let Some(i) = delta.iter().position(|v| !v.is_finite()) {
-            return Err(format!("{}: value {i} is not finite", path.display()));
+            return Err(invalid(path, format!("value {i} is not finite")));
         }
         held.push((client.clone(), n, delta));
     }
     if let Some(extra) = counts.keys().find(|c| !files.contains_key(*c)) {
-        return Err(format!(
-            "{}: client {extra:?} has a count but no {extra}.npy",
-            counts_path.display()
-        ));
+        let message = format!("client {extra:?} has a count but no {extra}.npy");
+        return Err(invalid(&counts_path, message));
     }
     if held.iter().all(|(_, n, _)| *n == 0) {
-        return Err(format!(
-            "{}: all sample counts are zero",
-            counts_path.display()
-        ));
+        return Err(invalid(&counts_path, "all sample counts are zero".into()));
     }
     let updates = RoundUpdates::from_updates(
         theta.len(),
@@ -194,20 +227,20 @@ mod tests {
         npy::write_f32(&deltas.join("site-1.npy"), &[1.0, 2.0]).unwrap();
         let err = aggregate_files(&config, &global, &deltas).unwrap_err();
         assert!(
-            err.contains("site-1.npy") && err.contains("2 values"),
+            err.to_string().contains("site-1.npy") && err.to_string().contains("2 values"),
             "{err}"
         );
         npy::write_f32(&deltas.join("site-1.npy"), &[1.0; 4]).unwrap();
         npy::write_f32(&deltas.join("site-9.npy"), &[1.0; 4]).unwrap();
         let err = aggregate_files(&config, &global, &deltas).unwrap_err();
         assert!(
-            err.contains("site-9.npy") && err.contains("no sample count"),
+            err.to_string().contains("site-9.npy") && err.to_string().contains("no sample count"),
             "{err}"
         );
         std::fs::remove_file(deltas.join("site-9.npy")).unwrap();
         std::fs::write(deltas.join("counts.json"), "[1, 2]").unwrap();
         let err = aggregate_files(&config, &global, &deltas).unwrap_err();
-        assert!(err.contains("counts.json"), "{err}");
+        assert!(err.to_string().contains("counts.json"), "{err}");
         std::fs::write(deltas.join("site-0.npy"), b"not numpy").unwrap();
         let momentum = StrategyConfig {
             strategy: crate::strategy::StrategyKind::Fedavgm,
@@ -216,6 +249,7 @@ mod tests {
         assert!(
             aggregate_files(&momentum, &global, &deltas)
                 .unwrap_err()
+                .to_string()
                 .contains("fedavg and fedomg")
         );
     }

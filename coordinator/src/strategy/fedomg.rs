@@ -11,7 +11,8 @@
 //! The solver needs only the N×N Gram matrix; the strategy reads it from the dot products the
 //! round streamed while updates arrived ([`crate::updates`]). Everything here is f64.
 
-use crate::strategy::{Aggregated, AggregationReport, Failure, Strategy, apply};
+use super::names::closed_set;
+use super::{Aggregated, AggregationReport, Failure, Strategy, apply};
 use crate::updates::RoundUpdates;
 
 /// Which solver finds `Γ*`.
@@ -38,12 +39,23 @@ impl Solver {
     }
 }
 
+closed_set! {
+    /// FedOMG's solver of the weights `Γ` (`solver`, `--solver`).
+    pub enum SolverKind("solver") {
+        /// The authors' 20 SGD steps.
+        #[default]
+        Reference = "reference",
+        /// Projected gradient until the Frank–Wolfe gap closes.
+        Converged = "converged",
+    }
+}
+
 impl Solver {
     /// The solver named `kind`, with the converged solver's tolerance and iteration cap.
-    pub fn of(kind: crate::strategy::SolverKind) -> Self {
+    pub fn of(kind: SolverKind) -> Self {
         match kind {
-            crate::strategy::SolverKind::Reference => Solver::Reference,
-            crate::strategy::SolverKind::Converged => Solver::Converged {
+            SolverKind::Reference => Solver::Reference,
+            SolverKind::Converged => Solver::Converged {
                 tolerance: 1e-10,
                 max_iterations: 100_000,
             },
@@ -268,66 +280,6 @@ fn softmax(w: &[f64]) -> Vec<f64> {
     e.iter().map(|x| x / sum).collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn close(got: &[f64], want: &[f64], rel: f64) {
-        for (g, w) in got.iter().zip(want) {
-            assert!(
-                (g - w).abs() <= rel * w.abs().max(1e-12),
-                "got {got:?}, want {want:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn worked_example_of_the_spec_is_reproduced() {
-        let g = [
-            [1.0, 0.0, 0.5, -0.2],
-            [0.0, 1.0, 0.5, 0.1],
-            [-0.3, 0.2, 1.0, 0.0],
-        ];
-        let gram: Vec<f64> = (0..3)
-            .flat_map(|u| (0..3).map(move |v| (0..4).map(|i| g[u][i] * g[v][i]).sum()))
-            .collect();
-        let sol = solve(&gram, 3, &FedOmgConfig::default());
-        close(
-            &sol.gamma,
-            &[0.5502149834, 0.0672155945, 0.3825694221],
-            1e-6,
-        );
-        close(&[sol.objective], &[0.7856505870], 1e-6);
-        let converged = solve(
-            &gram,
-            3,
-            &FedOmgConfig {
-                solver: Solver::of(crate::strategy::SolverKind::Converged),
-                ..FedOmgConfig::default()
-            },
-        );
-        assert!(converged.objective <= sol.objective, "{converged:?}");
-        let g_out: Vec<f64> = (0..4)
-            .map(|i| (0..3).map(|u| sol.coefficients[u] * g[u][i]).sum())
-            .collect();
-        close(
-            &g_out,
-            &[0.3559158583, 0.3758650237, 0.8020230763, -0.0668258225],
-            1e-6,
-        );
-        let theta: Vec<f64> = [0.1, -0.2, 0.3, 0.4]
-            .iter()
-            .zip(&g_out)
-            .map(|(t, d)| t + 0.5 * d)
-            .collect();
-        close(
-            &theta,
-            &[0.2779579292, -0.0120674882, 0.7010115382, 0.3665870888],
-            1e-6,
-        );
-    }
-}
-
 /// FedOMG as a server strategy: `θ ← θ + global_lr · N · g_out` (ALGORITHMS.md §2 **Choice**:
 /// `global_lr` is in FedAvg units, so `κ = 0, global_lr = 1` is exactly FedAvg).
 ///
@@ -488,7 +440,7 @@ mod strategy_tests {
             // The reference solver's 20 steps are reproduced to rounding. The converged one stops
             // at a duality gap of 1e-10, which pins the objective, not Γ: where the objective is
             // flat, Γ can differ by about sqrt(gap).
-            for (solver, tolerance) in [(crate::strategy::SolverKind::Reference, 1e-7), (crate::strategy::SolverKind::Converged, 1e-4)] {
+            for (solver, tolerance) in [(SolverKind::Reference, 1e-7), (SolverKind::Converged, 1e-4)] {
                 let config = FedOmgConfig { solver: Solver::of(solver), ..FedOmgConfig::default() };
                 let a = solve(&gram_of(&rows), n, &config);
                 let b = solve(&gram_of(&permuted), n, &config);
@@ -518,7 +470,7 @@ mod strategy_tests {
             for (x, y) in a.gamma.iter().zip(&b.gamma) {
                 prop_assert!((x - y).abs() < 1e-7, "{:?} vs {:?}", a.gamma, b.gamma);
             }
-            let converged = FedOmgConfig { solver: Solver::of(crate::strategy::SolverKind::Converged), ..config };
+            let converged = FedOmgConfig { solver: Solver::of(SolverKind::Converged), ..config };
             let a = solve(&gram_of(&base), n, &converged);
             let b = solve(&gram_of(&scaled), n, &converged);
             prop_assert!((a.objective - b.objective).abs() < 1e-8 * a.objective.abs().max(1.0));
@@ -531,7 +483,7 @@ mod strategy_tests {
             let reference = solve(&gram, n, &FedOmgConfig { kappa, ..FedOmgConfig::default() });
             let converged = solve(&gram, n, &FedOmgConfig {
                 kappa,
-                solver: Solver::of(crate::strategy::SolverKind::Converged),
+                solver: Solver::of(SolverKind::Converged),
                 ..FedOmgConfig::default()
             });
             prop_assert!(converged.objective <= reference.objective + 1e-9,
@@ -547,5 +499,65 @@ mod strategy_tests {
         assert_eq!(project_to_simplex(&[2.0, 0.0]), vec![1.0, 0.0]);
         let p = project_to_simplex(&[0.5, 0.5, 0.5]);
         assert!(p.iter().all(|x| (x - 1.0 / 3.0).abs() < 1e-12));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(got: &[f64], want: &[f64], rel: f64) {
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= rel * w.abs().max(1e-12),
+                "got {got:?}, want {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn worked_example_of_the_spec_is_reproduced() {
+        let g = [
+            [1.0, 0.0, 0.5, -0.2],
+            [0.0, 1.0, 0.5, 0.1],
+            [-0.3, 0.2, 1.0, 0.0],
+        ];
+        let gram: Vec<f64> = (0..3)
+            .flat_map(|u| (0..3).map(move |v| (0..4).map(|i| g[u][i] * g[v][i]).sum()))
+            .collect();
+        let sol = solve(&gram, 3, &FedOmgConfig::default());
+        close(
+            &sol.gamma,
+            &[0.5502149834, 0.0672155945, 0.3825694221],
+            1e-6,
+        );
+        close(&[sol.objective], &[0.7856505870], 1e-6);
+        let converged = solve(
+            &gram,
+            3,
+            &FedOmgConfig {
+                solver: Solver::of(SolverKind::Converged),
+                ..FedOmgConfig::default()
+            },
+        );
+        assert!(converged.objective <= sol.objective, "{converged:?}");
+        let g_out: Vec<f64> = (0..4)
+            .map(|i| (0..3).map(|u| sol.coefficients[u] * g[u][i]).sum())
+            .collect();
+        close(
+            &g_out,
+            &[0.3559158583, 0.3758650237, 0.8020230763, -0.0668258225],
+            1e-6,
+        );
+        let theta: Vec<f64> = [0.1, -0.2, 0.3, 0.4]
+            .iter()
+            .zip(&g_out)
+            .map(|(t, d)| t + 0.5 * d)
+            .collect();
+        close(
+            &theta,
+            &[0.2779579292, -0.0120674882, 0.7010115382, 0.3665870888],
+            1e-6,
+        );
     }
 }

@@ -8,9 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use crate::strategy::StrategyState;
+use crate::round::saved::Checkpoint;
 
 const MAGIC: &[u8; 4] = b"FDGC";
 /// Version 2 added FedDDL's prototypes.
@@ -19,27 +17,6 @@ const VERSION: u8 = 2;
 /// (`cargo bench --workspace --bench crc`).
 const CRC: crc::Crc<u32, crc::Table<16>> =
     crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
-
-/// Everything needed to continue a federation after a restart.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// Federation name.
-    pub federation: String,
-    /// Strategy name (`fedavg`, `fedomg+momentum`, ...).
-    pub strategy: String,
-    /// The next round to open.
-    pub next_round: u64,
-    /// Rounds aggregated so far.
-    pub aggregated_rounds: u64,
-    /// Global head parameters.
-    pub params: Vec<f32>,
-    /// The strategy's buffers.
-    pub strategy_state: StrategyState,
-    /// FedDIM's global insight matrices `[K, H, K]`; empty when there are none.
-    pub insight: Vec<f32>,
-    /// FedDDL's global causal prototypes `[K, H]`; empty when there are none.
-    pub prototypes: Vec<f32>,
-}
 
 /// A checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +35,28 @@ pub enum CheckpointError {
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        reason: String,
+        reason: InvalidCheckpoint,
     },
+}
+
+/// What is wrong with bytes that should be a checkpoint.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidCheckpoint {
+    /// Too short, or another magic.
+    #[error("not a fedge coordinator checkpoint")]
+    NotACheckpoint,
+    /// The CRC does not match.
+    #[error("checksum mismatch (damaged file)")]
+    Checksum,
+    /// Written by a build with another format version.
+    #[error("checkpoint version {0}, this build reads {VERSION}")]
+    Version(u8),
+    /// The body does not deserialise.
+    #[error("undecodable: {0}")]
+    Undecodable(#[from] postcard::Error),
+    /// NaN or infinite values.
+    #[error("non-finite parameters")]
+    NonFinite,
 }
 
 /// Serialises a checkpoint.
@@ -73,30 +70,26 @@ pub fn encode(checkpoint: &Checkpoint) -> Vec<u8> {
 }
 
 /// Parses a checkpoint; `Err` names what is wrong.
-pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
+pub fn decode(bytes: &[u8]) -> Result<Checkpoint, InvalidCheckpoint> {
     if bytes.len() < MAGIC.len() + 1 + 4 || &bytes[..4] != MAGIC {
-        return Err("not a fedge coordinator checkpoint".into());
+        return Err(InvalidCheckpoint::NotACheckpoint);
     }
     let (body, tail) = bytes.split_at(bytes.len() - 4);
     let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
     if CRC.checksum(body) != stored {
-        return Err("checksum mismatch (damaged file)".into());
+        return Err(InvalidCheckpoint::Checksum);
     }
     if body[4] != VERSION {
-        return Err(format!(
-            "checkpoint version {}, this build reads {VERSION}",
-            body[4]
-        ));
+        return Err(InvalidCheckpoint::Version(body[4]));
     }
-    let checkpoint: Checkpoint =
-        postcard::from_bytes(&body[5..]).map_err(|e| format!("undecodable: {e}"))?;
+    let checkpoint: Checkpoint = postcard::from_bytes(&body[5..])?;
     let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
     if !finite(&checkpoint.params)
         || !finite(&checkpoint.insight)
         || !finite(&checkpoint.prototypes)
         || !checkpoint.strategy_state.values().all(|v| finite(v))
     {
-        return Err("non-finite parameters".into());
+        return Err(InvalidCheckpoint::NonFinite);
     }
     Ok(checkpoint)
 }
@@ -130,6 +123,7 @@ pub fn load(path: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::StrategyState;
 
     fn sample() -> Checkpoint {
         Checkpoint {
@@ -157,13 +151,13 @@ mod tests {
     #[test]
     fn damaged_or_foreign_files_are_clear_errors() {
         let mut bytes = encode(&sample());
-        assert!(decode(&bytes[..3]).unwrap_err().contains("not a fedge"));
+        assert_eq!(decode(&bytes[..3]), Err(InvalidCheckpoint::NotACheckpoint));
         let last = bytes.len() - 6;
         bytes[last] ^= 1;
-        assert!(decode(&bytes).unwrap_err().contains("checksum"));
+        assert_eq!(decode(&bytes), Err(InvalidCheckpoint::Checksum));
         let mut nan = sample();
         nan.params[1] = f32::NAN;
-        assert!(decode(&encode(&nan)).unwrap_err().contains("non-finite"));
+        assert_eq!(decode(&encode(&nan)), Err(InvalidCheckpoint::NonFinite));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.bin");
         std::fs::write(&path, b"hello world").unwrap();

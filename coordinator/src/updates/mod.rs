@@ -3,21 +3,24 @@
 //! Deltas are copied into one contiguous f32 arena as they are accepted: `N·M·4` bytes for `N`
 //! updates of `M` parameters (plus `N²·8` bytes of dot products), reserved once for the selected
 //! clients. When the selected clients' deltas would take more than the configured budget and
-//! the driver gave the machine a spill file ([`crate::spill::SpillFile`]), the round's arena is
+//! the driver gave the machine a spill file ([`spill::SpillFile`]), the round's arena is
 //! that memory-mapped file instead of the heap. An update that would take the arena past its
 //! limit (the budget, or the spill file's size) is refused (the round machine rejects it with
 //! reason `memory_budget`, and the round aggregates what it holds).
 //!
 //! When the strategy asks for them (FedOMG), the dot products `Δ_u·Δ_v` are computed while
 //! updates arrive: every [`UpdatesConfig::block`] arrivals, the new block is multiplied against
-//! all rows held so far ([`crate::gram::cross_dots`]), which reads each earlier delta once per
+//! all rows held so far ([`gram::cross_dots`]), which reads each earlier delta once per
 //! block instead of once per arrival. At the round's end only the last partial block is left,
 //! so closing costs O(N²) for the solver plus one weighted sum over the deltas.
 //!
 //! Views are in client-id order, whatever the arrival order, so aggregation is reproducible.
 
-use crate::gram;
-use crate::spill::SpillFile;
+pub mod gram;
+pub mod norms;
+pub mod spill;
+
+use spill::SpillFile;
 
 /// Where a round's deltas live: the heap, or the spill file when they outgrow the budget. Kept
 /// from round to round, so a steady federation neither faults in fresh pages nor remaps.

@@ -25,12 +25,31 @@ pub enum KeysError {
         source: std::io::Error,
     },
     /// Not TOML of `client = "hex"` lines, or a bad key or client id.
-    #[error("{path}: {message}")]
+    #[error("{path}: {reason}")]
     Invalid {
         /// File.
         path: String,
         /// What to fix.
-        message: String,
+        reason: InvalidKeys,
+    },
+}
+
+/// What is wrong with the text of a keys file.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidKeys {
+    /// Not TOML of `client = "hex"` lines.
+    #[error("expected lines of client = \"64 hex digits\": {0}")]
+    Toml(#[from] toml::de::Error),
+    /// A client id devices cannot have.
+    #[error("client id {0:?} must be 1-64 characters of A-Z a-z 0-9 _ . -")]
+    ClientId(String),
+    /// A key that is not 64 hex digits.
+    #[error("key of {client:?}: {source}")]
+    Key {
+        /// The client.
+        client: String,
+        /// What is wrong with the key.
+        source: fedge_wire::KeyError,
     },
 }
 
@@ -41,24 +60,24 @@ pub fn load(path: &Path) -> Result<DeviceKeys, KeysError> {
         path: shown.clone(),
         source,
     })?;
-    parse(&text).map_err(|message| KeysError::Invalid {
+    parse(&text).map_err(|reason| KeysError::Invalid {
         path: shown,
-        message,
+        reason,
     })
 }
 
 /// Parses the text of a keys file.
-pub fn parse(text: &str) -> Result<DeviceKeys, String> {
-    let table: BTreeMap<String, String> = toml::from_str(text)
-        .map_err(|e| format!("expected lines of client = \"64 hex digits\": {e}"))?;
+pub fn parse(text: &str) -> Result<DeviceKeys, InvalidKeys> {
+    let table: BTreeMap<String, String> = toml::from_str(text)?;
     let mut keys = DeviceKeys::new();
     for (client, hex) in table {
         if !fedge_wire::valid_client_id(&client) {
-            return Err(format!(
-                "client id {client:?} must be 1-64 characters of A-Z a-z 0-9 _ . -"
-            ));
+            return Err(InvalidKeys::ClientId(client));
         }
-        let key = DeviceKey::from_hex(&hex).map_err(|e| format!("key of {client:?}: {e}"))?;
+        let key = match DeviceKey::from_hex(&hex) {
+            Ok(key) => key,
+            Err(source) => return Err(InvalidKeys::Key { client, source }),
+        };
         keys.insert(client, key);
     }
     Ok(keys)
@@ -87,7 +106,7 @@ pub fn keygen(keys_file: &Path, client: &str, device_file: &Path) -> Result<(), 
     if !fedge_wire::valid_client_id(client) {
         return Err(KeysError::Invalid {
             path: keys_file.display().to_string(),
-            message: format!("client id {client:?} must be 1-64 characters of A-Z a-z 0-9 _ . -"),
+            reason: InvalidKeys::ClientId(client.to_owned()),
         });
     }
     let mut keys = if keys_file.exists() {
@@ -148,10 +167,14 @@ mod tests {
         assert!(
             parse("cam = \"abc\"")
                 .unwrap_err()
+                .to_string()
                 .contains("64 hex digits")
         );
-        assert!(parse("\"a b\" = \"00\"").unwrap_err().contains("client id"));
-        assert!(parse("cam = 3").unwrap_err().contains("client = "));
+        assert!(matches!(
+            parse("\"a b\" = \"00\""),
+            Err(InvalidKeys::ClientId(_))
+        ));
+        assert!(matches!(parse("cam = 3"), Err(InvalidKeys::Toml(_))));
         assert!(keygen(Path::new("k.toml"), "bad id", Path::new("x.key")).is_err());
     }
 }

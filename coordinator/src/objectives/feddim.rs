@@ -8,6 +8,15 @@
 //! The rebuild is exact because `W_c` is the same for every sample of the client: the mean over
 //! class `c` of `W_c ⊙ (z_i 1ᵀ)` is `W_c ⊙ (z̄_c 1ᵀ)`. A client sends K·H numbers instead of the
 //! K·H·K of the tensor itself.
+//!
+//! [`GlobalInsight`] is the state the round machine keeps between rounds (the global `Ī`); it
+//! goes down with each task and into the checkpoint. Nothing here validates updates or knows
+//! about rounds.
+
+use fedge_wire::TensorF32;
+
+use super::ClientStats;
+use crate::updates::RoundUpdates;
 
 /// FedDIM's server settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,6 +104,83 @@ pub fn update_global(
         }
     }
     out
+}
+
+/// FedDIM's server state: its settings and the global `Ī` `[K, H, K]`, once a round made it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalInsight {
+    config: InsightConfig,
+    global: Option<Vec<f32>>,
+}
+
+impl GlobalInsight {
+    /// No `Ī` yet.
+    pub fn new(config: InsightConfig) -> Self {
+        Self {
+            config,
+            global: None,
+        }
+    }
+
+    /// Whether `values` saved in a checkpoint have the shape of this configuration's `Ī`.
+    pub fn fits(&self, values: &[f32]) -> bool {
+        values.len() == self.config.classes * self.config.hidden * self.config.classes
+    }
+
+    /// Takes a saved `Ī` back (checked with [`GlobalInsight::fits`] first).
+    pub fn restore(&mut self, values: Vec<f32>) {
+        self.global = Some(values);
+    }
+
+    /// The global `Ī`, if a round produced one.
+    pub fn global(&self) -> Option<&[f32]> {
+        self.global.as_deref()
+    }
+
+    /// The global `Ī` as sent with a task.
+    pub fn tensor(&self) -> Option<TensorF32> {
+        let (h, k) = (self.config.hidden as u32, self.config.classes as u32);
+        TensorF32::new(vec![k, h, k], self.global.as_deref()?).ok()
+    }
+
+    /// Rebuilds each accepted client's class insight from `W_g + ΔW_c` (`params` are the
+    /// parameters before this round's aggregation) and its class means, and folds the round
+    /// into `Ī`.
+    pub fn fold(&mut self, params: &[f32], accepted: &RoundUpdates, stats: &ClientStats) {
+        let config = self.config;
+        let (h, k) = (config.hidden, config.classes);
+        let len = params.len();
+        let Some(start) = len.checked_sub(k + h * k) else {
+            return;
+        };
+        let w_range = start..start + h * k;
+        let clients: Vec<ClientInsight> = (0..accepted.len())
+            .filter_map(|i| {
+                let (counts, means) = stats.get(accepted.client(i))?;
+                let delta = &accepted.delta(i)[w_range.clone()];
+                let classifier = params[w_range.clone()]
+                    .iter()
+                    .zip(delta)
+                    .map(|(g, d)| g + d)
+                    .collect();
+                Some(ClientInsight {
+                    classifier,
+                    counts: counts.clone(),
+                    means: means.clone(),
+                })
+            })
+            .collect();
+        if clients.is_empty() {
+            return;
+        }
+        let (round, seen) = round_insight(&clients, &config);
+        self.global = Some(update_global(
+            self.global.as_deref(),
+            &round,
+            &seen,
+            &config,
+        ));
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,334 @@
+//! The thin tokio driver: MQTT events, a timer and a stop signal in, the round machine's
+//! outputs out.
+//!
+//! Everything that decides lives in [`crate::round::Rounds`]; this file only maps I/O to the
+//! machine's inputs and its outputs to publishes, logs and events.
+
+use std::time::{Duration, Instant};
+
+use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE};
+use fedge_wire::{EdgeStatus, Topics};
+use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
+use tokio::sync::{mpsc, watch};
+
+use super::status::{StatusContext, metrics_json, status_at};
+use crate::round::{Output, Phase, RoundReport, Rounds};
+use crate::store::journal::Journal;
+
+/// Evaluates global parameters on data the coordinator holds (demo and bench only; in a
+/// deployment an unseen site evaluates).
+pub type Evaluator = Box<dyn Fn(&[f32]) -> Option<f32> + Send>;
+
+/// What the driver tells an embedding program (the demo's progress bar and table).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DriverEvent {
+    /// A round ended.
+    RoundEnded {
+        /// The machine's report.
+        report: RoundReport,
+        /// Evaluator's accuracy on the new global parameters.
+        target_accuracy: Option<f32>,
+    },
+    /// An update was rejected.
+    Rejected {
+        /// Client from the topic.
+        client: String,
+        /// Reason key.
+        reason: &'static str,
+        /// Details.
+        detail: String,
+    },
+}
+
+/// Where and as whom the driver connects.
+#[derive(Debug, Clone)]
+pub struct DriverOptions {
+    /// Broker settings.
+    pub broker: BrokerConfig,
+    /// Federation name (topic root `fedge/<federation>/`).
+    pub federation: String,
+    /// MQTT client id of the coordinator.
+    pub client_id: String,
+    /// Where to save the checkpoint after every aggregation.
+    pub checkpoint: Option<std::path::PathBuf>,
+    /// Where to write the open round's journal (`Output::Journal` records).
+    pub journal: Option<std::path::PathBuf>,
+    /// Announce Home Assistant sensors (retained discovery configs) on connect.
+    pub home_assistant: bool,
+}
+
+/// The driver could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// Bad federation name.
+    #[error("invalid federation name: {0}")]
+    Federation(#[from] fedge_wire::DecodeError),
+}
+
+/// Task topics: one frame on `round/task`, or chunk `i` on `round/task/<i>` (all retained).
+struct TaskTopics {
+    base: String,
+    chunk_topics_in_use: usize,
+}
+
+/// What the driver keeps to act on the machine's outputs: where to publish, what to write, and
+/// the status document's context.
+struct Sinks<'a> {
+    client: &'a AsyncClient,
+    options: &'a DriverOptions,
+    topics: &'a Topics,
+    status_topic: String,
+    task_topics: TaskTopics,
+    evaluator: Option<Evaluator>,
+    events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    target_accuracy: Option<f32>,
+    journal: Option<Journal>,
+    context: StatusContext,
+}
+
+/// Runs the federation until the machine finishes or `stop` turns true; returns the machine.
+pub async fn run(
+    mut rounds: Rounds,
+    options: DriverOptions,
+    evaluator: Option<Evaluator>,
+    events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<Rounds, DriverError> {
+    let topics = Topics::new(&options.federation)?;
+    let status_topic = topics.coordinator_status();
+    let offline = serde_json::json!({"state": "offline", "updated_at": fedge_mqtt::now_rfc3339()});
+    let will = LastWill::new(&status_topic, offline.to_string(), QoS::AtLeastOnce, true);
+    let mut mqtt = options.broker.options(&options.client_id, Some(will));
+    // A persistent session: while the coordinator is down (crash, restart), the broker queues
+    // the QoS 1 updates devices publish, and delivers them when it is back.
+    mqtt.set_clean_session(false);
+    let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
+    let origin = Instant::now();
+    let now_ms = || origin.elapsed().as_millis() as u64;
+    let mut backoff = Backoff::default();
+    let mut connected = false;
+    let mut sinks = Sinks {
+        client: &client,
+        options: &options,
+        topics: &topics,
+        status_topic,
+        task_topics: TaskTopics {
+            base: topics.round_task(),
+            chunk_topics_in_use: 0,
+        },
+        evaluator,
+        events,
+        target_accuracy: None,
+        journal: options.journal.as_ref().map(Journal::new),
+        context: StatusContext {
+            federation: options.federation.clone(),
+            ..StatusContext::default()
+        },
+    };
+    rounds.start(now_ms());
+    loop {
+        let deadline = rounds
+            .poll_timeout()
+            .map(|ms| tokio::time::Instant::from_std(origin + Duration::from_millis(ms)));
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = eventloop.poll() => match event {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    backoff.reset();
+                    connected = true;
+                    tracing::info!(broker = %format!("{}:{}", options.broker.host, options.broker.port), "coordinator connected");
+                    for filter in [topics.update_filter(), topics.edge_status_filter()] {
+                        if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                            tracing::error!(%filter, error = %e, "cannot subscribe");
+                        }
+                    }
+                    // Republish what a new broker or a reconnecting dashboard needs.
+                    if rounds.phase() == Phase::Training {
+                        rounds.republish_task();
+                    }
+                    if options.home_assistant {
+                        for (topic, config) in super::discovery::discovery_messages(&topics, &options.federation) {
+                            let _ = client.try_publish(topic, QoS::AtLeastOnce, true, config);
+                        }
+                    }
+                    rounds.touch_status();
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if let Some(c) = topics.client_of_update(&p.topic) {
+                        rounds.handle_packet(c, &p.payload, now_ms());
+                    } else if let Some(c) = topics.client_of_edge_status(&p.topic) {
+                        let online = serde_json::from_slice::<EdgeStatus>(&p.payload).map(|s| s.online).unwrap_or(false);
+                        rounds.handle_client_status(c, online, now_ms());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if connected {
+                        tracing::warn!(error = %e, "lost the broker; reconnecting");
+                    } else if backoff.is_fresh() {
+                        tracing::warn!(error = %e, "cannot connect to the broker; retrying with back-off");
+                    }
+                    let delay = backoff.next_delay();
+                    connected = false;
+                    tracing::debug!(error = %e, ?delay, "broker unreachable");
+                    tokio::time::sleep(delay).await;
+                }
+            },
+            _ = sleep => rounds.handle_timeout(now_ms()),
+            _ = stop.changed() => break,
+        }
+        sinks.context.now_ms = now_ms();
+        sinks.context.wall = std::time::SystemTime::now();
+        if sinks.drain(&mut rounds) {
+            break;
+        }
+    }
+    // Let the last publishes (final status, metrics) reach the broker, without a Last Will.
+    fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, Duration::from_secs(2)).await;
+    Ok(rounds)
+}
+
+impl Sinks<'_> {
+    /// Acts on every output the machine has; true once the federation finished.
+    fn drain(&mut self, rounds: &mut Rounds) -> bool {
+        let Sinks {
+            client,
+            options,
+            topics,
+            status_topic,
+            task_topics,
+            evaluator,
+            events,
+            target_accuracy,
+            journal,
+            context,
+        } = self;
+        let (client, options, topics) = (*client, *options, *topics);
+        let mut status_dirty = false;
+        let mut finished = false;
+        while let Some(output) = rounds.poll_output() {
+            match output {
+                Output::PublishTask { round, frame } => {
+                    publish_task(client, task_topics, round, frame, options.broker.max_packet);
+                }
+                Output::RoundEnded(report) => {
+                    if report.aggregated {
+                        context.last_aggregation = Some(context.wall);
+                        *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
+                        if let Some(path) = &options.checkpoint {
+                            let saved = rounds.checkpoint(&options.federation);
+                            if let Err(e) = crate::store::checkpoint::save(path, &saved) {
+                                tracing::error!(error = %e, "checkpoint not saved");
+                            }
+                        }
+                    }
+                    tracing::info!(
+                        round = report.round,
+                        aggregated = report.aggregated,
+                        reported = report.reported.len(),
+                        selected = report.selected.len(),
+                        target_accuracy = ?target_accuracy,
+                        "round ended"
+                    );
+                    let metrics = metrics_json(&report, *target_accuracy, rounds.strategy_name());
+                    let _ = client.try_publish(
+                        topics.metrics(),
+                        QoS::AtLeastOnce,
+                        false,
+                        metrics.to_string(),
+                    );
+                    if let Some(tx) = events {
+                        let _ = tx.send(DriverEvent::RoundEnded {
+                            report,
+                            target_accuracy: *target_accuracy,
+                        });
+                    }
+                }
+                Output::Rejected {
+                    client: who,
+                    reason,
+                    detail,
+                } => {
+                    tracing::warn!(client = %who, reason = reason.name(), %detail, "update rejected");
+                    if let Some(tx) = events {
+                        let _ = tx.send(DriverEvent::Rejected {
+                            client: who,
+                            reason: reason.name(),
+                            detail,
+                        });
+                    }
+                }
+                Output::StatusChanged => status_dirty = true,
+                Output::Journal(record) => {
+                    let Some(journal) = journal.as_mut() else {
+                        continue;
+                    };
+                    if let Err(e) = journal.write(&record) {
+                        tracing::error!(error = %e, "journal not written; a restart would lose this round's updates");
+                    }
+                }
+                Output::Finished => {
+                    // A finished federation leaves no retained task for devices that join later.
+                    clear_task(client, task_topics);
+                    finished = true;
+                }
+            }
+        }
+        if status_dirty {
+            let status = status_at(rounds, *target_accuracy, context);
+            let json = serde_json::to_string(&status).unwrap_or_default();
+            let _ = client.try_publish(status_topic.as_str(), QoS::AtLeastOnce, true, json);
+        }
+        finished
+    }
+}
+
+fn clear_task(client: &AsyncClient, topics: &mut TaskTopics) {
+    let mut stale = vec![topics.base.clone()];
+    stale.extend((0..topics.chunk_topics_in_use).map(|i| format!("{}/{i}", topics.base)));
+    for topic in stale {
+        let _ = client.try_publish(topic, QoS::AtLeastOnce, true, Vec::<u8>::new());
+    }
+    topics.chunk_topics_in_use = 0;
+}
+
+fn publish_task(
+    client: &AsyncClient,
+    topics: &mut TaskTopics,
+    round: u64,
+    frame: Vec<u8>,
+    max_packet: usize,
+) {
+    let pieces = fedge_wire::split_into_chunks(frame, round, max_packet);
+    let count = if pieces.len() == 1 { 0 } else { pieces.len() };
+    let publish = |topic: String, payload: Vec<u8>| {
+        if let Err(e) = client.try_publish(&topic, QoS::AtLeastOnce, true, payload) {
+            tracing::error!(%topic, error = %e, "cannot publish round task");
+        }
+    };
+    // Clear retained task topics the new task does not overwrite, so no device reassembles a
+    // mix of old and new pieces.
+    if count == 0 {
+        for i in 0..topics.chunk_topics_in_use {
+            publish(format!("{}/{i}", topics.base), Vec::new());
+        }
+        publish(
+            topics.base.clone(),
+            pieces.into_iter().next().unwrap_or_default(),
+        );
+    } else {
+        publish(topics.base.clone(), Vec::new());
+        for i in count..topics.chunk_topics_in_use {
+            publish(format!("{}/{i}", topics.base), Vec::new());
+        }
+        for (i, piece) in pieces.into_iter().enumerate() {
+            publish(format!("{}/{i}", topics.base), piece);
+        }
+    }
+    topics.chunk_topics_in_use = count;
+}

@@ -1,0 +1,10 @@
+//! The coordinator's I/O: the tokio driver that maps MQTT events and a timer onto the round
+//! machine ([`driver`]), the status and metrics documents it publishes ([`status`]), the
+//! optional embedded broker ([`broker`]), Home Assistant discovery ([`discovery`]) and the
+//! `watch` terminal view ([`watch`]). Nothing here decides anything about a round.
+
+pub mod broker;
+pub mod discovery;
+pub mod driver;
+pub mod status;
+pub mod watch;

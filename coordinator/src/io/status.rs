@@ -1,0 +1,155 @@
+//! The documents the driver publishes: the retained coordinator status (built from the machine's
+//! getters and the driver's clocks) and the per-round metrics. Pure functions of the machine;
+//! publishing is the driver's.
+
+use std::time::Duration;
+
+use fedge_wire::CoordinatorStatus;
+
+use crate::round::{RoundReport, Rounds};
+use crate::updates::norms::l2_norm;
+
+/// What the status document needs beyond the machine: the federation's name and the
+/// driver's clocks (the machine's milliseconds mapped to wall-clock times).
+#[derive(Debug, Clone)]
+pub struct StatusContext {
+    /// Machine time now.
+    pub now_ms: u64,
+    /// Wall-clock time now.
+    pub wall: std::time::SystemTime,
+    /// Wall-clock time of the last aggregation.
+    pub last_aggregation: Option<std::time::SystemTime>,
+    /// Federation name.
+    pub federation: String,
+}
+
+impl Default for StatusContext {
+    fn default() -> Self {
+        Self {
+            now_ms: 0,
+            wall: std::time::SystemTime::now(),
+            last_aggregation: None,
+            federation: String::new(),
+        }
+    }
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The retained status document.
+pub fn status_at(
+    rounds: &Rounds,
+    target_accuracy: Option<f32>,
+    context: &StatusContext,
+) -> CoordinatorStatus {
+    let rejected = rounds
+        .rejected_total()
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    let deadline = rounds
+        .deadline_ms()
+        .map(|ms| rfc3339(context.wall + Duration::from_millis(ms.saturating_sub(context.now_ms))));
+    CoordinatorStatus {
+        federation: context.federation.clone(),
+        state: rounds.phase().name().into(),
+        phase: rounds.phase_detail().into(),
+        deadline,
+        last_aggregation: context.last_aggregation.map(rfc3339),
+        objective: rounds.config().train.objective,
+        round: rounds.round(),
+        total_rounds: rounds.config().rounds,
+        strategy: rounds.strategy_name().into(),
+        solver: rounds.strategy_solver().map(str::to_owned),
+        momentum_norm: rounds
+            .last_report()
+            .and_then(|r| r.aggregation.as_ref())
+            .and_then(|a| a.momentum_norm),
+        clients_online: rounds.online().len() as u32,
+        clients_selected: rounds.selected() as u32,
+        clients_reported: rounds.reported() as u32,
+        rejected_total: rounds.rejected_total().values().sum(),
+        rejected_updates: rejected,
+        target_accuracy,
+        source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
+        params_norm: l2_norm(rounds.params()),
+        updated_at: rfc3339(context.wall),
+    }
+}
+
+/// The per-round metrics document.
+pub fn metrics_json(
+    report: &RoundReport,
+    target_accuracy: Option<f32>,
+    strategy: &str,
+) -> serde_json::Value {
+    let mut metrics = serde_json::json!({
+        "round": report.round,
+        "strategy": strategy,
+        "aggregated": report.aggregated,
+        "target_accuracy": target_accuracy,
+        "source_val_accuracy": report.source_val_accuracy,
+        "train_loss": report.train_loss,
+        "clients_selected": report.selected.len(),
+        "clients_reported": report.reported.len(),
+        "rejected": report.rejected.values().sum::<u64>(),
+        "bytes_up": report.bytes_up,
+        "bytes_down": report.bytes_down,
+        "seconds": report.duration_ms as f64 / 1000.0,
+        "params_norm": report.params_norm,
+        "time": fedge_mqtt::now_rfc3339(),
+    });
+    // Devices read their own entry to report a rejected update in their status.
+    if let (false, Some(map)) = (report.failures.is_empty(), metrics.as_object_mut()) {
+        map.insert("failures".into(), serde_json::json!(report.failures));
+    }
+    // FedOMG's Γ per client, its objective and λ, the momentum norm: flat keys next to the rest.
+    if let (Some(aggregation), Some(map)) = (&report.aggregation, metrics.as_object_mut())
+        && let Ok(serde_json::Value::Object(extra)) = serde_json::to_value(aggregation)
+    {
+        map.extend(extra);
+    }
+    metrics
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::AggregationReport;
+
+    #[test]
+    fn metrics_carry_gamma_objective_and_momentum_as_flat_keys() {
+        let report = RoundReport {
+            round: 3,
+            aggregated: true,
+            selected: vec!["a".into(), "b".into(), "c".into()],
+            reported: vec!["a".into(), "b".into()],
+            failures: [("c".to_string(), "bad_tag".to_string())].into(),
+            rejected: Default::default(),
+            bytes_up: 10,
+            bytes_down: 20,
+            duration_ms: 1500,
+            source_val_accuracy: Some(0.5),
+            train_loss: None,
+            params_norm: 1.0,
+            aggregation: Some(AggregationReport {
+                gamma: [("a".to_string(), 0.25), ("b".to_string(), 0.75)].into(),
+                objective: Some(0.8),
+                lambda: Some(0.3),
+                solver: Some("reference".into()),
+                solver_evaluations: Some(21),
+                momentum_norm: Some(2.0),
+            }),
+        };
+        let m = metrics_json(&report, Some(0.6), "fedomg+momentum");
+        assert_eq!(m["gamma"]["b"], 0.75);
+        assert_eq!(m["objective"], 0.8);
+        assert_eq!(m["solver"], "reference");
+        assert_eq!(m["momentum_norm"], 2.0);
+        assert_eq!(m["round"], 3);
+        assert_eq!(m["seconds"], 1.5);
+        assert_eq!(m["failures"]["c"], "bad_tag");
+    }
+}

@@ -1,0 +1,90 @@
+//! The crate's layering, checked on its own source text: the layers below the driver never
+//! reach up (`updates` ← `strategy`, `objectives` ← `round` ← `store`, `io`), and nothing the
+//! round machine is made of touches files, the network or a clock. A `use` that breaks a rule
+//! fails here, before it can grow into a module cycle.
+
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file below `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// A file's code without its tests and comments.
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn lower_layers_never_reach_up_and_the_machine_does_no_io() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let io = [
+        "std::fs",
+        "std::net",
+        "tokio",
+        "rumqttc",
+        "rumqttd",
+        "Instant",
+        "SystemTime",
+    ];
+    let up = [
+        "crate::io",
+        "crate::store",
+        "crate::config",
+        "crate::replay",
+    ];
+    // Layer by layer: the paths it must not use.
+    let rules: [(&str, Vec<&str>); 4] = [
+        ("round", [&io[..], &up[..]].concat()),
+        (
+            "strategy",
+            [&io[..], &up[..], &["crate::round", "crate::objectives"]].concat(),
+        ),
+        (
+            "objectives",
+            [&io[..], &up[..], &["crate::round", "crate::strategy"]].concat(),
+        ),
+        (
+            "updates",
+            [
+                &up[..],
+                &["crate::round", "crate::strategy", "crate::objectives"],
+            ]
+            .concat(),
+        ),
+    ];
+    let mut broken = Vec::new();
+    for (layer, forbidden) in &rules {
+        for path in sources(&root.join(layer)) {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if name.ends_with("tests.rs") {
+                continue;
+            }
+            let code = code(&path);
+            for word in forbidden {
+                if code.contains(word) {
+                    let shown = path.strip_prefix(&root).unwrap_or(&path).display();
+                    broken.push(format!("{shown} uses {word}"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "layering broken:\n{}", broken.join("\n"));
+}

@@ -1,0 +1,74 @@
+//! Admission: who may send, and what of a payload is decoded before its sender is trusted.
+//!
+//! With device keys, an unknown device is turned away before its chunks take reassembly memory,
+//! a plain update is refused without decoding its body, and a sealed one is opened only with
+//! its device's key. Without keys, plain and sealed updates are both taken (sealed ones
+//! unverified). Pure functions of the keys and the bytes; the machine does the bookkeeping.
+
+use fedge_wire::{ClientUpdate, DecodeError, Message};
+
+use super::types::{DeviceKeys, Rejection};
+
+/// With device keys, whether `client` has none.
+pub(super) fn unknown_device(auth: Option<&DeviceKeys>, client: &str) -> bool {
+    auth.is_some_and(|keys| !keys.contains_key(client))
+}
+
+/// Decodes a frame; with device keys, a plain update is refused without decoding its body
+/// (`authenticated_update` then rejects it as `unauthenticated`).
+pub(super) fn decode(auth: Option<&DeviceKeys>, bytes: &[u8]) -> Result<Message, DecodeError> {
+    let frame = fedge_wire::decode_frame(bytes)?;
+    if auth.is_some() && frame.kind == fedge_wire::Kind::ClientUpdate {
+        return Err(DecodeError::Unauthenticated);
+    }
+    fedge_wire::decode_checked(frame)
+}
+
+/// The update inside a decoded message, its tag checked when authentication is on.
+pub(super) fn authenticated_update(
+    auth: Option<&DeviceKeys>,
+    client: &str,
+    message: Message,
+) -> Result<ClientUpdate, (Rejection, String)> {
+    let sealed = match message {
+        Message::ClientUpdate(update) => {
+            return match auth {
+                None => Ok(update),
+                Some(_) => Err((
+                    Rejection::Unauthenticated,
+                    "update without a tag; this federation requires device keys".into(),
+                )),
+            };
+        }
+        Message::Sealed(sealed) => sealed,
+        Message::RoundTask(_) => {
+            return Err((Rejection::WrongKind, "round task on an update topic".into()));
+        }
+        Message::Chunk(_) => {
+            return Err((
+                Rejection::WrongKind,
+                "chunk where a message was expected".into(),
+            ));
+        }
+    };
+    let inner = match auth {
+        // Without keys there is nothing to check a tag against.
+        None => &sealed.inner[..],
+        Some(keys) => {
+            let key = keys
+                .get(client)
+                .ok_or_else(|| (Rejection::UnknownDevice, "device without a key".to_owned()))?;
+            sealed
+                .open(client, key)
+                .map_err(|e| (Rejection::BadTag, e.to_string()))?
+        }
+    };
+    match fedge_wire::decode(inner) {
+        Ok(Message::ClientUpdate(update)) => Ok(update),
+        Ok(_) => Err((
+            Rejection::WrongKind,
+            "sealed message is not an update".into(),
+        )),
+        Err(e) => Err((Rejection::of_decode(&e), e.to_string())),
+    }
+}

@@ -1,0 +1,236 @@
+//! Opening and closing rounds: sampling the clients, the task (with its tags and the
+//! objectives' global tensors), the journal's `Opened` record; at the close, the norm guard,
+//! the aggregation, the objectives' folding and the round's report; and the bookkeeping of a
+//! rejection. Called by the machine's inputs in `mod.rs` and never calls back into them; no I/O.
+
+use std::collections::BTreeMap;
+
+use fedge_wire::{DeviceKey, Message, RoundTask, TensorF32};
+use rand::seq::IteratorRandom;
+
+use super::open::{OpenRound, weighted_mean};
+use super::saved::Record;
+use super::types::{Output, Phase, Rejection, RoundReport};
+use super::{Rounds, validate};
+use crate::objectives::fedddl::GlobalPrototypes;
+use crate::objectives::feddim::GlobalInsight;
+use crate::strategy::Failure;
+use crate::updates::norms::l2_norm;
+use crate::updates::{RoundUpdates, UpdatesConfig};
+
+impl Rounds {
+    pub(super) fn try_start(&mut self, now_ms: u64) {
+        if self.online.len() >= self.config.min_clients.max(1) {
+            self.open_round(now_ms);
+        }
+    }
+
+    fn open_round(&mut self, now_ms: u64) {
+        let online = self.online.len();
+        // The epsilon keeps 0.3 × 10 at 3 despite f32 rounding.
+        let share =
+            (self.config.fraction.clamp(0.0, 1.0) as f64 * online as f64 - 1e-6).ceil() as usize;
+        let wanted = share
+            .max(self.config.min_clients.min(online))
+            .max(1)
+            .min(online);
+        if online == 0 {
+            self.phase = Phase::Waiting;
+            self.outputs.push_back(Output::StatusChanged);
+            return;
+        }
+        let mut selected: Vec<String> = self
+            .online
+            .iter()
+            .cloned()
+            .choose_multiple(&mut self.rng, wanted);
+        selected.sort();
+        self.open_with(selected, now_ms);
+    }
+
+    /// Opens the next round with these (sorted) clients.
+    pub(super) fn open_with(&mut self, selected: Vec<String>, now_ms: u64) {
+        // Every selected client may be halfway through a chunked update at the same moment (a
+        // fleet answering one task); with room for fewer, the oldest partial updates would be
+        // evicted and time out as `incomplete` (seen with 1,000 devices and the journal on).
+        let room = (2 * selected.len()).max(fedge_wire::DEFAULT_MAX_PENDING);
+        self.reassembler.set_max_pending(room);
+        let round = self.next_round;
+        self.next_round += 1;
+        let task = RoundTask {
+            round,
+            selected: selected.clone(),
+            params: TensorF32::from_slice(&self.params),
+            train: self.strategy.configure_round(round, &self.config.train),
+            deadline_ms: self.config.round_timeout_ms,
+            insight: self.insight.as_ref().and_then(GlobalInsight::tensor),
+            prototypes: self.prototypes.as_ref().and_then(GlobalPrototypes::tensor),
+        };
+        let mut frame = fedge_wire::encode(&Message::RoundTask(task));
+        if let Some(keys) = &self.config.auth {
+            // Selected clients are online, and only devices with keys go online.
+            let signers: Vec<(&str, &DeviceKey)> = selected
+                .iter()
+                .filter_map(|c| keys.get(c).map(|k| (c.as_str(), k)))
+                .collect();
+            frame = fedge_wire::seal(frame, &signers);
+        }
+        let held = UpdatesConfig {
+            dots: self.strategy.needs_dots(),
+            budget_bytes: self.config.update_memory_bytes,
+            ..UpdatesConfig::default()
+        };
+        let accepted = RoundUpdates::reusing(
+            std::mem::take(&mut self.spare_arena),
+            self.params.len(),
+            selected.len(),
+            held,
+        );
+        let times = (now_ms, now_ms + self.config.round_timeout_ms);
+        self.open = Some(OpenRound::new(
+            round,
+            selected,
+            accepted,
+            times,
+            frame.clone(),
+        ));
+        self.phase = Phase::Training;
+        if self.config.journal {
+            let selected = self
+                .open
+                .as_ref()
+                .map(|o| o.selected.iter().cloned().collect());
+            self.outputs.push_back(Output::Journal(Record::Opened {
+                round,
+                selected: selected.unwrap_or_default(),
+            }));
+        }
+        self.outputs.push_back(Output::PublishTask { round, frame });
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    pub(super) fn close_round(&mut self, now_ms: u64) {
+        let Some(mut open) = self.open.take() else {
+            return;
+        };
+        self.last_closed = open.round;
+        // Views are in client order whatever the arrival order, so a seeded run reproduces.
+        open.accepted.finish();
+        self.drop_norm_outliers(&mut open);
+        let aggregated =
+            !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
+        let reported: Vec<String> = (0..open.accepted.len())
+            .map(|i| open.accepted.client(i).to_owned())
+            .collect();
+        let mut aggregation = None;
+        if aggregated {
+            for client in &open.selected {
+                let failed = open.failures.iter().any(|f| &f.client == client);
+                if !failed && !open.accepted.contains(client) {
+                    open.failures.push(Failure {
+                        client: client.clone(),
+                        reason: "no_report".into(),
+                    });
+                }
+            }
+            let result = self
+                .strategy
+                .aggregate(&self.params, &open.accepted, &open.failures);
+            if let Some(insight) = self.insight.as_mut() {
+                insight.fold(&self.params, &open.accepted, &open.class_stats);
+            }
+            if let Some(prototypes) = self.prototypes.as_mut() {
+                prototypes.fold(&open.accepted, &open.prototypes);
+            }
+            self.params = result.params;
+            aggregation = Some(result.report);
+        }
+        let mut failures: BTreeMap<String, String> = open
+            .selected
+            .iter()
+            .filter(|c| !reported.contains(c))
+            .map(|c| (c.clone(), "no_report".to_owned()))
+            .collect();
+        for failure in &open.failures {
+            if let Some(reason) = failures.get_mut(&failure.client) {
+                reason.clone_from(&failure.reason);
+            }
+        }
+        let report = RoundReport {
+            round: open.round,
+            aggregated,
+            failures,
+            selected: open.selected.iter().cloned().collect(),
+            reported,
+            rejected: open.rejected,
+            bytes_up: open.bytes_up,
+            bytes_down: open.task_frame.len() as u64 * open.selected.len() as u64,
+            duration_ms: now_ms.saturating_sub(open.opened_ms),
+            source_val_accuracy: weighted_mean(&open.val),
+            train_loss: weighted_mean(&open.loss),
+            params_norm: l2_norm(&self.params),
+            aggregation,
+        };
+        self.spare_arena = open.accepted.into_arena();
+        self.last_report = Some(report.clone());
+        self.outputs.push_back(Output::RoundEnded(report));
+        if aggregated {
+            self.aggregated_rounds += 1;
+        }
+        let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
+        if done {
+            self.phase = Phase::Finished;
+            self.outputs.push_back(Output::StatusChanged);
+            self.outputs.push_back(Output::Finished);
+        } else {
+            self.phase = Phase::Waiting;
+            self.try_start(now_ms);
+            if self.phase == Phase::Waiting {
+                self.outputs.push_back(Output::StatusChanged);
+            }
+        }
+    }
+
+    /// Drops updates whose norm passes `max_norm_ratio` × the round's median norm.
+    fn drop_norm_outliers(&mut self, open: &mut OpenRound) {
+        let ratio = self.config.max_norm_ratio;
+        let Some(outliers) = validate::norm_outliers(ratio, &open.accepted) else {
+            return;
+        };
+        open.accepted.retain(&outliers.keep);
+        for (client, norm) in outliers.dropped {
+            open.class_stats.remove(&client);
+            open.prototypes.remove(&client);
+            let detail = format!("delta norm {norm:.4} above {ratio} × the round's median norm");
+            self.count_rejection(Some(open), &client, Rejection::Norm, detail);
+        }
+    }
+
+    /// Counts a rejection of `client`'s message in the open round, if any.
+    pub(super) fn reject(&mut self, client: &str, reason: Rejection, detail: String) {
+        let mut open = self.open.take();
+        self.count_rejection(open.as_mut(), client, reason, detail);
+        self.open = open;
+    }
+
+    /// The bookkeeping of a rejection: totals, the round's counts and failures (when `open` is
+    /// the round it happened in), the output for the driver.
+    pub(super) fn count_rejection(
+        &mut self,
+        open: Option<&mut OpenRound>,
+        client: &str,
+        reason: Rejection,
+        detail: String,
+    ) {
+        *self.rejected_total.entry(reason.name()).or_default() += 1;
+        if let Some(open) = open {
+            open.count_rejection(client, reason.name());
+        }
+        self.outputs.push_back(Output::Rejected {
+            client: client.to_owned(),
+            reason,
+            detail,
+        });
+        self.outputs.push_back(Output::StatusChanged);
+    }
+}

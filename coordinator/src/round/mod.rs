@@ -1,0 +1,508 @@
+//! The round state machine: sans-IO, no clock.
+//!
+//! Inputs are method calls with the current time in milliseconds (from any monotonic
+//! origin the driver chooses): [`Rounds::handle_client_status`], [`Rounds::handle_packet`],
+//! [`Rounds::handle_timeout`]. Outputs are drained with [`Rounds::poll_output`], and
+//! [`Rounds::poll_timeout`] says when `handle_timeout` must be called next. The machine never
+//! reads a clock, never touches the network or the disk, and has no I/O error: the same
+//! multi-round scenario replays identically with simulated time, without a broker.
+//!
+//! # Round life
+//!
+//! `Waiting` (fewer than `min_clients` online) → `Training` (task published, updates
+//! collected until every selected client reported or the deadline passed) → aggregation →
+//! next round's `Training`, until `rounds` are done (`Finished`). At the deadline with fewer
+//! than `min_updates` accepted updates the deadline is extended once; if the quorum is still
+//! missing, the round is abandoned, the model is kept and a new round re-samples clients.
+//!
+//! # Files
+//!
+//! This file holds the machine and its public methods, grouped as getters, `handle_*` inputs
+//! and `poll_*` outputs. [`types`] is its vocabulary (settings, phases, rejections, outputs),
+//! [`saved`] what it hands out to be saved (checkpoint, journal records), `admit` who may send
+//! and how far a payload is decoded before its sender is trusted, `validate` the checks of an
+//! update, `open` the open round's record, and `lifecycle` the opening and closing of rounds.
+
+mod admit;
+mod lifecycle;
+mod open;
+pub mod saved;
+pub mod types;
+mod validate;
+
+pub use saved::{Checkpoint, OpenRoundLog, Record};
+pub use types::{DeviceKeys, Output, Phase, Rejection, RoundConfig, RoundReport};
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use fedge_wire::{ClientUpdate, DecodeError, Message, Reassembler};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::objectives::fedddl::GlobalPrototypes;
+use crate::objectives::feddim::GlobalInsight;
+use crate::strategy::{StateError, Strategy};
+use crate::updates::Arena;
+use crate::updates::spill::SpillFile;
+use open::OpenRound;
+
+/// A checkpoint that does not belong to this machine's configuration.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResumeError {
+    /// Written by another strategy.
+    #[error("the checkpoint was written by strategy {saved:?}, this coordinator runs {running:?}")]
+    Strategy {
+        /// The checkpoint's strategy.
+        saved: String,
+        /// This coordinator's strategy.
+        running: String,
+    },
+    /// Another head size.
+    #[error("the checkpoint holds {saved} parameters, the configured head has {expected}")]
+    Params {
+        /// Parameters in the checkpoint.
+        saved: usize,
+        /// Parameters of the configured head.
+        expected: usize,
+    },
+    /// The strategy's buffers do not fit it.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// FedDIM's `Ī` of another shape, or without FedDIM configured.
+    #[error("the checkpoint holds {0} insight values, which do not fit this configuration")]
+    Insight(usize),
+    /// FedDDL's `U_G` of another shape, or without FedDDL configured.
+    #[error("the checkpoint holds {0} prototype values, which do not fit this configuration")]
+    Prototypes(usize),
+}
+
+/// The round state machine.
+pub struct Rounds {
+    config: RoundConfig,
+    strategy: Box<dyn Strategy>,
+    params: Vec<f32>,
+    online: BTreeSet<String>,
+    phase: Phase,
+    next_round: u64,
+    open: Option<OpenRound>,
+    rejected_total: BTreeMap<&'static str, u64>,
+    reassembler: Reassembler,
+    rng: StdRng,
+    outputs: VecDeque<Output>,
+    last_report: Option<RoundReport>,
+    aggregated_rounds: u64,
+    last_closed: u64,
+    /// The last round's delta arena (with the spill file, if the driver gave one), reused by
+    /// the next round.
+    spare_arena: Arena,
+    /// FedDIM's server side (the global `Ī`), when devices train with FedDIM.
+    insight: Option<GlobalInsight>,
+    /// FedDDL's server side (the global `U_G`), when devices train with FedDDL.
+    prototypes: Option<GlobalPrototypes>,
+}
+
+impl Rounds {
+    /// A machine starting at round 1 from `initial` parameters.
+    pub fn new(config: RoundConfig, mut strategy: Box<dyn Strategy>, initial: Vec<f32>) -> Self {
+        let initial = strategy.initialize_parameters(initial);
+        let rng = StdRng::seed_from_u64(config.seed);
+        let reassembler =
+            Reassembler::new(config.reassembly_timeout_ms, fedge_wire::MAX_MESSAGE_BYTES);
+        Self {
+            strategy,
+            params: initial,
+            online: BTreeSet::new(),
+            phase: Phase::Waiting,
+            next_round: 1,
+            open: None,
+            rejected_total: BTreeMap::new(),
+            reassembler,
+            rng,
+            outputs: Default::default(),
+            last_report: None,
+            aggregated_rounds: 0,
+            last_closed: 0,
+            spare_arena: Default::default(),
+            insight: config.insight.map(GlobalInsight::new),
+            prototypes: config.prototypes.map(GlobalPrototypes::new),
+            config,
+        }
+    }
+
+    /// Gives the machine a spill file for the deltas of rounds that outgrow
+    /// `update_memory_bytes` (see [`crate::updates::spill`]); the driver's side of the
+    /// machine's memory. Rounds opened after the call use it: give it before clients come
+    /// online.
+    pub fn set_spill(&mut self, file: SpillFile) {
+        self.spare_arena = Arena::with_spill(file);
+    }
+
+    /// Whether the open round's deltas are in the spill file.
+    pub fn round_spilled(&self) -> bool {
+        self.open.as_ref().is_some_and(|o| o.accepted.is_spilled())
+    }
+
+    /// A machine continuing from a checkpoint: its parameters, next round and strategy
+    /// buffers. Errors when the checkpoint belongs to another strategy or head size.
+    pub fn resume(
+        config: RoundConfig,
+        mut strategy: Box<dyn Strategy>,
+        checkpoint: Checkpoint,
+        expected_params: usize,
+    ) -> Result<Self, ResumeError> {
+        if checkpoint.strategy != strategy.name() {
+            return Err(ResumeError::Strategy {
+                saved: checkpoint.strategy,
+                running: strategy.name().to_owned(),
+            });
+        }
+        if checkpoint.params.len() != expected_params {
+            return Err(ResumeError::Params {
+                saved: checkpoint.params.len(),
+                expected: expected_params,
+            });
+        }
+        strategy.restore(&checkpoint.strategy_state)?;
+        let mut rounds = Self::new(config, strategy, Vec::new());
+        if !checkpoint.insight.is_empty() {
+            match rounds.insight.as_mut() {
+                Some(insight) if insight.fits(&checkpoint.insight) => {
+                    insight.restore(checkpoint.insight);
+                }
+                _ => return Err(ResumeError::Insight(checkpoint.insight.len())),
+            }
+        }
+        if !checkpoint.prototypes.is_empty() {
+            match rounds.prototypes.as_mut() {
+                Some(prototypes) if prototypes.fits(&checkpoint.prototypes) => {
+                    prototypes.restore(checkpoint.prototypes);
+                }
+                _ => return Err(ResumeError::Prototypes(checkpoint.prototypes.len())),
+            }
+        }
+        rounds.params = checkpoint.params;
+        rounds.next_round = checkpoint.next_round.max(1);
+        rounds.last_closed = rounds.next_round - 1;
+        rounds.aggregated_rounds = checkpoint.aggregated_rounds;
+        if rounds.config.rounds > 0 && rounds.aggregated_rounds >= rounds.config.rounds {
+            rounds.phase = Phase::Finished;
+            rounds.outputs.push_back(Output::StatusChanged);
+            rounds.outputs.push_back(Output::Finished);
+        }
+        Ok(rounds)
+    }
+
+    /// The state to save after an aggregation.
+    pub fn checkpoint(&self, federation: &str) -> Checkpoint {
+        Checkpoint {
+            federation: federation.to_owned(),
+            strategy: self.strategy.name().to_owned(),
+            // The round opened after the last close is redone after a restart.
+            next_round: self.last_closed + 1,
+            aggregated_rounds: self.aggregated_rounds,
+            params: self.params.clone(),
+            strategy_state: self.strategy.state(),
+            insight: self.insight().map(<[f32]>::to_vec).unwrap_or_default(),
+            prototypes: self.prototypes().map(<[f32]>::to_vec).unwrap_or_default(),
+        }
+    }
+
+    /// Rounds aggregated so far.
+    pub fn aggregated_rounds(&self) -> u64 {
+        self.aggregated_rounds
+    }
+
+    /// Current global parameters.
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// Current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The open round's deadline (machine time), if a round is open.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.open.as_ref().map(|o| o.deadline_ms)
+    }
+
+    /// Finer than [`Phase`]: `waiting`, `collecting`, `extended` (past the first deadline below
+    /// quorum), `finished`.
+    pub fn phase_detail(&self) -> &'static str {
+        match (&self.phase, &self.open) {
+            (Phase::Training, Some(open)) if open.extended => "extended",
+            (Phase::Training, _) => "collecting",
+            (phase, _) => phase.name(),
+        }
+    }
+
+    /// The round open now, or the last one started.
+    pub fn round(&self) -> u64 {
+        self.open
+            .as_ref()
+            .map(|o| o.round)
+            .unwrap_or(self.next_round.saturating_sub(1))
+    }
+
+    /// The strategy's name.
+    pub fn strategy_name(&self) -> &str {
+        self.strategy.name()
+    }
+
+    /// The strategy's solver, if it has one.
+    pub fn strategy_solver(&self) -> Option<&str> {
+        self.strategy.solver()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RoundConfig {
+        &self.config
+    }
+
+    /// Clients known to be online.
+    pub fn online(&self) -> &BTreeSet<String> {
+        &self.online
+    }
+
+    /// Clients selected in the open round.
+    pub fn selected(&self) -> usize {
+        self.open.as_ref().map(|o| o.selected.len()).unwrap_or(0)
+    }
+
+    /// Updates accepted in the open round.
+    pub fn reported(&self) -> usize {
+        self.open.as_ref().map(|o| o.accepted.len()).unwrap_or(0)
+    }
+
+    /// All rejections since start, by reason.
+    pub fn rejected_total(&self) -> &BTreeMap<&'static str, u64> {
+        &self.rejected_total
+    }
+
+    /// The last round's report.
+    pub fn last_report(&self) -> Option<&RoundReport> {
+        self.last_report.as_ref()
+    }
+
+    /// A client's retained status said it is (or is no longer) online.
+    ///
+    /// With authentication on, a device without a key is never selected: its status is
+    /// rejected as `unknown_device`.
+    pub fn handle_client_status(&mut self, client: &str, online: bool, now_ms: u64) {
+        if admit::unknown_device(self.config.auth.as_deref(), client) {
+            if online {
+                let detail = "status from a device without a key; not selected".to_owned();
+                self.reject(client, Rejection::UnknownDevice, detail);
+            }
+            return;
+        }
+        let changed = if online {
+            self.online.insert(client.to_owned())
+        } else {
+            self.online.remove(client)
+        };
+        if changed {
+            self.outputs.push_back(Output::StatusChanged);
+        }
+        if self.phase == Phase::Waiting {
+            self.try_start(now_ms);
+        }
+    }
+
+    /// Starts rounds once enough clients are online; call once after construction too.
+    pub fn start(&mut self, now_ms: u64) {
+        if self.phase == Phase::Waiting {
+            self.try_start(now_ms);
+        }
+    }
+
+    /// A payload arrived on `client`'s update topic.
+    pub fn handle_packet(&mut self, client: &str, payload: &[u8], now_ms: u64) {
+        if let Some(open) = self.open.as_mut() {
+            open.bytes_up += payload.len() as u64;
+        }
+        // Unknown devices are turned away before their chunks take reassembly memory.
+        if admit::unknown_device(self.config.auth.as_deref(), client) {
+            let detail = "update from a device without a key".to_owned();
+            self.reject(client, Rejection::UnknownDevice, detail);
+            return;
+        }
+        let auth = self.config.auth.as_deref();
+        let message = match admit::decode(auth, payload) {
+            Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
+                Ok(Some(frame)) => admit::decode(auth, &frame).and_then(|m| match m {
+                    Message::Chunk(_) => {
+                        Err(DecodeError::Malformed("a chunk inside chunks".into()))
+                    }
+                    other => Ok(other),
+                }),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            },
+            other => other,
+        };
+        let update = message
+            .map_err(|e| (Rejection::of_decode(&e), e.to_string()))
+            .and_then(|m| admit::authenticated_update(auth, client, m));
+        match update {
+            Ok(update) => self.handle_update(client, update, now_ms),
+            Err((reason, detail)) => self.reject(client, reason, detail),
+        }
+    }
+
+    fn handle_update(&mut self, client: &str, update: ClientUpdate, now_ms: u64) {
+        let open = self.open.as_ref();
+        let checked = validate::validate(&self.config, open, self.params.len(), client, &update);
+        if let Err((reason, detail)) = checked {
+            self.reject(client, reason, detail);
+            return;
+        }
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
+        let n = update.num_samples;
+        if let Err(e) = open.accepted.push_tensor(client, n, &update.delta) {
+            self.reject(client, Rejection::MemoryBudget, e.to_string());
+            return;
+        }
+        if let Some(stats) = &update.class_stats
+            && self.config.insight.is_some()
+        {
+            open.class_stats.insert(
+                client.to_owned(),
+                (stats.counts.clone(), stats.means.to_vec()),
+            );
+        }
+        if let Some(stats) = &update.prototypes
+            && self.config.prototypes.is_some()
+        {
+            open.prototypes.insert(
+                client.to_owned(),
+                (stats.counts.clone(), stats.means.to_vec()),
+            );
+        }
+        open.val
+            .push((update.metrics.val_accuracy, update.metrics.val_samples));
+        open.loss.push((update.metrics.train_loss, n));
+        if self.config.journal {
+            let round = open.round;
+            let frame = fedge_wire::encode(&Message::ClientUpdate(update));
+            let client = client.to_owned();
+            self.outputs.push_back(Output::Journal(Record::Accepted {
+                round,
+                client,
+                frame,
+            }));
+        }
+        self.outputs.push_back(Output::StatusChanged);
+        if open.accepted.len() == open.selected.len() {
+            self.close_round(now_ms);
+        }
+    }
+
+    /// Time passed; closes rounds whose deadline is due and drops stale partial chunks.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        for sender in self.reassembler.expire_senders(now_ms) {
+            let detail = "chunk stream did not complete in time".to_owned();
+            self.reject(&sender, Rejection::Incomplete, detail);
+        }
+        let Some(open) = self.open.as_mut() else {
+            if self.phase == Phase::Waiting {
+                self.try_start(now_ms);
+            }
+            return;
+        };
+        if now_ms < open.deadline_ms {
+            return;
+        }
+        if open.accepted.len() >= self.config.min_updates.max(1) {
+            self.close_round(now_ms);
+        } else if !open.extended {
+            open.extended = true;
+            open.deadline_ms = now_ms + self.config.round_timeout_ms;
+            self.outputs.push_back(Output::StatusChanged);
+        } else {
+            self.close_round(now_ms);
+        }
+    }
+
+    /// Asks for the open round's task to be published again (after a broker reconnect).
+    pub fn republish_task(&mut self) {
+        if let Some(open) = &self.open {
+            self.outputs.push_back(Output::PublishTask {
+                round: open.round,
+                frame: open.task_frame.clone(),
+            });
+        }
+    }
+
+    /// Asks for the status document to be published again.
+    pub fn touch_status(&mut self) {
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    /// When `handle_timeout` must be called next, if ever.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let deadline = self.open.as_ref().map(|o| o.deadline_ms);
+        match (deadline, self.reassembler.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// Resumes the round a journal says was open, with its clients and the updates it had
+    /// accepted (validated again); returns the round and how many updates it holds. Does
+    /// nothing (`None`) unless the machine is waiting and the journal's round is not older than
+    /// the next round (a journal left from before the last checkpoint is stale).
+    pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> Option<(u64, usize)> {
+        let (round, mut selected) = log.opened?;
+        if self.phase != Phase::Waiting || round < self.next_round || selected.is_empty() {
+            return None;
+        }
+        selected.sort();
+        selected.dedup();
+        self.next_round = round;
+        self.last_closed = round - 1;
+        self.open_with(selected, now_ms);
+        for (client, frame) in log.accepted {
+            if self.open.is_none() {
+                break;
+            }
+            match fedge_wire::decode(&frame) {
+                Ok(Message::ClientUpdate(update)) => self.handle_update(&client, update, now_ms),
+                _ => self.reject(
+                    &client,
+                    Rejection::Malformed,
+                    "damaged journal record".into(),
+                ),
+            }
+        }
+        // Every selected client may already be in: the round then closed above.
+        Some((round, self.open.as_ref().map_or(0, |o| o.accepted.len())))
+    }
+
+    /// FedDDL's global prototypes `U_G`, if any.
+    pub fn prototypes(&self) -> Option<&[f32]> {
+        self.prototypes.as_ref()?.global()
+    }
+
+    /// FedDIM's global `Ī`, if any.
+    pub fn insight(&self) -> Option<&[f32]> {
+        self.insight.as_ref()?.global()
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod guard_tests;
+
+#[cfg(test)]
+mod restart_tests;

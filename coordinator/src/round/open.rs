@@ -1,0 +1,80 @@
+//! The open round's bookkeeping: who was selected, the updates accepted so far (with the
+//! objectives' statistics and the clients' metrics), the deadline, the task sent and the
+//! round's rejections. A plain record the machine fills; it decides nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::objectives::ClientStats;
+use crate::strategy::Failure;
+use crate::updates::RoundUpdates;
+
+/// The round open now.
+pub(super) struct OpenRound {
+    pub(super) round: u64,
+    pub(super) selected: BTreeSet<String>,
+    pub(super) accepted: RoundUpdates,
+    pub(super) failures: Vec<Failure>,
+    /// FedDIM class statistics by client: counts and `[K, H]` means.
+    pub(super) class_stats: ClientStats,
+    /// FedDDL local prototypes by client: counts and `[K, H]` means.
+    pub(super) prototypes: ClientStats,
+    pub(super) val: Vec<(f32, u32)>,
+    pub(super) loss: Vec<(f32, u32)>,
+    pub(super) opened_ms: u64,
+    pub(super) deadline_ms: u64,
+    pub(super) extended: bool,
+    pub(super) task_frame: Vec<u8>,
+    pub(super) bytes_up: u64,
+    pub(super) rejected: BTreeMap<&'static str, u64>,
+}
+
+impl OpenRound {
+    /// A round just opened with `selected` clients, its deltas held in `accepted`.
+    pub(super) fn new(
+        round: u64,
+        selected: Vec<String>,
+        accepted: RoundUpdates,
+        (opened_ms, deadline_ms): (u64, u64),
+        task_frame: Vec<u8>,
+    ) -> Self {
+        Self {
+            round,
+            accepted,
+            failures: Vec::new(),
+            class_stats: BTreeMap::new(),
+            prototypes: BTreeMap::new(),
+            selected: selected.into_iter().collect(),
+            val: Vec::new(),
+            loss: Vec::new(),
+            opened_ms,
+            deadline_ms,
+            extended: false,
+            task_frame,
+            bytes_up: 0,
+            rejected: BTreeMap::new(),
+        }
+    }
+
+    /// Counts a rejection in this round, and as the client's failure when it was selected.
+    pub(super) fn count_rejection(&mut self, client: &str, reason: &'static str) {
+        *self.rejected.entry(reason).or_default() += 1;
+        if self.selected.contains(client) {
+            self.failures.push(Failure {
+                client: client.to_owned(),
+                reason: reason.to_owned(),
+            });
+        }
+    }
+}
+
+/// The sample-weighted mean of `(value, samples)` pairs; `None` without samples.
+pub(super) fn weighted_mean(values: &[(f32, u32)]) -> Option<f32> {
+    let total: f64 = values.iter().map(|(_, n)| *n as f64).sum();
+    (total > 0.0).then(|| {
+        (values
+            .iter()
+            .map(|(v, n)| *v as f64 * *n as f64)
+            .sum::<f64>()
+            / total) as f32
+    })
+}

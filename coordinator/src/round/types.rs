@@ -1,0 +1,250 @@
+//! The round machine's vocabulary: its settings ([`RoundConfig`]), where it is ([`Phase`]),
+//! why an update was not used ([`Rejection`]), what a round did ([`RoundReport`]) and what the
+//! driver must do ([`Output`]). Plain data; the behaviour is in the sibling modules.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fedge_wire::{DecodeError, DeviceKey, TrainParams};
+
+use super::saved::Record;
+use crate::objectives::fedddl::PrototypeConfig;
+use crate::objectives::feddim::InsightConfig;
+use crate::strategy::AggregationReport;
+
+/// Settings of the round logic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundConfig {
+    /// Rounds that must aggregate before the federation finishes (abandoned rounds do not
+    /// count); 0 runs until stopped.
+    pub rounds: u64,
+    /// Fraction of online clients selected per round.
+    pub fraction: f32,
+    /// Clients that must be online before a round starts, and the least selected per round.
+    pub min_clients: usize,
+    /// Accepted updates needed to aggregate at the deadline (quorum).
+    pub min_updates: usize,
+    /// Time a round stays open, in milliseconds.
+    pub round_timeout_ms: u64,
+    /// Local training parameters sent with each task.
+    pub train: TrainParams,
+    /// Seed of client sampling.
+    pub seed: u64,
+    /// Time a partly received chunked update waits for its other chunks.
+    pub reassembly_timeout_ms: u64,
+    /// Most bytes of deltas held in one round (`N·M·4`); later updates are rejected with
+    /// reason `memory_budget`.
+    pub update_memory_bytes: usize,
+    /// FedDIM's server side, when devices train with the `FedDim` objective: updates must carry
+    /// class statistics, and the global `Ī` goes down with each task.
+    pub insight: Option<InsightConfig>,
+    /// FedDDL's server side, when devices train with the `FedDdl` objective: updates must carry
+    /// local causal prototypes, and the global `U_G` goes down with each task.
+    pub prototypes: Option<PrototypeConfig>,
+    /// Device keys by client id. When set, only these devices are selected, every update must
+    /// be sealed with its device's key, and each task carries one tag per selected device.
+    /// When unset, plain and sealed updates are both accepted (sealed ones unverified).
+    pub auth: Option<Arc<DeviceKeys>>,
+    /// Emit [`Output::Journal`] records (the opened round, each accepted update) for the driver
+    /// to write, so a restart can resume the open round with [`super::Rounds::restore_round`].
+    pub journal: bool,
+    /// Updates whose delta norm passes this bound are rejected on arrival (`norm`); 0: no bound.
+    pub max_update_norm: f64,
+    /// At the round's end, updates whose norm passes this multiple of the median norm of the
+    /// round's accepted updates are dropped (`norm`), when there are at least 3; 0: off.
+    pub max_norm_ratio: f64,
+}
+
+/// Device keys by client id.
+pub type DeviceKeys = BTreeMap<String, DeviceKey>;
+
+impl Default for RoundConfig {
+    fn default() -> Self {
+        Self {
+            rounds: 20,
+            fraction: 1.0,
+            min_clients: 1,
+            min_updates: 1,
+            round_timeout_ms: 60_000,
+            train: TrainParams::default(),
+            seed: 0,
+            reassembly_timeout_ms: fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
+            update_memory_bytes: 1 << 30,
+            insight: None,
+            prototypes: None,
+            auth: None,
+            journal: false,
+            max_update_norm: 0.0,
+            max_norm_ratio: 0.0,
+        }
+    }
+}
+
+/// Why an update was not used. The `name` is the key in the status JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rejection {
+    /// Not a decodable fedge frame (bad magic, CRC, body).
+    Malformed,
+    /// A protocol version this coordinator does not speak.
+    Version,
+    /// A valid frame of a kind devices must not send.
+    WrongKind,
+    /// A chunk that does not fit the other chunks of its message.
+    BadChunk,
+    /// `client_id` differs from the client in the topic.
+    ClientMismatch,
+    /// For a round that is not open (late, early or unknown).
+    WrongRound,
+    /// From a client not selected this round.
+    NotSelected,
+    /// A second update from the same client in the same round.
+    Duplicate,
+    /// Parameter count differs from the global head's.
+    Shape,
+    /// NaN or infinite values.
+    NonFinite,
+    /// A sample count of zero.
+    NoSamples,
+    /// Holding the update would pass the round's memory budget for deltas.
+    MemoryBudget,
+    /// FedDIM class statistics missing, misshapen or not finite.
+    Insight,
+    /// FedDDL prototypes missing or misshapen.
+    Prototypes,
+    /// A plain update where authentication is required.
+    Unauthenticated,
+    /// A device with no key on the coordinator (updates and status).
+    UnknownDevice,
+    /// An HMAC tag that is missing for the device or does not verify.
+    BadTag,
+    /// A delta norm above the absolute bound, or far above the round's median.
+    Norm,
+    /// A chunk stream that did not complete within the reassembly timeout.
+    Incomplete,
+    /// A message, or a chunk stream's announced length, above the largest message accepted.
+    Oversized,
+}
+
+impl Rejection {
+    /// The reason's key in status JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rejection::Malformed => "malformed",
+            Rejection::Version => "version",
+            Rejection::WrongKind => "wrong_kind",
+            Rejection::BadChunk => "bad_chunk",
+            Rejection::ClientMismatch => "client_mismatch",
+            Rejection::WrongRound => "wrong_round",
+            Rejection::NotSelected => "not_selected",
+            Rejection::Duplicate => "duplicate",
+            Rejection::Shape => "shape",
+            Rejection::NonFinite => "non_finite",
+            Rejection::NoSamples => "no_samples",
+            Rejection::MemoryBudget => "memory_budget",
+            Rejection::Insight => "insight",
+            Rejection::Prototypes => "prototypes",
+            Rejection::Unauthenticated => "unauthenticated",
+            Rejection::UnknownDevice => "unknown_device",
+            Rejection::BadTag => "bad_tag",
+            Rejection::Norm => "norm",
+            Rejection::Incomplete => "incomplete",
+            Rejection::Oversized => "oversized",
+        }
+    }
+
+    /// The reason a frame that does not decode is rejected for.
+    pub(super) fn of_decode(e: &DecodeError) -> Self {
+        match e {
+            DecodeError::UnsupportedVersion(_) => Rejection::Version,
+            DecodeError::BadChunk(_) => Rejection::BadChunk,
+            DecodeError::Unauthenticated => Rejection::Unauthenticated,
+            DecodeError::TooLarge(_) => Rejection::Oversized,
+            _ => Rejection::Malformed,
+        }
+    }
+}
+
+/// Where the machine is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for enough clients.
+    Waiting,
+    /// A round is open.
+    Training,
+    /// All rounds done.
+    Finished,
+}
+
+impl Phase {
+    /// Name used in status JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting",
+            Phase::Training => "training",
+            Phase::Finished => "finished",
+        }
+    }
+}
+
+/// What happened to a round that ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundReport {
+    /// Round number.
+    pub round: u64,
+    /// True when the model was updated; false when the round was abandoned below quorum.
+    pub aggregated: bool,
+    /// Clients selected.
+    pub selected: Vec<String>,
+    /// Clients whose update was used.
+    pub reported: Vec<String>,
+    /// Updates rejected during the round, by reason.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Bytes of update payloads received during the round (all chunks, rejected ones too).
+    pub bytes_up: u64,
+    /// Bytes of round-task payload, times the clients selected.
+    pub bytes_down: u64,
+    /// Milliseconds from the task's publication to the aggregation.
+    pub duration_ms: u64,
+    /// Sample-weighted mean of the validation accuracy the clients measured on the global head
+    /// they received (so it describes the previous round's model).
+    pub source_val_accuracy: Option<f32>,
+    /// Sample-weighted mean training loss of the clients.
+    pub train_loss: Option<f32>,
+    /// L2 norm of the global parameters after the round.
+    pub params_norm: f32,
+    /// What the strategy reported (FedOMG's Γ, momentum norm), when the round aggregated.
+    pub aggregation: Option<AggregationReport>,
+    /// Selected clients whose update did not count, with the last reason (a rejection's name
+    /// or `no_report`).
+    pub failures: BTreeMap<String, String>,
+}
+
+/// Something the driver must do or may show.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Publish this framed round task (retained) on the task topic; chunk it if large.
+    PublishTask {
+        /// Round number.
+        round: u64,
+        /// Framed [`fedge_wire::RoundTask`].
+        frame: Vec<u8>,
+    },
+    /// A round ended.
+    RoundEnded(RoundReport),
+    /// An update was rejected.
+    Rejected {
+        /// Client named by the topic.
+        client: String,
+        /// Why.
+        reason: Rejection,
+        /// Details for the log line.
+        detail: String,
+    },
+    /// The status changed; publish a fresh status document.
+    StatusChanged,
+    /// All rounds are done.
+    Finished,
+    /// Write this record to the journal before acting on later outputs (only with
+    /// `RoundConfig::journal`).
+    Journal(Record),
+}

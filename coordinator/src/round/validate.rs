@@ -1,0 +1,150 @@
+//! Validation of a decoded update against the open round: the right client, round and shape,
+//! finite values, samples, the norm bound, and the objectives' statistics; plus the round-end
+//! guard that drops norm outliers. Pure functions: they say why an update cannot be used and
+//! change nothing (an update that fails validation changes nothing but the rejection counters,
+//! which the machine keeps).
+
+use fedge_wire::{ClassStats, ClientUpdate};
+
+use super::open::OpenRound;
+use super::types::{Rejection, RoundConfig};
+use crate::updates::RoundUpdates;
+use crate::updates::norms::{median, norms};
+
+/// Why `client`'s `update` cannot be used in the `open` round of a machine whose head has
+/// `params` parameters; `Ok` when it can.
+pub(super) fn validate(
+    config: &RoundConfig,
+    open: Option<&OpenRound>,
+    params: usize,
+    client: &str,
+    update: &ClientUpdate,
+) -> Result<(), (Rejection, String)> {
+    if update.client_id != client {
+        return Err((
+            Rejection::ClientMismatch,
+            format!("update names {:?}", update.client_id),
+        ));
+    }
+    let Some(open) = open else {
+        return Err((
+            Rejection::WrongRound,
+            format!("round {} but no round is open", update.round),
+        ));
+    };
+    if update.round != open.round {
+        return Err((
+            Rejection::WrongRound,
+            format!("round {} but round {} is open", update.round, open.round),
+        ));
+    }
+    if !open.selected.contains(client) {
+        return Err((
+            Rejection::NotSelected,
+            format!("not selected for round {}", open.round),
+        ));
+    }
+    if open.accepted.contains(client) {
+        return Err((
+            Rejection::Duplicate,
+            format!("second update for round {}", open.round),
+        ));
+    }
+    if update.delta.len() != params {
+        return Err((
+            Rejection::Shape,
+            format!("{} parameters, the head has {}", update.delta.len(), params),
+        ));
+    }
+    if let Some(i) = update.delta.first_non_finite() {
+        return Err((Rejection::NonFinite, format!("parameter {i} is not finite")));
+    }
+    if update.num_samples == 0 {
+        return Err((Rejection::NoSamples, "zero samples".into()));
+    }
+    if config.max_update_norm > 0.0 {
+        let norm = update.delta.l2_norm();
+        if norm > config.max_update_norm {
+            return Err((
+                Rejection::Norm,
+                format!(
+                    "delta norm {norm:.4} above max_update_norm {}",
+                    config.max_update_norm
+                ),
+            ));
+        }
+    }
+    if let Some(insight) = &config.insight {
+        let shape = (insight.hidden, insight.classes);
+        let what = "FedDIM class statistics";
+        check_class_stats(update.class_stats.as_ref(), shape, Rejection::Insight, what)?;
+    }
+    if let Some(prototypes) = &config.prototypes {
+        let shape = (prototypes.hidden, prototypes.classes);
+        let what = "FedDDL prototypes";
+        check_class_stats(
+            update.prototypes.as_ref(),
+            shape,
+            Rejection::Prototypes,
+            what,
+        )?;
+    }
+    Ok(())
+}
+
+/// The updates a round drops at its end for their norm.
+pub(super) struct NormOutliers {
+    /// Whether each update stays, in view order.
+    pub(super) keep: Vec<bool>,
+    /// The dropped clients with their norms.
+    pub(super) dropped: Vec<(String, f64)>,
+}
+
+/// The updates to drop at the round's end: those whose norm passes `ratio` × the round's
+/// median norm, when there are at least 3; `None` when every update stays.
+pub(super) fn norm_outliers(ratio: f64, accepted: &RoundUpdates) -> Option<NormOutliers> {
+    if ratio <= 0.0 || accepted.len() < 3 {
+        return None;
+    }
+    let norms = norms(accepted);
+    let bound = ratio * median(&norms);
+    if norms.iter().all(|n| *n <= bound) {
+        return None;
+    }
+    let dropped: Vec<(String, f64)> = (0..accepted.len())
+        .filter(|&i| norms[i] > bound)
+        .map(|i| (accepted.client(i).to_owned(), norms[i]))
+        .collect();
+    let keep: Vec<bool> = norms.iter().map(|n| *n <= bound).collect();
+    Some(NormOutliers { keep, dropped })
+}
+
+/// Checks per-class statistics of shape `(H, K)`: present, `K` counts, `K·H` finite means.
+fn check_class_stats(
+    stats: Option<&ClassStats>,
+    (h, k): (usize, usize),
+    reason: Rejection,
+    what: &str,
+) -> Result<(), (Rejection, String)> {
+    let Some(stats) = stats else {
+        return Err((reason, format!("no {what}")));
+    };
+    if stats.counts.len() != k || stats.means.len() != k * h {
+        return Err((
+            reason,
+            format!(
+                "{what}: {} class counts and {} mean values, expected {k} and {}",
+                stats.counts.len(),
+                stats.means.len(),
+                k * h
+            ),
+        ));
+    }
+    if let Some(i) = stats.means.first_non_finite() {
+        return Err((
+            Rejection::NonFinite,
+            format!("{what}: mean {i} is not finite"),
+        ));
+    }
+    Ok(())
+}

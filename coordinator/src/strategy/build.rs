@@ -1,0 +1,133 @@
+//! From a configuration to a strategy: the closed sets of names (`strategy`, `solver`,
+//! `robust`, one kebab-case spelling in TOML, on the command line and in JSON), the
+//! [`StrategyConfig`] with its parameters, and [`StrategyConfig::build`], which checks them and
+//! stacks the wrappers (robust rewrite inside, server momentum outside). No arithmetic here.
+
+use super::fedomg::{FedOmg, FedOmgConfig, Solver, SolverKind};
+use super::momentum::{MomentumError, ServerMomentum};
+use super::names::closed_set;
+use super::robust::{Robust, RobustError, RobustKind, RobustRule};
+use super::{FedAvg, Strategy};
+
+/// A strategy configuration whose parameters are out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BuildError {
+    /// FedOMG's `κ` or server learning rate.
+    #[error("fedomg needs kappa >= 0 and global_lr > 0, got {kappa} and {global_lr}")]
+    FedOmg {
+        /// The `κ` asked for.
+        kappa: f64,
+        /// The server learning rate asked for.
+        global_lr: f64,
+    },
+    /// The robust rule's parameter.
+    #[error(transparent)]
+    Robust(#[from] RobustError),
+    /// Server momentum's parameters.
+    #[error(transparent)]
+    Momentum(#[from] MomentumError),
+}
+
+closed_set! {
+    /// Which server strategy (`strategy` in TOML, `--strategy` on the command line).
+    pub enum StrategyKind("strategy") {
+        /// Sample-weighted mean of the deltas.
+        #[default]
+        Fedavg = "fedavg",
+        /// FedAvg with server momentum (β = 0.9 unless `server_momentum` says otherwise).
+        Fedavgm = "fedavgm",
+        /// FedOMG: on-server gradient matching (docs/algorithms.md §2).
+        Fedomg = "fedomg",
+    }
+}
+
+/// The server side of a configuration: which strategy and its parameters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct StrategyConfig {
+    /// `fedavg`, `fedavgm` (FedAvg with server momentum 0.9 unless set) or `fedomg`.
+    pub strategy: StrategyKind,
+    /// FedOMG's `κ`.
+    pub kappa: f64,
+    /// FedOMG's server learning rate, in FedAvg units.
+    pub global_lr: f64,
+    /// FedOMG's solver: `reference` (the authors' 20 SGD steps) or `converged`.
+    pub solver: SolverKind,
+    /// Server momentum `β` around the strategy; 0 disables it.
+    pub server_momentum: f32,
+    /// Server learning rate `η_s` of the momentum update.
+    pub server_learning_rate: f32,
+    /// Robust rewrite of the deltas before the strategy: `none`, `clip`, `trimmed-mean` or
+    /// `median` (see [`super::robust`]).
+    pub robust: RobustKind,
+    /// `clip`'s norm bound; 0 clips to the round's median norm.
+    pub clip_norm: f64,
+    /// `trimmed-mean`'s fraction per side.
+    pub trim_fraction: f64,
+}
+
+impl Default for StrategyConfig {
+    fn default() -> Self {
+        Self {
+            strategy: StrategyKind::Fedavg,
+            kappa: 0.5,
+            global_lr: 1.0,
+            solver: SolverKind::Reference,
+            server_momentum: 0.0,
+            server_learning_rate: 1.0,
+            robust: RobustKind::None,
+            clip_norm: 0.0,
+            trim_fraction: 0.1,
+        }
+    }
+}
+
+impl StrategyConfig {
+    /// Builds the strategy, rejecting unknown names and bad parameters.
+    pub fn build(&self) -> Result<Box<dyn Strategy>, BuildError> {
+        let mut beta = self.server_momentum;
+        let base: Box<dyn Strategy> = match self.strategy {
+            StrategyKind::Fedavg => Box::new(FedAvg),
+            StrategyKind::Fedavgm => {
+                if beta == 0.0 {
+                    beta = 0.9;
+                }
+                Box::new(FedAvg)
+            }
+            StrategyKind::Fedomg => {
+                if !(self.kappa.is_finite()
+                    && self.kappa >= 0.0
+                    && self.global_lr.is_finite()
+                    && self.global_lr > 0.0)
+                {
+                    return Err(BuildError::FedOmg {
+                        kappa: self.kappa,
+                        global_lr: self.global_lr,
+                    });
+                }
+                let config = FedOmgConfig {
+                    kappa: self.kappa,
+                    solver: Solver::of(self.solver),
+                    ..Default::default()
+                };
+                Box::new(FedOmg {
+                    config,
+                    global_lr: self.global_lr,
+                })
+            }
+        };
+        let base = match RobustRule::of(self.robust, self.clip_norm, self.trim_fraction)? {
+            Some(rule) => Box::new(Robust::new(base, rule)),
+            None => base,
+        };
+        if beta != 0.0 || self.server_learning_rate != 1.0 {
+            Ok(Box::new(ServerMomentum::new(
+                base,
+                beta,
+                self.server_learning_rate,
+            )?))
+        } else {
+            Ok(base)
+        }
+    }
+}
