@@ -369,3 +369,43 @@ impl EdgeConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_with(line: &str) -> Result<EdgeConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device.toml");
+        let text = format!(
+            "client_id = \"cam-1\"\nfederation = \"lab\"\nbackbone = \"b.toml\"\n{line}\n\
+             [data]\nkind = \"digits\"\ndomain = \"rot0\"\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        EdgeConfig::load(&path)
+    }
+
+    #[test]
+    fn backend_and_device_default_to_flex_and_auto() {
+        let config = load_with("").unwrap();
+        assert_eq!(config.training(), (Accelerator::Auto, Backend::Flex));
+        let config = load_with("device = \"cuda\"").unwrap();
+        assert_eq!(config.device, Accelerator::Cuda);
+    }
+
+    #[test]
+    fn a_bad_backend_or_device_fails_at_load_and_lists_the_valid_values() {
+        let err = load_with("backend = \"tpu\"").unwrap_err().to_string();
+        assert!(err.contains("tpu") && err.contains("flex"), "{err}");
+        let err = load_with("device = \"gpu\"").unwrap_err().to_string();
+        for valid in ["auto", "cpu", "cuda"] {
+            assert!(err.contains(valid), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_val_fraction_fails_at_load() {
+        let err = load_with("val_fraction = 1.5").unwrap_err().to_string();
+        assert!(err.contains("val_fraction"), "{err}");
+    }
+}
