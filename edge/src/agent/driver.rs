@@ -15,9 +15,9 @@ use fedge_wire::{EdgeStatus, RoundTask, TensorF32};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
-use super::machine::{Agent, Output, Trained};
+use super::machine::{Agent, AgentError, AgentSummary, Output, Trained};
+use super::setup::AgentSetup;
 use super::state::RoundState;
-use super::{AgentError, AgentSetup, AgentSummary};
 use crate::train::{LocalState, RoundInputs, TrainJob, accuracy, train_local};
 
 /// Runs until `stop` turns true.

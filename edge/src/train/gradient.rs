@@ -26,15 +26,8 @@ pub(crate) fn gradient_round(
     views: Option<&DdlViews>,
     rng: &mut StdRng,
 ) -> Result<(Head, f32, usize), TrainError> {
-    let TrainJob {
-        head: config,
-        global,
-        data,
-        params,
-        inputs,
-        device,
-        ..
-    } = *job;
+    let (config, global, data, params) = (job.head, job.global, job.data, job.params);
+    let (inputs, device) = (job.inputs, job.device);
     let (h, k) = (config.hidden, config.classes);
     let insight = match (params.objective, inputs.insight) {
         (Objective::FedDim, Some(values)) if params.insight_lambda > 0.0 => {

@@ -113,14 +113,8 @@ fn stable_round(
     state: &mut LocalState,
     rng: &mut StdRng,
 ) -> Result<(f32, usize, Vec<f32>), TrainError> {
-    let TrainJob {
-        head: config,
-        global,
-        data,
-        params,
-        device,
-        ..
-    } = *job;
+    let (config, global, data) = (job.head, job.global, job.data);
+    let (params, device) = (job.params, job.device);
     let adversarial = AdversarialConfig::for_head(config);
     let disc_flat = match state.discriminator.take() {
         Some(d) if d.len() == adversarial.discriminator_params() => d,
