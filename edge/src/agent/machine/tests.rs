@@ -332,3 +332,24 @@ fn a_task_is_too_slow_only_when_the_last_training_outlasted_its_deadline() {
     assert!(!too_slow_for(1_000, 0.0), "no measurement yet");
     assert!(!too_slow_for(0, 9.0), "no deadline");
 }
+
+#[test]
+fn a_peak_above_the_memory_budget_is_reported_when_nothing_else_went_wrong() {
+    let mut id = identity("cam-1", None);
+    id.memory_budget_mb = 64;
+    let mut agent = Agent::new(id, RoundState::default()).unwrap();
+    deliver(&mut agent, 1, 0, 0);
+    agent.handle_trained(Trained {
+        peak_memory_mb: Some(100.0),
+        ..trained(1, 0.1)
+    });
+    drain(&mut agent);
+    agent.handle_update_sent(Ok(10));
+    drain(&mut agent);
+    assert_eq!(agent.status().peak_memory_mb, Some(100.0));
+    assert!(
+        agent.status().last_error.contains("memory_budget_mb = 64"),
+        "{}",
+        agent.status().last_error
+    );
+}
