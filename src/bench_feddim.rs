@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use fedge_edge::train_head_with;
+use fedge_edge::{RoundInputs, TrainJob, train_head};
 use fedge_models::{Backend, HeadConfig, training_device};
 use fedge_wire::{ClassStats, Objective, TensorF32, TrainParams};
 use rand::{Rng, SeedableRng};
@@ -76,7 +76,12 @@ pub fn timing(
             ..TrainParams::default()
         };
         let start = Instant::now();
-        let _ = train_head_with(head, &global, &data, &params, Some(&insight), 0, &device);
+        let _ = train_head(
+            &TrainJob::new(head, &global, &data, &params, &device).with_inputs(RoundInputs {
+                insight: Some(&insight),
+                ..RoundInputs::default()
+            }),
+        );
         start.elapsed().as_secs_f64() / epochs as f64
     };
     // Warm up, then alternate the two so that machine noise hits both alike.

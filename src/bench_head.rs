@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use fedge_edge::{FeatureSet, train_head};
+use fedge_edge::{FeatureSet, TrainJob, train_head};
 use fedge_models::{Backend, HeadConfig, training_device};
 use fedge_wire::TrainParams;
 use rand::{Rng, SeedableRng};
@@ -55,12 +55,12 @@ pub fn run(
         .map(|&backend| {
             let device = training_device(backend);
             // One untimed warm-up run.
-            let _ = train_head(head, &global, &data, &params, 0, &device);
+            let _ = train_head(&TrainJob::new(head, &global, &data, &params, &device));
             let mut rates = Vec::new();
             let mut final_loss = f32::NAN;
             for _ in 0..repeats.max(1) {
                 let start = Instant::now();
-                let outcome = train_head(head, &global, &data, &params, 0, &device);
+                let outcome = train_head(&TrainJob::new(head, &global, &data, &params, &device));
                 let seconds = start.elapsed().as_secs_f64();
                 final_loss = outcome.map(|o| o.last_epoch_loss).unwrap_or(f32::NAN);
                 rates.push((samples * epochs as usize) as f64 / seconds);
@@ -289,9 +289,15 @@ mod tests {
             features: data.features[..32 * 8].to_vec(),
             labels: data.labels[..32].to_vec(),
         };
-        let burn = train_head(&head, &head.init_flat(1), &subset, &params_one, 0, &device)
-            .unwrap()
-            .last_epoch_loss;
+        let burn = train_head(&TrainJob::new(
+            &head,
+            &head.init_flat(1),
+            &subset,
+            &params_one,
+            &device,
+        ))
+        .unwrap()
+        .last_epoch_loss;
         assert!((burn - first).abs() < 1e-4, "{burn} vs {first}");
     }
 }

@@ -14,7 +14,7 @@ use fedge_coordinator::{
 };
 use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
 use fedge_edge::features::{self, Fnv64};
-use fedge_edge::fedddl::DEFAULT_GROUPS;
+use fedge_edge::train::fedddl::DEFAULT_GROUPS;
 use fedge_edge::{AgentSetup, DdlViews, FeatureSet, accuracy};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Accelerator, Backbone, Backend, HeadConfig, ModelLayout};

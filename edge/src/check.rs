@@ -140,15 +140,15 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
 }
 
 fn check_device(config: &EdgeConfig) -> Check {
-    let (accelerator, backend) = match config.training() {
-        Ok(choice) => choice,
-        Err(e) => return fail("device", format!("{e:#}")),
-    };
+    let (accelerator, backend) = config.training();
     let selected = fedge_models::select_device(accelerator, backend);
     match selected.fallback {
         // The CPU fallback is how a Jetson profile runs before its CUDA build: a note, not a
         // failure.
-        Some(reason) => pass("device", format!("{} asked for: {reason}", config.device)),
+        Some(reason) => pass(
+            "device",
+            format!("{} asked for: {reason}", config.device.name()),
+        ),
         None => pass("device", format!("training on {}", selected.name)),
     }
 }

@@ -1,20 +1,112 @@
 //! A device's configuration file (the profiles in `firmware-configs/` are such files).
 //!
 //! Relative paths are resolved against the folder of the file, so a profile works from any
-//! working directory.
+//! working directory. Closed sets of values (`backend`, `device`, the data `kind`) are enums:
+//! a bad value fails at load and names the valid ones. Building the agent from a loaded file
+//! ([`EdgeConfig::setup`]) reads the backbone, the data and the key; it does not connect.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fedge_models::{Accelerator, Backbone, Backend, HeadConfig};
+use fedge_models::{Accelerator, Backbone, BackboneError, Backend, HeadConfig};
 use fedge_mqtt::BrokerConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::AgentSetup;
-use crate::data::{DIGITS_ANGLES, ImageSet, digits_domains, imagefolder_domains};
-use crate::features;
-use crate::fedddl::DdlViews;
+use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_domains};
+use crate::features::{self, LoadBackboneError};
 use crate::resources::{self, ResourceConfig};
+use crate::train::fedddl::{self, DdlViews, ViewsError};
+
+/// Why a device's file does not load.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is unreadable.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a valid profile (syntax, unknown key, a value outside its set).
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why, with the line.
+        source: Box<toml::de::Error>,
+    },
+    /// The broker's TLS files are unreadable.
+    #[error("{}: {message}", path.display())]
+    Tls {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The client id cannot be one MQTT topic level.
+    #[error(
+        "{}: client_id {client_id:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
+        path.display()
+    )]
+    ClientId {
+        /// The file.
+        path: PathBuf,
+        /// The id given.
+        client_id: String,
+    },
+    /// The validation fraction is outside `(0, 1)`.
+    #[error("{}: val_fraction must be in (0, 1)", path.display())]
+    ValFraction {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// Why a loaded profile could not become a running agent.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The key file is unreadable.
+    #[error("key_file {}: {source} (create one with `fedge-coordinator keygen`)", path.display())]
+    KeyRead {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The key file does not hold a key.
+    #[error("key_file {}: {source}", path.display())]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        source: fedge_wire::KeyError,
+    },
+    /// The backbone does not load.
+    #[error(transparent)]
+    Backbone(#[from] LoadBackboneError),
+    /// The data set does not load.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The profile's domain is not in the data set.
+    #[error("domain {wanted:?} not found; available: {}", available.join(", "))]
+    Domain {
+        /// The domain asked for.
+        wanted: String,
+        /// The domains found.
+        available: Vec<String>,
+    },
+    /// FedDDL's detector does not load.
+    #[error("[fedddl] detector: {0}")]
+    Detector(BackboneError),
+    /// The backbone (or the detector) failed on the images.
+    #[error(transparent)]
+    Features(#[from] BackboneError),
+    /// FedDDL's views could not be built.
+    #[error(transparent)]
+    Views(#[from] ViewsError),
+}
 
 /// Where the device's samples come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,12 +141,12 @@ pub struct EdgeConfig {
     #[serde(default = "default_profile")]
     pub profile: String,
     /// Burn CPU backend: `flex` (the `fedge` front end also has `ndarray`).
-    #[serde(default = "default_backend")]
-    pub backend: String,
+    #[serde(default)]
+    pub backend: Backend,
     /// Where the head trains: `auto` (a CUDA GPU in a `cuda` build when one answers, else the
     /// CPU), `cpu`, or `cuda` (falls back to the CPU, saying why, when there is no GPU).
-    #[serde(default = "default_device")]
-    pub device: String,
+    #[serde(default)]
+    pub device: Accelerator,
     /// Resource limits of the hardware class.
     #[serde(default)]
     pub resources: ResourceConfig,
@@ -108,24 +200,18 @@ impl Default for FedDdlConfig {
     fn default() -> Self {
         Self {
             enabled: false,
-            groups: crate::fedddl::DEFAULT_GROUPS,
+            groups: fedddl::DEFAULT_GROUPS,
             detector: None,
         }
     }
 }
 
 fn default_groups() -> usize {
-    crate::fedddl::DEFAULT_GROUPS
+    fedddl::DEFAULT_GROUPS
 }
 
 fn default_profile() -> String {
     "generic".into()
-}
-fn default_backend() -> String {
-    "flex".into()
-}
-fn default_device() -> String {
-    "auto".into()
 }
 fn default_hidden() -> usize {
     64
@@ -136,11 +222,15 @@ fn default_val_fraction() -> f32 {
 
 impl EdgeConfig {
     /// Reads a file and resolves its relative paths.
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-        let mut config: Self =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.backbone = base.join(&config.backbone);
         if let Some(dir) = &config.cache_dir {
@@ -149,7 +239,10 @@ impl EdgeConfig {
         config
             .broker
             .load_tls(base)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            .map_err(|message| ConfigError::Tls {
+                path: path.to_owned(),
+                message,
+            })?;
         if let Some(key) = &config.key_file {
             config.key_file = Some(base.join(key));
         }
@@ -159,39 +252,28 @@ impl EdgeConfig {
         if let DataConfig::ImageFolder { root, .. } = &mut config.data {
             *root = base.join(&*root);
         }
-        config
-            .training()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        anyhow::ensure!(
-            fedge_wire::valid_client_id(&config.client_id),
-            "{}: client_id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
-            path.display(),
-            config.client_id
-        );
-        anyhow::ensure!(
-            config.val_fraction > 0.0 && config.val_fraction < 1.0,
-            "{}: val_fraction must be in (0, 1)",
-            path.display()
-        );
+        if !fedge_wire::valid_client_id(&config.client_id) {
+            return Err(ConfigError::ClientId {
+                path: path.to_owned(),
+                client_id: config.client_id,
+            });
+        }
+        if !(config.val_fraction > 0.0 && config.val_fraction < 1.0) {
+            return Err(ConfigError::ValFraction {
+                path: path.to_owned(),
+            });
+        }
         Ok(config)
     }
 
     /// Where training runs, as `device` and `backend` say.
-    pub fn training(&self) -> anyhow::Result<(Accelerator, Backend)> {
-        let device = self
-            .device
-            .parse()
-            .map_err(|e| anyhow::anyhow!("device: {e}"))?;
-        let backend = self
-            .backend
-            .parse()
-            .map_err(|e| anyhow::anyhow!("backend: {e}"))?;
-        Ok((device, backend))
+    pub fn training(&self) -> (Accelerator, Backend) {
+        (self.device, self.backend)
     }
 
     /// Loads the local domain's images (raw values; ImageFolder images at the backbone's input
     /// size, the built-in digits at their own).
-    pub fn load_images(&self, backbone: &Backbone) -> anyhow::Result<ImageSet> {
+    pub fn load_images(&self, backbone: &Backbone) -> Result<ImageSet, SetupError> {
         let card = backbone.card();
         let domains = match &self.data {
             DataConfig::Digits { seed, .. } => digits_domains(&DIGITS_ANGLES, *seed),
@@ -208,33 +290,31 @@ impl EdgeConfig {
         let domain = domains
             .into_iter()
             .find(|d| d.name == *wanted)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "domain {wanted:?} not found; available: {}",
-                    names.join(", ")
-                )
+            .ok_or_else(|| SetupError::Domain {
+                wanted: wanted.clone(),
+                available: names,
             })?;
         Ok(domain.data)
     }
 
     /// Reads the device key named by `key_file`, if any.
-    pub fn load_key(&self) -> anyhow::Result<Option<fedge_wire::DeviceKey>> {
+    pub fn load_key(&self) -> Result<Option<fedge_wire::DeviceKey>, SetupError> {
         let Some(path) = &self.key_file else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            anyhow::anyhow!(
-                "key_file {}: {e} (create one with `fedge-coordinator keygen`)",
-                path.display()
-            )
+        let text = std::fs::read_to_string(path).map_err(|source| SetupError::KeyRead {
+            path: path.clone(),
+            source,
         })?;
-        let key = fedge_wire::DeviceKey::from_hex(&text)
-            .map_err(|e| anyhow::anyhow!("key_file {}: {e}", path.display()))?;
+        let key = fedge_wire::DeviceKey::from_hex(&text).map_err(|source| SetupError::Key {
+            path: path.clone(),
+            source,
+        })?;
         Ok(Some(key))
     }
 
     /// Loads backbone and data, computes (or reads cached) features and builds the agent.
-    pub fn setup(&self) -> anyhow::Result<AgentSetup> {
+    pub fn setup(&self) -> Result<AgentSetup, SetupError> {
         let key = self.load_key()?;
         let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
         let images = self.load_images(&backbone)?;
@@ -253,8 +333,7 @@ impl EdgeConfig {
             );
         }
         if let (true, Some(card)) = (self.fedddl.enabled, &self.fedddl.detector) {
-            let detector = fedge_models::Backbone::load(card)
-                .map_err(|e| anyhow::anyhow!("[fedddl] detector: {e}"))?;
+            let detector = fedge_models::Backbone::load(card).map_err(SetupError::Detector)?;
             images.masks = Some(crate::data::detector_masks(&detector, &images)?);
         }
         let classes = images.classes();
@@ -277,10 +356,7 @@ impl EdgeConfig {
             train: Arc::new(train),
             val: Arc::new(val),
             views,
-            device: {
-                let (accelerator, backend) = self.training()?;
-                fedge_models::select_device(accelerator, backend)
-            },
+            device: fedge_models::select_device(self.device, self.backend),
             memory_budget_mb: self.resources.memory_budget_mb,
             profile: self.profile.clone(),
             backbone: backbone.card().name.clone(),
@@ -291,5 +367,45 @@ impl EdgeConfig {
                 .as_ref()
                 .map(|dir| dir.join(format!("{}.round.json", self.client_id))),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_with(line: &str) -> Result<EdgeConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device.toml");
+        let text = format!(
+            "client_id = \"cam-1\"\nfederation = \"lab\"\nbackbone = \"b.toml\"\n{line}\n\
+             [data]\nkind = \"digits\"\ndomain = \"rot0\"\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        EdgeConfig::load(&path)
+    }
+
+    #[test]
+    fn backend_and_device_default_to_flex_and_auto() {
+        let config = load_with("").unwrap();
+        assert_eq!(config.training(), (Accelerator::Auto, Backend::Flex));
+        let config = load_with("device = \"cuda\"").unwrap();
+        assert_eq!(config.device, Accelerator::Cuda);
+    }
+
+    #[test]
+    fn a_bad_backend_or_device_fails_at_load_and_lists_the_valid_values() {
+        let err = load_with("backend = \"tpu\"").unwrap_err().to_string();
+        assert!(err.contains("tpu") && err.contains("flex"), "{err}");
+        let err = load_with("device = \"gpu\"").unwrap_err().to_string();
+        for valid in ["auto", "cpu", "cuda"] {
+            assert!(err.contains(valid), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_val_fraction_fails_at_load() {
+        let err = load_with("val_fraction = 1.5").unwrap_err().to_string();
+        assert!(err.contains("val_fraction"), "{err}");
     }
 }

@@ -1,16 +1,99 @@
-//! The feature cache: the frozen backbone runs once per sample.
+//! The feature cache: the frozen backbone runs once per sample, and [`FeatureSet`], the cached
+//! features and labels every objective trains on.
 //!
 //! Features are computed in batches when a device starts and kept in memory for every round.
-//! With a cache folder they are also written to disk, keyed by a hash of the backbone file
-//! and the raw images, so a restarted device skips the backbone entirely.
+//! With a cache folder they are also written to disk (through the one durable atomic write,
+//! `fedge_daemon::write_atomically`), keyed by a hash of the backbone file and the raw images,
+//! so a restarted device skips the backbone entirely. It does not train.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-use fedge_models::{Backbone, BackboneError, ModelCard, check_sample};
+use fedge_daemon::{Visibility, write_atomically};
+use fedge_models::{Backbone, BackboneError, CardError, ModelCard, check_sample};
 
 use crate::data::ImageSet;
-use crate::train::FeatureSet;
+
+/// Features and labels of one local split, features already computed by the backbone.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FeatureSet {
+    /// Feature size `F`.
+    pub dim: usize,
+    /// `len × F` values, row-major.
+    pub features: Vec<f32>,
+    /// Class of each row.
+    pub labels: Vec<u32>,
+}
+
+impl FeatureSet {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when there is no sample.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// The rows `indices`, in that order.
+    ///
+    /// # Panics
+    ///
+    /// Panics if an index is out of range.
+    pub fn rows(&self, indices: &[usize]) -> FeatureSet {
+        let mut out = FeatureSet {
+            dim: self.dim,
+            features: Vec::with_capacity(indices.len() * self.dim),
+            labels: Vec::with_capacity(indices.len()),
+        };
+        for &i in indices {
+            out.features
+                .extend_from_slice(&self.features[i * self.dim..(i + 1) * self.dim]);
+            out.labels.push(self.labels[i]);
+        }
+        out
+    }
+}
+
+/// Why a backbone could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadBackboneError {
+    /// The model card is missing.
+    #[error(
+        "no model card {}: a backbone needs its card next to it \
+         (models/tools/fetch-efficientnet-lite0.sh writes both)",
+        .0.display()
+    )]
+    NoCard(PathBuf),
+    /// The model card is unreadable or invalid.
+    #[error(transparent)]
+    Card(#[from] CardError),
+    /// The ONNX file is unreadable.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The ONNX file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The backbone does not load or run.
+    #[error(transparent)]
+    Backbone(#[from] BackboneError),
+    /// The backbone's features differ from its converter's sample.
+    #[error(
+        "{} disagrees with its converter's sample (largest difference {max_abs_diff} for \
+         features up to {max_abs}): convert it again",
+        onnx.display()
+    )]
+    Disagrees {
+        /// The ONNX file.
+        onnx: PathBuf,
+        /// Largest absolute difference.
+        max_abs_diff: f32,
+        /// Largest absolute feature value.
+        max_abs: f32,
+    },
+}
 
 /// Images per backbone call.
 pub const BATCH: usize = 64;
@@ -41,12 +124,9 @@ pub fn extract(
     let features = backbone.features_of(&images.images, shape, images.raw_max, BATCH)?;
     if let Some(path) = &path {
         let bytes: Vec<u8> = features.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let written = path
-            .parent()
-            .map(std::fs::create_dir_all)
-            .transpose()
-            .and_then(|_| write_atomic(path, &bytes));
-        if let Err(e) = written {
+        // The durable write creates the folder; a cache file that cannot be written costs the
+        // next start a backbone pass, nothing more.
+        if let Err(e) = write_atomically(path, &bytes, Visibility::Shared) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write feature cache");
         }
     }
@@ -61,39 +141,32 @@ pub fn extract(
 /// checks it against its converter's sample when one lies next to the card (see
 /// `fedge_models::sample`), and returns it with a hash of its ONNX bytes, the feature cache's
 /// key.
-pub fn load_backbone(path: &Path) -> anyhow::Result<(Backbone, u64)> {
+pub fn load_backbone(path: &Path) -> Result<(Backbone, u64), LoadBackboneError> {
     let card_path = if path.extension().is_some_and(|e| e == "onnx") {
         path.with_extension("toml")
     } else {
         path.to_owned()
     };
-    anyhow::ensure!(
-        card_path.exists(),
-        "no model card {}: a backbone needs its card next to it \
-         (models/tools/fetch-efficientnet-lite0.sh writes both)",
-        card_path.display()
-    );
+    if !card_path.exists() {
+        return Err(LoadBackboneError::NoCard(card_path));
+    }
     let card = ModelCard::load(&card_path)?;
     let onnx = card.onnx_path(&card_path);
-    let bytes = std::fs::read(&onnx).with_context(|| format!("cannot read {}", onnx.display()))?;
+    let bytes = std::fs::read(&onnx).map_err(|source| LoadBackboneError::Read {
+        path: onnx.clone(),
+        source,
+    })?;
     let backbone = Backbone::from_bytes(card, &bytes, &onnx)?;
-    if let Some(check) = check_sample(&backbone, &card_path)? {
-        anyhow::ensure!(
-            check.agrees(),
-            "{} disagrees with its converter's sample (largest difference {} for features up \
-             to {}): convert it again",
-            onnx.display(),
-            check.max_abs_diff,
-            check.max_abs
-        );
+    if let Some(check) = check_sample(&backbone, &card_path)?
+        && !check.agrees()
+    {
+        return Err(LoadBackboneError::Disagrees {
+            onnx,
+            max_abs_diff: check.max_abs_diff,
+            max_abs: check.max_abs,
+        });
     }
     Ok((backbone, Fnv64::of(&bytes)))
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }
 
 fn cache_path(dir: &Path, backbone_id: u64, images: &ImageSet) -> PathBuf {

@@ -2,8 +2,13 @@
 //!
 //! It loads local data, runs the frozen backbone once per sample (the feature cache), trains
 //! the head with Burn when the coordinator selects it, and talks to the coordinator over MQTT.
-//! The trainer is plain library code: `fedge demo` and `fedge bench` call it in process, the
+//! The trainer is plain library code: `fedge demo` and `fedge eval` call it in process, the
 //! agent calls it over MQTT, so both run the same numbers.
+//!
+//! Modules, leaves first: [`data`] (local images), [`features`] (the backbone cache and
+//! [`FeatureSet`]), [`train`] (local rounds: SGD and the objectives), [`resources`], [`agent`]
+//! (the decisions as a state machine, and its MQTT driver), [`config`] (a device profile), and
+//! [`check`] (a profile's pre-flight checks).
 //!
 //! This crate does not aggregate and does not decide who trains: the coordinator does.
 
@@ -12,15 +17,11 @@ pub mod check;
 pub mod config;
 pub mod data;
 pub mod features;
-pub mod fedddl;
-pub mod feddim;
 pub mod resources;
-pub mod stable;
 pub mod train;
 
 pub use agent::{AgentSetup, AgentSummary, run_agent};
-pub use fedddl::DdlViews;
+pub use features::FeatureSet;
 pub use train::{
-    FeatureSet, LocalState, RoundInputs, TrainOutcome, accuracy, train_head, train_head_with,
-    train_local,
+    DdlViews, LocalState, RoundInputs, TrainJob, TrainOutcome, accuracy, train_head, train_local,
 };

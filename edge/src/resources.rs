@@ -157,17 +157,9 @@ pub fn systemd_unit(config: &Path, resources: &ResourceConfig) -> String {
 mod tests {
     use super::*;
 
+    /// `n` images of 4 values (16 bytes of pixels each).
     fn images(n: usize, classes: u32) -> ImageSet {
-        ImageSet {
-            channels: 1,
-            height: 2,
-            width: 2,
-            class_names: (0..classes).map(|c| c.to_string()).collect(),
-            images: (0..n * 4).map(|i| i as f32).collect(),
-            labels: (0..n as u32).map(|i| i % classes).collect(),
-            raw_max: 1.0,
-            masks: None,
-        }
+        crate::data::toy_set(n, classes, 4)
     }
 
     #[test]

@@ -15,7 +15,7 @@ use fedge_edge::data::{
     fashion_mnist, fashion_mnist_domains, imagefolder_domains, split_indices,
 };
 use fedge_edge::features::{self, Fnv64};
-use fedge_edge::fedddl::DEFAULT_GROUPS;
+use fedge_edge::train::fedddl::DEFAULT_GROUPS;
 use fedge_edge::{DdlViews, FeatureSet};
 use fedge_models::Backbone;
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
@@ -144,7 +144,7 @@ pub fn load_backbone(backbone: Option<&Path>) -> anyhow::Result<(Backbone, u64)>
         let backbone = Backbone::from_bytes(card, DIGITS_CONV_ONNX, Path::new(DIGITS_CONV))?;
         return Ok((backbone, Fnv64::of(DIGITS_CONV_ONNX)));
     };
-    features::load_backbone(path)
+    Ok(features::load_backbone(path)?)
 }
 
 /// The domains of `dataset` as `backbone` sees them: built once, features extracted once (or

@@ -11,7 +11,7 @@ use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
 use fedge_edge::agent::class_stats;
-use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, accuracy, train_local};
+use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, accuracy, train_local};
 use fedge_models::{Backend, HeadConfig, ModelLayout, training_device};
 use fedge_wire::{ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
 
@@ -289,14 +289,16 @@ pub fn run_one(
                 .map_err(|_| anyhow::anyhow!("a client state is poisoned"))?;
             let start = Instant::now();
             let out = train_local(
-                head,
-                &global,
-                &source.train,
-                &task.train,
-                &inputs,
+                &TrainJob::new(
+                    head,
+                    &global,
+                    &source.train,
+                    &task.train,
+                    &training_device(Backend::default()),
+                )
+                .with_inputs(inputs)
+                .with_seed(client_seed),
                 &mut state,
-                client_seed,
-                &training_device(Backend::default()),
             )?;
             let seconds = start.elapsed().as_secs_f64();
             let update = ClientUpdate {

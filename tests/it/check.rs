@@ -95,7 +95,7 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
         (
             Box::new(|t| t.replace("device = \"auto\"", "device = \"gpu\"")),
             "profile",
-            "device: unknown device \"gpu\"; valid values: auto, cpu, cuda",
+            "unknown variant `gpu`, expected one of `auto`, `cpu`, `cuda`",
         ),
         (
             Box::new(|t| t.replace("memory_budget_mb = 1024", "memory_budget_mb = 20")),

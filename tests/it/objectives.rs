@@ -5,7 +5,7 @@ use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{FedAvg, Output, RoundConfig, Rounds};
 use fedge_edge::agent::class_stats;
 use fedge_edge::data::digits_bg_domains;
-use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, train_local};
+use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, train_local};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Backbone, Backend, HeadConfig, ModelLayout, training_device};
 use fedge_wire::{ClientUpdate, Message, Objective, RoundTask, TensorF32, TrainParams};
@@ -89,7 +89,10 @@ fn the_generator_is_averaged_by_sample_counts_and_the_discriminator_never_leaves
         let mut state = LocalState::default();
         let inputs = RoundInputs::default();
         let out = train_local(
-            &head, &global, features, &train, &inputs, &mut state, 3, &device,
+            &TrainJob::new(&head, &global, features, &train, &device)
+                .with_inputs(inputs)
+                .with_seed(3),
+            &mut state,
         )
         .unwrap();
         let frame = common::update_frame(common::client_update(task.round, name, 1, n, &out.delta));
@@ -199,7 +202,10 @@ fn fedddl_prototypes_travel_up_and_their_average_comes_back_down() {
             };
             let mut state = LocalState::default();
             let out = train_local(
-                &head, &global, features, &train, &inputs, &mut state, 5, &device,
+                &TrainJob::new(&head, &global, features, &train, &device)
+                    .with_inputs(inputs)
+                    .with_seed(5),
+                &mut state,
             )
             .unwrap();
             let stats = out.prototypes.clone().expect("FedDDL sends prototypes");

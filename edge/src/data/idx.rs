@@ -38,26 +38,38 @@ pub fn read_idx(path: &Path) -> Result<(Vec<usize>, Vec<u8>), DataError> {
     } else {
         raw
     };
-    parse_idx(&bytes).map_err(|reason| DataError::BadIdx {
+    parse_idx(&bytes).map_err(|e| DataError::BadIdx {
         path: path.to_owned(),
-        reason,
+        reason: e.to_string(),
     })
 }
 
-fn parse_idx(bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), String> {
+/// Why bytes are not an IDX file of unsigned bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum IdxError {
+    #[error("not an IDX file (bad magic)")]
+    Magic,
+    #[error("element type 0x{0:02x}, only unsigned bytes (0x08) are supported")]
+    ElementType(u8),
+    #[error("truncated header")]
+    Header,
+    #[error("dimensions overflow")]
+    Overflow,
+    #[error("{announced} values announced, {present} present")]
+    Count { announced: usize, present: usize },
+}
+
+fn parse_idx(bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), IdxError> {
     if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
-        return Err("not an IDX file (bad magic)".into());
+        return Err(IdxError::Magic);
     }
     if bytes[2] != 0x08 {
-        return Err(format!(
-            "element type 0x{:02x}, only unsigned bytes (0x08) are supported",
-            bytes[2]
-        ));
+        return Err(IdxError::ElementType(bytes[2]));
     }
     let rank = bytes[3] as usize;
     let header = 4 + 4 * rank;
     if bytes.len() < header {
-        return Err("truncated header".into());
+        return Err(IdxError::Header);
     }
     let dims: Vec<usize> = (0..rank)
         .map(|i| {
@@ -68,13 +80,12 @@ fn parse_idx(bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), String> {
     let count = dims
         .iter()
         .try_fold(1usize, |acc, d| acc.checked_mul(*d))
-        .ok_or("dimensions overflow")?;
+        .ok_or(IdxError::Overflow)?;
     if bytes.len() - header != count {
-        return Err(format!(
-            "{} values announced, {} present",
-            count,
-            bytes.len() - header
-        ));
+        return Err(IdxError::Count {
+            announced: count,
+            present: bytes.len() - header,
+        });
     }
     Ok((dims, bytes[header..].to_vec()))
 }
@@ -200,15 +211,27 @@ mod tests {
             parse_idx(&idx(&[2, 2], &[1, 2, 3, 4])).unwrap(),
             (vec![2, 2], vec![1, 2, 3, 4])
         );
-        assert!(
-            parse_idx(&idx(&[2, 2], &[1, 2, 3]))
-                .unwrap_err()
-                .contains("announced")
+        assert_eq!(
+            parse_idx(&idx(&[2, 2], &[1, 2, 3])),
+            Err(IdxError::Count {
+                announced: 4,
+                present: 3
+            })
         );
-        assert!(parse_idx(b"PK\x03\x04").unwrap_err().contains("magic"));
+        assert!(
+            parse_idx(b"PK\x03\x04")
+                .unwrap_err()
+                .to_string()
+                .contains("magic")
+        );
         let mut float = idx(&[1], &[0, 0, 0, 0]);
         float[2] = 0x0d;
-        assert!(parse_idx(&float).unwrap_err().contains("unsigned bytes"));
+        assert!(
+            parse_idx(&float)
+                .unwrap_err()
+                .to_string()
+                .contains("unsigned bytes")
+        );
         for cut in 0..12 {
             let _ = parse_idx(&idx(&[2, 2], &[1, 2, 3, 4])[..cut]);
         }

@@ -258,22 +258,31 @@ fn shuffled_indices(n: usize, seed: u64) -> Vec<usize> {
     order
 }
 
+/// A set for tests: `n` grayscale images of one row of `width` values, the first being the
+/// image's index and the others 0.5, labelled round-robin over `classes`.
+#[cfg(test)]
+pub(crate) fn toy_set(n: usize, classes: u32, width: usize) -> ImageSet {
+    ImageSet {
+        channels: 1,
+        height: 1,
+        width,
+        class_names: (0..classes).map(|c| c.to_string()).collect(),
+        images: (0..n)
+            .flat_map(|i| std::iter::once(i as f32).chain(std::iter::repeat_n(0.5, width - 1)))
+            .collect(),
+        labels: (0..n).map(|i| i as u32 % classes).collect(),
+        raw_max: 1.0,
+        masks: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Builds a 1x1x2 set of `n` images whose first value is the image index.
     fn toy_set(n: usize, classes: u32) -> ImageSet {
-        ImageSet {
-            channels: 1,
-            height: 1,
-            width: 2,
-            class_names: (0..classes).map(|c| c.to_string()).collect(),
-            images: (0..n).flat_map(|i| [i as f32, 0.5]).collect(),
-            labels: (0..n).map(|i| i as u32 % classes).collect(),
-            raw_max: 1.0,
-            masks: None,
-        }
+        super::toy_set(n, classes, 2)
     }
 
     /// Returns the image indices of a toy set (its first values), sorted.

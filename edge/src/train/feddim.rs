@@ -14,7 +14,7 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use fedge_models::Head;
 
-use crate::train::FeatureSet;
+use crate::features::FeatureSet;
 
 /// FedDIM's global `Ī` prepared once per round: the tensor and its per-class squared norms.
 #[derive(Debug, Clone)]

@@ -39,7 +39,8 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use crate::train::{FeatureSet, batch_tensors, sgd};
+use super::sgd::{batch_tensors, sgd};
+use crate::features::FeatureSet;
 
 /// Learning rate of the sample-weight optimiser (StableNet's choice, kept by the paper).
 pub const WEIGHT_LR: f64 = 1.0;

@@ -17,7 +17,7 @@
 //! round, so FedDDL costs one extra backbone pass over the local data in all, not one per
 //! round; on a gateway running EfficientNet that pass takes minutes. Object-only inputs keep
 //! the object's pixels and set the background to 0 (black). The trainer's `L_J + λ L_CR` is in
-//! [`crate::train`], the prototypes' average in the coordinator.
+//! [`crate::train`]'s gradient loop, the prototypes' average in the coordinator.
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
@@ -25,9 +25,25 @@ use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 
+use fedge_models::{Backbone, BackboneError};
+
+use super::error::TrainError;
 use crate::data::ImageSet;
-use crate::train::{FeatureSet, TrainError};
-use fedge_models::Backbone;
+use crate::features::FeatureSet;
+
+/// Why a device's FedDDL views could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewsError {
+    /// The images carry no object masks.
+    #[error(
+        "FedDDL needs object masks: the built-in data sets have them; for an image folder add \
+         boxes.csv (file,x1,y1,x2,y2) to each domain folder"
+    )]
+    NoMasks,
+    /// The backbone failed on the counterfactual or object-only images.
+    #[error(transparent)]
+    Backbone(#[from] BackboneError),
+}
 
 /// FedDDL's extra views of a device's training data, row for row with the real features.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -49,12 +65,9 @@ impl DdlViews {
         groups: usize,
         seed: u64,
         cache_dir: Option<&std::path::Path>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, ViewsError> {
         let Some(masks) = images.masks.as_deref() else {
-            anyhow::bail!(
-                "FedDDL needs object masks: the built-in data sets have them; for an image \
-                 folder add boxes.csv (file,x1,y1,x2,y2) to each domain folder"
-            );
+            return Err(ViewsError::NoMasks);
         };
         let (counterfactual, _) = counterfactuals(images, masks, groups, seed);
         let objects = object_only(images, masks);

@@ -1,0 +1,176 @@
+//! The device's MQTT loop: the I/O around the agent's state machine ([`super::machine`]).
+//!
+//! Connect with a Last Will that marks the device offline, feed the machine the broker's
+//! events, the training thread's results and the clock, and perform what it asks: subscribe,
+//! publish (status retained, updates in chunks), train, save the round state. Reconnect with
+//! back-off whenever the broker goes away. Training runs on a blocking thread so the MQTT
+//! keep-alive continues meanwhile. No decision is taken here.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fedge_models::ModelLayout;
+use fedge_mqtt::{Backoff, REQUEST_QUEUE, publish_frame};
+use fedge_wire::{EdgeStatus, RoundTask, TensorF32};
+use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
+use tokio::sync::{mpsc, watch};
+
+use super::machine::{Agent, AgentError, AgentSummary, Output, Trained};
+use super::setup::AgentSetup;
+use super::state::RoundState;
+use crate::train::{LocalState, RoundInputs, TrainJob, accuracy, train_local};
+
+/// Runs until `stop` turns true.
+pub async fn run_agent(
+    setup: AgentSetup,
+    mut stop: watch::Receiver<bool>,
+) -> Result<AgentSummary, AgentError> {
+    let remembered = setup
+        .state_file
+        .as_deref()
+        .map(RoundState::load)
+        .unwrap_or_default();
+    let mut agent = Agent::new(setup.identity(), remembered)?;
+    if let Some(reason) = &setup.device.fallback {
+        tracing::warn!(client = %setup.client_id, "{reason}");
+    }
+    let (will_topic, will) = agent.last_will();
+    let will = LastWill::new(will_topic, json(&will), QoS::AtLeastOnce, true);
+    let mut options = setup
+        .broker
+        .options(&format!("fedge-edge-{}", setup.client_id), Some(will));
+    // A persistent session: the broker keeps the subscription and queues the QoS 1 task while
+    // the device is offline.
+    options.set_clean_session(false);
+    let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Trained>();
+    // Stable-FedADG's discriminator and memory, kept between rounds (one round trains at a time).
+    let local_state = Arc::new(std::sync::Mutex::new(LocalState::default()));
+    let origin = Instant::now();
+    let mut backoff = Backoff::default();
+    let mut connected = false;
+    loop {
+        tokio::select! {
+            event = eventloop.poll() => match event {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    backoff.reset();
+                    connected = true;
+                    tracing::info!(client = %setup.client_id, "edge connected");
+                    agent.handle_connected();
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let now_ms = origin.elapsed().as_millis() as u64;
+                    agent.handle_publish(&p.topic, &p.payload, now_ms);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if connected {
+                        tracing::warn!(client = %setup.client_id, error = %e, "lost the broker; reconnecting");
+                    } else if backoff.is_fresh() {
+                        tracing::warn!(client = %setup.client_id, error = %e, "cannot connect to the broker; retrying with back-off");
+                    }
+                    connected = false;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            },
+            Some(done) = done_rx.recv() => agent.handle_trained(done),
+            _ = stop.changed() => break,
+        }
+        perform(&mut agent, &setup, &client, &local_state, &done_tx);
+    }
+    agent.handle_stop();
+    perform(&mut agent, &setup, &client, &local_state, &done_tx);
+    fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
+        .await;
+    Ok(agent.summary().clone())
+}
+
+/// Carries out every output the machine has queued.
+fn perform(
+    agent: &mut Agent,
+    setup: &AgentSetup,
+    client: &AsyncClient,
+    local_state: &Arc<std::sync::Mutex<LocalState>>,
+    done: &mpsc::UnboundedSender<Trained>,
+) {
+    while let Some(output) = agent.poll_output() {
+        match output {
+            Output::Subscribe(filters) => {
+                for filter in filters {
+                    let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
+                }
+            }
+            Output::Status { topic, status } => {
+                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status));
+            }
+            Output::Update { topic, frame, seq } => {
+                let sent =
+                    publish_frame(client, &topic, frame, seq, setup.broker.max_packet, false);
+                agent.handle_update_sent(sent);
+            }
+            Output::Train(task) => {
+                spawn_training(setup, *task, Arc::clone(local_state), done.clone());
+            }
+            Output::Save(state) => {
+                if let Some(path) = &setup.state_file
+                    && let Err(e) = state.save(path)
+                {
+                    tracing::warn!(client = %setup.client_id, error = %e, "round state not saved");
+                }
+            }
+        }
+    }
+}
+
+fn spawn_training(
+    setup: &AgentSetup,
+    task: RoundTask,
+    state: Arc<std::sync::Mutex<LocalState>>,
+    done: mpsc::UnboundedSender<Trained>,
+) {
+    let (head, train, val, views, device) = (
+        setup.head.clone(),
+        setup.train.clone(),
+        setup.val.clone(),
+        setup.views.clone(),
+        setup.device.device.clone(),
+    );
+    let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        let global = task.params.to_vec();
+        let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
+        let val_accuracy = accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);
+        let insight = task.insight.as_ref().map(TensorF32::to_vec);
+        let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
+        let inputs = RoundInputs {
+            insight: insight.as_deref(),
+            prototypes: prototypes.as_deref(),
+            views: views.as_deref(),
+        };
+        let job = TrainJob::new(&head, &global, &train, &task.train, &device)
+            .with_inputs(inputs)
+            .with_seed(seed);
+        let mut state = state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = train_local(&job, &mut state);
+        let seconds = start.elapsed().as_secs_f32();
+        let _ = done.send(Trained {
+            round: task.round,
+            result,
+            val_accuracy,
+            seconds,
+            peak_memory_mb: crate::resources::peak_rss_mib(),
+        });
+    });
+}
+
+/// The status document, stamped with the current time.
+fn json(status: &EdgeStatus) -> String {
+    let stamped = EdgeStatus {
+        updated_at: fedge_mqtt::now_rfc3339(),
+        ..status.clone()
+    };
+    serde_json::to_string(&stamped).unwrap_or_default()
+}

@@ -1,0 +1,475 @@
+//! The device agent's decisions as a sans-IO state machine, like the coordinator's round
+//! machine.
+//!
+//! Inputs are method calls: [`Agent::handle_connected`], [`Agent::handle_publish`] (or
+//! [`Agent::handle_task_bytes`] and [`Agent::handle_metrics`] directly) with the current time
+//! in milliseconds from any monotonic origin the driver chooses, [`Agent::handle_trained`]
+//! when local training ends, [`Agent::handle_update_sent`] once the update is queued, and
+//! [`Agent::handle_stop`]. Outputs are drained with [`Agent::poll_output`]: what to subscribe
+//! to, what to publish, what to train, what to save. The machine never reads a clock, never
+//! touches the network or the disk and never trains: the driver ([`super::driver`]) does, so
+//! every decision below is unit-tested without a broker.
+//!
+//! # Decisions
+//!
+//! A round task is trained when the device is selected, its round differs from the last round
+//! answered, and no training is running. `!=` rather than `>`: a restarted coordinator counts
+//! from 1 again, so a task older than the last round is trained, while a task delivered twice
+//! (retained, reconnect, restart with the saved state) has the same round and is not. A task is
+//! skipped once, with a `last_error`, when the last training took longer than the task's whole
+//! deadline: its update would arrive after the round closed. The next task is tried again.
+
+use std::collections::VecDeque;
+
+use fedge_mqtt::PublishError;
+use fedge_wire::{
+    AuthError, ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, LocalMetrics, Message,
+    Reassembler, RoundTask, TensorF32, Topics,
+};
+
+use super::state::RoundState;
+use crate::train::{TrainError, TrainOutcome};
+
+/// Who the device is and what its status reports; everything the machine needs from the
+/// set-up besides the data and the Burn device.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// Client id (one MQTT topic level).
+    pub client_id: String,
+    /// Federation name.
+    pub federation: String,
+    /// The device's key: when set, updates are sealed with it and round tasks must carry a tag
+    /// that verifies with it.
+    pub key: Option<DeviceKey>,
+    /// Training samples (the update's weight, and in status).
+    pub samples: u32,
+    /// Validation samples (in the update's metrics).
+    pub val_samples: u32,
+    /// Hardware profile name, for status.
+    pub profile: String,
+    /// Backbone name, for status.
+    pub backbone: String,
+    /// Training device name, for status.
+    pub device: String,
+    /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
+    pub memory_budget_mb: u64,
+}
+
+/// The agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Invalid client id or federation.
+    #[error("invalid agent identity: {0}")]
+    Identity(String),
+}
+
+/// A round task that names this device but cannot be trusted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TaskError {
+    /// The task's tag for this device does not verify with its key.
+    #[error("round task tag: {0}")]
+    Tag(#[from] AuthError),
+    /// The task carries no tag although this device has a key.
+    #[error(
+        "round task without a tag, but this device has a key: the coordinator must have this \
+         device's key in its keys file"
+    )]
+    Untagged,
+}
+
+/// What local training reports back to the machine.
+#[derive(Debug)]
+pub struct Trained {
+    /// The task's round.
+    pub round: u64,
+    /// The trained update, or why training failed.
+    pub result: Result<TrainOutcome, TrainError>,
+    /// Accuracy of the task's global head on the local validation split.
+    pub val_accuracy: f32,
+    /// Seconds the training took.
+    pub seconds: f32,
+    /// The process's peak memory in MiB after training, when known.
+    pub peak_memory_mb: Option<f64>,
+}
+
+/// What an agent did before it stopped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentSummary {
+    /// Rounds trained.
+    pub rounds_trained: u64,
+    /// Update bytes published (all chunks).
+    pub bytes_up: u64,
+    /// Task bytes received.
+    pub bytes_down: u64,
+}
+
+/// What the driver must do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Subscribe to these topic filters at QoS 1.
+    Subscribe(Vec<String>),
+    /// Publish the device's status on `topic`, retained, at QoS 1, stamped with the wall
+    /// clock's time.
+    Status {
+        /// The status topic.
+        topic: String,
+        /// The status, `updated_at` still empty.
+        status: EdgeStatus,
+    },
+    /// Publish an update frame on `topic` in chunks (message id `seq`), not retained, then
+    /// report with [`Agent::handle_update_sent`].
+    Update {
+        /// The update topic.
+        topic: String,
+        /// The encoded (and, with a key, sealed) update.
+        frame: Vec<u8>,
+        /// The update's sequence number.
+        seq: u64,
+    },
+    /// Train on this task away from the network loop, then report with
+    /// [`Agent::handle_trained`].
+    Train(Box<RoundTask>),
+    /// Persist the round state (when the device has a state file).
+    Save(RoundState),
+}
+
+/// The agent's decisions; see the module documentation.
+#[derive(Debug)]
+pub struct Agent {
+    id: Identity,
+    status_topic: String,
+    update_topic: String,
+    task_base: String,
+    metrics_topic: String,
+    reassembler: Reassembler,
+    status: EdgeStatus,
+    state: RoundState,
+    /// The round being trained and how its update must be packed.
+    training: Option<(u64, Codec)>,
+    /// The peak memory of a round whose update the driver is publishing.
+    publishing: Option<Option<f64>>,
+    summary: AgentSummary,
+    outputs: VecDeque<Output>,
+}
+
+impl Agent {
+    /// A machine for `id`, remembering `state` from before a restart.
+    pub fn new(id: Identity, state: RoundState) -> Result<Self, AgentError> {
+        let topics =
+            Topics::new(&id.federation).map_err(|e| AgentError::Identity(e.to_string()))?;
+        if !fedge_wire::valid_client_id(&id.client_id) {
+            return Err(AgentError::Identity(format!(
+                "client id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
+                id.client_id
+            )));
+        }
+        let status = EdgeStatus {
+            client_id: id.client_id.clone(),
+            online: true,
+            profile: id.profile.clone(),
+            backbone: id.backbone.clone(),
+            samples: id.samples,
+            last_round: state.last_round,
+            last_error: String::new(),
+            device: id.device.clone(),
+            peak_memory_mb: None,
+            updated_at: String::new(),
+        };
+        Ok(Self {
+            status_topic: topics.edge_status(&id.client_id),
+            update_topic: topics.update(&id.client_id),
+            task_base: topics.round_task(),
+            metrics_topic: topics.metrics(),
+            reassembler: Reassembler::new(
+                fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
+                fedge_wire::MAX_MESSAGE_BYTES,
+            ),
+            id,
+            status,
+            state,
+            training: None,
+            publishing: None,
+            summary: AgentSummary::default(),
+            outputs: VecDeque::new(),
+        })
+    }
+
+    /// The Last Will the broker publishes when the device vanishes: its status offline, with no
+    /// round (as the agent has always registered it).
+    pub fn last_will(&self) -> (String, EdgeStatus) {
+        let will = EdgeStatus {
+            online: false,
+            last_round: 0,
+            ..self.status.clone()
+        };
+        (self.status_topic.clone(), will)
+    }
+
+    /// The next thing the driver must do, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The status as last published (without its time stamp).
+    pub fn status(&self) -> &EdgeStatus {
+        &self.status
+    }
+
+    /// The round state as last saved or about to be.
+    pub fn state(&self) -> RoundState {
+        self.state
+    }
+
+    /// What the agent did so far.
+    pub fn summary(&self) -> &AgentSummary {
+        &self.summary
+    }
+
+    /// The broker accepted the connection: subscribe to the tasks and the metrics, and say the
+    /// device is online.
+    pub fn handle_connected(&mut self) {
+        let filters = vec![
+            self.task_base.clone(),
+            format!("{}/+", self.task_base),
+            self.metrics_topic.clone(),
+        ];
+        self.outputs.push_back(Output::Subscribe(filters));
+        self.publish_status();
+    }
+
+    /// A message on any topic the agent subscribed to.
+    pub fn handle_publish(&mut self, topic: &str, payload: &[u8], now_ms: u64) {
+        if topic == self.metrics_topic {
+            self.handle_metrics(payload);
+        } else if topic == self.task_base
+            || topic
+                .strip_prefix(self.task_base.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+        {
+            self.handle_task_bytes(payload, now_ms);
+        }
+    }
+
+    /// A round's metrics JSON: a rejection of this device's update lands in `last_error`.
+    pub fn handle_metrics(&mut self, payload: &[u8]) {
+        if let Some(e) = rejection_of(payload, &self.id.client_id) {
+            tracing::warn!(client = %self.id.client_id, "{e}");
+            self.status.last_error = e;
+            self.publish_status();
+        }
+    }
+
+    /// A payload on the task topic (a whole task or one of its chunks): reassemble, check the
+    /// tag, and decide whether to train (see the module documentation).
+    pub fn handle_task_bytes(&mut self, payload: &[u8], now_ms: u64) {
+        if payload.is_empty() {
+            return;
+        }
+        self.summary.bytes_down += payload.len() as u64;
+        self.reassembler.expire(now_ms);
+        let client_id = self.id.client_id.as_str();
+        let task = match decode_task(
+            &mut self.reassembler,
+            payload,
+            now_ms,
+            client_id,
+            self.id.key.as_ref(),
+        ) {
+            Ok(Some(task)) => task,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(client = %client_id, error = %e, "round task refused");
+                self.status.last_error = e.to_string();
+                self.publish_status();
+                return;
+            }
+        };
+        let wanted = task.selected.iter().any(|c| c == client_id)
+            && task.round != self.status.last_round
+            && self.training.is_none();
+        if wanted && too_slow_for(task.deadline_ms, self.state.last_train_seconds) {
+            self.status.last_error = format!(
+                "skipped round {}: the last local training took {:.1} s, longer than the round's {:.1} s deadline",
+                task.round,
+                self.state.last_train_seconds,
+                task.deadline_ms as f64 / 1000.0
+            );
+            tracing::warn!(client = %client_id, "{}", self.status.last_error);
+            // Skip it once; the next round is tried again.
+            self.state.last_train_seconds = 0.0;
+            self.publish_status();
+        } else if wanted {
+            self.training = Some((task.round, task.train.update_codec));
+            self.outputs.push_back(Output::Train(Box::new(task)));
+        }
+    }
+
+    /// Local training ended: publish the update (then [`Agent::handle_update_sent`]) or report
+    /// the failure; the round counts as answered either way.
+    pub fn handle_trained(&mut self, done: Trained) {
+        let codec = self
+            .training
+            .take()
+            .map(|(_, codec)| codec)
+            .unwrap_or_default();
+        self.status.last_round = done.round;
+        self.state.last_round = done.round;
+        self.state.last_train_seconds = done.seconds;
+        match done.result {
+            Ok(outcome) => {
+                self.state.seq += 1;
+                let seq = self.state.seq;
+                let update = ClientUpdate {
+                    round: done.round,
+                    client_id: self.id.client_id.clone(),
+                    seq,
+                    num_samples: self.id.samples,
+                    delta: TensorF32::from_slice_with(&outcome.delta, codec),
+                    metrics: LocalMetrics {
+                        train_loss: outcome.last_epoch_loss,
+                        val_accuracy: done.val_accuracy,
+                        val_samples: self.id.val_samples,
+                        train_seconds: done.seconds,
+                    },
+                    class_stats: outcome.class_stats.map(|s| class_stats(s, codec)),
+                    prototypes: outcome.prototypes.map(|s| class_stats(s, codec)),
+                };
+                let mut frame = fedge_wire::encode(&Message::ClientUpdate(update));
+                if let Some(key) = &self.id.key {
+                    frame = fedge_wire::seal(frame, &[(self.id.client_id.as_str(), key)]);
+                }
+                self.publishing = Some(done.peak_memory_mb);
+                self.outputs.push_back(Output::Update {
+                    topic: self.update_topic.clone(),
+                    frame,
+                    seq,
+                });
+            }
+            Err(e) => {
+                tracing::error!(client = %self.id.client_id, round = done.round, error = %e, "local training failed");
+                self.status.last_error = e.to_string();
+                self.finish_round(done.peak_memory_mb);
+            }
+        }
+    }
+
+    /// The driver queued the update (`Ok` with the bytes of all chunks) or could not.
+    pub fn handle_update_sent(&mut self, sent: Result<u64, PublishError>) {
+        let Some(peak) = self.publishing.take() else {
+            return;
+        };
+        match sent {
+            Ok(bytes) => {
+                self.summary.bytes_up += bytes;
+                self.summary.rounds_trained += 1;
+                self.status.last_error.clear();
+            }
+            Err(e) => {
+                tracing::error!(client = %self.id.client_id, error = %e, "cannot publish update");
+                self.status.last_error = e.to_string();
+            }
+        }
+        self.finish_round(peak);
+    }
+
+    /// The agent stops: say the device is offline.
+    pub fn handle_stop(&mut self) {
+        self.status.online = false;
+        self.publish_status();
+    }
+
+    /// After a round: memory in status, the state saved, the status published.
+    fn finish_round(&mut self, peak_memory_mb: Option<f64>) {
+        self.status.peak_memory_mb = peak_memory_mb;
+        if let Some(message) = peak_memory_mb
+            .and_then(|peak| crate::resources::over_budget(peak, self.id.memory_budget_mb))
+        {
+            tracing::warn!(client = %self.id.client_id, "{message}");
+            if self.status.last_error.is_empty() {
+                self.status.last_error = message;
+            }
+        }
+        self.outputs.push_back(Output::Save(self.state));
+        self.publish_status();
+    }
+
+    fn publish_status(&mut self) {
+        self.outputs.push_back(Output::Status {
+            topic: self.status_topic.clone(),
+            status: self.status.clone(),
+        });
+    }
+}
+
+/// Whether a task should be skipped because the last round's training took longer than the
+/// task's whole deadline: the update would arrive after the round closed.
+pub fn too_slow_for(task_deadline_ms: u64, last_train_seconds: f32) -> bool {
+    task_deadline_ms > 0 && (last_train_seconds as f64) * 1000.0 > task_deadline_ms as f64
+}
+
+/// The coordinator's word on this device's update, from a round's metrics JSON: `Some` when
+/// the device was selected and its update did not count (a rejection reason or `no_report`).
+pub fn rejection_of(metrics: &[u8], client_id: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(metrics).ok()?;
+    let reason = value.get("failures")?.get(client_id)?.as_str()?;
+    let round = value.get("round").and_then(|r| r.as_u64()).unwrap_or(0);
+    Some(format!(
+        "round {round}: the coordinator did not use this device's update ({reason})"
+    ))
+}
+
+/// The round task in a payload: `Ok(None)` while chunks are missing, for tasks that do not
+/// concern this device and for undecodable payloads (logged); `Err` for a task that names this
+/// device but fails authentication (reported in the device's status).
+pub fn decode_task(
+    reassembler: &mut Reassembler,
+    payload: &[u8],
+    now_ms: u64,
+    client_id: &str,
+    key: Option<&DeviceKey>,
+) -> Result<Option<RoundTask>, TaskError> {
+    let message = match fedge_wire::decode(payload) {
+        Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now_ms) {
+            Ok(Some(frame)) => fedge_wire::decode(&frame),
+            Ok(None) => return Ok(None),
+            Err(e) => Err(e),
+        },
+        other => other,
+    };
+    let message = match (message, key) {
+        (Ok(Message::Sealed(sealed)), Some(key)) => {
+            if !sealed.names(client_id) {
+                return Ok(None);
+            }
+            fedge_wire::decode(sealed.open(client_id, key)?)
+        }
+        // A device without a key follows tasks without checking their tags.
+        (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
+        (Ok(Message::RoundTask(task)), Some(_)) if task.selected.iter().any(|c| c == client_id) => {
+            return Err(TaskError::Untagged);
+        }
+        (other, _) => other,
+    };
+    match message {
+        Ok(Message::RoundTask(task)) => Ok(Some(task)),
+        Ok(_) => {
+            tracing::warn!("ignoring a message that is not a round task on the task topic");
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring an undecodable round task");
+            Ok(None)
+        }
+    }
+}
+
+/// Counts and `[K, H]` means as they go on the wire.
+pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>), codec: Codec) -> ClassStats {
+    ClassStats {
+        counts,
+        means: TensorF32::from_slice_with(&means, codec),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,355 @@
+//! The agent's decisions, driven with simulated time and no broker.
+
+use super::*;
+
+const FED: &str = "lab";
+
+fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
+    Identity {
+        client_id: client.into(),
+        federation: FED.into(),
+        key,
+        samples: 10,
+        val_samples: 2,
+        profile: "generic".into(),
+        backbone: "digits-conv".into(),
+        device: "cpu".into(),
+        memory_budget_mb: 0,
+    }
+}
+
+fn agent(state: RoundState) -> Agent {
+    Agent::new(identity("cam-1", None), state).unwrap()
+}
+
+fn task(round: u64, selected: &[&str], deadline_ms: u64) -> RoundTask {
+    RoundTask {
+        round,
+        selected: selected.iter().map(|s| s.to_string()).collect(),
+        params: TensorF32::from_slice(&[1.0, 2.0]),
+        train: Default::default(),
+        deadline_ms,
+        insight: None,
+        prototypes: None,
+    }
+}
+
+fn frame(task: RoundTask) -> Vec<u8> {
+    fedge_wire::encode(&Message::RoundTask(task))
+}
+
+fn trained(round: u64, seconds: f32) -> Trained {
+    Trained {
+        round,
+        result: Ok(TrainOutcome {
+            params: vec![1.5, 2.5],
+            delta: vec![0.5, 0.5],
+            last_epoch_loss: 0.25,
+            steps: 3,
+            class_stats: None,
+            prototypes: None,
+        }),
+        val_accuracy: 0.5,
+        seconds,
+        peak_memory_mb: None,
+    }
+}
+
+fn drain(agent: &mut Agent) -> Vec<Output> {
+    std::iter::from_fn(|| agent.poll_output()).collect()
+}
+
+/// The rounds the agent asked to train, in order.
+fn trains(outputs: &[Output]) -> Vec<u64> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Train(task) => Some(task.round),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Delivers round `round`'s task (selecting cam-1) and returns what the agent asked for.
+fn deliver(agent: &mut Agent, round: u64, deadline_ms: u64, now_ms: u64) -> Vec<Output> {
+    let topic = Topics::new(FED).unwrap().round_task();
+    agent.handle_publish(&topic, &frame(task(round, &["cam-1"], deadline_ms)), now_ms);
+    drain(agent)
+}
+
+/// Finishes a round's training, queues its update, and returns the update's sequence number
+/// and the state the agent saved.
+fn answer(agent: &mut Agent, round: u64, seconds: f32) -> (u64, RoundState) {
+    agent.handle_trained(trained(round, seconds));
+    let outputs = drain(agent);
+    let [Output::Update { seq, frame, .. }] = outputs.as_slice() else {
+        panic!("expected one update, got {outputs:?}");
+    };
+    let Ok(Message::ClientUpdate(update)) = fedge_wire::decode(frame) else {
+        panic!("not an update");
+    };
+    assert_eq!((update.round, update.seq), (round, *seq));
+    let seq = *seq;
+    agent.handle_update_sent(Ok(100));
+    let outputs = drain(agent);
+    let saved = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::Save(state) => Some(*state),
+            _ => None,
+        })
+        .expect("the round state is saved");
+    assert!(matches!(outputs.last(), Some(Output::Status { .. })));
+    (seq, saved)
+}
+
+#[test]
+fn connecting_subscribes_to_tasks_and_metrics_and_says_the_device_is_online() {
+    let mut agent = agent(RoundState::default());
+    agent.handle_connected();
+    let outputs = drain(&mut agent);
+    let topics = Topics::new(FED).unwrap();
+    let task = topics.round_task();
+    assert_eq!(
+        outputs[0],
+        Output::Subscribe(vec![task.clone(), format!("{task}/+"), topics.metrics()])
+    );
+    let Output::Status { topic, status } = &outputs[1] else {
+        panic!("{outputs:?}");
+    };
+    assert_eq!(topic, &topics.edge_status("cam-1"));
+    assert!(status.online);
+    let (_, will) = agent.last_will();
+    assert!(!will.online);
+}
+
+#[test]
+fn a_retained_task_delivered_again_after_a_restart_is_not_trained_twice() {
+    let mut first = agent(RoundState::default());
+    assert_eq!(trains(&deliver(&mut first, 4, 0, 0)), vec![4]);
+    let (_, saved) = answer(&mut first, 4, 1.0);
+    assert_eq!(saved.last_round, 4);
+    // The device restarts with its saved state; the broker hands it the retained task again.
+    let mut restarted = agent(saved);
+    assert_eq!(restarted.status().last_round, 4);
+    restarted.handle_connected();
+    drain(&mut restarted);
+    assert!(trains(&deliver(&mut restarted, 4, 0, 10)).is_empty());
+    assert_eq!(trains(&deliver(&mut restarted, 5, 0, 20)), vec![5]);
+}
+
+#[test]
+fn a_task_older_than_the_last_round_is_trained_because_a_restarted_coordinator_counts_from_one() {
+    // The rule is `!=`, not `>`: after a coordinator restart without its checkpoint, round 1
+    // follows round 7, and the device must take part.
+    let mut agent = agent(RoundState {
+        last_round: 7,
+        seq: 7,
+        last_train_seconds: 0.5,
+    });
+    assert_eq!(trains(&deliver(&mut agent, 1, 10_000, 0)), vec![1]);
+    let (seq, saved) = answer(&mut agent, 1, 0.5);
+    assert_eq!((seq, saved.last_round), (8, 1));
+}
+
+#[test]
+fn training_that_outlasts_the_deadline_skips_the_next_task_once_then_tries_again() {
+    let mut agent = agent(RoundState::default());
+    assert_eq!(trains(&deliver(&mut agent, 1, 2_000, 0)), vec![1]);
+    // Round 1's training took 3 s, longer than the 2 s deadline.
+    answer(&mut agent, 1, 3.0);
+    let outputs = deliver(&mut agent, 2, 2_000, 5_000);
+    assert!(trains(&outputs).is_empty(), "skipped");
+    let Some(Output::Status { status, .. }) = outputs.last() else {
+        panic!("{outputs:?}");
+    };
+    assert!(
+        status.last_error.contains("skipped round 2") && status.last_error.contains("3.0 s"),
+        "{}",
+        status.last_error
+    );
+    assert_eq!(agent.state().last_train_seconds, 0.0);
+    // The next round is tried again, and a good round clears the error.
+    assert_eq!(trains(&deliver(&mut agent, 3, 2_000, 10_000)), vec![3]);
+    answer(&mut agent, 3, 1.0);
+    assert_eq!(agent.status().last_error, "");
+}
+
+#[test]
+fn a_device_not_selected_or_already_training_ignores_the_task() {
+    let mut agent = agent(RoundState::default());
+    let topic = Topics::new(FED).unwrap().round_task();
+    agent.handle_publish(&topic, &frame(task(1, &["cam-2"], 0)), 0);
+    assert!(drain(&mut agent).is_empty());
+    assert_eq!(
+        agent.summary().bytes_down,
+        frame(task(1, &["cam-2"], 0)).len() as u64
+    );
+    assert_eq!(trains(&deliver(&mut agent, 2, 0, 1)), vec![2]);
+    assert!(trains(&deliver(&mut agent, 3, 0, 2)).is_empty(), "busy");
+    // Payloads on other topics, and empty ones (a cleared retained task), are ignored.
+    agent.handle_publish("lab/other", &frame(task(4, &["cam-1"], 0)), 3);
+    agent.handle_publish(&topic, &[], 3);
+    assert!(drain(&mut agent).is_empty());
+}
+
+#[test]
+fn update_sequence_numbers_increase_and_survive_a_restart() {
+    let mut agent1 = agent(RoundState::default());
+    let mut seqs = Vec::new();
+    let mut saved = RoundState::default();
+    for round in 1..=2 {
+        deliver(&mut agent1, round, 0, round * 1_000);
+        let (seq, state) = answer(&mut agent1, round, 0.1);
+        seqs.push(seq);
+        saved = state;
+    }
+    assert_eq!(agent1.summary().rounds_trained, 2);
+    assert_eq!(agent1.summary().bytes_up, 200);
+    let mut agent2 = agent(saved);
+    deliver(&mut agent2, 3, 0, 0);
+    seqs.push(answer(&mut agent2, 3, 0.1).0);
+    assert_eq!(seqs, vec![1, 2, 3]);
+}
+
+#[test]
+fn a_failed_round_or_publish_is_reported_and_still_counts_as_answered() {
+    let mut agent = agent(RoundState::default());
+    deliver(&mut agent, 1, 0, 0);
+    agent.handle_trained(Trained {
+        result: Err(TrainError::Empty),
+        ..trained(1, 0.1)
+    });
+    let outputs = drain(&mut agent);
+    assert!(matches!(
+        outputs[0],
+        Output::Save(RoundState {
+            last_round: 1,
+            seq: 0,
+            ..
+        })
+    ));
+    assert_eq!(agent.status().last_error, "no training samples");
+    assert!(trains(&deliver(&mut agent, 1, 0, 1)).is_empty());
+    deliver(&mut agent, 2, 0, 2);
+    agent.handle_trained(trained(2, 0.1));
+    drain(&mut agent);
+    agent.handle_update_sent(Err(PublishError {
+        topic: "t".into(),
+        message: "queue full".into(),
+    }));
+    assert!(agent.status().last_error.contains("queue full"));
+    assert_eq!(agent.summary().rounds_trained, 0);
+}
+
+#[test]
+fn a_rejection_in_the_round_metrics_lands_in_last_error() {
+    let mut agent = agent(RoundState::default());
+    let metrics = Topics::new(FED).unwrap().metrics();
+    agent.handle_publish(
+        &metrics,
+        br#"{"round": 4, "failures": {"cam-2": "bad_tag"}}"#,
+        0,
+    );
+    assert!(drain(&mut agent).is_empty(), "another device's rejection");
+    agent.handle_publish(
+        &metrics,
+        br#"{"round": 4, "failures": {"cam-1": "stale"}}"#,
+        0,
+    );
+    let outputs = drain(&mut agent);
+    let [Output::Status { status, .. }] = outputs.as_slice() else {
+        panic!("{outputs:?}");
+    };
+    assert!(status.last_error.contains("round 4") && status.last_error.contains("stale"));
+}
+
+#[test]
+fn a_task_tagged_with_another_devices_key_is_refused() {
+    let (mine, theirs) = (
+        DeviceKey::from_bytes([1; 32]),
+        DeviceKey::from_bytes([2; 32]),
+    );
+    let mut agent = Agent::new(identity("cam-1", Some(mine)), RoundState::default()).unwrap();
+    let topic = Topics::new(FED).unwrap().round_task();
+    let forged = fedge_wire::seal(frame(task(1, &["cam-1"], 0)), &[("cam-1", &theirs)]);
+    agent.handle_publish(&topic, &forged, 0);
+    let outputs = drain(&mut agent);
+    assert!(trains(&outputs).is_empty());
+    assert!(agent.status().last_error.contains("round task tag"));
+}
+
+#[test]
+fn an_agent_with_an_invalid_identity_does_not_start() {
+    assert!(Agent::new(identity("cam/1", None), RoundState::default()).is_err());
+    let mut bad_fed = identity("cam-1", None);
+    bad_fed.federation = "a/b".into();
+    assert!(Agent::new(bad_fed, RoundState::default()).is_err());
+}
+
+fn decode(payload: &[u8], client: &str, key: Option<&DeviceKey>) -> Result<Option<u64>, TaskError> {
+    let mut reassembler = Reassembler::new(1_000, 1 << 20);
+    decode_task(&mut reassembler, payload, 0, client, key).map(|t| t.map(|t| t.round))
+}
+
+#[test]
+fn a_device_with_a_key_follows_only_tasks_tagged_for_it() {
+    let (k1, k2) = (
+        DeviceKey::from_bytes([1; 32]),
+        DeviceKey::from_bytes([2; 32]),
+    );
+    let task_frame = || frame(task(3, &["cam-1", "cam-2"], 1_000));
+    let sealed = fedge_wire::seal(task_frame(), &[("cam-1", &k1), ("cam-2", &k2)]);
+    assert_eq!(decode(&sealed, "cam-1", Some(&k1)), Ok(Some(3)));
+    assert_eq!(decode(&sealed, "cam-2", Some(&k2)), Ok(Some(3)));
+    // A forged task (wrong key), a task without tags, a task not for this device.
+    let err = decode(&sealed, "cam-1", Some(&k2)).unwrap_err().to_string();
+    assert!(err.contains("does not match"), "{err}");
+    let err = decode(&task_frame(), "cam-1", Some(&k1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("keys file"), "{err}");
+    assert_eq!(decode(&sealed, "cam-9", Some(&k1)), Ok(None));
+    // Without a key a device follows both.
+    assert_eq!(decode(&sealed, "cam-1", None), Ok(Some(3)));
+    assert_eq!(decode(&task_frame(), "cam-1", None), Ok(Some(3)));
+}
+
+#[test]
+fn a_device_reads_its_own_rejection_from_the_round_metrics() {
+    let metrics = br#"{"round": 4, "failures": {"cam-1": "bad_tag", "cam-2": "no_report"}}"#;
+    let e = rejection_of(metrics, "cam-1").unwrap();
+    assert!(e.contains("round 4") && e.contains("bad_tag"), "{e}");
+    assert_eq!(rejection_of(metrics, "cam-3"), None);
+    assert_eq!(rejection_of(br#"{"round": 4}"#, "cam-1"), None);
+    assert_eq!(rejection_of(b"not json", "cam-1"), None);
+}
+
+#[test]
+fn a_task_is_too_slow_only_when_the_last_training_outlasted_its_deadline() {
+    assert!(too_slow_for(1_000, 1.5));
+    assert!(!too_slow_for(2_000, 1.5));
+    assert!(!too_slow_for(1_000, 0.0), "no measurement yet");
+    assert!(!too_slow_for(0, 9.0), "no deadline");
+}
+
+#[test]
+fn a_peak_above_the_memory_budget_is_reported_when_nothing_else_went_wrong() {
+    let mut id = identity("cam-1", None);
+    id.memory_budget_mb = 64;
+    let mut agent = Agent::new(id, RoundState::default()).unwrap();
+    deliver(&mut agent, 1, 0, 0);
+    agent.handle_trained(Trained {
+        peak_memory_mb: Some(100.0),
+        ..trained(1, 0.1)
+    });
+    drain(&mut agent);
+    agent.handle_update_sent(Ok(10));
+    drain(&mut agent);
+    assert_eq!(agent.status().peak_memory_mb, Some(100.0));
+    assert!(
+        agent.status().last_error.contains("memory_budget_mb = 64"),
+        "{}",
+        agent.status().last_error
+    );
+}

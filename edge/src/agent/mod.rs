@@ -1,0 +1,18 @@
+//! The device agent: a sans-IO state machine that takes the decisions ([`machine`]), the tokio
+//! and MQTT loop that feeds it and performs its outputs ([`driver`]), the round state it keeps
+//! across restarts ([`state`]) and what a running agent needs ([`setup`]).
+//!
+//! It does not load profiles (see [`crate::config`]) and does not train (see [`crate::train`]).
+
+pub mod driver;
+pub mod machine;
+pub mod setup;
+pub mod state;
+
+pub use driver::run_agent;
+pub use machine::{
+    Agent, AgentError, AgentSummary, Identity, Output, TaskError, Trained, class_stats,
+    decode_task, rejection_of, too_slow_for,
+};
+pub use setup::AgentSetup;
+pub use state::RoundState;

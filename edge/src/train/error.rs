@@ -1,0 +1,38 @@
+//! Why local training could not run: one error type for the dispatch and every objective.
+//!
+//! It does not log or retry; the agent reports the message in the device's status.
+
+use fedge_models::FlatLayoutError;
+
+/// Why local training could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The global parameters do not fit the head.
+    #[error(transparent)]
+    Layout(#[from] FlatLayoutError),
+    /// Feature size differs from the head's input.
+    #[error("features have size {got}, the head expects {expected}")]
+    FeatureSize {
+        /// Head input size.
+        expected: usize,
+        /// Size found.
+        got: usize,
+    },
+    /// A label outside the head's classes.
+    #[error("label {label} is out of range for {classes} classes")]
+    Label {
+        /// The label.
+        label: u32,
+        /// Number of classes.
+        classes: usize,
+    },
+    /// Nothing to train on.
+    #[error("no training samples")]
+    Empty,
+    /// Hyper-parameters that make no sense.
+    #[error("invalid training parameters: {0}")]
+    Params(String),
+    /// Training diverged.
+    #[error("training diverged (loss {0})")]
+    Diverged(f32),
+}

@@ -1,0 +1,104 @@
+//! What one local round takes and gives: the job (head shape, global parameters, data,
+//! hyper-parameters, the task's extras, seed, device), the state a device keeps between rounds
+//! and the outcome.
+//!
+//! Plain data only: the dispatch in [`crate::train`] runs a job.
+
+use burn::prelude::*;
+use fedge_models::HeadConfig;
+use fedge_wire::TrainParams;
+
+use super::fedddl::DdlViews;
+use super::stable::Memory;
+use crate::features::FeatureSet;
+
+/// One local round's inputs, passed as one value to [`crate::train::train_head`] and
+/// [`crate::train::train_local`].
+#[derive(Debug, Clone, Copy)]
+pub struct TrainJob<'a> {
+    /// Head sizes.
+    pub head: &'a HeadConfig,
+    /// The task's flat vector (the head, then the generator for Stable-FedADG, see
+    /// [`fedge_models::ModelLayout`]).
+    pub global: &'a [f32],
+    /// Local training data.
+    pub data: &'a FeatureSet,
+    /// The round's hyper-parameters and objective.
+    pub params: &'a TrainParams,
+    /// What the task brings besides the parameters, and the device's extra views.
+    pub inputs: RoundInputs<'a>,
+    /// Seed of local shuffling and initialisation; the same seed gives the same numbers.
+    pub seed: u64,
+    /// Burn device to train on.
+    pub device: &'a Device,
+}
+
+impl<'a> TrainJob<'a> {
+    /// A job without the task's extras, seed 0.
+    pub fn new(
+        head: &'a HeadConfig,
+        global: &'a [f32],
+        data: &'a FeatureSet,
+        params: &'a TrainParams,
+        device: &'a Device,
+    ) -> Self {
+        Self {
+            head,
+            global,
+            data,
+            params,
+            inputs: RoundInputs::default(),
+            seed: 0,
+            device,
+        }
+    }
+
+    /// The same job with another seed.
+    pub fn with_seed(self, seed: u64) -> Self {
+        Self { seed, ..self }
+    }
+
+    /// The same job with the task's extras.
+    pub fn with_inputs(self, inputs: RoundInputs<'a>) -> Self {
+        Self { inputs, ..self }
+    }
+}
+
+/// What a round task brings besides the parameters, and the device's extra views of its data.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RoundInputs<'a> {
+    /// FedDIM's global insight matrices `[K, H, K]` (none in the first round).
+    pub insight: Option<&'a [f32]>,
+    /// FedDDL's global causal prototypes `[K, H]` (none in the first round).
+    pub prototypes: Option<&'a [f32]>,
+    /// FedDDL's counterfactual and object-only features, row for row with the training data.
+    pub views: Option<&'a DdlViews>,
+}
+
+/// What a device keeps from round to round: Stable-FedADG's discriminator and memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LocalState {
+    /// The discriminator in its flat layout (never sent).
+    pub discriminator: Option<Vec<f32>>,
+    /// Stable learning's saved features and weights.
+    pub memory: Option<Memory>,
+}
+
+/// The result of one local round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainOutcome {
+    /// Parameters after training, flat layout.
+    pub params: Vec<f32>,
+    /// `params − global`.
+    pub delta: Vec<f32>,
+    /// Mean training loss over the last epoch.
+    pub last_epoch_loss: f32,
+    /// Optimiser steps taken.
+    pub steps: usize,
+    /// FedDIM's class counts and class-mean projector features `[K, H]` of the final head,
+    /// when the objective is `FedDim`.
+    pub class_stats: Option<(Vec<u32>, Vec<f32>)>,
+    /// FedDDL's local causal prototypes: class counts and class means `[K, H]` of the
+    /// object-only features under the global head, when the objective is `FedDdl`.
+    pub prototypes: Option<(Vec<u32>, Vec<f32>)>,
+}
