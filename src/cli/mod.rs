@@ -118,7 +118,9 @@ impl Command {
     pub async fn run(self) -> anyhow::Result<()> {
         let (run, new_spelling) = self.resolve();
         if let Some(new) = new_spelling {
-            eprintln!("note: this spelling is deprecated and goes in the next release; use `{new}`");
+            eprintln!(
+                "note: this spelling is deprecated and goes in the next release; use `{new}`"
+            );
         }
         match run {
             Run::Demo(args) => demo::run(args).await,

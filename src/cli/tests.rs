@@ -56,7 +56,10 @@ fn old_bench_spellings_parse_to_the_new_bench_subcommands() {
         let (old_run, note) = resolve(old);
         let (new_run, none) = resolve(new);
         assert_eq!(old_run, new_run, "{old:?}");
-        assert_eq!(note, Some(format!("fedge {}", new[..2].join(" "))).as_deref());
+        assert_eq!(
+            note,
+            Some(format!("fedge {}", new[..2].join(" "))).as_deref()
+        );
         assert_eq!(none, None);
     }
 }
@@ -108,7 +111,10 @@ fn closed_sets_take_the_kebab_case_names_and_the_old_ones() {
         other => panic!("{other:?}"),
     };
     assert_eq!(objective("ce"), objective("cross-entropy"));
-    assert_eq!(objective("stable-fedadg"), fedge_wire::Objective::StableFedAdg);
+    assert_eq!(
+        objective("stable-fedadg"),
+        fedge_wire::Objective::StableFedAdg
+    );
     let transport = |name: &str| match resolve(&["eval", "--transport", name]).0 {
         Run::Eval(args) => args.transport,
         other => panic!("{other:?}"),
@@ -140,7 +146,10 @@ fn unknown_values_fail_with_the_valid_ones() {
     let e = error(&["eval", "--scenario", "many"]);
     assert!(e.contains("lodo") && e.contains("multi"), "{e}");
     let e = error(&["eval", "--dataset", "imagenet"]);
-    assert!(e.contains("digits-bg") && e.contains("imagefolder:PATH"), "{e}");
+    assert!(
+        e.contains("digits-bg") && e.contains("imagefolder:PATH"),
+        "{e}"
+    );
     let e = error(&["bench", "head", "--backends", "cuda"]);
     assert!(e.contains("ndarray") && e.contains("flex"), "{e}");
     let e = error(&["demo", "--strategy", "median"]);

@@ -53,5 +53,6 @@ pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
         );
         rows.push(serde_json::json!({"batch": batch, "images_per_s": args.images as f64 / secs}));
     }
-    args.json.write(&serde_json::json!({"backbone": card.name, "images": args.images, "tract": rows}))
+    args.json
+        .write(&serde_json::json!({"backbone": card.name, "images": args.images, "tract": rows}))
 }
