@@ -332,6 +332,17 @@ mod tests {
                 .to_string()
                 .contains("unknown algorithm")
         );
+        let unknown_objective = parse_algorithm("fedfoo+fedomg").unwrap_err().to_string();
+        assert!(
+            unknown_objective.contains("cross-entropy, fedprox, feddim, stable-fedadg, fedddl"),
+            "{unknown_objective}"
+        );
+        let unknown = parse_algorithm("fedfoo").unwrap_err().to_string();
+        assert!(unknown.contains("fedavg, fedavgm, fedomg"), "{unknown}");
+        assert_eq!(
+            parse_algorithm("ce+fedomg").unwrap().objective,
+            parse_algorithm("cross-entropy+fedomg").unwrap().objective
+        );
         assert!(
             parse_algorithm("feddim+median")
                 .unwrap_err()
