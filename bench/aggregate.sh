@@ -2,7 +2,7 @@
 # Aggregation benchmark, fedge against numpy, side by side (BENCHMARKS.md).
 # Makes a virtual environment with numpy (whose wheel bundles OpenBLAS) outside the repository,
 # checks that the numpy transcription reproduces the worked example, then runs
-# `fedge bench-aggregate`. Extra arguments go to fedge, e.g. `--n 100 --m 1000000`.
+# `fedge bench aggregate`. Extra arguments go to fedge, e.g. `--n 100 --m 1000000`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${FEDGE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fedge/venv}"
@@ -12,4 +12,4 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" bench/fedomg_numpy.py --check
 cargo build --release --bin fedge
-./target/release/fedge bench-aggregate --python "$venv/bin/python" "$@"
+./target/release/fedge bench aggregate --python "$venv/bin/python" "$@"

@@ -15,7 +15,7 @@ fi
 mkdir -p target
 run() {
   local card=$1 images=$2 batches=$3
-  "$bin/fedge" bench-backbone --backbone "$card" --images "$images" --batch "$batches" --json target/bench-backbone.json
+  "$bin/fedge" bench backbone --backbone "$card" --images "$images" --batch "$batches" --json target/bench-backbone.json
   "$venv/bin/python" bench/backbone_ort.py "$card" target/bench-backbone.json
   echo
 }

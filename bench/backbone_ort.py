@@ -1,4 +1,4 @@
-"""onnxruntime on the same ONNX backbone and batch sizes as `fedge bench-backbone` (tract).
+"""onnxruntime on the same ONNX backbone and batch sizes as `fedge bench backbone` (tract).
 
 Usage: python bench/backbone_ort.py CARD.toml TRACT.json
 Reads the model card (ONNX file, input name, layout, image size) and the figures fedge wrote

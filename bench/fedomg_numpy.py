@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """FedOMG's server step (ALGORITHMS.md section 2) transcribed to numpy, float32 deltas on
-OpenBLAS, as the peer that `fedge bench-aggregate` measures itself against.
+OpenBLAS, as the peer that `fedge bench aggregate` measures itself against.
 
     python bench/fedomg_numpy.py --check              # the worked example, to 1e-6
     python bench/fedomg_numpy.py --n 100 --m 1000000  # timings as one JSON line

@@ -61,7 +61,7 @@ fi
 sh -c '[ -n "$1" ] && echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cgroup" \
   /usr/bin/time -v "$BIN/fedge-coordinator" run --config "$work/coordinator.toml" > "$work/coordinator.log" 2> "$work/coordinator.err" &
 coordinator=$!
-"$BIN/fedge" bench-fleet --devices "$DEVICES" --rounds "$ROUNDS" --broker "mqtt://127.0.0.1:$port" \
+"$BIN/fedge" bench fleet --devices "$DEVICES" --rounds "$ROUNDS" --broker "mqtt://127.0.0.1:$port" \
   --federation fleet --json "${FLEET_JSON:-/dev/null}"
 wait "$coordinator" || true
 hidden=${HIDDEN:-64}

@@ -1,6 +1,6 @@
-"""Bytes a Flower 1.42 client sends for the same head parameters as `fedge bench-wire`.
+"""Bytes a Flower 1.42 client sends for the same head parameters as `fedge bench wire`.
 
-Reads the JSON rows `fedge bench-wire --json` wrote and, for each head shape (and with
+Reads the JSON rows `fedge bench wire --json` wrote and, for each head shape (and with
 FedDIM's compact class statistics when a row carries them), serialises the parameters the way
 Flower does: numpy arrays saved with `np.save` into a `Parameters` message inside a `FitRes`
 (the strategy API), and into an `ArrayRecord` with a `MetricRecord` in a `RecordDict` (the

@@ -21,7 +21,7 @@ files=()
 for spec in "512 128 10 32" "512 128 10 256" "1280 256 65 64" "1280 256 65 256"; do
   read -r f h k b <<<"$spec"
   out=target/bench-head/head-$f-$h-$k-b$b.json
-  "$bin/fedge" bench-head --features "$f" --hidden "$h" --classes "$k" --batch-size "$b" \
+  "$bin/fedge" bench head --features "$f" --hidden "$h" --classes "$k" --batch-size "$b" \
     --samples 4096 --epochs 2 --backends flex --json "$out" >/dev/null
   files+=("$out")
 done

@@ -1,7 +1,7 @@
-"""PyTorch (CPU) trains the same head as `fedge bench-head`, side by side.
+"""PyTorch (CPU) trains the same head as `fedge bench head`, side by side.
 
 Usage: python bench/head_torch.py FEDGE.json [FEDGE.json ...]
-Each JSON file is what `fedge bench-head --json` wrote for one shape and batch size. The same
+Each JSON file is what `fedge bench head --json` wrote for one shape and batch size. The same
 head (Linear F→H, ReLU, Linear H→K), the same amount of random features in 0..1 with random
 labels, the same batch size, epochs and optimiser (SGD with momentum and weight decay, the
 learning rate of fedge's defaults), mean cross-entropy, a fresh shuffle per epoch; timed with

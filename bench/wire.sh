@@ -20,6 +20,6 @@ if ! "$venv/bin/python" -c 'import flwr' 2>/dev/null; then
   fi
 fi
 mkdir -p target
-"$bin/fedge" bench-wire --json target/bench-wire.json
+"$bin/fedge" bench wire --json target/bench-wire.json
 echo
 "$venv/bin/python" bench/flower_wire.py target/bench-wire.json

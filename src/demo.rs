@@ -156,7 +156,7 @@ pub struct DemoData {
     pub clients: Vec<DemoClient>,
     /// Held-out target domain.
     pub target: Arc<FeatureSet>,
-    /// Validation sets scored with every new global head (model selection in `fedge bench`);
+    /// Validation sets scored with every new global head (model selection in `fedge eval`);
     /// empty for the demo.
     pub selection: Vec<Arc<FeatureSet>>,
 }
@@ -412,19 +412,5 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
             .as_ref()
             .map(|a| a.gamma.clone())
             .unwrap_or_default(),
-    }
-}
-
-/// The local objective named on the command line.
-pub fn objective_by_name(name: &str) -> anyhow::Result<Objective> {
-    match name {
-        "ce" => Ok(Objective::CrossEntropy),
-        "fedprox" => Ok(Objective::FedProx),
-        "feddim" => Ok(Objective::FedDim),
-        "stable-fedadg" => Ok(Objective::StableFedAdg),
-        "fedddl" => Ok(Objective::FedDdl),
-        other => anyhow::bail!(
-            "unknown objective {other:?}; available: ce, fedprox, feddim, stable-fedadg, fedddl"
-        ),
     }
 }

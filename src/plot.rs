@@ -1,4 +1,4 @@
-//! The charts of `fedge bench --plot PATH.png`, drawn with the `image` crate and an embedded
+//! The charts of `fedge eval --plot PATH.png`, drawn with the `image` crate and an embedded
 //! 8×8 bitmap font (no system fonts needed, so they work on a headless gateway or in CI):
 //!
 //! - [`render_curves`]: target accuracy after every round, one line per algorithm (`PATH.png`);
@@ -200,10 +200,8 @@ pub fn render_curves(title: &str, curves: &[Curve]) -> RgbImage {
 }
 
 /// Writes [`render_curves`] as PNG.
-pub fn write_curves(path: &Path, title: &str, curves: &[Curve]) -> Result<(), String> {
-    render_curves(title, curves)
-        .save(path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+pub fn write_curves(path: &Path, title: &str, curves: &[Curve]) -> Result<(), PlotError> {
+    save(render_curves(title, curves), path)
 }
 
 /// A 3-pixel-wide straight line from `a` to `b`.
@@ -219,10 +217,26 @@ fn line(img: &mut RgbImage, a: (u32, u32), b: (u32, u32), color: Rgb<u8>) {
 }
 
 /// Writes the chart as PNG.
-pub fn write(path: &Path, title: &str, bars: &[Bar]) -> Result<(), String> {
-    render(title, bars)
-        .save(path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+pub fn write(path: &Path, title: &str, bars: &[Bar]) -> Result<(), PlotError> {
+    save(render(title, bars), path)
+}
+
+/// A chart that could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {}", path.display())]
+pub struct PlotError {
+    /// Where the chart was to go.
+    pub path: std::path::PathBuf,
+    /// Why it did not.
+    #[source]
+    pub source: image::ImageError,
+}
+
+fn save(img: RgbImage, path: &Path) -> Result<(), PlotError> {
+    img.save(path).map_err(|source| PlotError {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// The title, wrapped at spaces onto at most two lines that fit the width.

@@ -6,7 +6,7 @@
 //! - `round`: all N arrivals and the close, i.e. the total work of a FedOMG round.
 //!
 //! `cargo bench --workspace --bench aggregate`. The side-by-side comparison with numpy is
-//! `fedge bench-aggregate` (BENCHMARKS.md).
+//! `fedge bench aggregate` (BENCHMARKS.md).
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use fedge_coordinator::strategy::FedOmg;

@@ -12,4 +12,4 @@ pub mod durable;
 pub mod logs;
 
 pub use durable::{Visibility, write_atomically};
-pub use logs::{LogFormat, init_logs};
+pub use logs::{LogFormat, init_logs, init_logs_to};

@@ -10,12 +10,23 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber: `RUST_LOG` when set, else `default_filter`
-/// (e.g. `"info"`).
+/// Installs the global subscriber, writing to standard output: `RUST_LOG` when set, else
+/// `default_filter` (e.g. `"info"`).
 pub fn init_logs(format: LogFormat, default_filter: &str) {
+    init_logs_to(format, default_filter, std::io::stdout);
+}
+
+/// [`init_logs`] with another destination, e.g. `std::io::stderr` for a command whose standard
+/// output is its result.
+pub fn init_logs_to<W>(format: LogFormat, default_filter: &str, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -1,7 +1,7 @@
 //! The Burn device that trains heads: which CPU backend, and whether a CUDA GPU is used.
 //!
 //! The `fedge` front end compiles both pure-CPU backends (feature `ndarray`), so that
-//! `fedge bench-head` can compare them side by side in one run; the device binary carries
+//! `fedge bench head` can compare them side by side in one run; the device binary carries
 //! flex alone. With the `cuda` feature, [`select_device`] trains on an NVIDIA GPU when one
 //! answers and on the CPU otherwise.
 
@@ -15,8 +15,10 @@ use fedge_wire::UnknownName;
 #[serde(rename_all = "kebab-case")]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Backend {
-    /// burn-ndarray, deprecated upstream; kept for comparison (`fedge bench-head`).
+    /// burn-ndarray, deprecated upstream; kept for comparison (`fedge bench head`).
     #[cfg(feature = "ndarray")]
+    #[serde(rename = "ndarray")]
+    #[cfg_attr(feature = "clap", value(name = "ndarray"))]
     NdArray,
     /// burn-flex, the pure-Rust CPU backend that replaces ndarray upstream; the default
     /// because it trained the head 2.3 times faster here (BENCHMARKS.md).

@@ -12,7 +12,7 @@ norm into the convolution before it, and writes:
                                     forward pass from the unfolded weights
                                     (both little-endian float32, no header)
 
-The last two let `fedge_models::check_sample` (run by `fedge bench --backbone` and by the
+The last two let `fedge_models::check_sample` (run by `fedge eval --backbone` and by the
 `efficientnet` test) show that tract running the ONNX file and this tool agree. Only numpy is needed; the ONNX protobuf is written by hand
 (the few message types used are listed next to `Proto`).
 

@@ -1,7 +1,7 @@
 //! `fedge bench` on the built-in digits: a two-round smoke run of every algorithm, and the
 //! same results when run again with the same seed.
 
-use fedge::fdg::{
+use fedge::eval::{
     BenchOptions, Dataset, Prepared, Progress, Scenario, markdown, parse_algorithm, prepare,
     run_lodo,
 };
@@ -77,7 +77,7 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
         "in-process runs time their clients"
     );
     // Timing differs from run to run; nothing else may.
-    let untimed = |runs: &[fedge::fdg::RunResult]| {
+    let untimed = |runs: &[fedge::eval::RunResult]| {
         let mut runs: Vec<_> = runs
             .iter()
             .filter(|r| names[4..].contains(&r.algorithm.as_str()))
@@ -100,7 +100,7 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
 /// global head, bit for bit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_and_mqtt_runs_give_identical_results() {
-    use fedge::fdg::{run_one, run_one_mqtt};
+    use fedge::eval::{run_one, run_one_mqtt};
     use fedge_models::HeadConfig;
 
     let seed = 0;
@@ -125,7 +125,7 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
             simulated.final_params == over_mqtt.final_params,
             "in-process and MQTT heads differ"
         );
-        let summary = |r: &fedge::fdg::RunResult| {
+        let summary = |r: &fedge::eval::RunResult| {
             (
                 r.best_round,
                 r.best_source_val,
@@ -159,7 +159,7 @@ fn the_multi_scenario_samples_clients_from_split_domains() {
     }
 }
 
-/// `fedge bench --json --markdown --plot` as a user runs it: the document's fields, one entry
+/// `fedge eval --json --markdown --plot` as a user runs it: the document's fields, one entry
 /// per run, a summary per algorithm, both charts, the feature cache.
 #[test]
 fn the_json_report_has_the_documented_fields() {
@@ -169,7 +169,7 @@ fn the_json_report_has_the_documented_fields() {
     let plot = dir.path().join("acc.png");
     let cache = dir.path().join("cache");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
-        .args(["bench", "--rounds", "2", "--seeds", "2"])
+        .args(["eval", "--rounds", "2", "--seeds", "2"])
         .args(["--local-epochs", "1"])
         .args(["--algorithms", "fedavg,feddim+fedomg", "--json"])
         .arg(&json)
@@ -234,7 +234,7 @@ fn the_json_report_has_the_documented_fields() {
     assert_eq!(cached, 6, "one feature file per domain");
 
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
-        .args(["bench", "--dataset", "imagenet"])
+        .args(["eval", "--dataset", "imagenet"])
         .output()
         .unwrap();
     assert!(!bad.status.success());
@@ -297,8 +297,9 @@ fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
     }
 }
 
-/// `fedge bench --tune`: every setting of the grid runs, one is kept per algorithm and named in
-/// the table.
+/// `fedge bench --tune`, in the previous release's spelling of `fedge eval` (still accepted, with
+/// a note on standard error): every setting of the grid runs, one is kept per algorithm and
+/// named in the table.
 #[test]
 fn tuning_keeps_one_setting_per_algorithm() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
@@ -319,6 +320,11 @@ fn tuning_keeps_one_setting_per_algorithm() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("deprecated") && stderr.contains("fedge eval"),
+        "{stderr}"
     );
     assert!(stdout.contains("fedprox -> fedprox[mu="), "{stdout}");
     assert!(stdout.contains("fedprox[mu=0.001] "), "{stdout}");

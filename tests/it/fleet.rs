@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fedge::bench_fleet::{FleetOptions, device_ids, run_fleet};
+use fedge::bench::fleet::{FleetOptions, device_ids, run_fleet};
 use fedge_coordinator::{FedAvg, RoundConfig, Rounds};
 
 use crate::common::{self, Driver};

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod architecture;
 mod arm64;
 mod bad_input;
 mod bench_smoke;

@@ -1,4 +1,4 @@
-//! `fedge bench-feddim`: what FedDIM costs, side by side with plain cross-entropy.
+//! `fedge bench feddim`: what FedDIM costs, side by side with plain cross-entropy.
 //!
 //! - Bytes of the insight part of one update, as encoded on the wire: the compact class
 //!   statistics fedge sends (K counts + K×H means) against the full K×H×K class-mean tensor.
@@ -62,7 +62,7 @@ pub fn timing(
     backend: Backend,
 ) -> InsightTiming {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let data = crate::bench_head::random_features(head, samples, &mut rng);
+    let data = crate::bench::head::random_features(head, samples, &mut rng);
     let insight: Vec<f32> = (0..head.classes * head.hidden * head.classes)
         .map(|_| rng.random_range(-0.1f32..0.1))
         .collect();

@@ -1,4 +1,4 @@
-//! `fedge bench-wire`: bytes per update and per round task for each codec, against the raw f32
+//! `fedge bench wire`: bytes per update and per round task for each codec, against the raw f32
 //! parameters plus FedDIM's full insight matrices (what an uncompressed FedDIM client would
 //! send). The frames are the ones devices publish: postcard body, envelope, optionally sealed
 //! with a device key, split into chunks at the broker's packet limit, plus MQTT's PUBLISH

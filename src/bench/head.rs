@@ -1,4 +1,4 @@
-//! `fedge bench-head`: local head training speed of the Burn CPU backends, side by side.
+//! `fedge bench head`: local head training speed of the Burn CPU backends, side by side.
 //!
 //! Trains the same head (same features, same seed, same hyper-parameters) on each backend and
 //! reports samples per second and the ratio to the first backend.

@@ -1,4 +1,4 @@
-//! `fedge bench-fleet`: many lightweight simulated devices, each its own MQTT connection,
+//! `fedge bench fleet`: many lightweight simulated devices, each its own MQTT connection,
 //! against a running coordinator (another process, so its CPU and memory can be measured on
 //! their own, see `bench/fleet.sh`).
 //!

@@ -1,4 +1,4 @@
-//! `fedge bench`: federated domain generalisation, leave one domain out (ALGORITHMS.md §6).
+//! `fedge eval`: federated domain generalisation, leave one domain out (ALGORITHMS.md §6).
 //!
 //! For every target domain, one client per source domain trains (90 % train, 10 % validation),
 //! and the target is never seen. The simulation drives the coordinator's own round machine
@@ -34,7 +34,7 @@ pub use tune::{Choice, choose, grid};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use anyhow::Context;
+use clap::ValueEnum;
 use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
@@ -79,7 +79,8 @@ impl Algorithm {
 }
 
 /// Parses `objective`, `strategy` or `objective+strategy` (`fedavg`, `fedprox`, `fedavgm`,
-/// `fedomg`, `feddim`, `feddim+fedomg`, `fedddl+fedomg`, `stable-fedadg+fedavgm`, ...).
+/// `fedomg`, `feddim`, `feddim+fedomg`, `fedddl+fedomg`, `stable-fedadg+fedavgm`, ...), each
+/// part spelled as on the command line (an unknown part's error lists the valid names).
 pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let train = TrainParams::default();
     let (name, codec) = match full_name.split_once('@') {
@@ -91,16 +92,28 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         ),
         None => (full_name, train.update_codec),
     };
-    let objective_of = |s: &str| crate::demo::objective_by_name(s).ok();
-    let is_strategy = |s: &str| s.parse::<StrategyKind>().is_ok();
     let (objective, strategy) = match name.split_once('+') {
-        Some((o, s)) => (objective_of(o), s),
-        None if is_strategy(name) => (Some(Objective::CrossEntropy), name),
-        None => (objective_of(name), "fedavg"),
+        Some((o, s)) => (
+            o.parse::<Objective>()
+                .map_err(|e| anyhow::anyhow!("{name:?}: {e}"))?,
+            s,
+        ),
+        None if name.parse::<StrategyKind>().is_ok() => (Objective::CrossEntropy, name),
+        None => (
+            name.parse::<Objective>().map_err(|_| {
+                anyhow::anyhow!(
+                    "unknown algorithm {name:?}: use an objective ({}), a strategy ({}) or objective+strategy",
+                    Objective::ALL.map(Objective::name).join(", "),
+                    StrategyKind::value_variants()
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?,
+            "fedavg",
+        ),
     };
-    let objective = objective.with_context(|| {
-        format!("unknown algorithm {name:?}: use an objective (ce, fedprox, feddim, stable-fedadg, fedddl), a strategy (fedavg, fedavgm, fedomg) or objective+strategy")
-    })?;
     let strategy = StrategyConfig {
         strategy: strategy
             .parse()
@@ -150,12 +163,15 @@ pub struct BenchOptions {
     pub hidden: usize,
 }
 
-/// How a run's tasks and updates travel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a run's tasks and updates travel (`--transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum Transport {
     /// Frames handed to the round machine in process.
+    #[default]
+    #[value(name = "in-process", alias = "inprocess")]
     InProcess,
-    /// A real federation over an embedded MQTT broker: agents, driver, chunking.
+    /// A real federation over an embedded MQTT broker: agents, driver, chunking (slower, same
+    /// numbers).
     Mqtt,
 }
 
@@ -315,6 +331,17 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("unknown algorithm")
+        );
+        let unknown_objective = parse_algorithm("fedfoo+fedomg").unwrap_err().to_string();
+        assert!(
+            unknown_objective.contains("cross-entropy, fedprox, feddim, stable-fedadg, fedddl"),
+            "{unknown_objective}"
+        );
+        let unknown = parse_algorithm("fedfoo").unwrap_err().to_string();
+        assert!(unknown.contains("fedavg, fedavgm, fedomg"), "{unknown}");
+        assert_eq!(
+            parse_algorithm("ce+fedomg").unwrap().objective,
+            parse_algorithm("cross-entropy+fedomg").unwrap().objective
         );
         assert!(
             parse_algorithm("feddim+median")

@@ -1,4 +1,4 @@
-//! `fedge bench-aggregate`: the coordinator's aggregation cost against a numpy transcription of
+//! `fedge bench aggregate`: the coordinator's aggregation cost against a numpy transcription of
 //! the same step (`bench/fedomg_numpy.py`), side by side in one run.
 //!
 //! For each (N, M), fedge holds N random deltas the way a round does: the first N−1 arrive
@@ -134,33 +134,77 @@ pub fn measure_fedge(n: usize, m: usize, repeats: usize) -> AggregateBench {
     }
 }
 
-/// Runs the numpy transcription; `Err` says how to get it working.
+/// Why the numpy peer could not be measured; each message says how to get it working.
+#[derive(Debug, thiserror::Error)]
+pub enum NumpyError {
+    /// The interpreter did not start.
+    #[error("cannot run {}", python.display())]
+    Spawn {
+        /// The interpreter.
+        python: PathBuf,
+        /// Why it did not start.
+        source: std::io::Error,
+    },
+    /// The script exited with an error.
+    #[error("{} {} failed (is numpy installed? bench/aggregate.sh makes a venv): {stderr}", python.display(), script.display())]
+    Failed {
+        /// The interpreter.
+        python: PathBuf,
+        /// The script.
+        script: PathBuf,
+        /// What the script said.
+        stderr: String,
+    },
+    /// The script printed something other than its JSON timings.
+    #[error("unexpected output from {}", script.display())]
+    Output {
+        /// The script.
+        script: PathBuf,
+        /// Why its output is not JSON.
+        source: serde_json::Error,
+    },
+    /// The script's JSON lacks `wall_s` or `cpu_s`.
+    #[error("no timings in the output of {}", script.display())]
+    NoTimings {
+        /// The script.
+        script: PathBuf,
+    },
+}
+
+/// Runs the numpy transcription: its wall and CPU seconds.
 pub fn measure_numpy(
     python: &Path,
     script: &Path,
     n: usize,
     m: usize,
     repeats: usize,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64), NumpyError> {
     let out = Command::new(python)
         .arg(script)
         .args(["--n", &n.to_string(), "--m", &m.to_string()])
         .args(["--repeats", &repeats.to_string()])
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+        .map_err(|source| NumpyError::Spawn {
+            python: python.to_owned(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "{} {} failed (is numpy installed? bench/aggregate.sh makes a venv): {}",
-            python.display(),
-            script.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(NumpyError::Failed {
+            python: python.to_owned(),
+            script: script.to_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("unexpected output from {}: {e}", script.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|source| NumpyError::Output {
+            script: script.to_owned(),
+            source,
+        })?;
     match (v["wall_s"].as_f64(), v["cpu_s"].as_f64()) {
         (Some(w), Some(c)) => Ok((w, c)),
-        _ => Err(format!("no timings in the output of {}", script.display())),
+        _ => Err(NumpyError::NoTimings {
+            script: script.to_owned(),
+        }),
     }
 }
 

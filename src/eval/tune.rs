@@ -1,6 +1,6 @@
 //! Hyper-parameters chosen on source validation only, never on the target (ALGORITHMS.md §6).
 //!
-//! `fedge bench --tune` runs every algorithm over a small grid of its own knobs (FedProx's `μ`,
+//! `fedge eval --tune` runs every algorithm over a small grid of its own knobs (FedProx's `μ`,
 //! FedDIM's `λ`, FedDDL's `λ` (`cr`), Stable-FedADG's `λ0` with `λ1 = 1 − λ0`, server
 //! momentum's `β`, FedOMG's `κ`; the product for combinations) and keeps,
 //! per algorithm, the setting whose runs have the highest mean best source-validation accuracy

@@ -139,7 +139,7 @@ pub fn markdown(results: &[RunResult]) -> String {
     out
 }
 
-/// The bars of `fedge bench --plot`.
+/// The bars of `fedge eval --plot`.
 pub fn plot_bars(results: &[RunResult]) -> Vec<crate::plot::Bar> {
     summarise(results)
         .rows
@@ -153,7 +153,7 @@ pub fn plot_bars(results: &[RunResult]) -> Vec<crate::plot::Bar> {
         .collect()
 }
 
-/// The lines of `fedge bench --plot`: per algorithm, the mean over targets and seeds of the
+/// The lines of `fedge eval --plot`: per algorithm, the mean over targets and seeds of the
 /// target accuracy after each round (percent), rounds from 1.
 pub fn curves(results: &[RunResult]) -> Vec<crate::plot::Curve> {
     let mut out: Vec<(crate::plot::Curve, Vec<u32>)> = Vec::new();

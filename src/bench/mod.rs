@@ -1,0 +1,15 @@
+//! The cost benchmarks behind `fedge bench …`: what training, extraction, aggregation and the
+//! wire cost, each measured the way the daemons do the work. Accuracy is `fedge eval`'s
+//! business ([`crate::eval`]); printing tables is the command line's.
+//!
+//! - `head`: local head training speed per Burn CPU backend.
+//! - `feddim`: FedDIM's insight bytes and training cost against plain cross-entropy.
+//! - `aggregate`: the coordinator's aggregation against a numpy transcription.
+//! - `wire`: bytes per update and per task for each codec.
+//! - `fleet`: many simulated devices against a running coordinator.
+
+pub mod aggregate;
+pub mod feddim;
+pub mod fleet;
+pub mod head;
+pub mod wire;

@@ -1,0 +1,57 @@
+//! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`,
+//! `aggregate`, `wire`, `fleet`, `feddim`). Accuracy is `fedge eval`'s; `fedge bench` without a
+//! subcommand still takes `fedge eval`'s flags for one release, with a note pointing there.
+
+pub mod aggregate;
+pub mod backbone;
+pub mod feddim;
+pub mod fleet;
+pub mod head;
+pub mod wire;
+
+use clap::{Args, Subcommand};
+
+use super::eval::EvalArgs;
+
+/// `fedge bench`: a cost benchmark, or (deprecated) the accuracy benchmark's flags.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    /// The flags `fedge bench` took before `fedge eval` existed; hidden.
+    #[command(flatten)]
+    pub eval: EvalArgs,
+}
+
+/// The cost benchmarks.
+#[derive(Subcommand, Debug, Clone, PartialEq)]
+pub enum BenchCommand {
+    /// Time local head training on each Burn CPU backend, side by side.
+    Head(head::HeadArgs),
+    /// Time a backbone's feature extraction with tract, per batch size.
+    Backbone(backbone::BackboneArgs),
+    /// Time the coordinator's FedAvg and FedOMG aggregation against numpy, side by side.
+    Aggregate(aggregate::AggregateArgs),
+    /// Bytes per update and per round task for each update codec (f32, f16, int8), against
+    /// raw f32 parameters plus FedDIM's full insight matrices (see bench/wire.sh for Flower's).
+    Wire(wire::WireArgs),
+    /// Simulate many lightweight devices (each its own MQTT connection, no training) against a
+    /// running coordinator, and check that every update is accounted for (see bench/fleet.sh).
+    Fleet(fleet::FleetArgs),
+    /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
+    Feddim(feddim::FeddimArgs),
+}
+
+impl BenchCommand {
+    /// Runs the benchmark and prints its table.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self {
+            BenchCommand::Head(args) => head::run(args),
+            BenchCommand::Backbone(args) => backbone::run(args),
+            BenchCommand::Aggregate(args) => aggregate::run(args),
+            BenchCommand::Wire(args) => wire::run(args),
+            BenchCommand::Fleet(args) => fleet::run(args).await,
+            BenchCommand::Feddim(args) => feddim::run(args),
+        }
+    }
+}

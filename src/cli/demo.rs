@@ -1,0 +1,181 @@
+//! `fedge demo`: its flags, and the progress bar and table around [`fedge::demo::run`]. The
+//! federation itself (broker, coordinator, agents) is the library's; this module only turns
+//! flags into [`DemoOptions`] and prints.
+
+use clap::Args;
+use fedge::demo::{self, DemoOptions, DemoResult, RoundRow};
+use fedge_models::Backend;
+use fedge_wire::{Codec, Objective};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::args::{JsonArgs, StrategyArgs, backend_parser};
+
+/// The flags of `fedge demo`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct DemoArgs {
+    /// Rounds to run.
+    #[arg(long, default_value_t = 20)]
+    pub rounds: u64,
+    /// Edge agents (each its own MQTT client); the five source domains are shared among them.
+    #[arg(long, default_value_t = 5)]
+    pub clients: usize,
+    /// Seed for the data split, the initial head and client sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Give every agent a random key: updates and tasks carry HMAC-SHA256 tags, as in a
+    /// deployment with `[auth] keys_file`.
+    #[arg(long)]
+    pub auth: bool,
+    /// Announce the coordinator's sensors through Home Assistant MQTT discovery.
+    #[arg(long)]
+    pub home_assistant: bool,
+    /// Use this broker (mqtt://HOST:PORT) instead of starting the embedded one.
+    #[arg(long)]
+    pub broker: Option<String>,
+    /// Only print the final table.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub strategy: StrategyArgs,
+    /// FedDIM's server momentum m of the global insight matrices.
+    #[arg(long, default_value_t = 0.5, help_heading = "Server strategy")]
+    pub insight_momentum: f32,
+    #[command(flatten)]
+    pub local: LocalArgs,
+    #[command(flatten)]
+    pub json: JsonArgs,
+}
+
+/// How the agents train.
+#[derive(Args, Debug, Clone, PartialEq)]
+#[command(next_help_heading = "Local training")]
+pub struct LocalArgs {
+    /// Local objective.
+    #[arg(long, value_enum, default_value_t = Objective::CrossEntropy)]
+    pub objective: Objective,
+    /// FedProx mu.
+    #[arg(long, default_value_t = 0.01)]
+    pub mu: f32,
+    /// FedDIM's lambda (weight of the insight term).
+    #[arg(long, default_value_t = 0.01)]
+    pub lambda: f32,
+    /// How agents pack their updates: f32 (lossless), f16 or int8 (per-tensor scale).
+    #[arg(long, value_enum, default_value_t = Codec::F16)]
+    pub codec: Codec,
+    /// Local epochs per round.
+    #[arg(long, default_value_t = 5)]
+    pub local_epochs: u32,
+    /// Local SGD learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f32,
+    /// Local batch size.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: u32,
+    /// Burn CPU backend of the agents.
+    #[arg(long, default_value = "flex", value_parser = backend_parser())]
+    pub backend: Backend,
+}
+
+/// Runs the demo and prints its table.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let defaults = DemoOptions::default();
+    let local = &args.local;
+    let options = DemoOptions {
+        rounds: args.rounds,
+        clients: args.clients,
+        strategy: args.strategy.config(),
+        train: fedge_wire::TrainParams {
+            objective: local.objective,
+            local_epochs: local.local_epochs,
+            learning_rate: local.lr,
+            batch_size: local.batch_size,
+            prox_mu: local.mu,
+            insight_lambda: local.lambda,
+            update_codec: local.codec,
+            ..defaults.train.clone()
+        },
+        insight_momentum: args.insight_momentum,
+        auth: args.auth,
+        home_assistant: args.home_assistant,
+        seed: args.seed,
+        backend: local.backend,
+        broker: args
+            .broker
+            .as_deref()
+            .map(fedge_mqtt::BrokerConfig::parse_url)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        ..defaults
+    };
+    let data = demo::prepare(&options)?;
+    eprintln!(
+        "fedge demo: {} edge agents on rotated digits (0°–60°), target 75° held out; model of {} parameters; {} rounds of {}",
+        options.clients,
+        fedge_models::ModelLayout::new(data.head.clone(), local.objective.carries_generator())
+            .num_params(),
+        options.rounds,
+        options.strategy.strategy
+    );
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(options.rounds)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30.cyan/blue} round {pos}/{len} {msg} [{elapsed_precise}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let result = demo::run(&options, &data, |row| {
+        bar.set_position(row.round.min(options.rounds));
+        if let Some(acc) = row.target_accuracy {
+            bar.set_message(format!("target accuracy {acc:.3}"));
+        }
+    })
+    .await?;
+    bar.finish_and_clear();
+    print_table(&result);
+    args.json.write(&result)?;
+    if let Some(path) = &args.json.json {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn fmt_acc(v: Option<f32>) -> String {
+    v.map(|a| format!("{a:.3}")).unwrap_or_else(|| "-".into())
+}
+
+fn print_table(result: &DemoResult) {
+    println!(
+        "{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}",
+        "round", "target acc", "source val", "clients", "bytes up", "bytes down", "seconds"
+    );
+    for RoundRow {
+        round,
+        target_accuracy,
+        source_val_accuracy,
+        clients,
+        bytes_up,
+        bytes_down,
+        seconds,
+        ..
+    } in &result.rounds
+    {
+        println!(
+            "{round:>5}  {:>10}  {:>10}  {clients:>7}  {bytes_up:>10}  {bytes_down:>10}  {seconds:>7.2}",
+            fmt_acc(*target_accuracy),
+            fmt_acc(*source_val_accuracy)
+        );
+    }
+    println!(
+        "untrained head: {:.3} on the 75° target; after {} rounds of {}: {}; {:.1} s; rejected updates: {}",
+        result.initial_target_accuracy,
+        result.rounds.len(),
+        result.strategy,
+        fmt_acc(result.final_target_accuracy),
+        result.seconds,
+        result.rejected.values().sum::<u64>()
+    );
+}

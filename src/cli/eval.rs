@@ -1,0 +1,246 @@
+//! `fedge eval`: the leave-one-domain-out accuracy benchmark's flags, progress and outputs
+//! (table, Markdown, JSON, plots). The runs themselves are [`fedge::eval`]'s; this module
+//! turns flags into its options and prints what comes back.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use fedge::eval::{self, Algorithm, BenchOptions, Prepared, RunResult, Scenario, Transport};
+
+use super::args::{DatasetArgs, FeatureArgs, JsonArgs, write_file};
+
+/// The flags of `fedge eval` (and of `fedge bench` without a subcommand, for one release).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub data: DatasetArgs,
+    #[command(flatten)]
+    pub features: FeatureArgs,
+    /// Comma list of `objective`, `strategy` or `objective+strategy`, each optionally
+    /// `@f32`, `@f16` (the default) or `@int8`: how clients pack their updates.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fedavg,fedprox,fedavgm,fedomg,feddim,feddim+fedomg,stable-fedadg,fedddl,fedddl+fedomg",
+        help_heading = "Runs"
+    )]
+    pub algorithms: Vec<String>,
+    /// Try a small grid of each algorithm's own hyper-parameters (FedProx mu, FedDIM lambda,
+    /// server momentum beta, FedOMG kappa) and report, per algorithm, the setting with the best
+    /// mean source-validation accuracy (the target is never looked at to choose).
+    #[arg(long, help_heading = "Runs")]
+    pub tune: bool,
+    /// How source domains become clients.
+    #[arg(long, value_enum, default_value_t = ScenarioKind::Lodo, help_heading = "Runs")]
+    pub scenario: ScenarioKind,
+    /// Clients per source domain in the `multi` scenario.
+    #[arg(long, default_value_t = 10, help_heading = "Runs")]
+    pub clients_per_domain: usize,
+    /// Clients selected per round in the `multi` scenario.
+    #[arg(long, default_value_t = 10, help_heading = "Runs")]
+    pub sample: usize,
+    /// Rounds per run.
+    #[arg(long, default_value_t = 20, help_heading = "Runs")]
+    pub rounds: u64,
+    /// Seeds (0..N).
+    #[arg(long, default_value_t = 3, help_heading = "Runs")]
+    pub seeds: u64,
+    /// Local epochs per round.
+    #[arg(long, default_value_t = 5, help_heading = "Runs")]
+    pub local_epochs: u32,
+    /// How tasks and updates travel.
+    #[arg(long, value_enum, default_value_t = Transport::InProcess, help_heading = "Runs")]
+    pub transport: Transport,
+    #[command(flatten)]
+    pub json: JsonArgs,
+    /// Write the table as Markdown.
+    #[arg(long, value_name = "PATH.md", help_heading = "Output")]
+    pub markdown: Option<PathBuf>,
+    /// Draw the held-out accuracy per round per algorithm as PNG, and the average per
+    /// algorithm with error bars over seeds next to it (PATH-bars.png).
+    #[arg(long, value_name = "PATH.png", help_heading = "Output")]
+    pub plot: Option<PathBuf>,
+}
+
+/// How source domains become clients (`--scenario`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScenarioKind {
+    /// One client per source domain, all train every round.
+    Lodo,
+    /// Each source domain split into --clients-per-domain clients, --sample of them train per
+    /// round.
+    Multi,
+}
+
+impl ScenarioKind {
+    /// Name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScenarioKind::Lodo => "lodo",
+            ScenarioKind::Multi => "multi",
+        }
+    }
+}
+
+impl EvalArgs {
+    fn scenario(&self) -> anyhow::Result<Scenario> {
+        Ok(match self.scenario {
+            ScenarioKind::Lodo => Scenario::Lodo,
+            ScenarioKind::Multi => {
+                anyhow::ensure!(
+                    self.clients_per_domain >= 1 && self.sample >= 1,
+                    "--clients-per-domain and --sample must be at least 1"
+                );
+                Scenario::Multi {
+                    clients_per_domain: self.clients_per_domain,
+                    sample: self.sample,
+                }
+            }
+        })
+    }
+
+    /// Each asked algorithm with the variants to run for it: itself, or its grid with --tune.
+    fn grids(&self) -> anyhow::Result<Vec<(Algorithm, Vec<Algorithm>)>> {
+        self.algorithms
+            .iter()
+            .map(|name| {
+                let a = eval::parse_algorithm(name)?;
+                let variants = if self.tune {
+                    eval::grid(&a)
+                } else {
+                    vec![a.clone()]
+                };
+                Ok((a, variants))
+            })
+            .collect()
+    }
+}
+
+/// Runs every algorithm with every domain held out, for every seed, and prints the table.
+pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
+    let dataset = args.data.dataset()?;
+    let scenario = args.scenario()?;
+    let grids = args.grids()?;
+    let algorithms: Vec<Algorithm> = grids.iter().flat_map(|(_, v)| v.clone()).collect();
+    let options = BenchOptions {
+        scenario,
+        rounds: args.rounds,
+        seeds: args.seeds,
+        local_epochs: args.local_epochs,
+        hidden: 64,
+    };
+    let start = std::time::Instant::now();
+    let spinner = indicatif::ProgressBar::new_spinner();
+    let prepared = eval::prepare(
+        &dataset,
+        args.features.backbone.as_deref(),
+        args.features.cache_dir().as_deref(),
+        algorithms
+            .iter()
+            .any(|a| a.objective == fedge_wire::Objective::FedDdl),
+        |domain| spinner.set_message(format!("features of {domain}")),
+    )?;
+    spinner.finish_and_clear();
+    let results = run_with_progress(&prepared, &algorithms, &options, args.transport).await?;
+    let (results, choices) = eval::choose(&grids, &results);
+    if args.tune {
+        println!("settings chosen on mean source-validation accuracy (%):");
+        for choice in &choices {
+            let tried: Vec<String> = choice
+                .source_val
+                .iter()
+                .map(|(name, val)| format!("{name} {:.2}", val * 100.0))
+                .collect();
+            println!(
+                "  {} -> {} ({})",
+                choice.algorithm,
+                choice.chosen,
+                tried.join(", ")
+            );
+        }
+    }
+    let table = eval::markdown(&results);
+    println!(
+        "{}, {} backbone, {} ({:?}), {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        args.data.dataset,
+        prepared.backbone,
+        args.scenario.name(),
+        options.scenario,
+        options.rounds,
+        options.local_epochs,
+        options.seeds,
+        start.elapsed().as_secs_f64()
+    );
+    println!("{table}");
+    if let Some(path) = &args.markdown {
+        write_file(path, &table)?;
+    }
+    if let Some(path) = &args.plot {
+        let what = format!(
+            "{}, {}, {}, {} rounds, {} seeds",
+            args.data.dataset,
+            prepared.backbone,
+            args.scenario.name(),
+            options.rounds,
+            options.seeds
+        );
+        let title = format!("{what}: held-out accuracy per round");
+        fedge::plot::write_curves(path, &title, &eval::curves(&results))?;
+        let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+        let bars_path = path.with_file_name(format!("{stem}-bars.png"));
+        let title = format!("{what}: held-out accuracy at the best source-validation round");
+        fedge::plot::write(&bars_path, &title, &eval::plot_bars(&results))?;
+    }
+    let meta = eval::ReportMeta {
+        dataset: &args.data.dataset,
+        scenario: args.scenario.name(),
+        backbone: &prepared.backbone,
+        rounds: options.rounds,
+        seeds: options.seeds,
+        local_epochs: options.local_epochs,
+    };
+    args.json.write(&eval::report_json(&meta, &results))
+}
+
+/// [`eval::run_all`] under a progress bar of rounds.
+async fn run_with_progress(
+    prepared: &Prepared,
+    algorithms: &[Algorithm],
+    options: &BenchOptions,
+    transport: Transport,
+) -> anyhow::Result<Vec<RunResult>> {
+    let runs = algorithms.len() as u64 * prepared.domains.len() as u64 * options.seeds.max(1);
+    let bar = indicatif::ProgressBar::new(runs * options.rounds).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} rounds, {msg} [{elapsed} / ~{duration}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut done = 0u64;
+    let results = eval::run_all(prepared, algorithms, options, transport, |p| match p {
+        eval::Progress::Round {
+            algorithm,
+            target,
+            seed,
+            round,
+        } => {
+            bar.set_message(format!(
+                "run {}/{runs}: {algorithm} on {target} (seed {seed}), round {round}",
+                done + 1
+            ));
+            bar.inc(1);
+        }
+        eval::Progress::Run(r) => {
+            done += 1;
+            // Rounds a run did not aggregate still count as done.
+            bar.set_position(done * options.rounds);
+            bar.set_message(format!(
+                "{} on {}: {:.3}",
+                r.algorithm, r.target, r.target_accuracy
+            ));
+        }
+    })
+    .await?;
+    bar.finish_and_clear();
+    Ok(results)
+}

@@ -1,0 +1,106 @@
+//! The architecture ARCHITECTURE.md describes, checked against the source tree: no module
+//! cycle in any crate, no file over the length limit, and state machines that do no I/O.
+
+mod graph;
+
+use std::path::{Path, PathBuf};
+
+use graph::{CRATES, MAX_LINES, SourceFile, cycles, io_names, read_crate};
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn crate_files(folder: &str) -> Vec<SourceFile> {
+    read_crate(&workspace().join(folder).join("src"))
+}
+
+fn shown(path: &Path) -> String {
+    path.strip_prefix(workspace())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let mut found = Vec::new();
+    for folder in CRATES {
+        for cycle in cycles(&crate_files(folder)) {
+            let names: Vec<String> = cycle.iter().map(|p| shown(p)).collect();
+            found.push(names.join(" ↔ "));
+        }
+    }
+    assert!(found.is_empty(), "module cycles:\n{}", found.join("\n"));
+}
+
+#[test]
+fn no_source_file_is_longer_than_the_limit_without_its_tests() {
+    let long: Vec<String> = CRATES
+        .into_iter()
+        .flat_map(crate_files)
+        .filter(|f| f.lines > MAX_LINES)
+        .map(|f| format!("{} ({} lines)", shown(&f.path), f.lines))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "over {MAX_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+/// The sans-IO parts of the edge: the agent machine and the trainer. (The coordinator's layers
+/// are checked by its own `layering_tests`.)
+const SANS_IO: [(&str, &str); 2] = [("edge", "agent/machine"), ("edge", "train")];
+
+#[test]
+fn the_state_machines_do_no_io_and_read_no_clock() {
+    let mut found = Vec::new();
+    for (folder, module) in SANS_IO {
+        let prefix: Vec<&str> = module.split('/').collect();
+        let files = crate_files(folder);
+        let inside: Vec<&SourceFile> = files
+            .iter()
+            .filter(|f| f.module.len() >= prefix.len() && f.module[..prefix.len()] == prefix[..])
+            .collect();
+        assert!(!inside.is_empty(), "no module {folder}/src/{module}");
+        for file in inside {
+            let names = io_names(file);
+            if !names.is_empty() {
+                found.push(format!("{}: {}", shown(&file.path), names.join(", ")));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "I/O in a state machine:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_a_cycle_and_a_clean_layering() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let write = |name: &str, text: &str| {
+        let path = src.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("lib.rs", "mod a;\nmod b;\nmod c;\npub use a::A;\n");
+    write("a.rs", "use crate::b::B;\npub struct A(B);\n");
+    write(
+        "b.rs",
+        "pub struct B;\npub fn f() -> crate::c::C { crate::c::C }\n",
+    );
+    write("c.rs", "pub struct C;\n");
+    assert!(cycles(&read_crate(src)).is_empty());
+    // c now names a's item through the crate root's re-export: a → b → c → a.
+    write(
+        "c.rs",
+        "pub struct C;\npub fn g() -> Option<crate::A> { None }\n",
+    );
+    let found = cycles(&read_crate(src));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].len(), 3);
+}
