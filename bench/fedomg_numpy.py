@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FedOMG's server step (ALGORITHMS.md section 2) transcribed to numpy, float32 deltas on
+"""FedOMG's server step (docs/algorithms.md section 2) transcribed to numpy, float32 deltas on
 OpenBLAS, as the peer that `fedge bench aggregate` measures itself against.
 
     python bench/fedomg_numpy.py --check              # the worked example, to 1e-6

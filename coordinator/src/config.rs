@@ -150,7 +150,7 @@ pub struct AuthSettings {
     pub keys_file: Option<PathBuf>,
 }
 
-/// `[feddim]`: ALGORITHMS.md §3's `λ` and `m`.
+/// `[feddim]`: docs/algorithms.md §3's `λ` and `m`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FedDimSettings {

@@ -10,7 +10,7 @@ use fedge_coordinator::replay::{self, npy};
 use fedge_coordinator::store::{checkpoint, journal, keys};
 use fedge_coordinator::strategy::{SolverKind, StrategyKind};
 use fedge_coordinator::{DriverOptions, Rounds, driver};
-use fedge_daemon::{LogFormat, init_logs};
+use fedge_daemon::{LogArgs, init_logs};
 use fedge_wire::ModelLayout;
 
 #[derive(Parser)]
@@ -20,9 +20,8 @@ use fedge_wire::ModelLayout;
     about = "Coordinates a fedge federation over MQTT"
 )]
 struct Cli {
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -105,7 +104,7 @@ struct AggregateArgs {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logs(cli.log_format, "info,rumqttd=off");
+    init_logs(cli.log.log_format, "info,rumqttd=off");
     match cli.command {
         Command::Run { config } => run(config).await,
         Command::Aggregate(args) => aggregate(args),

@@ -1,4 +1,4 @@
-//! `fedge-coordinator aggregate` as a user runs it: the worked example of ALGORITHMS.md §2
+//! `fedge-coordinator aggregate` as a user runs it: the worked example of docs/algorithms.md §2
 //! through .npy files and the real binary.
 
 use std::path::Path;

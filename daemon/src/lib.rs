@@ -12,4 +12,4 @@ pub mod durable;
 pub mod logs;
 
 pub use durable::{Visibility, write_atomically};
-pub use logs::{LogFormat, init_logs, init_logs_to};
+pub use logs::{LogArgs, LogFormat, init_logs, init_logs_to};

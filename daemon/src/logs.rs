@@ -10,6 +10,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// The `--log-format` flag every fedge command takes, flattened into its `Cli`.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+#[command(next_help_heading = "Logging")]
+pub struct LogArgs {
+    /// Log line format (RUST_LOG chooses what is logged).
+    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
 /// Installs the global subscriber, writing to standard output: `RUST_LOG` when set, else
 /// `default_filter` (e.g. `"info"`).
 pub fn init_logs(format: LogFormat, default_filter: &str) {

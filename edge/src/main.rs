@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use fedge_daemon::{LogFormat, init_logs};
+use fedge_daemon::{LogArgs, init_logs};
 use fedge_edge::config::EdgeConfig;
 
 #[derive(Parser)]
@@ -13,9 +13,8 @@ use fedge_edge::config::EdgeConfig;
     about = "Trains a fedge head on local data and reports to the coordinator over MQTT"
 )]
 struct Cli {
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -49,7 +48,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logs(cli.log_format, "info");
+    init_logs(cli.log.log_format, "info");
     match cli.command {
         Command::Run { config } => {
             let config = EdgeConfig::load(&config)?;

@@ -1,4 +1,4 @@
-//! Stable-FedADG's generator and discriminator (ALGORITHMS.md §5) and the flat layout of a
+//! Stable-FedADG's generator and discriminator (docs/algorithms.md §5) and the flat layout of a
 //! model that carries the generator after the head.
 //!
 //! - Generator `G(ε, y) → z'`: `z' = ReLU(W_g2ᵀ ReLU(W_g1ᵀ [ε, onehot(y)] + b_g1) + b_g2)` with

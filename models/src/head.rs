@@ -1,4 +1,4 @@
-//! The trainable head (ALGORITHMS.md §0) and its flat parameter layout.
+//! The trainable head (docs/algorithms.md §0) and its flat parameter layout.
 //!
 //! # Flat layout
 //!

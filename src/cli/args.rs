@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 use fedge_coordinator::strategy::{RobustKind, SolverKind, StrategyConfig, StrategyKind};
-use fedge_daemon::LogFormat;
+use fedge_daemon::LogArgs;
 use fedge_models::HeadConfig;
 
 /// The server side: strategy, FedOMG's knobs, server momentum and the robust rewrite.
@@ -191,23 +191,11 @@ pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()>
     std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// How log lines look; they always go to standard error, so tables on standard output stay
-/// clean.
-#[derive(Args, Debug, Clone, PartialEq)]
-#[command(next_help_heading = "Logging")]
-pub struct LogArgs {
-    /// Log line format (RUST_LOG chooses what is logged; default: warnings).
-    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-}
-
-impl LogArgs {
-    /// Installs the global subscriber: `RUST_LOG` when set, else warnings (the embedded
-    /// broker's own logs off).
-    pub fn init(&self) {
-        // Standard output carries the command's tables and JSON.
-        fedge_daemon::init_logs_to(self.log_format, "warn,rumqttd=off", std::io::stderr);
-    }
+/// Installs the global subscriber for a front-end command: `RUST_LOG` when set, else warnings
+/// (the embedded broker's own logs off), on standard error, since standard output carries the
+/// command's tables and JSON.
+pub fn init_logs(log: &LogArgs) {
+    fedge_daemon::init_logs_to(log.log_format, "warn,rumqttd=off", std::io::stderr);
 }
 
 /// Parses a Burn CPU backend by the name [`fedge_models::Backend::name`] gives it (`ndarray`,

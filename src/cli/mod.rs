@@ -14,8 +14,8 @@ mod tests;
 
 use clap::{Parser, Subcommand};
 
-use args::LogArgs;
 use bench::{BenchArgs, BenchCommand};
+use fedge_daemon::LogArgs;
 
 /// The whole command line.
 #[derive(Parser, Debug, Clone, PartialEq)]

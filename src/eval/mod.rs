@@ -1,4 +1,4 @@
-//! `fedge eval`: federated domain generalisation, leave one domain out (ALGORITHMS.md §6).
+//! `fedge eval`: federated domain generalisation, leave one domain out (docs/algorithms.md §6).
 //!
 //! For every target domain, one client per source domain trains (90 % train, 10 % validation),
 //! and the target is never seen. The simulation drives the coordinator's own round machine
@@ -29,7 +29,7 @@ pub use data::{
 pub use report::{
     ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars, report_json, summarise,
 };
-pub use run::{Progress, partition, run_all, run_lodo, run_one, run_one_mqtt};
+pub use run::{Progress, RunSpec, partition, run_all, run_lodo, run_one, run_one_mqtt};
 pub use tune::{Choice, choose, grid};
 
 use std::sync::atomic::{AtomicUsize, Ordering};

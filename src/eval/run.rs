@@ -46,7 +46,36 @@ struct Case<'a> {
     domains: Arc<Vec<DomainData>>,
 }
 
+/// What one run needs: the algorithm, the seed's splits with the held-out domain, the seed,
+/// the head and the benchmark's options.
+#[derive(Clone, Copy)]
+pub struct RunSpec<'a> {
+    /// The algorithm to run.
+    pub algorithm: &'a Algorithm,
+    /// Every domain's splits for this seed.
+    pub domains: &'a [DomainData],
+    /// The held-out domain's index.
+    pub target: usize,
+    /// Seed of the initial head, sampling and local shuffling.
+    pub seed: u64,
+    /// The head's sizes.
+    pub head: &'a HeadConfig,
+    /// Rounds, local epochs, scenario.
+    pub options: &'a BenchOptions,
+}
+
 impl Case<'_> {
+    fn spec<'s>(&'s self, head: &'s HeadConfig, options: &'s BenchOptions) -> RunSpec<'s> {
+        RunSpec {
+            algorithm: self.algorithm,
+            domains: &self.domains,
+            target: self.target,
+            seed: self.seed,
+            head,
+            options,
+        }
+    }
+
     fn round(&self, round: u64) -> Progress<'_> {
         Progress::Round {
             algorithm: &self.algorithm.name,
@@ -88,8 +117,7 @@ pub fn run_lodo(
     let head = head_of(prepared, options);
     let mut results = Vec::new();
     for case in cases(prepared, algorithms, options.seeds) {
-        let (a, d, t, s) = (case.algorithm, &case.domains, case.target, case.seed);
-        let r = run_one(a, d, t, s, &head, options, |round| {
+        let r = run_one(&case.spec(&head, options), |round| {
             progress(case.round(round))
         })?;
         progress(Progress::Run(&r));
@@ -112,9 +140,8 @@ pub async fn run_all(
     let head = head_of(prepared, options);
     let mut results = Vec::new();
     for case in cases(prepared, algorithms, options.seeds) {
-        let (a, d, t, s) = (case.algorithm, &case.domains, case.target, case.seed);
         let on_round = |round| progress(case.round(round));
-        let r = run_one_mqtt(a, d, t, s, &head, options, on_round).await?;
+        let r = run_one_mqtt(&case.spec(&head, options), on_round).await?;
         progress(Progress::Run(&r));
         results.push(r);
     }
@@ -128,14 +155,17 @@ fn head_of(prepared: &Prepared, options: &BenchOptions) -> HeadConfig {
 /// One run as a real federation over an embedded MQTT broker (the `fedge demo` machinery):
 /// the same clients, seeds and selection rule as [`run_one`].
 pub async fn run_one_mqtt(
-    algorithm: &Algorithm,
-    domains: &[DomainData],
-    target: usize,
-    seed: u64,
-    head: &HeadConfig,
-    options: &BenchOptions,
+    spec: &RunSpec<'_>,
     mut on_round: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
+    let RunSpec {
+        algorithm,
+        domains,
+        target,
+        seed,
+        head,
+        options,
+    } = *spec;
     let sources = clients(domains, target, options.scenario, seed);
     let per_round = match options.scenario {
         Scenario::Lodo => None,
@@ -185,15 +215,15 @@ pub async fn run_one_mqtt(
 }
 
 /// One run in process: `algorithm` with `domains[target]` held out.
-pub fn run_one(
-    algorithm: &Algorithm,
-    domains: &[DomainData],
-    target: usize,
-    seed: u64,
-    head: &HeadConfig,
-    options: &BenchOptions,
-    mut on_round: impl FnMut(u64),
-) -> anyhow::Result<RunResult> {
+pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
+    let RunSpec {
+        algorithm,
+        domains,
+        target,
+        seed,
+        head,
+        options,
+    } = *spec;
     let sources = clients(domains, target, options.scenario, seed);
     let (fraction, per_round) = match options.scenario {
         Scenario::Lodo => (1.0, sources.len()),

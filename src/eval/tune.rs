@@ -1,4 +1,4 @@
-//! Hyper-parameters chosen on source validation only, never on the target (ALGORITHMS.md §6).
+//! Hyper-parameters chosen on source validation only, never on the target (docs/algorithms.md §6).
 //!
 //! `fedge eval --tune` runs every algorithm over a small grid of its own knobs (FedProx's `μ`,
 //! FedDIM's `λ`, FedDDL's `λ` (`cr`), Stable-FedADG's `λ0` with `λ1 = 1 − λ0`, server

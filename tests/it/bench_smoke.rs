@@ -100,7 +100,7 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
 /// global head, bit for bit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_and_mqtt_runs_give_identical_results() {
-    use fedge::eval::{run_one, run_one_mqtt};
+    use fedge::eval::{RunSpec, run_one, run_one_mqtt};
     use fedge_models::HeadConfig;
 
     let seed = 0;
@@ -111,11 +111,18 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
     let target = domains.len() - 1;
     for name in ["feddim+fedomg", "stable-fedadg", "fedddl"] {
         let algorithm = parse_algorithm(name).unwrap();
-        let simulated =
-            run_one(&algorithm, &domains, target, seed, &head, &options, |_| {}).unwrap();
+        let spec = RunSpec {
+            algorithm: &algorithm,
+            domains: &domains,
+            target,
+            seed,
+            head: &head,
+            options: &options,
+        };
+        let simulated = run_one(&spec, |_| {}).unwrap();
         let over_mqtt = tokio::time::timeout(
             std::time::Duration::from_secs(120),
-            run_one_mqtt(&algorithm, &domains, target, seed, &head, &options, |_| {}),
+            run_one_mqtt(&spec, |_| {}),
         )
         .await
         .expect("federation timed out")

@@ -1,4 +1,4 @@
-//! FedDDL on the coordinator (ALGORITHMS.md §4, DEB): the global causal prototypes `U_G`.
+//! FedDDL on the coordinator (docs/algorithms.md §4, DEB): the global causal prototypes `U_G`.
 //!
 //! Each client sends, per class, how many object-only inputs it has and the mean of their
 //! projector features under the round's global head. **Choice**: `U_G^k` is the count-weighted

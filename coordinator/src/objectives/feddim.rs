@@ -1,4 +1,4 @@
-//! FedDIM on the coordinator (ALGORITHMS.md §3): class-mean insight matrices rebuilt exactly
+//! FedDIM on the coordinator (docs/algorithms.md §3): class-mean insight matrices rebuilt exactly
 //! from each client's compact statistics, averaged per class, smoothed with momentum.
 //!
 //! Shapes: a classifier weight `W` is `[H, K]` row-major (`W[j][k]`); class means are

@@ -165,7 +165,7 @@ pub fn aggregate_files(
 mod tests {
     use super::*;
 
-    /// The worked example of ALGORITHMS.md §2 as files: equal counts make `p_u = 1/3`, so the
+    /// The worked example of docs/algorithms.md §2 as files: equal counts make `p_u = 1/3`, so the
     /// deltas are `3·g_u`; `η_ref = 0.5` is `global_lr = 0.5 / 3`.
     pub(crate) fn worked_example(dir: &Path) {
         let g = [

@@ -1,4 +1,4 @@
-//! FedAvg (ALGORITHMS.md §1): the sample-weighted mean of the deltas, applied at once.
+//! FedAvg (docs/algorithms.md §1): the sample-weighted mean of the deltas, applied at once.
 
 use super::{Aggregated, AggregationReport, Failure, Strategy, apply, weighted_mean_delta};
 use crate::updates::RoundUpdates;

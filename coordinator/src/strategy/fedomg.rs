@@ -1,4 +1,4 @@
-//! FedOMG: on-server gradient matching (ALGORITHMS.md §2).
+//! FedOMG: on-server gradient matching (docs/algorithms.md §2).
 //!
 //! Two solvers for the same objective over the client weights `Γ`:
 //! - `reference` reproduces the authors' code (CAGrad's): 21 evaluations of the objective with
@@ -280,7 +280,7 @@ fn softmax(w: &[f64]) -> Vec<f64> {
     e.iter().map(|x| x / sum).collect()
 }
 
-/// FedOMG as a server strategy: `θ ← θ + global_lr · N · g_out` (ALGORITHMS.md §2 **Choice**:
+/// FedOMG as a server strategy: `θ ← θ + global_lr · N · g_out` (docs/algorithms.md §2 **Choice**:
 /// `global_lr` is in FedAvg units, so `κ = 0, global_lr = 1` is exactly FedAvg).
 ///
 /// The Gram matrix `G_uv = p_u p_v Δ_u·Δ_v` comes from the dot products streamed while the

@@ -1,4 +1,4 @@
-//! Dot products between client deltas: all FedOMG's solver needs (ALGORITHMS.md §2).
+//! Dot products between client deltas: all FedOMG's solver needs (docs/algorithms.md §2).
 //!
 //! Rows live in one contiguous f32 arena (`rows[i·m .. (i+1)·m]`). [`cross_dots`] computes a
 //! block of new rows against earlier rows. It is written so that the value of one pair's dot

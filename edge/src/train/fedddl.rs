@@ -1,4 +1,4 @@
-//! FedDDL's building blocks on the device (ALGORITHMS.md §4): DEC's counterfactual images and
+//! FedDDL's building blocks on the device (docs/algorithms.md §4): DEC's counterfactual images and
 //! DEB's contrastive regulariser against causal prototypes.
 //!
 //! - **DEC**: the backgrounds of each class are split at random into `η` groups; a

@@ -1,4 +1,4 @@
-//! FedDIM on the device (ALGORITHMS.md §3): the insight term of the local loss and the compact
+//! FedDIM on the device (docs/algorithms.md §3): the insight term of the local loss and the compact
 //! class statistics sent with the update.
 //!
 //! The insight term is `(1/B) Σ_i ‖W ⊙ (z_i 1ᵀ) − Ī_{y_i}‖²_F` with `W` the `[H, K]` classifier

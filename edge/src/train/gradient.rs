@@ -1,4 +1,4 @@
-//! The gradient loop of cross-entropy, FedProx, FedDIM and FedDDL (ALGORITHMS.md §1, §3, §4):
+//! The gradient loop of cross-entropy, FedProx, FedDIM and FedDDL (docs/algorithms.md §1, §3, §4):
 //! one fresh SGD per round, shuffled batches per local epoch, the objective's extra terms
 //! added to the batch loss.
 //!

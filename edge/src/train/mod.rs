@@ -1,4 +1,4 @@
-//! Local training of the head on cached backbone features (ALGORITHMS.md §1, §3–5): the entry
+//! Local training of the head on cached backbone features (docs/algorithms.md §1, §3–5): the entry
 //! points and the dispatch to the objectives.
 //!
 //! SGD with PyTorch semantics ([`sgd`]), mean cross-entropy, and per objective: FedProx's

@@ -1,4 +1,4 @@
-//! Stable-FedADG's building blocks on the device (ALGORITHMS.md §5): the adversarial losses of
+//! Stable-FedADG's building blocks on the device (docs/algorithms.md §5): the adversarial losses of
 //! the feature extractor, discriminator and generator, and stable learning's sample weights
 //! that decorrelate Random Fourier Features of the projector output.
 //!
