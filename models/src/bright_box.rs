@@ -18,11 +18,10 @@
 //!
 //! With no pixel above the threshold, `x1 = 1 > x2 = 0`: an empty box.
 
-use prost::Message;
 use tract_onnx::pb;
 
 use crate::card::{Layout, ModelCard};
-use crate::generate::{int, ints, node, tensor, value_info};
+use crate::generate::{encode_model, int, ints, node, tensor, value_info};
 
 /// The card of the bright-box detector for single-channel `h × w` inputs on the scale
 /// `0..=raw_max`.
@@ -115,18 +114,7 @@ pub fn bright_box_onnx(h: usize, w: usize, threshold: f32) -> Vec<u8> {
         output: vec![value_info("boxes", &[None, Some(4)])],
         ..Default::default()
     };
-    let model = pb::ModelProto {
-        ir_version: 8,
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: String::new(),
-            version: 13,
-        }],
-        producer_name: "fedge-models".into(),
-        producer_version: "1".into(),
-        graph: Some(graph),
-        ..Default::default()
-    };
-    model.encode_to_vec()
+    encode_model(graph)
 }
 
 #[cfg(test)]

@@ -87,6 +87,20 @@ pub fn digits_conv_onnx() -> Vec<u8> {
         output: vec![value_info("features", &[None, Some(512)])],
         ..Default::default()
     };
+    encode_model(graph)
+}
+
+/// Writes `digits-conv.onnx` and `digits-conv.toml` into `dir`; returns the card's path.
+pub fn write_digits_conv(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("digits-conv.onnx"), digits_conv_onnx())?;
+    let card_path = dir.join("digits-conv.toml");
+    std::fs::write(&card_path, digits_conv_card().to_toml())?;
+    Ok(card_path)
+}
+
+/// The ONNX file of `graph`: IR version 8, opset 13, produced by this crate.
+pub(crate) fn encode_model(graph: pb::GraphProto) -> Vec<u8> {
     let model = pb::ModelProto {
         ir_version: 8,
         opset_import: vec![pb::OperatorSetIdProto {
@@ -99,15 +113,6 @@ pub fn digits_conv_onnx() -> Vec<u8> {
         ..Default::default()
     };
     model.encode_to_vec()
-}
-
-/// Writes `digits-conv.onnx` and `digits-conv.toml` into `dir`; returns the card's path.
-pub fn write_digits_conv(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("digits-conv.onnx"), digits_conv_onnx())?;
-    let card_path = dir.join("digits-conv.toml");
-    std::fs::write(&card_path, digits_conv_card().to_toml())?;
-    Ok(card_path)
 }
 
 pub(crate) fn node(

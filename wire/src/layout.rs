@@ -100,6 +100,19 @@ impl HeadConfig {
         start..start + self.hidden * self.classes
     }
 
+    /// Where the classifier weight `W` (`[H, K]`) sits in a flat vector of `len` values that
+    /// ends with the classifier, counted from its end (`None` when `len` is too short): the
+    /// same range as [`HeadConfig::classifier_range`] for a whole head, for a reader that
+    /// knows `H` and `K` but not `F` (the coordinator's FedDIM side).
+    pub fn classifier_range_from_end(
+        len: usize,
+        hidden: usize,
+        classes: usize,
+    ) -> Option<std::ops::Range<usize>> {
+        let start = len.checked_sub(classes + hidden * classes)?;
+        Some(start..start + hidden * classes)
+    }
+
     /// Seeded initial parameters in the flat layout, drawn as PyTorch's `nn.Linear` does:
     /// weights and biases uniform in `±1/sqrt(fan_in)`.
     pub fn init_flat(&self, seed: u64) -> Vec<f32> {
@@ -227,6 +240,11 @@ mod tests {
         let head = HeadConfig::new(5, 3).with_hidden(4);
         assert_eq!(head.num_params(), 5 * 4 + 4 + 4 * 3 + 3);
         assert_eq!(head.classifier_range(), 24..36);
+        assert_eq!(
+            HeadConfig::classifier_range_from_end(head.num_params(), 4, 3),
+            Some(head.classifier_range())
+        );
+        assert_eq!(HeadConfig::classifier_range_from_end(14, 4, 3), None);
         let flat = head.init_flat(7);
         assert_eq!(flat.len(), head.num_params());
         assert!(flat[..20].iter().all(|v| v.abs() <= 1.0 / 5f32.sqrt()));

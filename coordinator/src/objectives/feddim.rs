@@ -13,7 +13,7 @@
 //! goes down with each task and into the checkpoint. Nothing here validates updates or knows
 //! about rounds.
 
-use fedge_wire::TensorF32;
+use fedge_wire::{HeadConfig, TensorF32};
 
 use super::ClientStats;
 use crate::updates::RoundUpdates;
@@ -149,11 +149,9 @@ impl GlobalInsight {
     pub fn fold(&mut self, params: &[f32], accepted: &RoundUpdates, stats: &ClientStats) {
         let config = self.config;
         let (h, k) = (config.hidden, config.classes);
-        let len = params.len();
-        let Some(start) = len.checked_sub(k + h * k) else {
+        let Some(w_range) = HeadConfig::classifier_range_from_end(params.len(), h, k) else {
             return;
         };
-        let w_range = start..start + h * k;
         let clients: Vec<ClientInsight> = (0..accepted.len())
             .filter_map(|i| {
                 let (counts, means) = stats.get(accepted.client(i))?;
