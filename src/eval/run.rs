@@ -64,6 +64,30 @@ pub struct RunSpec<'a> {
     pub options: &'a BenchOptions,
 }
 
+impl<'a> RunSpec<'a> {
+    /// The fields as a tuple, for a run's body.
+    #[allow(clippy::type_complexity)]
+    fn parts(
+        &self,
+    ) -> (
+        &'a Algorithm,
+        &'a [DomainData],
+        usize,
+        u64,
+        &'a HeadConfig,
+        &'a BenchOptions,
+    ) {
+        (
+            self.algorithm,
+            self.domains,
+            self.target,
+            self.seed,
+            self.head,
+            self.options,
+        )
+    }
+}
+
 impl Case<'_> {
     fn spec<'s>(&'s self, head: &'s HeadConfig, options: &'s BenchOptions) -> RunSpec<'s> {
         RunSpec {
@@ -158,14 +182,7 @@ pub async fn run_one_mqtt(
     spec: &RunSpec<'_>,
     mut on_round: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
-    let RunSpec {
-        algorithm,
-        domains,
-        target,
-        seed,
-        head,
-        options,
-    } = *spec;
+    let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed);
     let per_round = match options.scenario {
         Scenario::Lodo => None,
@@ -216,14 +233,7 @@ pub async fn run_one_mqtt(
 
 /// One run in process: `algorithm` with `domains[target]` held out.
 pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
-    let RunSpec {
-        algorithm,
-        domains,
-        target,
-        seed,
-        head,
-        options,
-    } = *spec;
+    let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed);
     let (fraction, per_round) = match options.scenario {
         Scenario::Lodo => (1.0, sources.len()),
