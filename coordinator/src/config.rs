@@ -223,8 +223,8 @@ pub enum InvalidConfig {
     #[error(transparent)]
     Strategy(#[from] crate::strategy::BuildError),
     /// The broker's TLS files.
-    #[error("{0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(fedge_mqtt::TlsError),
     /// `fraction` outside `(0, 1]`.
     #[error("fraction must be in (0, 1], got {0}")]
     Fraction(f32),

@@ -257,9 +257,9 @@ async fn watch(
 ) -> anyhow::Result<()> {
     use fedge_coordinator::io::watch::{WatchState, render};
     use rumqttc::{Event, Packet, QoS};
-    let mut broker = fedge_mqtt::BrokerConfig::parse_url(url).map_err(anyhow::Error::msg)?;
+    let mut broker = fedge_mqtt::BrokerConfig::parse_url(url)?;
     if let Some(ca) = ca_file {
-        broker.tls = Some(fedge_mqtt::TlsSettings::with_ca(ca).map_err(anyhow::Error::msg)?);
+        broker.tls = Some(fedge_mqtt::TlsSettings::with_ca(ca)?);
     }
     let topics = fedge_wire::Topics::new(federation)?;
     let id = format!("fedge-watch-{}", std::process::id());

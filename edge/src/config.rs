@@ -38,12 +38,12 @@ pub enum ConfigError {
         source: Box<toml::de::Error>,
     },
     /// The broker's TLS files are unreadable.
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {source}", path.display())]
     Tls {
         /// The file.
         path: PathBuf,
         /// Why.
-        message: String,
+        source: fedge_mqtt::TlsError,
     },
     /// The client id cannot be one MQTT topic level.
     #[error(
@@ -239,9 +239,9 @@ impl EdgeConfig {
         config
             .broker
             .load_tls(base)
-            .map_err(|message| ConfigError::Tls {
+            .map_err(|source| ConfigError::Tls {
                 path: path.to_owned(),
-                message,
+                source,
             })?;
         if let Some(key) = &config.key_file {
             config.key_file = Some(base.join(key));

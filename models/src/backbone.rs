@@ -42,12 +42,12 @@ pub enum BackboneError {
         message: String,
     },
     /// The images cannot be brought to the card's input.
-    #[error("backbone {name}: {message}")]
+    #[error("backbone {name}: {source}")]
     Adapt {
         /// Card name.
         name: String,
         /// What does not fit.
-        message: String,
+        source: crate::card::AdaptError,
     },
     /// The input does not have the card's size.
     #[error(
@@ -222,7 +222,10 @@ impl Backbone {
         if per_image == 0 || !raw_chw.len().is_multiple_of(per_image) {
             return Err(BackboneError::Adapt {
                 name: card.name.clone(),
-                message: format!("{} values are not whole {shape:?} images", raw_chw.len()),
+                source: crate::card::AdaptError::NotWholeImages {
+                    values: raw_chw.len(),
+                    shape,
+                },
             });
         }
         let images = raw_chw.len() / per_image;
@@ -233,9 +236,9 @@ impl Backbone {
             adapted.clear();
             for image in chunk.chunks_exact(per_image) {
                 card.adapt_chw(image, shape, source_max, &mut adapted)
-                    .map_err(|message| BackboneError::Adapt {
+                    .map_err(|source| BackboneError::Adapt {
                         name: card.name.clone(),
-                        message,
+                        source,
                     })?;
             }
             out.extend(self.run_batches(&adapted, plan_batch)?);

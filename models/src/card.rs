@@ -89,12 +89,74 @@ pub enum CardError {
         message: String,
     },
     /// Fields that contradict each other.
-    #[error("model card {path}: {message}")]
+    #[error("model card {path}: {reason}")]
     Invalid {
         /// Card path.
         path: PathBuf,
         /// What is wrong.
-        message: String,
+        reason: InvalidCard,
+    },
+}
+
+/// What is wrong with a card's fields.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidCard {
+    /// A size is zero.
+    #[error("channels, height, width and feature_size must be positive")]
+    ZeroSize,
+    /// `mean` or `std` has the wrong length.
+    #[error("mean and std need one value per channel ({channels}), got {mean} and {std}")]
+    PerChannel {
+        /// Channels.
+        channels: usize,
+        /// Values in `mean`.
+        mean: usize,
+        /// Values in `std`.
+        std: usize,
+    },
+    /// A `std` of zero or a non-finite value.
+    #[error("std must be finite and non-zero, scale finite")]
+    Scale,
+    /// `raw_max` not positive.
+    #[error("raw_max must be positive, got {0}")]
+    RawMax(f32),
+}
+
+/// An image that cannot be brought to a card's input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdaptError {
+    /// The values do not fill the stated shape.
+    #[error("an image of {values} values is not {c}x{h}x{w}")]
+    Shape {
+        /// Values given.
+        values: usize,
+        /// Channels stated.
+        c: usize,
+        /// Height stated.
+        h: usize,
+        /// Width stated.
+        w: usize,
+    },
+    /// A batch whose values are not a whole number of images.
+    #[error("{values} values are not whole {shape:?} images")]
+    NotWholeImages {
+        /// Values given.
+        values: usize,
+        /// `(channels, height, width)` of one image.
+        shape: (usize, usize, usize),
+    },
+    /// A detector's output is not whole boxes.
+    #[error("a detector returns 4 values (x1, y1, x2, y2) per box; its card says {0} per image")]
+    NotBoxes(usize),
+    /// Channels that cannot be mapped (only 1 ↔ any is converted).
+    #[error("{card} expects {expected} channels; images have {got} (only 1 <-> any is converted)")]
+    Channels {
+        /// The card's name.
+        card: String,
+        /// The card's channels.
+        expected: usize,
+        /// The images' channels.
+        got: usize,
     },
 }
 
@@ -109,9 +171,9 @@ impl ModelCard {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        card.check().map_err(|message| CardError::Invalid {
+        card.check().map_err(|reason| CardError::Invalid {
             path: path.to_owned(),
-            message,
+            reason,
         })?;
         Ok(card)
     }
@@ -134,23 +196,22 @@ impl ModelCard {
         self.channels * self.height * self.width
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), InvalidCard> {
         if self.channels == 0 || self.height == 0 || self.width == 0 || self.feature_size == 0 {
-            return Err("channels, height, width and feature_size must be positive".into());
+            return Err(InvalidCard::ZeroSize);
         }
         if self.mean.len() != self.channels || self.std.len() != self.channels {
-            return Err(format!(
-                "mean and std need one value per channel ({}), got {} and {}",
-                self.channels,
-                self.mean.len(),
-                self.std.len()
-            ));
+            return Err(InvalidCard::PerChannel {
+                channels: self.channels,
+                mean: self.mean.len(),
+                std: self.std.len(),
+            });
         }
         if self.std.iter().any(|s| !s.is_finite() || *s == 0.0) || !self.scale.is_finite() {
-            return Err("std must be finite and non-zero, scale finite".into());
+            return Err(InvalidCard::Scale);
         }
         if !(self.raw_max.is_finite() && self.raw_max > 0.0) {
-            return Err(format!("raw_max must be positive, got {}", self.raw_max));
+            return Err(InvalidCard::RawMax(self.raw_max));
         }
         Ok(())
     }
@@ -168,18 +229,21 @@ impl ModelCard {
         (c, h, w): (usize, usize, usize),
         source_max: f32,
         out: &mut Vec<f32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), AdaptError> {
         if image.len() != c * h * w || c == 0 || h == 0 || w == 0 {
-            return Err(format!(
-                "an image of {} values is not {c}x{h}x{w}",
-                image.len()
-            ));
+            return Err(AdaptError::Shape {
+                values: image.len(),
+                c,
+                h,
+                w,
+            });
         }
         if c != self.channels && c != 1 && self.channels != 1 {
-            return Err(format!(
-                "{} expects {} channels; images have {c} (only 1 <-> any is converted)",
-                self.name, self.channels
-            ));
+            return Err(AdaptError::Channels {
+                card: self.name.clone(),
+                expected: self.channels,
+                got: c,
+            });
         }
         let factor = if source_max > 0.0 {
             self.raw_max / source_max
@@ -320,12 +384,14 @@ mod tests {
         assert_eq!(out, [4.0, 2.0]);
         let err = c
             .adapt_chw(&[1.0; 5], (3, 1, 2), 16.0, &mut out)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not 3x1x2"), "{err}");
         c.channels = 2;
         let err = c
             .adapt_chw(&[1.0; 6], (3, 1, 2), 16.0, &mut out)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("expects 2 channels"), "{err}");
     }
 

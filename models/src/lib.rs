@@ -28,7 +28,7 @@ pub use adversarial::{
     AdversarialConfig, AdversarialModules, Discriminator, Generator, ModelLayout, NOISE,
 };
 pub use backbone::{Backbone, BackboneError};
-pub use card::{CardError, Layout, ModelCard};
+pub use card::{AdaptError, CardError, InvalidCard, Layout, ModelCard};
 pub use device::{
     Accelerator, Backend, CUDA_BUILT, SelectedDevice, select_device, training_device,
 };

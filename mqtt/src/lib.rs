@@ -8,10 +8,21 @@
 use std::time::Duration;
 
 mod tls;
-pub use tls::{TlsMaterial, TlsSettings};
+pub use tls::{TlsError, TlsMaterial, TlsSettings};
 
 use rumqttc::{AsyncClient, LastWill, MqttOptions, QoS};
 use serde::{Deserialize, Serialize};
+
+/// A broker URL that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    /// The port is not a number from 0 to 65535.
+    #[error("bad port in broker URL {0:?}")]
+    Port(String),
+    /// Nothing before the port.
+    #[error("no host in broker URL {0:?}; use mqtt://HOST:PORT")]
+    NoHost(String),
+}
 
 /// Where the broker is and how to talk to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,7 +81,7 @@ impl BrokerConfig {
     }
 
     /// Parses `mqtt://host:port`, `host:port` or `host` (port 1883).
-    pub fn parse_url(url: &str) -> Result<Self, String> {
+    pub fn parse_url(url: &str) -> Result<Self, UrlError> {
         let rest = url
             .strip_prefix("mqtt://")
             .or_else(|| url.strip_prefix("tcp://"))
@@ -80,20 +91,18 @@ impl BrokerConfig {
             Some((h, p)) => (
                 h,
                 p.parse::<u16>()
-                    .map_err(|_| format!("bad port in broker URL {url:?}"))?,
+                    .map_err(|_| UrlError::Port(url.to_owned()))?,
             ),
             None => (rest, default_port()),
         };
         if host.is_empty() {
-            return Err(format!(
-                "no host in broker URL {url:?}; use mqtt://HOST:PORT"
-            ));
+            return Err(UrlError::NoHost(url.to_owned()));
         }
         Ok(Self::at(host, port))
     }
 
     /// Reads the TLS files, if any, relative to `base` (the configuration file's folder).
-    pub fn load_tls(&mut self, base: &std::path::Path) -> Result<(), String> {
+    pub fn load_tls(&mut self, base: &std::path::Path) -> Result<(), TlsError> {
         match &mut self.tls {
             Some(tls) => tls.load(base),
             None => Ok(()),

@@ -35,22 +35,54 @@ pub struct TlsMaterial {
     pub client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-fn read_pem(path: &Path, what: &str, marker: &str) -> Result<Vec<u8>, String> {
-    let bytes =
-        std::fs::read(path).map_err(|e| format!("[broker.tls] {what} {}: {e}", path.display()))?;
+/// Why the TLS files cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file cannot be read.
+    #[error("[broker.tls] {what} {}: {source}", path.display())]
+    Read {
+        /// Which setting named the file.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file is not PEM, or lacks the block it must hold.
+    #[error("[broker.tls] {what} {} is not a PEM file with a {marker}", path.display())]
+    NotPem {
+        /// Which setting named the file.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The PEM block expected.
+        marker: &'static str,
+    },
+    /// A client certificate without its key or the other way round.
+    #[error("[broker.tls] client_cert and client_key go together")]
+    HalfClientIdentity,
+}
+
+fn read_pem(path: &Path, what: &'static str, marker: &'static str) -> Result<Vec<u8>, TlsError> {
+    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    })?;
     let text = String::from_utf8_lossy(&bytes);
     if !(text.contains("-----BEGIN ") && text.contains(marker)) {
-        return Err(format!(
-            "[broker.tls] {what} {} is not a PEM file with a {marker}",
-            path.display()
-        ));
+        return Err(TlsError::NotPem {
+            what,
+            path: path.to_owned(),
+            marker,
+        });
     }
     Ok(bytes)
 }
 
 impl TlsSettings {
     /// Settings with just a CA file, read at once.
-    pub fn with_ca(ca_file: impl Into<PathBuf>) -> Result<Self, String> {
+    pub fn with_ca(ca_file: impl Into<PathBuf>) -> Result<Self, TlsError> {
         let mut settings = Self {
             ca_file: ca_file.into(),
             client_cert: None,
@@ -62,7 +94,7 @@ impl TlsSettings {
     }
 
     /// Resolves the paths against `base` (the configuration file's folder) and reads them.
-    pub fn load(&mut self, base: &Path) -> Result<(), String> {
+    pub fn load(&mut self, base: &Path) -> Result<(), TlsError> {
         self.ca_file = base.join(&self.ca_file);
         let ca = read_pem(&self.ca_file, "ca_file", "CERTIFICATE")?;
         let client = match (&mut self.client_cert, &mut self.client_key) {
@@ -75,7 +107,7 @@ impl TlsSettings {
                     read_pem(key, "client_key", "PRIVATE KEY")?,
                 ))
             }
-            _ => return Err("[broker.tls] client_cert and client_key go together".into()),
+            _ => return Err(TlsError::HalfClientIdentity),
         };
         self.material = Some(Arc::new(TlsMaterial { ca, client }));
         Ok(())
@@ -115,17 +147,19 @@ mod tests {
             ca_file: "junk.pem".into(),
             ..ok.clone()
         };
-        let err = junk.load(dir.path()).unwrap_err();
+        let err = junk.load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("not a PEM file"), "{err}");
         let mut missing = TlsSettings {
             ca_file: "nope.pem".into(),
             ..ok.clone()
         };
-        assert!(missing.load(dir.path()).unwrap_err().contains("nope.pem"));
+        let err = missing.load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("nope.pem"), "{err}");
         let mut half = TlsSettings {
             client_cert: Some("ca.pem".into()),
             ..ok.clone()
         };
-        assert!(half.load(dir.path()).unwrap_err().contains("go together"));
+        let err = half.load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("go together"), "{err}");
     }
 }

@@ -103,8 +103,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             .broker
             .as_deref()
             .map(fedge_mqtt::BrokerConfig::parse_url)
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
+            .transpose()?,
         ..defaults
     };
     let data = demo::prepare(&options)?;

@@ -22,9 +22,7 @@ pub fn detector_masks(detector: &Backbone, images: &ImageSet) -> Result<Vec<u8>,
     if per_image == 0 || !per_image.is_multiple_of(4) {
         return Err(BackboneError::Adapt {
             name: detector.card().name.clone(),
-            message: format!(
-                "a detector returns 4 values (x1, y1, x2, y2) per box; its card says {per_image} per image"
-            ),
+            source: fedge_models::AdaptError::NotBoxes(per_image),
         });
     }
     let shape = (images.channels, images.height, images.width);

@@ -40,7 +40,7 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
         None => Default::default(),
     };
     let options = FleetOptions {
-        broker: fedge_mqtt::BrokerConfig::parse_url(&args.broker).map_err(anyhow::Error::msg)?,
+        broker: fedge_mqtt::BrokerConfig::parse_url(&args.broker)?,
         federation: args.federation.clone(),
         devices: args.devices,
         rounds: args.rounds,
