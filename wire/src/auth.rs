@@ -1,6 +1,6 @@
 //! Authentication: HMAC-SHA256 tags with per-device keys.
 //!
-//! A sealed message ([`crate::Kind::Sealed`]) wraps a complete inner frame (a round task or a
+//! A sealed message (`crate::Kind::Sealed`) wraps a complete inner frame (a round task or a
 //! client update, with its own envelope and CRC) and carries one tag per device:
 //! `HMAC-SHA256(key_device, DOMAIN | len(device) | device | inner frame)`.
 //!

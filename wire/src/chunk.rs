@@ -1,6 +1,6 @@
 //! Splitting frames larger than a broker's packet limit, and putting them back together.
 //!
-//! A chunk is itself a framed message of kind [`crate::Kind::Chunk`], so every piece carries
+//! A chunk is itself a framed message of kind `crate::Kind::Chunk`, so every piece carries
 //! its own CRC. The reassembler is sans-IO: time is passed in as milliseconds.
 
 use std::collections::{BTreeMap, HashMap};
@@ -37,7 +37,7 @@ const MIN_CHUNK_DATA: usize = 64;
 /// # Panics
 ///
 /// Panics when a frame that does not fit in `max_packet` is longer than `u32::MAX` bytes, which
-/// a chunk header cannot describe (and is far beyond [`crate::MAX_MESSAGE_BYTES`]).
+/// a chunk header cannot describe (and is far beyond `crate::MAX_MESSAGE_BYTES`).
 pub fn split_into_chunks(frame: Vec<u8>, message_id: u64, max_packet: usize) -> Vec<Vec<u8>> {
     if frame.len() <= max_packet {
         return vec![frame];

@@ -68,7 +68,7 @@ pub enum Message {
     RoundTask(RoundTask),
     /// Device to coordinator.
     ClientUpdate(ClientUpdate),
-    /// Part of a larger frame; feed it to a [`crate::Reassembler`].
+    /// Part of a larger frame; feed it to a `crate::Reassembler`.
     Chunk(Chunk),
     /// An authenticated inner frame; open it with [`Sealed::open`], then decode the inner
     /// frame.
@@ -99,7 +99,7 @@ pub struct Frame<'a> {
 /// Frames a message.
 ///
 /// The result may exceed [`MAX_MESSAGE_BYTES`] for huge tensors, in which case [`decode`]
-/// refuses it; callers publishing it should split it with [`crate::split_into_chunks`] anyway.
+/// refuses it; callers publishing it should split it with `crate::split_into_chunks` anyway.
 pub fn encode(message: &Message) -> Vec<u8> {
     // Room for the header, the trailer, the bulk of the body and a few varints and strings.
     let bulk = match message {

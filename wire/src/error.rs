@@ -6,7 +6,7 @@ pub enum DecodeError {
     /// Fewer bytes than the fixed header and trailer.
     #[error("payload too short: {0} bytes")]
     TooShort(usize),
-    /// Larger than [`crate::MAX_MESSAGE_BYTES`].
+    /// Larger than `crate::MAX_MESSAGE_BYTES`.
     #[error("payload too large: {0} bytes")]
     TooLarge(usize),
     /// Not a fedge payload.
@@ -16,7 +16,7 @@ pub enum DecodeError {
     #[error("unsupported protocol version {0}")]
     UnsupportedVersion(u8),
     /// A plain message where the receiver requires a sealed one (raised by receivers that
-    /// check the kind with [`crate::decode_frame`] first, never by [`crate::decode`]).
+    /// check the kind with `crate::decode_frame` first, never by `crate::decode`).
     #[error("message without an authentication tag")]
     Unauthenticated,
     /// Unknown message kind byte.

@@ -1,7 +1,7 @@
 //! The thin tokio driver: MQTT events, a timer and a stop signal in, the round machine's
 //! outputs out.
 //!
-//! Everything that decides lives in [`crate::round::Rounds`]; this file only maps I/O to the
+//! Everything that decides lives in `crate::round::Rounds`; this file only maps I/O to the
 //! machine's inputs and its outputs to publishes, logs and events.
 
 use std::time::{Duration, Instant};

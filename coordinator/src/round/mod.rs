@@ -130,7 +130,7 @@ impl Rounds {
     }
 
     /// Gives the machine a spill file for the deltas of rounds that outgrow
-    /// `update_memory_bytes` (see [`crate::updates::spill`]); the driver's side of the
+    /// `update_memory_bytes` (see `crate::updates::spill`); the driver's side of the
     /// machine's memory. Rounds opened after the call use it: give it before clients come
     /// online.
     pub fn set_spill(&mut self, file: SpillFile) {

@@ -46,7 +46,7 @@ pub struct RoundConfig {
     /// When unset, plain and sealed updates are both accepted (sealed ones unverified).
     pub auth: Option<Arc<DeviceKeys>>,
     /// Emit [`Output::Journal`] records (the opened round, each accepted update) for the driver
-    /// to write, so a restart can resume the open round with [`super::Rounds::restore_round`].
+    /// to write, so a restart can resume the open round with `super::Rounds::restore_round`.
     pub journal: bool,
     /// Updates whose delta norm passes this bound are rejected on arrival (`norm`); 0: no bound.
     pub max_update_norm: f64,

@@ -90,7 +90,7 @@ pub enum StateError {
 /// [`Strategy::inner`]; every method it does not write itself then goes to the inner strategy,
 /// so the forwarding is written once, here.
 ///
-/// Server-side evaluation on held-out data is the driver's [`crate::Evaluator`]: it needs data,
+/// Server-side evaluation on held-out data is the driver's `crate::Evaluator`: it needs data,
 /// which strategies never see.
 pub trait Strategy: Send {
     /// Name shown in status and metrics.

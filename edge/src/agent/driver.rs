@@ -1,4 +1,4 @@
-//! The device's MQTT loop: the I/O around the agent's state machine ([`super::machine`]).
+//! The device's MQTT loop: the I/O around the agent's state machine (`super::machine`).
 //!
 //! Connect with a Last Will that marks the device offline, feed the machine the broker's
 //! events, the training thread's results and the clock, and perform what it asks: subscribe,

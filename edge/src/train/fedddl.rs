@@ -17,7 +17,7 @@
 //! round, so FedDDL costs one extra backbone pass over the local data in all, not one per
 //! round; on a gateway running EfficientNet that pass takes minutes. Object-only inputs keep
 //! the object's pixels and set the background to 0 (black). The trainer's `L_J + λ L_CR` is in
-//! [`crate::train`]'s gradient loop, the prototypes' average in the coordinator.
+//! `crate::train`'s gradient loop, the prototypes' average in the coordinator.
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;

@@ -2,8 +2,8 @@
 //! one fresh SGD per round, shuffled batches per local epoch, the objective's extra terms
 //! added to the batch loss.
 //!
-//! It does not check its inputs (the dispatch in [`crate::train`] does) and does not run
-//! Stable-FedADG, whose schedule lives in [`crate::train::stable`].
+//! It does not check its inputs (the dispatch in `crate::train` does) and does not run
+//! Stable-FedADG, whose schedule lives in `crate::train::stable`.
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;

@@ -2,7 +2,7 @@
 //! hyper-parameters, the task's extras, seed, device), the state a device keeps between rounds
 //! and the outcome.
 //!
-//! Plain data only: the dispatch in [`crate::train`] runs a job.
+//! Plain data only: the dispatch in `crate::train` runs a job.
 
 use burn::prelude::*;
 use fedge_models::HeadConfig;
@@ -12,8 +12,8 @@ use super::fedddl::DdlViews;
 use super::stable::Memory;
 use crate::features::FeatureSet;
 
-/// One local round's inputs, passed as one value to [`crate::train::train_head`] and
-/// [`crate::train::train_local`].
+/// One local round's inputs, passed as one value to `crate::train::train_head` and
+/// `crate::train::train_local`.
 #[derive(Debug, Clone, Copy)]
 pub struct TrainJob<'a> {
     /// Head sizes.

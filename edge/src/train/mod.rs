@@ -6,7 +6,7 @@
 //! cross-entropy and contrastive regulariser ([`fedddl`]), or Stable-FedADG's own schedule
 //! ([`stable`]). A fresh optimiser is created for every round, as Flower clients do: momentum
 //! does not carry over between rounds. The objectives depend on [`sgd`], [`error`] and
-//! [`crate::features`], never on this dispatch.
+//! `crate::features`, never on this dispatch.
 
 pub mod error;
 pub mod fedddl;

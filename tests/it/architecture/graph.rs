@@ -3,8 +3,11 @@
 //! Nodes are a crate's files; a file has an edge to every file whose items it names
 //! (`use crate::…`, `super::…`, `self::…`, a child module's path). A `pub use` re-export is no
 //! dependency of its own: a path through it is followed to the file that defines the item.
-//! Paths inside inline modules (`mod tests { … }`) that stay in the file are not edges, and a
-//! binary's `main.rs` beside a `lib.rs` is a crate of its own.
+//! Intra-doc links count as paths, and a file of tests (`round/tests.rs`) counts like any file;
+//! paths inside inline modules (`mod tests { … }`) that stay in the file are not edges, and a
+//! binary's `main.rs` beside a `lib.rs` is a crate of its own. Cycles are looked for twice:
+//! between files, and between the sibling modules of every folder (a module standing for all
+//! the files below it).
 //!
 //! The parser is deliberately small: it reads paths as text, so it can be fooled by a path in
 //! a string or a comment; it never misses a `use` line.
@@ -33,8 +36,13 @@ pub struct SourceFile {
     pub path: PathBuf,
     /// Module path from the crate root (empty for `lib.rs`/`main.rs`).
     pub module: Vec<String>,
-    /// The text without comments and without the `#[cfg(test)]` module.
+    /// The text without comments and without the `#[cfg(test)]` module (empty for a file that
+    /// only holds tests, which is neither counted for length nor checked for I/O).
     pub code: String,
+    /// What the module graph reads: the text without its inline `#[cfg(test)]` module (a file
+    /// of tests, like `round/tests.rs`, is read whole), comments cut but the paths of
+    /// intra-doc links kept (a link is a dependency for rustdoc and for a reader).
+    pub graph_code: String,
     /// Lines of that text that are not blank.
     pub lines: usize,
     /// A binary's root beside a library (not part of the library's module graph).
@@ -75,19 +83,22 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<SourceFile>) {
                 module.pop();
             }
             let text = std::fs::read_to_string(&path).unwrap();
-            if is_test_file(&text) {
-                continue;
-            }
+            let test_file = is_test_file(&text);
             // A binary next to a library is a crate of its own: it only sees the library's
             // public paths, so it is counted for length but is no node of the library's graph.
             let binary = path.file_name().is_some_and(|n| n == "main.rs")
                 && path.with_file_name("lib.rs").exists();
-            let code = strip_tests(&strip_comments(&text));
+            let code = if test_file {
+                String::new()
+            } else {
+                strip_tests(&strip_comments(&text))
+            };
             let lines = code.lines().filter(|l| !l.trim().is_empty()).count();
             out.push(SourceFile {
                 path,
                 module,
                 code,
+                graph_code: keep_doc_links(&strip_tests(&text)),
                 lines,
                 binary,
             });
@@ -107,6 +118,25 @@ fn strip_comments(text: &str) -> String {
             // Keep `//` inside strings such as URLs: only cut when no quote precedes it.
             Some(i) if !line[..i].contains('"') => &line[..i],
             _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Comments cut, each replaced by the paths its intra-doc links name (``[`crate::a::B`]``).
+fn keep_doc_links(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(i) if !line[..i].contains('"') => {
+                let links: Vec<&str> = line[i..]
+                    .split("[`")
+                    .skip(1)
+                    .filter_map(|rest| rest.split_once("`]").map(|(link, _)| link))
+                    .filter(|link| link.contains("::"))
+                    .collect();
+                format!("{} {}", &line[..i], links.join(" "))
+            }
+            _ => line.to_owned(),
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -163,7 +193,7 @@ fn referenced_paths(
         .is_some_and(|n| n == "mod.rs" || n == "lib.rs" || n == "main.rs");
     // The module that `super` and `self` refer to.
     let here: Vec<String> = file.module.clone();
-    for (statement, nesting) in statements(&file.code) {
+    for (statement, nesting) in statements(&file.graph_code) {
         let reexport = statement.trim_start().starts_with("pub use")
             || statement.trim_start().starts_with("pub(crate) use");
         for path in paths_in(&statement) {
@@ -451,7 +481,65 @@ pub fn file_graph(files: &[&SourceFile]) -> BTreeMap<usize, BTreeSet<usize>> {
 pub fn cycles(files: &[SourceFile]) -> Vec<Vec<PathBuf>> {
     let files: Vec<&SourceFile> = files.iter().filter(|f| !f.binary).collect();
     let graph = file_graph(&files);
-    // Tarjan's algorithm.
+    components(files.len(), &graph)
+        .into_iter()
+        .map(|c| {
+            let mut paths: Vec<PathBuf> = c.into_iter().map(|i| files[i].path.clone()).collect();
+            paths.sort();
+            paths
+        })
+        .collect()
+}
+
+/// Every cycle between sibling modules: for each folder (the crate root included), its child
+/// modules, each standing for all the files below it, with an edge where a file of one names
+/// a file of another. Returns `folder: a ↔ b ↔ …` lines.
+pub fn module_cycles(files: &[SourceFile]) -> Vec<String> {
+    let files: Vec<&SourceFile> = files.iter().filter(|f| !f.binary).collect();
+    let graph = file_graph(&files);
+    let folders: BTreeSet<&[String]> = files
+        .iter()
+        .filter(|f| !f.module.is_empty())
+        .map(|f| &f.module[..f.module.len() - 1])
+        .collect();
+    let mut out = Vec::new();
+    for folder in folders {
+        let depth = folder.len();
+        // The child module of `folder` that file `i` belongs to, if it is below `folder`.
+        let child = |i: usize| -> Option<&String> {
+            let m = &files[i].module;
+            (m.len() > depth && m[..depth] == *folder).then(|| &m[depth])
+        };
+        let names: Vec<&String> = (0..files.len())
+            .filter_map(child)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let index = |name: &String| names.iter().position(|n| *n == name);
+        let mut modules: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+        for (from, targets) in &graph {
+            let Some(a) = child(*from).and_then(index) else {
+                continue;
+            };
+            for to in targets {
+                if let Some(b) = child(*to).and_then(index)
+                    && a != b
+                {
+                    modules.entry(a).or_default().insert(b);
+                }
+            }
+        }
+        for component in components(names.len(), &modules) {
+            let mut cycle: Vec<&str> = component.iter().map(|&i| names[i].as_str()).collect();
+            cycle.sort();
+            out.push(format!("{}: {}", folder.join("/"), cycle.join(" ↔ ")));
+        }
+    }
+    out
+}
+
+/// Strongly connected components of more than one node (Tarjan's algorithm).
+fn components(nodes: usize, graph: &BTreeMap<usize, BTreeSet<usize>>) -> Vec<Vec<usize>> {
     struct State<'a> {
         graph: &'a BTreeMap<usize, BTreeSet<usize>>,
         index: BTreeMap<usize, usize>,
@@ -495,7 +583,7 @@ pub fn cycles(files: &[SourceFile]) -> Vec<Vec<PathBuf>> {
         }
     }
     let mut state = State {
-        graph: &graph,
+        graph,
         index: BTreeMap::new(),
         low: BTreeMap::new(),
         stack: Vec::new(),
@@ -503,20 +591,12 @@ pub fn cycles(files: &[SourceFile]) -> Vec<Vec<PathBuf>> {
         next: 0,
         out: Vec::new(),
     };
-    for v in 0..files.len() {
+    for v in 0..nodes {
         if !state.index.contains_key(&v) {
             visit(&mut state, v);
         }
     }
-    state
-        .out
-        .into_iter()
-        .map(|c| {
-            let mut paths: Vec<PathBuf> = c.into_iter().map(|i| files[i].path.clone()).collect();
-            paths.sort();
-            paths
-        })
-        .collect()
+    state.out
 }
 
 /// Names that mean I/O or a clock.

@@ -5,7 +5,7 @@ mod graph;
 
 use std::path::{Path, PathBuf};
 
-use graph::{CRATES, MAX_LINES, SourceFile, cycles, io_names, read_crate};
+use graph::{CRATES, MAX_LINES, SourceFile, cycles, io_names, module_cycles, read_crate};
 
 fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -26,9 +26,13 @@ fn shown(path: &Path) -> String {
 fn no_crate_has_a_module_cycle() {
     let mut found = Vec::new();
     for folder in CRATES {
-        for cycle in cycles(&crate_files(folder)) {
+        let files = crate_files(folder);
+        for cycle in cycles(&files) {
             let names: Vec<String> = cycle.iter().map(|p| shown(p)).collect();
             found.push(names.join(" ↔ "));
+        }
+        for cycle in module_cycles(&files) {
+            found.push(format!("{folder}/src/{cycle}"));
         }
     }
     assert!(found.is_empty(), "module cycles:\n{}", found.join("\n"));
@@ -103,4 +107,23 @@ fn the_checker_sees_a_cycle_and_a_clean_layering() {
     let found = cycles(&read_crate(src));
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].len(), 3);
+
+    // Folders: no file cycle, but `p` (through its test file) and `q` name each other.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let write = |name: &str, text: &str| {
+        let path = src.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("lib.rs", "mod p;\nmod q;\n");
+    write("p/mod.rs", "mod tests;\npub struct P;\n");
+    write(
+        "p/tests.rs",
+        "use crate::q::Q;\n#[test]\nfn t() { let _ = Q; }\n",
+    );
+    write("q/mod.rs", "pub struct Q(crate::p::P);\n");
+    let files = read_crate(src);
+    assert!(cycles(&files).is_empty());
+    assert_eq!(module_cycles(&files), [": p ↔ q"]);
 }
