@@ -66,7 +66,6 @@ pub struct RunSpec<'a> {
 
 impl<'a> RunSpec<'a> {
     /// The fields as a tuple, for a run's body.
-    #[allow(clippy::type_complexity)]
     fn parts(
         &self,
     ) -> (
