@@ -35,7 +35,7 @@ pub async fn run_agent(
         tracing::warn!(client = %setup.client_id, "{reason}");
     }
     let (will_topic, will) = agent.last_will();
-    let will = LastWill::new(will_topic, json(&will), QoS::AtLeastOnce, true);
+    let will = LastWill::new(will_topic, json(&will, &setup), QoS::AtLeastOnce, true);
     let mut options = setup
         .broker
         .options(&format!("fedge-edge-{}", setup.client_id), Some(will));
@@ -101,7 +101,7 @@ fn perform(
                 }
             }
             Output::Status { topic, status } => {
-                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status));
+                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status, setup));
             }
             Output::Update { topic, frame, seq } => {
                 // Each chunk carries the device's tag, so forged chunks are refused one by one.
@@ -168,11 +168,14 @@ fn spawn_training(
     });
 }
 
-/// The status document, stamped with the current time.
-fn json(status: &EdgeStatus) -> String {
-    let stamped = EdgeStatus {
+/// The status document, stamped with the current time and, with a key, signed.
+fn json(status: &EdgeStatus, setup: &AgentSetup) -> String {
+    let mut stamped = EdgeStatus {
         updated_at: fedge_mqtt::now_rfc3339(),
         ..status.clone()
     };
+    if let Some(key) = &setup.key {
+        stamped.sign(&setup.federation, key);
+    }
     serde_json::to_string(&stamped).unwrap_or_default()
 }
