@@ -138,6 +138,16 @@ fn spawn_training(
         setup.device.device.clone(),
     );
     let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // At the round's deadline training stops: its update would arrive after the round closed.
+    let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let deadline = std::time::Duration::from_millis(task.deadline_ms);
+    let timer = {
+        let cancel = Arc::clone(&cancel);
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
     tokio::task::spawn_blocking(move || {
         let start = Instant::now();
         let global = task.params.to_vec();
@@ -152,11 +162,13 @@ fn spawn_training(
         };
         let job = TrainJob::new(&head, &global, &train, &task.train, &device)
             .with_inputs(inputs)
-            .with_seed(seed);
+            .with_seed(seed)
+            .with_cancel(&cancel);
         let mut state = state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = train_local(&job, &mut state);
+        timer.abort();
         let seconds = start.elapsed().as_secs_f32();
         let _ = done.send(Trained {
             round: task.round,
