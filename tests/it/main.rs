@@ -11,6 +11,7 @@ mod architecture;
 mod arm64;
 mod bad_input;
 mod bench_smoke;
+mod broker_hardening;
 mod check;
 mod dashboards;
 mod efficientnet;
