@@ -48,26 +48,13 @@ impl<'de> Deserialize<'de> for Password {
 /// Why `password_file` cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PasswordFileError {
-    /// The file cannot be read.
+    /// The file cannot be read, or group or others may read it.
     #[error("[broker] password_file {}: {source}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// Group or others may read the file.
-    #[error(
-        "[broker] password_file {} can be read by group or others (mode {mode:o}): run \
-         `chmod 600 {}` so that only its owner can",
-        path.display(),
-        path.display()
-    )]
-    Readable {
-        /// The file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
+        /// Why (the fix, for a file others may read).
+        source: fedge_daemon::SecretError,
     },
     /// The file is empty, or holds more than one line.
     #[error("[broker] password_file {} must hold the password on one line", path.display())]
@@ -80,26 +67,10 @@ pub enum PasswordFileError {
 /// Reads the password from `path`: one line (a final newline is dropped), in a file only its
 /// owner may read.
 pub fn read_password_file(path: &Path) -> Result<Password, PasswordFileError> {
-    let read_error = |source| PasswordFileError::Read {
+    let text = fedge_daemon::read_secret(path).map_err(|source| PasswordFileError::Read {
         path: path.to_owned(),
         source,
-    };
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path)
-            .map_err(read_error)?
-            .permissions()
-            .mode()
-            & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(PasswordFileError::Readable {
-                path: path.to_owned(),
-                mode,
-            });
-        }
-    }
-    let text = std::fs::read_to_string(path).map_err(read_error)?;
+    })?;
     let line = text
         .strip_suffix('\n')
         .map(|l| l.strip_suffix('\r').unwrap_or(l))
