@@ -60,7 +60,7 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         Err(e) => fail("key", format!("{e:#}")),
     });
     checks.push(match &config.broker.tls {
-        Some(tls) => pass("tls", format!("CA {}", tls.ca_file.display())),
+        Some(tls) => pass("tls", format!("CA: {}", tls.roots())),
         None => pass("tls", "plain TCP to the broker".into()),
     });
     checks.push(check_cache(config.cache_dir.as_deref()));

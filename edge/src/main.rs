@@ -75,7 +75,11 @@ fn main() -> anyhow::Result<()> {
             let path = std::path::absolute(&config)?;
             print!(
                 "{}",
-                fedge_edge::resources::systemd_unit(&path, &profile.resources)
+                fedge_edge::resources::systemd_unit(
+                    &path,
+                    &profile.resources,
+                    profile.device == fedge_models::Accelerator::Cuda
+                )
             );
         }
     }

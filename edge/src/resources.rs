@@ -122,13 +122,20 @@ pub fn over_budget(peak_mib: f64, budget_mb: u64) -> Option<String> {
 }
 
 /// The systemd unit for the profile at `config` (an absolute path), from
-/// `deploy/fedge-edge.service`, with the memory limits from the budget.
-pub fn systemd_unit(config: &Path, resources: &ResourceConfig) -> String {
-    const TEMPLATE: &str = include_str!("../../deploy/fedge-edge.service");
+/// `deploy/fedge-edge.service` (`deploy/fedge-edge-jetson.service` when the profile trains on
+/// CUDA: that one lets the agent reach the GPU's device nodes), with the memory limits from
+/// the budget.
+pub fn systemd_unit(config: &Path, resources: &ResourceConfig, cuda: bool) -> String {
+    const GENERIC: &str = include_str!("../../deploy/fedge-edge.service");
+    const JETSON: &str = include_str!("../../deploy/fedge-edge-jetson.service");
+    let template = if cuda { JETSON } else { GENERIC };
     let config = config.display().to_string();
-    let mut out = String::with_capacity(TEMPLATE.len() + 128);
-    for line in TEMPLATE.lines() {
+    let mut out = String::with_capacity(template.len() + 128);
+    for line in template.lines() {
         if line.starts_with("# Install:") || line.starts_with("# profile in") {
+            continue;
+        }
+        if line.starts_with("MemoryHigh=") {
             continue;
         }
         if line.starts_with("MemoryMax=") {
@@ -219,13 +226,20 @@ mod tests {
             memory_budget_mb: 200,
             ..Default::default()
         };
-        let unit = systemd_unit(Path::new("/etc/fedge/gw-7.toml"), &resources);
+        let unit = systemd_unit(Path::new("/etc/fedge/gw-7.toml"), &resources, false);
         assert!(unit.contains("MemoryHigh=200M\nMemoryMax=250M\n"), "{unit}");
         assert!(unit.contains("run --config /etc/fedge/gw-7.toml"), "{unit}");
         assert!(unit.contains("check --dry-run --config /etc/fedge/gw-7.toml"));
         assert!(!unit.contains("/etc/fedge/device.toml"));
         assert!(unit.contains("Restart=on-failure") && unit.contains("User=fedge"));
-        let unlimited = systemd_unit(Path::new("/p.toml"), &ResourceConfig::default());
+        assert!(unit.contains("PrivateDevices=true"));
+        let jetson = systemd_unit(Path::new("/etc/fedge/orin.toml"), &resources, true);
+        assert!(jetson.contains("SupplementaryGroups=video"), "{jetson}");
+        assert!(
+            jetson.contains("\nPrivateDevices=false") && !jetson.contains("\nPrivateDevices=true")
+        );
+        assert!(jetson.contains("MemoryHigh=200M\nMemoryMax=250M\n") && !jetson.contains("2048M"));
+        let unlimited = systemd_unit(Path::new("/p.toml"), &ResourceConfig::default(), false);
         assert!(!unlimited.contains("MemoryMax="), "{unlimited}");
     }
 }

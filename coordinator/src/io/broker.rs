@@ -26,7 +26,7 @@ impl Default for BrokerLimits {
     fn default() -> Self {
         Self {
             max_connections: 1_000,
-            max_payload: 1 << 20,
+            max_payload: fedge_mqtt::BROKER_MAX_PACKET,
             max_inflight: 100,
         }
     }

@@ -251,9 +251,9 @@ pub async fn run(
                 Ok(_) => {}
                 Err(e) => {
                     if connected {
-                        tracing::warn!(error = %e, "lost the broker; reconnecting");
+                        tracing::warn!(error = %fedge_mqtt::describe_error(&e), "lost the broker; reconnecting");
                     } else if backoff.is_fresh() {
-                        tracing::warn!(error = %e, "cannot connect to the broker; retrying with back-off");
+                        tracing::warn!(error = %fedge_mqtt::describe_error(&e), "cannot connect to the broker; retrying with back-off");
                     }
                     let delay = backoff.next_delay();
                     connected = false;

@@ -65,9 +65,9 @@ pub async fn run_agent(
                 Ok(_) => {}
                 Err(e) => {
                     if connected {
-                        tracing::warn!(client = %setup.client_id, error = %e, "lost the broker; reconnecting");
+                        tracing::warn!(client = %setup.client_id, error = %fedge_mqtt::describe_error(&e), "lost the broker; reconnecting");
                     } else if backoff.is_fresh() {
-                        tracing::warn!(client = %setup.client_id, error = %e, "cannot connect to the broker; retrying with back-off");
+                        tracing::warn!(client = %setup.client_id, error = %fedge_mqtt::describe_error(&e), "cannot connect to the broker; retrying with back-off");
                     }
                     connected = false;
                     tokio::time::sleep(backoff.next_delay()).await;
