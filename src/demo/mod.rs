@@ -1,4 +1,7 @@
-//! `fedge demo`: one command, a real federation.
+//! `fedge demo`: one command, a real federation; with `attack`, a hostile participant next to
+//! it ([`hostile`]).
+
+pub mod hostile;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -56,6 +59,10 @@ pub struct DemoOptions {
     pub auth: bool,
     /// Announce Home Assistant sensors.
     pub home_assistant: bool,
+    /// Attacks a hostile participant runs every round (none when empty).
+    pub attack: Vec<crate::attack::AttackKind>,
+    /// Packets per second per attack.
+    pub attack_rate: f64,
 }
 
 impl Default for DemoOptions {
@@ -79,6 +86,8 @@ impl Default for DemoOptions {
             per_round: None,
             auth: false,
             home_assistant: false,
+            attack: Vec::new(),
+            attack_rate: crate::attack::DEFAULT_RATE,
         }
     }
 }
@@ -133,6 +142,13 @@ pub struct DemoResult {
     pub num_params: usize,
     /// Wall-clock seconds of the federation (after data preparation).
     pub seconds: f64,
+    /// Per attack of the hostile participant: packets sent, rejections traced to it (the
+    /// coordinator's by reason, the broker's refusals) and the effects it observed.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub attacks: std::collections::BTreeMap<crate::attack::AttackKind, crate::attack::KindReport>,
+    /// Rejections traced to no attack, by reason.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub attacks_untraced: std::collections::BTreeMap<String, u64>,
 }
 
 /// One simulated device of a demo.
@@ -298,6 +314,16 @@ pub async fn run(
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
+    let mut hostile = (!options.attack.is_empty()).then(|| {
+        hostile::Hostile::start(
+            &broker,
+            &options.federation,
+            &options.attack,
+            options.attack_rate,
+            options.seed,
+            stop_rx.clone(),
+        )
+    });
     let mut agents = Vec::new();
     for client in &data.clients {
         let setup = AgentSetup {
@@ -345,8 +371,18 @@ pub async fn run(
                 let row = row_of(&report, target_accuracy);
                 on_round(&row);
                 rows.push(row);
+                // Abandoned rounds do not count towards `rounds`: a federation the attacks
+                // beat would run for ever, so the demo gives up after as many again.
+                let abandoned = rows.iter().filter(|r| r.target_accuracy.is_none()).count();
+                if hostile.is_some() && abandoned as u64 > options.rounds {
+                    tracing::warn!(abandoned, "the attacks stopped the federation; giving up");
+                    let _ = stop_tx.send(true);
+                }
             }
-            DriverEvent::Rejected { reason, .. } => {
+            DriverEvent::Rejected { client, reason, .. } => {
+                if let Some(hostile) = hostile.as_mut() {
+                    hostile.rejected(&client, reason);
+                }
                 *rejected.entry(reason.to_string()).or_insert(0u64) += 1
             }
         }
@@ -357,6 +393,10 @@ pub async fn run(
     for agent in agents {
         agent.await.context("edge task panicked")??;
     }
+    let hostile = match hostile {
+        Some(h) => h.finish().await?,
+        None => hostile::HostileReport::default(),
+    };
     let scored = scored.lock().map(|v| v.clone()).unwrap_or_default();
     for (row, val) in rows
         .iter_mut()
@@ -379,6 +419,8 @@ pub async fn run(
         rejected,
         num_params: initial_len,
         seconds,
+        attacks: hostile.attacks,
+        attacks_untraced: hostile.untraced,
     })
 }
 
