@@ -4,9 +4,10 @@
 //! attack add a suffix), so a rejection for one of those ids belongs to that attack. The
 //! attacks that act under real devices' names (chunk-hijack and replay write on their update
 //! topics; a device that trains a stale task answers it under its own name) record a touch
-//! each time; a rejection for a real device goes to the attack that touched that device last,
-//! when the touch came at most [`TRACE_WINDOW_MS`] before it (the coordinator's reassembly
-//! timeout, after which an incomplete stream is rejected, plus margin). What is left is
+//! each time; a rejection for a real device goes to the attack that touched that device last
+//! among those that can cause its reason ([`AttackKind::causes`]), when the touch came at most
+//! [`TRACE_WINDOW_MS`] before it (the coordinator's reassembly timeout, after which an
+//! incomplete stream is rejected, plus margin). What is left is
 //! reported as not traced. `id-takeover` and the broker's refusals are counted by the attacks
 //! themselves (a connection refused or closed by the broker).
 
@@ -19,8 +20,8 @@ use super::view::Touch;
 /// How long after a touch a rejection for the touched device is traced to it.
 pub const TRACE_WINDOW_MS: u64 = 45_000;
 /// How much earlier than the touch a rejection may be stamped (the coordinator and the
-/// attacker see the same packet on different connections).
-const CLOCK_SLACK_MS: u64 = 2_000;
+/// attacker's observer see the same packet on different connections).
+const CLOCK_SLACK_MS: u64 = 500;
 
 /// A rejection by the coordinator, as the driver's events or the metrics reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +60,7 @@ pub fn trace(
     touches
         .iter()
         .filter(|t| t.client == rejection.client && kinds.contains(&t.kind))
+        .filter(|t| t.kind.causes(&rejection.reason))
         .filter(|t| {
             t.ms <= rejection.ms + CLOCK_SLACK_MS
                 && rejection.ms <= t.ms.saturating_add(TRACE_WINDOW_MS)
@@ -133,6 +135,8 @@ mod tests {
             touch(1_000, AttackKind::ChunkHijack, "site-0"),
             touch(5_000, AttackKind::Replay, "site-0"),
             touch(5_000, AttackKind::ChunkHijack, "site-1"),
+            touch(5_010, AttackKind::ChunkHijack, "site-2"),
+            touch(5_000, AttackKind::Replay, "site-2"),
         ];
         let cases = [
             (
@@ -153,7 +157,7 @@ mod tests {
                 Some(AttackKind::Replay),
             ),
             (
-                rejection(4_000, "site-1", "malformed"),
+                rejection(4_600, "site-1", "malformed"),
                 Some(AttackKind::ChunkHijack),
             ),
             (
@@ -162,6 +166,7 @@ mod tests {
             ),
             (rejection(60_000, "site-1", "incomplete"), None),
             (rejection(2_000, "site-2", "shape"), None),
+            (rejection(5_020, "site-1", "shape"), None),
         ];
         for (r, want) in cases {
             assert_eq!(trace("mallory", &kinds, &r, &touches), want, "{r:?}");

@@ -119,6 +119,27 @@ impl AttackKind {
         )
     }
 
+    /// The coordinator's rejection reasons this attack can cause for a real device whose
+    /// streams it touched: the decoding failures of forged chunks for `chunk-hijack`; an update
+    /// answering another round, a second one, or one from a device not selected for
+    /// `replay`; a device's own update answering an old task for `stale-task`.
+    pub fn causes(self, reason: &str) -> bool {
+        let reasons: &[&str] = match self {
+            AttackKind::ChunkHijack => &[
+                "malformed",
+                "bad_chunk",
+                "incomplete",
+                "version",
+                "wrong_kind",
+                "oversized",
+            ],
+            AttackKind::Replay => &["wrong_round", "duplicate", "not_selected", "replay"],
+            AttackKind::StaleTask => &["wrong_round", "replay"],
+            _ => &[],
+        };
+        reasons.contains(&reason)
+    }
+
     /// The client id this attack publishes under: `<prefix>-<name>` (made-up ids of the same
     /// attack add `-<suffix>` to it).
     pub fn client_id(self, prefix: &str) -> String {

@@ -1,6 +1,7 @@
 //! `fedge attack`: its flags, and the table and JSON around [`fedge::attack::run`]. The
 //! attacks themselves are the library's.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -52,6 +53,20 @@ pub struct AttackArgs {
     /// Seed of the payloads' randomness.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Connect with TLS, trusting this CA (PEM).
+    #[arg(long, help_heading = "TLS")]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for brokers that require one, with --client-key.
+    #[arg(
+        long,
+        requires = "ca_file",
+        requires = "client_key",
+        help_heading = "TLS"
+    )]
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "client_cert", help_heading = "TLS")]
+    pub client_key: Option<PathBuf>,
     #[command(flatten)]
     pub json: JsonArgs,
 }
@@ -64,7 +79,17 @@ fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
 
 /// Runs the attacks and prints the report.
 pub async fn run(args: AttackArgs) -> anyhow::Result<()> {
-    let broker = fedge_mqtt::BrokerConfig::parse_url(&args.broker)?;
+    let mut broker = fedge_mqtt::BrokerConfig::parse_url(&args.broker)?;
+    if let Some(ca_file) = &args.ca_file {
+        let mut tls = fedge_mqtt::TlsSettings {
+            ca_file: ca_file.clone(),
+            client_cert: args.client_cert.clone(),
+            client_key: args.client_key.clone(),
+            material: None,
+        };
+        tls.load(std::path::Path::new(""))?;
+        broker.tls = Some(tls);
+    }
     let kinds = attack::expand(&args.kind);
     anyhow::ensure!(
         args.rate.is_finite() && args.rate > 0.0,
