@@ -22,7 +22,8 @@
 //! spill_dir = "spill"           # optional: beyond that, a memory-mapped file here
 //! spill_max_mb = 16384          # the spill file's (sparse) size
 //! max_update_norm = 0.0        # reject deltas longer than this on arrival; 0 = off
-//! max_norm_ratio = 0.0         # drop deltas longer than this × the round's median norm; 0 = off
+//! max_norm_ratio = 10.0        # drop deltas longer than this × the round's lower median norm
+//! max_weight_ratio = 10.0      # cut sample counts above this × the round's lower median
 //! robust = "none"              # clip, trimmed-mean or median around the strategy
 //! home_assistant = false       # announce sensors through Home Assistant MQTT discovery
 //! clip_norm = 0.0              # clip: bound, 0 = the round's median norm
@@ -117,10 +118,14 @@ pub struct CoordinatorConfig {
     /// Updates with a longer delta are rejected on arrival (`norm`); 0: no bound.
     #[serde(default)]
     pub max_update_norm: f64,
-    /// Updates longer than this multiple of the round's median norm are dropped at its end
-    /// (`norm`, with 3 or more updates); 0: off.
-    #[serde(default)]
+    /// Updates longer than this multiple of the round's lower median norm are dropped at its
+    /// end (`norm`, with 2 or more updates); 0: off.
+    #[serde(default = "default_norm_ratio")]
     pub max_norm_ratio: f64,
+    /// Sample counts above this multiple of the round's lower median count are cut down to it
+    /// before aggregation; 0: off.
+    #[serde(default = "default_weight_ratio")]
+    pub max_weight_ratio: f64,
     /// Announce Home Assistant sensors (MQTT discovery under `homeassistant/`).
     #[serde(default)]
     pub home_assistant: bool,
@@ -169,6 +174,12 @@ impl Default for FedDimSettings {
     }
 }
 
+fn default_norm_ratio() -> f64 {
+    crate::round::DEFAULT_MAX_NORM_RATIO
+}
+fn default_weight_ratio() -> f64 {
+    crate::round::DEFAULT_MAX_WEIGHT_RATIO
+}
 fn default_spill_max_mb() -> usize {
     16 * 1024
 }
@@ -188,6 +199,9 @@ fn one() -> usize {
 fn default_timeout() -> f64 {
     60.0
 }
+
+/// Longest round: seven days.
+const MAX_ROUND_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -228,9 +242,30 @@ pub enum InvalidConfig {
     /// `fraction` outside `(0, 1]`.
     #[error("fraction must be in (0, 1], got {0}")]
     Fraction(f32),
-    /// A round timeout that is not a positive number of seconds.
-    #[error("round_timeout_s must be positive")]
-    RoundTimeout,
+    /// A round timeout outside 0.1 s ..= 7 days.
+    #[error("round_timeout_s must be between 0.1 and 604800 (7 days), got {0}")]
+    RoundTimeout(f64),
+    /// A quorum the selected clients can never reach.
+    #[error(
+        "min_updates = {min_updates} can never be reached: a round may select as few as \
+         min_clients = {min_clients}; lower min_updates or raise min_clients"
+    )]
+    Quorum {
+        /// The quorum asked for.
+        min_updates: usize,
+        /// The fewest clients a round selects.
+        min_clients: usize,
+    },
+    /// `[train]` out of range.
+    #[error(transparent)]
+    Train(#[from] fedge_wire::InvalidTrain),
+    /// The embedded broker on every interface.
+    #[error(
+        "embedded_broker listens without authentication or TLS; it may only listen on a \
+         loopback address (set [broker] host = \"127.0.0.1\"), got {0:?}. For a broker other \
+         machines reach, run mosquitto as docs/mosquitto.md shows"
+    )]
+    EmbeddedExposed(String),
     /// `[feddim]`'s `λ` or momentum.
     #[error("[feddim] needs lambda >= 0 and 0 <= momentum <= 1, got {lambda} and {momentum}")]
     FedDim {
@@ -302,8 +337,24 @@ impl CoordinatorConfig {
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
             return Err(InvalidConfig::Fraction(self.fraction));
         }
-        if !(self.round_timeout_s.is_finite() && self.round_timeout_s > 0.0) {
-            return Err(InvalidConfig::RoundTimeout);
+        if !(0.1..=MAX_ROUND_TIMEOUT_S).contains(&self.round_timeout_s) {
+            return Err(InvalidConfig::RoundTimeout(self.round_timeout_s));
+        }
+        if self.min_updates > self.min_clients.max(1) {
+            return Err(InvalidConfig::Quorum {
+                min_updates: self.min_updates,
+                min_clients: self.min_clients.max(1),
+            });
+        }
+        self.train.check()?;
+        if self.embedded_broker {
+            let loopback = match self.broker.host.parse::<std::net::IpAddr>() {
+                Ok(ip) => ip.is_loopback(),
+                Err(_) => self.broker.host == "localhost",
+            };
+            if !loopback {
+                return Err(InvalidConfig::EmbeddedExposed(self.broker.host.clone()));
+            }
         }
         let FedDimSettings { lambda, momentum } = self.feddim;
         if !(lambda.is_finite() && lambda >= 0.0 && (0.0..=1.0).contains(&momentum)) {
@@ -312,6 +363,7 @@ impl CoordinatorConfig {
         for (name, value) in [
             ("max_update_norm", self.max_update_norm),
             ("max_norm_ratio", self.max_norm_ratio),
+            ("max_weight_ratio", self.max_weight_ratio),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(InvalidConfig::NormBound { name, value });
@@ -329,6 +381,7 @@ impl CoordinatorConfig {
     /// The round machine's settings.
     pub fn round_config(&self) -> RoundConfig {
         RoundConfig {
+            federation: self.federation.clone(),
             rounds: self.rounds,
             fraction: self.fraction,
             min_clients: self.min_clients,
@@ -355,6 +408,7 @@ impl CoordinatorConfig {
             update_memory_bytes: self.update_memory_mb.saturating_mul(1 << 20),
             max_update_norm: self.max_update_norm,
             max_norm_ratio: self.max_norm_ratio,
+            max_weight_ratio: self.max_weight_ratio,
             ..RoundConfig::default()
         }
     }
@@ -376,7 +430,7 @@ mod tests {
     fn bad_values_name_the_field_to_fix() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
-        let base = "federation = \"f\"\n[head]\nfeatures = 4\nclasses = 2\n";
+        let head = "[head]\nfeatures = 4\nclasses = 2\n";
         for (extra, expected) in [
             ("fraction = 1.5\n", "fraction"),
             (
@@ -384,8 +438,25 @@ mod tests {
                 "expected one of `fedavg`, `fedavgm`, `fedomg`",
             ),
             ("federation2 = 1\n", "unknown field"),
+            ("round_timeout_s = 0.0001\n", "round_timeout_s"),
+            ("round_timeout_s = 1e300\n", "round_timeout_s"),
+            (
+                "min_clients = 2\nmin_updates = 3\n",
+                "min_updates = 3 can never be reached",
+            ),
+            (
+                "embedded_broker = true\n[broker]\nhost = \"0.0.0.0\"\n",
+                "loopback",
+            ),
+            ("[train]\nlearning_rate = nan\n", "learning_rate = NaN"),
+            ("[train]\nbatch_size = 0\n", "batch_size = 0"),
+            ("[train]\nlocal_epochs = 100000\n", "local_epochs"),
+            (
+                "[train]\nlearnig_rate = 0.1\n",
+                "unknown field `learnig_rate`",
+            ),
         ] {
-            std::fs::write(&path, format!("{extra}{base}")).unwrap();
+            std::fs::write(&path, format!("federation = \"f\"\n{extra}{head}")).unwrap();
             let err = CoordinatorConfig::load(&path).unwrap_err().to_string();
             assert!(err.contains(expected), "{extra:?}: {err}");
         }

@@ -146,9 +146,17 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     };
     let strategy = config.strategy.build()?;
     let mut round_config = config.round_config();
-    if let Some(keys) = config.device_keys()? {
-        tracing::info!(devices = keys.len(), "device authentication on");
-        round_config.auth = Some(std::sync::Arc::new(keys));
+    // A fresh federation's run; a resumed checkpoint brings its own.
+    round_config.run = rand::random();
+    match config.device_keys()? {
+        Some(keys) => {
+            tracing::info!(devices = keys.len(), "device authentication on");
+            round_config.auth = Some(std::sync::Arc::new(keys));
+        }
+        None => tracing::warn!(
+            "no [auth] keys_file: any client that reaches the broker can take part and nothing \
+             is authenticated; see docs/mosquitto.md and `fedge-coordinator keygen`"
+        ),
     }
     let checkpoint_path = config.state_dir.as_ref().map(|d| d.join("checkpoint.bin"));
     let journal_path = config.state_dir.as_ref().map(|d| d.join("journal.bin"));
@@ -181,15 +189,22 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         rounds.set_spill(file);
     }
     if let Some(path) = &journal_path {
-        let (log, ignored) = journal::read(path)?;
+        // Cuts a torn end off, so the resumed round's appends follow the last good record.
+        let (log, ignored) = journal::recover(path)?;
         if ignored > 0 {
-            tracing::warn!(
-                bytes = ignored,
-                "ignored a torn or damaged end of the journal"
-            );
+            tracing::warn!(bytes = ignored, "cut a torn or damaged end off the journal");
         }
-        if let Some((round, accepted)) = rounds.restore_round(log, 0) {
-            tracing::info!(round, accepted, "resuming the open round from the journal");
+        let logged = log.opened.as_ref().map(|o| o.round);
+        match rounds.restore_round(log, 0) {
+            Some((round, accepted)) => {
+                tracing::info!(round, accepted, "resuming the open round from the journal");
+            }
+            None if logged.is_some() => tracing::warn!(
+                round = logged,
+                "the journal belongs to an earlier round or to other parameters (was the \
+                 checkpoint moved away?); ignored, it is replaced when the next round opens"
+            ),
+            None => {}
         }
     }
     let options = DriverOptions {

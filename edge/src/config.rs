@@ -73,7 +73,7 @@ pub enum SetupError {
         /// The key file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        source: fedge_daemon::SecretError,
     },
     /// The key file does not hold a key.
     #[error("key_file {}: {source}", path.display())]
@@ -302,7 +302,7 @@ impl EdgeConfig {
         let Some(path) = &self.key_file else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path).map_err(|source| SetupError::KeyRead {
+        let text = fedge_daemon::read_secret(path).map_err(|source| SetupError::KeyRead {
             path: path.clone(),
             source,
         })?;

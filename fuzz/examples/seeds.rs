@@ -10,6 +10,7 @@ fn main() {
     let dir = std::path::Path::new("corpus/decode");
     std::fs::create_dir_all(dir).unwrap();
     let update = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        run: 9,
         round: 3,
         client_id: "dev".into(),
         seq: 1,
@@ -20,6 +21,8 @@ fn main() {
         prototypes: None,
     }));
     let task = fedge_wire::encode(&Message::RoundTask(RoundTask {
+        federation: "fuzz".into(),
+        run: 9,
         round: 3,
         selected: vec!["dev".into()],
         params: TensorF32::from_slice(&[1.0; 6]),
@@ -31,6 +34,7 @@ fn main() {
     // Protocol v4's packed tensors: an f16 and an int8 delta.
     let packed = |codec| {
         fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            run: 9,
             round: 3,
             client_id: "dev".into(),
             seq: 2,

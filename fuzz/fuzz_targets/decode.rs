@@ -4,7 +4,8 @@
 //! Input: `mode | body`. Mode 0 (mod 4): `body` is one payload. Mode 2: `body` is a payload
 //! without its CRC, which the target appends, so mutations reach the body decoders instead of
 //! stopping at the checksum. Odd modes: `body` is a sequence of `len u8 | sender u8 | payload`
-//! records fed to one reassembler, as a coordinator would see them from several devices.
+//! records fed to one reassembler, as a coordinator would see them from several devices, each
+//! chunk's tag checked first.
 #![no_main]
 
 use fedge_wire::{DeviceKey, Message, Reassembler};
@@ -23,7 +24,11 @@ fn open(payload: &[u8], key: &DeviceKey, depth: u8) {
         }
         Ok(Message::ClientUpdate(update)) => {
             let _ = update.delta.first_non_finite();
+            let _ = update.delta.first_beyond(1e9);
             let _ = update.delta.l2_norm();
+        }
+        Ok(Message::RoundTask(task)) => {
+            let _ = task.train.check();
         }
         _ => {}
     }
@@ -55,6 +60,8 @@ fuzz_target!(|data: &[u8]| {
         reassembler.expire(now);
         if let Ok(Message::Chunk(chunk)) = fedge_wire::decode(payload) {
             let sender = ["a", "b", "c"][*sender as usize % 3];
+            // Tags are checked before reassembly: any bytes, tagged or not, must not panic.
+            let _ = key.verify_chunk(sender, &chunk);
             if let Ok(Some(frame)) = reassembler.push(sender, chunk, now) {
                 open(&frame, &key, 0);
             }

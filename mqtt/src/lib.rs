@@ -173,19 +173,20 @@ pub struct PublishError {
     pub message: String,
 }
 
-/// Queues `frame` on `topic` at QoS 1, split into chunks of at most `max_packet` bytes.
-/// Returns the bytes queued. Never blocks: the client's request queue must be large enough
-/// (see [`REQUEST_QUEUE`]).
+/// Queues `frame` on `topic` at QoS 1, split into chunks of at most `max_packet` bytes, each
+/// tagged by `signer` (a device id and its key) when given. Returns the bytes queued. Never
+/// blocks: the client's request queue must be large enough (see [`REQUEST_QUEUE`]).
 pub fn publish_frame(
     client: &AsyncClient,
     topic: &str,
     frame: Vec<u8>,
-    message_id: u64,
-    max_packet: usize,
+    (message_id, max_packet): (u64, usize),
     retain: bool,
+    signer: Option<(&str, &fedge_wire::DeviceKey)>,
 ) -> Result<u64, PublishError> {
     let mut bytes = 0;
-    for piece in fedge_wire::split_into_chunks(frame, message_id, max_packet) {
+    let pieces = fedge_wire::split_into_tagged_chunks(frame, message_id, max_packet, signer);
+    for piece in pieces {
         bytes += piece.len() as u64;
         client
             .try_publish(topic, QoS::AtLeastOnce, retain, piece)

@@ -143,6 +143,7 @@ async fn device(
         let m = task.params.len();
         let delta: Vec<f32> = (0..m).map(|i| 1e-3 * ((i % 7) as f32 - 3.0)).collect();
         let mut frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            run: task.run,
             round: task.round,
             client_id: id.clone(),
             seq: task.round,
@@ -155,16 +156,9 @@ async fn device(
         if let Some(key) = &key {
             frame = fedge_wire::seal(frame, &[(id.as_str(), key)]);
         }
-        if publish_frame(
-            &client,
-            &update_topic,
-            frame,
-            task.round,
-            broker.max_packet,
-            false,
-        )
-        .is_ok()
-        {
+        let signer = key.as_ref().map(|k| (id.as_str(), k));
+        let packet = (task.round, broker.max_packet);
+        if publish_frame(&client, &update_topic, frame, packet, false, signer).is_ok() {
             sent.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -341,6 +341,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
             )?;
             let seconds = start.elapsed().as_secs_f64();
             let update = ClientUpdate {
+                run: task.run,
                 round: task.round,
                 client_id: source.name.clone(),
                 seq: task.round,

@@ -25,6 +25,7 @@ fn chunk(message_id: u64, index: u32, count: u32, total_len: u32, data: Vec<u8>)
         count,
         total_len,
         data,
+        tag: None,
     }))
 }
 

@@ -119,10 +119,15 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
             failed[0].1
         );
     }
-    std::fs::write(d.join("bad.key"), "zz").unwrap();
+    common::write_private(&d.join("bad.key"), "zz");
     let path = variant(d, |t| format!("key_file = \"bad.key\"\n{t}"));
     let failed = failures(&run_checks(&path, true));
     assert!(failed[0].1.contains("64 hex digits"), "{failed:?}");
+    // A key others may read is refused, with the fix.
+    std::fs::write(d.join("open.key"), "ab".repeat(32)).unwrap();
+    let path = variant(d, |t| format!("key_file = \"open.key\"\n{t}"));
+    let failed = failures(&run_checks(&path, true));
+    assert!(failed[0].1.contains("chmod 600"), "{failed:?}");
     // A broker nobody listens on: only the full check sees it.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

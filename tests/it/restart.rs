@@ -25,24 +25,21 @@ fn key(device: &str) -> DeviceKey {
     DeviceKey::from_bytes([device.as_bytes()[1]; 32])
 }
 
-fn frame(device: &str, round: u64) -> Vec<u8> {
+fn frame(device: &str, round: u64, run: u64) -> Vec<u8> {
     let m = head().num_params();
     let base = device.as_bytes()[1] as f32 * 0.01;
     let delta: Vec<f32> = (0..m)
         .map(|i| (base + round as f32 * 0.03) * ((i % 5) as f32 - 2.0))
         .collect();
     let num_samples = 10 + device.as_bytes()[1] as u32;
-    common::update_frame(common::client_update(
-        round,
-        device,
-        round,
-        num_samples,
-        &delta,
-    ))
+    common::update_frame(fedge_wire::ClientUpdate {
+        run,
+        ..common::client_update(round, device, round, num_samples, &delta)
+    })
 }
 
-fn sealed(device: &str, round: u64) -> Vec<u8> {
-    fedge_wire::seal(frame(device, round), &[(device, &key(device))])
+fn sealed(device: &str, round: u64, run: u64) -> Vec<u8> {
+    fedge_wire::seal(frame(device, round, run), &[(device, &key(device))])
 }
 
 fn write_config(dir: &Path, port: u16) -> PathBuf {
@@ -50,7 +47,7 @@ fn write_config(dir: &Path, port: u16) -> PathBuf {
         .iter()
         .map(|d| format!("{d} = \"{}\"\n", key(d).to_hex()))
         .collect();
-    std::fs::write(dir.join("devices.toml"), keys).unwrap();
+    common::write_private(&dir.join("devices.toml"), keys);
     let config = format!(
         "federation = \"{FEDERATION}\"\nstrategy = \"fedavg\"\nserver_momentum = 0.5\n\
          rounds = 2\nmin_clients = 3\nmin_updates = 3\nround_timeout_s = 120\nseed = 7\n\
@@ -94,7 +91,7 @@ fn uninterrupted() -> Vec<f32> {
     }
     for round in 1..=2 {
         for d in DEVICES {
-            m.handle_packet(d, &frame(d, round), 0);
+            m.handle_packet(d, &frame(d, round, 0), 0);
         }
     }
     assert_eq!(m.phase(), fedge_coordinator::Phase::Finished);
@@ -140,15 +137,23 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
         s.state == "training" && s.round == 1
     })
     .await;
+    // Updates answer the federation's run, which the task names (a random number).
+    client
+        .subscribe(topics.round_task(), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let run = common::wait_task(&mut events, &topics.round_task())
+        .await
+        .run;
     for d in DEVICES {
-        send(d, sealed(d, 1)).await;
+        send(d, sealed(d, 1, run)).await;
     }
     // A forged update (d3's frame under d2's key) is rejected and changes nothing.
-    let forged = || fedge_wire::seal(frame("d3", 2), &[("d3", &key("d2"))]);
+    let forged = || fedge_wire::seal(frame("d3", 2, run), &[("d3", &key("d2"))]);
     send("d3", forged()).await;
     common::wait_status(&mut events, &status_topic, |s| s.round == 2).await;
-    send("d1", sealed("d1", 2)).await;
-    send("d2", sealed("d2", 2)).await;
+    send("d1", sealed("d1", 2, run)).await;
+    send("d2", sealed("d2", 2, run)).await;
     send("d3", forged()).await;
     let before = common::wait_status(&mut events, &status_topic, |s| {
         s.round == 2 && s.clients_reported == 2 && s.rejected_updates.get("bad_tag") == Some(&2)
@@ -163,7 +168,7 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
         .unwrap();
     assert_eq!(saved.next_round, 2, "the checkpoint holds round 1's result");
     // Sent while the coordinator is down: the broker keeps it for the persistent session.
-    send("d3", sealed("d3", 2)).await;
+    send("d3", sealed("d3", 2, run)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let mut coordinator = start_coordinator(&config);

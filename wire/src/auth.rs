@@ -10,21 +10,28 @@
 //!   so a device can check that the task came from whoever holds its key; a device can forge
 //!   tasks for nobody but itself.
 //!
-//! Replay: the round id and the client id are inside the tagged inner frame, so a replayed
-//! update is a duplicate in its own round and stale in any later one.
-//! Chunking splits the sealed frame like any other; the tag covers the reassembled whole.
+//! Replay: the run, the round and the client id are inside the tagged inner frame, so a
+//! replayed update is a duplicate in its own round, stale in any later one, and foreign in
+//! another run or federation (each has its own random run number).
+//!
+//! Chunks: a device also tags every chunk of its update (`DeviceKey::chunk_tag`, over the
+//! chunk's header and bytes with its own domain), so the coordinator refuses a forged chunk
+//! on a device's topic before it enters reassembly; the sealed frame's tag still covers the
+//! reassembled whole.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::envelope::{Message, encode};
-use crate::messages::{Sealed, TAG_LEN, Tag};
+use crate::messages::{Chunk, Sealed, TAG_LEN, Tag};
 
 /// Bytes of a device key.
 pub const KEY_LEN: usize = 32;
 
 /// Domain separation for the tag input (a tag for another purpose never verifies here).
 const DOMAIN: &[u8] = b"fedge-auth-v1\0";
+/// Domain of a chunk's tag (a chunk tag never verifies as a message tag, nor the reverse).
+const CHUNK_DOMAIN: &[u8] = b"fedge-chunk-v1\0";
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -76,10 +83,14 @@ impl DeviceKey {
     }
 
     fn mac(&self, device: &str, inner: &[u8]) -> HmacSha256 {
+        self.mac_in(DOMAIN, device, inner)
+    }
+
+    fn mac_in(&self, domain: &[u8], device: &str, inner: &[u8]) -> HmacSha256 {
         // HMAC accepts keys of any length; 32 bytes never fails.
         let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.0)
             .expect("HMAC-SHA256 takes a key of any length");
-        mac.update(DOMAIN);
+        mac.update(domain);
         // Client ids are at most 64 bytes (`valid_client_id`); longer ones are cut to 255 in the
         // length byte but still hashed whole.
         mac.update(&[device.len().min(255) as u8]);
@@ -96,6 +107,29 @@ impl DeviceKey {
     /// Checks a tag in constant time.
     pub fn verify(&self, device: &str, inner: &[u8], tag: &[u8; TAG_LEN]) -> bool {
         self.mac(device, inner).verify_slice(tag).is_ok()
+    }
+
+    /// The tag of one chunk from `device`: over its message id, index, count, frame length and
+    /// bytes (everything but the tag itself).
+    pub fn chunk_tag(&self, device: &str, chunk: &Chunk) -> [u8; TAG_LEN] {
+        self.chunk_mac(device, chunk).finalize().into_bytes().into()
+    }
+
+    /// Whether `chunk` carries `device`'s valid tag (constant-time check).
+    pub fn verify_chunk(&self, device: &str, chunk: &Chunk) -> bool {
+        match &chunk.tag {
+            Some(tag) => self.chunk_mac(device, chunk).verify_slice(tag).is_ok(),
+            None => false,
+        }
+    }
+
+    fn chunk_mac(&self, device: &str, chunk: &Chunk) -> HmacSha256 {
+        let mut mac = self.mac_in(CHUNK_DOMAIN, device, &chunk.message_id.to_le_bytes());
+        mac.update(&chunk.index.to_le_bytes());
+        mac.update(&chunk.count.to_le_bytes());
+        mac.update(&chunk.total_len.to_le_bytes());
+        mac.update(&chunk.data);
+        mac
     }
 }
 
@@ -204,5 +238,39 @@ mod tests {
             assert_eq!(forged.open("cam-1", &key(1)), Err(AuthError::BadTag));
         }
         assert!(sealed.names("cam-2") && !sealed.names("cam-3"));
+    }
+
+    #[test]
+    fn a_chunk_tag_covers_every_header_field_and_byte() {
+        let mut chunk = Chunk {
+            message_id: 9,
+            index: 1,
+            count: 3,
+            total_len: 300,
+            data: vec![7; 100],
+            tag: None,
+        };
+        assert!(
+            !key(1).verify_chunk("cam-1", &chunk),
+            "an untagged chunk never verifies"
+        );
+        chunk.tag = Some(key(1).chunk_tag("cam-1", &chunk));
+        assert!(key(1).verify_chunk("cam-1", &chunk));
+        assert!(!key(2).verify_chunk("cam-1", &chunk));
+        assert!(!key(1).verify_chunk("cam-2", &chunk));
+        let forgeries: [fn(&mut Chunk); 5] = [
+            |c| c.message_id += 1,
+            |c| c.index = 2,
+            |c| c.count = 4,
+            |c| c.total_len = 301,
+            |c| c.data[50] ^= 1,
+        ];
+        for forge in forgeries {
+            let mut forged = chunk.clone();
+            forge(&mut forged);
+            assert!(!key(1).verify_chunk("cam-1", &forged));
+        }
+        // A chunk tag is no message tag: the domains differ.
+        assert_ne!(chunk.tag, Some(key(1).tag("cam-1", &chunk.data)));
     }
 }

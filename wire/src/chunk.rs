@@ -5,9 +5,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::auth::DeviceKey;
 use crate::envelope::{HEADER_LEN, Message, TRAILER_LEN, encode};
 use crate::error::DecodeError;
-use crate::messages::Chunk;
+use crate::messages::{Chunk, TAG_LEN};
 
 /// Default largest MQTT payload fedge publishes: 128 KiB.
 pub const DEFAULT_MAX_PACKET: usize = 128 * 1024;
@@ -15,11 +16,14 @@ pub const DEFAULT_MAX_PACKET: usize = 128 * 1024;
 pub const DEFAULT_REASSEMBLY_TIMEOUT_MS: u64 = 30_000;
 /// Default number of partial frames a [`Reassembler`] holds at once.
 pub const DEFAULT_MAX_PENDING: usize = 64;
+/// Partial frames one sender may have in a [`Reassembler`] at once: a device sends one update
+/// at a time; two leave room for a retry overlapping an expiring stream.
+pub const MAX_PENDING_PER_SENDER: usize = 2;
 
 /// Largest framed chunk minus its data: the envelope plus the largest postcard header of a
 /// [`Chunk`] (varints of at most 10 bytes for the message id, 5 for each of index, count and
-/// total length, and 10 for the data length).
-const CHUNK_OVERHEAD: usize = HEADER_LEN + TRAILER_LEN + 10 + 3 * 5 + 10;
+/// total length, and 10 for the data length) and its optional tag (1 + 32 bytes).
+const CHUNK_OVERHEAD: usize = HEADER_LEN + TRAILER_LEN + 10 + 3 * 5 + 10 + 1 + TAG_LEN;
 
 /// Fewest data bytes a chunk carries, whatever the packet limit.
 ///
@@ -39,6 +43,21 @@ const MIN_CHUNK_DATA: usize = 64;
 /// Panics when a frame that does not fit in `max_packet` is longer than `u32::MAX` bytes, which
 /// a chunk header cannot describe (and is far beyond `crate::MAX_MESSAGE_BYTES`).
 pub fn split_into_chunks(frame: Vec<u8>, message_id: u64, max_packet: usize) -> Vec<Vec<u8>> {
+    split_into_tagged_chunks(frame, message_id, max_packet, None)
+}
+
+/// [`split_into_chunks`], each chunk tagged by `signer` (a device and its key) when given, so
+/// that a receiver holding the key refuses forged chunks one by one.
+///
+/// # Panics
+///
+/// As [`split_into_chunks`].
+pub fn split_into_tagged_chunks(
+    frame: Vec<u8>,
+    message_id: u64,
+    max_packet: usize,
+    signer: Option<(&str, &DeviceKey)>,
+) -> Vec<Vec<u8>> {
     if frame.len() <= max_packet {
         return vec![frame];
     }
@@ -51,13 +70,18 @@ pub fn split_into_chunks(frame: Vec<u8>, message_id: u64, max_packet: usize) -> 
     (0..count)
         .zip(frame.chunks(data_len))
         .map(|(index, data)| {
-            encode(&Message::Chunk(Chunk {
+            let mut chunk = Chunk {
                 message_id,
                 index,
                 count,
                 total_len,
                 data: data.to_vec(),
-            }))
+                tag: None,
+            };
+            if let Some((device, key)) = signer {
+                chunk.tag = Some(key.chunk_tag(device, &chunk));
+            }
+            encode(&Message::Chunk(chunk))
         })
         .collect()
 }
@@ -65,15 +89,20 @@ pub fn split_into_chunks(frame: Vec<u8>, message_id: u64, max_packet: usize) -> 
 /// Collects chunks per (sender, message id) until a frame is complete.
 ///
 /// Memory is bounded: a frame may not announce more than `max_bytes` bytes, the chunks of a
-/// frame may not add up to more than it announced, and at most [`DEFAULT_MAX_PENDING`] partial
-/// frames (see [`Reassembler::with_max_pending`]) are held at once. When a chunk of a new frame
-/// arrives and the reassembler is full, the partial frame whose first chunk arrived earliest is
-/// dropped. Callers should call [`Reassembler::expire`] periodically.
+/// frame may not add up to more than it announced, at most [`DEFAULT_MAX_PENDING`] partial
+/// frames (see [`Reassembler::with_max_pending`]) are held at once, and at most
+/// [`MAX_PENDING_PER_SENDER`] of them per sender. When a chunk of a new frame arrives and its
+/// sender already holds its share, or the reassembler is full and the sender holds any, that
+/// sender's oldest partial frame is dropped; when the reassembler is full and the sender holds
+/// none, the partial frame whose first chunk arrived earliest is dropped. So
+/// one sender flooding partial frames only ever evicts its own. Callers should call
+/// [`Reassembler::expire`] periodically.
 #[derive(Debug)]
 pub struct Reassembler {
     timeout_ms: u64,
     max_bytes: usize,
     max_pending: usize,
+    max_per_sender: usize,
     next_seq: u64,
     partial: HashMap<(String, u64), Partial>,
 }
@@ -120,6 +149,7 @@ impl Reassembler {
             timeout_ms,
             max_bytes,
             max_pending: DEFAULT_MAX_PENDING,
+            max_per_sender: MAX_PENDING_PER_SENDER,
             next_seq: 0,
             partial: HashMap::new(),
         }
@@ -159,6 +189,7 @@ impl Reassembler {
             count,
             total_len,
             data,
+            tag: _,
         } = chunk;
         if count == 0 {
             return Err(DecodeError::BadChunk("chunk count is zero"));
@@ -226,18 +257,25 @@ impl Reassembler {
             return partial.join().map(Some);
         }
         self.next_seq += 1;
+        let own = |r: &Self| r.partial.keys().filter(|(s, _)| s == sender).count();
+        while own(self) >= self.max_per_sender {
+            self.drop_oldest(Some(sender));
+        }
         while self.partial.len() >= self.max_pending {
-            self.drop_oldest();
+            // A full reassembler makes room from the sender's own frames first.
+            let whose = (own(self) > 0).then_some(sender);
+            self.drop_oldest(whose);
         }
         self.partial.insert(key, partial);
         Ok(None)
     }
 
-    /// Drops the partial frame whose first chunk arrived earliest.
-    fn drop_oldest(&mut self) {
+    /// Drops the partial frame whose first chunk arrived earliest, among `sender`'s if given.
+    fn drop_oldest(&mut self, sender: Option<&str>) {
         let oldest = self
             .partial
             .iter()
+            .filter(|((s, _), _)| sender.is_none_or(|sender| s == sender))
             .min_by_key(|(_, partial)| partial.seq)
             .map(|(key, _)| key.clone());
         if let Some(key) = oldest {
@@ -324,6 +362,7 @@ mod tests {
             count,
             total_len,
             data: data.to_vec(),
+            tag: None,
         }
     }
 
@@ -379,11 +418,20 @@ mod tests {
         // Varints at their widest: the largest id and a frame length needing five bytes.
         let max_packet = 4096;
         let frame = frame_of(300_000);
-        for piece in split_into_chunks(frame, u64::MAX, max_packet) {
-            assert!(piece.len() <= max_packet);
-            // The conservative overhead wastes few bytes: all but the last piece are nearly full.
-            let c = as_chunk(&piece);
-            assert!(piece.len() + 20 > max_packet || c.index + 1 == c.count);
+        let key = DeviceKey::from_bytes([1; 32]);
+        for signer in [None, Some(("a-device-id-of-some-length", &key))] {
+            let slack = if signer.is_some() {
+                20
+            } else {
+                20 + 1 + TAG_LEN
+            };
+            for piece in split_into_tagged_chunks(frame.clone(), u64::MAX, max_packet, signer) {
+                assert!(piece.len() <= max_packet);
+                // The conservative overhead wastes few bytes: all but the last piece are nearly
+                // full.
+                let c = as_chunk(&piece);
+                assert!(piece.len() + slack > max_packet || c.index + 1 == c.count);
+            }
         }
     }
 
@@ -404,6 +452,7 @@ mod tests {
     fn a_large_update_is_split_and_reassembled_into_the_same_message() {
         let values: Vec<f32> = (0..100_000).map(|i| i as f32 * 0.5).collect();
         let message = Message::ClientUpdate(ClientUpdate {
+            run: 1,
             round: 3,
             client_id: "cam-01".into(),
             seq: 1,
@@ -428,10 +477,11 @@ mod tests {
 
     #[test]
     fn reordered_and_duplicated_chunks_reassemble_the_frame() {
-        let frame = frame_of(1000);
+        let frame = frame_of(1100);
         let chunks = chunks_of(&frame, 200);
         let n = chunks.len();
-        assert!(n >= 5);
+        // `i ↦ 3i + 1 mod n` is a permutation when 3 does not divide n.
+        assert!(n >= 5 && !n.is_multiple_of(3), "{n} chunks");
         // Every chunk twice, in a scrambled order, the last one completing the frame.
         let order: Vec<usize> = (0..n).map(|i| (i * 3 + 1) % n).collect();
         let mut r = reassembler();
@@ -572,10 +622,11 @@ mod tests {
     #[test]
     fn a_full_reassembler_drops_its_oldest_partial_frame() {
         let mut r = reassembler();
+        let sender = |id: u64| format!("s{id}");
         for id in 0..DEFAULT_MAX_PENDING as u64 + 10 {
             let mut c = chunk(0, 2, 2, &[1]);
             c.message_id = id;
-            r.push("a", c, id).unwrap();
+            r.push(&sender(id), c, id).unwrap();
             assert!(r.pending() <= DEFAULT_MAX_PENDING);
         }
         assert_eq!(r.pending(), DEFAULT_MAX_PENDING);
@@ -585,15 +636,53 @@ mod tests {
             message_id: id,
             ..chunk(1, 2, 2, &[2])
         };
-        assert_eq!(r.push("a", second(9), 100), Ok(None));
+        assert_eq!(r.push(&sender(9), second(9), 100), Ok(None));
         assert_eq!(r.pending(), DEFAULT_MAX_PENDING);
         // Frame 11 is still there and completes.
-        assert_eq!(r.push("a", second(11), 100), Ok(Some(vec![1, 2])));
+        assert_eq!(r.push(&sender(11), second(11), 100), Ok(Some(vec![1, 2])));
         assert_eq!(r.pending(), DEFAULT_MAX_PENDING - 1);
         // Frame 10 is gone: its second chunk starts a new frame, with room to spare.
-        assert_eq!(r.push("a", second(10), 100), Ok(None));
+        assert_eq!(r.push(&sender(10), second(10), 100), Ok(None));
         assert_eq!(r.pending(), DEFAULT_MAX_PENDING);
         assert_eq!(r.expire(100 + TIMEOUT), DEFAULT_MAX_PENDING);
+    }
+
+    #[test]
+    fn a_flooding_sender_evicts_only_its_own_partial_frames() {
+        let mut r = reassembler().with_max_pending(8);
+        // Seven honest devices are halfway through their updates.
+        for d in 0..7u64 {
+            r.push(&format!("cam-{d}"), chunk(0, 2, 2, &[1]), d)
+                .unwrap();
+        }
+        // One sender opens a thousand streams it never completes.
+        for id in 0..1000u64 {
+            let mut c = chunk(0, 3, 3, &[9]);
+            c.message_id = 100 + id;
+            r.push("mallory", c, 10).unwrap();
+        }
+        assert_eq!(r.pending(), 8, "seven honest frames and one of mallory's");
+        // Every honest update still completes.
+        for d in 0..7u64 {
+            let done = r.push(&format!("cam-{d}"), chunk(1, 2, 2, &[2]), 20);
+            assert_eq!(done, Ok(Some(vec![1, 2])), "cam-{d}");
+        }
+    }
+
+    #[test]
+    fn tagged_chunks_carry_the_signers_tag_and_reassemble_as_plain_ones() {
+        let key = DeviceKey::from_bytes([3; 32]);
+        let frame = frame_of(1000);
+        let pieces = split_into_tagged_chunks(frame.clone(), 5, 300, Some(("cam-1", &key)));
+        let mut r = reassembler();
+        let mut out = None;
+        for piece in &pieces {
+            assert!(piece.len() <= 300, "{} bytes", piece.len());
+            let c = as_chunk(piece);
+            assert!(key.verify_chunk("cam-1", &c));
+            out = r.push("cam-1", c, 0).unwrap();
+        }
+        assert_eq!(out, Some(frame));
     }
 
     fn arb_chunk() -> impl Strategy<Value = Chunk> {
@@ -610,6 +699,7 @@ mod tests {
                 count,
                 total_len,
                 data,
+                tag: None,
             })
     }
 
@@ -642,7 +732,7 @@ mod tests {
         ) {
             let mut r = Reassembler::new(u64::MAX, usize::MAX);
             for (message_id, index, count, total_len, data) in chunks {
-                let _ = r.push("a", Chunk { message_id, index, count, total_len, data }, now);
+                let _ = r.push("a", Chunk { message_id, index, count, total_len, data, tag: None }, now);
                 r.expire(now);
             }
         }

@@ -17,7 +17,7 @@ use crate::messages::{Chunk, ClientUpdate, RoundTask, Sealed};
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version written by this crate and the only one it accepts.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -213,6 +213,8 @@ mod tests {
 
     fn round_task() -> RoundTask {
         RoundTask {
+            federation: "plant-7".into(),
+            run: 0x0123_4567_89ab_cdef,
             round: 7,
             selected: vec!["cam-01".into(), "cam-02".into(), "pi_3".into()],
             params: TensorF32::new(vec![2, 3], &[0.5, -1.0, 2.25, 0.0, 1e-3, -7.0]).unwrap(),
@@ -228,6 +230,7 @@ mod tests {
 
     fn client_update() -> ClientUpdate {
         ClientUpdate {
+            run: 0x0123_4567_89ab_cdef,
             round: 7,
             client_id: "cam-01".into(),
             seq: 42,
@@ -251,6 +254,7 @@ mod tests {
             count: 5,
             total_len: 1000,
             data: vec![1, 2, 3, 255],
+            tag: Some([0xab; 32]),
         }
     }
 
@@ -456,6 +460,7 @@ mod tests {
         // fixed fields, so re-encode by hand.
         let update = client_update();
         let mut body = Vec::new();
+        body.extend(postcard::to_allocvec(&update.run).unwrap());
         body.extend(postcard::to_allocvec(&update.round).unwrap());
         body.extend(postcard::to_allocvec(&update.client_id).unwrap());
         body.extend(postcard::to_allocvec(&update.seq).unwrap());
@@ -559,6 +564,7 @@ mod tests {
             train_loss in any::<f32>(),
         ) {
             let message = Message::ClientUpdate(ClientUpdate {
+                run: round.rotate_left(7),
                 round,
                 client_id,
                 seq,
@@ -584,6 +590,8 @@ mod tests {
             deadline_ms in any::<u64>(),
         ) {
             let message = Message::RoundTask(RoundTask {
+                federation: selected.first().cloned().unwrap_or_default(),
+                run: round.rotate_left(7),
                 round,
                 selected,
                 params,

@@ -1,4 +1,4 @@
-//! The fedge wire format, protocol version 4.
+//! The fedge wire format, protocol version 5.
 //!
 //! This crate defines what travels between devices and the coordinator: the binary messages
 //! (round task, client update), the JSON status documents, the envelope that frames every
@@ -25,8 +25,8 @@ mod topics;
 
 pub use auth::{AuthError, DeviceKey, KEY_LEN, KeyError, seal};
 pub use chunk::{
-    DEFAULT_MAX_PACKET, DEFAULT_MAX_PENDING, DEFAULT_REASSEMBLY_TIMEOUT_MS, Reassembler,
-    split_into_chunks,
+    DEFAULT_MAX_PACKET, DEFAULT_MAX_PENDING, DEFAULT_REASSEMBLY_TIMEOUT_MS, MAX_PENDING_PER_SENDER,
+    Reassembler, split_into_chunks, split_into_tagged_chunks,
 };
 pub use envelope::{
     Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION, decode, decode_checked,
@@ -35,7 +35,8 @@ pub use envelope::{
 pub use error::{DecodeError, UnknownName};
 pub use layout::{HeadConfig, ModelLayout};
 pub use messages::{
-    Chunk, ClassStats, ClientUpdate, LocalMetrics, Objective, RoundTask, Sealed, Tag, TrainParams,
+    Chunk, ClassStats, ClientUpdate, InvalidTrain, LocalMetrics, MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS,
+    MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, Tag, TrainParams,
 };
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};

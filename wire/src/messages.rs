@@ -1,7 +1,8 @@
-//! The binary messages of protocol version 4 (version 2 added FedDIM's insight statistics,
+//! The binary messages of protocol version 5 (version 2 added FedDIM's insight statistics,
 //! version 3 Stable-FedADG and FedDDL: their objectives and hyper-parameters, and FedDDL's
 //! causal prototypes in both directions; version 4 packed tensors, f32, f16 or int8, and the
-//! codec the coordinator asks devices to send their updates in).
+//! codec the coordinator asks devices to send their updates in; version 5 binds updates to
+//! the federation's run and tags each chunk of an update).
 
 use serde::{Deserialize, Serialize};
 
@@ -88,8 +89,12 @@ impl std::str::FromStr for Objective {
 }
 
 /// Hyper-parameters of local training, chosen by the coordinator for a round.
+///
+/// [`TrainParams::check`] bounds every value: the coordinator checks its `[train]` at load and
+/// a device checks every task, so that no configuration mistake or forged task makes a device
+/// train forever, on NaN, or on batches of zero.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrainParams {
     /// Local objective.
     pub objective: Objective,
@@ -146,10 +151,138 @@ impl Default for TrainParams {
     }
 }
 
+/// A training hyper-parameter outside the range fedge accepts.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("[train] {field} = {value}: must be {allowed}")]
+pub struct InvalidTrain {
+    /// The field, as spelled in TOML.
+    pub field: &'static str,
+    /// The value found.
+    pub value: String,
+    /// What is accepted.
+    pub allowed: &'static str,
+}
+
+/// A real-valued field, its value, its range test and the range in words.
+type RealRange = (&'static str, f32, fn(f32) -> bool, &'static str);
+
+/// Most local epochs a task may ask for.
+pub const MAX_LOCAL_EPOCHS: u32 = 100;
+/// Largest mini-batch a task may ask for.
+pub const MAX_BATCH_SIZE: u32 = 4096;
+/// Most Stable-FedADG batches (`E0 + E1`) a task may ask for per round.
+pub const MAX_STABLE_BATCHES: u32 = 10_000;
+
+impl TrainParams {
+    /// Checks every value against its range; the error names the first field to fix.
+    pub fn check(&self) -> Result<(), InvalidTrain> {
+        fn bad(field: &'static str, value: impl ToString, allowed: &'static str) -> InvalidTrain {
+            let value = value.to_string();
+            InvalidTrain {
+                field,
+                value,
+                allowed,
+            }
+        }
+        let count = |field, value: u32, max: u32, allowed| {
+            (1..=max)
+                .contains(&value)
+                .then_some(())
+                .ok_or(bad(field, value, allowed))
+        };
+        count(
+            "local_epochs",
+            self.local_epochs,
+            MAX_LOCAL_EPOCHS,
+            "1 to 100",
+        )?;
+        count("batch_size", self.batch_size, MAX_BATCH_SIZE, "1 to 4096")?;
+        let batches = self.warmup_batches.saturating_add(self.adversarial_batches);
+        if batches > MAX_STABLE_BATCHES {
+            let value = format!("{} + {}", self.warmup_batches, self.adversarial_batches);
+            return Err(bad(
+                "warmup_batches + adversarial_batches",
+                value,
+                "at most 10000",
+            ));
+        }
+        let reals: [RealRange; 9] = [
+            (
+                "learning_rate",
+                self.learning_rate,
+                |v| v > 0.0 && v <= 10.0,
+                "in (0, 10]",
+            ),
+            (
+                "momentum",
+                self.momentum,
+                |v| (0.0..1.0).contains(&v),
+                "in [0, 1)",
+            ),
+            (
+                "weight_decay",
+                self.weight_decay,
+                |v| (0.0..=1.0).contains(&v),
+                "in [0, 1]",
+            ),
+            (
+                "prox_mu",
+                self.prox_mu,
+                |v| (0.0..=1e3).contains(&v),
+                "in [0, 1000]",
+            ),
+            (
+                "insight_lambda",
+                self.insight_lambda,
+                |v| (0.0..=1e3).contains(&v),
+                "in [0, 1000]",
+            ),
+            (
+                "adversarial_weight",
+                self.adversarial_weight,
+                |v| (0.0..=1e3).contains(&v),
+                "in [0, 1000]",
+            ),
+            (
+                "stable_weight",
+                self.stable_weight,
+                |v| (0.0..=1e3).contains(&v),
+                "in [0, 1000]",
+            ),
+            (
+                "contrastive_weight",
+                self.contrastive_weight,
+                |v| (0.0..=1e3).contains(&v),
+                "in [0, 1000]",
+            ),
+            (
+                "temperature",
+                self.temperature,
+                |v| v > 1e-4 && v <= 1e3,
+                "in (0.0001, 1000]",
+            ),
+        ];
+        for (field, value, ok, allowed) in reals {
+            // NaN fails every comparison, so it fails every range above.
+            if !ok(value) {
+                return Err(bad(field, value, allowed));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Coordinator to devices: the global head and what to do with it this round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoundTask {
-    /// Round number, starting at 1; strictly increasing over a federation's life.
+    /// The federation's name; a device refuses a task of another federation.
+    pub federation: String,
+    /// The federation's run: a random number drawn when the coordinator starts without saved
+    /// state and kept in its checkpoint. Updates echo it, so an update captured in one run
+    /// (or in another federation) is refused in any other, and a device refuses tasks of a run
+    /// it has left.
+    pub run: u64,
+    /// Round number, starting at 1; strictly increasing within a run.
     pub round: u64,
     /// Clients asked to train this round.
     pub selected: Vec<String>,
@@ -193,6 +326,8 @@ pub struct LocalMetrics {
 /// Device to coordinator: the result of local training.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClientUpdate {
+    /// The run of the task the update answers ([`RoundTask::run`]).
+    pub run: u64,
     /// Round the update answers.
     pub round: u64,
     /// The device's client id; must match the topic it was published on.
@@ -227,6 +362,10 @@ pub struct Chunk {
     /// This chunk's bytes.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// The sender's tag on this chunk (`crate::DeviceKey::chunk_tag`), so that a receiver
+    /// with the sender's key refuses a forged chunk before it takes reassembly memory or
+    /// displaces a genuine one. Updates from devices with keys carry it; tasks do not.
+    pub tag: Option<[u8; TAG_LEN]>,
 }
 
 /// Bytes of an HMAC-SHA256 tag.

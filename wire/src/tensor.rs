@@ -294,6 +294,12 @@ impl TensorF32 {
         self.values().position(|value| !value.is_finite())
     }
 
+    /// Index of the first value that is not finite or whose magnitude passes `limit`.
+    pub fn first_beyond(&self, limit: f32) -> Option<usize> {
+        self.values()
+            .position(|value| !value.is_finite() || value.abs() > limit)
+    }
+
     /// Euclidean norm, summed in f64 in index order.
     pub fn l2_norm(&self) -> f64 {
         self.values()
@@ -469,6 +475,9 @@ mod tests {
             Some(2)
         );
         assert_eq!(TensorF32::from_slice(&[]).first_non_finite(), None);
+        let t = TensorF32::from_slice(&[1.0, -2.0, 1e30, f32::NAN]);
+        assert_eq!(t.first_beyond(2.0), Some(2));
+        assert_eq!(t.first_beyond(f32::MAX), Some(3));
     }
 
     /// Next f16 value towards +infinity from finite `h` (bit order follows value order on

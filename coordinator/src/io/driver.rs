@@ -12,7 +12,7 @@ use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
 use super::status::{StatusContext, metrics_json, status_at};
-use crate::round::{Output, Phase, RoundReport, Rounds};
+use crate::round::{Output, Phase, Record, Rejection, RoundReport, Rounds};
 use crate::store::journal::Journal;
 
 /// Evaluates global parameters on data the coordinator holds (demo and bench only; in a
@@ -25,7 +25,7 @@ pub enum DriverEvent {
     /// A round ended.
     RoundEnded {
         /// The machine's report.
-        report: RoundReport,
+        report: Box<RoundReport>,
         /// Evaluator's accuracy on the new global parameters.
         target_accuracy: Option<f32>,
     },
@@ -84,6 +84,75 @@ struct Sinks<'a> {
     target_accuracy: Option<f32>,
     journal: Option<Journal>,
     context: StatusContext,
+    /// When the status document was last published, and when the next one is due (status
+    /// changes are coalesced: at most one publish per [`STATUS_INTERVAL`]).
+    status_sent: Option<Instant>,
+    status_due: Option<Instant>,
+    logs: RejectionLog,
+}
+
+/// Least time between two status publishes: a flood of junk packets, each a rejection and a
+/// status change, costs one retained publish per interval, not one per packet.
+const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+/// Largest device status the coordinator reads (a real one is a few hundred bytes).
+pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
+
+/// Reads a device's retained status: online or not. An empty payload (a cleared retained
+/// message) means offline; an oversized or unreadable one is rejected and changes nothing.
+fn handle_edge_status(rounds: &mut Rounds, client: &str, payload: &[u8], now_ms: u64) {
+    if payload.is_empty() {
+        rounds.handle_client_status(client, false, now_ms);
+    } else if payload.len() > MAX_EDGE_STATUS_BYTES {
+        let detail = format!(
+            "status of {} bytes, above {MAX_EDGE_STATUS_BYTES}",
+            payload.len()
+        );
+        rounds.handle_bad_status(client, Rejection::Oversized, detail);
+    } else {
+        match serde_json::from_slice::<EdgeStatus>(payload) {
+            Ok(status) => rounds.handle_client_status(client, status.online, now_ms),
+            Err(e) => {
+                let detail = format!("unreadable status: {e}");
+                rounds.handle_bad_status(client, Rejection::Malformed, detail);
+            }
+        }
+    }
+}
+
+/// Rate-limited logging of rejections: per reason, the first [`RejectionLog::BURST`] in each
+/// minute are logged one by one, the rest summed in one line when the minute ends.
+#[derive(Default)]
+struct RejectionLog {
+    window: Option<Instant>,
+    counts: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl RejectionLog {
+    const BURST: u64 = 10;
+    const WINDOW: Duration = Duration::from_secs(60);
+
+    /// Whether to log this rejection on its own line.
+    fn admit(&mut self, reason: &'static str, now: Instant) -> bool {
+        if self
+            .window
+            .is_none_or(|start| now.duration_since(start) >= Self::WINDOW)
+        {
+            for (reason, n) in std::mem::take(&mut self.counts) {
+                if n > Self::BURST {
+                    let suppressed = n - Self::BURST;
+                    tracing::warn!(
+                        reason,
+                        suppressed,
+                        "more updates rejected (not logged one by one)"
+                    );
+                }
+            }
+            self.window = Some(now);
+        }
+        let n = self.counts.entry(reason).or_default();
+        *n += 1;
+        *n <= Self::BURST
+    }
 }
 
 /// Runs the federation until the machine finishes or `stop` turns true; returns the machine.
@@ -95,6 +164,8 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<Rounds, DriverError> {
     let topics = Topics::new(&options.federation)?;
+    // The federation the driver runs on the broker is the one every task names.
+    rounds.name_federation(&options.federation);
     let status_topic = topics.coordinator_status();
     let offline = serde_json::json!({"state": "offline", "updated_at": fedge_mqtt::now_rfc3339()});
     let will = LastWill::new(&status_topic, offline.to_string(), QoS::AtLeastOnce, true);
@@ -102,6 +173,9 @@ pub async fn run(
     // A persistent session: while the coordinator is down (crash, restart), the broker queues
     // the QoS 1 updates devices publish, and delivers them when it is back.
     mqtt.set_clean_session(false);
+    // An update is acknowledged only once its journal record is on disk: a coordinator killed
+    // in between gets it again from the broker.
+    mqtt.set_manual_acks(true);
     let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
     let origin = Instant::now();
     let now_ms = || origin.elapsed().as_millis() as u64;
@@ -124,18 +198,26 @@ pub async fn run(
             federation: options.federation.clone(),
             ..StatusContext::default()
         },
+        status_sent: None,
+        status_due: None,
+        logs: RejectionLog::default(),
     };
     rounds.start(now_ms());
     loop {
         let deadline = rounds
             .poll_timeout()
             .map(|ms| tokio::time::Instant::from_std(origin + Duration::from_millis(ms)));
+        let wake = match (deadline, sinks.status_due) {
+            (Some(a), Some(b)) => Some(a.min(tokio::time::Instant::from_std(b))),
+            (a, b) => a.or(b.map(tokio::time::Instant::from_std)),
+        };
         let sleep = async {
-            match deadline {
+            match wake {
                 Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
+        let mut ack = None;
         tokio::select! {
             event = eventloop.poll() => match event {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
@@ -162,9 +244,9 @@ pub async fn run(
                     if let Some(c) = topics.client_of_update(&p.topic) {
                         rounds.handle_packet(c, &p.payload, now_ms());
                     } else if let Some(c) = topics.client_of_edge_status(&p.topic) {
-                        let online = serde_json::from_slice::<EdgeStatus>(&p.payload).map(|s| s.online).unwrap_or(false);
-                        rounds.handle_client_status(c, online, now_ms());
+                        handle_edge_status(&mut rounds, c, &p.payload, now_ms());
                     }
+                    ack = Some(p);
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -184,7 +266,14 @@ pub async fn run(
         }
         sinks.context.now_ms = now_ms();
         sinks.context.wall = std::time::SystemTime::now();
-        if sinks.drain(&mut rounds) {
+        let finished = sinks.drain(&mut rounds);
+        // After the journal writes the packet caused (`drain`): now the broker may forget it.
+        if let Some(publish) = ack
+            && let Err(e) = client.try_ack(&publish)
+        {
+            tracing::warn!(error = %e, "cannot acknowledge a message; the broker will resend it");
+        }
+        if finished {
             break;
         }
     }
@@ -207,6 +296,9 @@ impl Sinks<'_> {
             target_accuracy,
             journal,
             context,
+            status_sent,
+            status_due,
+            logs,
         } = self;
         let (client, options, topics) = (*client, *options, *topics);
         let mut status_dirty = false;
@@ -221,7 +313,7 @@ impl Sinks<'_> {
                         context.last_aggregation = Some(context.wall);
                         *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
                         if let Some(path) = &options.checkpoint {
-                            let saved = rounds.checkpoint(&options.federation);
+                            let saved = rounds.checkpoint();
                             if let Err(e) = crate::store::checkpoint::save(path, &saved) {
                                 tracing::error!(error = %e, "checkpoint not saved");
                             }
@@ -254,7 +346,10 @@ impl Sinks<'_> {
                     reason,
                     detail,
                 } => {
-                    tracing::warn!(client = %who, reason = reason.name(), %detail, "update rejected");
+                    if logs.admit(reason.name(), Instant::now()) {
+                        // Debug formatting escapes control characters a device put in its id.
+                        tracing::warn!(client = ?who, reason = reason.name(), detail = ?detail, "update rejected");
+                    }
                     if let Some(tx) = events {
                         let _ = tx.send(DriverEvent::Rejected {
                             client: who,
@@ -269,7 +364,10 @@ impl Sinks<'_> {
                         continue;
                     };
                     if let Err(e) = journal.write(&record) {
-                        tracing::error!(error = %e, "journal not written; a restart would lose this round's updates");
+                        tracing::error!(error = %e, "journal not written");
+                        if let Record::Accepted { round, client, .. } = &record {
+                            rounds.handle_journal_failure(*round, client, e.to_string());
+                        }
                     }
                 }
                 Output::Finished => {
@@ -279,10 +377,17 @@ impl Sinks<'_> {
                 }
             }
         }
-        if status_dirty {
+        let now = Instant::now();
+        if status_dirty || finished {
+            let next = status_sent.map_or(now, |sent| sent + STATUS_INTERVAL);
+            *status_due = Some(status_due.map_or(next, |due| due.min(next)));
+        }
+        if finished || status_due.is_some_and(|due| due <= now) {
             let status = status_at(rounds, *target_accuracy, context);
             let json = serde_json::to_string(&status).unwrap_or_default();
             let _ = client.try_publish(status_topic.as_str(), QoS::AtLeastOnce, true, json);
+            *status_sent = Some(now);
+            *status_due = None;
         }
         finished
     }

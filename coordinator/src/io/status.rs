@@ -95,6 +95,9 @@ pub fn metrics_json(
         "clients_selected": report.selected.len(),
         "clients_reported": report.reported.len(),
         "rejected": report.rejected.values().sum::<u64>(),
+        "rejected_by_reason": report.rejected,
+        "abandoned": report.abandoned,
+        "capped": report.capped.len(),
         "bytes_up": report.bytes_up,
         "bytes_down": report.bytes_down,
         "seconds": report.duration_ms as f64 / 1000.0,
@@ -111,7 +114,53 @@ pub fn metrics_json(
     {
         map.extend(extra);
     }
+    bound_metrics(&mut metrics, MAX_METRICS_BYTES);
     metrics
+}
+
+/// Largest metrics document: well inside the smallest packet limit fedge publishes with, so
+/// that a round of thousands of clients never yields a message the broker or the client
+/// refuses (rumqttc would retry it forever).
+pub const MAX_METRICS_BYTES: usize = 64 * 1024;
+
+/// Halves the per-client maps (`failures`, FedOMG's `gamma`) until the document fits in
+/// `limit` bytes; `<key>_omitted` then says how many entries were left out (the largest Γ and
+/// the first failures in client order are kept).
+fn bound_metrics(metrics: &mut serde_json::Value, limit: usize) {
+    let size = |m: &serde_json::Value| serde_json::to_vec(m).map_or(0, |v| v.len());
+    while size(metrics) > limit {
+        let Some(map) = metrics.as_object_mut() else {
+            return;
+        };
+        let mut shrunk = false;
+        for key in ["failures", "gamma"] {
+            let Some(serde_json::Value::Object(entries)) = map.get_mut(key) else {
+                continue;
+            };
+            if entries.is_empty() {
+                continue;
+            }
+            let mut kept: Vec<(String, serde_json::Value)> =
+                std::mem::take(entries).into_iter().collect();
+            if key == "gamma" {
+                let weight = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+                kept.sort_by(|a, b| weight(&b.1).total_cmp(&weight(&a.1)));
+            }
+            let omitted = kept.len() - kept.len() / 2;
+            kept.truncate(kept.len() / 2);
+            entries.extend(kept);
+            let counter = format!("{key}_omitted");
+            let before = map
+                .get(&counter)
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            map.insert(counter, (before + omitted as u64).into());
+            shrunk = true;
+        }
+        if !shrunk {
+            return;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -124,6 +173,8 @@ mod tests {
         let report = RoundReport {
             round: 3,
             aggregated: true,
+            abandoned: None,
+            capped: Vec::new(),
             selected: vec!["a".into(), "b".into(), "c".into()],
             reported: vec!["a".into(), "b".into()],
             failures: [("c".to_string(), "bad_tag".to_string())].into(),
@@ -145,7 +196,7 @@ mod tests {
         };
         let m = metrics_json(&report, Some(0.6), "fedomg+momentum");
         assert_eq!(m["gamma"]["b"], 0.75);
-        assert_eq!(m["objective"], 0.8);
+        assert_eq!(m["fedomg_objective"], 0.8);
         assert_eq!(m["solver"], "reference");
         assert_eq!(m["momentum_norm"], 2.0);
         assert_eq!(m["round"], 3);

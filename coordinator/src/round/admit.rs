@@ -1,13 +1,58 @@
 //! Admission: who may send, and what of a payload is decoded before its sender is trusted.
 //!
 //! With device keys, an unknown device is turned away before its chunks take reassembly memory,
-//! a plain update is refused without decoding its body, and a sealed one is opened only with
-//! its device's key. Without keys, plain and sealed updates are both taken (sealed ones
-//! unverified). Pure functions of the keys and the bytes; the machine does the bookkeeping.
+//! every chunk must carry its device's tag (checked before it is stored, so a forged chunk on a
+//! device's topic never displaces a genuine one), a plain update is refused without decoding its
+//! body, and a sealed one is opened only with its device's key. Keys or not, chunks are taken
+//! only from clients selected in the open round that have not reported yet. Without keys,
+//! plain and sealed updates are both taken (sealed ones unverified). Pure functions of the
+//! keys, the open round and the bytes; the machine does the bookkeeping.
 
-use fedge_wire::{ClientUpdate, DecodeError, Message};
+use fedge_wire::{Chunk, ClientUpdate, DecodeError, Message};
 
+use super::open::OpenRound;
 use super::types::{DeviceKeys, Rejection};
+
+/// Whether a chunk from `client` may enter reassembly: a round is open, `client` is selected
+/// in it and has not reported, and with keys the chunk carries `client`'s valid tag.
+pub(super) fn chunk(
+    auth: Option<&DeviceKeys>,
+    open: Option<&OpenRound>,
+    client: &str,
+    chunk: &Chunk,
+) -> Result<(), (Rejection, String)> {
+    let Some(open) = open else {
+        return Err((Rejection::WrongRound, "chunk while no round is open".into()));
+    };
+    if !open.selected.contains(client) {
+        let detail = format!("chunk from a client not selected in round {}", open.round);
+        return Err((Rejection::NotSelected, detail));
+    }
+    if open.accepted.contains(client) {
+        let detail = format!("chunk after the update for round {}", open.round);
+        return Err((Rejection::Duplicate, detail));
+    }
+    let Some(keys) = auth else {
+        return Ok(());
+    };
+    let Some(key) = keys.get(client) else {
+        return Err((Rejection::UnknownDevice, "device without a key".into()));
+    };
+    match chunk.tag {
+        None => Err((
+            Rejection::Unauthenticated,
+            "chunk without a tag; this federation requires device keys".into(),
+        )),
+        Some(_) if key.verify_chunk(client, chunk) => Ok(()),
+        Some(_) => Err((
+            Rejection::BadTag,
+            format!(
+                "chunk {} of message {} has a bad tag",
+                chunk.index, chunk.message_id
+            ),
+        )),
+    }
+}
 
 /// With device keys, whether `client` has none.
 pub(super) fn unknown_device(auth: Option<&DeviceKeys>, client: &str) -> bool {

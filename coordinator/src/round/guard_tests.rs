@@ -9,7 +9,7 @@ use fedge_wire::DeviceKey;
 use super::*;
 use crate::strategy::FedAvg;
 
-fn key(byte: u8) -> DeviceKey {
+pub(super) fn key(byte: u8) -> DeviceKey {
     DeviceKey::from_bytes([byte; fedge_wire::KEY_LEN])
 }
 
@@ -21,11 +21,11 @@ fn keyed_config() -> RoundConfig {
     }
 }
 
-fn sealed(signer: &str, key: &DeviceKey, frame: Vec<u8>) -> Vec<u8> {
+pub(super) fn sealed(signer: &str, key: &DeviceKey, frame: Vec<u8>) -> Vec<u8> {
     fedge_wire::seal(frame, &[(signer, key)])
 }
 
-fn rejected(outputs: &[Output]) -> Vec<(String, &'static str)> {
+pub(super) fn rejected(outputs: &[Output]) -> Vec<(String, &'static str)> {
     outputs
         .iter()
         .filter_map(|o| match o {
@@ -35,7 +35,7 @@ fn rejected(outputs: &[Output]) -> Vec<(String, &'static str)> {
         .collect()
 }
 
-fn keyed_machine() -> Rounds {
+pub(super) fn keyed_machine() -> Rounds {
     let mut m = Rounds::new(keyed_config(), Box::new(FedAvg), vec![0.0; M]);
     for c in ["a", "b", "mallory"] {
         m.handle_client_status(c, true, 0);
@@ -147,7 +147,7 @@ fn signed_updates_survive_chunking() {
     drain(&mut m);
     for (c, k) in [("a", key(1)), ("b", key(2))] {
         let frame = sealed(c, &k, update(c, 1, [2.0; M], 1));
-        for chunk in fedge_wire::split_into_chunks(frame, 7, 60) {
+        for chunk in fedge_wire::split_into_tagged_chunks(frame, 7, 60, Some((c, &k))) {
             m.handle_packet(c, &chunk, 1);
         }
     }
@@ -218,6 +218,7 @@ mod arbitrary_input {
                         count,
                         total_len: 400,
                         data,
+                        tag: None,
                     }))
                 }
             ),

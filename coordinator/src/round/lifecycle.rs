@@ -9,9 +9,9 @@ use fedge_wire::{DeviceKey, Message, RoundTask, TensorF32};
 use rand::seq::IteratorRandom;
 
 use super::open::{OpenRound, weighted_mean};
-use super::saved::Record;
+use super::saved::{Record, params_fingerprint};
 use super::types::{Output, Phase, Rejection, RoundReport};
-use super::{Rounds, validate};
+use super::{Rounds, guard, validate};
 use crate::objectives::fedddl::GlobalPrototypes;
 use crate::objectives::feddim::GlobalInsight;
 use crate::strategy::Failure;
@@ -58,6 +58,8 @@ impl Rounds {
         let round = self.next_round;
         self.next_round += 1;
         let task = RoundTask {
+            federation: self.config.federation.clone(),
+            run: self.config.run,
             round,
             selected: selected.clone(),
             params: TensorF32::from_slice(&self.params),
@@ -95,7 +97,7 @@ impl Rounds {
             frame.clone(),
         ));
         self.phase = Phase::Training;
-        if self.config.journal {
+        if self.config.journal && !self.restoring {
             let selected = self
                 .open
                 .as_ref()
@@ -103,6 +105,7 @@ impl Rounds {
             self.outputs.push_back(Output::Journal(Record::Opened {
                 round,
                 selected: selected.unwrap_or_default(),
+                base: params_fingerprint(&self.params),
             }));
         }
         self.outputs.push_back(Output::PublishTask { round, frame });
@@ -123,6 +126,8 @@ impl Rounds {
             .map(|i| open.accepted.client(i).to_owned())
             .collect();
         let mut aggregation = None;
+        let mut abandoned = (!aggregated).then_some("quorum");
+        let mut capped = Vec::new();
         if aggregated {
             for client in &open.selected {
                 let failed = open.failures.iter().any(|f| &f.client == client);
@@ -133,18 +138,30 @@ impl Rounds {
                     });
                 }
             }
+            capped = self.cap_weights(&mut open);
+            let saved = self.strategy.state();
             let result = self
                 .strategy
                 .aggregate(&self.params, &open.accepted, &open.failures);
-            if let Some(insight) = self.insight.as_mut() {
-                insight.fold(&self.params, &open.accepted, &open.class_stats);
+            match guard::refuse_aggregate(&self.params, &result.params, &open.accepted) {
+                Some(reason) => {
+                    // The model and the strategy's buffers stay as they were.
+                    let _ = self.strategy.restore(&saved);
+                    abandoned = Some(reason);
+                }
+                None => {
+                    if let Some(insight) = self.insight.as_mut() {
+                        insight.fold(&self.params, &open.accepted, &open.class_stats);
+                    }
+                    if let Some(prototypes) = self.prototypes.as_mut() {
+                        prototypes.fold(&open.accepted, &open.prototypes);
+                    }
+                    self.params = result.params;
+                    aggregation = Some(result.report);
+                }
             }
-            if let Some(prototypes) = self.prototypes.as_mut() {
-                prototypes.fold(&open.accepted, &open.prototypes);
-            }
-            self.params = result.params;
-            aggregation = Some(result.report);
         }
+        let aggregated = abandoned.is_none();
         let mut failures: BTreeMap<String, String> = open
             .selected
             .iter()
@@ -159,6 +176,8 @@ impl Rounds {
         let report = RoundReport {
             round: open.round,
             aggregated,
+            abandoned,
+            capped,
             failures,
             selected: open.selected.iter().cloned().collect(),
             reported,
@@ -173,7 +192,7 @@ impl Rounds {
         };
         self.spare_arena = open.accepted.into_arena();
         self.last_report = Some(report.clone());
-        self.outputs.push_back(Output::RoundEnded(report));
+        self.outputs.push_back(Output::RoundEnded(Box::new(report)));
         if aggregated {
             self.aggregated_rounds += 1;
         }
@@ -191,7 +210,33 @@ impl Rounds {
         }
     }
 
-    /// Drops updates whose norm passes `max_norm_ratio` × the round's median norm.
+    /// Cuts sample counts above `max_weight_ratio` × the round's lower median count (and the
+    /// class counts of those clients' statistics in proportion); returns the clients cut.
+    fn cap_weights(&mut self, open: &mut OpenRound) -> Vec<String> {
+        let Some(cap) = guard::sample_cap(self.config.max_weight_ratio, &open.accepted) else {
+            return Vec::new();
+        };
+        let before: BTreeMap<String, u32> = (0..open.accepted.len())
+            .map(|i| {
+                (
+                    open.accepted.client(i).to_owned(),
+                    open.accepted.num_samples(i),
+                )
+            })
+            .collect();
+        let capped = open.accepted.cap_samples(cap);
+        for client in &capped {
+            let scale = f64::from(cap) / f64::from(before[client].max(1));
+            for stats in [&mut open.class_stats, &mut open.prototypes] {
+                if let Some((counts, _)) = stats.get_mut(client) {
+                    guard::scale_counts(counts, scale);
+                }
+            }
+        }
+        capped
+    }
+
+    /// Drops updates whose norm passes `max_norm_ratio` × the round's lower median norm.
     fn drop_norm_outliers(&mut self, open: &mut OpenRound) {
         let ratio = self.config.max_norm_ratio;
         let Some(outliers) = validate::norm_outliers(ratio, &open.accepted) else {
@@ -201,7 +246,8 @@ impl Rounds {
         for (client, norm) in outliers.dropped {
             open.class_stats.remove(&client);
             open.prototypes.remove(&client);
-            let detail = format!("delta norm {norm:.4} above {ratio} × the round's median norm");
+            let detail =
+                format!("delta norm {norm:.4} above {ratio} × the round's lower median norm");
             self.count_rejection(Some(open), &client, Rejection::Norm, detail);
         }
     }

@@ -21,17 +21,22 @@
 //! and `poll_*` outputs. [`types`] is its vocabulary (settings, phases, rejections, outputs),
 //! [`saved`] what it hands out to be saved (checkpoint, journal records), `admit` who may send
 //! and how far a payload is decoded before its sender is trusted, `validate` the checks of an
-//! update, `open` the open round's record, and `lifecycle` the opening and closing of rounds.
+//! update, `guard` the round-end bounds on weights and on the aggregate, `open` the open
+//! round's record, and `lifecycle` the opening and closing of rounds.
 
 mod admit;
+mod guard;
 mod lifecycle;
 mod open;
 pub mod saved;
 pub mod types;
 mod validate;
 
-pub use saved::{Checkpoint, OpenRoundLog, Record};
-pub use types::{DeviceKeys, Output, Phase, Rejection, RoundConfig, RoundReport};
+pub use saved::{Checkpoint, OpenRoundLog, OpenedRound, Record, params_fingerprint};
+pub use types::{
+    DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DeviceKeys, MAX_ABS_VALUE, Output, Phase,
+    Rejection, RoundConfig, RoundReport,
+};
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -49,6 +54,14 @@ use open::OpenRound;
 /// A checkpoint that does not belong to this machine's configuration.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ResumeError {
+    /// Written by another federation.
+    #[error("the checkpoint belongs to federation {saved:?}, this configuration names {running:?}")]
+    Federation {
+        /// The checkpoint's federation.
+        saved: String,
+        /// The configured federation.
+        running: String,
+    },
     /// Written by another strategy.
     #[error("the checkpoint was written by strategy {saved:?}, this coordinator runs {running:?}")]
     Strategy {
@@ -99,6 +112,9 @@ pub struct Rounds {
     insight: Option<GlobalInsight>,
     /// FedDDL's server side (the global `U_G`), when devices train with FedDDL.
     prototypes: Option<GlobalPrototypes>,
+    /// True while [`Rounds::restore_round`] replays a journal: what it replays is in the
+    /// journal already and is not written again.
+    restoring: bool,
 }
 
 impl Rounds {
@@ -125,6 +141,7 @@ impl Rounds {
             spare_arena: Default::default(),
             insight: config.insight.map(GlobalInsight::new),
             prototypes: config.prototypes.map(GlobalPrototypes::new),
+            restoring: false,
             config,
         }
     }
@@ -137,19 +154,33 @@ impl Rounds {
         self.spare_arena = Arena::with_spill(file);
     }
 
+    /// Sets the federation name tasks carry (the driver's, from its topics); call before the
+    /// first round opens.
+    pub fn name_federation(&mut self, federation: &str) {
+        federation.clone_into(&mut self.config.federation);
+    }
+
     /// Whether the open round's deltas are in the spill file.
     pub fn round_spilled(&self) -> bool {
         self.open.as_ref().is_some_and(|o| o.accepted.is_spilled())
     }
 
-    /// A machine continuing from a checkpoint: its parameters, next round and strategy
-    /// buffers. Errors when the checkpoint belongs to another strategy or head size.
+    /// A machine continuing from a checkpoint: its parameters, run, next round and strategy
+    /// buffers. Errors when the checkpoint belongs to another federation, strategy or head
+    /// size, or holds values that are not finite.
     pub fn resume(
-        config: RoundConfig,
+        mut config: RoundConfig,
         mut strategy: Box<dyn Strategy>,
         checkpoint: Checkpoint,
         expected_params: usize,
     ) -> Result<Self, ResumeError> {
+        if checkpoint.federation != config.federation {
+            return Err(ResumeError::Federation {
+                saved: checkpoint.federation,
+                running: config.federation,
+            });
+        }
+        config.run = checkpoint.run;
         if checkpoint.strategy != strategy.name() {
             return Err(ResumeError::Strategy {
                 saved: checkpoint.strategy,
@@ -193,9 +224,10 @@ impl Rounds {
     }
 
     /// The state to save after an aggregation.
-    pub fn checkpoint(&self, federation: &str) -> Checkpoint {
+    pub fn checkpoint(&self) -> Checkpoint {
         Checkpoint {
-            federation: federation.to_owned(),
+            federation: self.config.federation.clone(),
+            run: self.config.run,
             strategy: self.strategy.name().to_owned(),
             // The round opened after the last close is redone after a restart.
             next_round: self.last_closed + 1,
@@ -310,6 +342,12 @@ impl Rounds {
         }
     }
 
+    /// A device status that could not be read (too large, not JSON): counted as a rejection,
+    /// and the device stays as it was.
+    pub fn handle_bad_status(&mut self, client: &str, reason: Rejection, detail: String) {
+        self.reject(client, reason, detail);
+    }
+
     /// Starts rounds once enough clients are online; call once after construction too.
     pub fn start(&mut self, now_ms: u64) {
         if self.phase == Phase::Waiting {
@@ -328,26 +366,49 @@ impl Rounds {
             self.reject(client, Rejection::UnknownDevice, detail);
             return;
         }
-        let auth = self.config.auth.as_deref();
-        let message = match admit::decode(auth, payload) {
-            Ok(Message::Chunk(chunk)) => match self.reassembler.push(client, chunk, now_ms) {
-                Ok(Some(frame)) => admit::decode(auth, &frame).and_then(|m| match m {
-                    Message::Chunk(_) => {
-                        Err(DecodeError::Malformed("a chunk inside chunks".into()))
-                    }
-                    other => Ok(other),
-                }),
-                Ok(None) => return,
-                Err(e) => Err(e),
-            },
+        let message = match admit::decode(self.config.auth.as_deref(), payload) {
+            Ok(Message::Chunk(chunk)) => {
+                // Checked before the chunk takes reassembly memory or displaces another.
+                let auth = self.config.auth.as_deref();
+                if let Err((reason, detail)) =
+                    admit::chunk(auth, self.open.as_ref(), client, &chunk)
+                {
+                    self.reject(client, reason, detail);
+                    return;
+                }
+                match self.reassemble(client, chunk, now_ms) {
+                    Ok(Some(message)) => Ok(message),
+                    Ok(None) => return,
+                    Err(e) => Err(e),
+                }
+            }
             other => other,
         };
+        let auth = self.config.auth.as_deref();
         let update = message
             .map_err(|e| (Rejection::of_decode(&e), e.to_string()))
             .and_then(|m| admit::authenticated_update(auth, client, m));
         match update {
             Ok(update) => self.handle_update(client, update, now_ms),
             Err((reason, detail)) => self.reject(client, reason, detail),
+        }
+    }
+
+    /// Adds an admitted chunk; the whole message once its last chunk is in.
+    fn reassemble(
+        &mut self,
+        client: &str,
+        chunk: fedge_wire::Chunk,
+        now_ms: u64,
+    ) -> Result<Option<Message>, DecodeError> {
+        let auth = self.config.auth.as_deref();
+        match self.reassembler.push(client, chunk, now_ms) {
+            Ok(Some(frame)) => admit::decode(auth, &frame).and_then(|m| match m {
+                Message::Chunk(_) => Err(DecodeError::Malformed("a chunk inside chunks".into())),
+                other => Ok(Some(other)),
+            }),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -385,7 +446,7 @@ impl Rounds {
         open.val
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
-        if self.config.journal {
+        if self.config.journal && !self.restoring {
             let round = open.round;
             let frame = fedge_wire::encode(&Message::ClientUpdate(update));
             let client = client.to_owned();
@@ -458,17 +519,25 @@ impl Rounds {
 
     /// Resumes the round a journal says was open, with its clients and the updates it had
     /// accepted (validated again); returns the round and how many updates it holds. Does
-    /// nothing (`None`) unless the machine is waiting and the journal's round is not older than
-    /// the next round (a journal left from before the last checkpoint is stale).
+    /// nothing (`None`) unless the machine is waiting, the journal's round is not older than
+    /// the next round (a journal left from before the last checkpoint is stale) and it started
+    /// from the parameters the machine holds (not a journal left beside a checkpoint that was
+    /// moved away). Writes nothing to the journal: what it restores is there already.
     pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> Option<(u64, usize)> {
-        let (round, mut selected) = log.opened?;
-        if self.phase != Phase::Waiting || round < self.next_round || selected.is_empty() {
+        let opened = log.opened?;
+        let fresh = opened.round >= self.next_round && !opened.selected.is_empty();
+        if self.phase != Phase::Waiting || !fresh {
             return None;
         }
+        if opened.base != params_fingerprint(&self.params) {
+            return None;
+        }
+        let (round, mut selected) = (opened.round, opened.selected);
         selected.sort();
         selected.dedup();
         self.next_round = round;
         self.last_closed = round - 1;
+        self.restoring = true;
         self.open_with(selected, now_ms);
         for (client, frame) in log.accepted {
             if self.open.is_none() {
@@ -483,8 +552,30 @@ impl Rounds {
                 ),
             }
         }
+        self.restoring = false;
         // Every selected client may already be in: the round then closed above.
         Some((round, self.open.as_ref().map_or(0, |o| o.accepted.len())))
+    }
+
+    /// The journal record of `client`'s update in `round` could not be written: the update no
+    /// longer counts (`storage`), since a restart would not have it; the device may send it
+    /// again.
+    pub fn handle_journal_failure(&mut self, round: u64, client: &str, error: String) {
+        let Some(open) = self.open.as_mut().filter(|o| o.round == round) else {
+            return;
+        };
+        if !open.accepted.contains(client) {
+            return;
+        }
+        open.accepted.finish();
+        let keep: Vec<bool> = (0..open.accepted.len())
+            .map(|i| open.accepted.client(i) != client)
+            .collect();
+        open.accepted.retain(&keep);
+        open.class_stats.remove(client);
+        open.prototypes.remove(client);
+        let detail = format!("journal not written ({error}); send the update again");
+        self.reject(client, Rejection::Storage, detail);
     }
 
     /// FedDDL's global prototypes `U_G`, if any.
@@ -506,3 +597,6 @@ mod guard_tests;
 
 #[cfg(test)]
 mod restart_tests;
+
+#[cfg(test)]
+mod hostile_tests;

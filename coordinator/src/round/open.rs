@@ -55,14 +55,19 @@ impl OpenRound {
         }
     }
 
-    /// Counts a rejection in this round, and as the client's failure when it was selected.
+    /// Counts a rejection in this round, and as the client's failure when it was selected (one
+    /// failure per client, with its latest reason, however many messages were rejected).
     pub(super) fn count_rejection(&mut self, client: &str, reason: &'static str) {
         *self.rejected.entry(reason).or_default() += 1;
-        if self.selected.contains(client) {
-            self.failures.push(Failure {
+        if !self.selected.contains(client) {
+            return;
+        }
+        match self.failures.iter_mut().find(|f| f.client == client) {
+            Some(failure) => reason.clone_into(&mut failure.reason),
+            None => self.failures.push(Failure {
                 client: client.to_owned(),
                 reason: reason.to_owned(),
-            });
+            }),
         }
     }
 }

@@ -38,7 +38,7 @@ fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut Option<Check
             Output::Journal(r @ Record::Opened { .. }) => *journal = vec![r],
             Output::Journal(r) => journal.push(r),
             Output::RoundEnded(report) if report.aggregated => {
-                *checkpoint = Some(m.checkpoint("f"));
+                *checkpoint = Some(m.checkpoint());
             }
             _ => {}
         }
@@ -49,7 +49,17 @@ fn log_of(journal: &[Record]) -> OpenRoundLog {
     let mut log = OpenRoundLog::default();
     for record in journal {
         match record {
-            Record::Opened { round, selected } => log.opened = Some((*round, selected.clone())),
+            Record::Opened {
+                round,
+                selected,
+                base,
+            } => {
+                log.opened = Some(OpenedRound {
+                    round: *round,
+                    selected: selected.clone(),
+                    base: *base,
+                })
+            }
             Record::Accepted { client, frame, .. } => {
                 log.accepted.push((client.clone(), frame.clone()))
             }
@@ -112,12 +122,16 @@ fn a_stale_journal_is_ignored() {
     let mut m = Rounds::new(journaled(), strategy(), vec![0.0; M]);
     let mut resumed = Checkpoint {
         next_round: 5,
-        ..m.checkpoint("f")
+        ..m.checkpoint()
     };
     resumed.aggregated_rounds = 1;
     let mut m2 = Rounds::resume(journaled(), strategy(), resumed, M).unwrap();
     let log = OpenRoundLog {
-        opened: Some((4, vec!["a".into()])),
+        opened: Some(OpenedRound {
+            round: 4,
+            selected: vec!["a".into()],
+            base: params_fingerprint(&[0.0; M]),
+        }),
         accepted: vec![("a".into(), update("a", 4, [1.0; M], 1))],
     };
     assert_eq!(m2.restore_round(log, 0), None);

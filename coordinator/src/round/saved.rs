@@ -11,6 +11,8 @@ use crate::strategy::StrategyState;
 pub struct Checkpoint {
     /// Federation name.
     pub federation: String,
+    /// The federation's run ([`fedge_wire::RoundTask::run`]), kept across restarts.
+    pub run: u64,
     /// Strategy name (`fedavg`, `fedomg+momentum`, ...).
     pub strategy: String,
     /// The next round to open.
@@ -36,6 +38,10 @@ pub enum Record {
         round: u64,
         /// Selected clients, sorted.
         selected: Vec<String>,
+        /// [`params_fingerprint`] of the global parameters the round started from: a journal
+        /// is resumed only onto the same parameters (not onto a fresh start after the
+        /// checkpoint was moved away, say).
+        base: u64,
     },
     /// An update was accepted in `round`: its plain frame (tag already checked).
     Accepted {
@@ -49,11 +55,32 @@ pub enum Record {
     },
 }
 
+/// The round a journal says was open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedRound {
+    /// Round number.
+    pub round: u64,
+    /// Selected clients.
+    pub selected: Vec<String>,
+    /// Fingerprint of the parameters it started from.
+    pub base: u64,
+}
+
+/// A fingerprint of global parameters: FNV-1a (64 bits) over their bit patterns. Tells a
+/// journal's parameters from others; not a defence against anyone forging a file.
+pub fn params_fingerprint(params: &[f32]) -> u64 {
+    params.iter().fold(0xcbf2_9ce4_8422_2325, |hash, v| {
+        v.to_bits().to_le_bytes().iter().fold(hash, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    })
+}
+
 /// The journal of an open round, as read back at start.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OpenRoundLog {
-    /// Round number and selected clients, when a round was open.
-    pub opened: Option<(u64, Vec<String>)>,
+    /// The round, when one was open.
+    pub opened: Option<OpenedRound>,
     /// Accepted updates of that round, in arrival order: client and frame.
     pub accepted: Vec<(String, Vec<u8>)>,
 }

@@ -29,6 +29,7 @@ pub(super) fn config() -> RoundConfig {
 
 pub(super) fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        run: 0,
         round,
         client_id: client.into(),
         seq: round,
@@ -65,7 +66,7 @@ pub(super) fn reports(outputs: &[Output]) -> Vec<RoundReport> {
     outputs
         .iter()
         .filter_map(|o| match o {
-            Output::RoundEnded(r) => Some(r.clone()),
+            Output::RoundEnded(r) => Some(r.as_ref().clone()),
             _ => None,
         })
         .collect()
@@ -131,6 +132,7 @@ fn bad_updates_are_rejected_counted_and_leave_the_model_untouched() {
     m.handle_packet("a", &update("a", 1, [f32::NAN, 0.0, 0.0, 0.0], 1), 4);
     m.handle_packet("c", &update("c", 1, [1.0; M], 1), 5);
     let short = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        run: 0,
         round: 1,
         client_id: "a".into(),
         seq: 1,
@@ -223,6 +225,7 @@ fn chunked_update_is_reassembled_in_any_order() {
     m.handle_client_status("a", true, 0);
     m.handle_client_status("b", true, 0);
     let frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        run: 0,
         round: 1,
         client_id: "a".into(),
         seq: 1,
@@ -246,6 +249,7 @@ fn chunked_update_is_reassembled_in_any_order() {
         count: 2,
         total_len: 10,
         data: vec![1],
+        tag: None,
     }));
     m.handle_packet("b", &bad, 6);
     assert_eq!(m.rejected_total().get("bad_chunk"), Some(&1));
@@ -366,7 +370,7 @@ fn a_resumed_machine_continues_exactly_like_an_uninterrupted_one() {
     let mut first = Rounds::new(config.clone(), fedomg_with_momentum(), vec![0.0; M]);
     start(&mut first);
     play(&mut first, 1, 2);
-    let saved = first.checkpoint("f");
+    let saved = first.checkpoint();
     assert!(saved.strategy_state.contains_key("server_momentum"));
     // The file format keeps the momentum buffer exactly (`store::checkpoint`'s own tests), so
     // the value the machine hands out is what a restart reads back.
@@ -458,6 +462,7 @@ fn feddim_update(
     means: [f32; 2],
 ) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        run: 0,
         round,
         client_id: client.into(),
         seq: round,
@@ -536,12 +541,13 @@ fn feddim_rebuilds_insight_from_class_means_and_sends_it_with_the_next_task() {
         &[6.0, 6.0],
         "nobody saw class 1: it keeps its value"
     );
-    let saved = m.checkpoint("f");
+    let saved = m.checkpoint();
     assert_eq!(saved.insight, insight.to_vec());
 }
 
 fn fedddl_update(client: &str, round: u64, counts: [u32; 2], means: [f32; 2]) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        run: 0,
         round,
         client_id: client.into(),
         seq: round,
@@ -584,5 +590,5 @@ fn fedddl_averages_prototypes_by_count_and_sends_them_with_the_next_task() {
         (sent.shape(), sent.to_vec()),
         (&[2u32, 1][..], vec![5.0, 4.0])
     );
-    assert_eq!(m.checkpoint("f").prototypes, vec![5.0, 4.0]);
+    assert_eq!(m.checkpoint().prototypes, vec![5.0, 4.0]);
 }

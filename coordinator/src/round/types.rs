@@ -15,6 +15,12 @@ use crate::strategy::AggregationReport;
 /// Settings of the round logic.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoundConfig {
+    /// Federation name, written into every task (devices refuse another federation's).
+    pub federation: String,
+    /// The federation's run (see [`fedge_wire::RoundTask::run`]): every update must echo it
+    /// (`replay` otherwise). The driver draws it at random for a fresh federation; a resumed
+    /// checkpoint brings its own.
+    pub run: u64,
     /// Rounds that must aggregate before the federation finishes (abandoned rounds do not
     /// count); 0 runs until stopped.
     pub rounds: u64,
@@ -50,10 +56,24 @@ pub struct RoundConfig {
     pub journal: bool,
     /// Updates whose delta norm passes this bound are rejected on arrival (`norm`); 0: no bound.
     pub max_update_norm: f64,
-    /// At the round's end, updates whose norm passes this multiple of the median norm of the
-    /// round's accepted updates are dropped (`norm`), when there are at least 3; 0: off.
+    /// At the round's end, updates whose norm passes this multiple of the lower median norm
+    /// of the round's accepted updates are dropped (`norm`), when there are at least 2; 0: off.
     pub max_norm_ratio: f64,
+    /// At the round's end, a sample count above this multiple of the round's lower median
+    /// sample count is cut down to it before aggregation, so that no device weighs more than
+    /// that multiple of a typical one whatever count it claims; 0: off.
+    pub max_weight_ratio: f64,
 }
+
+/// Default [`RoundConfig::max_norm_ratio`]: honest deltas of one round differ by a few times
+/// at most (BENCHMARKS.md's runs stay under 3×); a poisoned one by orders of magnitude.
+pub const DEFAULT_MAX_NORM_RATIO: f64 = 10.0;
+/// Default [`RoundConfig::max_weight_ratio`].
+pub const DEFAULT_MAX_WEIGHT_RATIO: f64 = 10.0;
+/// Largest magnitude of any value of an update (delta, class statistics): far above any
+/// trained head's, and low enough that squares and dot products of a whole delta stay finite
+/// in f32 partial sums and f64 totals.
+pub const MAX_ABS_VALUE: f32 = 1e9;
 
 /// Device keys by client id.
 pub type DeviceKeys = BTreeMap<String, DeviceKey>;
@@ -61,6 +81,8 @@ pub type DeviceKeys = BTreeMap<String, DeviceKey>;
 impl Default for RoundConfig {
     fn default() -> Self {
         Self {
+            federation: "fedge".into(),
+            run: 0,
             rounds: 20,
             fraction: 1.0,
             min_clients: 1,
@@ -75,7 +97,8 @@ impl Default for RoundConfig {
             auth: None,
             journal: false,
             max_update_norm: 0.0,
-            max_norm_ratio: 0.0,
+            max_norm_ratio: DEFAULT_MAX_NORM_RATIO,
+            max_weight_ratio: DEFAULT_MAX_WEIGHT_RATIO,
         }
     }
 }
@@ -123,6 +146,12 @@ pub enum Rejection {
     Incomplete,
     /// A message, or a chunk stream's announced length, above the largest message accepted.
     Oversized,
+    /// An update answering another run's task: captured in another federation, or before a
+    /// coordinator started afresh.
+    Replay,
+    /// Accepted, but the journal could not be written: the update does not count (a restart
+    /// would not have it).
+    Storage,
 }
 
 impl Rejection {
@@ -149,6 +178,8 @@ impl Rejection {
             Rejection::Norm => "norm",
             Rejection::Incomplete => "incomplete",
             Rejection::Oversized => "oversized",
+            Rejection::Replay => "replay",
+            Rejection::Storage => "storage",
         }
     }
 
@@ -191,8 +222,14 @@ impl Phase {
 pub struct RoundReport {
     /// Round number.
     pub round: u64,
-    /// True when the model was updated; false when the round was abandoned below quorum.
+    /// True when the model was updated; false when the round was abandoned.
     pub aggregated: bool,
+    /// Why an abandoned round was abandoned: `quorum` (too few usable updates) or
+    /// `non_finite_aggregate` / `exploding_aggregate` (the aggregate was refused and the model
+    /// kept).
+    pub abandoned: Option<&'static str>,
+    /// Clients whose sample count was cut to the round's weight bound.
+    pub capped: Vec<String>,
     /// Clients selected.
     pub selected: Vec<String>,
     /// Clients whose update was used.
@@ -230,7 +267,7 @@ pub enum Output {
         frame: Vec<u8>,
     },
     /// A round ended.
-    RoundEnded(RoundReport),
+    RoundEnded(Box<RoundReport>),
     /// An update was rejected.
     Rejected {
         /// Client named by the topic.

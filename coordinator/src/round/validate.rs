@@ -4,12 +4,13 @@
 //! change nothing (an update that fails validation changes nothing but the rejection counters,
 //! which the machine keeps).
 
-use fedge_wire::{ClassStats, ClientUpdate};
+use fedge_wire::{ClassStats, ClientUpdate, TensorF32};
 
 use super::open::OpenRound;
+use super::types::MAX_ABS_VALUE;
 use super::types::{Rejection, RoundConfig};
 use crate::updates::RoundUpdates;
-use crate::updates::norms::{median, norms};
+use crate::updates::norms::{lower_median, norms};
 
 /// Why `client`'s `update` cannot be used in the `open` round of a machine whose head has
 /// `params` parameters; `Ok` when it can.
@@ -24,6 +25,15 @@ pub(super) fn validate(
         return Err((
             Rejection::ClientMismatch,
             format!("update names {:?}", update.client_id),
+        ));
+    }
+    if update.run != config.run {
+        return Err((
+            Rejection::Replay,
+            format!(
+                "update answers run {:016x}, this federation runs {:016x}",
+                update.run, config.run
+            ),
         ));
     }
     let Some(open) = open else {
@@ -56,9 +66,7 @@ pub(super) fn validate(
             format!("{} parameters, the head has {}", update.delta.len(), params),
         ));
     }
-    if let Some(i) = update.delta.first_non_finite() {
-        return Err((Rejection::NonFinite, format!("parameter {i} is not finite")));
-    }
+    check_values(&update.delta, "parameter")?;
     if update.num_samples == 0 {
         return Err((Rejection::NoSamples, "zero samples".into()));
     }
@@ -77,14 +85,17 @@ pub(super) fn validate(
     if let Some(insight) = &config.insight {
         let shape = (insight.hidden, insight.classes);
         let what = "FedDIM class statistics";
-        check_class_stats(update.class_stats.as_ref(), shape, Rejection::Insight, what)?;
+        let stats = update.class_stats.as_ref();
+        check_class_stats(stats, shape, update.num_samples, Rejection::Insight, what)?;
     }
     if let Some(prototypes) = &config.prototypes {
         let shape = (prototypes.hidden, prototypes.classes);
         let what = "FedDDL prototypes";
+        let stats = update.prototypes.as_ref();
         check_class_stats(
-            update.prototypes.as_ref(),
+            stats,
             shape,
+            update.num_samples,
             Rejection::Prototypes,
             what,
         )?;
@@ -101,13 +112,18 @@ pub(super) struct NormOutliers {
 }
 
 /// The updates to drop at the round's end: those whose norm passes `ratio` × the round's
-/// median norm, when there are at least 3; `None` when every update stays.
+/// lower median norm, when there are at least 2; `None` when every update stays.
+///
+/// The lower median (the smaller of two) means one of two senders can never raise the bound:
+/// a huge delta next to an honest one is dropped. The price: a sender of a tiny delta next to
+/// one honest sender gets the honest one dropped, and the round is then abandoned below its
+/// quorum or aggregates the tiny delta; the model never moves far.
 pub(super) fn norm_outliers(ratio: f64, accepted: &RoundUpdates) -> Option<NormOutliers> {
-    if ratio <= 0.0 || accepted.len() < 3 {
+    if ratio <= 0.0 || accepted.len() < 2 {
         return None;
     }
     let norms = norms(accepted);
-    let bound = ratio * median(&norms);
+    let bound = ratio * lower_median(&norms);
     if norms.iter().all(|n| *n <= bound) {
         return None;
     }
@@ -119,10 +135,28 @@ pub(super) fn norm_outliers(ratio: f64, accepted: &RoundUpdates) -> Option<NormO
     Some(NormOutliers { keep, dropped })
 }
 
-/// Checks per-class statistics of shape `(H, K)`: present, `K` counts, `K·H` finite means.
+/// Checks that every value is finite (`non_finite`) and at most [`MAX_ABS_VALUE`] in
+/// magnitude (`norm`).
+fn check_values(values: &TensorF32, what: &str) -> Result<(), (Rejection, String)> {
+    let Some(i) = values.first_beyond(MAX_ABS_VALUE) else {
+        return Ok(());
+    };
+    match values.values().nth(i) {
+        Some(v) if v.is_finite() => Err((
+            Rejection::Norm,
+            format!("{what} {i} is {v:e}, beyond ±{MAX_ABS_VALUE:e}"),
+        )),
+        _ => Err((Rejection::NonFinite, format!("{what} {i} is not finite"))),
+    }
+}
+
+/// Checks per-class statistics of shape `(H, K)`: present, `K` counts adding up to at most
+/// the update's `num_samples` (the counts weigh the statistics as `num_samples` weighs the
+/// delta), `K·H` finite means of bounded magnitude.
 fn check_class_stats(
     stats: Option<&ClassStats>,
     (h, k): (usize, usize),
+    num_samples: u32,
     reason: Rejection,
     what: &str,
 ) -> Result<(), (Rejection, String)> {
@@ -140,11 +174,12 @@ fn check_class_stats(
             ),
         ));
     }
-    if let Some(i) = stats.means.first_non_finite() {
+    let total: u64 = stats.counts.iter().map(|&c| u64::from(c)).sum();
+    if total > u64::from(num_samples) {
         return Err((
-            Rejection::NonFinite,
-            format!("{what}: mean {i} is not finite"),
+            reason,
+            format!("{what}: class counts add up to {total}, above the {num_samples} samples"),
         ));
     }
-    Ok(())
+    check_values(&stats.means, &format!("{what}: mean"))
 }

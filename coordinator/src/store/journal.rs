@@ -7,15 +7,20 @@
 //!
 //! File: a sequence of records `len u32 LE | CRC-32 u32 LE of the body | postcard(Record)`.
 //! [`Journal::write`] rewrites the file with an `Opened` record (write, fsync, rename, fsync
-//! the folder) and appends an `Accepted` record, fsynced before it returns. [`read`] stops at the first torn or damaged record: a crash in the middle of an
-//! append loses at most that update, which its device then still has to send.
+//! the folder) and appends an `Accepted` record, fsynced before it returns; an append that
+//! fails is cut off again, so no torn record sits in front of later ones. [`recover`], at
+//! start, reads the records one at a time (never the whole file at once), stops at the first
+//! torn or damaged one and cuts the file there, so that the appends of the resumed round
+//! follow the last good record: a crash in the middle of an append loses at most that
+//! update, which its device then still has to send (the coordinator acknowledges an update
+//! to the broker only after its record is on disk).
 //! Only this module touches the file; the round machine emits and consumes [`Record`] values.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::round::saved::{OpenRoundLog, Record};
+use crate::round::saved::{OpenRoundLog, OpenedRound, Record};
 
 /// Slice-by-16 tables: 2.3 GiB/s against 0.37 GiB/s for the byte-wise table on a 134 KB frame
 /// (`cargo bench --workspace --bench crc`).
@@ -28,7 +33,8 @@ const MAX_RECORD: usize = fedge_wire::MAX_MESSAGE_BYTES + 1024;
 #[derive(Debug)]
 pub struct Journal {
     path: PathBuf,
-    file: Option<File>,
+    /// The file open for appending, and its length after the last complete record.
+    file: Option<(File, u64)>,
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> std::io::Error {
@@ -46,7 +52,8 @@ fn encode(record: &Record) -> Vec<u8> {
 }
 
 impl Journal {
-    /// A journal at `path`; nothing is written until a round opens.
+    /// A journal at `path`; nothing is written until a round opens or an update is accepted
+    /// (appended after what the file holds: call [`recover`] first after a restart).
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
@@ -55,7 +62,8 @@ impl Journal {
     }
 
     /// Writes a record: an `Opened` record atomically replaces the journal (a new round starts
-    /// a fresh one), an `Accepted` record is appended and fsynced before this returns.
+    /// a fresh one), an `Accepted` record is appended and fsynced before this returns. When
+    /// the append fails, the file is cut back to its last complete record.
     pub fn write(&mut self, record: &Record) -> std::io::Result<()> {
         let bytes = encode(record);
         let path = self.path.clone();
@@ -64,54 +72,111 @@ impl Journal {
             fedge_daemon::write_atomically(&path, &bytes, fedge_daemon::Visibility::Shared)
                 .map_err(|e| io_error(&path, e))?;
         }
-        let file = match &mut self.file {
-            Some(file) => file,
-            None => self.file.insert(
-                OpenOptions::new()
+        let (file, good_len) = match &mut self.file {
+            Some(open) => open,
+            None => {
+                let file = OpenOptions::new()
                     .append(true)
                     .create(true)
                     .open(&path)
-                    .map_err(|e| io_error(&path, e))?,
-            ),
+                    .map_err(|e| io_error(&path, e))?;
+                let len = file.metadata().map_err(|e| io_error(&path, e))?.len();
+                self.file.insert((file, len))
+            }
         };
         if let Record::Accepted { .. } = record {
-            file.write_all(&bytes).map_err(|e| io_error(&path, e))?;
-            file.sync_data().map_err(|e| io_error(&path, e))?;
+            let appended = file.write_all(&bytes).and_then(|()| file.sync_data());
+            if let Err(e) = appended {
+                // Cut the torn record off, so that later appends stay readable.
+                let _ = file.set_len(*good_len).and_then(|()| file.sync_data());
+                return Err(io_error(&path, e));
+            }
+            *good_len += bytes.len() as u64;
         }
         Ok(())
     }
 }
 
-/// Reads a journal; a missing file is an empty log. Records after the first damaged one are
-/// ignored (and counted in the second value), as are `Accepted` records of another round.
-pub fn read(path: &Path) -> std::io::Result<(OpenRoundLog, usize)> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
+/// Reads a journal without changing it; a missing file is an empty log. Records after the
+/// first damaged one are ignored (their bytes are the second value), as are `Accepted`
+/// records of another round.
+pub fn read(path: &Path) -> std::io::Result<(OpenRoundLog, u64)> {
+    match File::open(path) {
+        Ok(file) => {
+            let (log, good, total) = parse_from(BufReader::new(file))?;
+            Ok((log, total - good))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
+        Err(e) => Err(io_error(path, e)),
+    }
+}
+
+/// [`read`], then cuts the file after its last good record (fsynced), so that the records a
+/// resumed round appends are not hidden behind a torn one.
+pub fn recover(path: &Path) -> std::io::Result<(OpenRoundLog, u64)> {
+    let file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
         Err(e) => return Err(io_error(path, e)),
     };
-    Ok(parse(&bytes))
+    let (log, good, total) = parse_from(BufReader::new(&file)).map_err(|e| io_error(path, e))?;
+    if good < total {
+        file.set_len(good)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_error(path, e))?;
+    }
+    Ok((log, total - good))
 }
 
 /// Parses journal bytes: the log and the number of bytes ignored after a damaged record.
 pub fn parse(bytes: &[u8]) -> (OpenRoundLog, usize) {
+    match parse_from(bytes) {
+        Ok((log, good, total)) => (log, (total - good) as usize),
+        Err(_) => (OpenRoundLog::default(), bytes.len()),
+    }
+}
+
+/// Reads records one by one: the log, the length of the good prefix and the total length.
+fn parse_from(mut reader: impl Read) -> std::io::Result<(OpenRoundLog, u64, u64)> {
     let mut log = OpenRoundLog::default();
-    let mut at = 0;
-    while bytes.len() - at >= 8 {
-        let len = u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-        let crc = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
-        let len = len as usize;
-        if len > MAX_RECORD || bytes.len() - at - 8 < len {
+    let (mut good, mut total) = (0u64, 0u64);
+    let mut damaged = false;
+    let mut body = Vec::new();
+    loop {
+        let mut header = [0u8; 8];
+        let got = read_up_to(&mut reader, &mut header)?;
+        total += got as u64;
+        if got < header.len() || damaged {
+            if got == header.len() {
+                total += std::io::copy(&mut reader, &mut std::io::sink())?;
+            }
             break;
         }
-        let body = &bytes[at + 8..at + 8 + len];
-        if CRC.checksum(body) != crc {
-            break;
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        if len > MAX_RECORD {
+            damaged = true;
+            continue;
         }
-        match postcard::from_bytes::<Record>(body) {
-            Ok(Record::Opened { round, selected }) => {
+        body.resize(len, 0);
+        let got = read_up_to(&mut reader, &mut body)?;
+        total += got as u64;
+        if got < len || CRC.checksum(&body) != crc {
+            damaged = true;
+            continue;
+        }
+        match postcard::from_bytes::<Record>(&body) {
+            Ok(Record::Opened {
+                round,
+                selected,
+                base,
+            }) => {
                 log = OpenRoundLog {
-                    opened: Some((round, selected)),
+                    opened: Some(OpenedRound {
+                        round,
+                        selected,
+                        base,
+                    }),
                     accepted: Vec::new(),
                 };
             }
@@ -120,15 +185,32 @@ pub fn parse(bytes: &[u8]) -> (OpenRoundLog, usize) {
                 client,
                 frame,
             }) => {
-                if log.opened.as_ref().is_some_and(|(r, _)| *r == round) {
+                if log.opened.as_ref().is_some_and(|o| o.round == round) {
                     log.accepted.push((client, frame));
                 }
             }
-            Err(_) => break,
+            Err(_) => {
+                damaged = true;
+                continue;
+            }
         }
-        at += 8 + len;
+        good = total;
     }
-    (log, bytes.len() - at)
+    Ok((log, good, total))
+}
+
+/// Fills `buf` as far as the reader goes; the bytes read.
+fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 #[cfg(test)]
@@ -149,6 +231,14 @@ mod tests {
         let opened = |round, selected: &[&str]| Record::Opened {
             round,
             selected: selected.iter().map(|s| s.to_string()).collect(),
+            base: 7,
+        };
+        let opened_log = |round, selected: &[&str]| {
+            Some(OpenedRound {
+                round,
+                selected: selected.iter().map(|s| s.to_string()).collect(),
+                base: 7,
+            })
         };
         journal.write(&opened(4, &["a", "b"])).unwrap();
         journal.write(&accepted(4, "a", b"frame-a")).unwrap();
@@ -156,7 +246,7 @@ mod tests {
         journal.write(&accepted(4, "b", b"frame-b")).unwrap();
         let (log, ignored) = read(&path).unwrap();
         assert_eq!(ignored, 0);
-        assert_eq!(log.opened, Some((4, vec!["a".into(), "b".into()])));
+        assert_eq!(log.opened, opened_log(4, &["a", "b"]));
         assert_eq!(
             log.accepted,
             vec![
@@ -185,9 +275,38 @@ mod tests {
         // A new round starts a fresh journal.
         journal.write(&opened(5, &["b"])).unwrap();
         let (log, _) = read(&path).unwrap();
-        assert_eq!(
-            (log.opened, log.accepted.len()),
-            (Some((5, vec!["b".into()])), 0)
-        );
+        assert_eq!((log.opened, log.accepted.len()), (opened_log(5, &["b"]), 0));
+    }
+
+    #[test]
+    fn recovery_cuts_a_torn_tail_so_later_appends_are_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.bin");
+        let mut journal = Journal::new(&path);
+        let accepted = |client: &str| Record::Accepted {
+            round: 2,
+            client: client.into(),
+            frame: vec![1, 2, 3],
+        };
+        let opened = Record::Opened {
+            round: 2,
+            selected: vec!["a".into(), "b".into(), "c".into()],
+            base: 1,
+        };
+        journal.write(&opened).unwrap();
+        journal.write(&accepted("a")).unwrap();
+        // A crash in the middle of the next append leaves half a record.
+        let torn = encode(&accepted("b"));
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(&torn[..torn.len() / 2]).unwrap();
+        drop(file);
+        let (log, ignored) = recover(&path).unwrap();
+        assert_eq!((log.accepted.len(), ignored), (1, torn.len() as u64 / 2));
+        // The resumed round appends after the good prefix: both records read back.
+        let mut journal = Journal::new(&path);
+        journal.write(&accepted("c")).unwrap();
+        let (log, ignored) = read(&path).unwrap();
+        let clients: Vec<&str> = log.accepted.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!((clients, ignored), (vec!["a", "c"], 0));
     }
 }

@@ -24,6 +24,14 @@ pub enum KeysError {
         /// Cause.
         source: std::io::Error,
     },
+    /// Unreadable, or readable by others than its owner.
+    #[error("{path}: {source}")]
+    Secret {
+        /// File.
+        path: String,
+        /// Cause.
+        source: fedge_daemon::SecretError,
+    },
     /// Not TOML of `client = "hex"` lines, or a bad key or client id.
     #[error("{path}: {reason}")]
     Invalid {
@@ -56,7 +64,7 @@ pub enum InvalidKeys {
 /// Reads a keys file.
 pub fn load(path: &Path) -> Result<DeviceKeys, KeysError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| KeysError::Io {
+    let text = fedge_daemon::read_secret(path).map_err(|source| KeysError::Secret {
         path: shown.clone(),
         source,
     })?;

@@ -38,8 +38,14 @@ pub struct AggregationReport {
     /// FedOMG's weights `Γ*` per client (sums to 1).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty", default)]
     pub gamma: std::collections::BTreeMap<String, f64>,
-    /// FedOMG's objective at `Γ*`.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
+    /// FedOMG's objective at `Γ*` (`fedomg_objective` in JSON: `objective` there is the
+    /// devices' training objective, a name).
+    #[serde(
+        rename = "fedomg_objective",
+        alias = "objective",
+        skip_serializing_if = "Option::is_none",
+        default
+    )]
     pub objective: Option<f64>,
     /// FedOMG's `λ`.
     #[serde(skip_serializing_if = "Option::is_none", default)]

@@ -104,6 +104,14 @@ impl Arena {
         }
     }
 
+    /// Makes room for `values` in all (reserving disk space when spilled).
+    fn reserve(&mut self, values: usize) -> std::io::Result<()> {
+        match (&mut self.spill, self.spilled) {
+            (Some(file), Some(_)) => file.reserve(values),
+            _ => Ok(()),
+        }
+    }
+
     /// Appends one row; the caller checked that it fits.
     fn push_row(&mut self, row: impl ExactSizeIterator<Item = f32>) {
         match (&mut self.spill, &mut self.spilled) {
@@ -143,14 +151,20 @@ impl Default for UpdatesConfig {
     }
 }
 
-/// The update does not fit in the budget.
+/// The update cannot be held.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("holding this update needs {needed} bytes, over the budget of {budget} bytes")]
-pub struct OverBudget {
-    /// Bytes the arena would need.
-    pub needed: usize,
-    /// The budget.
-    pub budget: usize,
+pub enum OverBudget {
+    /// Its delta, with the dot products, would pass the memory budget.
+    #[error("holding this update needs {needed} bytes, over the budget of {budget} bytes")]
+    Memory {
+        /// Bytes the arena and the dot products would need.
+        needed: usize,
+        /// The budget.
+        budget: usize,
+    },
+    /// The spill file's disk has no room for it.
+    #[error("the spill file cannot grow: {0}")]
+    Disk(String),
 }
 
 /// The accepted updates of one round.
@@ -283,12 +297,27 @@ impl RoundUpdates {
     ) -> Result<(), OverBudget> {
         assert_eq!(delta.len(), self.m, "delta length");
         let needed = self.arena.len() + self.m;
-        if needed > self.limit {
-            return Err(OverBudget {
-                needed: needed.saturating_mul(4),
-                budget: self.limit.saturating_mul(4),
+        // The dot products live on the heap whatever holds the deltas.
+        let rows = self.len() + 1;
+        let dots = if self.config.dots {
+            rows.saturating_mul(rows + 1) / 2 * 8
+        } else {
+            0
+        };
+        let heap = if self.arena.is_spilled() {
+            0
+        } else {
+            needed.saturating_mul(4)
+        };
+        if needed > self.limit || heap.saturating_add(dots) > self.config.budget_bytes {
+            return Err(OverBudget::Memory {
+                needed: heap.saturating_add(dots).max(needed.saturating_mul(4)),
+                budget: self.config.budget_bytes,
             });
         }
+        self.arena
+            .reserve(needed)
+            .map_err(|e| OverBudget::Disk(e.to_string()))?;
         self.clients.push(client.to_string());
         self.counts.push(num_samples);
         self.arena.push_row(delta);
@@ -297,6 +326,23 @@ impl RoundUpdates {
             self.flush();
         }
         Ok(())
+    }
+
+    /// Cuts every sample count above `cap` down to it; returns the clients cut, in client
+    /// order. The weights of the aggregation are the counts, so this bounds any one update's
+    /// weight.
+    pub fn cap_samples(&mut self, cap: u32) -> Vec<String> {
+        let mut capped: Vec<usize> = (0..self.counts.len())
+            .filter(|&u| self.counts[u] > cap)
+            .collect();
+        for &u in &capped {
+            self.counts[u] = cap;
+        }
+        capped.sort_by(|a, b| self.clients[*a].cmp(&self.clients[*b]));
+        capped
+            .into_iter()
+            .map(|u| self.clients[u].clone())
+            .collect()
     }
 
     /// Keeps the updates whose `keep[i]` is true (`i` in client order), compacting the arena
@@ -479,9 +525,36 @@ mod tests {
         held.push("a", 1, &[1.0, 2.0]).unwrap();
         held.push("b", 1, &[1.0, 2.0]).unwrap();
         let err = held.push("c", 1, &[1.0, 2.0]).unwrap_err();
-        assert_eq!(err.needed, 24);
+        assert_eq!(
+            err,
+            OverBudget::Memory {
+                needed: 24,
+                budget: 16
+            }
+        );
         assert_eq!(held.len(), 2);
         assert_eq!(held.arena_bytes(), 16);
+    }
+
+    #[test]
+    fn the_dot_products_count_against_the_budget() {
+        // Three rows of 2 values: 24 bytes of deltas and 6 dot products of 8 bytes.
+        let config = |budget_bytes| UpdatesConfig {
+            dots: true,
+            budget_bytes,
+            ..UpdatesConfig::default()
+        };
+        let mut fits = RoundUpdates::new(2, 3, config(24 + 48));
+        let mut tight = RoundUpdates::new(2, 3, config(24 + 47));
+        for c in ["a", "b", "c"] {
+            fits.push(c, 1, &[1.0, 2.0]).unwrap();
+        }
+        tight.push("a", 1, &[1.0, 2.0]).unwrap();
+        tight.push("b", 1, &[1.0, 2.0]).unwrap();
+        assert!(matches!(
+            tight.push("c", 1, &[1.0, 2.0]),
+            Err(OverBudget::Memory { needed: 72, .. })
+        ));
     }
 
     #[test]

@@ -29,6 +29,17 @@ pub fn norms(updates: &RoundUpdates) -> Vec<f64> {
         .collect()
 }
 
+/// The lower median of `values` (the smaller of the middle two for an even count); 0 when
+/// empty. With two values it is the smaller one, so one of two senders cannot raise it.
+pub fn lower_median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[(n - 1) / 2],
+    }
+}
+
 /// The median of `values` (mean of the middle two for an even count); 0 when empty.
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();

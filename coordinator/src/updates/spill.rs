@@ -6,14 +6,25 @@
 //! and the kernel may write them back and drop them from RAM under memory pressure, so the
 //! coordinator's anonymous memory stays at the budget while the deltas stream through the page
 //! cache.
+//!
+//! Writing to a page of a sparse file the disk has no room for kills the process (SIGBUS), so
+//! the disk space is reserved (`fallocate`) before any value is written past what was reserved
+//! already, in steps of [`RESERVE_STEP`]: a full disk is then an error for that update
+//! (`memory_budget`), never a crash.
 
 use std::path::Path;
 
 use memmap2::MmapMut;
 
+/// Bytes reserved on disk at a time.
+pub const RESERVE_STEP: usize = 64 << 20;
+
 /// The mapped spill file.
 pub struct SpillFile {
     map: MmapMut,
+    file: std::fs::File,
+    /// Bytes from the start whose disk space is reserved.
+    reserved: usize,
 }
 
 impl std::fmt::Debug for SpillFile {
@@ -37,7 +48,28 @@ impl SpillFile {
         // before the file handle (the map keeps its own reference to the open file).
         #[allow(unsafe_code)]
         let map = unsafe { MmapMut::map_mut(&file)? };
-        Ok(Self { map })
+        Ok(Self {
+            map,
+            file,
+            reserved: 0,
+        })
+    }
+
+    /// Reserves disk space for the first `floats` values (and up to [`RESERVE_STEP`] more),
+    /// so that writing them cannot fault; an error (no space left) leaves them unwritable.
+    pub fn reserve(&mut self, floats: usize) -> std::io::Result<()> {
+        let wanted = floats.saturating_mul(4).min(self.map.len());
+        if wanted <= self.reserved {
+            return Ok(());
+        }
+        let end = wanted
+            .saturating_add(RESERVE_STEP)
+            .min(self.map.len())
+            .max(wanted);
+        let (offset, len) = (self.reserved as u64, (end - self.reserved) as u64);
+        rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::empty(), offset, len)?;
+        self.reserved = end;
+        Ok(())
     }
 
     /// How many f32 values it holds.
@@ -71,5 +103,22 @@ mod tests {
         assert_eq!(spill.floats()[0], 0.0);
         // Nothing is left in the folder: the file has no name.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn disk_space_is_reserved_in_steps_before_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = SpillFile::create(dir.path(), 1 << 30).unwrap();
+        spill.reserve(1_000).unwrap();
+        assert_eq!(spill.reserved, 4_000 + RESERVE_STEP);
+        // Within what is reserved: nothing to do.
+        spill.reserve(RESERVE_STEP / 4).unwrap();
+        assert_eq!(spill.reserved, 4_000 + RESERVE_STEP);
+        spill.reserve(RESERVE_STEP / 2).unwrap();
+        assert_eq!(spill.reserved, 3 * RESERVE_STEP);
+        // The reservation is real: the file's blocks are allocated, not just its length.
+        use std::os::unix::fs::MetadataExt;
+        let blocks = spill.file.metadata().unwrap().blocks() as usize * 512;
+        assert!(blocks >= 3 * RESERVE_STEP, "{blocks} bytes allocated");
     }
 }

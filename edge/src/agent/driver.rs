@@ -104,8 +104,10 @@ fn perform(
                 let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status));
             }
             Output::Update { topic, frame, seq } => {
-                let sent =
-                    publish_frame(client, &topic, frame, seq, setup.broker.max_packet, false);
+                // Each chunk carries the device's tag, so forged chunks are refused one by one.
+                let signer = setup.key.as_ref().map(|k| (setup.client_id.as_str(), k));
+                let packet = (seq, setup.broker.max_packet);
+                let sent = publish_frame(client, &topic, frame, packet, false, signer);
                 agent.handle_update_sent(sent);
             }
             Output::Train(task) => {

@@ -12,10 +12,12 @@
 //!
 //! # Decisions
 //!
-//! A round task is trained when the device is selected, its round differs from the last round
-//! answered, and no training is running. `!=` rather than `>`: a restarted coordinator counts
-//! from 1 again, so a task older than the last round is trained, while a task delivered twice
-//! (retained, reconnect, restart with the saved state) has the same round and is not. A task is
+//! A round task is trained when it belongs to the device's federation, its training values
+//! are in range, the device is selected, the task is fresh and no training is running. Fresh
+//! means a later round of the run last answered, or a run never seen (a coordinator that
+//! started afresh draws a new run and counts from 1 again): a task delivered twice (retained,
+//! reconnect, restart with the saved state) is not trained again, and a replayed older task
+//! (an earlier round, or a run the device has left) is refused with a `last_error`. A task is
 //! skipped once, with a `last_error`, when the last training took longer than the task's whole
 //! deadline: its update would arrive after the round closed. The next task is tried again.
 
@@ -145,7 +147,8 @@ pub struct Agent {
     status: EdgeStatus,
     state: RoundState,
     /// The round being trained and how its update must be packed.
-    training: Option<(u64, Codec)>,
+    /// The task being trained: its run, round and update codec.
+    training: Option<(u64, u64, Codec)>,
     /// The peak memory of a round whose update the driver is publishing.
     publishing: Option<Option<f64>>,
     summary: AgentSummary,
@@ -180,10 +183,13 @@ impl Agent {
             update_topic: topics.update(&id.client_id),
             task_base: topics.round_task(),
             metrics_topic: topics.metrics(),
+            // One task stream at a time (two while one expires), no larger than the memory
+            // budget allows: the reassembler never holds more than the device can afford.
             reassembler: Reassembler::new(
                 fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
-                fedge_wire::MAX_MESSAGE_BYTES,
-            ),
+                task_limit_bytes(id.memory_budget_mb),
+            )
+            .with_max_pending(fedge_wire::MAX_PENDING_PER_SENDER),
             id,
             status,
             state,
@@ -194,12 +200,12 @@ impl Agent {
         })
     }
 
-    /// The Last Will the broker publishes when the device vanishes: its status offline, with no
-    /// round (as the agent has always registered it).
+    /// The Last Will the broker publishes when the device vanishes: its status offline, with
+    /// the last round it had answered when it connected.
     pub fn last_will(&self) -> (String, EdgeStatus) {
         let will = EdgeStatus {
             online: false,
-            last_round: 0,
+            last_round: self.state.last_round,
             ..self.status.clone()
         };
         (self.status_topic.clone(), will)
@@ -284,8 +290,14 @@ impl Agent {
                 return;
             }
         };
+        if let Some(refusal) = self.refusal(&task) {
+            tracing::warn!(client = %client_id, "{refusal}");
+            self.status.last_error = refusal;
+            self.publish_status();
+            return;
+        }
         let wanted = task.selected.iter().any(|c| c == client_id)
-            && task.round != self.status.last_round
+            && self.state.is_fresh(task.run, task.round)
             && self.training.is_none();
         if wanted && too_slow_for(task.deadline_ms, self.state.last_train_seconds) {
             self.status.last_error = format!(
@@ -299,27 +311,50 @@ impl Agent {
             self.state.last_train_seconds = 0.0;
             self.publish_status();
         } else if wanted {
-            self.training = Some((task.round, task.train.update_codec));
+            self.training = Some((task.run, task.round, task.train.update_codec));
             self.outputs.push_back(Output::Train(Box::new(task)));
         }
+    }
+
+    /// Why a task must not be trained, if it must not: another federation's, values out of
+    /// range, or a replay of a task older than the last one answered.
+    fn refusal(&self, task: &RoundTask) -> Option<String> {
+        if task.federation != self.id.federation {
+            return Some(format!(
+                "refused a round task of federation {:?}; this device belongs to {:?}",
+                task.federation, self.id.federation
+            ));
+        }
+        if let Err(e) = task.train.check() {
+            return Some(format!("refused round {}: {e}", task.round));
+        }
+        let selected = task.selected.iter().any(|c| c == &self.id.client_id);
+        if selected && self.state.is_stale(task.run, task.round) {
+            return Some(format!(
+                "refused a stale round task (run {:016x}, round {}): already answered round {} of run {:016x}",
+                task.run, task.round, self.state.last_round, self.state.run
+            ));
+        }
+        None
     }
 
     /// Local training ended: publish the update (then [`Agent::handle_update_sent`]) or report
     /// the failure; the round counts as answered either way.
     pub fn handle_trained(&mut self, done: Trained) {
-        let codec = self
+        let (run, codec) = self
             .training
             .take()
-            .map(|(_, codec)| codec)
+            .map(|(run, _, codec)| (run, codec))
             .unwrap_or_default();
         self.status.last_round = done.round;
-        self.state.last_round = done.round;
+        self.state.answer(run, done.round);
         self.state.last_train_seconds = done.seconds;
         match done.result {
             Ok(outcome) => {
                 self.state.seq += 1;
                 let seq = self.state.seq;
                 let update = ClientUpdate {
+                    run,
                     round: done.round,
                     client_id: self.id.client_id.clone(),
                     seq,
@@ -398,6 +433,16 @@ impl Agent {
             topic: self.status_topic.clone(),
             status: self.status.clone(),
         });
+    }
+}
+
+/// Largest task a device reassembles: the wire's limit, or a quarter of the memory budget
+/// when the profile sets one (the task, its decoded copy and training need the rest).
+pub fn task_limit_bytes(memory_budget_mb: u64) -> usize {
+    let budget = usize::try_from(memory_budget_mb.saturating_mul(1 << 18)).unwrap_or(usize::MAX);
+    match memory_budget_mb {
+        0 => fedge_wire::MAX_MESSAGE_BYTES,
+        _ => fedge_wire::MAX_MESSAGE_BYTES.min(budget.max(1 << 20)),
     }
 }
 

@@ -1,5 +1,5 @@
-//! What a device remembers across restarts: the last round it answered, its update sequence
-//! and how long its last training took.
+//! What a device remembers across restarts: the federation run and the last round it
+//! answered, the runs it has left, its update sequence and how long its last training took.
 //!
 //! The file is JSON written through the one durable atomic write
 //! (`fedge_daemon::write_atomically`); a missing or damaged file is a fresh state. Deciding
@@ -11,8 +11,13 @@ use fedge_daemon::{Visibility, write_atomically};
 
 /// What a device remembers across restarts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RoundState {
-    /// Last round the device trained and answered.
+    /// The federation run ([`fedge_wire::RoundTask::run`]) of the last task trained.
+    pub run: u64,
+    /// Runs the device answered before `run` (newest first, 0 = none): their tasks are stale.
+    pub past_runs: [u64; PAST_RUNS],
+    /// Last round the device trained and answered (in `run`).
     pub last_round: u64,
     /// Sequence number of its last update.
     pub seq: u64,
@@ -20,7 +25,39 @@ pub struct RoundState {
     pub last_train_seconds: f32,
 }
 
+/// How many left runs a device remembers.
+pub const PAST_RUNS: usize = 8;
+
 impl RoundState {
+    /// Whether a task of `run` and `round` is newer than everything answered: a later round of
+    /// the same run, or a run never seen (a coordinator that started afresh). An earlier
+    /// round, or a run the device has left, is a replayed task.
+    pub fn is_fresh(&self, run: u64, round: u64) -> bool {
+        if run == self.run {
+            round > self.last_round
+        } else {
+            !self.past_runs.contains(&run)
+        }
+    }
+
+    /// Whether a task of `run` and `round` is older than what was answered (an earlier round of
+    /// the same run, or a left run): a replay, as opposed to a task delivered twice.
+    pub fn is_stale(&self, run: u64, round: u64) -> bool {
+        (run == self.run && round < self.last_round) || (run != 0 && self.past_runs.contains(&run))
+    }
+
+    /// Records that a task of `run` and `round` is being answered.
+    pub fn answer(&mut self, run: u64, round: u64) {
+        if run != self.run {
+            if self.run != 0 {
+                self.past_runs.rotate_right(1);
+                self.past_runs[0] = self.run;
+            }
+            self.run = run;
+        }
+        self.last_round = round;
+    }
+
     /// Reads the state file; a missing or unreadable file is a fresh state (logged).
     pub fn load(path: &Path) -> Self {
         match std::fs::read(path) {
@@ -52,6 +89,8 @@ mod tests {
         let path = dir.path().join("cam.round.json");
         assert_eq!(RoundState::load(&path), RoundState::default());
         let state = RoundState {
+            run: 3,
+            past_runs: [1, 2, 0, 0, 0, 0, 0, 0],
             last_round: 7,
             seq: 9,
             last_train_seconds: 1.5,
@@ -60,5 +99,20 @@ mod tests {
         assert_eq!(RoundState::load(&path), state);
         std::fs::write(&path, b"{not json").unwrap();
         assert_eq!(RoundState::load(&path), RoundState::default());
+    }
+
+    #[test]
+    fn tasks_of_left_runs_and_earlier_rounds_are_stale() {
+        let mut state = RoundState::default();
+        assert!(state.is_fresh(11, 1));
+        state.answer(11, 5);
+        assert!(state.is_fresh(11, 6) && !state.is_fresh(11, 5) && !state.is_fresh(11, 4));
+        assert!(state.is_stale(11, 4) && !state.is_stale(11, 5));
+        // A coordinator started afresh: a new run, from round 1.
+        assert!(state.is_fresh(22, 1));
+        state.answer(22, 1);
+        assert_eq!((state.run, state.past_runs[0]), (22, 11));
+        // The old run's tasks are replays now, whatever their round.
+        assert!(!state.is_fresh(11, 99) && state.is_stale(11, 99));
     }
 }

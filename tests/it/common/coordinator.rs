@@ -71,7 +71,7 @@ impl Driver {
                 .expect("no round ended in time")
                 .expect("driver stopped");
             if let DriverEvent::RoundEnded { report, .. } = event {
-                return report;
+                return *report;
             }
         }
     }
@@ -108,6 +108,30 @@ pub async fn wait_status(
                 return status;
             }
             last = Some(status);
+        }
+    }
+}
+
+/// Waits for the retained round task on `topic` (subscribed by the caller) and returns it, as a
+/// device would read it (the sealed frame's inner task, tags unchecked).
+pub async fn wait_task(events: &mut EventLoop, topic: &str) -> fedge_wire::RoundTask {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let Ok(event) = tokio::time::timeout_at(deadline, events.poll()).await else {
+            panic!("no round task on {topic}");
+        };
+        let Ok(Event::Incoming(Packet::Publish(p))) = event else {
+            continue;
+        };
+        if p.topic != topic {
+            continue;
+        }
+        let inner = match fedge_wire::decode(&p.payload) {
+            Ok(fedge_wire::Message::Sealed(sealed)) => fedge_wire::decode(&sealed.inner),
+            other => other,
+        };
+        if let Ok(fedge_wire::Message::RoundTask(task)) = inner {
+            return task;
         }
     }
 }

@@ -10,7 +10,9 @@ mod device;
 mod mosquitto;
 mod profiles;
 
-pub use coordinator::{Driver, coordinator_binary, driver_options, embedded_broker, wait_status};
+pub use coordinator::{
+    Driver, coordinator_binary, driver_options, embedded_broker, wait_status, wait_task,
+};
 pub use device::{client_update, edge_status_json, update_frame};
 pub use mosquitto::Mosquitto;
 pub use profiles::{firmware_configs, profile_copy, repo_root, shipped_profiles};
@@ -23,6 +25,14 @@ use fedge::demo::{self, DemoOptions, DemoResult};
 use fedge_mqtt::BrokerConfig;
 
 /// Euclidean norm, as the coordinator computes it.
+/// Writes a secret file (a key, a keys file) readable by its owner only, as
+/// `fedge-coordinator keygen` does; fedge refuses secrets others can read.
+pub fn write_private(path: &std::path::Path, contents: impl AsRef<[u8]>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 pub fn norm(v: &[f32]) -> f32 {
     fedge_coordinator::updates::norms::l2_norm(v)
 }

@@ -18,12 +18,17 @@ fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
     }
 }
 
+/// The run of the tasks below.
+const RUN: u64 = 0xfeed;
+
 fn agent(state: RoundState) -> Agent {
     Agent::new(identity("cam-1", None), state).unwrap()
 }
 
 fn task(round: u64, selected: &[&str], deadline_ms: u64) -> RoundTask {
     RoundTask {
+        federation: FED.into(),
+        run: RUN,
         round,
         selected: selected.iter().map(|s| s.to_string()).collect(),
         params: TensorF32::from_slice(&[1.0, 2.0]),
@@ -138,18 +143,83 @@ fn a_retained_task_delivered_again_after_a_restart_is_not_trained_twice() {
     assert_eq!(trains(&deliver(&mut restarted, 5, 0, 20)), vec![5]);
 }
 
+fn send(agent: &mut Agent, task: RoundTask, now_ms: u64) -> Vec<Output> {
+    let topic = Topics::new(FED).unwrap().round_task();
+    agent.handle_publish(&topic, &frame(task), now_ms);
+    drain(agent)
+}
+
 #[test]
-fn a_task_older_than_the_last_round_is_trained_because_a_restarted_coordinator_counts_from_one() {
-    // The rule is `!=`, not `>`: after a coordinator restart without its checkpoint, round 1
-    // follows round 7, and the device must take part.
+fn a_replayed_older_task_is_refused_and_a_new_run_counts_from_one() {
     let mut agent = agent(RoundState {
+        run: RUN,
         last_round: 7,
         seq: 7,
         last_train_seconds: 0.5,
+        ..RoundState::default()
     });
-    assert_eq!(trains(&deliver(&mut agent, 1, 10_000, 0)), vec![1]);
+    // Round 3 of the run the device answered round 7 of: a replay.
+    let outputs = deliver(&mut agent, 3, 10_000, 0);
+    assert!(trains(&outputs).is_empty());
+    assert!(
+        agent.status().last_error.contains("stale round task"),
+        "{}",
+        agent.status().last_error
+    );
+    // A coordinator that started afresh draws a new run and counts from 1: trained.
+    let fresh = RoundTask {
+        run: RUN + 1,
+        ..task(1, &["cam-1"], 10_000)
+    };
+    assert_eq!(trains(&send(&mut agent, fresh, 1)), vec![1]);
     let (seq, saved) = answer(&mut agent, 1, 0.5);
-    assert_eq!((seq, saved.last_round), (8, 1));
+    assert_eq!(
+        (seq, saved.last_round, saved.run, saved.past_runs[0]),
+        (8, 1, RUN + 1, RUN)
+    );
+    // The old run's round 8 is a replay now, though its round is higher.
+    let outputs = deliver(&mut agent, 8, 10_000, 2);
+    assert!(trains(&outputs).is_empty());
+    assert!(agent.status().last_error.contains("stale round task"));
+}
+
+#[test]
+fn a_task_of_another_federation_or_with_values_out_of_range_is_refused() {
+    let mut agent = agent(RoundState::default());
+    let foreign = RoundTask {
+        federation: "elsewhere".into(),
+        ..task(1, &["cam-1"], 10_000)
+    };
+    assert!(trains(&send(&mut agent, foreign, 0)).is_empty());
+    assert!(
+        agent
+            .status()
+            .last_error
+            .contains("federation \"elsewhere\"")
+    );
+    let mut endless = task(1, &["cam-1"], 10_000);
+    endless.train.local_epochs = 1_000_000;
+    assert!(trains(&send(&mut agent, endless, 1)).is_empty());
+    assert!(
+        agent.status().last_error.contains("local_epochs"),
+        "{}",
+        agent.status().last_error
+    );
+    let mut nan = task(1, &["cam-1"], 10_000);
+    nan.train.learning_rate = f32::NAN;
+    assert!(trains(&send(&mut agent, nan, 2)).is_empty());
+    assert_eq!(trains(&deliver(&mut agent, 1, 10_000, 3)), vec![1]);
+}
+
+#[test]
+fn the_last_will_carries_the_last_round_answered() {
+    let agent = agent(RoundState {
+        run: RUN,
+        last_round: 9,
+        ..RoundState::default()
+    });
+    let (_, will) = agent.last_will();
+    assert_eq!((will.online, will.last_round), (false, 9));
 }
 
 #[test]
