@@ -77,6 +77,7 @@ pub fn poisoned_update(task: &TaskSeen, client: &str, seq: u64, poison: Poison) 
     });
     let objective = task.objective;
     ClientUpdate {
+        run: task.run,
         round: task.round,
         client_id: client.to_owned(),
         seq,
@@ -95,9 +96,10 @@ pub fn poisoned_update(task: &TaskSeen, client: &str, seq: u64, poison: Poison) 
     }
 }
 
-/// An update frame of about `bytes` bytes (f32 zeros), for `round`.
-pub fn update_of_size(client: &str, round: u64, bytes: usize) -> Vec<u8> {
+/// An update frame of about `bytes` bytes (f32 zeros), for `round` of `run`.
+pub fn update_of_size(client: &str, run: u64, round: u64, bytes: usize) -> Vec<u8> {
     let update = ClientUpdate {
+        run,
         round,
         client_id: client.to_owned(),
         seq: round,
@@ -122,9 +124,20 @@ pub fn junk(rng: &mut impl Rng, max_len: usize) -> Vec<u8> {
     bytes
 }
 
+/// A random chunk tag, for chunks that pretend to come from a device with a key.
+fn forged_tag(forge: bool, rng: &mut impl Rng) -> Option<[u8; 32]> {
+    forge.then(|| rng.random())
+}
+
 /// The first of `count` chunks of a frame of `total_len` bytes that never comes: a partial
-/// stream a receiver must hold until it expires.
-pub fn partial_chunk(message_id: u64, count: u32, total_len: u32, rng: &mut impl Rng) -> Vec<u8> {
+/// stream a receiver must hold until it expires (with a forged tag when `forge`).
+pub fn partial_chunk(
+    message_id: u64,
+    count: u32,
+    total_len: u32,
+    forge: bool,
+    rng: &mut impl Rng,
+) -> Vec<u8> {
     let piece = (total_len / count.max(1)).max(1) as usize;
     let data = (0..piece).map(|_| rng.random()).collect();
     fedge_wire::encode(&Message::Chunk(Chunk {
@@ -133,6 +146,7 @@ pub fn partial_chunk(message_id: u64, count: u32, total_len: u32, rng: &mut impl
         count: count.max(2),
         total_len,
         data,
+        tag: forged_tag(forge, rng),
     }))
 }
 
@@ -145,20 +159,23 @@ pub fn contradicting_chunk(message_id: u64, count: u32, rng: &mut impl Rng) -> V
         count: count + 1,
         total_len: 64,
         data: (0..64).map(|_| rng.random()).collect(),
+        tag: None,
     }))
 }
 
 /// Every chunk of a random frame of `total_len` bytes split in `count` pieces: a stream that
-/// completes into garbage.
+/// completes into garbage (each chunk with a forged tag when `forge`).
 pub fn garbage_stream(
     message_id: u64,
     count: u32,
     total_len: u32,
+    forge: bool,
     rng: &mut impl Rng,
 ) -> Vec<Vec<u8>> {
     let count = count.max(2);
     let frame: Vec<u8> = (0..total_len.max(count)).map(|_| rng.random()).collect();
     let piece = frame.len().div_ceil(count as usize);
+    let pieces = frame.len().div_ceil(piece) as u32;
     frame
         .chunks(piece)
         .enumerate()
@@ -166,9 +183,10 @@ pub fn garbage_stream(
             fedge_wire::encode(&Message::Chunk(Chunk {
                 message_id,
                 index: index as u32,
-                count: frame.len().div_ceil(piece) as u32,
+                count: pieces,
                 total_len: frame.len() as u32,
                 data: data.to_vec(),
+                tag: forged_tag(forge, rng),
             }))
         })
         .collect()
@@ -188,7 +206,7 @@ mod tests {
             params: 100,
             objective,
             stats_shape,
-            task_nonce: 0,
+            run: 11,
             seen_ms: 0,
         }
     }
@@ -202,7 +220,7 @@ mod tests {
             panic!("a poisoned update must be a valid frame");
         };
         assert_eq!(back.num_samples, u32::MAX);
-        assert_eq!(back.round, 3);
+        assert_eq!((back.run, back.round), (11, 3));
         assert_eq!(back.delta.len(), 100);
         assert!(back.delta.values().all(|v| v == 1e30));
         assert_eq!(back.delta.first_non_finite(), None);
@@ -233,10 +251,10 @@ mod tests {
         );
         let parsed: EdgeStatus = serde_json::from_slice(&status).unwrap();
         assert!(parsed.online);
-        let update = update_of_size("mallory-oversized-update", 1, OVERSIZED_BYTES);
+        let update = update_of_size("mallory-oversized-update", 0, 1, OVERSIZED_BYTES);
         assert!(update.len().abs_diff(OVERSIZED_BYTES) < 1024);
         assert!(fedge_wire::decode(&update).is_ok());
-        let above = update_of_size("mallory-oversized-update", 1, ABOVE_BROKER_LIMIT);
+        let above = update_of_size("mallory-oversized-update", 0, 1, ABOVE_BROKER_LIMIT);
         assert!(above.len() > 1 << 20);
     }
 
@@ -254,7 +272,8 @@ mod tests {
     fn partial_streams_never_complete_and_garbage_streams_do() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
         let mut r = Reassembler::new(30_000, 1 << 20);
-        let Ok(Message::Chunk(c)) = fedge_wire::decode(&partial_chunk(5, 4, 4096, &mut rng)) else {
+        let Ok(Message::Chunk(c)) = fedge_wire::decode(&partial_chunk(5, 4, 4096, true, &mut rng))
+        else {
             panic!("a partial chunk is a chunk");
         };
         assert_eq!(r.push("victim", c, 0).unwrap(), None);
@@ -262,7 +281,7 @@ mod tests {
             panic!("a contradicting chunk is a chunk");
         };
         assert!(r.push("victim", c, 1).is_err());
-        let stream = garbage_stream(9, 3, 1000, &mut rng);
+        let stream = garbage_stream(9, 3, 1000, false, &mut rng);
         assert_eq!(stream.len(), 3);
         let mut done = None;
         for piece in stream {

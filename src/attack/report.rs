@@ -19,8 +19,10 @@ pub struct KindReport {
     pub bytes: u64,
     /// Packets or connections refused: the sum of `reasons`.
     pub rejected: u64,
-    /// Rejections by reason: the coordinator's reasons traced to this attack, and
-    /// `broker_refused`/`broker_dropped` when the broker refused a connection or closed it.
+    /// Rejections by reason: the coordinator's reasons traced to this attack;
+    /// `broker_refused`/`broker_dropped` when the broker refused a connection or closed it;
+    /// `coordinator_unmoved` for a takeover that displaced no one; `device_refused` and
+    /// `device_reasserted` when devices refused a stale task or put a forged status right.
     pub reasons: BTreeMap<String, u64>,
     /// What the attack observed, by name (`selected`, `connected_as_coordinator`,
     /// `stale_updates`, …): evidence of success as much as of failure.

@@ -194,8 +194,31 @@ pub async fn run(config: AttackConfig, stop: watch::Receiver<bool>) -> anyhow::R
     let (answer, rejections, touches) =
         view.read(|v| (answer(v), metrics_rejections(v), v.touches.clone()));
     observer.clear_and_close(&restore).await;
-    let tallies: BTreeMap<AttackKind, KindTally> =
+    let mut tallies: BTreeMap<AttackKind, KindTally> =
         finished.into_iter().map(|f| (f.kind, f.tally)).collect();
+    // Devices are the ones to refuse old tasks and forged statuses; they say so in theirs.
+    let (refused, trained, reasserted) =
+        view.read(|v| (v.stale_refusals, v.stale_updates, v.forged_overturned));
+    let counts = [
+        (AttackKind::StaleTask, true, "device_refused", refused),
+        (AttackKind::StaleTask, false, "stale_updates", trained),
+        (
+            AttackKind::ForgedStatus,
+            true,
+            "device_reasserted",
+            reasserted,
+        ),
+    ];
+    for (kind, refusal, key, n) in counts {
+        if let (Some(tally), true) = (tallies.get_mut(&kind), n > 0) {
+            let map = if refusal {
+                &mut tally.refusals
+            } else {
+                &mut tally.effects
+            };
+            *map.entry(key.to_owned()).or_insert(0) += n;
+        }
+    }
     let (kinds, untraced) = attribute::reports(&config.prefix, &tallies, &rejections, &touches);
     let report = AttackReport {
         federation: config.federation.clone(),

@@ -28,9 +28,8 @@ pub struct TaskSeen {
     /// `(hidden, classes)` of the class statistics the objective needs, when the task's
     /// tensors tell them.
     pub stats_shape: Option<(usize, usize)>,
-    /// The task's nonce, which updates answering it must repeat (0 before protocol fields for
-    /// it exist).
-    pub task_nonce: u64,
+    /// The federation's run, which updates answering the task echo.
+    pub run: u64,
     /// When the task was seen.
     pub seen_ms: u64,
 }
@@ -49,7 +48,7 @@ impl TaskSeen {
             params: task.params.len(),
             objective: task.train.objective,
             stats_shape,
-            task_nonce: 0,
+            run: task.run,
             seen_ms,
         }
     }
@@ -68,6 +67,8 @@ pub struct CapturedUpdate {
     pub update: Option<ClientUpdate>,
     /// Whether it carried tags.
     pub sealed: bool,
+    /// The seal (its tags), when it had one.
+    pub seal: Option<fedge_wire::Sealed>,
     /// `(count, total_len)` of its chunks, when chunked.
     pub chunking: Option<(u32, u32)>,
     /// When it was seen.
@@ -141,8 +142,15 @@ pub struct ViewState {
     pub touches: Vec<Touch>,
     /// Rounds whose task was re-published by the stale-task attack.
     pub stale_rounds: BTreeSet<u64>,
-    /// Updates answering a re-published stale task, by device.
+    /// Updates answering a re-published stale task.
     pub stale_updates: u64,
+    /// Statuses in which a device reported refusing a stale task.
+    pub stale_refusals: u64,
+    /// Real devices whose status the attacker forged offline, and when.
+    pub forged: BTreeMap<String, u64>,
+    /// Forged statuses a device overturned with a genuine online one.
+    pub forged_overturned: u64,
+    last_errors: BTreeMap<String, String>,
     own: HashSet<u64>,
 }
 
@@ -174,6 +182,10 @@ impl ViewState {
             touches: Vec::new(),
             stale_rounds: BTreeSet::new(),
             stale_updates: 0,
+            stale_refusals: 0,
+            forged: BTreeMap::new(),
+            forged_overturned: 0,
+            last_errors: BTreeMap::new(),
             own: HashSet::new(),
         }
     }
@@ -237,10 +249,19 @@ impl ViewState {
             if self.own.contains(&fingerprint(payload)) {
                 return false;
             }
-            let online = serde_json::from_slice::<fedge_wire::EdgeStatus>(payload)
-                .map(|s| s.online)
-                .unwrap_or(false);
+            let status = serde_json::from_slice::<fedge_wire::EdgeStatus>(payload).ok();
+            let online = status.as_ref().is_some_and(|s| s.online);
             self.statuses.insert(client.to_owned(), (online, now_ms));
+            if online && self.forged.remove(client).is_some() {
+                self.forged_overturned += 1;
+            }
+            if let Some(error) = status.map(|s| s.last_error) {
+                let refused = !self.stale_rounds.is_empty() && error.contains("stale");
+                let previous = self.last_errors.insert(client.to_owned(), error.clone());
+                if refused && previous.as_ref() != Some(&error) {
+                    self.stale_refusals += 1;
+                }
+            }
             if !self.is_own(client) {
                 self.raw_statuses
                     .insert(client.to_owned(), payload.to_vec());
@@ -316,9 +337,10 @@ impl ViewState {
             Ok(_) => (payload.to_vec(), vec![payload.to_vec()], None),
             Err(_) => return,
         };
-        let Some((update, sealed)) = read_update(&frame) else {
+        let Some((update, seal)) = read_update(&frame) else {
             return;
         };
+        let sealed = seal.is_some();
         let current = self.task.as_ref().map(|t| t.round).unwrap_or(0);
         if update.round < current && self.stale_rounds.contains(&update.round) {
             self.stale_updates += 1;
@@ -336,6 +358,7 @@ impl ViewState {
                 pieces,
                 update: Some(update),
                 sealed,
+                seal,
                 chunking,
                 seen_ms: now_ms,
             },
@@ -423,12 +446,12 @@ fn read_task(frame: &[u8]) -> Option<RoundTask> {
     }
 }
 
-/// The update in a frame, and whether it was sealed.
-fn read_update(frame: &[u8]) -> Option<(ClientUpdate, bool)> {
+/// The update in a frame, and its seal when it had one.
+fn read_update(frame: &[u8]) -> Option<(ClientUpdate, Option<fedge_wire::Sealed>)> {
     match fedge_wire::decode(frame).ok()? {
-        Message::ClientUpdate(update) => Some((update, false)),
+        Message::ClientUpdate(update) => Some((update, None)),
         Message::Sealed(sealed) => match fedge_wire::decode(&sealed.inner).ok()? {
-            Message::ClientUpdate(update) => Some((update, true)),
+            Message::ClientUpdate(update) => Some((update, Some(sealed))),
             _ => None,
         },
         _ => None,

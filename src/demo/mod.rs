@@ -347,7 +347,14 @@ pub async fn run(
     let driver_options = DriverOptions {
         broker: broker.clone(),
         federation: options.federation.clone(),
-        client_id: format!("fedge-coordinator-{}", options.federation),
+        // Not the guessable `fedge-coordinator-<federation>`: on a broker that does not bind
+        // client ids to credentials (the embedded one), whoever connects under the
+        // coordinator's id pushes it off (`fedge attack --kind id-takeover`).
+        client_id: format!(
+            "fedge-coordinator-{}-{:08x}",
+            options.federation,
+            rand::random::<u32>()
+        ),
         checkpoint: None,
         journal: None,
         home_assistant: options.home_assistant,

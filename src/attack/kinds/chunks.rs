@@ -23,7 +23,7 @@ pub async fn flood(ctx: &mut Ctx, beat: &Beat) {
     let own = ctx.topics.update(&ctx.id);
     let base = beat.index * OWN_STREAMS;
     for i in 0..OWN_STREAMS {
-        let chunk = craft::partial_chunk(base + i, FLOOD_COUNT, FLOOD_BYTES, &mut ctx.rng);
+        let chunk = craft::partial_chunk(base + i, FLOOD_COUNT, FLOOD_BYTES, false, &mut ctx.rng);
         if !ctx.send(&own, chunk, false).await {
             return;
         }
@@ -39,7 +39,7 @@ pub async fn flood(ctx: &mut Ctx, beat: &Beat) {
     for n in 0..MADE_UP_IDS {
         let topic = ctx.topics.update(&format!("{}-{n}", ctx.id));
         let id = ctx.rng.random();
-        let chunk = craft::partial_chunk(id, FLOOD_COUNT, FLOOD_BYTES, &mut ctx.rng);
+        let chunk = craft::partial_chunk(id, FLOOD_COUNT, FLOOD_BYTES, false, &mut ctx.rng);
         if !ctx.send(&topic, chunk, false).await {
             return;
         }
@@ -47,16 +47,23 @@ pub async fn flood(ctx: &mut Ctx, beat: &Beat) {
     }
 }
 
-/// When a round opens, for every selected real device: the first chunk of the stream it is
+/// When a round opens, for every selected real device (every known one when none is
+/// selected): the first chunk of the stream it is
 /// about to send (its next sequence number, the chunk count and length of its last update),
 /// which its own chunks then contradict, and a complete stream of garbage under the sequence
-/// number after that.
+/// number after that; every forged chunk carries a forged tag, as a keyed device's would.
 pub async fn hijack(ctx: &mut Ctx, beat: &Beat) {
     if !beat.new_round {
         return;
     }
     let victims = ctx.view.read(|v| {
-        v.selected_real()
+        let selected = v.selected_real();
+        let devices = if selected.is_empty() {
+            v.real_devices()
+        } else {
+            selected
+        };
+        devices
             .into_iter()
             .map(|c| {
                 let last = v.updates.get(&c);
@@ -68,12 +75,12 @@ pub async fn hijack(ctx: &mut Ctx, beat: &Beat) {
     });
     for (victim, next, (count, total_len)) in victims {
         let topic = ctx.topics.update(&victim);
-        let first = craft::partial_chunk(next, count, total_len, &mut ctx.rng);
+        let first = craft::partial_chunk(next, count, total_len, true, &mut ctx.rng);
         if !ctx.send_as(&victim, &topic, first, false).await {
             return;
         }
         ctx.effect("forged_first_chunks", 1);
-        for piece in craft::garbage_stream(next + 1, 2, 2048, &mut ctx.rng) {
+        for piece in craft::garbage_stream(next + 1, 2, 2048, true, &mut ctx.rng) {
             if !ctx.send_as(&victim, &topic, piece, false).await {
                 return;
             }

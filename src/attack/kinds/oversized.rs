@@ -35,14 +35,17 @@ pub async fn update(ctx: &mut Ctx, beat: &Beat) {
         return;
     }
     let round = beat.round.unwrap_or(1);
+    let run = ctx
+        .view
+        .read(|v| v.task.as_ref().map(|t| t.run).unwrap_or(0));
     let topic = ctx.topics.update(&ctx.id);
-    let frame = craft::update_of_size(&ctx.id, round, OVERSIZED_BYTES);
+    let frame = craft::update_of_size(&ctx.id, run, round, OVERSIZED_BYTES);
     if ctx.send(&topic, frame, false).await {
         ctx.effect("updates_200k", 1);
     }
     // Let the first reach the broker before the second (which may cost the connection).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let frame = craft::update_of_size(&ctx.id, round, ABOVE_BROKER_LIMIT);
+    let frame = craft::update_of_size(&ctx.id, run, round, ABOVE_BROKER_LIMIT);
     if ctx.send(&topic, frame, false).await {
         ctx.effect("updates_above_1mib", 1);
     }

@@ -1,7 +1,8 @@
 //! Forged statuses: retained `online: true` for devices that do not exist, so that the
 //! coordinator selects them and waits for them, and retained `online: false` for real
 //! devices, written just after they refreshed their own, so that the next round leaves them
-//! out.
+//! out. A device that puts its own status back (`device_reasserted`) refuses the forgery;
+//! ghosts the coordinator selects (`ghosts_selected`) show the other half worked.
 
 use std::time::Duration;
 
@@ -16,6 +17,18 @@ const GHOSTS: usize = 3;
 pub async fn forge(ctx: &mut Ctx, beat: &Beat) {
     if !beat.per_round() {
         return;
+    }
+    let ghost_prefix = format!("{}-ghost-", ctx.id);
+    let selected = ctx.view.read(|v| {
+        v.task.as_ref().map_or(0, |t| {
+            t.selected
+                .iter()
+                .filter(|c| c.starts_with(&ghost_prefix))
+                .count()
+        })
+    });
+    if beat.new_round && selected > 0 {
+        ctx.effect("ghosts_selected", selected as u64);
     }
     for n in 0..GHOSTS {
         let ghost = format!("{}-ghost-{n}", ctx.id);
@@ -41,6 +54,8 @@ pub async fn forge(ctx: &mut Ctx, beat: &Beat) {
     for device in real {
         let status = craft::status_json(&craft::status(&device, false, 600));
         let topic = ctx.topics.edge_status(&device);
+        let ms = ctx.view.now_ms();
+        ctx.view.write(|v| v.forged.insert(device.clone(), ms));
         if !ctx.send_as(&device, &topic, status, true).await {
             return;
         }

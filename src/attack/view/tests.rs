@@ -10,6 +10,8 @@ fn topics() -> Topics {
 
 fn task_frame(round: u64, selected: &[&str], params: usize) -> Vec<u8> {
     fedge_wire::encode(&Message::RoundTask(RoundTask {
+        federation: "lab".into(),
+        run: 77,
         round,
         selected: selected.iter().map(|s| s.to_string()).collect(),
         params: TensorF32::from_slice(&vec![0.5; params]),
@@ -22,6 +24,7 @@ fn task_frame(round: u64, selected: &[&str], params: usize) -> Vec<u8> {
 
 fn update_frame(client: &str, round: u64, seq: u64, params: usize) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        run: 77,
         round,
         client_id: client.into(),
         seq,
@@ -46,7 +49,7 @@ fn a_chunked_task_is_reassembled_captured_and_announced_once() {
         assert_eq!(opened, i + 1 == n, "piece {i}");
     }
     let task = view.task.clone().unwrap();
-    assert_eq!((task.round, task.params), (4, 3000));
+    assert_eq!((task.round, task.params, task.run), (4, 3000, 77));
     assert_eq!(view.tasks[&4].len(), n);
     assert_eq!(view.selected_real(), vec!["site-0".to_string()]);
     // The same task again (a reconnect) is no new round; an older one is captured only.
@@ -145,4 +148,49 @@ fn statuses_metrics_and_the_coordinator_are_followed() {
     assert_eq!(view.metrics.len(), 1);
     assert!(!view.metrics[0].aggregated);
     assert_eq!(view.metrics[0].failures["mallory-nan"], "non_finite");
+}
+
+#[test]
+fn a_device_refusing_a_stale_task_is_counted_once_per_refusal() {
+    let t = topics();
+    let mut view = ViewState::new(t.clone(), "mallory");
+    let status = |error: &str| {
+        serde_json::json!({"client_id": "site-0", "online": true, "profile": "p",
+            "backbone": "b", "samples": 5, "last_round": 4, "last_error": error})
+        .to_string()
+    };
+    let refusal = status("refused a stale round task (run 1, round 2): already answered round 4");
+    view.absorb(&t.edge_status("site-0"), refusal.as_bytes(), 1);
+    assert_eq!(view.stale_refusals, 0, "no stale task was published yet");
+    view.stale_rounds.insert(2);
+    view.absorb(&t.edge_status("site-0"), status("").as_bytes(), 2);
+    view.absorb(&t.edge_status("site-0"), refusal.as_bytes(), 3);
+    view.absorb(&t.edge_status("site-0"), refusal.as_bytes(), 4);
+    assert_eq!(view.stale_refusals, 1);
+    let again = status("refused a stale round task (run 1, round 2): already answered round 5");
+    view.absorb(&t.edge_status("site-0"), again.as_bytes(), 5);
+    assert_eq!(view.stale_refusals, 2);
+}
+
+#[test]
+fn a_device_putting_its_status_back_overturns_a_forgery() {
+    let t = topics();
+    let mut view = ViewState::new(t.clone(), "mallory");
+    let status = |online: bool| {
+        serde_json::json!({"client_id": "site-0", "online": online, "profile": "p",
+            "backbone": "b", "samples": 5, "last_round": 4, "last_error": ""})
+        .to_string()
+    };
+    view.forged.insert("site-0".into(), 10);
+    let forged = status(false);
+    view.mark_own(forged.as_bytes());
+    view.absorb(&t.edge_status("site-0"), forged.as_bytes(), 11);
+    assert_eq!(view.forged_overturned, 0, "the forgery itself is no answer");
+    assert!(
+        !view.statuses.contains_key("site-0"),
+        "nor is it the device's status"
+    );
+    view.absorb(&t.edge_status("site-0"), status(true).as_bytes(), 12);
+    view.absorb(&t.edge_status("site-0"), status(true).as_bytes(), 13);
+    assert_eq!(view.forged_overturned, 1);
 }
