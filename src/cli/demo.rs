@@ -164,7 +164,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     })
     .await?;
     bar.finish_and_clear();
-    print_table(&result);
+    print_table(&result, options.rounds);
     args.json.write(&result)?;
     if let Some(path) = &args.json.json {
         eprintln!("wrote {}", path.display());
@@ -176,7 +176,7 @@ fn fmt_acc(v: Option<f32>) -> String {
     v.map(|a| format!("{a:.3}")).unwrap_or_else(|| "-".into())
 }
 
-fn print_table(result: &DemoResult) {
+fn print_table(result: &DemoResult, asked: u64) {
     println!(
         "{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}",
         "round", "target acc", "source val", "clients", "bytes up", "bytes down", "seconds"
@@ -208,11 +208,11 @@ fn print_table(result: &DemoResult) {
         result.rejected.values().sum::<u64>()
     );
     if !result.attacks.is_empty() {
-        print_attacks(result);
+        print_attacks(result, asked);
     }
 }
 
-fn print_attacks(result: &DemoResult) {
+fn print_attacks(result: &DemoResult, asked: u64) {
     let list = |map: &std::collections::BTreeMap<String, u64>| {
         let parts: Vec<String> = map.iter().map(|(k, v)| format!("{k}×{v}")).collect();
         if parts.is_empty() {
@@ -240,7 +240,7 @@ fn print_attacks(result: &DemoResult) {
         .filter(|r| r.target_accuracy.is_some())
         .count();
     println!(
-        "rounds aggregated under attack: {aggregated}/{}; rejections traced to no attack: {}",
+        "under attack: {aggregated} rounds aggregated of {asked} asked, {} ended; rejections traced to no attack: {}",
         result.rounds.len(),
         list(&result.attacks_untraced)
     );

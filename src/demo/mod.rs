@@ -369,7 +369,24 @@ pub async fn run(
     ));
     let mut rows = Vec::new();
     let mut rejected = std::collections::BTreeMap::new();
-    while let Some(event) = events_rx.recv().await {
+    // Under attack the federation may stall (no round ends): give up after four round
+    // timeouts (a minute at least) without one.
+    let idle = std::time::Duration::from_secs_f64((4.0 * options.round_timeout_s).max(60.0));
+    loop {
+        let event = match &hostile {
+            Some(_) => match tokio::time::timeout(idle, events_rx.recv()).await {
+                Ok(event) => event,
+                Err(_) => {
+                    tracing::warn!(?idle, "no round ended under attack; giving up");
+                    let _ = stop_tx.send(true);
+                    continue;
+                }
+            },
+            None => events_rx.recv().await,
+        };
+        let Some(event) = event else {
+            break;
+        };
         match event {
             DriverEvent::RoundEnded {
                 report,

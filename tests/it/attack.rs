@@ -142,7 +142,18 @@ async fn fedge_attack_reports_on_every_attack_against_a_running_federation() {
         ..common::demo_options(Some(broker.clone()), federation)
     };
     let data = fedge::demo::prepare(&options).unwrap();
-    let running = tokio::spawn(async move { fedge::demo::run(&options, &data, |_| {}).await });
+    let (first_round, mut rounds) = tokio::sync::watch::channel(0u64);
+    let running = tokio::spawn(async move {
+        fedge::demo::run(&options, &data, |row| {
+            let _ = first_round.send(row.round);
+        })
+        .await
+    });
+    // The attack starts on a federation that has run a round (and has a retained task).
+    tokio::time::timeout(Duration::from_secs(60), rounds.wait_for(|r| *r > 0))
+        .await
+        .expect("the federation ran no round within a minute")
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("attack.json");
     let url = format!("mqtt://{}:{}", broker.host, broker.port);
