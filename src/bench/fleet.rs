@@ -74,14 +74,18 @@ pub fn device_ids(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("fleet-{i:05}")).collect()
 }
 
-fn status(id: &str, online: bool) -> String {
-    serde_json::to_string(&EdgeStatus {
+fn status(topics: &Topics, id: &str, online: bool, key: Option<&DeviceKey>) -> String {
+    let mut status = EdgeStatus {
         client_id: id.into(),
         online,
         profile: "simulated".into(),
+        updated_at: fedge_mqtt::now_rfc3339(),
         ..EdgeStatus::default()
-    })
-    .unwrap_or_default()
+    };
+    if let Some(key) = key {
+        status.sign(topics.federation(), key);
+    }
+    serde_json::to_string(&status).unwrap_or_default()
 }
 
 /// One simulated device's loop; returns when the task is aborted.
@@ -93,7 +97,12 @@ async fn device(
     sent: Arc<AtomicU64>,
 ) {
     let status_topic = topics.edge_status(&id);
-    let will = LastWill::new(&status_topic, status(&id, false), QoS::AtLeastOnce, true);
+    let will = LastWill::new(
+        &status_topic,
+        status(&topics, &id, false, key.as_ref()),
+        QoS::AtLeastOnce,
+        true,
+    );
     let mut options = broker.options(&format!("fleet-{id}"), Some(will));
     options.set_keep_alive(Duration::from_secs(60));
     let (client, mut events) = AsyncClient::new(options, 64);
@@ -117,8 +126,12 @@ async fn device(
                 for filter in [task_base.clone(), format!("{task_base}/+")] {
                     let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
                 }
-                let _ =
-                    client.try_publish(&status_topic, QoS::AtLeastOnce, true, status(&id, true));
+                let _ = client.try_publish(
+                    &status_topic,
+                    QoS::AtLeastOnce,
+                    true,
+                    status(&topics, &id, true, key.as_ref()),
+                );
                 continue;
             }
             Event::Incoming(Packet::Publish(p)) if !p.payload.is_empty() => p,

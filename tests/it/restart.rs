@@ -114,7 +114,7 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
         .await
         .unwrap();
     for d in DEVICES {
-        let json = common::edge_status_json(d, true);
+        let json = common::signed_status_json(FEDERATION, d, true, &key(d));
         client
             .publish(topics.edge_status(d), QoS::AtLeastOnce, true, json)
             .await

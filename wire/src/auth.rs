@@ -32,6 +32,8 @@ pub const KEY_LEN: usize = 32;
 const DOMAIN: &[u8] = b"fedge-auth-v1\0";
 /// Domain of a chunk's tag (a chunk tag never verifies as a message tag, nor the reverse).
 const CHUNK_DOMAIN: &[u8] = b"fedge-chunk-v1\0";
+/// Domain of a device status's tag.
+const STATUS_DOMAIN: &[u8] = b"fedge-status-v1\0";
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -107,6 +109,24 @@ impl DeviceKey {
     /// Checks a tag in constant time.
     pub fn verify(&self, device: &str, inner: &[u8], tag: &[u8; TAG_LEN]) -> bool {
         self.mac(device, inner).verify_slice(tag).is_ok()
+    }
+
+    /// The tag of a status document's signed bytes (`crate::EdgeStatus::sign`).
+    pub fn status_tag(&self, device: &str, signed: &[u8]) -> [u8; TAG_LEN] {
+        let mac = self.mac_in(STATUS_DOMAIN, device, signed);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Checks a status tag in constant time.
+    pub fn verify_status(&self, device: &str, signed: &[u8], tag: &[u8; TAG_LEN]) -> bool {
+        self.mac_in(STATUS_DOMAIN, device, signed)
+            .verify_slice(tag)
+            .is_ok()
+    }
+
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
     }
 
     /// The tag of one chunk from `device`: over its message id, index, count, frame length and

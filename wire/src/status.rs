@@ -90,6 +90,40 @@ pub struct EdgeStatus {
     /// RFC 3339 time of this document.
     #[serde(default)]
     pub updated_at: String,
+    /// With a device key: HMAC-SHA256 (hex) of the federation, the client id, `online` and
+    /// `updated_at` ([`EdgeStatus::sign`]), so that the coordinator can tell the device's own
+    /// status from one anybody else wrote on its topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+impl EdgeStatus {
+    /// The bytes a status tag covers.
+    fn signed_bytes(&self, federation: &str) -> Vec<u8> {
+        let online = if self.online { "online" } else { "offline" };
+        [federation, online, self.updated_at.as_str()]
+            .join("\0")
+            .into_bytes()
+    }
+
+    /// Sets `tag` for `federation` with the device's key (after `updated_at` is final).
+    pub fn sign(&mut self, federation: &str, key: &crate::DeviceKey) {
+        let mac = key.status_tag(&self.client_id, &self.signed_bytes(federation));
+        self.tag = Some(mac.iter().map(|b| format!("{b:02x}")).collect());
+    }
+
+    /// Whether `tag` is `client`'s valid tag for `federation` (the status's own `client_id`
+    /// must be `client` too).
+    pub fn verify(&self, federation: &str, client: &str, key: &crate::DeviceKey) -> bool {
+        let Some(hex) = &self.tag else {
+            return false;
+        };
+        let Ok(tag) = crate::DeviceKey::from_hex(hex) else {
+            return false;
+        };
+        self.client_id == client
+            && key.verify_status(client, &self.signed_bytes(federation), tag.as_bytes())
+    }
 }
 
 #[cfg(test)]
@@ -142,9 +176,36 @@ mod tests {
             device: "cpu".into(),
             peak_memory_mb: Some(27.5),
             updated_at: "2025-01-01T00:00:00Z".into(),
+            tag: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));
         assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), status);
+    }
+
+    #[test]
+    fn a_signed_status_verifies_only_for_its_device_federation_and_contents() {
+        let key = crate::DeviceKey::from_bytes([4; 32]);
+        let mut status = EdgeStatus {
+            client_id: "cam-01".into(),
+            online: true,
+            updated_at: "2026-11-23T10:00:00.000Z".into(),
+            ..EdgeStatus::default()
+        };
+        assert!(!status.verify("plant", "cam-01", &key), "unsigned");
+        status.sign("plant", &key);
+        assert!(status.verify("plant", "cam-01", &key));
+        assert!(!status.verify("other", "cam-01", &key));
+        assert!(!status.verify("plant", "cam-02", &key));
+        assert!(!status.verify("plant", "cam-01", &crate::DeviceKey::from_bytes([5; 32])));
+        for forge in [
+            |s: &mut EdgeStatus| s.online = false,
+            |s: &mut EdgeStatus| s.updated_at.push('0'),
+            |s: &mut EdgeStatus| s.client_id = "cam-02".into(),
+        ] {
+            let mut forged = status.clone();
+            forge(&mut forged);
+            assert!(!forged.verify("plant", "cam-01", &key));
+        }
     }
 }

@@ -29,6 +29,11 @@ impl Topics {
         })
     }
 
+    /// The federation's name.
+    pub fn federation(&self) -> &str {
+        &self.root["fedge/".len()..]
+    }
+
     /// `fedge/<f>/round/task` (binary, retained).
     pub fn round_task(&self) -> String {
         format!("{}/round/task", self.root)

@@ -110,7 +110,7 @@ fn handle_edge_status(rounds: &mut Rounds, client: &str, payload: &[u8], now_ms:
         rounds.handle_bad_status(client, Rejection::Oversized, detail);
     } else {
         match serde_json::from_slice::<EdgeStatus>(payload) {
-            Ok(status) => rounds.handle_client_status(client, status.online, now_ms),
+            Ok(status) => rounds.handle_edge_status(client, &status, now_ms),
             Err(e) => {
                 let detail = format!("unreadable status: {e}");
                 rounds.handle_bad_status(client, Rejection::Malformed, detail);

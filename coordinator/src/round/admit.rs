@@ -13,6 +13,43 @@ use fedge_wire::{Chunk, ClientUpdate, DecodeError, Message};
 use super::open::OpenRound;
 use super::types::{DeviceKeys, Rejection};
 
+/// Whether a device status on `client`'s topic may be believed: without keys, any status;
+/// with keys, only one carrying `client`'s tag for this federation, and an `online` one only
+/// when newer than the last believed (`last`), so an old genuine status replayed cannot bring
+/// a vanished device back. (An `offline` status is not held to that: the broker publishes the
+/// Last Will a device registered when it connected, older than what it said since.)
+pub(super) fn status(
+    auth: Option<&DeviceKeys>,
+    federation: &str,
+    client: &str,
+    status: &fedge_wire::EdgeStatus,
+    last: Option<&str>,
+) -> Result<(), (Rejection, String)> {
+    let Some(keys) = auth else {
+        return Ok(());
+    };
+    let Some(key) = keys.get(client) else {
+        return Err((
+            Rejection::UnknownDevice,
+            "status from a device without a key".into(),
+        ));
+    };
+    if status.tag.is_none() {
+        let detail = "status without a tag; this federation requires device keys".into();
+        return Err((Rejection::Unauthenticated, detail));
+    }
+    if !status.verify(federation, client, key) {
+        return Err((Rejection::BadTag, "status tag does not verify".into()));
+    }
+    match last {
+        Some(last) if status.online && status.updated_at.as_str() <= last => Err((
+            Rejection::Replay,
+            format!("status of {} is not newer than {last}", status.updated_at),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Whether a chunk from `client` may enter reassembly: a round is open, `client` is selected
 /// in it and has not reported, and with keys the chunk carries `client`'s valid tag.
 pub(super) fn chunk(

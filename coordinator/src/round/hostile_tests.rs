@@ -271,3 +271,53 @@ fn a_thousand_rejections_of_one_client_are_one_failure_entry() {
     assert_eq!(report.rejected["malformed"], 1000);
     assert_eq!(report.failures.len(), 1);
 }
+
+fn status(client: &str, online: bool, at: &str, key: Option<&fedge_wire::DeviceKey>) -> EdgeStatus {
+    let mut status = EdgeStatus {
+        client_id: client.into(),
+        online,
+        updated_at: at.into(),
+        ..EdgeStatus::default()
+    };
+    if let Some(key) = key {
+        status.sign("fedge", key);
+    }
+    status
+}
+
+use fedge_wire::EdgeStatus;
+
+#[test]
+fn with_keys_only_a_devices_own_fresh_status_moves_it_online_or_offline() {
+    let mut m = keyed_machine();
+    drain(&mut m);
+    let selected = m.selected();
+    // Forged: unsigned, or signed with another key; a replayed older "online".
+    m.handle_edge_status("a", &status("a", false, "2026-01-01T00:00:01Z", None), 1);
+    m.handle_edge_status(
+        "a",
+        &status("a", false, "2026-01-01T00:00:02Z", Some(&key(2))),
+        2,
+    );
+    let genuine = status("b", true, "2026-01-01T00:00:05Z", Some(&key(2)));
+    m.handle_edge_status("b", &genuine, 3);
+    m.handle_edge_status(
+        "b",
+        &status("b", true, "2026-01-01T00:00:04Z", Some(&key(2))),
+        4,
+    );
+    let reasons: Vec<&str> = rejected(&drain(&mut m))
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
+    assert_eq!(reasons, ["unauthenticated", "bad_tag", "replay"]);
+    assert!(m.online().contains("a") && m.online().contains("b"));
+    assert_eq!(m.selected(), selected);
+    // The device's own offline status (its Last Will, older than its last online) counts.
+    m.handle_edge_status(
+        "a",
+        &status("a", false, "2025-12-31T23:00:00Z", Some(&key(1))),
+        5,
+    );
+    assert!(!m.online().contains("a"));
+}

@@ -15,7 +15,7 @@ use super::{Rounds, guard, validate};
 use crate::objectives::fedddl::GlobalPrototypes;
 use crate::objectives::feddim::GlobalInsight;
 use crate::strategy::Failure;
-use crate::updates::norms::l2_norm;
+use crate::updates::norms::{l2_norm, norms};
 use crate::updates::{RoundUpdates, UpdatesConfig};
 
 impl Rounds {
@@ -119,7 +119,7 @@ impl Rounds {
         self.last_closed = open.round;
         // Views are in client order whatever the arrival order, so a seeded run reproduces.
         open.accepted.finish();
-        self.drop_norm_outliers(&mut open);
+        let longest = self.drop_norm_outliers(&mut open);
         let aggregated =
             !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
         let reported: Vec<String> = (0..open.accepted.len())
@@ -143,7 +143,7 @@ impl Rounds {
             let result = self
                 .strategy
                 .aggregate(&self.params, &open.accepted, &open.failures);
-            match guard::refuse_aggregate(&self.params, &result.params, &open.accepted) {
+            match guard::refuse_aggregate(&self.params, &result.params, longest) {
                 Some(reason) => {
                     // The model and the strategy's buffers stay as they were.
                     let _ = self.strategy.restore(&saved);
@@ -237,11 +237,18 @@ impl Rounds {
     }
 
     /// Drops updates whose norm passes `max_norm_ratio` × the round's lower median norm.
-    fn drop_norm_outliers(&mut self, open: &mut OpenRound) {
+    /// Returns the norm of the longest update kept.
+    fn drop_norm_outliers(&mut self, open: &mut OpenRound) -> f64 {
         let ratio = self.config.max_norm_ratio;
-        let Some(outliers) = validate::norm_outliers(ratio, &open.accepted) else {
-            return;
+        let norms = norms(&open.accepted);
+        let Some(outliers) = validate::norm_outliers(ratio, &open.accepted, &norms) else {
+            return norms.into_iter().fold(0.0, f64::max);
         };
+        let longest = norms
+            .iter()
+            .zip(&outliers.keep)
+            .filter(|(_, keep)| **keep)
+            .fold(0.0_f64, |a, (n, _)| a.max(*n));
         open.accepted.retain(&outliers.keep);
         for (client, norm) in outliers.dropped {
             open.class_stats.remove(&client);
@@ -250,6 +257,7 @@ impl Rounds {
                 format!("delta norm {norm:.4} above {ratio} × the round's lower median norm");
             self.count_rejection(Some(open), &client, Rejection::Norm, detail);
         }
+        longest
     }
 
     /// Counts a rejection of `client`'s message in the open round, if any.

@@ -115,6 +115,8 @@ pub struct Rounds {
     /// True while [`Rounds::restore_round`] replays a journal: what it replays is in the
     /// journal already and is not written again.
     restoring: bool,
+    /// With keys: the time stamp of each device's last believed status.
+    status_stamps: BTreeMap<String, String>,
 }
 
 impl Rounds {
@@ -142,6 +144,7 @@ impl Rounds {
             insight: config.insight.map(GlobalInsight::new),
             prototypes: config.prototypes.map(GlobalPrototypes::new),
             restoring: false,
+            status_stamps: BTreeMap::new(),
             config,
         }
     }
@@ -340,6 +343,31 @@ impl Rounds {
         if self.phase == Phase::Waiting {
             self.try_start(now_ms);
         }
+    }
+
+    /// A device's status document arrived on `client`'s status topic: with keys it must carry
+    /// the device's tag (and be newer than the last one when it says online), else it is
+    /// rejected and changes nothing; then as [`Rounds::handle_client_status`].
+    pub fn handle_edge_status(
+        &mut self,
+        client: &str,
+        status: &fedge_wire::EdgeStatus,
+        now_ms: u64,
+    ) {
+        let auth = self.config.auth.as_deref();
+        let last = self.status_stamps.get(client).map(String::as_str);
+        let federation = self.config.federation.as_str();
+        if let Err((reason, detail)) = admit::status(auth, federation, client, status, last) {
+            if reason != Rejection::UnknownDevice || status.online {
+                self.reject(client, reason, detail);
+            }
+            return;
+        }
+        if auth.is_some() && status.online {
+            self.status_stamps
+                .insert(client.to_owned(), status.updated_at.clone());
+        }
+        self.handle_client_status(client, status.online, now_ms);
     }
 
     /// A device status that could not be read (too large, not JSON): counted as a rejection,

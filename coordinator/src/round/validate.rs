@@ -10,7 +10,7 @@ use super::open::OpenRound;
 use super::types::MAX_ABS_VALUE;
 use super::types::{Rejection, RoundConfig};
 use crate::updates::RoundUpdates;
-use crate::updates::norms::{lower_median, norms};
+use crate::updates::norms::lower_median;
 
 /// Why `client`'s `update` cannot be used in the `open` round of a machine whose head has
 /// `params` parameters; `Ok` when it can.
@@ -118,12 +118,15 @@ pub(super) struct NormOutliers {
 /// a huge delta next to an honest one is dropped. The price: a sender of a tiny delta next to
 /// one honest sender gets the honest one dropped, and the round is then abandoned below its
 /// quorum or aggregates the tiny delta; the model never moves far.
-pub(super) fn norm_outliers(ratio: f64, accepted: &RoundUpdates) -> Option<NormOutliers> {
+pub(super) fn norm_outliers(
+    ratio: f64,
+    accepted: &RoundUpdates,
+    norms: &[f64],
+) -> Option<NormOutliers> {
     if ratio <= 0.0 || accepted.len() < 2 {
         return None;
     }
-    let norms = norms(accepted);
-    let bound = ratio * lower_median(&norms);
+    let bound = ratio * lower_median(norms);
     if norms.iter().all(|n| *n <= bound) {
         return None;
     }

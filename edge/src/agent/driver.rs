@@ -35,7 +35,7 @@ pub async fn run_agent(
         tracing::warn!(client = %setup.client_id, "{reason}");
     }
     let (will_topic, will) = agent.last_will();
-    let will = LastWill::new(will_topic, json(&will), QoS::AtLeastOnce, true);
+    let will = LastWill::new(will_topic, json(&will, &setup), QoS::AtLeastOnce, true);
     let mut options = setup
         .broker
         .options(&format!("fedge-edge-{}", setup.client_id), Some(will));
@@ -101,7 +101,7 @@ fn perform(
                 }
             }
             Output::Status { topic, status } => {
-                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status));
+                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status, setup));
             }
             Output::Update { topic, frame, seq } => {
                 // Each chunk carries the device's tag, so forged chunks are refused one by one.
@@ -138,6 +138,16 @@ fn spawn_training(
         setup.device.device.clone(),
     );
     let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // At the round's deadline training stops: its update would arrive after the round closed.
+    let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let deadline = std::time::Duration::from_millis(task.deadline_ms);
+    let timer = {
+        let cancel = Arc::clone(&cancel);
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
     tokio::task::spawn_blocking(move || {
         let start = Instant::now();
         let global = task.params.to_vec();
@@ -152,11 +162,13 @@ fn spawn_training(
         };
         let job = TrainJob::new(&head, &global, &train, &task.train, &device)
             .with_inputs(inputs)
-            .with_seed(seed);
+            .with_seed(seed)
+            .with_cancel(&cancel);
         let mut state = state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = train_local(&job, &mut state);
+        timer.abort();
         let seconds = start.elapsed().as_secs_f32();
         let _ = done.send(Trained {
             round: task.round,
@@ -168,11 +180,14 @@ fn spawn_training(
     });
 }
 
-/// The status document, stamped with the current time.
-fn json(status: &EdgeStatus) -> String {
-    let stamped = EdgeStatus {
+/// The status document, stamped with the current time and, with a key, signed.
+fn json(status: &EdgeStatus, setup: &AgentSetup) -> String {
+    let mut stamped = EdgeStatus {
         updated_at: fedge_mqtt::now_rfc3339(),
         ..status.clone()
     };
+    if let Some(key) = &setup.key {
+        stamped.sign(&setup.federation, key);
+    }
     serde_json::to_string(&stamped).unwrap_or_default()
 }

@@ -177,6 +177,7 @@ impl Agent {
             device: id.device.clone(),
             peak_memory_mb: None,
             updated_at: String::new(),
+            tag: None,
         };
         Ok(Self {
             status_topic: topics.edge_status(&id.client_id),

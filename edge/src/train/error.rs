@@ -35,4 +35,7 @@ pub enum TrainError {
     /// Training diverged.
     #[error("training diverged (loss {0})")]
     Diverged(f32),
+    /// Stopped at the round's deadline: the update would have arrived after the round closed.
+    #[error("training stopped at the round's deadline after {0} batches")]
+    Cancelled(usize),
 }

@@ -72,6 +72,9 @@ pub(crate) fn gradient_round(
         order.shuffle(rng);
         let mut epoch_loss = None::<Tensor<1>>;
         for idx in order.chunks(batch) {
+            if job.cancelled() {
+                return Err(TrainError::Cancelled(steps));
+            }
             let (inputs, targets, labels) = batch_tensors(data, idx, device);
             let mut loss = match (&insight, views) {
                 (Some(insight), _) => {

@@ -4,6 +4,8 @@
 //!
 //! Plain data only: the dispatch in `crate::train` runs a job.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::prelude::*;
 use fedge_models::HeadConfig;
 use fedge_wire::TrainParams;
@@ -31,6 +33,9 @@ pub struct TrainJob<'a> {
     pub seed: u64,
     /// Burn device to train on.
     pub device: &'a Device,
+    /// Set (by the driver, at the round's deadline) to stop training before the next batch:
+    /// an update that would arrive after the round closed is not worth the device's time.
+    pub cancel: Option<&'a AtomicBool>,
 }
 
 impl<'a> TrainJob<'a> {
@@ -50,7 +55,21 @@ impl<'a> TrainJob<'a> {
             inputs: RoundInputs::default(),
             seed: 0,
             device,
+            cancel: None,
         }
+    }
+
+    /// The same job, stopped before its next batch once `cancel` is set.
+    pub fn with_cancel(self, cancel: &'a AtomicBool) -> Self {
+        Self {
+            cancel: Some(cancel),
+            ..self
+        }
+    }
+
+    /// Whether the job was asked to stop.
+    pub fn cancelled(&self) -> bool {
+        self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
     /// The same job with another seed.

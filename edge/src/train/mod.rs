@@ -49,6 +49,7 @@ pub fn train_local(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcom
         inputs,
         seed,
         device,
+        cancel: _,
     } = *job;
     check_inputs(config, data, params)?;
     let layout = ModelLayout::new(config.clone(), params.objective.carries_generator());
@@ -132,8 +133,11 @@ fn stable_round(
         params,
         &mut state.memory,
         rng,
-        device,
+        (device, job.cancel),
     );
+    if round.cancelled {
+        return Err(TrainError::Cancelled(round.steps));
+    }
     state.discriminator = Some(round.discriminator.to_flat());
     let mut flat = round.head.to_flat();
     flat.extend(round.generator.to_flat());

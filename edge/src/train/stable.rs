@@ -302,6 +302,8 @@ pub struct StableRound {
     pub loss: f32,
     /// Batches trained.
     pub steps: usize,
+    /// Stopped before its last batch (see `crate::train::TrainJob::cancel`).
+    pub cancelled: bool,
 }
 
 /// The modules a round starts from.
@@ -323,7 +325,7 @@ pub fn train_round(
     params: &TrainParams,
     memory: &mut Option<Memory>,
     rng: &mut StdRng,
-    device: &Device,
+    (device, cancel): (&Device, Option<&std::sync::atomic::AtomicBool>),
 ) -> StableRound {
     let StableModules {
         mut head,
@@ -347,7 +349,12 @@ pub fn train_round(
     }
     batches.truncate(total);
     let (mut recent, mut steps) = (Vec::new(), 0);
+    let mut cancelled = false;
     for (b, idx) in batches.iter().enumerate() {
+        if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
+            cancelled = true;
+            break;
+        }
         let (x, targets, labels) = batch_tensors(data, idx, device);
         let n = idx.len();
         let z = head.features(x);
@@ -401,6 +408,7 @@ pub fn train_round(
         discriminator,
         loss,
         steps,
+        cancelled,
     }
 }
 

@@ -531,3 +531,28 @@ fn bad_inputs_are_errors_not_panics() {
         Err(TrainError::Params(_))
     ));
 }
+
+#[test]
+fn a_cancelled_job_stops_before_its_next_batch() {
+    let (head, data) = (HeadConfig::new(4, 2).with_hidden(8), two_blobs());
+    let device = training_device(Backend::Flex);
+    let global = ModelLayout::new(head.clone(), false).init_flat(1);
+    let params = TrainParams::default();
+    let cancel = std::sync::atomic::AtomicBool::new(true);
+    let job = TrainJob::new(&head, &global, &data, &params, &device).with_cancel(&cancel);
+    assert!(matches!(
+        train_local(&job, &mut LocalState::default()),
+        Err(TrainError::Cancelled(0))
+    ));
+    let stable = TrainParams {
+        objective: Objective::StableFedAdg,
+        ..TrainParams::default()
+    };
+    let layout = ModelLayout::new(head.clone(), true);
+    let global = layout.init_flat(1);
+    let job = TrainJob::new(&head, &global, &data, &stable, &device).with_cancel(&cancel);
+    assert!(matches!(
+        train_local(&job, &mut LocalState::default()),
+        Err(TrainError::Cancelled(0))
+    ));
+}

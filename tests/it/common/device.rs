@@ -29,6 +29,23 @@ pub fn update_frame(update: ClientUpdate) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(update))
 }
 
+/// A device's status document signed with its key, as an agent with a key writes it.
+pub fn signed_status_json(
+    federation: &str,
+    client: &str,
+    online: bool,
+    key: &fedge_wire::DeviceKey,
+) -> String {
+    let mut status = EdgeStatus {
+        client_id: client.into(),
+        online,
+        updated_at: fedge_mqtt::now_rfc3339(),
+        ..EdgeStatus::default()
+    };
+    status.sign(federation, key);
+    serde_json::to_string(&status).unwrap()
+}
+
 /// A device's status document, online or not, with every other field at its default.
 pub fn edge_status_json(client: &str, online: bool) -> String {
     serde_json::to_string(&EdgeStatus {

@@ -13,7 +13,7 @@ mod profiles;
 pub use coordinator::{
     Driver, coordinator_binary, driver_options, embedded_broker, wait_status, wait_task,
 };
-pub use device::{client_update, edge_status_json, update_frame};
+pub use device::{client_update, edge_status_json, signed_status_json, update_frame};
 pub use mosquitto::Mosquitto;
 pub use profiles::{firmware_configs, profile_copy, repo_root, shipped_profiles};
 
