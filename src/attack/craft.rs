@@ -53,6 +53,16 @@ pub fn status(client: &str, online: bool, samples: u32) -> EdgeStatus {
         device: "cpu".into(),
         peak_memory_mb: None,
         updated_at: fedge_mqtt::now_rfc3339(),
+        tag: None,
+    }
+}
+
+/// A status in a real device's name, with a forged tag (as its own would carry one).
+pub fn forged_status(client: &str, online: bool, rng: &mut impl Rng) -> EdgeStatus {
+    let mac: [u8; 32] = rng.random();
+    EdgeStatus {
+        tag: Some(mac.iter().map(|b| format!("{b:02x}")).collect()),
+        ..status(client, online, 600)
     }
 }
 

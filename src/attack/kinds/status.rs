@@ -1,7 +1,7 @@
 //! Forged statuses: retained `online: true` for devices that do not exist, so that the
 //! coordinator selects them and waits for them, and retained `online: false` for real
 //! devices, written just after they refreshed their own, so that the next round leaves them
-//! out. A device that puts its own status back (`device_reasserted`) refuses the forgery;
+//! out (with a forged tag, as a keyed device's status carries one). A device that puts its own status back (`device_reasserted`) refuses the forgery;
 //! ghosts the coordinator selects (`ghosts_selected`) show the other half worked.
 
 use std::time::Duration;
@@ -52,7 +52,7 @@ pub async fn forge(ctx: &mut Ctx, beat: &Beat) {
         })
         .await;
     for device in real {
-        let status = craft::status_json(&craft::status(&device, false, 600));
+        let status = craft::status_json(&craft::forged_status(&device, false, &mut ctx.rng));
         let topic = ctx.topics.edge_status(&device);
         let ms = ctx.view.now_ms();
         ctx.view.write(|v| v.forged.insert(device.clone(), ms));
