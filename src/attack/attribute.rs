@@ -3,11 +3,14 @@
 //! Each attack publishes under its own client id (`<prefix>-<kind>`, made-up ids of the same
 //! attack add a suffix), so a rejection for one of those ids belongs to that attack. The
 //! attacks that act under real devices' names (chunk-hijack and replay write on their update
-//! topics; a device that trains a stale task answers it under its own name) record a touch
-//! each time; a rejection for a real device goes to the attack that touched that device last
-//! among those that can cause its reason ([`AttackKind::causes`]), when the touch came at most
-//! [`TRACE_WINDOW_MS`] before it (the coordinator's reassembly timeout, after which an
-//! incomplete stream is rejected, plus margin). What is left is
+//! topics, forged-status on its status topic; a device that trains a stale task answers it
+//! under its own name) record a touch each time; a rejection for a real device goes to the
+//! attack that touched that device last before it among those that can cause its reason
+//! ([`AttackKind::causes`]), when the touch came at most [`TRACE_WINDOW_MS`] before it (the
+//! coordinator's reassembly timeout, after which an incomplete stream is rejected, plus
+//! margin), or failing that to the first such touch at most half a second after it (the
+//! coordinator and the attacker's observer see a device's packet on different connections).
+//! What is left is
 //! reported as not traced. `id-takeover` and the broker's refusals are counted by the attacks
 //! themselves (a connection refused or closed by the broker).
 
@@ -57,15 +60,22 @@ pub fn trace(
     if let Some(kind) = AttackKind::owning(prefix, &rejection.client) {
         return kinds.contains(&kind).then_some(kind);
     }
-    touches
-        .iter()
-        .filter(|t| t.client == rejection.client && kinds.contains(&t.kind))
-        .filter(|t| t.kind.causes(&rejection.reason))
-        .filter(|t| {
-            t.ms <= rejection.ms + CLOCK_SLACK_MS
-                && rejection.ms <= t.ms.saturating_add(TRACE_WINDOW_MS)
+    let candidates = || {
+        touches
+            .iter()
+            .filter(|t| t.client == rejection.client && kinds.contains(&t.kind))
+            .filter(|t| t.kind.causes(&rejection.reason))
+    };
+    // The last touch before the rejection; failing that, the first one just after it.
+    let before = candidates()
+        .filter(|t| t.ms <= rejection.ms && rejection.ms <= t.ms.saturating_add(TRACE_WINDOW_MS))
+        .max_by_key(|t| t.ms);
+    before
+        .or_else(|| {
+            candidates()
+                .filter(|t| t.ms > rejection.ms && t.ms <= rejection.ms + CLOCK_SLACK_MS)
+                .min_by_key(|t| t.ms)
         })
-        .max_by_key(|t| t.ms)
         .map(|t| t.kind)
 }
 
@@ -167,6 +177,14 @@ mod tests {
             (rejection(60_000, "site-1", "incomplete"), None),
             (rejection(2_000, "site-2", "shape"), None),
             (rejection(5_020, "site-1", "shape"), None),
+            (
+                rejection(4_990, "site-0", "wrong_round"),
+                Some(AttackKind::Replay),
+            ),
+            (
+                rejection(5_005, "site-2", "malformed"),
+                Some(AttackKind::ChunkHijack),
+            ),
         ];
         for (r, want) in cases {
             assert_eq!(trace("mallory", &kinds, &r, &touches), want, "{r:?}");

@@ -89,8 +89,8 @@ impl Ctx {
     }
 
     /// Publishes under a real device's name (`victim`): the payload is remembered as the
-    /// attacker's, and on the device's update topic the touch is recorded, so that the
-    /// coordinator's rejections for `victim` are traced here.
+    /// attacker's, and the touch recorded, so that the coordinator's rejections for `victim`
+    /// (of the reasons this attack can cause) are traced here.
     pub async fn send_as(
         &mut self,
         victim: &str,
@@ -100,16 +100,13 @@ impl Ctx {
     ) -> bool {
         let ms = self.view.now_ms();
         let kind = self.kind;
-        let on_updates = self.topics.client_of_update(topic).is_some();
         self.view.write(|v| {
             v.mark_own(&payload);
-            if on_updates {
-                v.touches.push(Touch {
-                    ms,
-                    kind,
-                    client: victim.to_owned(),
-                });
-            }
+            v.touches.push(Touch {
+                ms,
+                kind,
+                client: victim.to_owned(),
+            });
         });
         self.link
             .publish(topic, payload, retain, &mut self.stop)

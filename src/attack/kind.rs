@@ -120,13 +120,15 @@ impl AttackKind {
     }
 
     /// The coordinator's rejection reasons this attack can cause for a real device whose
-    /// streams it touched: the decoding failures of forged chunks for `chunk-hijack`; an update
+    /// streams it touched: forged chunks' tags and decoding failures for `chunk-hijack`; an update
     /// answering another round, a second one, or one from a device not selected for
     /// `replay`; a device's own update answering an old task for `stale-task`; a status
     /// without the device's valid tag for `forged-status`.
     pub fn causes(self, reason: &str) -> bool {
         let reasons: &[&str] = match self {
             AttackKind::ChunkHijack => &[
+                "bad_tag",
+                "unauthenticated",
                 "malformed",
                 "bad_chunk",
                 "incomplete",
