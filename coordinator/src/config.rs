@@ -236,9 +236,9 @@ pub enum InvalidConfig {
     /// Strategy parameters out of range.
     #[error(transparent)]
     Strategy(#[from] crate::strategy::BuildError),
-    /// The broker's TLS files.
+    /// A `[broker]` value out of range, or a file it names (TLS, password) unusable.
     #[error(transparent)]
-    Tls(fedge_mqtt::TlsError),
+    Broker(fedge_mqtt::BrokerSettingsError),
     /// `fraction` outside `(0, 1]`.
     #[error("fraction must be in (0, 1], got {0}")]
     Fraction(f32),
@@ -304,7 +304,7 @@ impl CoordinatorConfig {
         let mut config: Self = toml::from_str(&text).map_err(|e| invalid(e.into()))?;
         config.check().map_err(invalid)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        (config.broker.load_tls(base)).map_err(|e| invalid(InvalidConfig::Tls(e)))?;
+        (config.broker.load(base)).map_err(|e| invalid(InvalidConfig::Broker(e)))?;
         // Relative paths are read from the configuration file's folder, as in device profiles.
         for path in [
             config.auth.keys_file.as_mut(),
@@ -455,6 +455,7 @@ mod tests {
                 "[train]\nlearnig_rate = 0.1\n",
                 "unknown field `learnig_rate`",
             ),
+            ("[broker]\nkeep_alive_s = 70000\n", "keep_alive_s"),
         ] {
             std::fs::write(&path, format!("federation = \"f\"\n{extra}{head}")).unwrap();
             let err = CoordinatorConfig::load(&path).unwrap_err().to_string();

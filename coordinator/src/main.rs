@@ -43,15 +43,15 @@ enum Command {
     /// Watch a federation live: coordinator status, recent rounds and every device, read from
     /// the same MQTT topics dashboards use.
     Watch {
-        /// Broker URL.
+        /// Broker URL: mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS (the system's CA store
+        /// unless --ca-file).
         #[arg(long, default_value = "mqtt://127.0.0.1:1883")]
         broker: String,
         /// Federation name.
         #[arg(long, default_value = "demo")]
         federation: String,
-        /// CA file for a TLS broker (PEM).
-        #[arg(long, value_name = "CA.pem")]
-        ca_file: Option<PathBuf>,
+        #[command(flatten)]
+        login: WatchLogin,
         /// Print one snapshot after this many seconds and exit (for scripts).
         #[arg(long, value_name = "SECONDS")]
         once: Option<f64>,
@@ -101,6 +101,26 @@ struct AggregateArgs {
     report: Option<PathBuf>,
 }
 
+/// How `watch` authenticates to the broker.
+#[derive(Debug, clap::Args)]
+struct WatchLogin {
+    /// CA file for a TLS broker (PEM); turns TLS on.
+    #[arg(long, value_name = "CA.pem")]
+    ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), for brokers that require one (with --key).
+    #[arg(long, value_name = "CERT.pem", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key of --cert (PEM).
+    #[arg(long, value_name = "KEY.pem", requires = "cert")]
+    key: Option<PathBuf>,
+    /// User name, for brokers that require a login.
+    #[arg(long)]
+    username: Option<String>,
+    /// File holding the password on one line (mode 600).
+    #[arg(long, value_name = "FILE", requires = "username")]
+    password_file: Option<PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -111,9 +131,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Watch {
             broker,
             federation,
-            ca_file,
+            login,
             once,
-        } => watch(&broker, &federation, ca_file, once).await,
+        } => watch(&broker, &federation, login, once).await,
         Command::Keygen { client, keys, out } => {
             keys::keygen(&keys, &client, &out)?;
             println!(
@@ -267,15 +287,25 @@ fn read_f32_file(path: &std::path::Path, expected: usize) -> anyhow::Result<Vec<
 async fn watch(
     url: &str,
     federation: &str,
-    ca_file: Option<PathBuf>,
+    login: WatchLogin,
     once: Option<f64>,
 ) -> anyhow::Result<()> {
     use fedge_coordinator::io::watch::{WatchState, render};
     use rumqttc::{Event, Packet, QoS};
     let mut broker = fedge_mqtt::BrokerConfig::parse_url(url)?;
-    if let Some(ca) = ca_file {
-        broker.tls = Some(fedge_mqtt::TlsSettings::with_ca(ca)?);
+    if login.ca_file.is_some() || login.cert.is_some() {
+        let mut tls = broker
+            .tls
+            .take()
+            .unwrap_or_else(fedge_mqtt::TlsSettings::system_roots);
+        tls.ca_file = login.ca_file.unwrap_or(tls.ca_file);
+        (tls.client_cert, tls.client_key) = (login.cert, login.key);
+        broker.tls = Some(tls);
     }
+    broker.username = login.username;
+    broker.password_file = login.password_file;
+    // Paths are relative to the working folder.
+    broker.load(std::path::Path::new(""))?;
     let topics = fedge_wire::Topics::new(federation)?;
     let id = format!("fedge-watch-{}", std::process::id());
     let (client, mut events) = rumqttc::AsyncClient::new(broker.options(&id, None), 64);
@@ -299,6 +329,7 @@ async fn watch(
                 Ok(_) => {}
                 Err(e) => {
                     if backoff.is_fresh() {
+                        let e = fedge_mqtt::describe_error(&e);
                         eprintln!("cannot reach the broker at {url}: {e}; retrying");
                     }
                     tokio::time::sleep(backoff.next_delay()).await;

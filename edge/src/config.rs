@@ -37,13 +37,13 @@ pub enum ConfigError {
         /// Why, with the line.
         source: Box<toml::de::Error>,
     },
-    /// The broker's TLS files are unreadable.
+    /// A `[broker]` value is out of range, or a file it names (TLS, password) is unusable.
     #[error("{}: {source}", path.display())]
     Tls {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: fedge_mqtt::TlsError,
+        source: fedge_mqtt::BrokerSettingsError,
     },
     /// The client id cannot be one MQTT topic level.
     #[error(
@@ -238,7 +238,7 @@ impl EdgeConfig {
         }
         config
             .broker
-            .load_tls(base)
+            .load(base)
             .map_err(|source| ConfigError::Tls {
                 path: path.to_owned(),
                 source,

@@ -7,125 +7,17 @@
 
 use std::time::Duration;
 
+mod broker;
+mod credentials;
 mod tls;
-pub use tls::{TlsError, TlsMaterial, TlsSettings};
+pub use broker::{
+    BROKER_MAX_PACKET, BrokerConfig, BrokerSettingsError, InvalidBroker, KEEP_ALIVE_RANGE,
+    MAX_INCOMING_PACKET, MAX_PACKET_RANGE, PACKET_OVERHEAD, UrlError, describe_error,
+};
+pub use credentials::{Password, PasswordFileError, read_password_file};
+pub use tls::{TlsError, TlsMaterial, TlsSettings, install_crypto_provider};
 
-use rumqttc::{AsyncClient, LastWill, MqttOptions, QoS};
-use serde::{Deserialize, Serialize};
-
-/// A broker URL that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UrlError {
-    /// The port is not a number from 0 to 65535.
-    #[error("bad port in broker URL {0:?}")]
-    Port(String),
-    /// Nothing before the port.
-    #[error("no host in broker URL {0:?}; use mqtt://HOST:PORT")]
-    NoHost(String),
-}
-
-/// Where the broker is and how to talk to it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BrokerConfig {
-    /// Host name or address.
-    #[serde(default = "default_host")]
-    pub host: String,
-    /// TCP port.
-    #[serde(default = "default_port")]
-    pub port: u16,
-    /// MQTT keep-alive in seconds.
-    #[serde(default = "default_keep_alive")]
-    pub keep_alive_s: u64,
-    /// Largest payload fedge publishes; larger frames are chunked.
-    #[serde(default = "default_max_packet")]
-    pub max_packet: usize,
-    /// TLS (`[broker.tls]`); plain TCP when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<TlsSettings>,
-}
-
-fn default_host() -> String {
-    "127.0.0.1".into()
-}
-fn default_port() -> u16 {
-    1883
-}
-fn default_keep_alive() -> u64 {
-    30
-}
-fn default_max_packet() -> usize {
-    fedge_wire::DEFAULT_MAX_PACKET
-}
-
-impl Default for BrokerConfig {
-    fn default() -> Self {
-        Self {
-            host: default_host(),
-            port: default_port(),
-            keep_alive_s: default_keep_alive(),
-            max_packet: default_max_packet(),
-            tls: None,
-        }
-    }
-}
-
-impl BrokerConfig {
-    /// Settings for `host:port` with default limits.
-    pub fn at(host: impl Into<String>, port: u16) -> Self {
-        Self {
-            host: host.into(),
-            port,
-            ..Self::default()
-        }
-    }
-
-    /// Parses `mqtt://host:port`, `host:port` or `host` (port 1883).
-    pub fn parse_url(url: &str) -> Result<Self, UrlError> {
-        let rest = url
-            .strip_prefix("mqtt://")
-            .or_else(|| url.strip_prefix("tcp://"))
-            .unwrap_or(url);
-        let rest = rest.trim_end_matches('/');
-        let (host, port) = match rest.rsplit_once(':') {
-            Some((h, p)) => (
-                h,
-                p.parse::<u16>()
-                    .map_err(|_| UrlError::Port(url.to_owned()))?,
-            ),
-            None => (rest, default_port()),
-        };
-        if host.is_empty() {
-            return Err(UrlError::NoHost(url.to_owned()));
-        }
-        Ok(Self::at(host, port))
-    }
-
-    /// Reads the TLS files, if any, relative to `base` (the configuration file's folder).
-    pub fn load_tls(&mut self, base: &std::path::Path) -> Result<(), TlsError> {
-        match &mut self.tls {
-            Some(tls) => tls.load(base),
-            None => Ok(()),
-        }
-    }
-
-    /// Client options: clean session, keep-alive, and a packet limit above `max_packet` so that
-    /// fedge's own chunks (plus topic and header) always fit.
-    pub fn options(&self, client_id: &str, last_will: Option<LastWill>) -> MqttOptions {
-        let mut options = MqttOptions::new(client_id, self.host.clone(), self.port);
-        options.set_keep_alive(Duration::from_secs(self.keep_alive_s.max(5)));
-        options.set_clean_session(true);
-        let limit = self.max_packet + 4096;
-        options.set_max_packet_size(limit, limit);
-        if let Some(will) = last_will {
-            options.set_last_will(will);
-        }
-        if let Some(tls) = &self.tls {
-            options.set_transport(tls.transport());
-        }
-        options
-    }
-}
+use rumqttc::{AsyncClient, QoS};
 
 /// Exponential reconnect back-off with jitter: the ceiling starts at 100 ms and doubles up to
 /// 10 s, reset on success; each delay is drawn uniformly from the upper half of the ceiling
@@ -224,20 +116,6 @@ pub async fn flush_and_disconnect(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn broker_urls_parse_with_and_without_scheme_and_port() {
-        assert_eq!(
-            BrokerConfig::parse_url("mqtt://10.0.0.2:1884").unwrap(),
-            BrokerConfig::at("10.0.0.2", 1884)
-        );
-        assert_eq!(
-            BrokerConfig::parse_url("broker.local").unwrap(),
-            BrokerConfig::at("broker.local", 1883)
-        );
-        assert!(BrokerConfig::parse_url("mqtt://:12").is_err());
-        assert!(BrokerConfig::parse_url("host:notaport").is_err());
-    }
 
     #[test]
     fn backoff_doubles_then_caps_and_resets_with_jitter_in_the_upper_half() {

@@ -1,19 +1,35 @@
-//! TLS to the broker (rustls): the CA that signed the broker's certificate, and optionally a
-//! client certificate and key for brokers that require them (`require_certificate true` in
-//! mosquitto). Files are PEM; they are read when the configuration is loaded, so a missing or
-//! wrong file is reported at start, not at the first connection.
+//! TLS to the broker (rustls with the ring provider): the CA that signed the broker's
+//! certificate (a PEM file, or the system's CA store when no file is named, as hosted brokers
+//! with public certificates need), and optionally a client certificate and key for brokers that
+//! require them (`require_certificate true` in mosquitto). Files are read and the rustls
+//! configuration is built when the configuration is loaded, so a missing or wrong file is
+//! reported at start, not at the first connection.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rumqttc::{TlsConfiguration, Transport};
 use serde::{Deserialize, Serialize};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Installs ring as the process-wide rustls crypto provider, once; later calls, and calls after
+/// another provider was installed, change nothing. Every TLS configuration fedge builds calls it
+/// first, so a TLS connection never depends on which rustls features the build happened to
+/// enable.
+pub fn install_crypto_provider() {
+    // An error only says a provider is installed already, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
 
 /// `[broker.tls]` in both binaries' configuration files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSettings {
-    /// PEM file of the CA certificate(s) that signed the broker's certificate.
+    /// PEM file of the CA certificate(s) that signed the broker's certificate; empty (the key
+    /// left out): the system's CA store.
+    #[serde(default, skip_serializing_if = "is_empty_path")]
     pub ca_file: PathBuf,
     /// PEM client certificate, for brokers that require one (with `client_key`).
     #[serde(default)]
@@ -21,21 +37,42 @@ pub struct TlsSettings {
     /// PEM private key of `client_cert`.
     #[serde(default)]
     pub client_key: Option<PathBuf>,
-    /// The files' contents, once [`TlsSettings::load`] read them.
+    /// What the files hold, once [`TlsSettings::load`] read them.
     #[serde(skip)]
     pub material: Option<Arc<TlsMaterial>>,
 }
 
-/// PEM bytes read from the files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsMaterial {
-    /// CA certificate(s).
-    pub ca: Vec<u8>,
-    /// Client certificate and key.
-    pub client: Option<(Vec<u8>, Vec<u8>)>,
+fn is_empty_path(path: &Path) -> bool {
+    path.as_os_str().is_empty()
 }
 
-/// Why the TLS files cannot be used.
+/// The files' contents and the rustls configuration built from them.
+#[derive(Clone)]
+pub struct TlsMaterial {
+    /// PEM bytes of `ca_file`; empty when the system's CA store is used.
+    pub ca: Vec<u8>,
+    /// PEM bytes of the client certificate and key.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+    config: Arc<rustls::ClientConfig>,
+}
+
+impl PartialEq for TlsMaterial {
+    fn eq(&self, other: &Self) -> bool {
+        self.ca == other.ca && self.client == other.client
+    }
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    /// Sizes only: the client key never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field("ca_bytes", &self.ca.len())
+            .field("client_identity", &self.client.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the TLS settings cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A file cannot be read.
@@ -61,6 +98,21 @@ pub enum TlsError {
     /// A client certificate without its key or the other way round.
     #[error("[broker.tls] client_cert and client_key go together")]
     HalfClientIdentity,
+    /// No `ca_file` and nothing usable in the system's CA store.
+    #[error(
+        "[broker.tls] no ca_file and no usable certificate in the system's CA store: install \
+         the ca-certificates package or set ca_file to the CA that signed the broker"
+    )]
+    NoSystemRoots,
+    /// rustls refused the certificates or the key (a key that does not match the certificate,
+    /// an unsupported key type, a CA certificate it cannot parse).
+    #[error("[broker.tls] {what}: {message}")]
+    Refused {
+        /// Which setting.
+        what: &'static str,
+        /// rustls's reason.
+        message: String,
+    },
 }
 
 fn read_pem(path: &Path, what: &'static str, marker: &'static str) -> Result<Vec<u8>, TlsError> {
@@ -80,23 +132,90 @@ fn read_pem(path: &Path, what: &'static str, marker: &'static str) -> Result<Vec
     Ok(bytes)
 }
 
+/// The rustls client configuration: roots from `ca` (PEM) or the system store, and the client
+/// identity if any.
+fn client_config(
+    ca: &[u8],
+    client: Option<&(Vec<u8>, Vec<u8>)>,
+) -> Result<rustls::ClientConfig, TlsError> {
+    install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    if ca.is_empty() {
+        let system = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(system.certs);
+        if roots.is_empty() {
+            return Err(TlsError::NoSystemRoots);
+        }
+    } else {
+        for cert in CertificateDer::pem_slice_iter(ca) {
+            let cert = cert.map_err(|e| refused("ca_file", e))?;
+            roots.add(cert).map_err(|e| refused("ca_file", e))?;
+        }
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    match client {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| refused("client_cert", e))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| refused("client_key", e))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| refused("client_cert and client_key", e))
+        }
+    }
+}
+
+fn refused(what: &'static str, e: impl std::fmt::Display) -> TlsError {
+    TlsError::Refused {
+        what,
+        message: e.to_string(),
+    }
+}
+
 impl TlsSettings {
     /// Settings with just a CA file, read at once.
     pub fn with_ca(ca_file: impl Into<PathBuf>) -> Result<Self, TlsError> {
+        Self::with_files(ca_file, None)
+    }
+
+    /// Settings with a CA file and optionally a client certificate and key, read at once.
+    pub fn with_files(
+        ca_file: impl Into<PathBuf>,
+        client: Option<(PathBuf, PathBuf)>,
+    ) -> Result<Self, TlsError> {
+        let (client_cert, client_key) = client.unzip();
         let mut settings = Self {
             ca_file: ca_file.into(),
-            client_cert: None,
-            client_key: None,
+            client_cert,
+            client_key,
             material: None,
         };
         settings.load(Path::new(""))?;
         Ok(settings)
     }
 
-    /// Resolves the paths against `base` (the configuration file's folder) and reads them.
+    /// Settings that trust the system's CA store (not read yet: [`TlsSettings::load`] or the
+    /// first [`TlsSettings::transport`] reads it).
+    pub fn system_roots() -> Self {
+        Self {
+            ca_file: PathBuf::new(),
+            client_cert: None,
+            client_key: None,
+            material: None,
+        }
+    }
+
+    /// Resolves the paths against `base` (the configuration file's folder), reads them and
+    /// builds the rustls configuration.
     pub fn load(&mut self, base: &Path) -> Result<(), TlsError> {
-        self.ca_file = base.join(&self.ca_file);
-        let ca = read_pem(&self.ca_file, "ca_file", "CERTIFICATE")?;
+        let ca = if is_empty_path(&self.ca_file) {
+            Vec::new()
+        } else {
+            self.ca_file = base.join(&self.ca_file);
+            read_pem(&self.ca_file, "ca_file", "CERTIFICATE")?
+        };
         let client = match (&mut self.client_cert, &mut self.client_key) {
             (None, None) => None,
             (Some(cert), Some(key)) => {
@@ -109,18 +228,45 @@ impl TlsSettings {
             }
             _ => return Err(TlsError::HalfClientIdentity),
         };
-        self.material = Some(Arc::new(TlsMaterial { ca, client }));
+        let config = Arc::new(client_config(&ca, client.as_ref())?);
+        self.material = Some(Arc::new(TlsMaterial { ca, client, config }));
         Ok(())
     }
 
-    /// The rumqttc transport. Settings never loaded give a TLS transport without a CA, whose
-    /// connections fail: TLS is never silently dropped.
+    /// Where the trusted roots come from, for messages: the CA file or the system's store.
+    pub fn roots(&self) -> String {
+        if is_empty_path(&self.ca_file) {
+            "the system's CA store".into()
+        } else {
+            format!("CA {}", self.ca_file.display())
+        }
+    }
+
+    /// The rumqttc transport. Settings naming files that were never loaded give a TLS
+    /// transport without a CA, whose connections fail: TLS is never silently dropped. Settings
+    /// that only trust the system's store read it here if [`TlsSettings::load`] did not.
     pub fn transport(&self) -> Transport {
-        let material = self.material.as_deref();
-        Transport::tls_with_config(TlsConfiguration::Simple {
-            ca: material.map(|m| m.ca.clone()).unwrap_or_default(),
-            alpn: None,
-            client_auth: material.and_then(|m| m.client.clone()),
+        let material = match &self.material {
+            Some(material) => Some(material.clone()),
+            None if is_empty_path(&self.ca_file) && self.client_cert.is_none() => {
+                let mut settings = self.clone();
+                match settings.load(Path::new("")) {
+                    Ok(()) => settings.material,
+                    Err(e) => {
+                        tracing::error!(error = %e, "no TLS roots: connections will fail");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        Transport::tls_with_config(match material {
+            Some(material) => TlsConfiguration::Rustls(material.config.clone()),
+            None => TlsConfiguration::Simple {
+                ca: Vec::new(),
+                alpn: None,
+                client_auth: None,
+            },
         })
     }
 }
@@ -135,31 +281,67 @@ mod tests {
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
         std::fs::write(dir.path().join("ca.pem"), pem).unwrap();
         std::fs::write(dir.path().join("junk.pem"), "hello").unwrap();
-        let mut ok = TlsSettings {
+        let base = TlsSettings {
             ca_file: "ca.pem".into(),
-            client_cert: None,
-            client_key: None,
-            material: None,
+            ..TlsSettings::system_roots()
         };
-        ok.load(dir.path()).unwrap();
-        assert_eq!(ok.material.as_ref().unwrap().ca, pem.as_bytes());
+        // A PEM block that is not a certificate rustls can parse: refused at load.
+        let err = base.clone().load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("ca_file"), "{err}");
         let mut junk = TlsSettings {
             ca_file: "junk.pem".into(),
-            ..ok.clone()
+            ..base.clone()
         };
         let err = junk.load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("not a PEM file"), "{err}");
         let mut missing = TlsSettings {
             ca_file: "nope.pem".into(),
-            ..ok.clone()
+            ..base.clone()
         };
         let err = missing.load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("nope.pem"), "{err}");
         let mut half = TlsSettings {
             client_cert: Some("ca.pem".into()),
-            ..ok.clone()
+            ..base.clone()
         };
         let err = half.load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("go together"), "{err}");
+    }
+
+    #[test]
+    fn the_crypto_provider_is_installed_once_and_configurations_build_again_and_again() {
+        install_crypto_provider();
+        install_crypto_provider();
+        assert!(rustls::crypto::CryptoProvider::get_default().is_some());
+        // The system store may be empty on a build machine; either way building twice gives
+        // the same answer and does not panic.
+        let first = TlsSettings::system_roots().load(Path::new("")).is_ok();
+        let second = TlsSettings::system_roots().load(Path::new("")).is_ok();
+        assert_eq!(first, second);
+        for _ in 0..2 {
+            assert!(matches!(
+                TlsSettings::system_roots().transport(),
+                Transport::Tls(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_client_key() {
+        let material = TlsMaterial {
+            ca: b"ca".to_vec(),
+            client: Some((b"cert".to_vec(), b"SECRET-KEY-BYTES".to_vec())),
+            config: {
+                install_crypto_provider();
+                Arc::new(
+                    rustls::ClientConfig::builder()
+                        .with_root_certificates(rustls::RootCertStore::empty())
+                        .with_no_client_auth(),
+                )
+            },
+        };
+        let text = format!("{material:?}");
+        assert!(!text.contains("SECRET"), "{text}");
+        assert!(!text.contains("83, 69, 67"), "{text}"); // the key's bytes as numbers
     }
 }

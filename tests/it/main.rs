@@ -12,6 +12,7 @@ mod arm64;
 mod attack;
 mod bad_input;
 mod bench_smoke;
+mod broker_hardening;
 mod check;
 mod dashboards;
 mod efficientnet;

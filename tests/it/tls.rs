@@ -1,5 +1,6 @@
 //! TLS to mosquitto with certificates the test makes (openssl): a federation runs over it, and
-//! a client that does not trust the broker's CA fails with an error that says so.
+//! a client that does not trust the broker's CA fails with an error that says so. The
+//! certificate helpers serve `broker_hardening` too.
 
 use std::path::Path;
 use std::process::Command;
@@ -9,6 +10,19 @@ use fedge::demo::DemoOptions;
 use fedge_mqtt::{BrokerConfig, TlsSettings};
 
 use crate::common;
+
+/// True when openssl runs; otherwise the caller skips, unless `FEDGE_REQUIRE_MOSQUITTO=1`.
+pub(crate) fn has_openssl() -> bool {
+    if Command::new("openssl").arg("version").output().is_ok() {
+        return true;
+    }
+    assert!(
+        std::env::var("FEDGE_REQUIRE_MOSQUITTO").map_or(true, |v| v != "1"),
+        "openssl is needed to make the test certificates (apt-get install openssl)"
+    );
+    eprintln!("openssl not installed: skipping");
+    false
+}
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -24,7 +38,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A CA, a broker certificate for 127.0.0.1 signed by it, and an unrelated second CA.
-fn make_certificates(dir: &Path) {
+pub(crate) fn make_certificates(dir: &Path) {
     let subj = |cn: &str| format!("/CN={cn}");
     for ca in ["ca", "other-ca"] {
         openssl(
@@ -91,24 +105,74 @@ fn make_certificates(dir: &Path) {
             "server.ext",
         ],
     );
-    // mosquitto started as root drops to its own user, which must read these test-only files.
+    open_to_mosquitto(dir);
+}
+
+/// `<cn>.pem` and `<cn>.key`: a client certificate (P-256) with common name `cn`, signed by
+/// the CA of [`make_certificates`].
+pub(crate) fn client_certificate(dir: &Path, cn: &str) {
+    let (key, csr, pem) = (
+        format!("{cn}.key"),
+        format!("{cn}.csr"),
+        format!("{cn}.pem"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+    );
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &pem,
+            "-extfile",
+            "client.ext",
+        ],
+    );
+    open_to_mosquitto(dir);
+}
+
+/// mosquitto started as root drops to its own user, which must read these test-only files.
+fn open_to_mosquitto(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let open = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
     open(dir, 0o755).unwrap();
     for entry in std::fs::read_dir(dir).unwrap() {
-        open(&entry.unwrap().path(), 0o644).unwrap();
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            open(&path, 0o644).unwrap();
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_federation_runs_over_tls_and_a_client_without_the_ca_is_refused() {
-    let has_openssl = Command::new("openssl").arg("version").output().is_ok();
-    if !has_openssl {
-        assert!(
-            std::env::var("FEDGE_REQUIRE_MOSQUITTO").map_or(true, |v| v != "1"),
-            "openssl is needed to make the test certificates (apt-get install openssl)"
-        );
-        eprintln!("openssl not installed: skipping the TLS test");
+    if !has_openssl() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,9 @@ use serde_json::json;
 /// Topic prefix Home Assistant listens on by default.
 pub const DISCOVERY_PREFIX: &str = "homeassistant";
 
+/// Where Home Assistant users find help (the `origin` block's `support_url`).
+pub const SUPPORT_URL: &str = env!("CARGO_PKG_REPOSITORY");
+
 /// (key in the status JSON, sensor name, unit, state class)
 const SENSORS: [(&str, &str, Option<&str>, Option<&str>); 7] = [
     ("state", "state", None, None),
@@ -60,7 +63,23 @@ fn object_id(federation: &str) -> String {
         .collect()
 }
 
+/// A Home Assistant entity id's object part: lower-case letters, digits and `_` only.
+fn entity_slug(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// The retained discovery messages: (topic, JSON payload).
+///
+/// Each names its entity with `default_entity_id` (`sensor.<slug>`, which replaced the
+/// deprecated `object_id`) and its publisher with an `origin` block.
 pub fn discovery_messages(topics: &Topics, federation: &str) -> Vec<(String, String)> {
     let node = format!("fedge_{}", object_id(federation));
     let status = topics.coordinator_status();
@@ -76,7 +95,7 @@ pub fn discovery_messages(topics: &Topics, federation: &str) -> Vec<(String, Str
             let mut config = json!({
                 "name": name,
                 "unique_id": format!("{node}_{key}"),
-                "object_id": format!("{node}_{key}"),
+                "default_entity_id": format!("sensor.{}", entity_slug(&format!("{node}_{key}"))),
                 "state_topic": status,
                 "value_template": template,
                 "availability_topic": status,
@@ -89,6 +108,11 @@ pub fn discovery_messages(topics: &Topics, federation: &str) -> Vec<(String, Str
                     "manufacturer": "fedge",
                     "model": "fedge-coordinator",
                     "sw_version": env!("CARGO_PKG_VERSION"),
+                },
+                "origin": {
+                    "name": "fedge",
+                    "sw_version": env!("CARGO_PKG_VERSION"),
+                    "support_url": SUPPORT_URL,
                 },
             });
             if let Some(map) = config.as_object_mut() {
@@ -134,6 +158,23 @@ mod tests {
             assert_eq!(v["availability_topic"], v["state_topic"]);
             assert!(v["value_template"].as_str().unwrap().contains(parts[3]));
             assert_eq!(v["device"]["identifiers"][0], "fedge_plant-7");
+            assert!(v.get("object_id").is_none(), "deprecated key: {payload}");
+            let entity = v["default_entity_id"].as_str().unwrap();
+            assert_eq!(entity, format!("sensor.fedge_plant_7_{}", parts[3]));
+            assert!(
+                entity["sensor.".len()..]
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{entity}"
+            );
+            assert_eq!(v["origin"]["name"], "fedge");
+            assert_eq!(v["origin"]["sw_version"], env!("CARGO_PKG_VERSION"));
+            assert!(
+                v["origin"]["support_url"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("https://")
+            );
         }
     }
 }

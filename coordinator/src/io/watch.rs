@@ -1,6 +1,10 @@
 //! `fedge-coordinator watch`: a live terminal view of a federation's topics, for operators
 //! without other MQTT tooling. It reads what dashboards read (the retained coordinator and
 //! device statuses, the per-round metrics) and nothing else.
+//!
+//! Everything a device or the broker controls (client ids, profiles, errors, rejection
+//! reasons, the coordinator's strings) goes through [`sanitize`] before it reaches the
+//! terminal, so a hostile device cannot send escape sequences to the operator's terminal.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -53,6 +57,28 @@ impl WatchState {
     }
 }
 
+/// `text` with every control character (C0, DEL, C1: escape sequences, carriage returns,
+/// bells, newlines) replaced by `?`, cut to `max` characters (with `…`), for one cell of the
+/// view.
+pub fn sanitize(text: &str, max: usize) -> String {
+    let mut out: String = text
+        .chars()
+        .take(max)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if text.chars().nth(max).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Longest text shown for one field.
+const FIELD_CHARS: usize = 120;
+
+fn clean(text: &str) -> String {
+    sanitize(text, FIELD_CHARS)
+}
+
 fn pct(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
 }
@@ -60,7 +86,7 @@ fn pct(v: Option<f64>) -> String {
 /// The view as text (no terminal control codes).
 pub fn render(state: &WatchState, federation: &str) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "fedge federation {federation}");
+    let _ = writeln!(out, "fedge federation {}", clean(federation));
     match &state.coordinator {
         None => {
             let _ = writeln!(out, "coordinator: no status yet");
@@ -74,7 +100,12 @@ pub fn render(state: &WatchState, federation: &str) -> String {
             let _ = writeln!(
                 out,
                 "coordinator: {} ({}), round {}/{}, strategy {}, objective {}",
-                s.state, s.phase, s.round, total, s.strategy, s.objective
+                clean(&s.state),
+                clean(&s.phase),
+                s.round,
+                total,
+                clean(&s.strategy),
+                s.objective
             );
             let _ = writeln!(
                 out,
@@ -82,8 +113,8 @@ pub fn render(state: &WatchState, federation: &str) -> String {
                 s.clients_online,
                 s.clients_selected,
                 s.clients_reported,
-                s.deadline.as_deref().unwrap_or("-"),
-                s.last_aggregation.as_deref().unwrap_or("-"),
+                clean(s.deadline.as_deref().unwrap_or("-")),
+                clean(s.last_aggregation.as_deref().unwrap_or("-")),
             );
             let _ = writeln!(
                 out,
@@ -95,7 +126,7 @@ pub fn render(state: &WatchState, federation: &str) -> String {
             let reasons: Vec<String> = s
                 .rejected_updates
                 .iter()
-                .map(|(k, v)| format!("{k} {v}"))
+                .map(|(k, v)| format!("{} {v}", clean(k)))
                 .collect();
             let _ = writeln!(
                 out,
@@ -135,12 +166,12 @@ pub fn render(state: &WatchState, federation: &str) -> String {
         let _ = writeln!(
             out,
             "{:<21} {:<7} {:<17} {:>7}  {:>10}  {}",
-            id,
+            clean(id),
             if d.online { "yes" } else { "NO" },
-            d.profile,
+            clean(&d.profile),
             d.samples,
             d.last_round,
-            d.last_error
+            clean(&d.last_error)
         );
     }
     out
@@ -204,5 +235,55 @@ mod tests {
             br#"{"state":"offline","updated_at":"x"}"#,
         );
         assert!(render(&state, "plant").contains("coordinator: offline"));
+    }
+
+    #[test]
+    fn device_controlled_strings_reach_the_terminal_without_control_characters() {
+        assert_eq!(
+            sanitize("cam\x1b[2J\x07\r\n\u{9b}31m", 50),
+            "cam?[2J????31m"
+        );
+        assert_eq!(sanitize("abcdef", 3), "abc…");
+        assert_eq!(sanitize("é ü ∞", 10), "é ü ∞");
+        let topics = Topics::new("plant").unwrap();
+        let mut state = WatchState::default();
+        let hostile = "\x1b[2J\x1b]0;pwned\x07";
+        let device = EdgeStatus {
+            client_id: "cam-1".into(),
+            profile: hostile.into(),
+            last_error: format!("round 2: {hostile}"),
+            ..Default::default()
+        };
+        state.take(
+            &topics,
+            &topics.edge_status("cam-1"),
+            &serde_json::to_vec(&device).unwrap(),
+        );
+        let status = CoordinatorStatus {
+            state: hostile.into(),
+            phase: hostile.into(),
+            strategy: hostile.into(),
+            deadline: Some(hostile.into()),
+            rejected_updates: [(hostile.to_string(), 1)].into(),
+            ..Default::default()
+        };
+        state.take(
+            &topics,
+            &topics.coordinator_status(),
+            &serde_json::to_vec(&status).unwrap(),
+        );
+        let text = render(&state, "plant\x1b[31m");
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "control characters in\n{text:?}"
+        );
+        assert!(text.contains("?[2J?]0;pwned?"), "{text}");
+        // The Last Will path takes any JSON string too.
+        state.take(
+            &topics,
+            &topics.coordinator_status(),
+            br#"{"state":"\u001b[2Joffline"}"#,
+        );
+        assert!(render(&state, "plant").contains("coordinator: ?[2Joffline"));
     }
 }
