@@ -50,6 +50,8 @@ pub struct Ctx {
     pub max_packet: usize,
     /// The attack's connection.
     pub link: Link,
+    /// The key of an insider device (one the coordinator knows), for attacks that take part.
+    pub key: Option<fedge_wire::DeviceKey>,
     /// What the observer saw.
     pub view: View,
     /// Seeded randomness.

@@ -119,10 +119,16 @@ impl AttackKind {
         )
     }
 
+    /// Whether the attack takes part in rounds as a device (and signs with an insider key
+    /// when it has one).
+    pub fn takes_part(self) -> bool {
+        matches!(self, AttackKind::PoisonWeight | AttackKind::Nan)
+    }
+
     /// The coordinator's rejection reasons this attack can cause for a real device whose
     /// streams it touched: forged chunks' tags and decoding failures for `chunk-hijack`; an update
-    /// answering another round, a second one, or one from a device not selected for
-    /// `replay`; a device's own update answering an old task for `stale-task`; a status
+    /// answering another round, a second one, one from a device not selected, or a re-dated
+    /// one whose tag no longer verifies for `replay`; a device's own update answering an old task for `stale-task`; a status
     /// without the device's valid tag for `forged-status`.
     pub fn causes(self, reason: &str) -> bool {
         let reasons: &[&str] = match self {
@@ -136,7 +142,13 @@ impl AttackKind {
                 "wrong_kind",
                 "oversized",
             ],
-            AttackKind::Replay => &["wrong_round", "duplicate", "not_selected", "replay"],
+            AttackKind::Replay => &[
+                "wrong_round",
+                "duplicate",
+                "not_selected",
+                "replay",
+                "bad_tag",
+            ],
             AttackKind::StaleTask => &["wrong_round", "replay"],
             AttackKind::ForgedStatus => &["bad_tag", "unauthenticated"],
             _ => &[],

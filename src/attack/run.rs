@@ -50,6 +50,9 @@ pub struct AttackConfig {
     pub seed: u64,
     /// Publish nothing before the first round task is seen.
     pub wait_for_task: bool,
+    /// A device key the coordinator knows for the attacking devices that take part in rounds
+    /// (poison-weight, nan): a compromised device signs its statuses and updates.
+    pub insider_key: Option<fedge_wire::DeviceKey>,
     /// End after this long.
     pub duration: Option<Duration>,
     /// End once this many rounds opened during the run.
@@ -76,6 +79,7 @@ impl AttackConfig {
             max_packet: fedge_wire::DEFAULT_MAX_PACKET,
             seed: 0,
             wait_for_task: false,
+            insider_key: None,
             duration: Some(Duration::from_secs(10)),
             rounds: None,
             grace: Duration::from_secs(1),
@@ -166,6 +170,7 @@ pub async fn run(config: AttackConfig, stop: watch::Receiver<bool>) -> anyhow::R
             coordinator_id: coordinator_id.clone(),
             max_packet: config.max_packet,
             link: Link::connect(&config.broker, &kind.client_id(&config.prefix), config.rate),
+            key: config.insider_key.clone().filter(|_| kind.takes_part()),
             view: view.clone(),
             rng: rand::rngs::StdRng::seed_from_u64(config.seed.wrapping_add(i as u64)),
             stop: halt.clone(),

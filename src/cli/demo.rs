@@ -47,6 +47,17 @@ pub struct DemoArgs {
     /// Packets per second per attack.
     #[arg(long, default_value_t = fedge::attack::DEFAULT_RATE, help_heading = "Attacks")]
     pub attack_rate: f64,
+    /// Attack a federation without device keys. By default --attack turns --auth on and gives
+    /// the attacking devices that take part in rounds keys of their own (compromised devices);
+    /// without keys nobody can tell a status or an update in a device's name from its own, and
+    /// forged statuses can stall the federation.
+    #[arg(
+        long,
+        requires = "attack",
+        conflicts_with = "auth",
+        help_heading = "Attacks"
+    )]
+    pub attack_keyless: bool,
     #[command(flatten)]
     pub strategy: StrategyArgs,
     /// FedDIM's server momentum m of the global insight matrices.
@@ -128,6 +139,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         round_timeout_s,
         attack,
         attack_rate: args.attack_rate,
+        attack_keyless: args.attack_keyless,
         backend: local.backend,
         broker: args
             .broker

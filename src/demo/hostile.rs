@@ -11,6 +11,9 @@ use tokio::sync::watch;
 
 use crate::attack::{self, AttackConfig, AttackKind, KindReport, Outcome, SeenRejection};
 
+/// Prefix of the hostile participant's client ids.
+pub const PREFIX: &str = "mallory";
+
 /// A hostile participant running until the demo's stop.
 pub struct Hostile {
     task: tokio::task::JoinHandle<anyhow::Result<Outcome>>,
@@ -30,18 +33,22 @@ pub struct HostileReport {
 
 impl Hostile {
     /// Starts `kinds` against `federation` on `broker`, `rate` packets per second per attack,
-    /// acting from the first round task on, every round (and every second within one).
+    /// acting from the first round task on, every round (and every second within one); the
+    /// attacking devices that take part in rounds sign with `insider_key` when given.
     pub fn start(
         broker: &BrokerConfig,
         federation: &str,
         kinds: &[AttackKind],
         rate: f64,
         seed: u64,
+        insider_key: Option<fedge_wire::DeviceKey>,
         stop: watch::Receiver<bool>,
     ) -> Self {
         let origin = Instant::now();
         let config = AttackConfig {
+            prefix: PREFIX.into(),
             rate,
+            insider_key,
             max_packet: broker.max_packet,
             seed,
             wait_for_task: true,

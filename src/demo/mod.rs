@@ -63,6 +63,11 @@ pub struct DemoOptions {
     pub attack: Vec<crate::attack::AttackKind>,
     /// Packets per second per attack.
     pub attack_rate: f64,
+    /// Under attack, leave device keys off (unless `auth`). By default attacks turn keys on,
+    /// and the attacking devices that take part in rounds get keys of their own (compromised
+    /// devices): without keys, a status or an update in a device's name cannot be told from
+    /// the device's own.
+    pub attack_keyless: bool,
 }
 
 impl Default for DemoOptions {
@@ -88,6 +93,7 @@ impl Default for DemoOptions {
             home_assistant: false,
             attack: Vec::new(),
             attack_rate: crate::attack::DEFAULT_RATE,
+            attack_keyless: false,
         }
     }
 }
@@ -261,6 +267,18 @@ pub async fn run(
     );
     let initial = layout.init_flat(options.seed);
     let initial_target_accuracy = accuracy(&data.head, layout.head_part(&initial), &data.target)?;
+    let attacked = !options.attack.is_empty();
+    let auth = options.auth || (attacked && !options.attack_keyless);
+    // The attacking devices that take part in rounds, with the key they were provisioned with.
+    let insider = (auth && attacked).then(|| {
+        let ids: Vec<String> = options
+            .attack
+            .iter()
+            .filter(|k| k.takes_part())
+            .map(|k| k.client_id(hostile::PREFIX))
+            .collect();
+        (ids, fedge_coordinator::store::keys::generate())
+    });
     let per_round = options
         .per_round
         .unwrap_or(options.clients)
@@ -282,12 +300,15 @@ pub async fn run(
             hidden: data.head.hidden,
             classes: data.head.classes,
         }),
-        auth: options.auth.then(|| {
+        auth: auth.then(|| {
             let keys = data
                 .clients
                 .iter()
                 .map(|c| (c.id.clone(), fedge_coordinator::store::keys::generate()));
-            Arc::new(keys.collect())
+            let insiders = insider
+                .iter()
+                .flat_map(|(ids, key)| ids.iter().map(move |id| (id.clone(), key.clone())));
+            Arc::new(keys.chain(insiders).collect())
         }),
         ..RoundConfig::default()
     };
@@ -321,6 +342,7 @@ pub async fn run(
             &options.attack,
             options.attack_rate,
             options.seed,
+            insider.map(|(_, key)| key),
             stop_rx.clone(),
         )
     });

@@ -1,7 +1,8 @@
-//! The red-team tool against real federations: `fedge demo --attack all` must end like the
-//! same demo without attacks (every round aggregated, the same accuracy within 0.02) while
-//! every attack sent something and the coordinator refused what it could see; and `fedge
-//! attack` pointed at a running federation reports on every attack.
+//! The red-team tool against real federations: `fedge demo --attack all` (device keys on, the
+//! attacking devices holding keys of their own) must end like the same demo without attacks
+//! (every round aggregated, the same accuracy within 0.02) while every attack sent something
+//! and the coordinator refused what it could see; and `fedge attack` pointed at a running
+//! federation reports on every attack.
 
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
