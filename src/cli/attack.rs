@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 use fedge::attack::{self, AttackConfig, KindChoice};
 
@@ -53,6 +54,10 @@ pub struct AttackArgs {
     /// Seed of the payloads' randomness.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A file holding a device key (hex) the coordinator knows for <PREFIX>-poison-weight and
+    /// <PREFIX>-nan: they then sign like a compromised device would.
+    #[arg(long)]
+    pub insider_key_file: Option<PathBuf>,
     /// Connect with TLS, trusting this CA (PEM).
     #[arg(long, help_heading = "TLS")]
     pub ca_file: Option<PathBuf>,
@@ -96,8 +101,23 @@ pub async fn run(args: AttackArgs) -> anyhow::Result<()> {
         "--rate {}: give packets per second above 0",
         args.rate
     );
+    let insider_key = match &args.insider_key_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--insider-key-file {}", path.display()))?;
+            let key = fedge_wire::DeviceKey::from_hex(text.trim()).with_context(|| {
+                format!(
+                    "--insider-key-file {}: not a hex device key",
+                    path.display()
+                )
+            })?;
+            Some(key)
+        }
+        None => None,
+    };
     let config = AttackConfig {
         prefix: args.client_id.clone(),
+        insider_key,
         rate: args.rate,
         replay_into: args.replay_into.clone(),
         coordinator_id: args.coordinator_id.clone(),
