@@ -3,6 +3,7 @@
 //! flags into [`DemoOptions`] and prints.
 
 use clap::Args;
+use fedge::attack::KindChoice;
 use fedge::demo::{self, DemoOptions, DemoResult, RoundRow};
 use fedge_models::Backend;
 use fedge_wire::{Codec, Objective};
@@ -35,6 +36,28 @@ pub struct DemoArgs {
     /// Only print the final table.
     #[arg(long)]
     pub quiet: bool,
+    /// Seconds a round stays open before the coordinator closes it with the updates it has
+    /// [default: 30, or 5 with --attack, whose made-up devices never answer].
+    #[arg(long)]
+    pub round_timeout: Option<f64>,
+    /// Add one hostile participant running these attacks every round (comma-separated, or
+    /// `all`; see `fedge attack --help`).
+    #[arg(long, value_enum, value_delimiter = ',', help_heading = "Attacks")]
+    pub attack: Vec<KindChoice>,
+    /// Packets per second per attack.
+    #[arg(long, default_value_t = fedge::attack::DEFAULT_RATE, help_heading = "Attacks")]
+    pub attack_rate: f64,
+    /// Attack a federation without device keys. By default --attack turns --auth on and gives
+    /// the attacking devices that take part in rounds keys of their own (compromised devices);
+    /// without keys nobody can tell a status or an update in a device's name from its own, and
+    /// forged statuses can stall the federation.
+    #[arg(
+        long,
+        requires = "attack",
+        conflicts_with = "auth",
+        help_heading = "Attacks"
+    )]
+    pub attack_keyless: bool,
     #[command(flatten)]
     pub strategy: StrategyArgs,
     /// FedDIM's server momentum m of the global insight matrices.
@@ -80,6 +103,21 @@ pub struct LocalArgs {
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let defaults = DemoOptions::default();
     let local = &args.local;
+    let attack = fedge::attack::expand(&args.attack);
+    let round_timeout_s = args.round_timeout.unwrap_or(if attack.is_empty() {
+        defaults.round_timeout_s
+    } else {
+        5.0
+    });
+    anyhow::ensure!(
+        round_timeout_s.is_finite() && round_timeout_s >= 0.01,
+        "--round-timeout {round_timeout_s}: give at least 0.01 seconds"
+    );
+    anyhow::ensure!(
+        args.attack_rate.is_finite() && args.attack_rate > 0.0,
+        "--attack-rate {}: give packets per second above 0",
+        args.attack_rate
+    );
     let options = DemoOptions {
         rounds: args.rounds,
         clients: args.clients,
@@ -98,6 +136,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         auth: args.auth,
         home_assistant: args.home_assistant,
         seed: args.seed,
+        round_timeout_s,
+        attack,
+        attack_rate: args.attack_rate,
+        attack_keyless: args.attack_keyless,
         backend: local.backend,
         broker: args
             .broker
@@ -134,7 +176,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     })
     .await?;
     bar.finish_and_clear();
-    print_table(&result);
+    print_table(&result, options.rounds);
     args.json.write(&result)?;
     if let Some(path) = &args.json.json {
         eprintln!("wrote {}", path.display());
@@ -146,7 +188,7 @@ fn fmt_acc(v: Option<f32>) -> String {
     v.map(|a| format!("{a:.3}")).unwrap_or_else(|| "-".into())
 }
 
-fn print_table(result: &DemoResult) {
+fn print_table(result: &DemoResult, asked: u64) {
     println!(
         "{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}",
         "round", "target acc", "source val", "clients", "bytes up", "bytes down", "seconds"
@@ -176,5 +218,42 @@ fn print_table(result: &DemoResult) {
         fmt_acc(result.final_target_accuracy),
         result.seconds,
         result.rejected.values().sum::<u64>()
+    );
+    if !result.attacks.is_empty() {
+        print_attacks(result, asked);
+    }
+}
+
+fn print_attacks(result: &DemoResult, asked: u64) {
+    let list = |map: &std::collections::BTreeMap<String, u64>| {
+        let parts: Vec<String> = map.iter().map(|(k, v)| format!("{k}×{v}")).collect();
+        if parts.is_empty() {
+            "-".to_string()
+        } else {
+            parts.join(" ")
+        }
+    };
+    println!(
+        "{:<17} {:>7} {:>8}  rejections by reason",
+        "attack", "sent", "rejected"
+    );
+    for (kind, report) in &result.attacks {
+        println!(
+            "{:<17} {:>7} {:>8}  {}",
+            kind.name(),
+            report.sent,
+            report.rejected,
+            list(&report.reasons)
+        );
+    }
+    let aggregated = result
+        .rounds
+        .iter()
+        .filter(|r| r.target_accuracy.is_some())
+        .count();
+    println!(
+        "under attack: {aggregated} rounds aggregated of {asked} asked, {} ended; rejections traced to no attack: {}",
+        result.rounds.len(),
+        list(&result.attacks_untraced)
     );
 }

@@ -6,6 +6,7 @@
 //! one-line note on standard error. Nothing here computes: the work is the library's.
 
 pub mod args;
+pub mod attack;
 pub mod bench;
 pub mod demo;
 pub mod eval;
@@ -40,6 +41,10 @@ pub enum Command {
     /// Accuracy: federated domain generalisation, leave one domain out, every algorithm; a
     /// table of target accuracies (selected on source validation).
     Eval(eval::EvalArgs),
+    /// Red team: hostile participants against a federation you run (oversized packets,
+    /// poisoned and replayed updates, forged chunks, statuses and tasks, junk, a client-id
+    /// takeover); a report of what it refused.
+    Attack(attack::AttackArgs),
     /// Cost: time or size one part of the system (head training, backbone, aggregation, wire
     /// bytes, a fleet of devices, FedDIM).
     #[command(
@@ -75,6 +80,8 @@ pub enum Run {
     Demo(demo::DemoArgs),
     /// `fedge eval`.
     Eval(eval::EvalArgs),
+    /// `fedge attack`.
+    Attack(attack::AttackArgs),
     /// `fedge bench <what>`.
     Bench(BenchCommand),
 }
@@ -85,6 +92,7 @@ impl Command {
         match self {
             Command::Demo(args) => (Run::Demo(args), None),
             Command::Eval(args) => (Run::Eval(args), None),
+            Command::Attack(args) => (Run::Attack(args), None),
             Command::Bench(BenchArgs {
                 command: Some(command),
                 ..
@@ -125,6 +133,7 @@ impl Command {
         match run {
             Run::Demo(args) => demo::run(args).await,
             Run::Eval(args) => eval::run(args).await,
+            Run::Attack(args) => attack::run(args).await,
             Run::Bench(command) => command.run().await,
         }
     }

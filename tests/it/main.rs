@@ -9,6 +9,7 @@ mod common;
 
 mod architecture;
 mod arm64;
+mod attack;
 mod bad_input;
 mod bench_smoke;
 mod broker_hardening;

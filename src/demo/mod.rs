@@ -1,4 +1,7 @@
-//! `fedge demo`: one command, a real federation.
+//! `fedge demo`: one command, a real federation; with `attack`, a hostile participant next to
+//! it ([`hostile`]).
+
+pub mod hostile;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -56,6 +59,15 @@ pub struct DemoOptions {
     pub auth: bool,
     /// Announce Home Assistant sensors.
     pub home_assistant: bool,
+    /// Attacks a hostile participant runs every round (none when empty).
+    pub attack: Vec<crate::attack::AttackKind>,
+    /// Packets per second per attack.
+    pub attack_rate: f64,
+    /// Under attack, leave device keys off (unless `auth`). By default attacks turn keys on,
+    /// and the attacking devices that take part in rounds get keys of their own (compromised
+    /// devices): without keys, a status or an update in a device's name cannot be told from
+    /// the device's own.
+    pub attack_keyless: bool,
 }
 
 impl Default for DemoOptions {
@@ -79,6 +91,9 @@ impl Default for DemoOptions {
             per_round: None,
             auth: false,
             home_assistant: false,
+            attack: Vec::new(),
+            attack_rate: crate::attack::DEFAULT_RATE,
+            attack_keyless: false,
         }
     }
 }
@@ -133,6 +148,13 @@ pub struct DemoResult {
     pub num_params: usize,
     /// Wall-clock seconds of the federation (after data preparation).
     pub seconds: f64,
+    /// Per attack of the hostile participant: packets sent, rejections traced to it (the
+    /// coordinator's by reason, the broker's refusals) and the effects it observed.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub attacks: std::collections::BTreeMap<crate::attack::AttackKind, crate::attack::KindReport>,
+    /// Rejections traced to no attack, by reason.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub attacks_untraced: std::collections::BTreeMap<String, u64>,
 }
 
 /// One simulated device of a demo.
@@ -245,6 +267,18 @@ pub async fn run(
     );
     let initial = layout.init_flat(options.seed);
     let initial_target_accuracy = accuracy(&data.head, layout.head_part(&initial), &data.target)?;
+    let attacked = !options.attack.is_empty();
+    let auth = options.auth || (attacked && !options.attack_keyless);
+    // The attacking devices that take part in rounds, with the key they were provisioned with.
+    let insider = (auth && attacked).then(|| {
+        let ids: Vec<String> = options
+            .attack
+            .iter()
+            .filter(|k| k.takes_part())
+            .map(|k| k.client_id(hostile::PREFIX))
+            .collect();
+        (ids, fedge_coordinator::store::keys::generate())
+    });
     let per_round = options
         .per_round
         .unwrap_or(options.clients)
@@ -266,12 +300,15 @@ pub async fn run(
             hidden: data.head.hidden,
             classes: data.head.classes,
         }),
-        auth: options.auth.then(|| {
+        auth: auth.then(|| {
             let keys = data
                 .clients
                 .iter()
                 .map(|c| (c.id.clone(), fedge_coordinator::store::keys::generate()));
-            Arc::new(keys.collect())
+            let insiders = insider
+                .iter()
+                .flat_map(|(ids, key)| ids.iter().map(move |id| (id.clone(), key.clone())));
+            Arc::new(keys.chain(insiders).collect())
         }),
         ..RoundConfig::default()
     };
@@ -298,6 +335,17 @@ pub async fn run(
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
+    let mut hostile = (!options.attack.is_empty()).then(|| {
+        hostile::Hostile::start(
+            &broker,
+            &options.federation,
+            &options.attack,
+            options.attack_rate,
+            options.seed,
+            insider.map(|(_, key)| key),
+            stop_rx.clone(),
+        )
+    });
     let mut agents = Vec::new();
     for client in &data.clients {
         let setup = AgentSetup {
@@ -321,7 +369,14 @@ pub async fn run(
     let driver_options = DriverOptions {
         broker: broker.clone(),
         federation: options.federation.clone(),
-        client_id: format!("fedge-coordinator-{}", options.federation),
+        // Not the guessable `fedge-coordinator-<federation>`: on a broker that does not bind
+        // client ids to credentials (the embedded one), whoever connects under the
+        // coordinator's id pushes it off (`fedge attack --kind id-takeover`).
+        client_id: format!(
+            "fedge-coordinator-{}-{:08x}",
+            options.federation,
+            rand::random::<u32>()
+        ),
         checkpoint: None,
         journal: None,
         home_assistant: options.home_assistant,
@@ -336,7 +391,24 @@ pub async fn run(
     ));
     let mut rows = Vec::new();
     let mut rejected = std::collections::BTreeMap::new();
-    while let Some(event) = events_rx.recv().await {
+    // Under attack the federation may stall (no round ends): give up after four round
+    // timeouts (a minute at least) without one.
+    let idle = std::time::Duration::from_secs_f64((4.0 * options.round_timeout_s).max(60.0));
+    loop {
+        let event = match &hostile {
+            Some(_) => match tokio::time::timeout(idle, events_rx.recv()).await {
+                Ok(event) => event,
+                Err(_) => {
+                    tracing::warn!(?idle, "no round ended under attack; giving up");
+                    let _ = stop_tx.send(true);
+                    continue;
+                }
+            },
+            None => events_rx.recv().await,
+        };
+        let Some(event) = event else {
+            break;
+        };
         match event {
             DriverEvent::RoundEnded {
                 report,
@@ -345,8 +417,18 @@ pub async fn run(
                 let row = row_of(&report, target_accuracy);
                 on_round(&row);
                 rows.push(row);
+                // Abandoned rounds do not count towards `rounds`: a federation the attacks
+                // beat would run for ever, so the demo gives up after as many again.
+                let abandoned = rows.iter().filter(|r| r.target_accuracy.is_none()).count();
+                if hostile.is_some() && abandoned as u64 > options.rounds {
+                    tracing::warn!(abandoned, "the attacks stopped the federation; giving up");
+                    let _ = stop_tx.send(true);
+                }
             }
-            DriverEvent::Rejected { reason, .. } => {
+            DriverEvent::Rejected { client, reason, .. } => {
+                if let Some(hostile) = hostile.as_mut() {
+                    hostile.rejected(&client, reason);
+                }
                 *rejected.entry(reason.to_string()).or_insert(0u64) += 1
             }
         }
@@ -357,6 +439,10 @@ pub async fn run(
     for agent in agents {
         agent.await.context("edge task panicked")??;
     }
+    let hostile = match hostile {
+        Some(h) => h.finish().await?,
+        None => hostile::HostileReport::default(),
+    };
     let scored = scored.lock().map(|v| v.clone()).unwrap_or_default();
     for (row, val) in rows
         .iter_mut()
@@ -379,6 +465,8 @@ pub async fn run(
         rejected,
         num_params: initial_len,
         seconds,
+        attacks: hostile.attacks,
+        attacks_untraced: hostile.untraced,
     })
 }
 

@@ -1,0 +1,293 @@
+//! The closed set of attacks, with one spelling on the command line and in JSON, and the
+//! client ids each attack uses so that what the federation rejects can be traced back to it.
+
+use serde::{Deserialize, Serialize};
+
+/// One attack `fedge attack` and `fedge demo --attack` can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttackKind {
+    /// A retained status of about 200 KB, and a retained status that is not JSON.
+    OversizedStatus,
+    /// A single update publish of about 200 KB, and one above 1 MiB.
+    OversizedUpdate,
+    /// Goes online, waits to be selected, answers with a huge finite delta and the largest
+    /// sample count.
+    PoisonWeight,
+    /// Goes online, waits to be selected, answers with NaN and infinite values.
+    Nan,
+    /// Many chunk streams that never complete, under its own id and many made-up ones.
+    ChunkFlood,
+    /// Forged chunks on real devices' update topics, with the message ids they are about to
+    /// use.
+    ChunkHijack,
+    /// Genuine updates captured and published again in a later round and in another
+    /// federation.
+    Replay,
+    /// Retained statuses saying real devices are offline, and made-up devices online.
+    ForgedStatus,
+    /// A genuine round task captured and published again (retained) in later rounds.
+    StaleTask,
+    /// Random bytes on every fedge topic.
+    Junk,
+    /// Connects with the coordinator's MQTT client id to push it off the broker.
+    IdTakeover,
+}
+
+impl AttackKind {
+    /// Every attack, in the order reports list them.
+    pub const ALL: [AttackKind; 11] = [
+        AttackKind::OversizedStatus,
+        AttackKind::OversizedUpdate,
+        AttackKind::PoisonWeight,
+        AttackKind::Nan,
+        AttackKind::ChunkFlood,
+        AttackKind::ChunkHijack,
+        AttackKind::Replay,
+        AttackKind::ForgedStatus,
+        AttackKind::StaleTask,
+        AttackKind::Junk,
+        AttackKind::IdTakeover,
+    ];
+
+    /// The name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttackKind::OversizedStatus => "oversized-status",
+            AttackKind::OversizedUpdate => "oversized-update",
+            AttackKind::PoisonWeight => "poison-weight",
+            AttackKind::Nan => "nan",
+            AttackKind::ChunkFlood => "chunk-flood",
+            AttackKind::ChunkHijack => "chunk-hijack",
+            AttackKind::Replay => "replay",
+            AttackKind::ForgedStatus => "forged-status",
+            AttackKind::StaleTask => "stale-task",
+            AttackKind::Junk => "junk",
+            AttackKind::IdTakeover => "id-takeover",
+        }
+    }
+
+    /// One line for `--help`.
+    pub fn help(self) -> &'static str {
+        match self {
+            AttackKind::OversizedStatus => {
+                "retained ~200 KB status, and a retained status that is not JSON"
+            }
+            AttackKind::OversizedUpdate => "one ~200 KB update publish and one above 1 MiB",
+            AttackKind::PoisonWeight => {
+                "goes online; when selected, a delta of 1e30 everywhere with u32::MAX samples"
+            }
+            AttackKind::Nan => {
+                "goes online; when selected, a delta (and statistics) of NaN and inf"
+            }
+            AttackKind::ChunkFlood => "partial chunk streams, never completed, under many ids",
+            AttackKind::ChunkHijack => {
+                "forged chunks on real devices' update topics with their next message ids"
+            }
+            AttackKind::Replay => {
+                "captured genuine updates again in later rounds and in --replay-into"
+            }
+            AttackKind::ForgedStatus => {
+                "retained offline statuses for real devices, online ones for made-up devices"
+            }
+            AttackKind::StaleTask => "a captured round task re-published (retained) later",
+            AttackKind::Junk => "random bytes (up to 64 KiB) on every fedge topic",
+            AttackKind::IdTakeover => "connects with the coordinator's client id to kick it off",
+        }
+    }
+
+    /// Whether the coordinator itself can see (and so reject) this attack's packets: they
+    /// arrive on update or status topics it reads. The others are for the broker (client ids)
+    /// or the devices (tasks) to refuse, and for forged statuses without authentication the
+    /// coordinator cannot tell them from real ones.
+    pub fn coordinator_sees(self) -> bool {
+        !matches!(
+            self,
+            AttackKind::ForgedStatus | AttackKind::StaleTask | AttackKind::IdTakeover
+        )
+    }
+
+    /// Whether the attack acts under real devices' ids (or the coordinator's), so its
+    /// rejections are attributed by what it touched rather than by its own id.
+    pub fn acts_as_others(self) -> bool {
+        matches!(
+            self,
+            AttackKind::ChunkHijack
+                | AttackKind::Replay
+                | AttackKind::StaleTask
+                | AttackKind::IdTakeover
+        )
+    }
+
+    /// Whether the attack takes part in rounds as a device (and signs with an insider key
+    /// when it has one).
+    pub fn takes_part(self) -> bool {
+        matches!(self, AttackKind::PoisonWeight | AttackKind::Nan)
+    }
+
+    /// The coordinator's rejection reasons this attack can cause for a real device whose
+    /// streams it touched: forged chunks' tags and decoding failures for `chunk-hijack`; an update
+    /// answering another round, a second one, one from a device not selected, or a re-dated
+    /// one whose tag no longer verifies for `replay`; a device's own update answering an old task for `stale-task`; a status
+    /// without the device's valid tag for `forged-status`.
+    pub fn causes(self, reason: &str) -> bool {
+        let reasons: &[&str] = match self {
+            AttackKind::ChunkHijack => &[
+                "bad_tag",
+                "unauthenticated",
+                "malformed",
+                "bad_chunk",
+                "incomplete",
+                "version",
+                "wrong_kind",
+                "oversized",
+            ],
+            AttackKind::Replay => &[
+                "wrong_round",
+                "duplicate",
+                "not_selected",
+                "replay",
+                "bad_tag",
+            ],
+            AttackKind::StaleTask => &["wrong_round", "replay"],
+            AttackKind::ForgedStatus => &["bad_tag", "unauthenticated"],
+            _ => &[],
+        };
+        reasons.contains(&reason)
+    }
+
+    /// The client id this attack publishes under: `<prefix>-<name>` (made-up ids of the same
+    /// attack add `-<suffix>` to it).
+    pub fn client_id(self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.name())
+    }
+
+    /// The attack whose client ids `client` is one of, for the ids `prefix` makes.
+    pub fn owning(prefix: &str, client: &str) -> Option<AttackKind> {
+        AttackKind::ALL.into_iter().find(|kind| {
+            let id = kind.client_id(prefix);
+            client
+                .strip_prefix(id.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+        })
+    }
+}
+
+impl std::fmt::Display for AttackKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AttackKind {
+    type Err = fedge_wire::UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AttackKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                fedge_wire::UnknownName::new("attack", s, AttackKind::ALL.map(AttackKind::name))
+            })
+    }
+}
+
+/// One word of a `--kind`/`--attack` list: an attack, or `all` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KindChoice {
+    /// Every attack.
+    All,
+    /// One attack.
+    One(AttackKind),
+}
+
+const CHOICES: [KindChoice; 12] = [
+    KindChoice::All,
+    KindChoice::One(AttackKind::OversizedStatus),
+    KindChoice::One(AttackKind::OversizedUpdate),
+    KindChoice::One(AttackKind::PoisonWeight),
+    KindChoice::One(AttackKind::Nan),
+    KindChoice::One(AttackKind::ChunkFlood),
+    KindChoice::One(AttackKind::ChunkHijack),
+    KindChoice::One(AttackKind::Replay),
+    KindChoice::One(AttackKind::ForgedStatus),
+    KindChoice::One(AttackKind::StaleTask),
+    KindChoice::One(AttackKind::Junk),
+    KindChoice::One(AttackKind::IdTakeover),
+];
+
+impl clap::ValueEnum for KindChoice {
+    fn value_variants<'a>() -> &'a [Self] {
+        &CHOICES
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            KindChoice::All => clap::builder::PossibleValue::new("all").help("every attack"),
+            KindChoice::One(kind) => {
+                clap::builder::PossibleValue::new(kind.name()).help(kind.help())
+            }
+        })
+    }
+}
+
+/// The attacks a list of choices names: each once, in [`AttackKind::ALL`]'s order.
+pub fn expand(choices: &[KindChoice]) -> Vec<AttackKind> {
+    AttackKind::ALL
+        .into_iter()
+        .filter(|kind| {
+            choices
+                .iter()
+                .any(|c| matches!(c, KindChoice::All) || *c == KindChoice::One(*kind))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum;
+
+    use super::*;
+
+    #[test]
+    fn one_spelling_in_json_on_the_command_line_and_in_from_str() {
+        for kind in AttackKind::ALL {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.name()));
+            assert_eq!(serde_json::from_str::<AttackKind>(&json).unwrap(), kind);
+            assert_eq!(kind.name().parse::<AttackKind>().unwrap(), kind);
+            let choice = KindChoice::from_str(kind.name(), false).unwrap();
+            assert_eq!(choice, KindChoice::One(kind));
+        }
+        assert_eq!(KindChoice::from_str("all", false).unwrap(), KindChoice::All);
+        let err = "poison".parse::<AttackKind>().unwrap_err().to_string();
+        assert!(err.contains("poison-weight"), "{err}");
+    }
+
+    #[test]
+    fn all_expands_to_every_kind_once() {
+        assert_eq!(expand(&[KindChoice::All]), AttackKind::ALL.to_vec());
+        let two = [
+            KindChoice::One(AttackKind::Junk),
+            KindChoice::One(AttackKind::Nan),
+            KindChoice::One(AttackKind::Junk),
+        ];
+        assert_eq!(expand(&two), vec![AttackKind::Nan, AttackKind::Junk]);
+    }
+
+    #[test]
+    fn client_ids_lead_back_to_their_attack() {
+        for kind in AttackKind::ALL {
+            let id = kind.client_id("mallory");
+            assert!(fedge_wire::valid_client_id(&id), "{id}");
+            assert_eq!(AttackKind::owning("mallory", &id), Some(kind));
+            assert_eq!(
+                AttackKind::owning("mallory", &format!("{id}-17")),
+                Some(kind)
+            );
+            assert_eq!(AttackKind::owning("eve", &id), None);
+        }
+        assert_eq!(AttackKind::owning("mallory", "mallory-nanny"), None);
+        assert_eq!(AttackKind::owning("mallory", "site-0-0"), None);
+    }
+}
