@@ -5,7 +5,7 @@
 //! coordinator's session by its client id, dashboards read-only. The Jetson unit can reach the
 //! GPU; the docs show the shipped files.
 
-mod mosquitto;
+pub(crate) mod mosquitto;
 
 use std::time::Duration;
 

@@ -18,6 +18,7 @@ mod dashboards;
 mod efficientnet;
 mod federation;
 mod fleet;
+mod hostile;
 mod objectives;
 mod profiles;
 mod restart;
