@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fedge_coordinator::{Rounds, store::checkpoint};
-use fedge_mqtt::{BrokerConfig, TlsSettings};
 use fedge_models::{HeadConfig, ModelLayout};
+use fedge_mqtt::{BrokerConfig, TlsSettings};
 use fedge_wire::{DeviceKey, Message, Topics};
 use rumqttc::{AsyncClient, Event, Packet, QoS};
 
@@ -52,7 +52,9 @@ fn unattacked() -> Vec<f32> {
         seed: 7,
         ..Default::default()
     };
-    let strategy = fedge_coordinator::StrategyConfig::default().build().unwrap();
+    let strategy = fedge_coordinator::StrategyConfig::default()
+        .build()
+        .unwrap();
     let mut m = Rounds::new(config, strategy, head().init_flat(7));
     for d in DEVICES {
         m.handle_client_status(d, true, 0);
@@ -91,7 +93,8 @@ async fn device(broker: BrokerConfig, name: &'static str) -> u64 {
         match event {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
                 let status = common::signed_status_json(FEDERATION, name, true, &key(name));
-                let _ = client.try_publish(topics.edge_status(name), QoS::AtLeastOnce, true, status);
+                let _ =
+                    client.try_publish(topics.edge_status(name), QoS::AtLeastOnce, true, status);
                 let _ = client.try_subscribe(topics.round_task(), QoS::AtLeastOnce);
             }
             Ok(Event::Incoming(Packet::Publish(p))) if p.topic == topics.round_task() => {
@@ -116,7 +119,10 @@ async fn device(broker: BrokerConfig, name: &'static str) -> u64 {
     }
     // Let the last update reach the broker.
     for _ in 0..20 {
-        if tokio::time::timeout(Duration::from_millis(100), events.poll()).await.is_err() {
+        if tokio::time::timeout(Duration::from_millis(100), events.poll())
+            .await
+            .is_err()
+        {
             break;
         }
     }
@@ -163,7 +169,15 @@ async fn every_attack_against_the_documented_setup_leaves_the_model_as_without_i
     let mut coordinator = KillOnDrop(coordinator);
     // The attacker: a device certificate of its own (CN mallory), no fedge key, every attack.
     let attack = Command::new(env!("CARGO_BIN_EXE_fedge"))
-        .args(["attack", "--federation", FEDERATION, "--kind", "all", "--duration", "12"])
+        .args([
+            "attack",
+            "--federation",
+            FEDERATION,
+            "--kind",
+            "all",
+            "--duration",
+            "12",
+        ])
         .arg("--broker")
         .arg(format!("mqtts://127.0.0.1:{port}"))
         .arg("--ca-file")
@@ -211,7 +225,10 @@ async fn every_attack_against_the_documented_setup_leaves_the_model_as_without_i
     let attack_exit = tokio::task::spawn_blocking(move || attack.wait().unwrap())
         .await
         .unwrap();
-    assert!(attack_exit.success(), "fedge attack exited with {attack_exit}");
+    assert!(
+        attack_exit.success(),
+        "fedge attack exited with {attack_exit}"
+    );
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.join("attack.json")).unwrap()).unwrap();
     assert!(report.is_object(), "{report}");

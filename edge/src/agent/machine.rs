@@ -499,11 +499,11 @@ pub fn decode_task(
     match message {
         Ok(Message::RoundTask(task)) => Ok(Some(task)),
         Ok(_) => {
-            tracing::warn!("ignoring a message that is not a round task on the task topic");
+            tracing::debug!("ignoring a message that is not a round task on the task topic");
             Ok(None)
         }
         Err(e) => {
-            tracing::warn!(error = %e, "ignoring an undecodable round task");
+            tracing::debug!(error = %e, "ignoring an undecodable round task");
             Ok(None)
         }
     }
