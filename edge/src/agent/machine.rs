@@ -103,6 +103,8 @@ pub struct AgentSummary {
     pub bytes_up: u64,
     /// Task bytes received.
     pub bytes_down: u64,
+    /// Times somebody else's status on the device's topic was replaced by its own.
+    pub statuses_restored: u64,
 }
 
 /// What the driver must do next.
@@ -232,13 +234,14 @@ impl Agent {
         &self.summary
     }
 
-    /// The broker accepted the connection: subscribe to the tasks and the metrics, and say the
-    /// device is online.
+    /// The broker accepted the connection: subscribe to the tasks, the metrics and the device's
+    /// own status topic, and say the device is online.
     pub fn handle_connected(&mut self) {
         let filters = vec![
             self.task_base.clone(),
             format!("{}/+", self.task_base),
             self.metrics_topic.clone(),
+            self.status_topic.clone(),
         ];
         self.outputs.push_back(Output::Subscribe(filters));
         self.publish_status();
@@ -246,7 +249,9 @@ impl Agent {
 
     /// A message on any topic the agent subscribed to.
     pub fn handle_publish(&mut self, topic: &str, payload: &[u8], now_ms: u64) {
-        if topic == self.metrics_topic {
+        if topic == self.status_topic {
+            self.handle_own_status(payload);
+        } else if topic == self.metrics_topic {
             self.handle_metrics(payload);
         } else if topic == self.task_base
             || topic
@@ -254,6 +259,28 @@ impl Agent {
                 .is_some_and(|rest| rest.starts_with('/'))
         {
             self.handle_task_bytes(payload, now_ms);
+        }
+    }
+
+    /// A retained status on the device's own topic: its own, or one somebody else wrote (an
+    /// `offline` to get it deselected, garbage, a cleared topic). While running, the device puts
+    /// its own status back over anything that is not its own, so no forgery keeps it out of
+    /// the rounds (with keys the coordinator refuses the forgery anyway).
+    pub fn handle_own_status(&mut self, payload: &[u8]) {
+        if !self.status.online {
+            return;
+        }
+        let own = serde_json::from_slice::<EdgeStatus>(payload).is_ok_and(|s| {
+            let signed = match &self.id.key {
+                Some(key) => s.verify(&self.id.federation, &self.id.client_id, key),
+                None => true,
+            };
+            s.online && s.client_id == self.id.client_id && signed
+        });
+        if !own {
+            tracing::warn!(client = %self.id.client_id, "somebody else wrote this device's status; putting it back");
+            self.summary.statuses_restored += 1;
+            self.publish_status();
         }
     }
 

@@ -117,7 +117,12 @@ fn connecting_subscribes_to_tasks_and_metrics_and_says_the_device_is_online() {
     let task = topics.round_task();
     assert_eq!(
         outputs[0],
-        Output::Subscribe(vec![task.clone(), format!("{task}/+"), topics.metrics()])
+        Output::Subscribe(vec![
+            task.clone(),
+            format!("{task}/+"),
+            topics.metrics(),
+            topics.edge_status("cam-1")
+        ])
     );
     let Output::Status { topic, status } = &outputs[1] else {
         panic!("{outputs:?}");
@@ -422,4 +427,47 @@ fn a_peak_above_the_memory_budget_is_reported_when_nothing_else_went_wrong() {
         "{}",
         agent.status().last_error
     );
+}
+
+#[test]
+fn a_device_puts_its_own_status_back_over_a_forged_one() {
+    let key = DeviceKey::from_bytes([6; 32]);
+    let mut agent =
+        Agent::new(identity("cam-1", Some(key.clone())), RoundState::default()).unwrap();
+    agent.handle_connected();
+    drain(&mut agent);
+    let topic = Topics::new(FED).unwrap().edge_status("cam-1");
+    let mut own = agent.status().clone();
+    own.updated_at = "2026-11-23T10:00:00Z".into();
+    own.sign(FED, &key);
+    // Its own status coming back: nothing to do.
+    agent.handle_publish(&topic, &serde_json::to_vec(&own).unwrap(), 1);
+    assert!(drain(&mut agent).is_empty());
+    // Somebody says it is offline, unsigned, or writes garbage: its status goes back up.
+    let offline = EdgeStatus {
+        online: false,
+        ..own.clone()
+    };
+    let unsigned = EdgeStatus {
+        tag: None,
+        ..own.clone()
+    };
+    for forged in [
+        serde_json::to_vec(&offline).unwrap(),
+        serde_json::to_vec(&unsigned).unwrap(),
+        b"junk".to_vec(),
+    ] {
+        agent.handle_publish(&topic, &forged, 2);
+        let outputs = drain(&mut agent);
+        assert!(
+            matches!(&outputs[..], [Output::Status { status, .. }] if status.online),
+            "{outputs:?}"
+        );
+    }
+    assert_eq!(agent.summary().statuses_restored, 3);
+    // After a clean stop, its own offline status is left alone.
+    agent.handle_stop();
+    drain(&mut agent);
+    agent.handle_publish(&topic, &serde_json::to_vec(&offline).unwrap(), 3);
+    assert!(drain(&mut agent).is_empty());
 }
