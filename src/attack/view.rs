@@ -1,7 +1,7 @@
 //! What an attacker sees of a federation on an open broker: the round tasks (and their raw
 //! pieces, to publish again), the genuine updates (to replay and to predict sequence numbers),
 //! the devices' statuses, the per-round metrics and the coordinator's status. Sans-IO: the
-//! observer (`super::observer`) feeds every message with the time in milliseconds, and the
+//! observer feeds every message with the time in milliseconds, and the
 //! attacks read the state.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

@@ -22,10 +22,12 @@
 //! [`saved`] what it hands out to be saved (checkpoint, journal records), `admit` who may send
 //! and how far a payload is decoded before its sender is trusted, `validate` the checks of an
 //! update, `guard` the round-end bounds on weights and on the aggregate, `open` the open
-//! round's record, and `lifecycle` the opening and closing of rounds.
+//! round's record, `lifecycle` the opening and closing of rounds, and `journaled` the inputs
+//! that come from the journal (a round restored at start, a record that could not be written).
 
 mod admit;
 mod guard;
+mod journaled;
 mod lifecycle;
 mod open;
 pub mod saved;
@@ -543,67 +545,6 @@ impl Rounds {
     /// The next output, if any.
     pub fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
-    }
-
-    /// Resumes the round a journal says was open, with its clients and the updates it had
-    /// accepted (validated again); returns the round and how many updates it holds. Does
-    /// nothing (`None`) unless the machine is waiting, the journal's round is not older than
-    /// the next round (a journal left from before the last checkpoint is stale) and it started
-    /// from the parameters the machine holds (not a journal left beside a checkpoint that was
-    /// moved away). Writes nothing to the journal: what it restores is there already.
-    pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> Option<(u64, usize)> {
-        let opened = log.opened?;
-        let fresh = opened.round >= self.next_round && !opened.selected.is_empty();
-        if self.phase != Phase::Waiting || !fresh {
-            return None;
-        }
-        if opened.base != params_fingerprint(&self.params) {
-            return None;
-        }
-        let (round, mut selected) = (opened.round, opened.selected);
-        selected.sort();
-        selected.dedup();
-        self.next_round = round;
-        self.last_closed = round - 1;
-        self.restoring = true;
-        self.open_with(selected, now_ms);
-        for (client, frame) in log.accepted {
-            if self.open.is_none() {
-                break;
-            }
-            match fedge_wire::decode(&frame) {
-                Ok(Message::ClientUpdate(update)) => self.handle_update(&client, update, now_ms),
-                _ => self.reject(
-                    &client,
-                    Rejection::Malformed,
-                    "damaged journal record".into(),
-                ),
-            }
-        }
-        self.restoring = false;
-        // Every selected client may already be in: the round then closed above.
-        Some((round, self.open.as_ref().map_or(0, |o| o.accepted.len())))
-    }
-
-    /// The journal record of `client`'s update in `round` could not be written: the update no
-    /// longer counts (`storage`), since a restart would not have it; the device may send it
-    /// again.
-    pub fn handle_journal_failure(&mut self, round: u64, client: &str, error: String) {
-        let Some(open) = self.open.as_mut().filter(|o| o.round == round) else {
-            return;
-        };
-        if !open.accepted.contains(client) {
-            return;
-        }
-        open.accepted.finish();
-        let keep: Vec<bool> = (0..open.accepted.len())
-            .map(|i| open.accepted.client(i) != client)
-            .collect();
-        open.accepted.retain(&keep);
-        open.class_stats.remove(client);
-        open.prototypes.remove(client);
-        let detail = format!("journal not written ({error}); send the update again");
-        self.reject(client, Rejection::Storage, detail);
     }
 
     /// FedDDL's global prototypes `U_G`, if any.

@@ -1,6 +1,6 @@
 //! What the machine hands out to be saved and takes back at a restart: the [`Checkpoint`]
 //! after an aggregation, the journal's [`Record`]s of the open round and the [`OpenRoundLog`]
-//! read back from them. Plain values; the file formats and the writing are in `crate::store`.
+//! read back from them. Plain values; the file formats and the writing belong to the layer above.
 
 use serde::{Deserialize, Serialize};
 

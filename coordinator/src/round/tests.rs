@@ -372,7 +372,7 @@ fn a_resumed_machine_continues_exactly_like_an_uninterrupted_one() {
     play(&mut first, 1, 2);
     let saved = first.checkpoint();
     assert!(saved.strategy_state.contains_key("server_momentum"));
-    // The file format keeps the momentum buffer exactly (`store::checkpoint`'s own tests), so
+    // The file format keeps the momentum buffer exactly (the checkpoint format's own tests), so
     // the value the machine hands out is what a restart reads back.
     let mut resumed =
         Rounds::resume(config.clone(), fedomg_with_momentum(), saved.clone(), M).unwrap();

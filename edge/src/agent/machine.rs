@@ -7,7 +7,7 @@
 //! when local training ends, [`Agent::handle_update_sent`] once the update is queued, and
 //! [`Agent::handle_stop`]. Outputs are drained with [`Agent::poll_output`]: what to subscribe
 //! to, what to publish, what to train, what to save. The machine never reads a clock, never
-//! touches the network or the disk and never trains: the driver (`super::driver`) does, so
+//! touches the network or the disk and never trains: the driver does, so
 //! every decision below is unit-tested without a broker.
 //!
 //! # Decisions

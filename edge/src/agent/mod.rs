@@ -2,7 +2,7 @@
 //! and MQTT loop that feeds it and performs its outputs ([`driver`]), the round state it keeps
 //! across restarts ([`state`]) and what a running agent needs ([`setup`]).
 //!
-//! It does not load profiles (see `crate::config`) and does not train (see `crate::train`).
+//! It does not load profiles (the profile loader builds its set-up) and does not train (see `crate::train`).
 
 pub mod driver;
 pub mod machine;

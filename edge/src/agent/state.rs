@@ -3,7 +3,7 @@
 //!
 //! The file is JSON written through the one durable atomic write
 //! (`fedge_daemon::write_atomically`); a missing or damaged file is a fresh state. Deciding
-//! what to do with the state is the machine's job (`super::machine`), not this module's.
+//! what to do with the state is the agent machine's job, not this module's.
 
 use std::path::Path;
 
