@@ -216,24 +216,16 @@ impl Rounds {
         let Some(cap) = guard::sample_cap(self.config.max_weight_ratio, &open.accepted) else {
             return Vec::new();
         };
-        let before: BTreeMap<String, u32> = (0..open.accepted.len())
-            .map(|i| {
-                (
-                    open.accepted.client(i).to_owned(),
-                    open.accepted.num_samples(i),
-                )
-            })
-            .collect();
         let capped = open.accepted.cap_samples(cap);
-        for client in &capped {
-            let scale = f64::from(cap) / f64::from(before[client].max(1));
+        for (client, claimed) in &capped {
+            let scale = f64::from(cap) / f64::from((*claimed).max(1));
             for stats in [&mut open.class_stats, &mut open.prototypes] {
                 if let Some((counts, _)) = stats.get_mut(client) {
                     guard::scale_counts(counts, scale);
                 }
             }
         }
-        capped
+        capped.into_iter().map(|(client, _)| client).collect()
     }
 
     /// Drops updates whose norm passes `max_norm_ratio` × the round's lower median norm.

@@ -328,21 +328,19 @@ impl RoundUpdates {
         Ok(())
     }
 
-    /// Cuts every sample count above `cap` down to it; returns the clients cut, in client
-    /// order. The weights of the aggregation are the counts, so this bounds any one update's
-    /// weight.
-    pub fn cap_samples(&mut self, cap: u32) -> Vec<String> {
-        let mut capped: Vec<usize> = (0..self.counts.len())
-            .filter(|&u| self.counts[u] > cap)
-            .collect();
-        for &u in &capped {
-            self.counts[u] = cap;
+    /// Cuts every sample count above `cap` down to it; returns the clients cut with the
+    /// counts they claimed, in client order. The weights of the aggregation are the counts, so
+    /// this bounds any one update's weight.
+    pub fn cap_samples(&mut self, cap: u32) -> Vec<(String, u32)> {
+        let mut capped: Vec<(String, u32)> = Vec::new();
+        for (client, count) in self.clients.iter().zip(&mut self.counts) {
+            if *count > cap {
+                capped.push((client.clone(), *count));
+                *count = cap;
+            }
         }
-        capped.sort_by(|a, b| self.clients[*a].cmp(&self.clients[*b]));
+        capped.sort();
         capped
-            .into_iter()
-            .map(|u| self.clients[u].clone())
-            .collect()
     }
 
     /// Keeps the updates whose `keep[i]` is true (`i` in client order), compacting the arena

@@ -17,22 +17,7 @@ pub struct Broker {
 }
 
 fn binary() -> Option<&'static str> {
-    let found = ["mosquitto", "/usr/sbin/mosquitto"].into_iter().find(|b| {
-        Command::new(b)
-            .arg("-h")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok()
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("FEDGE_REQUIRE_MOSQUITTO").map_or(true, |v| v != "1"),
-            "FEDGE_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt-get install mosquitto)"
-        );
-        eprintln!("mosquitto not installed: skipping");
-    }
-    found
+    common::mosquitto_binary()
 }
 
 fn free_port() -> u16 {

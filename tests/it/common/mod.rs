@@ -14,7 +14,7 @@ pub use coordinator::{
     Driver, coordinator_binary, driver_options, embedded_broker, wait_status, wait_task,
 };
 pub use device::{client_update, edge_status_json, signed_status_json, update_frame};
-pub use mosquitto::Mosquitto;
+pub use mosquitto::{Mosquitto, binary as mosquitto_binary};
 pub use profiles::{firmware_configs, profile_copy, repo_root, shipped_profiles};
 
 use std::ops::{Deref, DerefMut};

@@ -24,23 +24,7 @@ impl Mosquitto {
 
     /// Like [`Mosquitto::start`], with extra lines for the listener (TLS files, for example).
     pub fn start_with(listener_options: &str) -> Option<Self> {
-        let binary = ["mosquitto", "/usr/sbin/mosquitto"].into_iter().find(|b| {
-            Command::new(b)
-                .arg("-h")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok()
-        });
-        let Some(binary) = binary else {
-            if std::env::var("FEDGE_REQUIRE_MOSQUITTO").is_ok_and(|v| v == "1") {
-                panic!(
-                    "FEDGE_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt-get install mosquitto)"
-                );
-            }
-            eprintln!("mosquitto not installed: skipping the interoperability test");
-            return None;
-        };
+        let binary = binary()?;
         let port = fedge_coordinator::io::broker::free_loopback_addr()
             .unwrap()
             .port();
@@ -110,4 +94,25 @@ impl Drop for Mosquitto {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The mosquitto binary, if installed; `None` (the caller skips its test) unless
+/// `FEDGE_REQUIRE_MOSQUITTO=1`, under which a missing mosquitto fails the test.
+pub fn binary() -> Option<&'static str> {
+    let found = ["mosquitto", "/usr/sbin/mosquitto"].into_iter().find(|b| {
+        Command::new(b)
+            .arg("-h")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("FEDGE_REQUIRE_MOSQUITTO").map_or(true, |v| v != "1"),
+            "FEDGE_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt-get install mosquitto)"
+        );
+        eprintln!("mosquitto not installed: skipping");
+    }
+    found
 }
