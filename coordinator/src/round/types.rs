@@ -65,8 +65,8 @@ pub struct RoundConfig {
     pub max_weight_ratio: f64,
 }
 
-/// Default [`RoundConfig::max_norm_ratio`]: honest deltas of one round differ by a few times
-/// at most (BENCHMARKS.md's runs stay under 3×); a poisoned one by orders of magnitude.
+/// Default [`RoundConfig::max_norm_ratio`]: room for honest heterogeneity (`fedge demo --rounds
+/// 10` drops no update with it), while a poisoned delta is longer by orders of magnitude.
 pub const DEFAULT_MAX_NORM_RATIO: f64 = 10.0;
 /// Default [`RoundConfig::max_weight_ratio`].
 pub const DEFAULT_MAX_WEIGHT_RATIO: f64 = 10.0;

@@ -82,15 +82,18 @@ fn the_state_machines_do_no_io_and_read_no_clock() {
     );
 }
 
+/// Writes `text` to `name` under `src`, making its folder.
+fn write_in(src: &std::path::Path, name: &str, text: &str) {
+    let path = src.join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
 #[test]
 fn the_checker_sees_a_cycle_and_a_clean_layering() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
-    let write = |name: &str, text: &str| {
-        let path = src.join(name);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let write = |name: &str, text: &str| write_in(src, name, text);
     write("lib.rs", "mod a;\nmod b;\nmod c;\npub use a::A;\n");
     write("a.rs", "use crate::b::B;\npub struct A(B);\n");
     write(
@@ -111,11 +114,7 @@ fn the_checker_sees_a_cycle_and_a_clean_layering() {
     // Folders: no file cycle, but `p` (through its test file) and `q` name each other.
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
-    let write = |name: &str, text: &str| {
-        let path = src.join(name);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let write = |name: &str, text: &str| write_in(src, name, text);
     write("lib.rs", "mod p;\nmod q;\n");
     write("p/mod.rs", "mod tests;\npub struct P;\n");
     write(
