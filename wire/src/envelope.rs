@@ -13,11 +13,12 @@ use serde::Deserialize;
 
 use crate::error::DecodeError;
 use crate::messages::{Chunk, ClientUpdate, RoundTask, Sealed};
+use crate::model::ModelRelease;
 
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version written by this crate and the only one it accepts.
-pub const PROTOCOL_VERSION: u8 = 5;
+pub const PROTOCOL_VERSION: u8 = 6;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -44,6 +45,8 @@ pub enum Kind {
     Chunk = 3,
     /// [`Sealed`]: an inner frame with HMAC tags.
     Sealed = 4,
+    /// [`ModelRelease`]: a released global head.
+    Model = 5,
 }
 
 impl TryFrom<u8> for Kind {
@@ -56,6 +59,7 @@ impl TryFrom<u8> for Kind {
             2 => Ok(Self::ClientUpdate),
             3 => Ok(Self::Chunk),
             4 => Ok(Self::Sealed),
+            5 => Ok(Self::Model),
             other => Err(DecodeError::UnknownKind(other)),
         }
     }
@@ -73,6 +77,8 @@ pub enum Message {
     /// An authenticated inner frame; open it with [`Sealed::open`], then decode the inner
     /// frame.
     Sealed(Sealed),
+    /// A released global head; check it with [`ModelRelease::verify`].
+    Model(ModelRelease),
 }
 
 impl Message {
@@ -83,6 +89,7 @@ impl Message {
             Self::ClientUpdate(_) => Kind::ClientUpdate,
             Self::Chunk(_) => Kind::Chunk,
             Self::Sealed(_) => Kind::Sealed,
+            Self::Model(_) => Kind::Model,
         }
     }
 }
@@ -107,6 +114,7 @@ pub fn encode(message: &Message) -> Vec<u8> {
         Message::ClientUpdate(update) => update.delta.packed_len(),
         Message::Chunk(chunk) => chunk.data.len(),
         Message::Sealed(sealed) => sealed.inner.len() + 48 * sealed.tags.len(),
+        Message::Model(model) => model.params.packed_len() + 32 * model.classes.len(),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + bulk + 128 + TRAILER_LEN);
     out.extend_from_slice(&MAGIC);
@@ -117,6 +125,7 @@ pub fn encode(message: &Message) -> Vec<u8> {
         Message::ClientUpdate(update) => postcard::to_extend(update, out),
         Message::Chunk(chunk) => postcard::to_extend(chunk, out),
         Message::Sealed(sealed) => postcard::to_extend(sealed, out),
+        Message::Model(model) => postcard::to_extend(model, out),
     };
     // Postcard only fails to serialise into a growable vector for sequences of unknown length,
     // which derived `Serialize` implementations never produce.
@@ -187,6 +196,11 @@ pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
         }
         Kind::Chunk => Ok(Message::Chunk(decode_body(frame.body)?)),
         Kind::Sealed => Ok(Message::Sealed(decode_body(frame.body)?)),
+        Kind::Model => {
+            let model: ModelRelease = decode_body(frame.body)?;
+            model.params.validate()?;
+            Ok(Message::Model(model))
+        }
     }
 }
 
@@ -217,6 +231,7 @@ mod tests {
             run: 0x0123_4567_89ab_cdef,
             round: 7,
             selected: vec!["cam-01".into(), "cam-02".into(), "pi_3".into()],
+            classes: vec!["ok".into(), "scratch".into()],
             params: TensorF32::new(vec![2, 3], &[0.5, -1.0, 2.25, 0.0, 1e-3, -7.0]).unwrap(),
             train: TrainParams {
                 objective: Objective::FedProx,
@@ -593,6 +608,7 @@ mod tests {
                 federation: selected.first().cloned().unwrap_or_default(),
                 run: round.rotate_left(7),
                 round,
+                classes: selected.clone(),
                 selected,
                 params,
                 train: TrainParams { local_epochs, learning_rate, ..TrainParams::default() },

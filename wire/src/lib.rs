@@ -1,4 +1,4 @@
-//! The fedge wire format, protocol version 5.
+//! The fedge wire format, protocol version 6.
 //!
 //! This crate defines what travels between devices and the coordinator: the binary messages
 //! (round task, client update), the JSON status documents, the envelope that frames every
@@ -19,6 +19,7 @@ mod envelope;
 mod error;
 pub mod layout;
 mod messages;
+mod model;
 mod status;
 mod tensor;
 mod topics;
@@ -37,6 +38,10 @@ pub use layout::{HeadConfig, ModelLayout};
 pub use messages::{
     Chunk, ClassStats, ClientUpdate, InvalidTrain, LocalMetrics, MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS,
     MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, Tag, TrainParams,
+};
+pub use model::{
+    InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role, SiteEvaluation,
+    check_classes, numbered_classes,
 };
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};

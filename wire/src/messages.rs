@@ -1,8 +1,9 @@
-//! The binary messages of protocol version 5 (version 2 added FedDIM's insight statistics,
+//! The binary messages of protocol version 6 (version 2 added FedDIM's insight statistics,
 //! version 3 Stable-FedADG and FedDDL: their objectives and hyper-parameters, and FedDDL's
 //! causal prototypes in both directions; version 4 packed tensors, f32, f16 or int8, and the
 //! codec the coordinator asks devices to send their updates in; version 5 binds updates to
-//! the federation's run and tags each chunk of an update).
+//! the federation's run and tags each chunk of an update; version 6 carries the federation's
+//! class list in every task and adds the released model, `crate::ModelRelease`).
 
 use serde::{Deserialize, Serialize};
 
@@ -286,6 +287,9 @@ pub struct RoundTask {
     pub round: u64,
     /// Clients asked to train this round.
     pub selected: Vec<String>,
+    /// The federation's class names in output order (`crate::check_classes`); a device maps
+    /// its own folder names onto them.
+    pub classes: Vec<String>,
     /// Global head parameters in the flat order documented by `fedge-models`.
     pub params: TensorF32,
     /// Local training hyper-parameters.

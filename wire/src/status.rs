@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::messages::Objective;
+use crate::model::{Role, SiteEvaluation};
 
 /// Rejected updates by reason (reason name to count).
 pub type RejectCounts = BTreeMap<String, u64>;
@@ -55,6 +56,9 @@ pub struct CoordinatorStatus {
     pub rejected_total: u64,
     /// Accuracy of the global head on the evaluation set, when the coordinator has one.
     pub target_accuracy: Option<f32>,
+    /// The latest accuracy each evaluation-only device reported, by client id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub site_accuracy: BTreeMap<String, f32>,
     /// Mean local validation accuracy reported by last round's clients.
     pub source_val_accuracy: Option<f32>,
     /// L2 norm of the global parameters.
@@ -74,8 +78,20 @@ pub struct EdgeStatus {
     pub profile: String,
     /// Backbone model name.
     pub backbone: String,
-    /// Local training samples.
+    /// What the device does: `train` or `evaluate`.
+    #[serde(default)]
+    pub role: Role,
+    /// Local training samples (an evaluation-only device: its labelled samples).
     pub samples: u32,
+    /// Samples added by the last rescan of the device's folder.
+    #[serde(default)]
+    pub new_samples: u32,
+    /// The round of the released model the device holds and serves, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_round: Option<u64>,
+    /// An evaluation-only device's score of the last released model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<SiteEvaluation>,
     /// Last round this device trained.
     pub last_round: u64,
     /// Last error, empty when none.
@@ -90,8 +106,8 @@ pub struct EdgeStatus {
     /// RFC 3339 time of this document.
     #[serde(default)]
     pub updated_at: String,
-    /// With a device key: HMAC-SHA256 (hex) of the federation, the client id, `online` and
-    /// `updated_at` ([`EdgeStatus::sign`]), so that the coordinator can tell the device's own
+    /// With a device key: HMAC-SHA256 (hex) of the federation, the client id, `online`,
+    /// `updated_at` and `evaluation` ([`EdgeStatus::sign`]), so that the coordinator can tell the device's own
     /// status from one anybody else wrote on its topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
@@ -101,9 +117,17 @@ impl EdgeStatus {
     /// The bytes a status tag covers.
     fn signed_bytes(&self, federation: &str) -> Vec<u8> {
         let online = if self.online { "online" } else { "offline" };
-        [federation, online, self.updated_at.as_str()]
+        let mut bytes = [federation, online, self.updated_at.as_str()]
             .join("\0")
-            .into_bytes()
+            .into_bytes();
+        bytes.push(0);
+        // Postcard into a vector fails only for sequences of unknown length, which derived
+        // implementations never produce. Values a JSON round trip gives back exactly (ryu's
+        // shortest f32 digits) sign the same.
+        if let Ok(evaluation) = postcard::to_allocvec(&self.evaluation) {
+            bytes.extend_from_slice(&evaluation);
+        }
+        bytes
     }
 
     /// Sets `tag` for `federation` with the device's key (after `updated_at` is final).
@@ -150,6 +174,7 @@ mod tests {
             rejected_updates: RejectCounts::from([("stale_round".into(), 2)]),
             rejected_total: 2,
             target_accuracy: Some(0.5),
+            site_accuracy: BTreeMap::from([("site-75".into(), 0.5)]),
             source_val_accuracy: None,
             params_norm: 1.25,
             updated_at: "2025-01-01T00:00:00Z".into(),
@@ -170,7 +195,16 @@ mod tests {
             online: false,
             profile: "pi4".into(),
             backbone: "mobilenet".into(),
+            role: Role::Evaluate,
             samples: 600,
+            new_samples: 12,
+            model_round: Some(3),
+            evaluation: Some(SiteEvaluation {
+                model_round: 3,
+                accuracy: 0.75,
+                class_accuracy: vec![Some(1.0), None],
+                samples: 600,
+            }),
             last_round: 3,
             last_error: String::new(),
             device: "cpu".into(),
@@ -202,6 +236,12 @@ mod tests {
             |s: &mut EdgeStatus| s.online = false,
             |s: &mut EdgeStatus| s.updated_at.push('0'),
             |s: &mut EdgeStatus| s.client_id = "cam-02".into(),
+            |s: &mut EdgeStatus| {
+                s.evaluation = Some(SiteEvaluation {
+                    accuracy: 1.0,
+                    ..SiteEvaluation::default()
+                })
+            },
         ] {
             let mut forged = status.clone();
             forge(&mut forged);

@@ -39,6 +39,12 @@ impl Topics {
         format!("{}/round/task", self.root)
     }
 
+    /// `fedge/<f>/model/current` (binary `ModelRelease`, retained; chunk `i` of a large one on
+    /// `model/current/<i>`).
+    pub fn model_current(&self) -> String {
+        format!("{}/model/current", self.root)
+    }
+
     /// `fedge/<f>/edge/<client>/update` (binary, QoS 1).
     pub fn update(&self, client: &str) -> String {
         format!("{}/edge/{client}/update", self.root)
