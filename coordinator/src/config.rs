@@ -134,6 +134,9 @@ pub struct CoordinatorConfig {
     pub broker: BrokerConfig,
     /// Head sizes, as in the device profiles (`hidden` defaults to 64).
     pub head: HeadConfig,
+    /// What the federation's model is for: its class names and backbone.
+    #[serde(default)]
+    pub model: ModelSettings,
     /// Local training sent to devices.
     #[serde(default)]
     pub train: TrainParams,
@@ -143,6 +146,35 @@ pub struct CoordinatorConfig {
     /// Device authentication.
     #[serde(default)]
     pub auth: AuthSettings,
+}
+
+/// `[model]`: the federation's class list, sent with every task and in every released model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSettings {
+    /// Class names in output order (`[head] classes` of them); unset with no `classes_file`:
+    /// `"0"`, `"1"`, ….
+    #[serde(default)]
+    pub classes: Option<Vec<String>>,
+    /// A text file with one class name per line (blank lines and `#` comments skipped),
+    /// instead of `classes`. Relative to the configuration file.
+    #[serde(default)]
+    pub classes_file: Option<PathBuf>,
+    /// Name of the backbone devices run (the model card's `name`), written into released
+    /// models so that `export` and devices can check they pair the head with it.
+    #[serde(default)]
+    pub backbone: String,
+}
+
+/// Reads a class file: one name per line, blank lines and `#` comments skipped.
+pub fn read_class_file(path: &Path) -> Result<Vec<String>, std::io::Error> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(str::to_owned)
+        .collect())
 }
 
 /// `[auth]`: device keys.
@@ -288,6 +320,20 @@ pub enum InvalidConfig {
     /// An empty head.
     #[error("head needs features > 0, hidden > 0 and at least 2 classes")]
     Head,
+    /// Both `classes` and `classes_file`.
+    #[error("[model] sets both classes and classes_file; keep one")]
+    ClassesTwice,
+    /// The class file cannot be read.
+    #[error("[model] classes_file {path}: {source}")]
+    ClassFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A bad class list, or one whose length is not `[head] classes`.
+    #[error("[model] classes: {0}")]
+    Classes(#[from] fedge_wire::InvalidClasses),
 }
 
 impl CoordinatorConfig {
@@ -307,6 +353,7 @@ impl CoordinatorConfig {
         (config.broker.load(base)).map_err(|e| invalid(InvalidConfig::Broker(e)))?;
         // Relative paths are read from the configuration file's folder, as in device profiles.
         for path in [
+            config.model.classes_file.as_mut(),
             config.auth.keys_file.as_mut(),
             config.state_dir.as_mut(),
             config.spill_dir.as_mut(),
@@ -317,6 +364,7 @@ impl CoordinatorConfig {
         {
             *path = base.join(&*path);
         }
+        config.resolve_classes().map_err(invalid)?;
         Ok(config)
     }
 
@@ -329,6 +377,34 @@ impl CoordinatorConfig {
             .as_deref()
             .map(crate::store::keys::load)
             .transpose()
+    }
+
+    /// Reads `classes_file` into `classes` and checks the list against the head.
+    fn resolve_classes(&mut self) -> Result<(), InvalidConfig> {
+        if let Some(path) = self.model.classes_file.take() {
+            if self.model.classes.is_some() {
+                return Err(InvalidConfig::ClassesTwice);
+            }
+            let classes = read_class_file(&path)
+                .map_err(|source| InvalidConfig::ClassFile { path, source })?;
+            self.model.classes = Some(classes);
+        }
+        let classes = self.classes();
+        fedge_wire::check_classes(&classes)?;
+        if classes.len() != self.head.classes {
+            return Err(fedge_wire::InvalidClasses::Count {
+                names: classes.len(),
+                outputs: self.head.classes,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The federation's class names: `[model] classes` (or its file), else `"0"`, `"1"`, ….
+    pub fn classes(&self) -> Vec<String> {
+        (self.model.classes.clone())
+            .unwrap_or_else(|| fedge_wire::numbered_classes(self.head.classes))
     }
 
     fn check(&self) -> Result<(), InvalidConfig> {
@@ -382,6 +458,9 @@ impl CoordinatorConfig {
     pub fn round_config(&self) -> RoundConfig {
         RoundConfig {
             federation: self.federation.clone(),
+            classes: self.classes(),
+            backbone: self.model.backbone.clone(),
+            head: Some(self.head.clone()),
             rounds: self.rounds,
             fraction: self.fraction,
             min_clients: self.min_clients,

@@ -231,6 +231,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         broker: config.broker.clone(),
         federation: config.federation.clone(),
         client_id: format!("fedge-coordinator-{}", config.federation),
+        model_file: config.state_dir.as_ref().map(|d| d.join("model.bin")),
         checkpoint: checkpoint_path,
         journal: journal_path,
         home_assistant: config.home_assistant,

@@ -25,6 +25,7 @@ fn main() {
         run: 9,
         round: 3,
         selected: vec!["dev".into()],
+        classes: vec!["ok".into(), "scratch".into()],
         params: TensorF32::from_slice(&[1.0; 6]),
         train: Default::default(),
         deadline_ms: 1_000,

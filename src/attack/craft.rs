@@ -54,6 +54,7 @@ pub fn status(client: &str, online: bool, samples: u32) -> EdgeStatus {
         peak_memory_mb: None,
         updated_at: fedge_mqtt::now_rfc3339(),
         tag: None,
+        ..EdgeStatus::default()
     }
 }
 

@@ -118,6 +118,7 @@ pub fn measure(
         run: 0x5eed_0000_0000_0001,
         round: 12,
         selected: names.clone(),
+        classes: fedge_wire::numbered_classes(k),
         params: TensorF32::from_slice(&values(m, 1e-4)),
         train: TrainParams::default(),
         deadline_ms: 60_000,

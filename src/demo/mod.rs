@@ -377,6 +377,7 @@ pub async fn run(
             options.federation,
             rand::random::<u32>()
         ),
+        model_file: None,
         checkpoint: None,
         journal: None,
         home_assistant: options.home_assistant,

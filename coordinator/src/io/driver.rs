@@ -51,6 +51,8 @@ pub struct DriverOptions {
     pub client_id: String,
     /// Where to save the checkpoint after every aggregation.
     pub checkpoint: Option<std::path::PathBuf>,
+    /// Where to keep the released model (`model.bin` in the state folder).
+    pub model_file: Option<std::path::PathBuf>,
     /// Where to write the open round's journal (`Output::Journal` records).
     pub journal: Option<std::path::PathBuf>,
     /// Announce Home Assistant sensors (retained discovery configs) on connect.
@@ -79,6 +81,9 @@ struct Sinks<'a> {
     topics: &'a Topics,
     status_topic: String,
     task_topics: TaskTopics,
+    /// `model/current` and its chunk topics, and the frame last published there.
+    model_topics: TaskTopics,
+    release: Option<(u64, Vec<u8>)>,
     evaluator: Option<Evaluator>,
     events: Option<mpsc::UnboundedSender<DriverEvent>>,
     target_accuracy: Option<f32>,
@@ -190,6 +195,18 @@ pub async fn run(
             base: topics.round_task(),
             chunk_topics_in_use: 0,
         },
+        model_topics: TaskTopics {
+            base: topics.model_current(),
+            chunk_topics_in_use: 0,
+        },
+        // The last release survives a restart in the state folder; a broker that lost its
+        // retained messages gets it again on connect.
+        release: (options.model_file.as_deref())
+            .and_then(super::release::load)
+            .map(|r| {
+                let keys = rounds.config().auth.as_deref();
+                (r.round, super::release::frames(&r, keys).published)
+            }),
         evaluator,
         events,
         target_accuracy: None,
@@ -232,6 +249,10 @@ pub async fn run(
                     // Republish what a new broker or a reconnecting dashboard needs.
                     if rounds.phase() == Phase::Training {
                         rounds.republish_task();
+                    }
+                    if let Some((round, frame)) = &sinks.release {
+                        let max_packet = options.broker.max_packet;
+                        publish_task(&client, &mut sinks.model_topics, *round, frame.clone(), max_packet);
                     }
                     if options.home_assistant {
                         for (topic, config) in super::discovery::discovery_messages(&topics, &options.federation) {
@@ -291,6 +312,8 @@ impl Sinks<'_> {
             topics,
             status_topic,
             task_topics,
+            model_topics,
+            release,
             evaluator,
             events,
             target_accuracy,
@@ -327,7 +350,12 @@ impl Sinks<'_> {
                         target_accuracy = ?target_accuracy,
                         "round ended"
                     );
-                    let metrics = metrics_json(&report, *target_accuracy, rounds.strategy_name());
+                    let metrics = metrics_json(
+                        &report,
+                        *target_accuracy,
+                        rounds.strategy_name(),
+                        rounds.site_accuracy(),
+                    );
                     let _ = client.try_publish(
                         topics.metrics(),
                         QoS::AtLeastOnce,
@@ -357,6 +385,16 @@ impl Sinks<'_> {
                             detail,
                         });
                     }
+                }
+                Output::Release(model) => {
+                    let frames = super::release::frames(&model, rounds.config().auth.as_deref());
+                    if let Some(path) = &options.model_file {
+                        super::release::save(path, &frames.plain);
+                    }
+                    let max_packet = options.broker.max_packet;
+                    let frame = frames.published;
+                    publish_task(client, model_topics, model.round, frame.clone(), max_packet);
+                    *release = Some((model.round, frame));
                 }
                 Output::StatusChanged => status_dirty = true,
                 Output::Journal(record) => {

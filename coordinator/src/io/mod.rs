@@ -6,5 +6,6 @@
 pub mod broker;
 pub mod discovery;
 pub mod driver;
+pub mod release;
 pub mod status;
 pub mod watch;

@@ -73,6 +73,7 @@ pub fn status_at(
         rejected_total: rounds.rejected_total().values().sum(),
         rejected_updates: rejected,
         target_accuracy,
+        site_accuracy: rounds.site_accuracy().clone(),
         source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
         params_norm: l2_norm(rounds.params()),
         updated_at: rfc3339(context.wall),
@@ -84,6 +85,7 @@ pub fn metrics_json(
     report: &RoundReport,
     target_accuracy: Option<f32>,
     strategy: &str,
+    site_accuracy: &std::collections::BTreeMap<String, f32>,
 ) -> serde_json::Value {
     let mut metrics = serde_json::json!({
         "round": report.round,
@@ -104,6 +106,10 @@ pub fn metrics_json(
         "params_norm": report.params_norm,
         "time": fedge_mqtt::now_rfc3339(),
     });
+    // What evaluation-only sites said of the latest model each scored.
+    if let (false, Some(map)) = (site_accuracy.is_empty(), metrics.as_object_mut()) {
+        map.insert("site_accuracy".into(), serde_json::json!(site_accuracy));
+    }
     // Devices read their own entry to report a rejected update in their status.
     if let (false, Some(map)) = (report.failures.is_empty(), metrics.as_object_mut()) {
         map.insert("failures".into(), serde_json::json!(report.failures));
@@ -194,7 +200,12 @@ mod tests {
                 momentum_norm: Some(2.0),
             }),
         };
-        let m = metrics_json(&report, Some(0.6), "fedomg+momentum");
+        let m = metrics_json(
+            &report,
+            Some(0.6),
+            "fedomg+momentum",
+            &[("site-75".to_owned(), 0.5)].into(),
+        );
         assert_eq!(m["gamma"]["b"], 0.75);
         assert_eq!(m["fedomg_objective"], 0.8);
         assert_eq!(m["solver"], "reference");

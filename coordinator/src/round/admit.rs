@@ -126,6 +126,9 @@ pub(super) fn authenticated_update(
         Message::RoundTask(_) => {
             return Err((Rejection::WrongKind, "round task on an update topic".into()));
         }
+        Message::Model(_) => {
+            return Err((Rejection::WrongKind, "model release on an update topic".into()));
+        }
         Message::Chunk(_) => {
             return Err((
                 Rejection::WrongKind,

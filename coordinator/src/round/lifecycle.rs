@@ -62,6 +62,7 @@ impl Rounds {
             run: self.config.run,
             round,
             selected: selected.clone(),
+            classes: self.config.classes.clone(),
             params: TensorF32::from_slice(&self.params),
             train: self.strategy.configure_round(round, &self.config.train),
             deadline_ms: self.config.round_timeout_ms,
@@ -195,6 +196,7 @@ impl Rounds {
         self.outputs.push_back(Output::RoundEnded(Box::new(report)));
         if aggregated {
             self.aggregated_rounds += 1;
+            self.push_release(open.round);
         }
         let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
         if done {

@@ -30,6 +30,7 @@ mod guard;
 mod journaled;
 mod lifecycle;
 mod open;
+mod release;
 pub mod saved;
 pub mod types;
 mod validate;
@@ -119,6 +120,8 @@ pub struct Rounds {
     restoring: bool,
     /// With keys: the time stamp of each device's last believed status.
     status_stamps: BTreeMap<String, String>,
+    /// The latest accuracy each evaluation-only device reported.
+    site_accuracy: BTreeMap<String, f32>,
 }
 
 impl Rounds {
@@ -147,6 +150,7 @@ impl Rounds {
             prototypes: config.prototypes.map(GlobalPrototypes::new),
             restoring: false,
             status_stamps: BTreeMap::new(),
+            site_accuracy: BTreeMap::new(),
             config,
         }
     }
@@ -369,7 +373,12 @@ impl Rounds {
             self.status_stamps
                 .insert(client.to_owned(), status.updated_at.clone());
         }
-        self.handle_client_status(client, status.online, now_ms);
+        if let Some(evaluation) = &status.evaluation {
+            self.record_site_accuracy(client, evaluation.accuracy);
+        }
+        // An evaluation-only device watches the model; it is never selected to train.
+        let trains = status.online && status.role == fedge_wire::Role::Train;
+        self.handle_client_status(client, trains, now_ms);
     }
 
     /// A device status that could not be read (too large, not JSON): counted as a rejection,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fedge_wire::{DecodeError, DeviceKey, TrainParams};
+use fedge_wire::{DecodeError, DeviceKey, HeadConfig, TrainParams};
 
 use super::saved::Record;
 use crate::objectives::fedddl::PrototypeConfig;
@@ -17,6 +17,14 @@ use crate::strategy::AggregationReport;
 pub struct RoundConfig {
     /// Federation name, written into every task (devices refuse another federation's).
     pub federation: String,
+    /// The federation's class names in output order, written into every task and release.
+    pub classes: Vec<String>,
+    /// The backbone's name, written into every release (empty: not told).
+    pub backbone: String,
+    /// The head's sizes: after each aggregation the machine releases the first
+    /// `head.num_params()` parameters with `classes` ([`super::Output::Release`]); none
+    /// releases nothing.
+    pub head: Option<HeadConfig>,
     /// The federation's run (see [`fedge_wire::RoundTask::run`]): every update must echo it
     /// (`replay` otherwise). The driver draws it at random for a fresh federation; a resumed
     /// checkpoint brings its own.
@@ -82,6 +90,9 @@ impl Default for RoundConfig {
     fn default() -> Self {
         Self {
             federation: "fedge".into(),
+            classes: Vec::new(),
+            backbone: String::new(),
+            head: None,
             run: 0,
             rounds: 20,
             fraction: 1.0,
@@ -268,6 +279,9 @@ pub enum Output {
     },
     /// A round ended.
     RoundEnded(Box<RoundReport>),
+    /// A round aggregated: publish this release retained on `model/current` and keep it in
+    /// the state folder (after the round's checkpoint).
+    Release(Box<fedge_wire::ModelRelease>),
     /// An update was rejected.
     Rejected {
         /// Client named by the topic.

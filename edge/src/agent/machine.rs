@@ -180,6 +180,7 @@ impl Agent {
             peak_memory_mb: None,
             updated_at: String::new(),
             tag: None,
+            ..EdgeStatus::default()
         };
         Ok(Self {
             status_topic: topics.edge_status(&id.client_id),

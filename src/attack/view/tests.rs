@@ -14,6 +14,7 @@ fn task_frame(round: u64, selected: &[&str], params: usize) -> Vec<u8> {
         run: 77,
         round,
         selected: selected.iter().map(|s| s.to_string()).collect(),
+        classes: fedge_wire::numbered_classes(2),
         params: TensorF32::from_slice(&vec![0.5; params]),
         train: TrainParams::default(),
         deadline_ms: 1000,

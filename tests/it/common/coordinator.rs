@@ -40,6 +40,7 @@ pub fn driver_options(broker: BrokerConfig, federation: &str) -> DriverOptions {
         broker,
         federation: federation.into(),
         client_id: "coordinator".into(),
+        model_file: None,
         checkpoint: None,
         journal: None,
         home_assistant: false,

@@ -31,6 +31,7 @@ fn task(round: u64, selected: &[&str], deadline_ms: u64) -> RoundTask {
         run: RUN,
         round,
         selected: selected.iter().map(|s| s.to_string()).collect(),
+        classes: fedge_wire::numbered_classes(2),
         params: TensorF32::from_slice(&[1.0, 2.0]),
         train: Default::default(),
         deadline_ms,
