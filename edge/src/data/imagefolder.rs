@@ -4,9 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use image::imageops::{self, FilterType};
-use image::{DynamicImage, ImageBuffer, ImageReader, Pixel};
-
+use super::decode::{decode, to_chw};
 use super::{DataError, Domain, ImageSet};
 
 /// The accepted image file extensions, compared case-insensitively.
@@ -232,54 +230,6 @@ fn has_image_extension(path: &Path) -> bool {
     path.extension()
         .and_then(|ext| ext.to_str())
         .is_some_and(|ext| EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e)))
-}
-
-/// Reads and decodes one image file, guessing the format from its content.
-fn decode(path: &Path) -> Result<DynamicImage, DataError> {
-    let reader = ImageReader::open(path)
-        .and_then(ImageReader::with_guessed_format)
-        .map_err(|source| DataError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    reader.decode().map_err(|source| DataError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Converts an image to `channels` 8-bit channels, resizes it to `h` x `w` and returns its
-/// values in CHW order.
-fn to_chw(image: DynamicImage, channels: usize, h: u32, w: u32) -> Vec<f32> {
-    if channels == 1 {
-        planar(&resized(image.into_luma8(), h, w))
-    } else {
-        planar(&resized(image.into_rgb8(), h, w))
-    }
-}
-
-/// Resizes with a triangle filter, or returns the image unchanged when it already has the size.
-fn resized<P>(image: ImageBuffer<P, Vec<u8>>, h: u32, w: u32) -> ImageBuffer<P, Vec<u8>>
-where
-    P: Pixel<Subpixel = u8> + 'static,
-{
-    if image.dimensions() == (w, h) {
-        image
-    } else {
-        imageops::resize(&image, w, h, FilterType::Triangle)
-    }
-}
-
-/// Reorders an interleaved (HWC) 8-bit image into CHW values.
-fn planar<P>(image: &ImageBuffer<P, Vec<u8>>) -> Vec<f32>
-where
-    P: Pixel<Subpixel = u8>,
-{
-    let channels = usize::from(P::CHANNEL_COUNT);
-    let raw = image.as_raw();
-    (0..channels)
-        .flat_map(|c| raw.iter().skip(c).step_by(channels).map(|&v| f32::from(v)))
-        .collect()
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! for example into a training and a validation set or into one shard per simulated device.
 
 mod background;
+pub mod decode;
 mod detector;
 mod digits;
 mod error;
