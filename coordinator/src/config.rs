@@ -166,17 +166,6 @@ pub struct ModelSettings {
     pub backbone: String,
 }
 
-/// Reads a class file: one name per line, blank lines and `#` comments skipped.
-pub fn read_class_file(path: &Path) -> Result<Vec<String>, std::io::Error> {
-    let text = std::fs::read_to_string(path)?;
-    Ok(text
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.starts_with('#'))
-        .map(str::to_owned)
-        .collect())
-}
-
 /// `[auth]`: device keys.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -385,7 +374,7 @@ impl CoordinatorConfig {
             if self.model.classes.is_some() {
                 return Err(InvalidConfig::ClassesTwice);
             }
-            let classes = read_class_file(&path)
+            let classes = fedge_daemon::read_list(&path)
                 .map_err(|source| InvalidConfig::ClassFile { path, source })?;
             self.model.classes = Some(classes);
         }

@@ -5,14 +5,17 @@
 //!   fsync) behind every file fedge keeps: checkpoints, journals, keys, a device's round state
 //!   and its feature cache.
 //! - [`logs`]: the logging set-up (text or JSON, `RUST_LOG` filters).
+//! - [`lists`]: one-entry-per-line text files (the federation's class list).
 //! - [`secret`]: reading a secret only from a file private to its owner.
 //!
 //! It knows nothing of rounds, messages, MQTT or ML.
 
 pub mod durable;
+pub mod lists;
 pub mod logs;
 pub mod secret;
 
 pub use durable::{Visibility, write_atomically};
+pub use lists::read_list;
 pub use logs::{LogArgs, LogFormat, init_logs, init_logs_to};
 pub use secret::{SecretError, read_secret};

@@ -111,8 +111,11 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         if let Ok(images) = &images {
             checks.push(check_resources(&config, backbone, images));
         }
+        if let (Ok(images), Some(file)) = (&images, &config.classes_file) {
+            checks.push(check_classes(images, file));
+        }
         checks.push(match images {
-            Ok(images) if images.classes() >= 2 && images.len() >= 2 => pass(
+            Ok(images) if images.len() >= 2 => pass(
                 "data",
                 format!(
                     "{} labelled samples in {} classes",
@@ -123,7 +126,7 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
             Ok(images) => fail(
                 "data",
                 format!(
-                    "{} samples in {} classes: a device needs at least 2 samples of 2 classes",
+                    "{} samples in {} classes: a device needs at least 2 samples",
                     images.len(),
                     images.classes()
                 ),
@@ -137,6 +140,38 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         checks.push(check_broker(&config.broker.host, config.broker.port));
     }
     checks
+}
+
+/// The device's classes against the federation's list (`classes_file`).
+fn check_classes(images: &crate::data::ImageSet, file: &Path) -> Check {
+    let federation = match fedge_daemon::read_list(file) {
+        Ok(list) => list,
+        Err(e) => return fail("classes", format!("classes_file {}: {e}", file.display())),
+    };
+    let counts = images.class_counts();
+    let used: Vec<String> = (images.class_names.iter().zip(&counts))
+        .filter(|(_, n)| **n > 0)
+        .map(|(name, _)| name.clone())
+        .collect();
+    match crate::classes::check(&used, &federation) {
+        Ok(()) => {
+            let missing = federation.len() - used.len();
+            pass(
+                "classes",
+                format!(
+                    "{} of the federation's {} classes here{}",
+                    used.len(),
+                    federation.len(),
+                    if missing > 0 {
+                        " (the others are trained by other sites)"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+        }
+        Err(e) => fail("classes", e.to_string()),
+    }
 }
 
 fn check_device(config: &EdgeConfig) -> Check {

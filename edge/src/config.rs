@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use fedge_models::{Accelerator, Backbone, BackboneError, Backend, HeadConfig};
 use fedge_mqtt::BrokerConfig;
+use fedge_wire::Role;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::AgentSetup;
-use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_domains};
+use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_site};
 use crate::features::{self, LoadBackboneError};
 use crate::resources::{self, ResourceConfig};
 use crate::train::fedddl::{self, DdlViews, ViewsError};
@@ -120,13 +121,35 @@ pub enum DataConfig {
         #[serde(default)]
         seed: u64,
     },
-    /// One domain folder of an ImageFolder tree `root/<domain>/<class>/*.png`.
+    /// The device's own site folder, `root/<class>/*.{png,jpg,jpeg}` (optional `boxes.csv`),
+    /// read alone: its classes are its class folders, renumbered onto the federation's list
+    /// by name when a task or model arrives.
     ImageFolder {
-        /// Tree root.
+        /// The site folder; with `domain`, the tree `root/<domain>/<class>/*` and this device's
+        /// folder `root/<domain>`.
         root: PathBuf,
-        /// Domain folder name.
-        domain: String,
+        /// The site's folder inside `root`, when `root` holds several sites.
+        #[serde(default)]
+        domain: Option<String>,
+        /// Look for new and removed images before each round (the feature cache keeps the
+        /// features of images already seen).
+        #[serde(default)]
+        rescan: bool,
     },
+}
+
+impl DataConfig {
+    /// The site folder of ImageFolder data.
+    pub fn site_folder(&self) -> Option<PathBuf> {
+        match self {
+            DataConfig::Digits { .. } => None,
+            DataConfig::ImageFolder { root, domain, .. } => Some(
+                domain
+                    .as_ref()
+                    .map_or_else(|| root.clone(), |d| root.join(d)),
+            ),
+        }
+    }
 }
 
 /// The whole file.
@@ -167,6 +190,15 @@ pub struct EdgeConfig {
     pub broker: BrokerConfig,
     /// Model card of the backbone.
     pub backbone: PathBuf,
+    /// `train` (the default) or `evaluate`: an evaluation-only device never trains; it
+    /// scores every released model on all of its labelled data and reports the accuracy.
+    #[serde(default)]
+    pub role: Role,
+    /// The federation's class list (the coordinator's `[model] classes_file`), for `check`
+    /// to compare this device's classes with before it joins. The agent itself takes the
+    /// list from the coordinator.
+    #[serde(default)]
+    pub classes_file: Option<PathBuf>,
     /// Local data.
     pub data: DataConfig,
     /// FedDDL's counterfactual and object-only views, built once at start when enabled.
@@ -249,6 +281,9 @@ impl EdgeConfig {
         if let Some(detector) = &config.fedddl.detector {
             config.fedddl.detector = Some(base.join(detector));
         }
+        if let Some(file) = &config.classes_file {
+            config.classes_file = Some(base.join(file));
+        }
         if let DataConfig::ImageFolder { root, .. } = &mut config.data {
             *root = base.join(&*root);
         }
@@ -271,22 +306,27 @@ impl EdgeConfig {
         (self.device, self.backend)
     }
 
-    /// Loads the local domain's images (raw values; ImageFolder images at the backbone's input
-    /// size, the built-in digits at their own).
+    /// Loads the local images (raw values; ImageFolder images at the backbone's input size,
+    /// the built-in digits at their own): the profile's digits domain, or its own site folder
+    /// alone.
     pub fn load_images(&self, backbone: &Backbone) -> Result<ImageSet, SetupError> {
         let card = backbone.card();
-        let domains = match &self.data {
-            DataConfig::Digits { seed, .. } => digits_domains(&DIGITS_ANGLES, *seed),
-            DataConfig::ImageFolder { root, .. } => {
-                imagefolder_domains(root, card.channels, card.height, card.width)?
+        let (seed, wanted) = match &self.data {
+            DataConfig::Digits { seed, domain } => (*seed, domain),
+            DataConfig::ImageFolder { .. } => {
+                let site = self.data.site_folder().unwrap_or_default();
+                // Images of another size or channel count are adapted to the card when
+                // features are computed (`ModelCard::adapt_chw`).
+                return Ok(imagefolder_site(
+                    &site,
+                    card.channels,
+                    card.height,
+                    card.width,
+                )?);
             }
         };
-        let wanted = match &self.data {
-            DataConfig::Digits { domain, .. } | DataConfig::ImageFolder { domain, .. } => domain,
-        };
+        let domains = digits_domains(&DIGITS_ANGLES, seed);
         let names: Vec<String> = domains.iter().map(|d| d.name.clone()).collect();
-        // Images of another size or channel count are adapted to the card when features are
-        // computed (`ModelCard::adapt_chw`); an impossible channel mapping fails there.
         let domain = domains
             .into_iter()
             .find(|d| d.name == *wanted)
@@ -336,8 +376,12 @@ impl EdgeConfig {
             let detector = fedge_models::Backbone::load(card).map_err(SetupError::Detector)?;
             images.masks = Some(crate::data::detector_masks(&detector, &images)?);
         }
-        let classes = images.classes();
-        let (train, val) = images.split(self.val_fraction, self.seed);
+        let class_names = images.class_names.clone();
+        // An evaluation-only device scores everything it has; it keeps no training split.
+        let (train, val) = match self.role {
+            Role::Train => images.split(self.val_fraction, self.seed),
+            Role::Evaluate => (images.subset(&[]), images),
+        };
         let cache = self.cache_dir.as_deref();
         let views = if self.fedddl.enabled {
             let groups = self.fedddl.groups.max(1);
@@ -352,7 +396,10 @@ impl EdgeConfig {
             client_id: self.client_id.clone(),
             federation: self.federation.clone(),
             broker: self.broker.clone(),
-            head: HeadConfig::new(backbone.card().feature_size, classes).with_hidden(self.hidden),
+            head: HeadConfig::new(backbone.card().feature_size, class_names.len())
+                .with_hidden(self.hidden),
+            class_names,
+            role: self.role,
             train: Arc::new(train),
             val: Arc::new(val),
             views,

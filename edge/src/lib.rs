@@ -6,7 +6,7 @@
 //! agent calls it over MQTT, so both run the same numbers.
 //!
 //! Modules, leaves first: [`data`] (local images), [`features`] (the backbone cache and
-//! [`FeatureSet`]), [`train`] (local rounds: SGD and the objectives), [`resources`], [`agent`]
+//! [`FeatureSet`]), [`classes`] (a device's labels on the federation's class list), [`train`] (local rounds: SGD and the objectives), [`resources`], [`agent`]
 //! (the decisions as a state machine, and its MQTT driver), [`config`] (a device profile), and
 //! [`check`] (a profile's pre-flight checks).
 //!
@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod check;
+pub mod classes;
 pub mod config;
 pub mod data;
 pub mod features;

@@ -353,6 +353,8 @@ pub async fn run(
             federation: options.federation.clone(),
             broker: broker.clone(),
             head: data.head.clone(),
+            class_names: fedge_wire::numbered_classes(data.head.classes),
+            role: fedge_wire::Role::Train,
             train: client.train.clone(),
             val: client.val.clone(),
             views: client.views.clone(),

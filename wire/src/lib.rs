@@ -40,8 +40,8 @@ pub use messages::{
     MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, Tag, TrainParams,
 };
 pub use model::{
-    InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role, SiteEvaluation,
-    check_classes, numbered_classes,
+    InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,
+    SiteEvaluation, check_classes, numbered_classes,
 };
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};

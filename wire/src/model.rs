@@ -266,10 +266,7 @@ mod tests {
         assert_eq!(tampered.verify(), Err(InvalidRelease::Digest));
         let mut short = good.clone();
         short.params = TensorF32::from_slice(&values[1..]);
-        assert!(matches!(
-            short.verify(),
-            Err(InvalidRelease::Params { .. })
-        ));
+        assert!(matches!(short.verify(), Err(InvalidRelease::Params { .. })));
         let mut classes = good.clone();
         classes.classes.pop();
         assert!(matches!(

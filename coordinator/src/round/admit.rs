@@ -127,7 +127,10 @@ pub(super) fn authenticated_update(
             return Err((Rejection::WrongKind, "round task on an update topic".into()));
         }
         Message::Model(_) => {
-            return Err((Rejection::WrongKind, "model release on an update topic".into()));
+            return Err((
+                Rejection::WrongKind,
+                "model release on an update topic".into(),
+            ));
         }
         Message::Chunk(_) => {
             return Err((

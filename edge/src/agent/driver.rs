@@ -11,10 +11,11 @@ use std::time::Instant;
 
 use fedge_models::ModelLayout;
 use fedge_mqtt::{Backoff, REQUEST_QUEUE, publish_frame};
-use fedge_wire::{EdgeStatus, RoundTask, TensorF32};
+use fedge_wire::{EdgeStatus, ModelRelease, RoundTask, SiteEvaluation, TensorF32};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
+use super::labels;
 use super::machine::{Agent, AgentError, AgentSummary, Output, Trained};
 use super::setup::AgentSetup;
 use super::state::RoundState;
@@ -22,7 +23,7 @@ use crate::train::{LocalState, RoundInputs, TrainJob, accuracy, train_local};
 
 /// Runs until `stop` turns true.
 pub async fn run_agent(
-    setup: AgentSetup,
+    mut setup: AgentSetup,
     mut stop: watch::Receiver<bool>,
 ) -> Result<AgentSummary, AgentError> {
     let remembered = setup
@@ -44,6 +45,11 @@ pub async fn run_agent(
     options.set_clean_session(false);
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Trained>();
+    let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Result<SiteEvaluation, String>>();
+    let done = Done {
+        trained: done_tx,
+        scored: scored_tx,
+    };
     // Stable-FedADG's discriminator and memory, kept between rounds (one round trains at a time).
     let local_state = Arc::new(std::sync::Mutex::new(LocalState::default()));
     let origin = Instant::now();
@@ -73,25 +79,32 @@ pub async fn run_agent(
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
             },
-            Some(done) = done_rx.recv() => agent.handle_trained(done),
+            Some(trained) = done_rx.recv() => agent.handle_trained(trained),
+            Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
             _ = stop.changed() => break,
         }
-        perform(&mut agent, &setup, &client, &local_state, &done_tx);
+        perform(&mut agent, &mut setup, &client, &local_state, &done);
     }
     agent.handle_stop();
-    perform(&mut agent, &setup, &client, &local_state, &done_tx);
+    perform(&mut agent, &mut setup, &client, &local_state, &done);
     fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
         .await;
     Ok(agent.summary().clone())
 }
 
+/// Where blocking work reports back to the loop.
+struct Done {
+    trained: mpsc::UnboundedSender<Trained>,
+    scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
+}
+
 /// Carries out every output the machine has queued.
 fn perform(
     agent: &mut Agent,
-    setup: &AgentSetup,
+    setup: &mut AgentSetup,
     client: &AsyncClient,
     local_state: &Arc<std::sync::Mutex<LocalState>>,
-    done: &mpsc::UnboundedSender<Trained>,
+    done: &Done,
 ) {
     while let Some(output) = agent.poll_output() {
         match output {
@@ -111,7 +124,23 @@ fn perform(
                 agent.handle_update_sent(sent);
             }
             Output::Train(task) => {
-                spawn_training(setup, *task, Arc::clone(local_state), done.clone());
+                // The machine refused tasks whose class list lacks one of the device's classes.
+                if let Err(e) = labels::align(setup, &task.classes) {
+                    agent.handle_trained(Trained {
+                        round: task.round,
+                        result: Err(e.into()),
+                        val_accuracy: 0.0,
+                        seconds: 0.0,
+                        peak_memory_mb: None,
+                    });
+                    continue;
+                }
+                spawn_training(setup, *task, Arc::clone(local_state), done.trained.clone());
+            }
+            Output::Model { release, evaluate } => {
+                if evaluate {
+                    spawn_scoring(setup, *release, done.scored.clone());
+                }
             }
             Output::Save(state) => {
                 if let Some(path) = &setup.state_file
@@ -131,7 +160,7 @@ fn spawn_training(
     done: mpsc::UnboundedSender<Trained>,
 ) {
     let (head, train, val, views, device) = (
-        setup.head.clone(),
+        labels::head_for(setup, task.classes.len()),
         setup.train.clone(),
         setup.val.clone(),
         setup.views.clone(),
@@ -177,6 +206,22 @@ fn spawn_training(
             seconds,
             peak_memory_mb: crate::resources::peak_rss_mib(),
         });
+    });
+}
+
+/// Scores a release on an evaluation-only device's data, away from the network loop.
+fn spawn_scoring(
+    setup: &mut AgentSetup,
+    release: ModelRelease,
+    scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
+) {
+    if let Err(e) = labels::align(setup, &release.classes) {
+        let _ = scored.send(Err(e.to_string()));
+        return;
+    }
+    let setup = setup.clone();
+    tokio::task::spawn_blocking(move || {
+        let _ = scored.send(labels::score(&setup, &release));
     });
 }
 

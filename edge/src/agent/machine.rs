@@ -20,13 +20,20 @@
 //! (an earlier round, or a run the device has left) is refused with a `last_error`. A task is
 //! skipped once, with a `last_error`, when the last training took longer than the task's whole
 //! deadline: its update would arrive after the round closed. The next task is tried again.
+//! A training device refuses a task whose class list lacks a class it has images of (naming
+//! it); an evaluation-only device never trains.
+//!
+//! A release of the global head on `model/current` is kept when it is the device's
+//! federation's, verifies (digest, layout, and with a key its seal) and is newer than the one
+//! held: a later round of the same run, or another run the device has not left. An
+//! evaluation-only device then scores it and reports the score in its status.
 
 use std::collections::VecDeque;
 
 use fedge_mqtt::PublishError;
 use fedge_wire::{
     AuthError, ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, LocalMetrics, Message,
-    Reassembler, RoundTask, TensorF32, Topics,
+    ModelRelease, Reassembler, Role, RoundTask, TensorF32, Topics,
 };
 
 use super::state::RoundState;
@@ -55,6 +62,10 @@ pub struct Identity {
     pub device: String,
     /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
     pub memory_budget_mb: u64,
+    /// Train when selected, or only score released models.
+    pub role: Role,
+    /// The classes the device has samples of: a task whose class list lacks one is refused.
+    pub classes: Vec<String>,
 }
 
 /// The agent could not start.
@@ -135,6 +146,14 @@ pub enum Output {
     Train(Box<RoundTask>),
     /// Persist the round state (when the device has a state file).
     Save(RoundState),
+    /// A new verified release of the global head: keep it (disk, predictions) and, when
+    /// `evaluate`, score it on the device's data and report with [`Agent::handle_evaluated`].
+    Model {
+        /// The release, verified.
+        release: Box<ModelRelease>,
+        /// Whether to score it (evaluation-only devices).
+        evaluate: bool,
+    },
 }
 
 /// The agent's decisions; see the module documentation.
@@ -145,7 +164,12 @@ pub struct Agent {
     update_topic: String,
     task_base: String,
     metrics_topic: String,
+    model_base: String,
     reassembler: Reassembler,
+    /// `model/current`'s chunks (its message ids are rounds, like the tasks').
+    model_reassembler: Reassembler,
+    /// The run and round of the release the device holds.
+    model: Option<(u64, u64)>,
     status: EdgeStatus,
     state: RoundState,
     /// The round being trained and how its update must be packed.
@@ -174,6 +198,7 @@ impl Agent {
             profile: id.profile.clone(),
             backbone: id.backbone.clone(),
             samples: id.samples,
+            role: id.role,
             last_round: state.last_round,
             last_error: String::new(),
             device: id.device.clone(),
@@ -187,6 +212,13 @@ impl Agent {
             update_topic: topics.update(&id.client_id),
             task_base: topics.round_task(),
             metrics_topic: topics.metrics(),
+            model_base: topics.model_current(),
+            model_reassembler: Reassembler::new(
+                fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
+                task_limit_bytes(id.memory_budget_mb),
+            )
+            .with_max_pending(fedge_wire::MAX_PENDING_PER_SENDER),
+            model: None,
             // One task stream at a time (two while one expires), no larger than the memory
             // budget allows: the reassembler never holds more than the device can afford.
             reassembler: Reassembler::new(
@@ -243,6 +275,8 @@ impl Agent {
             format!("{}/+", self.task_base),
             self.metrics_topic.clone(),
             self.status_topic.clone(),
+            self.model_base.clone(),
+            format!("{}/+", self.model_base),
         ];
         self.outputs.push_back(Output::Subscribe(filters));
         self.publish_status();
@@ -254,12 +288,10 @@ impl Agent {
             self.handle_own_status(payload);
         } else if topic == self.metrics_topic {
             self.handle_metrics(payload);
-        } else if topic == self.task_base
-            || topic
-                .strip_prefix(self.task_base.as_str())
-                .is_some_and(|rest| rest.starts_with('/'))
-        {
+        } else if under(topic, &self.task_base) {
             self.handle_task_bytes(payload, now_ms);
+        } else if under(topic, &self.model_base) {
+            self.handle_model_bytes(payload, now_ms);
         }
     }
 
@@ -325,7 +357,8 @@ impl Agent {
             self.publish_status();
             return;
         }
-        let wanted = task.selected.iter().any(|c| c == client_id)
+        let wanted = self.id.role == Role::Train
+            && task.selected.iter().any(|c| c == client_id)
             && self.state.is_fresh(task.run, task.round)
             && self.training.is_none();
         if wanted && too_slow_for(task.deadline_ms, self.state.last_train_seconds) {
@@ -358,6 +391,12 @@ impl Agent {
             return Some(format!("refused round {}: {e}", task.round));
         }
         let selected = task.selected.iter().any(|c| c == &self.id.client_id);
+        if selected
+            && self.id.role == Role::Train
+            && let Err(e) = crate::classes::check(&self.id.classes, &task.classes)
+        {
+            return Some(format!("refused round {}: {e}", task.round));
+        }
         if selected && self.state.is_stale(task.run, task.round) {
             return Some(format!(
                 "refused a stale round task (run {:016x}, round {}): already answered round {} of run {:016x}",
@@ -465,6 +504,13 @@ impl Agent {
     }
 }
 
+/// Whether `topic` is `base` or one of its chunk topics `base/<i>`.
+fn under(topic: &str, base: &str) -> bool {
+    topic
+        .strip_prefix(base)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// Largest task a device reassembles: the wire's limit, or a quarter of the memory budget
 /// when the profile sets one (the task, its decoded copy and training need the rest).
 pub fn task_limit_bytes(memory_budget_mb: u64) -> usize {
@@ -545,5 +591,10 @@ pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>), codec: Codec) -> Class
     }
 }
 
+mod release;
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod release_tests;

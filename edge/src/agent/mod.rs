@@ -5,6 +5,7 @@
 //! It does not load profiles (the profile loader builds its set-up) and does not train (see `crate::train`).
 
 pub mod driver;
+pub mod labels;
 pub mod machine;
 pub mod setup;
 pub mod state;

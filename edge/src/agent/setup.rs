@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use fedge_models::{HeadConfig, SelectedDevice};
 use fedge_mqtt::BrokerConfig;
-use fedge_wire::DeviceKey;
+use fedge_wire::{DeviceKey, Role};
 
 use super::machine::Identity;
 use crate::features::FeatureSet;
@@ -23,8 +23,14 @@ pub struct AgentSetup {
     pub federation: String,
     /// Broker.
     pub broker: BrokerConfig,
-    /// Head sizes; must match the coordinator's.
+    /// Head sizes: `features` and `hidden` must match the coordinator's; the number of
+    /// classes is each task's (its class list's length).
     pub head: HeadConfig,
+    /// The class of each label in `train`, `val` and `views`; renumbered onto the
+    /// federation's list (`crate::classes::renumber`) before training or scoring.
+    pub class_names: Vec<String>,
+    /// Train when selected, or only score released models.
+    pub role: Role,
     /// Local training split, as backbone features.
     pub train: Arc<FeatureSet>,
     /// Local validation split.
@@ -50,13 +56,34 @@ pub struct AgentSetup {
 }
 
 impl AgentSetup {
+    /// The names of the classes the device has samples of.
+    pub fn used_classes(&self) -> Vec<String> {
+        let mut used = vec![false; self.class_names.len()];
+        for set in [&self.train, &self.val] {
+            for &label in &set.labels {
+                if let Some(u) = used.get_mut(label as usize) {
+                    *u = true;
+                }
+            }
+        }
+        (self.class_names.iter().zip(used))
+            .filter(|(_, u)| *u)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// What the state machine needs to know about the device.
     pub fn identity(&self) -> Identity {
         Identity {
             client_id: self.client_id.clone(),
             federation: self.federation.clone(),
             key: self.key.clone(),
-            samples: self.train.len() as u32,
+            samples: match self.role {
+                Role::Train => self.train.len() as u32,
+                Role::Evaluate => self.val.len() as u32,
+            },
+            role: self.role,
+            classes: self.used_classes(),
             val_samples: self.val.len() as u32,
             profile: self.profile.clone(),
             backbone: self.backbone.clone(),

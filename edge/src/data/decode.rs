@@ -64,4 +64,3 @@ where
         .flat_map(|c| raw.iter().skip(c).step_by(channels).map(|&v| f32::from(v)))
         .collect()
 }
-

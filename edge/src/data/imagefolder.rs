@@ -1,5 +1,5 @@
 //! ImageFolder trees: `root/<domain>/<class>/*.{png,jpg,jpeg}`, with optional object boxes in
-//! `root/<domain>/boxes.csv`.
+//! `root/<domain>/boxes.csv`; a device reads only its own site folder, `site/<class>/*`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -68,67 +68,121 @@ pub fn imagefolder_domains(
     let mut listings = Vec::with_capacity(domain_dirs.len());
     let mut class_set = BTreeSet::new();
     for (domain_name, domain_dir) in domain_dirs {
-        let mut classes = Vec::new();
-        for (class_name, class_dir) in sorted_entries(&domain_dir, true)? {
-            let files: Vec<PathBuf> = sorted_entries(&class_dir, false)?
-                .into_iter()
-                .map(|(_, path)| path)
-                .filter(|path| has_image_extension(path))
-                .collect();
-            class_set.insert(class_name.clone());
-            classes.push((class_name, files));
-        }
-        if classes.iter().all(|(_, files)| files.is_empty()) {
-            return Err(DataError::EmptyDomain { path: domain_dir });
-        }
-        listings.push((domain_name, classes));
+        let classes = list_site(&domain_dir)?;
+        class_set.extend(classes.iter().map(|(name, _)| name.clone()));
+        listings.push((domain_name, domain_dir, classes));
     }
     let class_names: Vec<String> = class_set.into_iter().collect();
 
     // Second pass: decode the images.
-    let image_len = channels * height * width;
     let mut domains = Vec::with_capacity(listings.len());
-    for (domain_name, classes) in listings {
-        let total: usize = classes.iter().map(|(_, files)| files.len()).sum();
-        let mut images = Vec::with_capacity(total * image_len);
-        let mut labels = Vec::with_capacity(total);
-        let boxes = read_boxes(&root.join(&domain_name).join("boxes.csv"))?;
-        let mut masks = boxes
-            .as_ref()
-            .map(|_| Vec::with_capacity(total * height * width));
-        for (class_name, files) in classes {
-            let label = class_names
-                .binary_search(&class_name)
-                .expect("every class folder name is in the class union");
-            let label = u32::try_from(label).expect("fewer than 2^32 classes");
-            for path in files {
-                let decoded = decode(&path)?;
-                if let (Some(boxes), Some(masks)) = (&boxes, masks.as_mut()) {
-                    let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
-                    let key = format!("{class_name}/{}", file.unwrap_or_default());
-                    let original = (decoded.width(), decoded.height());
-                    let mine = boxes.get(&key).map_or(&[][..], Vec::as_slice);
-                    masks.extend(box_mask(mine, original, (w, h)));
-                }
-                images.extend(to_chw(decoded, channels, h, w));
-                labels.push(label);
-            }
-        }
-        domains.push(Domain {
-            name: domain_name,
-            data: ImageSet {
-                channels,
-                height,
-                width,
-                class_names: class_names.clone(),
-                images,
-                labels,
-                raw_max: 255.0,
-                masks,
-            },
-        });
+    for (name, dir, classes) in listings {
+        let data = load_site(&dir, classes, &class_names, channels, (h, w))?;
+        domains.push(Domain { name, data });
     }
     Ok(domains)
+}
+
+/// Loads one site folder `dir/<class>/*.png` alone, as a device holds it: its classes are its
+/// own class folders, sorted (a device renumbers them onto the federation's list by name,
+/// `crate::classes`). Decoding, resizing and `boxes.csv` are as in [`imagefolder_domains`].
+///
+/// # Errors
+///
+/// As [`imagefolder_domains`]; a folder without images is [`DataError::EmptyDomain`].
+pub fn imagefolder_site(
+    dir: &Path,
+    channels: usize,
+    height: usize,
+    width: usize,
+) -> Result<ImageSet, DataError> {
+    if channels != 1 && channels != 3 {
+        return Err(DataError::UnsupportedChannels { channels });
+    }
+    let (h, w) = match (u32::try_from(height), u32::try_from(width)) {
+        (Ok(h), Ok(w)) if h > 0 && w > 0 => (h, w),
+        _ => return Err(DataError::InvalidSize { height, width }),
+    };
+    if !dir.exists() {
+        return Err(DataError::MissingRoot {
+            root: dir.to_path_buf(),
+        });
+    }
+    if !dir.is_dir() {
+        return Err(DataError::RootNotAFolder {
+            root: dir.to_path_buf(),
+        });
+    }
+    let classes = list_site(dir)?;
+    let class_names: Vec<String> = classes.iter().map(|(name, _)| name.clone()).collect();
+    load_site(dir, classes, &class_names, channels, (h, w))
+}
+
+/// A site's class folders (sorted) with their image files (sorted); an error when there is no
+/// image at all.
+fn list_site(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>, DataError> {
+    let mut classes = Vec::new();
+    for (class_name, class_dir) in sorted_entries(dir, true)? {
+        let files: Vec<PathBuf> = sorted_entries(&class_dir, false)?
+            .into_iter()
+            .map(|(_, path)| path)
+            .filter(|path| has_image_extension(path))
+            .collect();
+        classes.push((class_name, files));
+    }
+    if classes.iter().all(|(_, files)| files.is_empty()) {
+        return Err(DataError::EmptyDomain {
+            path: dir.to_path_buf(),
+        });
+    }
+    Ok(classes)
+}
+
+/// Decodes a listed site, labelling each class folder by its place in `class_names`.
+fn load_site(
+    dir: &Path,
+    classes: Vec<(String, Vec<PathBuf>)>,
+    class_names: &[String],
+    channels: usize,
+    (h, w): (u32, u32),
+) -> Result<ImageSet, DataError> {
+    let (height, width) = (h as usize, w as usize);
+    let image_len = channels * height * width;
+    let total: usize = classes.iter().map(|(_, files)| files.len()).sum();
+    let mut images = Vec::with_capacity(total * image_len);
+    let mut labels = Vec::with_capacity(total);
+    let boxes = read_boxes(&dir.join("boxes.csv"))?;
+    let mut masks = boxes
+        .as_ref()
+        .map(|_| Vec::with_capacity(total * height * width));
+    for (class_name, files) in classes {
+        let label = class_names
+            .binary_search(&class_name)
+            .expect("every class folder name is in the class list");
+        let label = u32::try_from(label).expect("fewer than 2^32 classes");
+        for path in files {
+            let decoded = decode(&path)?;
+            if let (Some(boxes), Some(masks)) = (&boxes, masks.as_mut()) {
+                let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+                let key = format!("{class_name}/{}", file.unwrap_or_default());
+                let original = (decoded.width(), decoded.height());
+                let mine = boxes.get(&key).map_or(&[][..], Vec::as_slice);
+                masks.extend(box_mask(mine, original, (w, h)));
+            }
+            images.extend(to_chw(decoded, channels, h, w));
+            labels.push(label);
+        }
+    }
+    Ok(ImageSet {
+        channels,
+        height,
+        width,
+        class_names: class_names.to_vec(),
+        images,
+        labels,
+        raw_max: 255.0,
+        masks,
+    })
 }
 
 /// Boxes `[x1, y1, x2, y2]` by file (`class/name.png`).

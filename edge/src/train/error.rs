@@ -35,6 +35,9 @@ pub enum TrainError {
     /// Training diverged.
     #[error("training diverged (loss {0})")]
     Diverged(f32),
+    /// The device has a class the task's class list lacks.
+    #[error(transparent)]
+    Classes(#[from] crate::classes::UnknownClasses),
     /// Stopped at the round's deadline: the update would have arrived after the round closed.
     #[error("training stopped at the round's deadline after {0} batches")]
     Cancelled(usize),

@@ -2,9 +2,9 @@
 
 use super::*;
 
-const FED: &str = "lab";
+pub(super) const FED: &str = "lab";
 
-fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
+pub(super) fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
     Identity {
         client_id: client.into(),
         federation: FED.into(),
@@ -15,6 +15,8 @@ fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
         backbone: "digits-conv".into(),
         device: "cpu".into(),
         memory_budget_mb: 0,
+        role: Role::Train,
+        classes: fedge_wire::numbered_classes(2),
     }
 }
 
@@ -25,7 +27,7 @@ fn agent(state: RoundState) -> Agent {
     Agent::new(identity("cam-1", None), state).unwrap()
 }
 
-fn task(round: u64, selected: &[&str], deadline_ms: u64) -> RoundTask {
+pub(super) fn task(round: u64, selected: &[&str], deadline_ms: u64) -> RoundTask {
     RoundTask {
         federation: FED.into(),
         run: RUN,
@@ -61,12 +63,12 @@ fn trained(round: u64, seconds: f32) -> Trained {
     }
 }
 
-fn drain(agent: &mut Agent) -> Vec<Output> {
+pub(super) fn drain(agent: &mut Agent) -> Vec<Output> {
     std::iter::from_fn(|| agent.poll_output()).collect()
 }
 
 /// The rounds the agent asked to train, in order.
-fn trains(outputs: &[Output]) -> Vec<u64> {
+pub(super) fn trains(outputs: &[Output]) -> Vec<u64> {
     outputs
         .iter()
         .filter_map(|o| match o {
@@ -122,7 +124,9 @@ fn connecting_subscribes_to_tasks_and_metrics_and_says_the_device_is_online() {
             task.clone(),
             format!("{task}/+"),
             topics.metrics(),
-            topics.edge_status("cam-1")
+            topics.edge_status("cam-1"),
+            topics.model_current(),
+            format!("{}/+", topics.model_current()),
         ])
     );
     let Output::Status { topic, status } = &outputs[1] else {
@@ -149,7 +153,7 @@ fn a_retained_task_delivered_again_after_a_restart_is_not_trained_twice() {
     assert_eq!(trains(&deliver(&mut restarted, 5, 0, 20)), vec![5]);
 }
 
-fn send(agent: &mut Agent, task: RoundTask, now_ms: u64) -> Vec<Output> {
+pub(super) fn send(agent: &mut Agent, task: RoundTask, now_ms: u64) -> Vec<Output> {
     let topic = Topics::new(FED).unwrap().round_task();
     agent.handle_publish(&topic, &frame(task), now_ms);
     drain(agent)

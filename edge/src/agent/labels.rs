@@ -1,0 +1,83 @@
+//! What the driver does with the federation's class list: renumber the device's cached labels
+//! onto it before training or scoring (`crate::classes`), and score a released head on an
+//! evaluation-only device's data.
+
+use std::sync::Arc;
+
+use fedge_models::HeadConfig;
+use fedge_wire::{ModelRelease, SiteEvaluation};
+
+use super::setup::AgentSetup;
+use crate::classes::{self, UnknownClasses};
+
+/// Renumbers the labels of `setup`'s splits and views onto `federation` (no copy unless a
+/// training or scoring thread still holds the data).
+pub fn align(setup: &mut AgentSetup, federation: &[String]) -> Result<(), UnknownClasses> {
+    if setup.class_names.as_slice() == federation {
+        return Ok(());
+    }
+    classes::check(&setup.used_classes(), federation)?;
+    let mut names = setup.class_names.clone();
+    let train = Arc::make_mut(&mut setup.train);
+    let val = Arc::make_mut(&mut setup.val);
+    match setup.views.as_mut().map(Arc::make_mut) {
+        Some(views) => classes::renumber(
+            &mut [train, val, &mut views.counterfactual, &mut views.objects],
+            &mut names,
+            federation,
+        )?,
+        None => classes::renumber(&mut [train, val], &mut names, federation)?,
+    }
+    setup.class_names = names;
+    Ok(())
+}
+
+/// The head of `setup` for a class list of `classes` names.
+pub fn head_for(setup: &AgentSetup, classes: usize) -> HeadConfig {
+    HeadConfig {
+        classes,
+        ..setup.head.clone()
+    }
+}
+
+/// Accuracy, overall and per class, of `release`'s head on `setup`'s validation data (all of
+/// an evaluation-only device's samples), already aligned to the release's classes.
+pub fn score(setup: &AgentSetup, release: &ModelRelease) -> Result<SiteEvaluation, String> {
+    let params = release.verify().map_err(|e| e.to_string())?;
+    let data = &setup.val;
+    if release.head.features != data.dim || release.head.hidden != setup.head.hidden {
+        return Err(format!(
+            "the released head is {}→{}→{}, this device's features are {} wide with a projector of {}",
+            release.head.features,
+            release.head.hidden,
+            release.head.classes,
+            data.dim,
+            setup.head.hidden
+        ));
+    }
+    let predicted = fedge_models::head::predict_flat(&release.head, &params, &data.features)
+        .map_err(|e| e.to_string())?;
+    let k = release.head.classes;
+    let (mut right, mut seen) = (vec![0u32; k], vec![0u32; k]);
+    for (&p, &y) in predicted.iter().zip(&data.labels) {
+        let y = y as usize;
+        if y < k {
+            seen[y] += 1;
+            right[y] += u32::from(p == y);
+        }
+    }
+    let total: u32 = seen.iter().sum();
+    let correct: u32 = right.iter().sum();
+    Ok(SiteEvaluation {
+        model_round: release.round,
+        accuracy: if total == 0 {
+            0.0
+        } else {
+            correct as f32 / total as f32
+        },
+        class_accuracy: (right.iter().zip(&seen))
+            .map(|(&r, &n)| (n > 0).then(|| r as f32 / n as f32))
+            .collect(),
+        samples: total,
+    })
+}

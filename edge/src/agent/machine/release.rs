@@ -1,0 +1,117 @@
+//! The machine's side of released models: which to keep and score (see the parent's
+//! "Decisions"), and the evaluation-only device's score in its status.
+
+use fedge_wire::{Message, ModelRelease, Reassembler, SiteEvaluation};
+
+use super::{Agent, Output};
+
+impl Agent {
+    /// The release the device already holds (from its disk at start), so only newer ones are
+    /// taken and the status says which round it serves.
+    pub fn hold_model(&mut self, run: u64, round: u64) {
+        self.model = Some((run, round));
+        self.status.model_round = Some(round);
+    }
+
+    /// A payload on `model/current` (a whole release or one of its chunks).
+    pub fn handle_model_bytes(&mut self, payload: &[u8], now_ms: u64) {
+        if payload.is_empty() {
+            return;
+        }
+        self.model_reassembler.expire(now_ms);
+        let key = self.id.key.as_ref();
+        let client = self.id.client_id.as_str();
+        let release =
+            match decode_release(&mut self.model_reassembler, payload, now_ms, client, key) {
+                Ok(Some(release)) => release,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(client = %client, "released model refused: {e}");
+                    self.status.last_error = format!("released model refused: {e}");
+                    self.publish_status();
+                    return;
+                }
+            };
+        if release.federation != self.id.federation {
+            return;
+        }
+        let fresh = match self.model {
+            None => !self.state.past_runs.contains(&release.run),
+            Some((run, round)) if run == release.run => release.round > round,
+            Some(_) => !self.state.past_runs.contains(&release.run),
+        };
+        if !fresh {
+            return;
+        }
+        self.hold_model(release.run, release.round);
+        let evaluate = self.id.role == fedge_wire::Role::Evaluate;
+        self.outputs.push_back(Output::Model {
+            release: Box::new(release),
+            evaluate,
+        });
+        if !evaluate {
+            self.publish_status();
+        }
+    }
+
+    /// An evaluation-only device scored a release (or could not: the error goes into
+    /// `last_error`).
+    pub fn handle_evaluated(&mut self, result: Result<SiteEvaluation, String>) {
+        match result {
+            Ok(evaluation) => {
+                self.status.samples = evaluation.samples;
+                self.status.evaluation = Some(evaluation);
+                self.status.last_error.clear();
+            }
+            Err(e) => {
+                tracing::warn!(client = %self.id.client_id, "cannot score the released model: {e}");
+                self.status.last_error = e;
+            }
+        }
+        self.publish_status();
+    }
+}
+
+/// The release in a payload: `Ok(None)` while chunks are missing and for payloads that are not
+/// releases (logged); `Err` for a release that fails its checks: digest, layout, or with a key
+/// its seal (a device with a key believes only sealed releases that name it).
+pub fn decode_release(
+    reassembler: &mut Reassembler,
+    payload: &[u8],
+    now_ms: u64,
+    client_id: &str,
+    key: Option<&fedge_wire::DeviceKey>,
+) -> Result<Option<ModelRelease>, String> {
+    let message = match fedge_wire::decode(payload) {
+        Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now_ms) {
+            Ok(Some(frame)) => fedge_wire::decode(&frame),
+            Ok(None) => return Ok(None),
+            Err(e) => Err(e),
+        },
+        other => other,
+    };
+    let message = match (message, key) {
+        (Ok(Message::Sealed(sealed)), Some(key)) => {
+            let inner = sealed.open(client_id, key).map_err(|e| e.to_string())?;
+            fedge_wire::decode(inner)
+        }
+        (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
+        (Ok(Message::Model(_)), Some(_)) => {
+            return Err(
+                "a release without the coordinator's tag, but this device has a key".into(),
+            );
+        }
+        (other, _) => other,
+    };
+    match message {
+        Ok(Message::Model(release)) => match release.verify() {
+            Ok(_) => Ok(Some(release)),
+            Err(e) => Err(e.to_string()),
+        },
+        Ok(_) => Ok(None),
+        Err(e) => {
+            tracing::debug!(error = %e, "ignoring an undecodable released model");
+            Ok(None)
+        }
+    }
+}
