@@ -492,6 +492,21 @@ mod tests {
         let config = CoordinatorConfig::load(&path).unwrap();
         assert_eq!(config.head, HeadConfig::new(512, 10).with_hidden(64));
         assert_eq!(config.round_config().round_timeout_ms, 60_000);
+        assert_eq!(config.classes(), fedge_wire::numbered_classes(10));
+    }
+
+    #[test]
+    fn the_class_list_comes_from_the_file_and_reaches_the_round_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("classes.txt"), "# parts\nok\nscratch\n").unwrap();
+        let path = dir.path().join("c.toml");
+        let text = "federation = \"f\"\n[head]\nfeatures = 4\nclasses = 2\n\
+                    [model]\nclasses_file = \"classes.txt\"\nbackbone = \"digits-conv\"\n";
+        std::fs::write(&path, text).unwrap();
+        let round = CoordinatorConfig::load(&path).unwrap().round_config();
+        assert_eq!(round.classes, ["ok", "scratch"]);
+        assert_eq!(round.backbone, "digits-conv");
+        assert_eq!(round.head, Some(HeadConfig::new(4, 2)));
     }
 
     #[test]
@@ -524,8 +539,26 @@ mod tests {
                 "unknown field `learnig_rate`",
             ),
             ("[broker]\nkeep_alive_s = 70000\n", "keep_alive_s"),
+            (
+                "[model]\nclasses = [\"ok\", \"scratch\", \"dent\"]\n",
+                "3 class names for a head with 2 outputs",
+            ),
+            (
+                "[model]\nclasses = [\"ok\", \"ok\"]\n",
+                "class \"ok\" is listed twice",
+            ),
+            (
+                "[model]\nclasses = [\"a\", \"b\"]\nclasses_file = \"c.txt\"\n",
+                "both classes and classes_file",
+            ),
+            ("[model]\nclasses_file = \"missing.txt\"\n", "missing.txt"),
         ] {
-            std::fs::write(&path, format!("federation = \"f\"\n{extra}{head}")).unwrap();
+            // `[model]` comes after `[head]`, whose keys it would otherwise swallow.
+            let text = match extra.strip_prefix("[model]") {
+                Some(model) => format!("federation = \"f\"\n{head}[model]{model}"),
+                None => format!("federation = \"f\"\n{extra}{head}"),
+            };
+            std::fs::write(&path, text).unwrap();
             let err = CoordinatorConfig::load(&path).unwrap_err().to_string();
             assert!(err.contains(expected), "{extra:?}: {err}");
         }

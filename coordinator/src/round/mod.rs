@@ -578,3 +578,6 @@ mod restart_tests;
 
 #[cfg(test)]
 mod hostile_tests;
+
+#[cfg(test)]
+mod release_tests;

@@ -10,7 +10,7 @@ use super::{Output, Rounds};
 
 /// Most evaluation-only sites whose accuracy the machine keeps (the metrics message stays
 /// small whatever writes statuses).
-pub const MAX_SITES: usize = 1024;
+pub(super) const MAX_SITES: usize = 1024;
 
 impl Rounds {
     /// The global head as a release for `round` (the round whose aggregate it is), when the
