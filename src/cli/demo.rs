@@ -246,11 +246,7 @@ fn print_attacks(result: &DemoResult, asked: u64) {
             list(&report.reasons)
         );
     }
-    let aggregated = result
-        .rounds
-        .iter()
-        .filter(|r| r.target_accuracy.is_some())
-        .count();
+    let aggregated = result.rounds.iter().filter(|r| !r.aborted).count();
     println!(
         "under attack: {aggregated} rounds aggregated of {asked} asked, {} ended; rejections traced to no attack: {}",
         result.rounds.len(),

@@ -2,6 +2,7 @@
 //! it ([`hostile`]).
 
 pub mod hostile;
+pub mod site;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -120,6 +121,12 @@ pub struct RoundRow {
     /// Mean accuracy of the new global head on [`DemoData::selection`], when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selection_accuracy: Option<f32>,
+    /// What the evaluation-only site holding the held-out domain reported for this round's
+    /// model, by its client id (its figure is `target_accuracy`).
+    pub site_accuracy: std::collections::BTreeMap<String, f32>,
+    /// Whether the round was abandoned (nothing aggregated).
+    #[serde(skip)]
+    pub aborted: bool,
     /// FedOMG's weight per client (empty for other strategies).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub gamma: std::collections::BTreeMap<String, f64>,
@@ -176,8 +183,10 @@ pub struct DemoData {
     pub head: HeadConfig,
     /// The devices.
     pub clients: Vec<DemoClient>,
-    /// Held-out target domain.
+    /// Held-out target domain, which an evaluation-only agent holds.
     pub target: Arc<FeatureSet>,
+    /// The target domain's name (the evaluation-only agent is `unseen-<name>`).
+    pub target_name: String,
     /// Validation sets scored with every new global head (model selection in `fedge eval`);
     /// empty for the demo.
     pub selection: Vec<Arc<FeatureSet>>,
@@ -234,6 +243,7 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
         head,
         clients,
         target: Arc::new(target_features),
+        target_name: target.name.clone(),
         selection: Vec::new(),
     })
 }
@@ -283,7 +293,11 @@ pub async fn run(
         .per_round
         .unwrap_or(options.clients)
         .clamp(1, options.clients.max(1));
+    let unseen = format!("unseen-{}", data.target_name);
     let config = RoundConfig {
+        classes: fedge_wire::numbered_classes(data.head.classes),
+        backbone: DIGITS_CONV.into(),
+        head: Some(data.head.clone()),
         rounds: options.rounds,
         fraction: per_round as f32 / options.clients.max(1) as f32,
         min_clients: options.clients,
@@ -301,10 +315,9 @@ pub async fn run(
             classes: data.head.classes,
         }),
         auth: auth.then(|| {
-            let keys = data
-                .clients
-                .iter()
-                .map(|c| (c.id.clone(), fedge_coordinator::store::keys::generate()));
+            let keys = (data.clients.iter().map(|c| &c.id))
+                .chain([&unseen])
+                .map(|c| (c.clone(), fedge_coordinator::store::keys::generate()));
             let insiders = insider
                 .iter()
                 .flat_map(|(ids, key)| ids.iter().map(move |id| (id.clone(), key.clone())));
@@ -317,21 +330,19 @@ pub async fn run(
     let strategy_name = strategy.name().to_string();
     let initial_len = initial.len();
     let rounds = Rounds::new(config, strategy, initial.clone());
-    let (head, target, selection) = (
-        data.head.clone(),
-        data.target.clone(),
-        data.selection.clone(),
-    );
+    let (head, selection) = (data.head.clone(), data.selection.clone());
     let scored = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&scored);
-    let evaluator: fedge_coordinator::Evaluator = Box::new(move |params: &[f32]| {
-        let params = layout.head_part(params);
-        if !selection.is_empty()
-            && let Ok(mut log) = log.lock()
-        {
-            log.push(pooled_accuracy(&head, params, &selection));
-        }
-        accuracy(&head, params, &target).ok()
+    // Model selection in `fedge eval` scores every new head on the sources' validation sets;
+    // the target is scored by the unseen site's agent, as in a deployment.
+    let evaluator: Option<fedge_coordinator::Evaluator> = (!selection.is_empty()).then(|| {
+        Box::new(move |params: &[f32]| {
+            let params = layout.head_part(params);
+            if let Ok(mut log) = log.lock() {
+                log.push(pooled_accuracy(&head, params, &selection));
+            }
+            None
+        }) as fedge_coordinator::Evaluator
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
@@ -347,24 +358,35 @@ pub async fn run(
         )
     });
     let mut agents = Vec::new();
+    let unseen_key = keys.as_ref().and_then(|k| k.get(&unseen).cloned());
+    let mut site = site::SiteWatcher::start(
+        &broker,
+        &options.federation,
+        &unseen,
+        unseen_key.clone(),
+        stop_rx.clone(),
+    )?;
+    let evaluation_only = AgentSetup {
+        client_id: unseen.clone(),
+        role: fedge_wire::Role::Evaluate,
+        train: Arc::new(FeatureSet::default()),
+        val: Arc::clone(&data.target),
+        views: None,
+        key: unseen_key,
+        ..agent_setup(options, data, &broker)
+    };
+    agents.push(tokio::spawn(fedge_edge::run_agent(
+        evaluation_only,
+        stop_rx.clone(),
+    )));
     for client in &data.clients {
         let setup = AgentSetup {
             client_id: client.id.clone(),
-            federation: options.federation.clone(),
-            broker: broker.clone(),
-            head: data.head.clone(),
-            class_names: fedge_wire::numbered_classes(data.head.classes),
-            role: fedge_wire::Role::Train,
             train: client.train.clone(),
             val: client.val.clone(),
             views: client.views.clone(),
-            device: fedge_models::select_device(Accelerator::Cpu, options.backend),
-            memory_budget_mb: 0,
-            profile: "demo".into(),
-            backbone: "digits-conv".into(),
-            seed: options.seed,
             key: keys.as_ref().and_then(|k| k.get(&client.id).cloned()),
-            state_file: None,
+            ..agent_setup(options, data, &broker)
         };
         agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));
     }
@@ -388,11 +410,12 @@ pub async fn run(
     let coordinator = tokio::spawn(driver::run(
         rounds,
         driver_options,
-        Some(evaluator),
+        evaluator,
         Some(events_tx),
         stop_rx.clone(),
     ));
     let mut rows = Vec::new();
+    let mut abandoned = 0u64;
     let mut rejected = std::collections::BTreeMap::new();
     // Under attack the federation may stall (no round ends): give up after four round
     // timeouts (a minute at least) without one.
@@ -413,17 +436,29 @@ pub async fn run(
             break;
         };
         match event {
-            DriverEvent::RoundEnded {
-                report,
-                target_accuracy,
-            } => {
-                let row = row_of(&report, target_accuracy);
+            DriverEvent::RoundEnded { report, .. } => {
+                let mut row = row_of(&report, None);
+                if report.aggregated {
+                    // The unseen site scores the release within milliseconds of receiving it.
+                    let patience = std::time::Duration::from_secs(60);
+                    match site.score_of(report.round, patience).await {
+                        Some(score) => {
+                            row.target_accuracy = Some(score.accuracy);
+                            row.site_accuracy.insert(unseen.clone(), score.accuracy);
+                        }
+                        None => tracing::warn!(
+                            round = report.round,
+                            "the unseen site did not score the round's model"
+                        ),
+                    }
+                } else {
+                    abandoned += 1;
+                }
                 on_round(&row);
                 rows.push(row);
                 // Abandoned rounds do not count towards `rounds`: a federation the attacks
                 // beat would run for ever, so the demo gives up after as many again.
-                let abandoned = rows.iter().filter(|r| r.target_accuracy.is_none()).count();
-                if hostile.is_some() && abandoned as u64 > options.rounds {
+                if hostile.is_some() && abandoned > options.rounds {
                     tracing::warn!(abandoned, "the attacks stopped the federation; giving up");
                     let _ = stop_tx.send(true);
                 }
@@ -447,11 +482,7 @@ pub async fn run(
         None => hostile::HostileReport::default(),
     };
     let scored = scored.lock().map(|v| v.clone()).unwrap_or_default();
-    for (row, val) in rows
-        .iter_mut()
-        .filter(|r| r.target_accuracy.is_some())
-        .zip(scored)
-    {
+    for (row, val) in rows.iter_mut().filter(|r| !r.aborted).zip(scored) {
         row.selection_accuracy = Some(val);
     }
     Ok(DemoResult {
@@ -471,6 +502,31 @@ pub async fn run(
         attacks: hostile.attacks,
         attacks_untraced: hostile.untraced,
     })
+}
+
+/// The name of the demo's backbone, written into its releases.
+pub const DIGITS_CONV: &str = "digits-conv";
+
+/// What every agent of a demo shares.
+fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) -> AgentSetup {
+    AgentSetup {
+        client_id: String::new(),
+        federation: options.federation.clone(),
+        broker: broker.clone(),
+        head: data.head.clone(),
+        class_names: fedge_wire::numbered_classes(data.head.classes),
+        role: fedge_wire::Role::Train,
+        train: Arc::new(FeatureSet::default()),
+        val: Arc::new(FeatureSet::default()),
+        views: None,
+        device: fedge_models::select_device(Accelerator::Cpu, options.backend),
+        memory_budget_mb: 0,
+        profile: "demo".into(),
+        backbone: DIGITS_CONV.into(),
+        seed: options.seed,
+        key: None,
+        state_file: None,
+    }
 }
 
 /// Accuracy of `params` over the union of `sets` (each set weighted by its size).
@@ -498,6 +554,8 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
         seconds: report.duration_ms as f64 / 1000.0,
         params_norm: report.params_norm,
         selection_accuracy: None,
+        site_accuracy: std::collections::BTreeMap::new(),
+        aborted: !report.aggregated,
         gamma: report
             .aggregation
             .as_ref()

@@ -200,6 +200,7 @@ pub async fn run_one_mqtt(
             })
             .collect(),
         target: Arc::clone(&domains[target].held_out),
+        target_name: domains[target].name.clone(),
     };
     let demo_options = crate::demo::DemoOptions {
         rounds: options.rounds,

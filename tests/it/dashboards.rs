@@ -95,6 +95,8 @@ fn topic_exists(topic: &str) -> bool {
         ["fedge", f, "edge", c, "status" | "update"] => level(f) && level(c),
         ["fedge", f, "round", "task"] | ["fedge", f, "round", "#"] => level(f),
         ["fedge", f, "round", "task", i] => level(f) && level(i),
+        ["fedge", f, "model", "current"] | ["fedge", f, "model", "#"] => level(f),
+        ["fedge", f, "model", "current", i] => level(f) && level(i),
         ["homeassistant", "#"] => true,
         ["homeassistant", "sensor", node, key, "config"] => level(node) && level(key),
         _ => false,
@@ -274,12 +276,24 @@ async fn a_federation_s_topics_read_with_mosquitto_sub_match_the_schemas_and_agr
         (status["state"].as_str(), status["round"].as_u64()),
         (Some("finished"), Some(3))
     );
-    let devices: Vec<_> = retained
+    let (trainers, unseen): (Vec<_>, Vec<_>) = retained
         .iter()
         .filter(|(t, _)| t.starts_with("fedge/dash/edge/"))
-        .collect();
-    assert_eq!(devices.len(), 3);
-    for (topic, device) in devices {
+        .partition(|(_, d)| d["role"] == "train");
+    // The held-out domain's evaluation-only agent scored the last release, as the demo says.
+    let [(topic, site)] = unseen.as_slice() else {
+        panic!("{unseen:?}");
+    };
+    assert_eq!(topic, "fedge/dash/edge/unseen-rot75/status");
+    assert_eq!(site["evaluation"]["model_round"], 3);
+    let last = result.final_target_accuracy.unwrap();
+    let scored = site["evaluation"]["accuracy"].as_f64().unwrap();
+    assert_eq!(
+        scored as f32, last,
+        "the JSON carries the f32's shortest digits"
+    );
+    assert_eq!(trainers.len(), 3);
+    for (topic, device) in trainers {
         assert_eq!(device["online"], false, "{topic}: agents stopped");
         assert_eq!(device["last_round"], 3, "{topic}");
         assert_eq!(device["last_error"], "", "{topic}");

@@ -13,6 +13,13 @@ fn check_learned(result: &DemoResult) {
             "every client reported in round {}",
             row.round
         );
+        // The held-out 75° domain is an evaluation-only agent's: its score is the target's.
+        assert_eq!(
+            row.site_accuracy.get("unseen-rot75").copied(),
+            row.target_accuracy,
+            "round {}",
+            row.round
+        );
         assert!(row.target_accuracy.is_some());
         assert!(row.bytes_up > 0 && row.bytes_down > 0);
         assert_ne!(

@@ -35,10 +35,11 @@ impl Agent {
         if release.federation != self.id.federation {
             return;
         }
+        // A run of 0 is never a left one (the state's empty slots are 0).
+        let left = release.run != 0 && self.state.past_runs.contains(&release.run);
         let fresh = match self.model {
-            None => !self.state.past_runs.contains(&release.run),
             Some((run, round)) if run == release.run => release.round > round,
-            Some(_) => !self.state.past_runs.contains(&release.run),
+            _ => !left,
         };
         if !fresh {
             return;

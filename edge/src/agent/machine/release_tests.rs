@@ -106,6 +106,12 @@ fn a_training_device_keeps_new_releases_without_scoring_them() {
         kept(&publish_release(&mut agent, plain(release(8, 1)))),
         [(1, false)]
     );
+    // The demo's and tests' coordinators run with run 0.
+    let mut fresh = Agent::new(identity("cam-1", None), RoundState::default()).unwrap();
+    assert_eq!(
+        kept(&publish_release(&mut fresh, plain(release(0, 1)))),
+        [(1, false)]
+    );
     let mut foreign = release(9, 5);
     foreign.federation = "other".into();
     assert!(kept(&publish_release(&mut agent, plain(foreign))).is_empty());
