@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::agent::AgentSetup;
 use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_site};
 use crate::features::{self, LoadBackboneError};
+use crate::rescan::SiteScan;
 use crate::resources::{self, ResourceConfig};
 use crate::train::fedddl::{self, DdlViews, ViewsError};
 
@@ -107,6 +108,15 @@ pub enum SetupError {
     /// FedDDL's views could not be built.
     #[error(transparent)]
     Views(#[from] ViewsError),
+    /// The first scan of the site folder failed.
+    #[error(transparent)]
+    Scan(#[from] crate::rescan::ScanError),
+    /// Rescans with FedDDL, whose views are built once at start.
+    #[error(
+        "[data] rescan = true does not work with [fedddl] enabled = true (FedDDL's views are \
+         built once at start); turn one off"
+    )]
+    RescanWithFedDdl,
 }
 
 /// Where the device's samples come from.
@@ -357,7 +367,39 @@ impl EdgeConfig {
     pub fn setup(&self) -> Result<AgentSetup, SetupError> {
         let key = self.load_key()?;
         let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
-        let images = self.load_images(&backbone)?;
+        let feature_size = backbone.card().feature_size;
+        let backbone_name = backbone.card().name.clone();
+        let data = match &self.data {
+            DataConfig::ImageFolder { rescan: true, .. } => self.scanned(backbone)?,
+            _ => self.loaded(&backbone, backbone_id)?,
+        };
+        Ok(AgentSetup {
+            client_id: self.client_id.clone(),
+            federation: self.federation.clone(),
+            broker: self.broker.clone(),
+            head: HeadConfig::new(feature_size, data.class_names.len()).with_hidden(self.hidden),
+            class_names: data.class_names,
+            role: self.role,
+            train: Arc::new(data.train),
+            val: Arc::new(data.val),
+            views: data.views,
+            device: fedge_models::select_device(self.device, self.backend),
+            memory_budget_mb: self.resources.memory_budget_mb,
+            profile: self.profile.clone(),
+            backbone: backbone_name,
+            seed: self.seed,
+            key,
+            scan: data.scan,
+            state_file: self
+                .cache_dir
+                .as_ref()
+                .map(|dir| dir.join(format!("{}.round.json", self.client_id))),
+        })
+    }
+
+    /// The data read once, cut to the feature cache, split, featurised (cached on disk).
+    fn loaded(&self, backbone: &Backbone, backbone_id: u64) -> Result<LocalData, SetupError> {
+        let images = self.load_images(backbone)?;
         let (mut images, left_out) = resources::fit_feature_cache(
             images,
             resources::feature_bytes_per_image(backbone.card().feature_size, self.fedddl.enabled),
@@ -385,36 +427,50 @@ impl EdgeConfig {
         let cache = self.cache_dir.as_deref();
         let views = if self.fedddl.enabled {
             let groups = self.fedddl.groups.max(1);
-            let views = DdlViews::build(&backbone, backbone_id, &train, groups, self.seed, cache)?;
+            let views = DdlViews::build(backbone, backbone_id, &train, groups, self.seed, cache)?;
             Some(Arc::new(views))
         } else {
             None
         };
-        let train = features::extract(&backbone, backbone_id, &train, cache)?;
-        let val = features::extract(&backbone, backbone_id, &val, cache)?;
-        Ok(AgentSetup {
-            client_id: self.client_id.clone(),
-            federation: self.federation.clone(),
-            broker: self.broker.clone(),
-            head: HeadConfig::new(backbone.card().feature_size, class_names.len())
-                .with_hidden(self.hidden),
+        Ok(LocalData {
+            train: features::extract(backbone, backbone_id, &train, cache)?,
+            val: features::extract(backbone, backbone_id, &val, cache)?,
             class_names,
-            role: self.role,
-            train: Arc::new(train),
-            val: Arc::new(val),
             views,
-            device: fedge_models::select_device(self.device, self.backend),
-            memory_budget_mb: self.resources.memory_budget_mb,
-            profile: self.profile.clone(),
-            backbone: backbone.card().name.clone(),
-            seed: self.seed,
-            key,
-            state_file: self
-                .cache_dir
-                .as_ref()
-                .map(|dir| dir.join(format!("{}.round.json", self.client_id))),
+            scan: None,
         })
     }
+
+    /// The site folder's first scan, kept for the rescans before each round.
+    fn scanned(&self, backbone: Backbone) -> Result<LocalData, SetupError> {
+        if self.fedddl.enabled {
+            return Err(SetupError::RescanWithFedDdl);
+        }
+        let site = self.data.site_folder().unwrap_or_default();
+        let held_out = match self.role {
+            Role::Train => self.val_fraction,
+            Role::Evaluate => 1.0,
+        };
+        let budget = usize::try_from(self.resources.feature_cache_mb).unwrap_or(usize::MAX);
+        let mut scan = SiteScan::new(&site, Arc::new(backbone), held_out, self.seed, budget);
+        let first = scan.scan()?;
+        Ok(LocalData {
+            train: first.train,
+            val: first.val,
+            class_names: first.class_names,
+            views: None,
+            scan: Some(Arc::new(std::sync::Mutex::new(scan))),
+        })
+    }
+}
+
+/// A device's data as the agent starts with it.
+struct LocalData {
+    train: crate::features::FeatureSet,
+    val: crate::features::FeatureSet,
+    class_names: Vec<String>,
+    views: Option<Arc<DdlViews>>,
+    scan: Option<Arc<std::sync::Mutex<SiteScan>>>,
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod classes;
 pub mod config;
 pub mod data;
 pub mod features;
+pub mod rescan;
 pub mod resources;
 pub mod train;
 

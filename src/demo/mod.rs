@@ -525,6 +525,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         backbone: DIGITS_CONV.into(),
         seed: options.seed,
         key: None,
+        scan: None,
         state_file: None,
     }
 }

@@ -17,9 +17,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::labels;
 use super::machine::{Agent, AgentError, AgentSummary, Output, Trained};
+use super::refresh::{self, Refreshed};
 use super::setup::AgentSetup;
 use super::state::RoundState;
-use crate::train::{LocalState, RoundInputs, TrainJob, accuracy, train_local};
+use crate::train::{LocalState, RoundInputs, TrainError, TrainJob, accuracy, train_local};
 
 /// Runs until `stop` turns true.
 pub async fn run_agent(
@@ -44,7 +45,7 @@ pub async fn run_agent(
     // the device is offline.
     options.set_clean_session(false);
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Trained>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Trained, Option<Refreshed>)>();
     let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Result<SiteEvaluation, String>>();
     let done = Done {
         trained: done_tx,
@@ -79,7 +80,13 @@ pub async fn run_agent(
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
             },
-            Some(trained) = done_rx.recv() => agent.handle_trained(trained),
+            Some((trained, refreshed)) = done_rx.recv() => {
+                if let Some(data) = refreshed {
+                    (setup.train, setup.val) = (data.train, data.val);
+                    setup.class_names = data.class_names;
+                }
+                agent.handle_trained(trained);
+            }
             Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
             _ = stop.changed() => break,
         }
@@ -94,7 +101,7 @@ pub async fn run_agent(
 
 /// Where blocking work reports back to the loop.
 struct Done {
-    trained: mpsc::UnboundedSender<Trained>,
+    trained: mpsc::UnboundedSender<(Trained, Option<Refreshed>)>,
     scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
 }
 
@@ -132,6 +139,7 @@ fn perform(
                         val_accuracy: 0.0,
                         seconds: 0.0,
                         peak_memory_mb: None,
+                        data: None,
                     });
                     continue;
                 }
@@ -157,8 +165,9 @@ fn spawn_training(
     setup: &AgentSetup,
     task: RoundTask,
     state: Arc<std::sync::Mutex<LocalState>>,
-    done: mpsc::UnboundedSender<Trained>,
+    done: mpsc::UnboundedSender<(Trained, Option<Refreshed>)>,
 ) {
+    let scan = setup.scan.clone();
     let (head, train, val, views, device) = (
         labels::head_for(setup, task.classes.len()),
         setup.train.clone(),
@@ -179,6 +188,23 @@ fn spawn_training(
     };
     tokio::task::spawn_blocking(move || {
         let start = Instant::now();
+        let failed = |e: TrainError| Trained {
+            round: task.round,
+            result: Err(e),
+            val_accuracy: 0.0,
+            seconds: 0.0,
+            peak_memory_mb: None,
+            data: None,
+        };
+        let (train, val, refreshed) =
+            match scan.as_deref().map(|s| refresh::rescan(s, &task.classes)) {
+                None => (train, val, None),
+                Some(Ok(data)) => (Arc::clone(&data.train), Arc::clone(&data.val), Some(data)),
+                Some(Err(e)) => {
+                    let _ = done.send((failed(e), None));
+                    return;
+                }
+            };
         let global = task.params.to_vec();
         let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
         let val_accuracy = accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);
@@ -199,13 +225,15 @@ fn spawn_training(
         let result = train_local(&job, &mut state);
         timer.abort();
         let seconds = start.elapsed().as_secs_f32();
-        let _ = done.send(Trained {
+        let trained = Trained {
             round: task.round,
             result,
             val_accuracy,
             seconds,
             peak_memory_mb: crate::resources::peak_rss_mib(),
-        });
+            data: refreshed.as_ref().map(|r| r.summary.clone()),
+        };
+        let _ = done.send((trained, refreshed));
     });
 }
 

@@ -103,6 +103,21 @@ pub struct Trained {
     pub seconds: f32,
     /// The process's peak memory in MiB after training, when known.
     pub peak_memory_mb: Option<f64>,
+    /// What a rescan of the device's folder found before training, when it rescans.
+    pub data: Option<DataSummary>,
+}
+
+/// The device's data after a rescan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataSummary {
+    /// Training samples (the update's weight).
+    pub samples: u32,
+    /// Validation samples.
+    pub val_samples: u32,
+    /// Samples the rescan added.
+    pub new_samples: u32,
+    /// The classes the device now has samples of.
+    pub classes: Vec<String>,
 }
 
 /// What an agent did before it stopped.
@@ -415,6 +430,13 @@ impl Agent {
             .map(|(run, _, codec)| (run, codec))
             .unwrap_or_default();
         self.status.last_round = done.round;
+        if let Some(data) = done.data {
+            self.id.samples = data.samples;
+            self.id.val_samples = data.val_samples;
+            self.id.classes = data.classes;
+            self.status.samples = data.samples;
+            self.status.new_samples = data.new_samples;
+        }
         self.state.answer(run, done.round);
         self.state.last_train_seconds = done.seconds;
         match done.result {

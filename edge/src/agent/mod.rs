@@ -7,6 +7,7 @@
 pub mod driver;
 pub mod labels;
 pub mod machine;
+pub mod refresh;
 pub mod setup;
 pub mod state;
 

@@ -50,6 +50,8 @@ pub struct AgentSetup {
     /// The device's key: when set, updates are sealed with it and round tasks must carry a tag
     /// that verifies with it.
     pub key: Option<DeviceKey>,
+    /// The site folder's scanner, when the device rescans it before each round.
+    pub scan: Option<Arc<std::sync::Mutex<crate::rescan::SiteScan>>>,
     /// Where the device keeps its round state (last round trained, update sequence) across
     /// restarts, so a retained task it already answered is not trained again.
     pub state_file: Option<PathBuf>,

@@ -120,7 +120,7 @@ pub fn imagefolder_site(
 
 /// A site's class folders (sorted) with their image files (sorted); an error when there is no
 /// image at all.
-fn list_site(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>, DataError> {
+pub fn list_site(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>, DataError> {
     let mut classes = Vec::new();
     for (class_name, class_dir) in sorted_entries(dir, true)? {
         let files: Vec<PathBuf> = sorted_entries(&class_dir, false)?

@@ -29,7 +29,7 @@ pub use detector::detector_masks;
 pub use digits::{DIGITS_ANGLES, digits_bg_domains, digits_domains};
 pub use error::DataError;
 pub use idx::{FASHION_MNIST_DIR, fashion_mnist, fashion_mnist_domains, read_idx};
-pub use imagefolder::{imagefolder_domains, imagefolder_site};
+pub use imagefolder::{imagefolder_domains, imagefolder_site, list_site};
 pub use rotate::rotate_chw;
 
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};

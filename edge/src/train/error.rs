@@ -38,6 +38,9 @@ pub enum TrainError {
     /// The device has a class the task's class list lacks.
     #[error(transparent)]
     Classes(#[from] crate::classes::UnknownClasses),
+    /// The rescan of the device's folder failed.
+    #[error("rescan of the data folder failed: {0}")]
+    Rescan(String),
     /// Stopped at the round's deadline: the update would have arrived after the round closed.
     #[error("training stopped at the round's deadline after {0} batches")]
     Cancelled(usize),

@@ -156,3 +156,34 @@ fn a_chunked_release_is_reassembled() {
     }
     assert_eq!(kept(&outputs), [(1, false)]);
 }
+
+#[test]
+fn after_a_rescan_the_update_weighs_and_the_status_counts_the_new_samples() {
+    let mut agent = Agent::new(identity("cam-1", None), RoundState::default()).unwrap();
+    assert_eq!(
+        trains(&send(&mut agent, task(1, &["cam-1"], 60_000), 0)),
+        [1]
+    );
+    let mut done = super::tests::trained(1, 0.5);
+    done.data = Some(DataSummary {
+        samples: 14,
+        val_samples: 2,
+        new_samples: 4,
+        classes: fedge_wire::numbered_classes(2),
+    });
+    agent.handle_trained(done);
+    let outputs = drain(&mut agent);
+    let Some(Output::Update { frame, .. }) = outputs.first() else {
+        panic!("{outputs:?}");
+    };
+    let Ok(Message::ClientUpdate(update)) = fedge_wire::decode(frame) else {
+        panic!("not an update");
+    };
+    assert_eq!((update.num_samples, update.metrics.val_samples), (14, 2));
+    agent.handle_update_sent(Ok(100));
+    drain(&mut agent);
+    assert_eq!(
+        (agent.status().samples, agent.status().new_samples),
+        (14, 4)
+    );
+}

@@ -46,7 +46,7 @@ fn frame(task: RoundTask) -> Vec<u8> {
     fedge_wire::encode(&Message::RoundTask(task))
 }
 
-fn trained(round: u64, seconds: f32) -> Trained {
+pub(super) fn trained(round: u64, seconds: f32) -> Trained {
     Trained {
         round,
         result: Ok(TrainOutcome {
@@ -60,6 +60,7 @@ fn trained(round: u64, seconds: f32) -> Trained {
         val_accuracy: 0.5,
         seconds,
         peak_memory_mb: None,
+        data: None,
     }
 }
 
