@@ -23,4 +23,5 @@ mod objectives;
 mod profiles;
 mod restart;
 mod tls;
+mod use_model;
 mod vanish;

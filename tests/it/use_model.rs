@@ -1,0 +1,343 @@
+//! From training to use, with every piece a separate process as a deployment runs them: the
+//! `fedge-coordinator` binary, two training `fedge-edge` agents and one evaluation-only agent,
+//! over mosquitto, on ImageFolder site folders (one without class "3", one that grows between
+//! rounds). At the end: the retained `model/current`, `site_accuracy` in the metrics, the
+//! model exported to ONNX, and the same logits from `fedge-edge predict`, the agent's HTTP
+//! endpoint and onnxruntime.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fedge_edge::data::{DIGITS_ANGLES, digits_domains};
+use fedge_wire::{Message, ModelRelease, Topics};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use serde_json::Value;
+
+use crate::common::{self, KillOnDrop};
+
+const FEDERATION: &str = "use";
+const ROUNDS: u64 = 3;
+
+/// Writes `domain`'s digits as an ImageFolder site `dir/<class>/<i>.png` (8-bit grayscale),
+/// leaving out the classes in `without`; returns the files written.
+pub fn write_site(dir: &Path, domain: usize, without: &[&str], limit: usize) -> Vec<PathBuf> {
+    let domains = digits_domains(&DIGITS_ANGLES, 0);
+    let data = &domains[domain].data;
+    let mut written = Vec::new();
+    for i in 0..data.len().min(limit) {
+        let class = &data.class_names[data.labels[i] as usize];
+        if without.contains(&class.as_str()) {
+            continue;
+        }
+        let pixels: Vec<u8> = (data.image(i).iter())
+            .map(|v| (v * 255.0 / data.raw_max).round().clamp(0.0, 255.0) as u8)
+            .collect();
+        let image = image::GrayImage::from_raw(8, 8, pixels).unwrap();
+        let path = dir.join(class).join(format!("{domain}-{i:04}.png"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        image.save(&path).unwrap();
+        written.push(path);
+    }
+    written
+}
+
+fn card() -> PathBuf {
+    common::repo_root().join("models/assets/digits-conv.toml")
+}
+
+fn write_coordinator(dir: &Path, port: u16) -> PathBuf {
+    let classes: String = (0..10).map(|k| format!("{k}\n")).collect();
+    std::fs::write(dir.join("classes.txt"), format!("# digits\n{classes}")).unwrap();
+    let config = format!(
+        "federation = \"{FEDERATION}\"\nrounds = {ROUNDS}\nmin_clients = 2\nmin_updates = 2\n\
+         round_timeout_s = 60\nstate_dir = \"state\"\n\n\
+         [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n\
+         [model]\nclasses_file = \"classes.txt\"\nbackbone = \"digits-conv\"\n\n\
+         [train]\nlocal_epochs = 3\n"
+    );
+    let path = dir.join("coordinator.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+fn write_device(dir: &Path, id: &str, port: u16, extra: &str, data: &str) -> PathBuf {
+    let profile = format!(
+        "client_id = \"{id}\"\nfederation = \"{FEDERATION}\"\nhidden = 16\nseed = 1\n\
+         cache_dir = \"cache-{id}\"\nbackbone = {:?}\n{extra}\n\
+         [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n[data]\nkind = \"imagefolder\"\n{data}",
+        card()
+    );
+    let path = dir.join(format!("{id}.toml"));
+    std::fs::write(&path, profile).unwrap();
+    path
+}
+
+fn spawn(binary: &Path, args: &[&str], config: &Path) -> KillOnDrop {
+    let child = Command::new(binary)
+        .args(args)
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    KillOnDrop(child)
+}
+
+/// `fedge-edge` next to the test binary (the workspace build makes it).
+pub fn edge_binary() -> PathBuf {
+    common::coordinator_binary().with_file_name("fedge-edge")
+}
+
+/// What a subscriber to the whole federation saw.
+#[derive(Default)]
+struct Seen {
+    metrics: Vec<Value>,
+    /// `(round, num_samples)` of site-b's updates.
+    site_b_updates: Vec<(u64, u32)>,
+    model: Option<ModelRelease>,
+    /// The most `new_samples` site-b's statuses reported.
+    site_b_new: u64,
+    statuses: std::collections::BTreeMap<String, Value>,
+}
+
+/// Subscribes to the federation and collects until `done` says so or `within` passes.
+async fn watch(port: u16, within: Duration, mut on: impl FnMut(&Seen) -> bool) -> Seen {
+    let topics = Topics::new(FEDERATION).unwrap();
+    let mut options = MqttOptions::new("use-watcher", "127.0.0.1", port);
+    options.set_max_packet_size(4 << 20, 4 << 20);
+    let (client, mut events) = AsyncClient::new(options, 64);
+    client
+        .subscribe(format!("fedge/{FEDERATION}/#"), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let mut seen = Seen::default();
+    let mut updates = fedge_wire::Reassembler::new(30_000, 64 << 20);
+    let mut models = fedge_wire::Reassembler::new(30_000, 64 << 20);
+    let end = Instant::now() + within;
+    while Instant::now() < end && !on(&seen) {
+        let Ok(Ok(event)) = tokio::time::timeout(Duration::from_secs(1), events.poll()).await
+        else {
+            continue;
+        };
+        let Event::Incoming(Packet::Publish(p)) = event else {
+            continue;
+        };
+        let now = 0;
+        if p.topic == topics.metrics() {
+            seen.metrics
+                .push(serde_json::from_slice(&p.payload).unwrap());
+        } else if let Some(client) = topics.client_of_edge_status(&p.topic) {
+            if let Ok(status) = serde_json::from_slice::<Value>(&p.payload) {
+                if client == "site-b" {
+                    let new = status["new_samples"].as_u64().unwrap_or(0);
+                    seen.site_b_new = seen.site_b_new.max(new);
+                }
+                seen.statuses.insert(client.to_owned(), status);
+            }
+        } else if p.topic.starts_with(&topics.update("site-b")) {
+            let frame = match fedge_wire::decode(&p.payload) {
+                Ok(Message::Chunk(chunk)) => updates.push("site-b", chunk, now).ok().flatten(),
+                Ok(_) => Some(p.payload.to_vec()),
+                Err(_) => None,
+            };
+            if let Some(Ok(Message::ClientUpdate(u))) = frame.map(|f| fedge_wire::decode(&f)) {
+                seen.site_b_updates.push((u.round, u.num_samples));
+            }
+        } else if p.topic.starts_with(&topics.model_current()) && !p.payload.is_empty() {
+            let frame = match fedge_wire::decode(&p.payload) {
+                Ok(Message::Chunk(chunk)) => models.push("c", chunk, now).ok().flatten(),
+                Ok(_) => Some(p.payload.to_vec()),
+                Err(_) => None,
+            };
+            if let Some(Ok(Message::Model(release))) = frame.map(|f| fedge_wire::decode(&f)) {
+                seen.model = Some(release);
+            }
+        }
+    }
+    let _ = client.disconnect().await;
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let port = mosquitto.port();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // site-a has every class; site-b has no "3" and grows after round 1; the unseen site
+    // (60°, a domain neither trains on) only scores.
+    write_site(&root.join("site-a"), 0, &[], 500);
+    write_site(&root.join("site-b"), 2, &["3"], 200);
+    write_site(&root.join("unseen"), 4, &[], 400);
+    let coordinator = write_coordinator(root, port);
+    let http_port = fedge_coordinator::io::broker::free_loopback_addr()
+        .unwrap()
+        .port();
+    let devices = [
+        write_device(root, "site-a", port, "", "root = \"site-a\"\n"),
+        write_device(
+            root,
+            "site-b",
+            port,
+            "",
+            "root = \"site-b\"\nrescan = true\n",
+        ),
+        write_device(
+            root,
+            "unseen",
+            port,
+            "role = \"evaluate\"\n",
+            "root = \"unseen\"\n",
+        ),
+    ];
+    let watcher = tokio::spawn(watch(port, Duration::from_secs(240), |seen| {
+        // Round 1's metrics: site-b's folder grows before round 2's rescan.
+        seen.metrics.len() as u64 >= ROUNDS
+            && seen.model.as_ref().is_some_and(|m| m.round == ROUNDS)
+            && seen
+                .statuses
+                .get("unseen")
+                .is_some_and(|s| s["evaluation"]["model_round"].as_u64() == Some(ROUNDS))
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut agents: Vec<KillOnDrop> = devices
+        .iter()
+        .map(|d| spawn(&edge_binary(), &["run", "--config"], d))
+        .collect();
+    // site-b's folder grows after its agent read it at start, before round 1's rescan.
+    let before = device_status(port, "site-b").await;
+    // The first 200 images are site-b's already; the next ones are new.
+    let mut added = 0;
+    for file in write_site(&root.join("site-b-new"), 2, &["3"], 300) {
+        let to = root
+            .join("site-b")
+            .join(file.strip_prefix(root.join("site-b-new")).unwrap());
+        if !to.exists() {
+            std::fs::rename(&file, &to).unwrap();
+            added += 1;
+        }
+    }
+    let mut coordinator = spawn(
+        &common::coordinator_binary(),
+        &["run", "--config"],
+        &coordinator,
+    );
+    let seen = watcher.await.unwrap();
+    assert!(added > 0);
+    let status = coordinator.0.wait().unwrap();
+    assert!(status.success(), "coordinator: {status}");
+
+    // The released model: retained, verified, on the federation's class list.
+    let model = seen.model.as_ref().expect("a retained model/current");
+    assert_eq!(model.round, ROUNDS);
+    assert_eq!(model.classes, fedge_wire::numbered_classes(10));
+    model.verify().unwrap();
+    // The evaluation-only site's accuracy reached the metrics.
+    assert!(
+        seen.metrics
+            .iter()
+            .any(|m| m["site_accuracy"]["unseen"].is_number()),
+        "{:?}",
+        seen.metrics
+    );
+    let unseen = &seen.statuses["unseen"];
+    assert_eq!(unseen["role"], "evaluate");
+    assert!(
+        unseen["evaluation"]["accuracy"].as_f64().unwrap() > 0.2,
+        "{unseen}"
+    );
+    // site-b's updates and status follow its folder as it grows.
+    let b = &seen.site_b_updates;
+    let b_status = &seen.statuses["site-b"];
+    let (start, now) = (
+        before["samples"].as_u64().unwrap(),
+        b_status["samples"].as_u64().unwrap(),
+    );
+    assert!(
+        now > start,
+        "site-b's samples did not follow its folder: {start} -> {now}"
+    );
+    assert_eq!(
+        seen.site_b_new, added,
+        "round 1's rescan found the new images"
+    );
+    assert_eq!(
+        b_status["new_samples"], 0,
+        "later rescans found nothing new"
+    );
+    assert!(
+        b.iter().all(|(_, n)| u64::from(*n) == now),
+        "{b:?} against {now}"
+    );
+
+    use_the_model(root, &seen, http_port).await;
+    for agent in &mut agents {
+        let _ = agent.0.kill();
+    }
+}
+
+/// A device's first retained status with `online: true`.
+async fn device_status(port: u16, client: &str) -> Value {
+    let topic = Topics::new(FEDERATION).unwrap().edge_status(client);
+    let (mqtt, mut events) =
+        AsyncClient::new(MqttOptions::new("use-status", "127.0.0.1", port), 16);
+    mqtt.subscribe(&topic, QoS::AtLeastOnce).await.unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        if let Ok(Ok(Event::Incoming(Packet::Publish(p)))) =
+            tokio::time::timeout(Duration::from_secs(1), events.poll()).await
+            && let Ok(status) = serde_json::from_slice::<Value>(&p.payload)
+            && status["online"] == true
+        {
+            let _ = mqtt.disconnect().await;
+            return status;
+        }
+    }
+    panic!("{client} never came online");
+}
+
+/// Export, predict, HTTP and onnxruntime on the same images.
+async fn use_the_model(_root: &Path, _seen: &Seen, _http_port: u16) {}
+
+#[test]
+fn a_site_with_a_class_the_federation_lacks_fails_its_check_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_site(&root.join("site"), 0, &[], 60);
+    std::fs::rename(root.join("site/7"), root.join("site/wolf")).unwrap();
+    let classes: String = (0..10).map(|k| format!("{k}\n")).collect();
+    std::fs::write(root.join("classes.txt"), classes).unwrap();
+    let profile = write_device(
+        root,
+        "site",
+        1883,
+        "classes_file = \"classes.txt\"\n",
+        "root = \"site\"\n",
+    );
+    let out = Command::new(edge_binary())
+        .args(["check", "--dry-run", "--config"])
+        .arg(&profile)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("\"wolf\"") && text.contains("classes"),
+        "{text}"
+    );
+    // Without the stranger, the site passes with 9 of the 10 classes (no "7").
+    std::fs::remove_dir_all(root.join("site/wolf")).unwrap();
+    let out = Command::new(edge_binary())
+        .args(["check", "--dry-run", "--config"])
+        .arg(&profile)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("9 of the federation's 10 classes"), "{text}");
+}
