@@ -140,7 +140,8 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
             );
         }
     }
-    // The JSON examples of docs/mqtt-topics.md, in order: status, metrics, device, discovery.
+    // The JSON examples of docs/mqtt-topics.md, in order: status, metrics, a training device,
+    // an evaluation-only device, discovery.
     let text = std::fs::read_to_string(docs().join("mqtt-topics.md")).unwrap();
     let blocks: Vec<Value> = text
         .split("```json")
@@ -150,6 +151,7 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
     let schemas = [
         "coordinator-status.schema.json",
         "metrics.schema.json",
+        "edge-status.schema.json",
         "edge-status.schema.json",
         "ha-discovery.schema.json",
     ];
