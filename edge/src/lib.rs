@@ -7,8 +7,9 @@
 //!
 //! Modules, leaves first: [`data`] (local images), [`features`] (the backbone cache and
 //! [`FeatureSet`]), [`train`] (local rounds: SGD and the objectives), [`resources`], [`agent`]
-//! (the decisions as a state machine, and its MQTT driver), [`config`] (a device profile), and
-//! [`check`] (a profile's pre-flight checks).
+//! (the decisions as a state machine, and its MQTT driver), [`config`] (a device profile),
+//! [`check`] (a profile's pre-flight checks), and [`inference`] (predictions with the released
+//! head: the kept release, the predictor, the HTTP endpoint).
 //!
 //! This crate does not aggregate and does not decide who trains: the coordinator does.
 
@@ -17,6 +18,7 @@ pub mod check;
 pub mod config;
 pub mod data;
 pub mod features;
+pub mod inference;
 pub mod resources;
 pub mod train;
 
