@@ -6,9 +6,11 @@
 //! agent calls it over MQTT, so both run the same numbers.
 //!
 //! Modules, leaves first: [`data`] (local images), [`features`] (the backbone cache and
-//! [`FeatureSet`]), [`classes`] (a device's labels on the federation's class list), [`train`] (local rounds: SGD and the objectives), [`resources`], [`agent`]
-//! (the decisions as a state machine, and its MQTT driver), [`config`] (a device profile), and
-//! [`check`] (a profile's pre-flight checks).
+//! [`FeatureSet`]), [`classes`] (a device's labels on the federation's class list), [`rescan`]
+//! (a growing site folder), [`train`] (local rounds: SGD and the objectives), [`resources`],
+//! [`agent`] (the decisions as a state machine, and its MQTT driver), [`config`] (a device
+//! profile), [`check`] (a profile's pre-flight checks), and [`inference`] (predictions with the
+//! released head: the kept release, the predictor, the HTTP endpoint).
 //!
 //! This crate does not aggregate and does not decide who trains: the coordinator does.
 
@@ -18,6 +20,7 @@ pub mod classes;
 pub mod config;
 pub mod data;
 pub mod features;
+pub mod inference;
 pub mod rescan;
 pub mod resources;
 pub mod train;

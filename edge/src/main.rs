@@ -1,6 +1,7 @@
 //! `fedge-edge`: the device agent binary.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 use fedge_daemon::{LogArgs, init_logs};
@@ -37,6 +38,34 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Predict the class of image files with the federation's released head, one JSON line
+    /// per image on standard output.
+    ///
+    /// Each line holds `file`, `class`, `index`, `probability`, `top_k` (the best classes with
+    /// their probabilities), `logits` and `model_round`; an image that cannot be read gives a
+    /// line with `file` and `error`, the other images are still predicted, and the exit code is
+    /// 1. Images are decoded and resized as training images are (PNG or JPEG).
+    #[command(
+        after_help = "The model is the release the agent keeps in the profile's cache_dir \
+                      (<cache_dir>/<client_id>.model.bin), or the file given with --model, \
+                      e.g. the coordinator's state/model.bin.\n\n\
+                      Example: fedge-edge predict --config site.toml --top-k 2 a.png b.jpg"
+    )]
+    Predict {
+        /// Device profile TOML (its backbone, cache_dir and client_id are used).
+        #[arg(long)]
+        config: PathBuf,
+        /// Model file (a released head, e.g. the coordinator's state/model.bin) instead of the
+        /// one the agent kept.
+        #[arg(long, value_name = "FILE")]
+        model: Option<PathBuf>,
+        /// Best classes listed per image (at most all of them).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        top_k: u64,
+        /// PNG or JPEG files.
+        #[arg(required = true, value_name = "IMAGE")]
+        images: Vec<PathBuf>,
+    },
     /// Print a systemd unit that runs this profile, with the memory limits of its
     /// `[resources] memory_budget_mb` (see deploy/fedge-edge.service and docs/deploy.md).
     Unit {
@@ -70,6 +99,17 @@ fn main() -> anyhow::Result<()> {
             }
             println!("{}: ready", config.display());
         }
+        Command::Predict {
+            config,
+            model,
+            top_k,
+            images,
+        } => {
+            let top_k = usize::try_from(top_k).unwrap_or(usize::MAX);
+            if !predict(&config, model.as_deref(), top_k, &images)? {
+                std::process::exit(1);
+            }
+        }
         Command::Unit { config } => {
             let profile = EdgeConfig::load(&config)?;
             let path = std::path::absolute(&config)?;
@@ -84,6 +124,74 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// One line of `fedge-edge predict`'s output.
+#[derive(serde::Serialize)]
+struct Predicted<'a> {
+    file: &'a Path,
+    #[serde(flatten)]
+    prediction: fedge_edge::inference::Prediction,
+}
+
+/// `fedge-edge predict`: one JSON line per image; false when an image could not be predicted.
+fn predict(
+    profile: &Path,
+    model: Option<&Path>,
+    top_k: usize,
+    images: &[PathBuf],
+) -> anyhow::Result<bool> {
+    use anyhow::Context;
+    use fedge_edge::inference::{Predictor, store};
+
+    let config = EdgeConfig::load(profile)?;
+    let model_path = match model {
+        Some(path) => path.to_owned(),
+        None => {
+            let Some(cache_dir) = &config.cache_dir else {
+                anyhow::bail!(
+                    "{} has no cache_dir, where the agent keeps the released model: set one and \
+                     run the agent until a round aggregates, or pass --model state/model.bin \
+                     from the coordinator's state folder",
+                    profile.display()
+                );
+            };
+            store::model_path(cache_dir, &config.client_id)
+        }
+    };
+    let Some(release) = store::load(&model_path)? else {
+        anyhow::bail!(
+            "no model at {}: {}",
+            model_path.display(),
+            if model.is_some() {
+                "give the coordinator's state/model.bin (written after each aggregated round)"
+            } else {
+                "no release has been received yet; run the agent (`fedge-edge run`) until a \
+                 round aggregates, or pass --model state/model.bin from the coordinator's state \
+                 folder"
+            }
+        );
+    };
+    let (backbone, _) = fedge_edge::features::load_backbone(&config.backbone)
+        .with_context(|| format!("loading the backbone {}", config.backbone.display()))?;
+    let predictor = Predictor::new(std::sync::Arc::new(backbone), release)
+        .with_context(|| format!("using {}", model_path.display()))?;
+    let mut all_ok = true;
+    let mut out = std::io::stdout().lock();
+    for image in images {
+        let line = match predictor.predict_file(image, top_k) {
+            Ok(prediction) => serde_json::to_string(&Predicted {
+                file: image,
+                prediction,
+            })?,
+            Err(e) => {
+                all_ok = false;
+                serde_json::json!({ "file": image, "error": e.to_string() }).to_string()
+            }
+        };
+        writeln!(out, "{line}")?;
+    }
+    Ok(all_ok)
 }
 
 /// The agent until Ctrl-C.

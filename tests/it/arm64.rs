@@ -62,6 +62,8 @@ async fn the_arm64_edge_binary_trains_a_round_under_qemu() {
             min_clients: 1,
             min_updates: 1,
             round_timeout_ms: 600_000,
+            // The digits' classes: a device refuses a task whose list lacks one of its own.
+            classes: fedge_wire::numbered_classes(10),
             ..RoundConfig::default()
         },
         Box::new(FedAvg),

@@ -19,6 +19,7 @@ mod efficientnet;
 mod federation;
 mod fleet;
 mod hostile;
+mod inference;
 mod objectives;
 mod profiles;
 mod restart;

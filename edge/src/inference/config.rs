@@ -1,0 +1,126 @@
+//! `[inference]` in a device profile: whether and where the device answers predictions over
+//! HTTP, and the endpoint's defaults.
+
+use serde::{Deserialize, Serialize};
+
+/// Default number of best classes in an answer.
+pub const DEFAULT_TOP_K: usize = 3;
+/// Default largest request body, in MiB.
+pub const DEFAULT_MAX_BODY_MB: usize = 16;
+/// Largest `max_body_mb` accepted.
+pub const MAX_BODY_MB_LIMIT: usize = 1024;
+
+/// The inference endpoint's settings.
+///
+/// The endpoint has no authentication and no TLS: anyone who can reach `listen` can ask for
+/// predictions and read the model's class list. Keep it on loopback (`127.0.0.1:PORT`) unless
+/// the network in front of the device is trusted, or put an authenticating proxy before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferenceConfig {
+    /// Address to listen on, e.g. `"127.0.0.1:8085"`; none (the default) runs no server.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// Best classes listed in an answer when the request does not say (`?top_k=N`).
+    #[serde(default = "default_top_k")]
+    pub top_k: usize,
+    /// Largest request body (the image), in MiB; a larger one is refused with 413.
+    #[serde(default = "default_max_body_mb")]
+    pub max_body_mb: usize,
+}
+
+fn default_top_k() -> usize {
+    DEFAULT_TOP_K
+}
+
+fn default_max_body_mb() -> usize {
+    DEFAULT_MAX_BODY_MB
+}
+
+impl Default for InferenceConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            top_k: DEFAULT_TOP_K,
+            max_body_mb: DEFAULT_MAX_BODY_MB,
+        }
+    }
+}
+
+/// An `[inference]` section that cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidInference {
+    /// `top_k = 0`.
+    #[error("[inference] top_k must be at least 1")]
+    TopK,
+    /// `max_body_mb` out of range.
+    #[error("[inference] max_body_mb = {0}: give 1 to {MAX_BODY_MB_LIMIT} (MiB)")]
+    MaxBody(usize),
+    /// `listen` is not `HOST:PORT`.
+    #[error("[inference] listen = {0:?}: give HOST:PORT, e.g. \"127.0.0.1:8085\"")]
+    Listen(String),
+}
+
+impl InferenceConfig {
+    /// Checks the values without touching the network (`listen` must end in `:PORT`).
+    pub fn check(&self) -> Result<(), InvalidInference> {
+        if self.top_k == 0 {
+            return Err(InvalidInference::TopK);
+        }
+        if !(1..=MAX_BODY_MB_LIMIT).contains(&self.max_body_mb) {
+            return Err(InvalidInference::MaxBody(self.max_body_mb));
+        }
+        if let Some(listen) = &self.listen {
+            let port = listen
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
+            if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+                return Err(InvalidInference::Listen(listen.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The body limit in bytes.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_mb.saturating_mul(1 << 20)
+    }
+
+    /// Binds `listen`, or returns `None` when the profile asks for no server.
+    pub async fn bind(&self) -> std::io::Result<Option<tokio::net::TcpListener>> {
+        match &self.listen {
+            Some(addr) => tokio::net::TcpListener::bind(addr.as_str()).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_checks() {
+        let config: InferenceConfig = toml::from_str("").unwrap();
+        assert_eq!(config, InferenceConfig::default());
+        assert_eq!(config.check(), Ok(()));
+        assert_eq!(config.max_body_bytes(), 16 << 20);
+        let config: InferenceConfig =
+            toml::from_str("listen = \"127.0.0.1:8085\"\ntop_k = 5").unwrap();
+        assert_eq!(config.check(), Ok(()));
+        assert!(toml::from_str::<InferenceConfig>("port = 1").is_err());
+        let bad = |text: &str| toml::from_str::<InferenceConfig>(text).unwrap().check();
+        assert_eq!(bad("top_k = 0"), Err(InvalidInference::TopK));
+        assert_eq!(bad("max_body_mb = 0"), Err(InvalidInference::MaxBody(0)));
+        for listen in ["8085", ":8085", "host:port", "[::1]"] {
+            assert!(
+                matches!(
+                    bad(&format!("listen = {listen:?}")),
+                    Err(InvalidInference::Listen(_))
+                ),
+                "{listen}"
+            );
+        }
+        assert_eq!(bad("listen = \"[::1]:8085\""), Ok(()));
+    }
+}

@@ -1,0 +1,252 @@
+//! The device's inference endpoint (HTTP/1.1, axum):
+//!
+//! - `POST /v1/predict[?top_k=N]`: the body is a PNG or JPEG file's bytes; the answer is the
+//!   prediction as JSON (`class`, `index`, `probability`, `top_k`, `logits`, `model_round`).
+//! - `GET /v1/model`: the release in use (federation, run, round, strategy, backbone, sha256,
+//!   classes, head sizes).
+//! - `GET /healthz`: `200 ok`, and whether a model is loaded.
+//!
+//! Errors are JSON `{"error": "..."}`: 400 for an empty body, something that is not a PNG or
+//! JPEG or a bad `top_k`, 413 for a body over the limit, 422 for an image whose dimensions are
+//! over the limit, 503 until the first release has been received.
+//!
+//! There is no authentication and no TLS: listen on loopback unless the network in front of
+//! the device is trusted. Predictions run on tokio's blocking pool, never on the runtime's
+//! workers; a new release replaces the predictor atomically ([`install`]), and a request
+//! already running finishes with the one it started with.
+
+use std::io;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+
+use super::config::InferenceConfig;
+use super::predictor::{PredictError, Predictor};
+
+/// The predictor requests use: `None` until the first release arrives; replaced whole when a
+/// new one does.
+pub type SharedPredictor = Arc<RwLock<Option<Arc<Predictor>>>>;
+
+/// A shared slot holding `predictor`.
+pub fn shared(predictor: Option<Predictor>) -> SharedPredictor {
+    Arc::new(RwLock::new(predictor.map(Arc::new)))
+}
+
+/// Puts `predictor` in the slot; requests started before keep the previous one.
+pub fn install(state: &SharedPredictor, predictor: Predictor) {
+    let mut slot = state.write().unwrap_or_else(|e| e.into_inner());
+    *slot = Some(Arc::new(predictor));
+}
+
+/// The predictor in the slot now.
+pub fn current(state: &SharedPredictor) -> Option<Arc<Predictor>> {
+    state.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+#[derive(Clone)]
+struct AppState {
+    predictor: SharedPredictor,
+    top_k: usize,
+}
+
+/// `GET /v1/model`'s answer.
+#[derive(Debug, Serialize)]
+struct ModelInfo<'a> {
+    federation: &'a str,
+    run: u64,
+    round: u64,
+    strategy: &'a str,
+    backbone: &'a str,
+    sha256: String,
+    classes: &'a [String],
+    features: usize,
+    hidden: usize,
+}
+
+/// The endpoint's routes over `state`, with `config`'s default `top_k` and body limit.
+pub fn router(state: SharedPredictor, config: &InferenceConfig) -> Router {
+    let app = AppState {
+        predictor: state,
+        top_k: config.top_k.max(1),
+    };
+    Router::new()
+        .route("/v1/predict", post(predict))
+        .route("/v1/model", get(model))
+        .route("/healthz", get(healthz))
+        .layer(DefaultBodyLimit::max(config.max_body_bytes()))
+        .with_state(app)
+}
+
+/// Serves the endpoint on `listener` with the default settings until `stop` becomes true (or
+/// its sender is dropped), then lets requests in flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: SharedPredictor,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> io::Result<()> {
+    serve_with(listener, state, &InferenceConfig::default(), stop).await
+}
+
+/// [`serve`] with `config`'s default `top_k` and body limit (`listen` is the caller's).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: SharedPredictor,
+    config: &InferenceConfig,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "inference endpoint listening");
+    }
+    axum::serve(listener, router(state, config))
+        .with_graceful_shutdown(async move {
+            // A dropped sender stops the server too: nothing could stop it later.
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        })
+        .await
+}
+
+/// `{"error": message}` with `status`.
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    #[derive(Serialize)]
+    struct Body {
+        error: String,
+    }
+    (
+        status,
+        Json(Body {
+            error: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+fn no_model() -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no model has been received yet: the device serves predictions once the coordinator \
+         has released a head (after the first aggregated round)",
+    )
+}
+
+/// `top_k` from the query string, or `default`.
+fn top_k_of(query: Option<&str>, default: usize) -> Result<usize, String> {
+    let mut top_k = default;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key == "top_k" {
+            top_k = match value.parse::<usize>() {
+                Ok(k) if k >= 1 => k,
+                _ => return Err(format!("top_k={value:?}: give a whole number, 1 or more")),
+            };
+        }
+    }
+    Ok(top_k)
+}
+
+async fn predict(
+    State(app): State<AppState>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the body is larger than the endpoint's limit ([inference] max_body_mb): send a \
+                 smaller image",
+            );
+        }
+        Err(rejection) => return error(rejection.status(), rejection.body_text()),
+    };
+    let top_k = match top_k_of(query.as_deref(), app.top_k) {
+        Ok(k) => k,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let Some(predictor) = current(&app.predictor) else {
+        return no_model();
+    };
+    let started = Instant::now();
+    let answer = tokio::task::spawn_blocking(move || predictor.predict_bytes(&body, top_k)).await;
+    match answer {
+        Ok(Ok(prediction)) => {
+            tracing::debug!(
+                class = %prediction.class,
+                round = prediction.model_round,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "prediction"
+            );
+            Json(prediction).into_response()
+        }
+        Ok(Err(e)) => {
+            let status = match e {
+                PredictError::Empty | PredictError::NotAnImage(_) => StatusCode::BAD_REQUEST,
+                PredictError::TooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                PredictError::Read { .. } | PredictError::Backbone(_) => {
+                    tracing::warn!(error = %e, "prediction failed");
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            };
+            error(status, e.to_string())
+        }
+        Err(join) => {
+            tracing::error!(error = %join, "prediction task failed");
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the prediction failed inside the device; see its log",
+            )
+        }
+    }
+}
+
+async fn model(State(app): State<AppState>) -> Response {
+    let Some(predictor) = current(&app.predictor) else {
+        return no_model();
+    };
+    let release = predictor.release();
+    Json(ModelInfo {
+        federation: &release.federation,
+        run: release.run,
+        round: release.round,
+        strategy: &release.strategy,
+        backbone: &release.backbone,
+        sha256: release.sha256_hex(),
+        classes: &release.classes,
+        features: release.head.features,
+        hidden: release.head.hidden,
+    })
+    .into_response()
+}
+
+async fn healthz(State(app): State<AppState>) -> Response {
+    let body = match current(&app.predictor) {
+        Some(predictor) => format!("ok\nmodel: round {}\n", predictor.release().round),
+        None => "ok\nmodel: none received yet\n".to_owned(),
+    };
+    (StatusCode::OK, body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_comes_from_the_query_or_the_default() {
+        assert_eq!(top_k_of(None, 3), Ok(3));
+        assert_eq!(top_k_of(Some(""), 3), Ok(3));
+        assert_eq!(top_k_of(Some("top_k=5"), 3), Ok(5));
+        assert_eq!(top_k_of(Some("x=1&top_k=1"), 3), Ok(1));
+        assert!(top_k_of(Some("top_k=0"), 3).is_err());
+        assert!(top_k_of(Some("top_k=-1"), 3).is_err());
+        assert!(top_k_of(Some("top_k"), 3).is_err());
+    }
+}

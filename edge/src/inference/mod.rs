@@ -1,0 +1,19 @@
+//! Predictions on the device with the federation's released head.
+//!
+//! The coordinator releases the global head after every aggregation (`fedge_wire::ModelRelease`
+//! on `model/current`). A device keeps the last release it verified ([`store`]), runs it over
+//! its frozen backbone ([`predictor`]: images decoded and resized as training data is), and can
+//! answer over HTTP ([`http`], configured by `[inference]`, [`config`]). `fedge-edge predict`
+//! runs the same predictor on files.
+//!
+//! Modules, leaves first: [`config`], [`store`], [`predictor`], [`http`].
+
+pub mod config;
+pub mod http;
+pub mod predictor;
+pub mod store;
+
+pub use config::InferenceConfig;
+pub use http::{SharedPredictor, serve, serve_with};
+pub use predictor::{ClassScore, ImageLimits, PredictError, Prediction, Predictor, PredictorError};
+pub use store::StoreError;

@@ -1,0 +1,570 @@
+//! Predictions of the released head on single images: the image is decoded and resized the
+//! way training data is (`crate::data::decode`), passed through the frozen backbone, then the
+//! head runs in plain f32.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fedge_models::{Backbone, BackboneError, HeadConfig};
+use fedge_wire::{InvalidRelease, ModelRelease};
+use serde::Serialize;
+
+use crate::data::decode::{decode_bytes, to_chw};
+
+/// The raw value of a fully-on 8-bit pixel, the scale image files are decoded to (as
+/// ImageFolder training data is).
+const RAW_MAX: f32 = 255.0;
+
+/// Largest image a predictor decodes, checked on the header before any pixel is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageLimits {
+    /// Largest width and largest height, in pixels.
+    pub max_side: u32,
+    /// Largest width × height.
+    pub max_pixels: u64,
+}
+
+impl Default for ImageLimits {
+    /// 8192 pixels a side, 64 Mpixel.
+    fn default() -> Self {
+        Self {
+            max_side: 8192,
+            max_pixels: 64 << 20,
+        }
+    }
+}
+
+/// A release that cannot be used with this backbone.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictorError {
+    /// The release does not verify.
+    #[error("the model release does not verify: {0}")]
+    Release(#[from] InvalidRelease),
+    /// The head's input size is not the backbone's feature size.
+    #[error(
+        "the model's head takes {head} features but the backbone {card:?} gives {card_features}: \
+         point the profile's `backbone` at the card the federation trains with"
+    )]
+    Features {
+        /// The card's name.
+        card: String,
+        /// The card's `feature_size`.
+        card_features: usize,
+        /// The head's `features`.
+        head: usize,
+    },
+    /// The release names another backbone.
+    #[error(
+        "the model was trained on backbone {release:?} but this device runs {card:?}: point the \
+         profile's `backbone` at the {release:?} card"
+    )]
+    Backbone {
+        /// The card's name.
+        card: String,
+        /// The release's backbone.
+        release: String,
+    },
+}
+
+/// An image that cannot be predicted.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictError {
+    /// No bytes at all.
+    #[error("the image is empty: send the bytes of a PNG or JPEG file")]
+    Empty,
+    /// Not a PNG or JPEG, or a damaged one.
+    #[error("not a readable PNG or JPEG image ({0}): send the bytes of a PNG or JPEG file")]
+    NotAnImage(String),
+    /// The header declares more pixels than the limits allow.
+    #[error(
+        "the image is {width}x{height} pixels, larger than allowed ({max_side} a side, \
+         {max_pixels} pixels): send a smaller image"
+    )]
+    TooLarge {
+        /// Declared width.
+        width: u32,
+        /// Declared height.
+        height: u32,
+        /// The limit on each side.
+        max_side: u32,
+        /// The limit on width × height.
+        max_pixels: u64,
+    },
+    /// A file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The backbone failed.
+    #[error(transparent)]
+    Backbone(#[from] BackboneError),
+}
+
+/// One class and its probability.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassScore {
+    /// Class name.
+    pub class: String,
+    /// Softmax probability.
+    pub probability: f32,
+}
+
+/// The head's answer for one image.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prediction {
+    /// The most likely class's name.
+    pub class: String,
+    /// Its index in the release's class list.
+    pub index: usize,
+    /// Its softmax probability.
+    pub probability: f32,
+    /// The best classes, most likely first.
+    pub top_k: Vec<ClassScore>,
+    /// The head's outputs, one per class, in the release's class order.
+    pub logits: Vec<f32>,
+    /// The round of the release that answered.
+    pub model_round: u64,
+}
+
+/// The released head over the device's backbone.
+#[derive(Debug)]
+pub struct Predictor {
+    backbone: Arc<Backbone>,
+    release: ModelRelease,
+    /// The verified flat parameters.
+    params: Vec<f32>,
+    limits: ImageLimits,
+}
+
+impl Predictor {
+    /// Verifies `release` and checks that it fits `backbone`: the head's input is the card's
+    /// feature size, and the backbone names agree when both are known.
+    pub fn new(backbone: Arc<Backbone>, release: ModelRelease) -> Result<Self, PredictorError> {
+        let params = release.verify()?;
+        let card = backbone.card();
+        if release.head.features != card.feature_size {
+            return Err(PredictorError::Features {
+                card: card.name.clone(),
+                card_features: card.feature_size,
+                head: release.head.features,
+            });
+        }
+        if !card.name.is_empty() && !release.backbone.is_empty() && card.name != release.backbone {
+            return Err(PredictorError::Backbone {
+                card: card.name.clone(),
+                release: release.backbone.clone(),
+            });
+        }
+        Ok(Self {
+            backbone,
+            release,
+            params,
+            limits: ImageLimits::default(),
+        })
+    }
+
+    /// The same predictor with other image limits.
+    pub fn with_limits(mut self, limits: ImageLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The release it answers with.
+    pub fn release(&self) -> &ModelRelease {
+        &self.release
+    }
+
+    /// The backbone it runs.
+    pub fn backbone(&self) -> &Backbone {
+        &self.backbone
+    }
+
+    /// Predicts a PNG or JPEG held in memory, listing the `top_k` best classes (at most all).
+    pub fn predict_bytes(&self, bytes: &[u8], top_k: usize) -> Result<Prediction, PredictError> {
+        if bytes.is_empty() {
+            return Err(PredictError::Empty);
+        }
+        self.check_dimensions(bytes)?;
+        let image = decode_bytes(bytes).map_err(|e| PredictError::NotAnImage(e.to_string()))?;
+        let card = self.backbone.card();
+        let (c, h, w) = (card.channels, card.height, card.width);
+        let (Ok(h32), Ok(w32)) = (u32::try_from(h), u32::try_from(w)) else {
+            return Err(PredictError::NotAnImage(format!(
+                "the card's input {h}x{w} is too large"
+            )));
+        };
+        let chw = to_chw(image, c, h32, w32);
+        let features = self.backbone.features_of(&chw, (c, h, w), RAW_MAX, 1)?;
+        Ok(self.predict_features(&features, top_k))
+    }
+
+    /// Reads and predicts an image file.
+    pub fn predict_file(&self, path: &Path, top_k: usize) -> Result<Prediction, PredictError> {
+        let bytes = std::fs::read(path).map_err(|source| PredictError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.predict_bytes(&bytes, top_k)
+    }
+
+    /// The head's answer for one image's backbone features (`F` values).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `features` does not hold the head's `F` values.
+    pub fn predict_features(&self, features: &[f32], top_k: usize) -> Prediction {
+        assert_eq!(
+            features.len(),
+            self.release.head.features,
+            "one image's features"
+        );
+        let logits = logits(&self.release.head, &self.params, features);
+        let probabilities = softmax(&logits);
+        let index = fedge_models::head::argmax(&logits);
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        // Stable: equal probabilities keep the class order, so the first is `index`.
+        order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
+        let classes = &self.release.classes;
+        Prediction {
+            class: classes[index].clone(),
+            index,
+            probability: probabilities[index],
+            top_k: order
+                .into_iter()
+                .take(top_k)
+                .map(|k| ClassScore {
+                    class: classes[k].clone(),
+                    probability: probabilities[k],
+                })
+                .collect(),
+            logits,
+            model_round: self.release.round,
+        }
+    }
+
+    /// Refuses images whose header declares more pixels than the limits, before decoding.
+    fn check_dimensions(&self, bytes: &[u8]) -> Result<(), PredictError> {
+        let (width, height) = image::ImageReader::new(std::io::Cursor::new(bytes))
+            .with_guessed_format()
+            .map_err(|e| PredictError::NotAnImage(e.to_string()))?
+            .into_dimensions()
+            .map_err(|e| PredictError::NotAnImage(e.to_string()))?;
+        let limits = self.limits;
+        if width > limits.max_side
+            || height > limits.max_side
+            || u64::from(width) * u64::from(height) > limits.max_pixels
+        {
+            return Err(PredictError::TooLarge {
+                width,
+                height,
+                max_side: limits.max_side,
+                max_pixels: limits.max_pixels,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The head's logits for one feature vector, `ReLU(x·W1 + b1)·W + b`, in the order of
+/// `fedge_models::head::predict_flat` (the same sums, so the same winner).
+fn logits(config: &HeadConfig, flat: &[f32], x: &[f32]) -> Vec<f32> {
+    let (f, h, k) = (config.features, config.hidden, config.classes);
+    let (w1, rest) = flat.split_at(f * h);
+    let (b1, rest) = rest.split_at(h);
+    let (w, b) = rest.split_at(h * k);
+    let mut z = b1.to_vec();
+    for (xi, row) in x.iter().zip(w1.chunks_exact(h)) {
+        if *xi != 0.0 {
+            for (zj, wij) in z.iter_mut().zip(row) {
+                *zj += xi * wij;
+            }
+        }
+    }
+    let mut out = b.to_vec();
+    for (zj, row) in z.iter().zip(w.chunks_exact(k)) {
+        let zj = zj.max(0.0);
+        for (ok, wjk) in out.iter_mut().zip(row) {
+            *ok += zj * wjk;
+        }
+    }
+    out
+}
+
+/// Softmax, shifted by the largest logit so that no exponential overflows.
+fn softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use burn::prelude::{Tensor, TensorData};
+    use fedge_wire::TensorF32;
+    use image::{GrayImage, ImageFormat};
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::data::digits_domains;
+
+    fn backbone() -> Arc<Backbone> {
+        let card = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/assets/digits-conv.toml");
+        Arc::new(crate::features::load_backbone(&card).unwrap().0)
+    }
+
+    fn release_of(head: HeadConfig, params: Vec<f32>, backbone: &str) -> ModelRelease {
+        ModelRelease {
+            federation: "digits".into(),
+            run: 1,
+            round: 7,
+            strategy: "fedavg".into(),
+            classes: (0..head.classes).map(|k| format!("digit-{k}")).collect(),
+            backbone: backbone.into(),
+            sha256: ModelRelease::digest(&params),
+            params: TensorF32::from_slice(&params),
+            head,
+        }
+    }
+
+    /// Encodes a digits image (8x8, 0..=16) as an 8-bit grayscale file.
+    fn encode_digit(raw: &[f32], format: ImageFormat) -> Vec<u8> {
+        let pixels = raw
+            .iter()
+            .map(|v| (v * 255.0 / 16.0).round() as u8)
+            .collect();
+        let image = GrayImage::from_raw(8, 8, pixels).unwrap();
+        let mut out = Cursor::new(Vec::new());
+        image.write_to(&mut out, format).unwrap();
+        out.into_inner()
+    }
+
+    /// A nearest-class-mean head over the backbone's features of `set`: `W1 = I`, and class
+    /// `k`'s logit `z·μ_k - |μ_k|²/2`, the largest for the closest mean.
+    fn centroid_head(backbone: &Backbone, set: &crate::data::ImageSet) -> (HeadConfig, Vec<f32>) {
+        let f = backbone.card().feature_size;
+        let features = backbone
+            .features_of(&set.images, (1, 8, 8), set.raw_max, 64)
+            .unwrap();
+        let k = set.class_names.len();
+        let mut means = vec![0f32; k * f];
+        let mut counts = vec![0f32; k];
+        for (x, &label) in features.chunks_exact(f).zip(&set.labels) {
+            let label = label as usize;
+            counts[label] += 1.0;
+            for (m, v) in means[label * f..(label + 1) * f].iter_mut().zip(x) {
+                *m += v.max(0.0);
+            }
+        }
+        for (mean, count) in means.chunks_exact_mut(f).zip(&counts) {
+            mean.iter_mut().for_each(|m| *m /= count.max(1.0));
+        }
+        let head = HeadConfig::new(f, k).with_hidden(f);
+        let mut params = vec![0f32; head.num_params()];
+        for j in 0..f {
+            params[j * f + j] = 1.0;
+        }
+        let w_start = f * f + f;
+        for j in 0..f {
+            for c in 0..k {
+                params[w_start + j * k + c] = means[c * f + j];
+            }
+        }
+        for c in 0..k {
+            let norm: f32 = means[c * f..(c + 1) * f].iter().map(|m| m * m).sum();
+            params[w_start + f * k + c] = -0.5 * norm;
+        }
+        (head, params)
+    }
+
+    #[test]
+    fn a_digit_image_gets_its_class() {
+        let backbone = backbone();
+        let set = digits_domains(&[0.0], 3).remove(0).data;
+        let (head, params) = centroid_head(&backbone, &set);
+        let predictor = Predictor::new(
+            Arc::clone(&backbone),
+            release_of(head.clone(), params.clone(), ""),
+        )
+        .unwrap();
+        let image_len = 64;
+        let (mut right, mut total) = (0, 0);
+        for (raw, &label) in set.images.chunks_exact(image_len).zip(&set.labels).take(60) {
+            let png = encode_digit(raw, ImageFormat::Png);
+            let p = predictor.predict_bytes(&png, 3).unwrap();
+            assert_eq!(p.logits.len(), 10);
+            assert_eq!(p.class, format!("digit-{}", p.index));
+            assert_eq!(p.model_round, 7);
+            assert_eq!(p.top_k.len(), 3);
+            assert_eq!(p.top_k[0].class, p.class);
+            assert!(
+                p.top_k
+                    .windows(2)
+                    .all(|w| w[0].probability >= w[1].probability)
+            );
+            let sum: f32 = softmax(&p.logits).iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5 && p.probability > 0.0 && p.probability <= 1.0);
+            // The same winner as the plain-f32 evaluation the trainer uses.
+            let chw = to_chw(decode_bytes(&png).unwrap(), 1, 8, 8);
+            let x = backbone.features_of(&chw, (1, 8, 8), 255.0, 1).unwrap();
+            let flat = fedge_models::head::predict_flat(&head, &params, &x).unwrap();
+            assert_eq!(flat, vec![p.index]);
+            right += usize::from(p.index == label as usize);
+            total += 1;
+        }
+        // Nearest class mean on these features: 53 of the 60 (seed 3).
+        assert!(right * 10 >= total * 8, "{right} of {total} digits right");
+
+        // A JPEG of a digit is read too, and all classes can be asked for.
+        let jpeg = encode_digit(&set.images[..image_len], ImageFormat::Jpeg);
+        let p = predictor.predict_bytes(&jpeg, 99).unwrap();
+        assert_eq!(p.top_k.len(), 10);
+        assert_eq!(predictor.predict_bytes(&jpeg, 1).unwrap().top_k.len(), 1);
+    }
+
+    #[test]
+    fn releases_that_do_not_fit_the_backbone_are_refused() {
+        let backbone = backbone();
+        let head = HeadConfig::new(512, 3).with_hidden(4);
+        let params = head.init_flat(1);
+        assert!(
+            Predictor::new(
+                Arc::clone(&backbone),
+                release_of(head.clone(), params.clone(), "digits-conv")
+            )
+            .is_ok()
+        );
+        let err = Predictor::new(
+            Arc::clone(&backbone),
+            release_of(head.clone(), params.clone(), "efficientnet-lite0"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, PredictorError::Backbone { .. }), "{err}");
+        assert!(err.to_string().contains("efficientnet-lite0"), "{err}");
+        let small = HeadConfig::new(16, 3).with_hidden(4);
+        let err = Predictor::new(
+            Arc::clone(&backbone),
+            release_of(small.clone(), small.init_flat(1), ""),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PredictorError::Features {
+                    head: 16,
+                    card_features: 512,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let mut tampered = release_of(head, params, "");
+        tampered.round += 1;
+        tampered.sha256[0] ^= 1;
+        let err = Predictor::new(backbone, tampered).unwrap_err();
+        assert!(
+            matches!(err, PredictorError::Release(InvalidRelease::Digest)),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_bytes_are_typed_errors_never_panics() {
+        let head = HeadConfig::new(512, 3).with_hidden(4);
+        let predictor =
+            Predictor::new(backbone(), release_of(head.clone(), head.init_flat(2), "")).unwrap();
+        assert!(matches!(
+            predictor.predict_bytes(&[], 3),
+            Err(PredictError::Empty)
+        ));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let png = encode_digit(&[8.0; 64], ImageFormat::Png);
+        let jpeg = encode_digit(&[8.0; 64], ImageFormat::Jpeg);
+        for round in 0..300 {
+            let len = rng.random_range(1..2048);
+            let mut bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            // Some with a real signature, so the decoders, not the guesser, see the garbage.
+            match round % 3 {
+                1 => bytes.splice(0..0, png[..16].iter().copied()).for_each(drop),
+                2 => bytes.splice(0..0, jpeg[..4].iter().copied()).for_each(drop),
+                _ => {}
+            }
+            match predictor.predict_bytes(&bytes, 3) {
+                Err(PredictError::NotAnImage(_) | PredictError::TooLarge { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        for file in [&png, &jpeg] {
+            for cut in [1, 8, 20, 33, file.len() / 2] {
+                let err = predictor.predict_bytes(&file[..cut], 3).unwrap_err();
+                assert!(
+                    matches!(err, PredictError::NotAnImage(_)),
+                    "cut at {cut}: {err:?}"
+                );
+                assert!(err.to_string().contains("PNG or JPEG"), "{err}");
+            }
+            // Cut in the trailer: the pixels are all there, a decoder may accept it or not.
+            for cut in [file.len() - 13, file.len() - 1] {
+                let answer = predictor.predict_bytes(&file[..cut], 3);
+                assert!(matches!(answer, Ok(_) | Err(PredictError::NotAnImage(_))));
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_images_are_refused_before_decoding() {
+        let head = HeadConfig::new(512, 3).with_hidden(4);
+        let predictor =
+            Predictor::new(backbone(), release_of(head.clone(), head.init_flat(2), "")).unwrap();
+        for format in [ImageFormat::Png, ImageFormat::Jpeg] {
+            let mut wide = Cursor::new(Vec::new());
+            GrayImage::new(9000, 1).write_to(&mut wide, format).unwrap();
+            let err = predictor.predict_bytes(wide.get_ref(), 3).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    PredictError::TooLarge {
+                        width: 9000,
+                        height: 1,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+        let small = predictor.with_limits(ImageLimits {
+            max_side: 100,
+            max_pixels: 63,
+        });
+        let digit = encode_digit(&[4.0; 64], ImageFormat::Png);
+        assert!(matches!(
+            small.predict_bytes(&digit, 3),
+            Err(PredictError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn logits_match_burns_head() {
+        let device = fedge_models::training_device(fedge_models::Backend::Flex);
+        let head = HeadConfig::new(6, 4).with_hidden(5);
+        let params = head.init_flat(5);
+        let x = [0.5f32, -1.0, 0.0, 2.0, 0.25, -0.75];
+        let burn_head = fedge_models::HeadModules::from_flat(&head, &params, &device).unwrap();
+        let input = Tensor::<2>::from_data(TensorData::new(x.to_vec(), [1, 6]), &device);
+        let expected: Vec<f32> = burn_head
+            .forward(input)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let got = logits(&head, &params, &x);
+        for (a, b) in got.iter().zip(&expected) {
+            assert!((a - b).abs() < 1e-5, "{got:?} vs {expected:?}");
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Predictions on the device: the inference endpoint over real HTTP (ureq, a blocking client
+//! on the test's thread, the server on a runtime of its own) must answer exactly what
+//! `Predictor::predict_bytes` answers. (`fedge-edge predict` is tested in `edge/tests/`, where
+//! cargo builds the binary for the test.)
+
+use std::io::Cursor;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fedge_edge::inference::http::{SharedPredictor, install, serve, shared};
+use fedge_edge::inference::{Prediction, Predictor};
+use fedge_models::{Backbone, HeadConfig};
+use fedge_wire::{ModelRelease, TensorF32};
+use serde_json::Value;
+
+use crate::common;
+
+fn backbone() -> Arc<Backbone> {
+    let card = common::repo_root().join("models/assets/digits-conv.toml");
+    Arc::new(fedge_edge::features::load_backbone(&card).unwrap().0)
+}
+
+fn release(round: u64) -> ModelRelease {
+    let head = HeadConfig::new(512, 10).with_hidden(16);
+    let params = head.init_flat(round);
+    ModelRelease {
+        federation: "demo".into(),
+        run: 3,
+        round,
+        strategy: "fedavg".into(),
+        classes: (0..10).map(|k| format!("digit-{k}")).collect(),
+        backbone: "digits-conv".into(),
+        sha256: ModelRelease::digest(&params),
+        params: TensorF32::from_slice(&params),
+        head,
+    }
+}
+
+/// Digit `index` of the built-in set as an 8-bit grayscale PNG.
+fn digit_png(index: usize) -> Vec<u8> {
+    let set = fedge_edge::data::digits_domains(&[0.0], 1).remove(0).data;
+    let raw = &set.images[index * 64..(index + 1) * 64];
+    let pixels = raw
+        .iter()
+        .map(|v| (v * 255.0 / 16.0).round() as u8)
+        .collect();
+    let mut out = Cursor::new(Vec::new());
+    image::GrayImage::from_raw(8, 8, pixels)
+        .unwrap()
+        .write_to(&mut out, image::ImageFormat::Png)
+        .unwrap();
+    out.into_inner()
+}
+
+/// Checks a JSON prediction against the predictor's own, logits within 1e-6.
+fn assert_same(json: &Value, expected: &Prediction) {
+    assert_eq!(json["class"], expected.class.as_str(), "{json}");
+    assert_eq!(json["index"], expected.index, "{json}");
+    assert_eq!(json["model_round"], expected.model_round, "{json}");
+    let logits: Vec<f64> = json["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(logits.len(), expected.logits.len());
+    for (got, want) in logits.iter().zip(&expected.logits) {
+        assert!((got - f64::from(*want)).abs() <= 1e-6, "{json}");
+    }
+    let top: Vec<&str> = json["top_k"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["class"].as_str().unwrap())
+        .collect();
+    let want: Vec<&str> = expected.top_k.iter().map(|s| s.class.as_str()).collect();
+    assert_eq!(top, want);
+}
+
+/// The endpoint on a loopback port, on a runtime of its own.
+struct Server {
+    runtime: tokio::runtime::Runtime,
+    base: String,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    fn start(state: SharedPredictor) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = runtime.spawn(serve(listener, state, stopped));
+        Self {
+            runtime,
+            base,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops the server; it must end promptly and cleanly.
+    fn stop(self) {
+        self.stop.send(true).unwrap();
+        let ended = self
+            .runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), self.task).await });
+        ended.expect("the server stops").unwrap().unwrap();
+    }
+}
+
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+/// Status and body of a request.
+fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, String) {
+    let mut response = response.unwrap();
+    let status = response.status().as_u16();
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .unwrap();
+    (status, body)
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[test]
+fn the_endpoint_answers_what_the_predictor_answers() {
+    let state = shared(None);
+    let server = Server::start(Arc::clone(&state));
+    let http = client();
+    let url = |path: &str| format!("{}{path}", server.base);
+    let post = |path: &str, body: &[u8]| answer(http.post(url(path)).send(body));
+    let png = digit_png(0);
+
+    // Before any release: alive, but no model.
+    let (status, body) = answer(http.get(url("/healthz")).call());
+    assert_eq!(status, 200);
+    assert!(body.starts_with("ok") && body.contains("none"), "{body}");
+    for (status, body) in [
+        answer(http.get(url("/v1/model")).call()),
+        post("/v1/predict", &png),
+    ] {
+        assert_eq!(status, 503, "{body}");
+        assert!(json(&body)["error"].as_str().unwrap().contains("no model"));
+    }
+
+    let backbone = backbone();
+    let direct = Predictor::new(Arc::clone(&backbone), release(4)).unwrap();
+    install(
+        &state,
+        Predictor::new(Arc::clone(&backbone), release(4)).unwrap(),
+    );
+    let (status, body) = answer(http.get(url("/healthz")).call());
+    assert_eq!((status, body.contains("round 4")), (200, true), "{body}");
+    let (status, body) = answer(http.get(url("/v1/model")).call());
+    assert_eq!(status, 200, "{body}");
+    let model = json(&body);
+    assert_eq!(model["round"], 4);
+    assert_eq!(model["federation"], "demo");
+    assert_eq!(model["backbone"], "digits-conv");
+    assert_eq!(model["sha256"], release(4).sha256_hex());
+    assert_eq!(model["classes"].as_array().unwrap().len(), 10);
+
+    // Real digits: the same class, top classes and logits as in process.
+    for index in [0, 1, 2, 7] {
+        let png = digit_png(index);
+        let (status, body) = post("/v1/predict", &png);
+        assert_eq!(status, 200, "{body}");
+        assert_same(&json(&body), &direct.predict_bytes(&png, 3).unwrap());
+    }
+    let (status, body) = post("/v1/predict?top_k=1", &png);
+    assert_eq!(status, 200);
+    assert_same(&json(&body), &direct.predict_bytes(&png, 1).unwrap());
+    let (_, body) = post("/v1/predict?top_k=50", &png);
+    assert_eq!(json(&body)["top_k"].as_array().unwrap().len(), 10);
+
+    // Bad requests say what to send.
+    for (path, body, status, says) in [
+        (
+            "/v1/predict",
+            &b"GIF89a, not really"[..],
+            400,
+            "PNG or JPEG",
+        ),
+        ("/v1/predict", &png[..png.len() / 2], 400, "PNG or JPEG"),
+        ("/v1/predict", &[][..], 400, "empty"),
+        ("/v1/predict?top_k=0", &png[..], 400, "top_k"),
+    ] {
+        let (got, answer) = post(path, body);
+        assert_eq!(got, status, "{answer}");
+        assert!(
+            json(&answer)["error"].as_str().unwrap().contains(says),
+            "{answer}"
+        );
+    }
+    let mut wide = Cursor::new(Vec::new());
+    image::GrayImage::new(9000, 2)
+        .write_to(&mut wide, image::ImageFormat::Png)
+        .unwrap();
+    let (status, body) = post("/v1/predict", wide.get_ref());
+    assert_eq!(status, 422, "{body}");
+    assert!(json(&body)["error"].as_str().unwrap().contains("9000x2"));
+    // Over the default 16 MiB: refused on its length, before the body is sent.
+    let huge = vec![0u8; 17 << 20];
+    let (status, body) = answer(
+        http.post(url("/v1/predict"))
+            .header("Expect", "100-continue")
+            .send(&huge[..]),
+    );
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        json(&body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_body_mb")
+    );
+
+    // A new release replaces the model for the next request.
+    install(
+        &state,
+        Predictor::new(Arc::clone(&backbone), release(5)).unwrap(),
+    );
+    let (_, body) = answer(http.get(url("/v1/model")).call());
+    assert_eq!(json(&body)["round"], 5);
+    let (_, body) = post("/v1/predict", &png);
+    assert_eq!(json(&body)["model_round"], 5);
+
+    server.stop();
+}
