@@ -13,9 +13,10 @@ use fedge_mqtt::BrokerConfig;
 use fedge_wire::Role;
 use serde::{Deserialize, Serialize};
 
-use crate::agent::AgentSetup;
+use crate::agent::{AgentSetup, Serving};
 use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_site};
 use crate::features::{self, LoadBackboneError};
+use crate::inference::{self, InferenceConfig, config::InvalidInference};
 use crate::rescan::SiteScan;
 use crate::resources::{self, ResourceConfig};
 use crate::train::fedddl::{self, DdlViews, ViewsError};
@@ -63,6 +64,14 @@ pub enum ConfigError {
     ValFraction {
         /// The file.
         path: PathBuf,
+    },
+    /// `[inference]` has a value that cannot be served.
+    #[error("{}: {source}", path.display())]
+    Inference {
+        /// The file.
+        path: PathBuf,
+        /// Which value.
+        source: InvalidInference,
     },
 }
 
@@ -219,6 +228,9 @@ pub struct EdgeConfig {
     /// tasks must carry a tag that verifies; without one, nothing is authenticated.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// Predictions with the released head: the HTTP endpoint and MQTT requests.
+    #[serde(default)]
+    pub inference: InferenceConfig,
 }
 
 /// The device side of FedDDL (`[fedddl]` in the file).
@@ -308,6 +320,13 @@ impl EdgeConfig {
                 path: path.to_owned(),
             });
         }
+        config
+            .inference
+            .check()
+            .map_err(|source| ConfigError::Inference {
+                path: path.to_owned(),
+                source,
+            })?;
         Ok(config)
     }
 
@@ -367,11 +386,20 @@ impl EdgeConfig {
     pub fn setup(&self) -> Result<AgentSetup, SetupError> {
         let key = self.load_key()?;
         let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
+        let backbone = Arc::new(backbone);
         let feature_size = backbone.card().feature_size;
         let backbone_name = backbone.card().name.clone();
         let data = match &self.data {
-            DataConfig::ImageFolder { rescan: true, .. } => self.scanned(backbone)?,
+            DataConfig::ImageFolder { rescan: true, .. } => self.scanned(Arc::clone(&backbone))?,
             _ => self.loaded(&backbone, backbone_id)?,
+        };
+        // The backbone stays in memory only when the device answers predictions.
+        let serving = Serving {
+            backbone: self.inference.serves().then_some(backbone),
+            model_file: (self.cache_dir.as_deref())
+                .map(|dir| inference::store::model_path(dir, &self.client_id)),
+            inference: self.inference.clone(),
+            predictor: inference::http::shared(None),
         };
         Ok(AgentSetup {
             client_id: self.client_id.clone(),
@@ -390,6 +418,7 @@ impl EdgeConfig {
             seed: self.seed,
             key,
             scan: data.scan,
+            serving,
             state_file: self
                 .cache_dir
                 .as_ref()
@@ -442,7 +471,7 @@ impl EdgeConfig {
     }
 
     /// The site folder's first scan, kept for the rescans before each round.
-    fn scanned(&self, backbone: Backbone) -> Result<LocalData, SetupError> {
+    fn scanned(&self, backbone: Arc<Backbone>) -> Result<LocalData, SetupError> {
         if self.fedddl.enabled {
             return Err(SetupError::RescanWithFedDdl);
         }
@@ -452,7 +481,7 @@ impl EdgeConfig {
             Role::Evaluate => 1.0,
         };
         let budget = usize::try_from(self.resources.feature_cache_mb).unwrap_or(usize::MAX);
-        let mut scan = SiteScan::new(&site, Arc::new(backbone), held_out, self.seed, budget);
+        let mut scan = SiteScan::new(&site, backbone, held_out, self.seed, budget);
         let first = scan.scan()?;
         Ok(LocalData {
             train: first.train,

@@ -526,6 +526,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         seed: options.seed,
         key: None,
         scan: None,
+        serving: Default::default(),
         state_file: None,
     }
 }

@@ -191,7 +191,10 @@ async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
             root,
             "unseen",
             port,
-            "role = \"evaluate\"\n",
+            &format!(
+                "role = \"evaluate\"\n\n[inference]\nlisten = \"127.0.0.1:{http_port}\"\n\
+                 mqtt = true\n"
+            ),
             "root = \"unseen\"\n",
         ),
     ];
@@ -278,7 +281,9 @@ async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
     use_the_model(root, &seen, http_port).await;
     for agent in &mut agents {
         let _ = agent.0.kill();
+        let _ = agent.0.wait();
     }
+    restart_without_broker(root, http_port, &seen);
 }
 
 /// A device's first retained status with `online: true`.
@@ -301,8 +306,210 @@ async fn device_status(port: u16, client: &str) -> Value {
     panic!("{client} never came online");
 }
 
-/// Export, predict, HTTP and onnxruntime on the same images.
-async fn use_the_model(_root: &Path, _seen: &Seen, _http_port: u16) {}
+/// The same images through `fedge-edge predict`, the unseen agent's HTTP endpoint and its
+/// MQTT requests (with mosquitto's own clients), and the agent restarted with no broker.
+async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
+    let model = seen.model.as_ref().unwrap();
+    // The agent kept the final release on disk, verified.
+    let kept = fedge_edge::inference::store::load(&root.join("cache-unseen/unseen.model.bin"))
+        .unwrap()
+        .expect("the unseen agent kept the release");
+    assert_eq!((kept.round, kept.sha256), (ROUNDS, model.sha256));
+    let images: Vec<PathBuf> = (0..10)
+        .map(|k| first_png(&root.join("unseen").join(k.to_string())))
+        .collect();
+
+    // fedge-edge predict: one JSON line per image, with the kept model.
+    let out = Command::new(edge_binary())
+        .args(["predict", "--top-k", "2", "--config"])
+        .arg(root.join("unseen.toml"))
+        .args(&images)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), images.len());
+    let mut right = 0;
+    for (line, (k, image)) in lines.iter().zip(images.iter().enumerate()) {
+        assert_eq!(line["file"], image.to_str().unwrap());
+        assert_eq!(line["model_round"], ROUNDS);
+        assert_eq!(line["top_k"].as_array().unwrap().len(), 2);
+        assert_eq!(line["logits"].as_array().unwrap().len(), 10);
+        right += usize::from(line["class"].as_str() == Some(k.to_string().as_str()));
+    }
+    assert!(right >= 3, "{right} of 10 right: {lines:?}");
+
+    // The running agent's HTTP endpoint: the same answers.
+    let base = format!("http://127.0.0.1:{http_port}");
+    let agent = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build(),
+    );
+    let info: Value = agent
+        .get(format!("{base}/v1/model"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap();
+    assert_eq!(info["round"], ROUNDS);
+    assert_eq!(info["sha256"], model.sha256_hex());
+    assert_eq!(info["classes"].as_array().unwrap().len(), 10);
+    for (line, image) in lines.iter().zip(&images) {
+        let mut response = agent
+            .post(format!("{base}/v1/predict?top_k=2"))
+            .header("content-type", "image/png")
+            .send(std::fs::read(image).unwrap())
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let answer: Value = response
+            .body_mut()
+            .read_to_string()
+            .map(|t| serde_json::from_str(&t).unwrap())
+            .unwrap();
+        assert_eq!(answer["class"], line["class"]);
+        assert_close(&answer["logits"], &line["logits"], 1e-5);
+    }
+    let mut refused = agent
+        .post(format!("{base}/v1/predict"))
+        .send(&b"not an image"[..])
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let refused: Value = refused
+        .body_mut()
+        .read_to_string()
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap();
+    assert!(refused["error"].as_str().unwrap().contains("PNG or JPEG"));
+
+    // MQTT requests, asked and read with mosquitto's clients as a Node-RED flow would.
+    let port = mosquitto_port(root);
+    let topics = Topics::new(FEDERATION).unwrap();
+    let sub = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-C",
+            "2",
+            "-W",
+            "30",
+        ])
+        .args(["-t", &topics.infer_response("unseen")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    use base64::Engine as _;
+    let image =
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&images[4]).unwrap());
+    for request in [
+        format!("{{\"id\": \"req-1\", \"image\": \"{image}\", \"top_k\": 1}}"),
+        "{\"id\": 2, \"image\": \"!!\"}".to_owned(),
+    ] {
+        let published = Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+            .args(["-t", &topics.infer_request("unseen"), "-m", &request])
+            .status()
+            .unwrap();
+        assert!(published.success());
+    }
+    let out = tokio::task::spawn_blocking(move || sub.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let answers: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let answer = answers
+        .iter()
+        .find(|a| a["id"] == "req-1")
+        .expect("req-1 answered");
+    assert_eq!(answer["class"], lines[4]["class"]);
+    assert_close(&answer["logits"], &lines[4]["logits"], 1e-5);
+    let error = answers
+        .iter()
+        .find(|a| a["id"] == 2)
+        .expect("request 2 answered");
+    assert!(
+        error["error"].as_str().unwrap().contains("base64"),
+        "{error}"
+    );
+}
+
+/// A restarted agent whose broker is gone serves the release it kept on disk.
+fn restart_without_broker(root: &Path, http_port: u16, seen: &Seen) {
+    let profile = root.join("unseen.toml");
+    let text = std::fs::read_to_string(&profile).unwrap();
+    let dead = fedge_coordinator::io::broker::free_loopback_addr()
+        .unwrap()
+        .port();
+    let port = mosquitto_port(root);
+    std::fs::write(
+        &profile,
+        text.replace(&format!("port = {port}"), &format!("port = {dead}")),
+    )
+    .unwrap();
+    let _agent = spawn(&edge_binary(), &["run", "--config"], &profile);
+    let end = Instant::now() + Duration::from_secs(60);
+    let url = format!("http://127.0.0.1:{http_port}/v1/model");
+    loop {
+        if let Ok(mut response) = ureq::get(&url).call() {
+            let info: Value = response
+                .body_mut()
+                .read_to_string()
+                .map(|t| serde_json::from_str(&t).unwrap())
+                .unwrap();
+            assert_eq!(info["sha256"], seen.model.as_ref().unwrap().sha256_hex());
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "the restarted agent never served its kept model"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The broker port written into the unseen site's profile.
+fn mosquitto_port(root: &Path) -> u16 {
+    let profile: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root.join("unseen.toml")).unwrap()).unwrap();
+    profile["broker"]["port"].as_integer().unwrap() as u16
+}
+
+/// The first PNG file of a class folder, in name order.
+fn first_png(folder: &Path) -> PathBuf {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files.into_iter().next().unwrap()
+}
+
+/// Two JSON arrays of numbers agree within `tolerance` everywhere.
+fn assert_close(a: &Value, b: &Value, tolerance: f64) {
+    let (a, b) = (a.as_array().unwrap(), b.as_array().unwrap());
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+        assert!((x - y).abs() <= tolerance, "{x} vs {y}");
+    }
+}
 
 #[test]
 fn a_site_with_a_class_the_federation_lacks_fails_its_check_by_name() {

@@ -75,6 +75,17 @@ impl Topics {
         self.edge_status("+")
     }
 
+    /// `fedge/<f>/edge/<client>/infer/request` (JSON prediction requests to a device that
+    /// takes them, `[inference] mqtt = true`).
+    pub fn infer_request(&self, client: &str) -> String {
+        format!("{}/edge/{client}/infer/request", self.root)
+    }
+
+    /// `fedge/<f>/edge/<client>/infer/response` (JSON, the answers to `infer/request`).
+    pub fn infer_response(&self, client: &str) -> String {
+        format!("{}/edge/{client}/infer/response", self.root)
+    }
+
     /// The client id in an update topic of this federation, if `topic` is one.
     pub fn client_of_update<'a>(&self, topic: &'a str) -> Option<&'a str> {
         self.client_of_edge_topic(topic, "update")

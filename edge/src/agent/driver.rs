@@ -11,13 +11,14 @@ use std::time::Instant;
 
 use fedge_models::ModelLayout;
 use fedge_mqtt::{Backoff, REQUEST_QUEUE, publish_frame};
-use fedge_wire::{EdgeStatus, ModelRelease, RoundTask, SiteEvaluation, TensorF32};
+use fedge_wire::{EdgeStatus, ModelRelease, Role, RoundTask, SiteEvaluation, TensorF32, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
 use super::labels;
 use super::machine::{Agent, AgentError, AgentSummary, Output, Trained};
 use super::refresh::{self, Refreshed};
+use super::serve;
 use super::setup::AgentSetup;
 use super::state::RoundState;
 use crate::train::{LocalState, RoundInputs, TrainError, TrainJob, accuracy, train_local};
@@ -36,6 +37,9 @@ pub async fn run_agent(
     if let Some(reason) = &setup.device.fallback {
         tracing::warn!(client = %setup.client_id, "{reason}");
     }
+    let topics = Topics::new(&setup.federation).map_err(|e| AgentError::Identity(e.to_string()))?;
+    let infer_topic = serve::request_topic(&setup, &topics);
+    let server = serve::start_http(&setup, stop.clone()).await?;
     let (will_topic, will) = agent.last_will();
     let will = LastWill::new(will_topic, json(&will, &setup), QoS::AtLeastOnce, true);
     let mut options = setup
@@ -51,6 +55,15 @@ pub async fn run_agent(
         trained: done_tx,
         scored: scored_tx,
     };
+    // The release kept on disk serves (and, on an evaluation-only device, is scored) until a
+    // newer one arrives.
+    if let Some(release) = serve::restore(&setup) {
+        agent.hold_model(release.run, release.round);
+        serve::install(&setup, &release);
+        if setup.role == Role::Evaluate {
+            spawn_scoring(&mut setup, release, done.scored.clone());
+        }
+    }
     // Stable-FedADG's discriminator and memory, kept between rounds (one round trains at a time).
     let local_state = Arc::new(std::sync::Mutex::new(LocalState::default()));
     let origin = Instant::now();
@@ -64,10 +77,17 @@ pub async fn run_agent(
                     connected = true;
                     tracing::info!(client = %setup.client_id, "edge connected");
                     agent.handle_connected();
+                    if let Some(topic) = &infer_topic {
+                        let _ = client.try_subscribe(topic.as_str(), QoS::AtLeastOnce);
+                    }
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let now_ms = origin.elapsed().as_millis() as u64;
-                    agent.handle_publish(&p.topic, &p.payload, now_ms);
+                    if infer_topic.as_deref() == Some(p.topic.as_str()) {
+                        serve::answer_mqtt(&setup, &topics, &client, &p.payload);
+                    } else {
+                        let now_ms = origin.elapsed().as_millis() as u64;
+                        agent.handle_publish(&p.topic, &p.payload, now_ms);
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -96,6 +116,10 @@ pub async fn run_agent(
     perform(&mut agent, &mut setup, &client, &local_state, &done);
     fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
         .await;
+    if let Some(server) = server {
+        // `stop` is true: the endpoint finishes the requests in flight and returns.
+        let _ = server.await;
+    }
     Ok(agent.summary().clone())
 }
 
@@ -146,6 +170,7 @@ fn perform(
                 spawn_training(setup, *task, Arc::clone(local_state), done.trained.clone());
             }
             Output::Model { release, evaluate } => {
+                serve::keep(setup, &release);
                 if evaluate {
                     spawn_scoring(setup, *release, done.scored.clone());
                 }

@@ -74,6 +74,9 @@ pub enum AgentError {
     /// Invalid client id or federation.
     #[error("invalid agent identity: {0}")]
     Identity(String),
+    /// The inference endpoint cannot listen where `[inference] listen` says.
+    #[error(transparent)]
+    Listen(#[from] crate::inference::config::ListenError),
 }
 
 /// A round task that names this device but cannot be trusted.

@@ -8,6 +8,7 @@ pub mod driver;
 pub mod labels;
 pub mod machine;
 pub mod refresh;
+pub mod serve;
 pub mod setup;
 pub mod state;
 
@@ -16,5 +17,5 @@ pub use machine::{
     Agent, AgentError, AgentSummary, Identity, Output, TaskError, Trained, class_stats,
     decode_task, rejection_of, too_slow_for,
 };
-pub use setup::AgentSetup;
+pub use setup::{AgentSetup, Serving};
 pub use state::RoundState;

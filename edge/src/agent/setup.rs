@@ -6,12 +6,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fedge_models::{HeadConfig, SelectedDevice};
+use fedge_models::{Backbone, HeadConfig, SelectedDevice};
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::{DeviceKey, Role};
 
 use super::machine::Identity;
 use crate::features::FeatureSet;
+use crate::inference::{InferenceConfig, SharedPredictor};
 use crate::train::DdlViews;
 
 /// Everything a running agent needs.
@@ -52,9 +53,24 @@ pub struct AgentSetup {
     pub key: Option<DeviceKey>,
     /// The site folder's scanner, when the device rescans it before each round.
     pub scan: Option<Arc<std::sync::Mutex<crate::rescan::SiteScan>>>,
+    /// The released model: where it is kept, and how predictions are answered with it.
+    pub serving: Serving,
     /// Where the device keeps its round state (last round trained, update sequence) across
     /// restarts, so a retained task it already answered is not trained again.
     pub state_file: Option<PathBuf>,
+}
+
+/// What an agent does with the released model.
+#[derive(Debug, Clone, Default)]
+pub struct Serving {
+    /// Where the newest verified release is kept across restarts (none: memory only).
+    pub model_file: Option<PathBuf>,
+    /// The backbone predictions run, kept when `inference` serves.
+    pub backbone: Option<Arc<Backbone>>,
+    /// The `[inference]` settings.
+    pub inference: InferenceConfig,
+    /// The predictor requests use, replaced by each new release.
+    pub predictor: SharedPredictor,
 }
 
 impl AgentSetup {

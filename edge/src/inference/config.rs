@@ -27,6 +27,11 @@ pub struct InferenceConfig {
     /// Largest request body (the image), in MiB; a larger one is refused with 413.
     #[serde(default = "default_max_body_mb")]
     pub max_body_mb: usize,
+    /// Also answer requests on `edge/<client_id>/infer/request` over the federation's broker,
+    /// on `edge/<client_id>/infer/response` (JSON with the request's id; see
+    /// `super::mqtt`), for MQTT-native applications such as Node-RED.
+    #[serde(default)]
+    pub mqtt: bool,
 }
 
 fn default_top_k() -> usize {
@@ -43,6 +48,7 @@ impl Default for InferenceConfig {
             listen: None,
             top_k: DEFAULT_TOP_K,
             max_body_mb: DEFAULT_MAX_BODY_MB,
+            mqtt: false,
         }
     }
 }
@@ -81,18 +87,43 @@ impl InferenceConfig {
         Ok(())
     }
 
+    /// Whether the device answers predictions at all (over HTTP or MQTT), and so keeps its
+    /// backbone in memory after the feature cache is built.
+    pub fn serves(&self) -> bool {
+        self.listen.is_some() || self.mqtt
+    }
+
     /// The body limit in bytes.
     pub fn max_body_bytes(&self) -> usize {
         self.max_body_mb.saturating_mul(1 << 20)
     }
 
     /// Binds `listen`, or returns `None` when the profile asks for no server.
-    pub async fn bind(&self) -> std::io::Result<Option<tokio::net::TcpListener>> {
-        match &self.listen {
-            Some(addr) => tokio::net::TcpListener::bind(addr.as_str()).await.map(Some),
-            None => Ok(None),
-        }
+    pub async fn bind(&self) -> Result<Option<tokio::net::TcpListener>, ListenError> {
+        let Some(addr) = &self.listen else {
+            return Ok(None);
+        };
+        tokio::net::TcpListener::bind(addr.as_str())
+            .await
+            .map(Some)
+            .map_err(|source| ListenError {
+                listen: addr.clone(),
+                source,
+            })
     }
+}
+
+/// `[inference] listen` could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "[inference] listen = {listen:?}: cannot listen there ({source}); pick a free port, or \
+     stop what uses it"
+)]
+pub struct ListenError {
+    /// The address asked for.
+    pub listen: String,
+    /// Why.
+    pub source: std::io::Error,
 }
 
 #[cfg(test)]

@@ -1,0 +1,240 @@
+//! The driver's side of the released model: the one kept on disk is restored at start, each
+//! newer one is kept and installed for predictions, and prediction requests arrive over HTTP
+//! (`crate::inference::http`) or MQTT (here: `edge/<id>/infer/request`, answered on
+//! `edge/<id>/infer/response`).
+//!
+//! Predictions run on tokio's blocking pool, like training: neither waits for the other
+//! beyond one backbone batch.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use fedge_wire::{ModelRelease, Topics};
+use rumqttc::{AsyncClient, QoS};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::setup::AgentSetup;
+use crate::inference::config::ListenError;
+use crate::inference::{Prediction, Predictor, http, store};
+
+/// The release kept in the device's model file, if there is one that verifies (a damaged or
+/// altered file is logged and left for the next release to replace).
+pub fn restore(setup: &AgentSetup) -> Option<ModelRelease> {
+    let path = setup.serving.model_file.as_deref()?;
+    match store::load(path) {
+        Ok(release) => release,
+        Err(e) => {
+            tracing::warn!(client = %setup.client_id, "{e}");
+            None
+        }
+    }
+}
+
+/// Keeps `release`, newer than any before it: written to the model file (a failure is logged;
+/// the release is still used) and, when the device serves predictions, installed for them.
+pub fn keep(setup: &AgentSetup, release: &ModelRelease) {
+    if let Some(path) = &setup.serving.model_file
+        && let Err(e) = store::save(path, release)
+    {
+        tracing::warn!(client = %setup.client_id, path = %path.display(), error = %e, "released model not kept on disk");
+    }
+    install(setup, release);
+}
+
+/// Puts `release` in front of the device's backbone for predictions (when it serves any).
+pub fn install(setup: &AgentSetup, release: &ModelRelease) {
+    let Some(backbone) = &setup.serving.backbone else {
+        return;
+    };
+    match Predictor::new(Arc::clone(backbone), release.clone()) {
+        Ok(predictor) => {
+            tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
+            http::install(&setup.serving.predictor, predictor);
+        }
+        Err(e) => {
+            tracing::warn!(client = %setup.client_id, round = release.round, "cannot serve the released model: {e}");
+        }
+    }
+}
+
+/// Binds `[inference] listen` and serves the HTTP endpoint until `stop`; `Ok(None)` when the
+/// profile asks for no server.
+pub async fn start_http(
+    setup: &AgentSetup,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, ListenError> {
+    let config = setup.serving.inference.clone();
+    let Some(listener) = config.bind().await? else {
+        return Ok(None);
+    };
+    let predictor = setup.serving.predictor.clone();
+    let client = setup.client_id.clone();
+    Ok(Some(tokio::spawn(async move {
+        if let Err(e) = http::serve_with(listener, predictor, &config, stop).await {
+            tracing::error!(client = %client, error = %e, "the inference endpoint stopped");
+        }
+    })))
+}
+
+/// The topic MQTT prediction requests arrive on, when the device takes them.
+pub fn request_topic(setup: &AgentSetup, topics: &Topics) -> Option<String> {
+    setup
+        .serving
+        .inference
+        .mqtt
+        .then(|| topics.infer_request(&setup.client_id))
+}
+
+/// A request on `edge/<id>/infer/request`: a JSON object.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    /// Echoed in the response, so the asker can match them.
+    #[serde(default)]
+    id: serde_json::Value,
+    /// The PNG or JPEG file, base64 (standard alphabet, padded or not).
+    image: String,
+    /// Best classes to list; `[inference] top_k` when absent.
+    #[serde(default)]
+    top_k: Option<usize>,
+}
+
+/// The answer on `edge/<id>/infer/response`: the request's id and the prediction, or an error.
+#[derive(Debug, Serialize)]
+struct Response {
+    id: serde_json::Value,
+    #[serde(flatten)]
+    answer: Answer,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Answer {
+    Prediction(Prediction),
+    Error { error: String },
+}
+
+/// Answers an MQTT prediction request on the blocking pool; every request gets a response,
+/// an error one for a request that is not JSON, carries no image, or arrives before any model.
+pub fn answer_mqtt(setup: &AgentSetup, topics: &Topics, client: &AsyncClient, payload: &[u8]) {
+    let topic = topics.infer_response(&setup.client_id);
+    let default_top_k = setup.serving.inference.top_k;
+    let max_bytes = setup.serving.inference.max_body_bytes();
+    let predictor = http::current(&setup.serving.predictor);
+    let client = client.clone();
+    let request = payload_request(payload, max_bytes);
+    tokio::task::spawn_blocking(move || {
+        let response = respond(request, predictor, default_top_k);
+        let body = serde_json::to_vec(&response).unwrap_or_default();
+        let _ = client.try_publish(topic, QoS::AtLeastOnce, false, body);
+    });
+}
+
+/// The request in a payload, or the error to answer with (and the id, when it could be read).
+fn payload_request(
+    payload: &[u8],
+    max_bytes: usize,
+) -> Result<Request, (serde_json::Value, String)> {
+    // The base64 text is 4/3 of the image.
+    if payload.len() > max_bytes.saturating_mul(4) / 3 + 1024 {
+        return Err((
+            serde_json::Value::Null,
+            "the request is larger than the device's limit ([inference] max_body_mb): send a \
+             smaller image"
+                .into(),
+        ));
+    }
+    serde_json::from_slice::<Request>(payload).map_err(|e| {
+        let id = serde_json::from_slice::<serde_json::Value>(payload)
+            .ok()
+            .and_then(|v| v.get("id").cloned())
+            .unwrap_or_default();
+        (
+            id,
+            format!(
+                "not a prediction request ({e}): send JSON {{\"id\": ..., \"image\": \
+                 \"<base64 PNG or JPEG>\", \"top_k\": 3}}"
+            ),
+        )
+    })
+}
+
+fn respond(
+    request: Result<Request, (serde_json::Value, String)>,
+    predictor: Option<Arc<Predictor>>,
+    default_top_k: usize,
+) -> Response {
+    let (id, error) = match request {
+        Err((id, error)) => (id, error),
+        Ok(request) => {
+            let answer = predict(&request, predictor, default_top_k);
+            return Response {
+                id: request.id,
+                answer: match answer {
+                    Ok(prediction) => Answer::Prediction(prediction),
+                    Err(error) => Answer::Error { error },
+                },
+            };
+        }
+    };
+    Response {
+        id,
+        answer: Answer::Error { error },
+    }
+}
+
+fn predict(
+    request: &Request,
+    predictor: Option<Arc<Predictor>>,
+    default_top_k: usize,
+) -> Result<Prediction, String> {
+    let predictor = predictor.ok_or(
+        "no model has been received yet: the device answers once the coordinator has released \
+         a head (after the first aggregated round)",
+    )?;
+    let top_k = match request.top_k {
+        Some(0) => return Err("top_k must be 1 or more".into()),
+        Some(k) => k,
+        None => default_top_k,
+    };
+    let image = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(request.image.trim_end_matches('='))
+        .map_err(|e| format!("image is not base64 ({e}): encode the PNG or JPEG file's bytes"))?;
+    predictor
+        .predict_bytes(&image, top_k)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_requests_get_an_error_with_their_id() {
+        let answer = |payload: &str| {
+            let response = respond(payload_request(payload.as_bytes(), 1 << 20), None, 3);
+            serde_json::to_value(&response).unwrap()
+        };
+        let r = answer("{\"id\": 7, \"image\": \"aGk=\"}");
+        assert_eq!(r["id"], 7);
+        assert!(r["error"].as_str().unwrap().contains("no model"), "{r}");
+        let r = answer("{\"id\": \"a\", \"picture\": 1}");
+        assert_eq!(r["id"], "a");
+        assert!(
+            r["error"]
+                .as_str()
+                .unwrap()
+                .contains("not a prediction request")
+        );
+        let r = answer("garbage");
+        assert_eq!(r["id"], serde_json::Value::Null);
+        let big = format!("{{\"id\": 1, \"image\": \"{}\"}}", "A".repeat(2 << 20));
+        assert!(
+            answer(&big)["error"]
+                .as_str()
+                .unwrap()
+                .contains("max_body_mb")
+        );
+    }
+}
