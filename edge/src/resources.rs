@@ -105,8 +105,18 @@ pub fn estimate_mib(images: &ImageSet, feature_bytes: u64, head_params: usize) -
 
 /// This process's peak resident memory in MiB (`VmHWM`), where the system reports it.
 pub fn peak_rss_mib() -> Option<f64> {
+    status_mib("VmHWM:")
+}
+
+/// The process's resident memory now, in MiB (Linux; `None` elsewhere).
+pub fn rss_mib() -> Option<f64> {
+    status_mib("VmRSS:")
+}
+
+/// A `/proc/self/status` field given in kB, in MiB.
+fn status_mib(field: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
 }

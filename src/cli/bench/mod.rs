@@ -1,4 +1,4 @@
-//! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`,
+//! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`, `infer`,
 //! `aggregate`, `wire`, `fleet`, `feddim`). Accuracy is `fedge eval`'s; `fedge bench` without a
 //! subcommand still takes `fedge eval`'s flags for one release, with a note pointing there.
 
@@ -7,6 +7,7 @@ pub mod backbone;
 pub mod feddim;
 pub mod fleet;
 pub mod head;
+pub mod infer;
 pub mod wire;
 
 use clap::{Args, Subcommand};
@@ -30,6 +31,9 @@ pub enum BenchCommand {
     Head(head::HeadArgs),
     /// Time a backbone's feature extraction with tract, per batch size.
     Backbone(backbone::BackboneArgs),
+    /// Time one prediction (batch 1) with a released head over a backbone, and its memory
+    /// (see bench/infer.sh for onnxruntime on the exported model).
+    Infer(infer::InferArgs),
     /// Time the coordinator's FedAvg and FedOMG aggregation against numpy, side by side.
     Aggregate(aggregate::AggregateArgs),
     /// Bytes per update and per round task for each update codec (f32, f16, int8), against
@@ -48,6 +52,7 @@ impl BenchCommand {
         match self {
             BenchCommand::Head(args) => head::run(args),
             BenchCommand::Backbone(args) => backbone::run(args),
+            BenchCommand::Infer(args) => infer::run(args),
             BenchCommand::Aggregate(args) => aggregate::run(args),
             BenchCommand::Wire(args) => wire::run(args),
             BenchCommand::Fleet(args) => fleet::run(args).await,
