@@ -134,12 +134,49 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
             Err(e) => fail("data", format!("{e:#}")),
         });
     }
+    checks.push(check_inference(&config));
     if dry_run {
         checks.push(pass("broker", "skipped (--dry-run)".into()));
     } else {
         checks.push(check_broker(&config.broker.host, config.broker.port));
     }
     checks
+}
+
+/// `[inference]`: where predictions will be answered, and whether `listen` is free now.
+fn check_inference(config: &EdgeConfig) -> Check {
+    let inference = &config.inference;
+    let mqtt = if inference.mqtt {
+        format!(
+            "; MQTT requests on fedge/{}/edge/{}/infer/request",
+            config.federation, config.client_id
+        )
+    } else {
+        String::new()
+    };
+    let kept = match &config.cache_dir {
+        Some(dir) => format!(
+            "the released model is kept in {}",
+            crate::inference::store::model_path(dir, &config.client_id).display()
+        ),
+        None => "no cache_dir: the released model is not kept across restarts".into(),
+    };
+    let Some(listen) = &inference.listen else {
+        return pass("inference", format!("no HTTP endpoint{mqtt}; {kept}"));
+    };
+    match std::net::TcpListener::bind(listen.as_str()) {
+        Ok(_) => pass(
+            "inference",
+            format!("HTTP endpoint on {listen} (free now){mqtt}; {kept}"),
+        ),
+        Err(e) => fail(
+            "inference",
+            format!(
+                "[inference] listen = {listen:?} cannot be bound ({e}): pick a free port, or \
+                 stop what uses it"
+            ),
+        ),
+    }
 }
 
 /// The device's classes against the federation's list (`classes_file`).

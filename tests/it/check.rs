@@ -48,7 +48,7 @@ fn every_shipped_profile_passes_in_dry_run() {
             path.display(),
             failures(&checks)
         );
-        assert_eq!(checks.len(), 9, "{checks:?}");
+        assert_eq!(checks.len(), 10, "{checks:?}");
         let device = checks.iter().find(|c| c.name == "device").unwrap();
         if text.contains("device = \"cuda\"") && !fedge_models::CUDA_BUILT {
             // The Jetson profile in a CPU build: a pass that names the fallback.
