@@ -380,3 +380,44 @@ fn the_background_bias_benchmark_runs() {
         }
     }
 }
+
+#[test]
+fn the_inference_benchmark_writes_its_figures_and_what_onnxruntime_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args([
+            "bench",
+            "infer",
+            "--requests",
+            "20",
+            "--hidden",
+            "8",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("fedge.json")).unwrap()).unwrap();
+    assert_eq!(figures["head"], serde_json::json!([512, 8, 10]));
+    for path in ["model", "png"] {
+        let (p50, p99) = (
+            figures[path]["p50_ms"].as_f64().unwrap(),
+            figures[path]["p99_ms"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{figures}");
+    }
+    // The release it timed, the images (8×8, one channel) and one row of logits per image.
+    let release = fedge_edge::inference::store::load(&dir.path().join("model.bin"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(release.head.hidden, 8);
+    let len = |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().len();
+    assert_eq!(len("images.f32"), 20 * 64 * 4);
+    assert_eq!(len("logits.f32"), 20 * 10 * 4);
+}
