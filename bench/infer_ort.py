@@ -84,7 +84,7 @@ def main():
         f"{fedge['backbone']} {c}x{h}x{w} + head {head}, {fedge['requests']} predictions at "
         f"batch 1; onnxruntime {ort.__version__} on the exported model"
     )
-    print("| | p50 ms | p99 ms | ort / fedge (p50) |")
+    print("| | p50 ms | p99 ms | speed of fedge ÷ this (p50) |")
     print("|---|---|---|---|")
     print(f"| fedge (tract), image tensor → probabilities | {f['p50_ms']:.3f} | {f['p99_ms']:.3f} | 1 |")
     p = fedge["png"]

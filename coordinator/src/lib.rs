@@ -24,6 +24,7 @@
 //! file's creation) touches files, the network or a clock.
 
 pub mod config;
+pub mod export;
 pub mod io;
 pub mod objectives;
 pub mod replay;

@@ -71,6 +71,36 @@ enum Command {
         #[arg(long, value_name = "DEVICE.key")]
         out: PathBuf,
     },
+    /// Export the released model as one ONNX file (backbone + head, softmax at the end, class
+    /// names in its metadata) and its model card, for onnxruntime, tract or any ONNX runtime.
+    ///
+    /// Writes OUT (e.g. model.onnx) and its card beside it with the extension .toml (model.toml):
+    /// the backbone's card with output_name = "probabilities", logits_name = "logits" and the
+    /// federation's classes, so a runtime prepares images as fedge does.
+    #[command(
+        after_help = "Example: fedge-coordinator export --state state --backbone \
+                      models/assets/digits-conv.toml --out model.onnx"
+    )]
+    Export {
+        /// The coordinator's state_dir (its model.bin is the newest release).
+        #[arg(
+            long,
+            value_name = "DIR",
+            required_unless_present = "model",
+            conflicts_with = "model"
+        )]
+        state: Option<PathBuf>,
+        /// A release file instead: a state_dir's model.bin, or a device's kept
+        /// <client_id>.model.bin.
+        #[arg(long, value_name = "FILE")]
+        model: Option<PathBuf>,
+        /// The model card of the backbone the federation trained on.
+        #[arg(long, value_name = "CARD.toml")]
+        backbone: PathBuf,
+        /// The ONNX file to write.
+        #[arg(long, value_name = "model.onnx", default_value = "model.onnx")]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -134,6 +164,30 @@ async fn main() -> anyhow::Result<()> {
             login,
             once,
         } => watch(&broker, &federation, login, once).await,
+        Command::Export {
+            state,
+            model,
+            backbone,
+            out,
+        } => {
+            let path = model.unwrap_or_else(|| state.unwrap_or_default().join("model.bin"));
+            let release = fedge_coordinator::export::read_release(&path)?;
+            let written = fedge_coordinator::export::export_files(&release, &backbone, &out)?;
+            println!(
+                "round {} of {} ({}, head {}→{}→{}, {} classes) written to {} ({} bytes) and {}",
+                release.round,
+                release.federation,
+                release.strategy,
+                release.head.features,
+                release.head.hidden,
+                release.head.classes,
+                release.classes.len(),
+                written.onnx.display(),
+                written.bytes,
+                written.card.display()
+            );
+            Ok(())
+        }
         Command::Keygen { client, keys, out } => {
             keys::keygen(&keys, &client, &out)?;
             println!(

@@ -40,6 +40,9 @@ pub fn bright_box_card(h: usize, w: usize, raw_max: f32) -> ModelCard {
         raw_max,
         output_name: "boxes".into(),
         feature_size: 4,
+        classes: Vec::new(),
+        logits_name: None,
+        fedge: None,
     }
 }
 

@@ -63,6 +63,17 @@ pub struct ModelCard {
     pub output_name: String,
     /// Length of the feature vector per input.
     pub feature_size: usize,
+    /// In a card `fedge-coordinator export` wrote (its model ends in the federation's head and
+    /// `output_name` gives probabilities): the class of each output, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<String>,
+    /// In an exported card: the output holding the head's logits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logits_name: Option<String>,
+    /// In an exported card: the release it holds (federation, round, strategy, backbone,
+    /// sha256), for people; fedge does not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fedge: Option<toml::Table>,
 }
 
 fn default_raw_max() -> f32 {
@@ -339,6 +350,9 @@ mod tests {
             raw_max: 255.0,
             output_name: "features".into(),
             feature_size: 3,
+            classes: Vec::new(),
+            logits_name: None,
+            fedge: None,
         }
     }
 

@@ -41,6 +41,9 @@ pub fn digits_conv_card() -> ModelCard {
         raw_max: 16.0,
         output_name: "features".into(),
         feature_size: 512,
+        classes: Vec::new(),
+        logits_name: None,
+        fedge: None,
     }
 }
 

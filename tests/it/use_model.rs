@@ -1,9 +1,9 @@
 //! From training to use, with every piece a separate process as a deployment runs them: the
 //! `fedge-coordinator` binary, two training `fedge-edge` agents and one evaluation-only agent,
 //! over mosquitto, on ImageFolder site folders (one without class "3", one that grows between
-//! rounds). At the end: the retained `model/current`, `site_accuracy` in the metrics, the
-//! model exported to ONNX, and the same logits from `fedge-edge predict`, the agent's HTTP
-//! endpoint and onnxruntime.
+//! rounds). At the end: the retained `model/current`, `site_accuracy` in the metrics, and the
+//! same answers from `fedge-edge predict`, the agent's HTTP endpoint, its MQTT requests, and
+//! the model exported to ONNX run by tract and by onnxruntime.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -347,6 +347,44 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     }
     assert!(right >= 3, "{right} of 10 right: {lines:?}");
 
+    // The model exported to ONNX from the coordinator's state folder, run by tract (fedge's own
+    // loader, reading the exported card) and by onnxruntime: fedge's answers within 1e-4.
+    let exported = root.join("export/model.onnx");
+    std::fs::create_dir_all(exported.parent().unwrap()).unwrap();
+    let out = Command::new(common::coordinator_binary())
+        .args(["export", "--state"])
+        .arg(root.join("state"))
+        .arg("--backbone")
+        .arg(card())
+        .arg("--out")
+        .arg(&exported)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let card_path = exported.with_extension("toml");
+    let onnx_card = fedge_models::ModelCard::load(&card_path).unwrap();
+    assert_eq!(onnx_card.classes, model.classes);
+    assert_eq!(onnx_card.output_name, "probabilities");
+    let tract = fedge_models::Backbone::load(&card_path).unwrap();
+    for (line, image) in lines.iter().zip(&images) {
+        let pixels = image::open(image).unwrap().to_luma8();
+        let raw: Vec<f32> = pixels.iter().map(|&p| f32::from(p)).collect();
+        let probabilities = tract.features_of(&raw, (1, 8, 8), 255.0, 1).unwrap();
+        assert_close(&Value::from(probabilities), &softmax(&line["logits"]), 1e-4);
+    }
+    if let Some(python) = common::onnxruntime::python() {
+        let answers = common::onnxruntime::predict(&python, &card_path, &images);
+        assert_eq!(answers.len(), images.len());
+        for (answer, line) in answers.iter().zip(&lines) {
+            assert_eq!(answer["class"], line["class"], "{answer}");
+            assert_close(&answer["logits"], &line["logits"], 1e-4);
+        }
+    }
+
     // The running agent's HTTP endpoint: the same answers.
     let base = format!("http://127.0.0.1:{http_port}");
     let agent = ureq::Agent::new_with_config(
@@ -499,6 +537,21 @@ fn first_png(folder: &Path) -> PathBuf {
         .collect();
     files.sort();
     files.into_iter().next().unwrap()
+}
+
+/// The softmax of a JSON array of logits.
+fn softmax(logits: &Value) -> Value {
+    let logits: Vec<f64> = (logits.as_array().unwrap().iter())
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+    Value::from(
+        logits
+            .iter()
+            .map(|l| (l - max).exp() / sum)
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// Two JSON arrays of numbers agree within `tolerance` everywhere.

@@ -8,6 +8,7 @@
 mod coordinator;
 mod device;
 mod mosquitto;
+pub mod onnxruntime;
 mod profiles;
 
 pub use coordinator::{

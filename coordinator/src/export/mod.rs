@@ -1,0 +1,316 @@
+//! `fedge-coordinator export`: a released head and its backbone as one ONNX file, and the
+//! model card that tells any runtime how to feed it.
+//!
+//! The ONNX file is the backbone's graph, cut to the card's feature output, with the head
+//! appended ([`graph`]): outputs `probabilities` (softmax, `[batch, K]`) and `logits`; the class
+//! names and the release (federation, round, strategy, SHA-256) are in its metadata. The card
+//! is the backbone's card (input name, size, layout, scale, mean, std, copied as they are: this
+//! crate reads only the keys it changes, so it needs neither tract nor the card's type) with
+//! `file`, `output_name = "probabilities"`, `feature_size = K`, `logits_name = "logits"`,
+//! `classes` and a `[fedge]` table.
+
+pub mod graph;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+
+use fedge_wire::{Message, ModelRelease};
+use onnx_protobuf::{Message as _, ModelProto, StringStringEntryProto};
+
+/// Why a model cannot be exported.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// A file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No released model in the state folder yet.
+    #[error(
+        "no released model at {}: the coordinator writes state_dir/model.bin after the first \
+         aggregated round",
+        path.display()
+    )]
+    NoRelease {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// The model file is not a release that verifies.
+    #[error("{} is not a usable released model: {reason}", path.display())]
+    BadRelease {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The card is not TOML or lacks a key the export needs.
+    #[error("backbone card {}: {reason}", path.display())]
+    Card {
+        /// The card.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The backbone file is not an ONNX model.
+    #[error("{} is not an ONNX model: {reason}", path.display())]
+    Onnx {
+        /// The file.
+        path: PathBuf,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// The ONNX model has no graph.
+    #[error("the backbone's ONNX model has no graph")]
+    NoGraph,
+    /// The card's `output_name` is not in the graph.
+    #[error(
+        "the backbone's graph has no tensor {name:?} (the card's output_name); its outputs \
+         are: {}",
+        outputs.join(", ")
+    )]
+    NoFeatureOutput {
+        /// The card's output name.
+        name: String,
+        /// The graph's outputs.
+        outputs: Vec<String>,
+    },
+    /// The backbone already uses a name the export adds.
+    #[error("the backbone's graph already has a tensor named {0:?}; rename it in the backbone")]
+    NameTaken(String),
+    /// The head does not fit the backbone.
+    #[error(
+        "the released head takes {head} features but the card {card:?} gives {card_features}: \
+         export with the backbone the federation trained on"
+    )]
+    Features {
+        /// The card's name.
+        card: String,
+        /// The card's feature size.
+        card_features: usize,
+        /// The head's input size.
+        head: usize,
+    },
+    /// The release names another backbone than the card.
+    #[error(
+        "the release was trained on backbone {release:?} but the card is {card:?}: export with \
+         the backbone the federation trained on"
+    )]
+    Backbone {
+        /// The card's name.
+        card: String,
+        /// The release's backbone.
+        release: String,
+    },
+    /// The output cannot be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What [`export_files`] wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exported {
+    /// The ONNX file.
+    pub onnx: PathBuf,
+    /// Its card.
+    pub card: PathBuf,
+    /// Its size in bytes.
+    pub bytes: usize,
+}
+
+/// Reads the release in `path` (a coordinator's `state_dir/model.bin`, or a device's kept
+/// `<client_id>.model.bin`), verified.
+pub fn read_release(path: &Path) -> Result<ModelRelease, ExportError> {
+    let bytes = std::fs::read(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => ExportError::NoRelease {
+            path: path.to_owned(),
+        },
+        _ => ExportError::Read {
+            path: path.to_owned(),
+            source,
+        },
+    })?;
+    let bad = |reason: String| ExportError::BadRelease {
+        path: path.to_owned(),
+        reason,
+    };
+    match fedge_wire::decode(&bytes) {
+        Ok(Message::Model(release)) => {
+            release.verify().map_err(|e| bad(e.to_string()))?;
+            Ok(release)
+        }
+        Ok(other) => Err(bad(format!("it holds a {:?} message", other.kind()))),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
+/// Exports `release` over the backbone of the card at `backbone_card` to `out` (the ONNX
+/// file) and its card beside it (`out` with the extension `toml`), each written atomically.
+pub fn export_files(
+    release: &ModelRelease,
+    backbone_card: &Path,
+    out: &Path,
+) -> Result<Exported, ExportError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| ExportError::Read {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let card_text = String::from_utf8_lossy(&read(backbone_card)?).into_owned();
+    let card_error = |reason: String| ExportError::Card {
+        path: backbone_card.to_owned(),
+        reason,
+    };
+    let card: toml::Table = toml::from_str(&card_text).map_err(|e| card_error(e.to_string()))?;
+    let file = string(&card, "file").map_err(card_error)?;
+    let onnx_path = backbone_card.parent().unwrap_or(Path::new(".")).join(file);
+    let onnx = read(&onnx_path)?;
+    let file_name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model.onnx".into());
+    let (model, card) = export(&card, &onnx, release, &file_name).map_err(|e| match e {
+        ExportError::Card { reason, .. } => card_error(reason),
+        ExportError::Onnx { reason, .. } => ExportError::Onnx {
+            path: onnx_path.clone(),
+            reason,
+        },
+        other => other,
+    })?;
+    let card_path = out.with_extension("toml");
+    let write = |path: &Path, bytes: &[u8]| {
+        fedge_daemon::write_atomically(path, bytes, fedge_daemon::Visibility::Shared).map_err(
+            |source| ExportError::Write {
+                path: path.to_owned(),
+                source,
+            },
+        )
+    };
+    write(out, &model)?;
+    write(&card_path, card.as_bytes())?;
+    Ok(Exported {
+        onnx: out.to_owned(),
+        card: card_path,
+        bytes: model.len(),
+    })
+}
+
+/// The exported ONNX bytes and card text for `release` over the backbone `onnx` described by
+/// `card`; `file_name` is what the card's `file` will say.
+pub fn export(
+    card: &toml::Table,
+    onnx: &[u8],
+    release: &ModelRelease,
+    file_name: &str,
+) -> Result<(Vec<u8>, String), ExportError> {
+    let card_error = |reason: String| ExportError::Card {
+        path: PathBuf::new(),
+        reason,
+    };
+    let params = release.verify().map_err(|e| ExportError::BadRelease {
+        path: PathBuf::from("the release"),
+        reason: e.to_string(),
+    })?;
+    let features = string(card, "output_name").map_err(card_error)?;
+    let card_features = card
+        .get("feature_size")
+        .and_then(toml::Value::as_integer)
+        .ok_or_else(|| card_error("feature_size is missing or not a whole number".into()))?;
+    let card_name = card.get("name").and_then(toml::Value::as_str).unwrap_or("");
+    if usize::try_from(card_features).ok() != Some(release.head.features) {
+        return Err(ExportError::Features {
+            card: card_name.to_owned(),
+            card_features: usize::try_from(card_features).unwrap_or(0),
+            head: release.head.features,
+        });
+    }
+    if !card_name.is_empty() && !release.backbone.is_empty() && card_name != release.backbone {
+        return Err(ExportError::Backbone {
+            card: card_name.to_owned(),
+            release: release.backbone.clone(),
+        });
+    }
+    let mut model = ModelProto::parse_from_bytes(onnx).map_err(|e| ExportError::Onnx {
+        path: PathBuf::new(),
+        reason: e.to_string(),
+    })?;
+    graph::append_head(&mut model, features, &release.head, &params)?;
+    let head = format!(
+        "{}→{}→{}",
+        release.head.features, release.head.hidden, release.head.classes
+    );
+    let classes = serde_json::to_string(&release.classes).unwrap_or_default();
+    let entries = [
+        ("classes", classes),
+        ("fedge.federation", release.federation.clone()),
+        ("fedge.round", release.round.to_string()),
+        ("fedge.strategy", release.strategy.clone()),
+        ("fedge.backbone", card_name.to_owned()),
+        ("fedge.head", head),
+        ("fedge.sha256", release.sha256_hex()),
+    ];
+    model
+        .metadata_props
+        .retain(|p| !entries.iter().any(|(k, _)| *k == p.key));
+    model.metadata_props.extend(entries.map(|(key, value)| {
+        let mut entry = StringStringEntryProto::new();
+        entry.key = key.to_owned();
+        entry.value = value;
+        entry
+    }));
+    model.producer_name = "fedge".into();
+    model.producer_version = env!("CARGO_PKG_VERSION").into();
+    let bytes = model.write_to_bytes().map_err(|e| ExportError::Onnx {
+        path: PathBuf::new(),
+        reason: e.to_string(),
+    })?;
+    Ok((bytes, exported_card(card, release, file_name)))
+}
+
+/// The exported model's card: the backbone's with the keys the export changes.
+fn exported_card(card: &toml::Table, release: &ModelRelease, file_name: &str) -> String {
+    let mut card = card.clone();
+    let text = |s: &str| toml::Value::String(s.to_owned());
+    card.insert("file".into(), text(file_name));
+    card.insert("output_name".into(), text(graph::PROBABILITIES));
+    card.insert("logits_name".into(), text(graph::LOGITS));
+    card.insert(
+        "feature_size".into(),
+        toml::Value::Integer(release.head.classes as i64),
+    );
+    card.insert(
+        "classes".into(),
+        toml::Value::Array(release.classes.iter().map(|c| text(c)).collect()),
+    );
+    let mut fedge = toml::Table::new();
+    fedge.insert("federation".into(), text(&release.federation));
+    fedge.insert("round".into(), toml::Value::Integer(release.round as i64));
+    fedge.insert("strategy".into(), text(&release.strategy));
+    fedge.insert("backbone".into(), text(&release.backbone));
+    fedge.insert("sha256".into(), text(&release.sha256_hex()));
+    card.insert("fedge".into(), toml::Value::Table(fedge));
+    format!(
+        "# Written by `fedge-coordinator export`: the backbone's card with the federation's head \
+         appended.\n# Outputs: {} (softmax over the classes below, in order) and {}.\n{}",
+        graph::PROBABILITIES,
+        graph::LOGITS,
+        toml::to_string(&card).unwrap_or_default()
+    )
+}
+
+/// A string key of the card.
+fn string<'a>(card: &'a toml::Table, key: &str) -> Result<&'a str, String> {
+    card.get(key)
+        .and_then(toml::Value::as_str)
+        .ok_or_else(|| format!("{key} is missing or not a string"))
+}

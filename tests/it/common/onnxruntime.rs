@@ -1,0 +1,57 @@
+//! onnxruntime from PyPI, as a user outside fedge runs an exported model: a Python with
+//! `tests/python/requirements.txt` installed. Found in `FEDGE_ONNX_PYTHON`, else in the
+//! virtual environment `bench/infer.sh` and `.ci/run` make (`~/.cache/fedge/ort-venv`). Without
+//! it the tests that need it skip, unless `FEDGE_REQUIRE_ONNXRUNTIME=1` (as in CI).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A Python that imports onnxruntime, numpy and Pillow, or `None` (skip).
+pub fn python() -> Option<PathBuf> {
+    let candidate = std::env::var_os("FEDGE_ONNX_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+            Some(cache.join("fedge/ort-venv/bin/python"))
+        });
+    let works = candidate.as_ref().is_some_and(|python| {
+        Command::new(python)
+            .args(["-c", "import onnxruntime, numpy, PIL"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if works {
+        return candidate;
+    }
+    assert!(
+        std::env::var("FEDGE_REQUIRE_ONNXRUNTIME").map_or(true, |v| v != "1"),
+        "FEDGE_REQUIRE_ONNXRUNTIME=1 but no Python with onnxruntime: python3 -m venv \
+         ~/.cache/fedge/ort-venv && ~/.cache/fedge/ort-venv/bin/pip install -r \
+         tests/python/requirements.txt (or set FEDGE_ONNX_PYTHON)"
+    );
+    eprintln!("no Python with onnxruntime: skipping the onnxruntime part");
+    None
+}
+
+/// `tests/python/onnx_predict.py` on `images` with the exported card `card`: one JSON value
+/// per image.
+pub fn predict(python: &Path, card: &Path, images: &[PathBuf]) -> Vec<serde_json::Value> {
+    let out = Command::new(python)
+        .arg(super::repo_root().join("tests/python/onnx_predict.py"))
+        .arg(card)
+        .args(images)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "onnx_predict.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
