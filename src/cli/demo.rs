@@ -67,6 +67,10 @@ pub struct DemoArgs {
     pub local: LocalArgs,
     #[command(flatten)]
     pub json: JsonArgs,
+    /// Write the final model here as ONNX: DIR/model.onnx (backbone and head, softmax at the
+    /// end) and DIR/model.toml (its card, with the class list), for onnxruntime or tract.
+    #[arg(long, value_name = "DIR")]
+    pub export: Option<std::path::PathBuf>,
 }
 
 /// How the agents train.
@@ -176,6 +180,25 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     })
     .await?;
     bar.finish_and_clear();
+    let mut result = result;
+    if let Some(dir) = &args.export {
+        let release = result.release.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "no round aggregated, so there is no model to export to {}",
+                dir.display()
+            )
+        })?;
+        let written = demo::export(release, dir)?;
+        if !args.quiet {
+            eprintln!(
+                "exported round {} to {} and {}",
+                release.round,
+                written.onnx.display(),
+                written.card.display()
+            );
+        }
+        result.export = Some(written.onnx);
+    }
     print_table(&result, options.rounds);
     args.json.write(&result)?;
     if let Some(path) = &args.json.json {

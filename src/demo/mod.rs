@@ -162,6 +162,12 @@ pub struct DemoResult {
     /// Rejections traced to no attack, by reason.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub attacks_untraced: std::collections::BTreeMap<String, u64>,
+    /// The model the coordinator released after the last aggregated round.
+    #[serde(skip)]
+    pub release: Option<fedge_wire::ModelRelease>,
+    /// Where `fedge demo --export` wrote it as ONNX.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<std::path::PathBuf>,
 }
 
 /// One simulated device of a demo.
@@ -416,6 +422,7 @@ pub async fn run(
     ));
     let mut rows = Vec::new();
     let mut abandoned = 0u64;
+    let mut last_aggregated = None;
     let mut rejected = std::collections::BTreeMap::new();
     // Under attack the federation may stall (no round ends): give up after four round
     // timeouts (a minute at least) without one.
@@ -439,6 +446,7 @@ pub async fn run(
             DriverEvent::RoundEnded { report, .. } => {
                 let mut row = row_of(&report, None);
                 if report.aggregated {
+                    last_aggregated = Some(report.round);
                     // The unseen site scores the release within milliseconds of receiving it.
                     let patience = std::time::Duration::from_secs(60);
                     match site.score_of(report.round, patience).await {
@@ -501,7 +509,25 @@ pub async fn run(
         seconds,
         attacks: hostile.attacks,
         attacks_untraced: hostile.untraced,
+        release: last_aggregated.and_then(|round| rounds.release(round)),
+        export: None,
     })
+}
+
+/// Writes the demo's released model as ONNX (`dir/model.onnx`, backbone `digits-conv` and
+/// head) and its card (`dir/model.toml`, with the class list).
+pub fn export(
+    release: &fedge_wire::ModelRelease,
+    dir: &std::path::Path,
+) -> anyhow::Result<fedge_coordinator::export::Exported> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let card: toml::Table = toml::from_str(&digits_conv_card().to_toml())?;
+    Ok(fedge_coordinator::export::write_export(
+        release,
+        &card,
+        DIGITS_CONV_ONNX,
+        &dir.join("model.onnx"),
+    )?)
 }
 
 /// The name of the demo's backbone, written into its releases.

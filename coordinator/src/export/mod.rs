@@ -175,18 +175,29 @@ pub fn export_files(
     let file = string(&card, "file").map_err(card_error)?;
     let onnx_path = backbone_card.parent().unwrap_or(Path::new(".")).join(file);
     let onnx = read(&onnx_path)?;
-    let file_name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model.onnx".into());
-    let (model, card) = export(&card, &onnx, release, &file_name).map_err(|e| match e {
+    write_export(release, &card, &onnx, out).map_err(|e| match e {
         ExportError::Card { reason, .. } => card_error(reason),
         ExportError::Onnx { reason, .. } => ExportError::Onnx {
             path: onnx_path.clone(),
             reason,
         },
         other => other,
-    })?;
+    })
+}
+
+/// Exports `release` over the backbone `onnx` described by `card` (a card's TOML table) to
+/// `out` and its card beside it, each written atomically.
+pub fn write_export(
+    release: &ModelRelease,
+    card: &toml::Table,
+    onnx: &[u8],
+    out: &Path,
+) -> Result<Exported, ExportError> {
+    let file_name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model.onnx".into());
+    let (model, card) = export(card, onnx, release, &file_name)?;
     let card_path = out.with_extension("toml");
     let write = |path: &Path, bytes: &[u8]| {
         fedge_daemon::write_atomically(path, bytes, fedge_daemon::Visibility::Shared).map_err(
