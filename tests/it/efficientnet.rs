@@ -78,3 +78,58 @@ fn grayscale_images_of_another_size_are_adapted_and_batched() {
         "different images, different features"
     );
 }
+
+#[test]
+fn the_exported_model_agrees_with_fedge_in_onnxruntime() {
+    let Some(path) = card_path() else { return };
+    let Some(python) = crate::common::onnxruntime::python() else {
+        return;
+    };
+    let backbone = std::sync::Arc::new(Backbone::load(&path).unwrap());
+    let head = fedge_models::HeadConfig::new(1280, 4).with_hidden(32);
+    let params = head.init_flat(3);
+    let release = fedge_wire::ModelRelease {
+        federation: "lite".into(),
+        run: 1,
+        round: 2,
+        strategy: "fedavg".into(),
+        classes: ["ok", "scratch", "dent", "stain"].map(String::from).into(),
+        backbone: backbone.card().name.clone(),
+        sha256: fedge_wire::ModelRelease::digest(&params),
+        params: fedge_wire::TensorF32::from_slice(&params),
+        head,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lite.onnx");
+    fedge_coordinator::export::export_files(&release, &path, &out).unwrap();
+    // RGB pictures at the card's input size, so no resize differs between the two sides.
+    let (h, w) = (backbone.card().height as u32, backbone.card().width as u32);
+    let images: Vec<PathBuf> = (0..3u32)
+        .map(|k| {
+            let image = image::RgbImage::from_fn(w, h, |x, y| {
+                image::Rgb([
+                    (x * 7 + k * 50) as u8,
+                    (y * 5) as u8,
+                    ((x + y) * 3 + k) as u8,
+                ])
+            });
+            let file = dir.path().join(format!("{k}.png"));
+            image.save(&file).unwrap();
+            file
+        })
+        .collect();
+    let predictor = fedge_edge::inference::Predictor::new(backbone, release).unwrap();
+    let answers =
+        crate::common::onnxruntime::predict(&python, &out.with_extension("toml"), &images);
+    for (answer, image) in answers.iter().zip(&images) {
+        let ours = predictor.predict_file(image, 1).unwrap();
+        let theirs: Vec<f64> = (answer["logits"].as_array().unwrap().iter())
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let worst = (ours.logits.iter().zip(&theirs))
+            .map(|(a, b)| (f64::from(*a) - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst <= 1e-4, "{}: {worst}", image.display());
+        assert_eq!(answer["class"], ours.class.as_str());
+    }
+}

@@ -25,7 +25,7 @@ def prepare(card, path):
     if image.size != (w, h):
         image = image.resize((w, h), Image.BILINEAR)
     x = np.asarray(image, dtype=np.float32).reshape(h, w, -1).transpose(2, 0, 1)
-    x = x * np.float32(card["raw_max"] / 255.0)
+    x = x * np.float32(card.get("raw_max", 255.0) / 255.0)  # fedge's default: 8-bit values
     mean = np.array(card["mean"], dtype=np.float32)[:, None, None]
     std = np.array(card["std"], dtype=np.float32)[:, None, None]
     x = (x * np.float32(card["scale"]) - mean) / std
