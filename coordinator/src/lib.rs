@@ -16,9 +16,11 @@
 //! - [`updates`]: a round's deltas held compactly (heap or spill file), dot products streamed
 //!   as they arrive, and their norms.
 //! - [`replay`]: one aggregation re-run offline from `.npy` files.
+//! - [`export`]: a released head and its backbone as one ONNX file (`fedge-coordinator
+//!   export`); it uses only the wire format and the file writer.
 //! - [`config`]: the coordinator's TOML configuration.
 //!
-//! `io` and `replay` may use everything; `store` uses `round`'s plain saved types; `round` uses
+//! `io`, `replay` and `export` may use everything; `store` uses `round`'s plain saved types; `round` uses
 //! `strategy`, `objectives` and `updates`; `strategy` and `objectives` use `updates`; nothing
 //! points back up. Nothing under `round`, `strategy`, `objectives` or `updates` (but the spill
 //! file's creation) touches files, the network or a clock.
