@@ -13,7 +13,7 @@ use onnx_protobuf::{
     attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto,
 };
 
-use super::ExportError;
+use super::error::ExportError;
 
 /// The exported graph's first output: the class probabilities, `[batch, K]`.
 pub const PROBABILITIES: &str = "probabilities";
