@@ -24,6 +24,16 @@ impl Mosquitto {
 
     /// Like [`Mosquitto::start`], with extra lines for the listener (TLS files, for example).
     pub fn start_with(listener_options: &str) -> Option<Self> {
+        Self::start_configured(listener_options, "")
+    }
+
+    /// Like [`Mosquitto::start`], with `tail` (a bridge's `connection` section) at the end of
+    /// the configuration.
+    pub fn start_bridged(tail: &str) -> Option<Self> {
+        Self::start_configured("", tail)
+    }
+
+    fn start_configured(listener_options: &str, tail: &str) -> Option<Self> {
         let binary = binary()?;
         let port = fedge_coordinator::io::broker::free_loopback_addr()
             .unwrap()
@@ -33,7 +43,7 @@ impl Mosquitto {
         std::fs::write(
             &conf,
             format!(
-                "listener {port} 127.0.0.1\n{listener_options}\nallow_anonymous true\npersistence false\n"
+                "listener {port} 127.0.0.1\n{listener_options}\nallow_anonymous true\npersistence false\n{tail}\n"
             ),
         )
         .unwrap();
