@@ -29,7 +29,7 @@ pub struct InferenceConfig {
     pub max_body_mb: usize,
     /// Also answer requests on `edge/<client_id>/infer/request` over the federation's broker,
     /// on `edge/<client_id>/infer/response` (JSON with the request's id; see
-    /// `super::mqtt`), for MQTT-native applications such as Node-RED.
+    /// `crate::agent::serve`), for MQTT-native applications such as Node-RED.
     #[serde(default)]
     pub mqtt: bool,
 }
