@@ -16,11 +16,12 @@
 //! - [`updates`]: a round's deltas held compactly (heap or spill file), dot products streamed
 //!   as they arrive, and their norms.
 //! - [`replay`]: one aggregation re-run offline from `.npy` files.
+//! - [`site`]: a site's device updates merged into the one update it sends upstream.
 //! - [`export`]: a released head and its backbone as one ONNX file (`fedge-coordinator
 //!   export`); it uses only the wire format and the file writer.
 //! - [`config`]: the coordinator's TOML configuration.
 //!
-//! `io`, `replay` and `export` may use everything; `store` uses `round`'s plain saved types; `round` uses
+//! `io`, `replay`, `export` and `site` may use everything; `store` uses `round`'s plain saved types; `round` uses
 //! `strategy`, `objectives` and `updates`; `strategy` and `objectives` use `updates`; nothing
 //! points back up. Nothing under `round`, `strategy`, `objectives` or `updates` (but the spill
 //! file's creation) touches files, the network or a clock.
@@ -31,6 +32,7 @@ pub mod io;
 pub mod objectives;
 pub mod replay;
 pub mod round;
+pub mod site;
 pub mod store;
 pub mod strategy;
 pub mod updates;

@@ -33,7 +33,7 @@ pub struct EvalArgs {
     /// How source domains become clients.
     #[arg(long, value_enum, default_value_t = ScenarioKind::Lodo, help_heading = "Runs")]
     pub scenario: ScenarioKind,
-    /// Clients per source domain in the `multi` scenario.
+    /// Clients per source domain in the `multi` scenario, devices per site in `sites`.
     #[arg(long, default_value_t = 10, help_heading = "Runs")]
     pub clients_per_domain: usize,
     /// Clients selected per round in the `multi` scenario.
@@ -70,6 +70,10 @@ pub enum ScenarioKind {
     /// Each source domain split into --clients-per-domain clients, --sample of them train per
     /// round.
     Multi,
+    /// Each source domain a site of --clients-per-domain devices: all train, each site merges
+    /// its devices' updates by sample count, the strategy aggregates the sites (not with
+    /// FedDIM, whose compact statistics do not merge).
+    Sites,
 }
 
 impl ScenarioKind {
@@ -78,6 +82,7 @@ impl ScenarioKind {
         match self {
             ScenarioKind::Lodo => "lodo",
             ScenarioKind::Multi => "multi",
+            ScenarioKind::Sites => "sites",
         }
     }
 }
@@ -94,6 +99,19 @@ impl EvalArgs {
                 Scenario::Multi {
                     clients_per_domain: self.clients_per_domain,
                     sample: self.sample,
+                }
+            }
+            ScenarioKind::Sites => {
+                anyhow::ensure!(
+                    self.clients_per_domain >= 1,
+                    "--clients-per-domain must be at least 1"
+                );
+                anyhow::ensure!(
+                    self.transport == Transport::InProcess,
+                    "--scenario sites runs in process only; leave out --transport mqtt"
+                );
+                Scenario::Sites {
+                    devices: self.clients_per_domain,
                 }
             }
         })

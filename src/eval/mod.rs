@@ -146,6 +146,13 @@ pub enum Scenario {
         /// Clients selected per round.
         sample: usize,
     },
+    /// Each source domain a site of `devices` devices (split at random as in `Multi`): every
+    /// device of a site trains, the site merges its devices' updates by sample count
+    /// (`fedge_coordinator::site::merge`) and the global strategy aggregates the sites.
+    Sites {
+        /// Devices per site.
+        devices: usize,
+    },
 }
 
 /// Settings of a benchmark run.

@@ -186,6 +186,9 @@ pub async fn run_one_mqtt(
     let per_round = match options.scenario {
         Scenario::Lodo => None,
         Scenario::Multi { sample, .. } => Some(sample),
+        Scenario::Sites { .. } => {
+            anyhow::bail!("--scenario sites runs in process only; leave out --transport mqtt")
+        }
     };
     let data = crate::demo::DemoData {
         head: head.clone(),
@@ -235,8 +238,21 @@ pub async fn run_one_mqtt(
 pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed);
+    let sites = matches!(options.scenario, Scenario::Sites { .. });
+    anyhow::ensure!(
+        !(sites && algorithm.objective == Objective::FedDim),
+        "{}: {}",
+        algorithm.name,
+        fedge_coordinator::site::MergeError::FedDim
+    );
+    // The round machine's participants: the devices, or with sites the sites.
+    let mut participants: Vec<&str> = sources.iter().map(|c| c.site.as_str()).collect();
+    participants.dedup();
+    if !sites {
+        participants = sources.iter().map(|c| c.name.as_str()).collect();
+    }
     let (fraction, per_round) = match options.scenario {
-        Scenario::Lodo => (1.0, sources.len()),
+        Scenario::Lodo | Scenario::Sites { .. } => (1.0, participants.len()),
         Scenario::Multi { sample, .. } => {
             let sample = sample.clamp(1, sources.len());
             (sample as f32 / sources.len() as f32, sample)
@@ -246,10 +262,10 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let config = RoundConfig {
         rounds: options.rounds,
         fraction,
-        min_clients: sources.len(),
+        min_clients: participants.len(),
         min_updates: per_round,
         round_timeout_ms: u64::MAX / 4,
-        train,
+        train: train.clone(),
         seed,
         insight: (algorithm.objective == Objective::FedDim).then_some(InsightConfig {
             hidden: head.hidden,
@@ -268,8 +284,8 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     // What each device keeps between rounds (Stable-FedADG's discriminator and memory).
     let states: Vec<Mutex<LocalState>> = sources.iter().map(|_| Mutex::default()).collect();
     let mut train_seconds = 0f64;
-    for source in &sources {
-        machine.handle_client_status(&source.name, true, 0);
+    for participant in &participants {
+        machine.handle_client_status(participant, true, 0);
     }
     machine.start(0);
     let val_sets: Vec<Arc<FeatureSet>> = sources.iter().map(|c| Arc::clone(&c.val)).collect();
@@ -312,10 +328,14 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         let global = task.params.to_vec();
         let insight = task.insight.as_ref().map(TensorF32::to_vec);
         let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
+        // A selected site trains all of its devices.
         let selected: Vec<(&Client, &Mutex<LocalState>)> = sources
             .iter()
             .zip(&states)
-            .filter(|(s, _)| task.selected.contains(&s.name))
+            .filter(|(s, _)| {
+                task.selected
+                    .contains(if sites { &s.site } else { &s.name })
+            })
             .collect();
         let client_seed = seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let frames = in_parallel(&selected, |(source, state)| {
@@ -359,13 +379,27 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     .prototypes
                     .map(|s| class_stats(s, task.train.update_codec)),
             };
-            Ok((fedge_wire::encode(&Message::ClientUpdate(update)), seconds))
+            Ok((update, seconds))
         })?;
-        // Handed over in client order, whichever thread finished first.
-        for ((source, _), (frame, seconds)) in selected.iter().zip(frames) {
-            now += 1;
+        // Handed over in client order, whichever thread finished first; with sites, each
+        // site's devices merged first, in device order.
+        let mut updates: Vec<(String, Vec<ClientUpdate>)> = Vec::new();
+        for ((source, _), (update, seconds)) in selected.iter().zip(frames) {
             train_seconds += seconds;
-            machine.handle_packet(&source.name, &frame, now);
+            let sender = if sites { &source.site } else { &source.name };
+            match updates.last_mut() {
+                Some((last, group)) if sites && last == sender => group.push(update),
+                _ => updates.push((sender.clone(), vec![update])),
+            }
+        }
+        for (sender, group) in updates {
+            let update = match group.as_slice() {
+                [one] if !sites => one.clone(),
+                _ => fedge_coordinator::site::merge(&sender, &group, train.update_codec)?,
+            };
+            now += 1;
+            let frame = fedge_wire::encode(&Message::ClientUpdate(update));
+            machine.handle_packet(&sender, &frame, now);
         }
     }
     let mut result = RunResult::select(
@@ -379,9 +413,11 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     Ok(result)
 }
 
-/// A client of a run: its id, its splits and FedDDL's views of its training split.
+/// A client of a run: its id, its site (the source domain), its splits and FedDDL's views of
+/// its training split.
 struct Client {
     name: String,
+    site: String,
     train: Arc<FeatureSet>,
     val: Arc<FeatureSet>,
     views: Option<Arc<DdlViews>>,
@@ -394,15 +430,18 @@ fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64)
         Scenario::Lodo => sources
             .map(|(_, d)| Client {
                 name: d.name.clone(),
+                site: d.name.clone(),
                 train: Arc::clone(&d.train),
                 val: Arc::clone(&d.val),
                 views: d.views.clone(),
             })
             .collect(),
         Scenario::Multi {
-            clients_per_domain, ..
-        } => {
-            let parts = clients_per_domain.max(1);
+            clients_per_domain: parts,
+            ..
+        }
+        | Scenario::Sites { devices: parts } => {
+            let parts = parts.max(1);
             sources
                 .flat_map(|(i, d)| {
                     let salt = seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
@@ -414,6 +453,7 @@ fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64)
                         .enumerate()
                         .map(move |(c, (t, v))| Client {
                             name: format!("{}-{c:02}", d.name),
+                            site: d.name.clone(),
                             train: Arc::new(d.train.rows(&t)),
                             val: Arc::new(v),
                             views: d.views.as_ref().map(|views| Arc::new(views.rows(&t))),

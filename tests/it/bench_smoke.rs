@@ -421,3 +421,44 @@ fn the_inference_benchmark_writes_its_figures_and_what_onnxruntime_needs() {
     assert_eq!(len("images.f32"), 20 * 64 * 4);
     assert_eq!(len("logits.f32"), 20 * 10 * 4);
 }
+
+/// With FedAvg, sites that merge their devices by sample count give the global model a flat
+/// federation of all the same devices gives; FedOMG across sites weighs sites, not devices, so
+/// it does not; FedDIM is refused with the reason.
+#[test]
+fn sites_merged_by_sample_count_are_fedavg_over_all_their_devices() {
+    let prepared = digits();
+    let run = |scenario: Scenario, algorithm: &str| {
+        let options = BenchOptions {
+            scenario,
+            ..lodo(2, 2, 16)
+        };
+        let algorithms = vec![parse_algorithm(algorithm).unwrap()];
+        run_lodo(&prepared, &algorithms, &options, |_| {})
+    };
+    let sites = Scenario::Sites { devices: 3 };
+    // Five source domains of three devices each: all fifteen train in the flat run too.
+    let flat = Scenario::Multi {
+        clients_per_domain: 3,
+        sample: 15,
+    };
+    let (by_site, by_device) = (run(sites, "fedavg").unwrap(), run(flat, "fedavg").unwrap());
+    assert_eq!(by_site.len(), 6);
+    for (s, d) in by_site.iter().zip(&by_device) {
+        assert_eq!(s.target, d.target);
+        let worst = (s.final_params.iter().zip(&d.final_params))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{}: {worst}", s.target);
+    }
+    let fedomg = run(sites, "fedomg").unwrap();
+    assert!(
+        fedomg
+            .iter()
+            .zip(&by_site)
+            .any(|(o, a)| o.final_params != a.final_params),
+        "FedOMG across sites weighed them as FedAvg does"
+    );
+    let refused = run(sites, "feddim").unwrap_err().to_string();
+    assert!(refused.contains("FedDIM"), "{refused}");
+}
