@@ -179,10 +179,9 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     }
     let table = eval::markdown(&results);
     println!(
-        "{}, {} backbone, {} ({:?}), {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        "{}, {} backbone, {}, {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
         args.data.dataset,
         prepared.backbone,
-        args.scenario.name(),
         options.scenario,
         options.rounds,
         options.local_epochs,

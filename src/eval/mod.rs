@@ -155,6 +155,25 @@ pub enum Scenario {
     },
 }
 
+impl std::fmt::Display for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scenario::Lodo => write!(f, "lodo (one client per source domain)"),
+            Scenario::Multi {
+                clients_per_domain,
+                sample,
+            } => write!(
+                f,
+                "multi ({clients_per_domain} clients per source domain, {sample} per round)"
+            ),
+            Scenario::Sites { devices } => write!(
+                f,
+                "sites (each source domain a site of {devices} devices, merged at the site)"
+            ),
+        }
+    }
+}
+
 /// Settings of a benchmark run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
