@@ -23,6 +23,17 @@ use crate::inference::{Prediction, Predictor, http, store};
 pub fn restore(setup: &AgentSetup) -> Option<ModelRelease> {
     let path = setup.serving.model_file.as_deref()?;
     match store::load(path) {
+        // A kept release of another federation (the profile changed) is not this one's model.
+        Ok(Some(release)) if release.federation != setup.federation => {
+            tracing::warn!(
+                client = %setup.client_id,
+                path = %path.display(),
+                "the kept model belongs to federation {:?}, not {:?}: ignored until a release arrives",
+                release.federation,
+                setup.federation
+            );
+            None
+        }
         Ok(release) => release,
         Err(e) => {
             tracing::warn!(client = %setup.client_id, "{e}");
