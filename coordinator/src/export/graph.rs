@@ -38,6 +38,9 @@ pub fn append_head(
             return Err(ExportError::NameTaken(ours.to_owned()));
         }
     }
+    if let Some(name) = taken.iter().find(|n| n.starts_with(PREFIX)) {
+        return Err(ExportError::NameTaken((*name).to_owned()));
+    }
     let (f, h, k) = (head.features, head.hidden, head.classes);
     let (w1, rest) = params.split_at(f * h);
     let (b1, rest) = rest.split_at(h);
