@@ -563,51 +563,6 @@ pub fn rejection_of(metrics: &[u8], client_id: &str) -> Option<String> {
     ))
 }
 
-/// The round task in a payload: `Ok(None)` while chunks are missing, for tasks that do not
-/// concern this device and for undecodable payloads (logged); `Err` for a task that names this
-/// device but fails authentication (reported in the device's status).
-pub fn decode_task(
-    reassembler: &mut Reassembler,
-    payload: &[u8],
-    now_ms: u64,
-    client_id: &str,
-    key: Option<&DeviceKey>,
-) -> Result<Option<RoundTask>, TaskError> {
-    let message = match fedge_wire::decode(payload) {
-        Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now_ms) {
-            Ok(Some(frame)) => fedge_wire::decode(&frame),
-            Ok(None) => return Ok(None),
-            Err(e) => Err(e),
-        },
-        other => other,
-    };
-    let message = match (message, key) {
-        (Ok(Message::Sealed(sealed)), Some(key)) => {
-            if !sealed.names(client_id) {
-                return Ok(None);
-            }
-            fedge_wire::decode(sealed.open(client_id, key)?)
-        }
-        // A device without a key follows tasks without checking their tags.
-        (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
-        (Ok(Message::RoundTask(task)), Some(_)) if task.selected.iter().any(|c| c == client_id) => {
-            return Err(TaskError::Untagged);
-        }
-        (other, _) => other,
-    };
-    match message {
-        Ok(Message::RoundTask(task)) => Ok(Some(task)),
-        Ok(_) => {
-            tracing::debug!("ignoring a message that is not a round task on the task topic");
-            Ok(None)
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "ignoring an undecodable round task");
-            Ok(None)
-        }
-    }
-}
-
 /// Counts and `[K, H]` means as they go on the wire.
 pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>), codec: Codec) -> ClassStats {
     ClassStats {
@@ -616,7 +571,10 @@ pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>), codec: Codec) -> Class
     }
 }
 
+mod frames;
 mod release;
+
+pub use frames::decode_task;
 
 #[cfg(test)]
 mod tests;

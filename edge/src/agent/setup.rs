@@ -1,5 +1,5 @@
 //! What a running agent needs: identity, broker, head shape, cached data, Burn device, key and
-//! state file, as `crate::config::EdgeConfig::setup` builds it or a test writes it.
+//! state file, as a loaded device profile builds it or a test writes it.
 //!
 //! Plain data: it does not connect or train.
 

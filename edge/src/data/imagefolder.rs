@@ -84,8 +84,8 @@ pub fn imagefolder_domains(
 }
 
 /// Loads one site folder `dir/<class>/*.png` alone, as a device holds it: its classes are its
-/// own class folders, sorted (a device renumbers them onto the federation's list by name,
-/// `crate::classes`). Decoding, resizing and `boxes.csv` are as in [`imagefolder_domains`].
+/// own class folders, sorted (a device renumbers them onto the federation's list by name).
+/// Decoding, resizing and `boxes.csv` are as in [`imagefolder_domains`].
 ///
 /// # Errors
 ///

@@ -29,7 +29,7 @@ pub struct InferenceConfig {
     pub max_body_mb: usize,
     /// Also answer requests on `edge/<client_id>/infer/request` over the federation's broker,
     /// on `edge/<client_id>/infer/response` (JSON with the request's id; see
-    /// `crate::agent::serve`), for MQTT-native applications such as Node-RED.
+    /// the agent's driver), for MQTT-native applications such as Node-RED.
     #[serde(default)]
     pub mqtt: bool,
 }

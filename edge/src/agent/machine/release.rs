@@ -1,8 +1,9 @@
 //! The machine's side of released models: which to keep and score (see the parent's
 //! "Decisions"), and the evaluation-only device's score in its status.
 
-use fedge_wire::{Message, ModelRelease, Reassembler, SiteEvaluation};
+use fedge_wire::SiteEvaluation;
 
+use super::frames::decode_release;
 use super::{Agent, Output};
 
 impl Agent {
@@ -70,49 +71,5 @@ impl Agent {
             }
         }
         self.publish_status();
-    }
-}
-
-/// The release in a payload: `Ok(None)` while chunks are missing and for payloads that are not
-/// releases (logged); `Err` for a release that fails its checks: digest, layout, or with a key
-/// its seal (a device with a key believes only sealed releases that name it).
-pub fn decode_release(
-    reassembler: &mut Reassembler,
-    payload: &[u8],
-    now_ms: u64,
-    client_id: &str,
-    key: Option<&fedge_wire::DeviceKey>,
-) -> Result<Option<ModelRelease>, String> {
-    let message = match fedge_wire::decode(payload) {
-        Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now_ms) {
-            Ok(Some(frame)) => fedge_wire::decode(&frame),
-            Ok(None) => return Ok(None),
-            Err(e) => Err(e),
-        },
-        other => other,
-    };
-    let message = match (message, key) {
-        (Ok(Message::Sealed(sealed)), Some(key)) => {
-            let inner = sealed.open(client_id, key).map_err(|e| e.to_string())?;
-            fedge_wire::decode(inner)
-        }
-        (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
-        (Ok(Message::Model(_)), Some(_)) => {
-            return Err(
-                "a release without the coordinator's tag, but this device has a key".into(),
-            );
-        }
-        (other, _) => other,
-    };
-    match message {
-        Ok(Message::Model(release)) => match release.verify() {
-            Ok(_) => Ok(Some(release)),
-            Err(e) => Err(e.to_string()),
-        },
-        Ok(_) => Ok(None),
-        Err(e) => {
-            tracing::debug!(error = %e, "ignoring an undecodable released model");
-            Ok(None)
-        }
     }
 }
