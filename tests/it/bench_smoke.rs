@@ -384,23 +384,18 @@ fn the_background_bias_benchmark_runs() {
 #[test]
 fn the_inference_benchmark_writes_its_figures_and_what_onnxruntime_needs() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
-        .args([
-            "bench",
-            "infer",
-            "--requests",
-            "20",
-            "--hidden",
-            "8",
-            "--out",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    crate::common::succeeded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args([
+                "bench",
+                "infer",
+                "--requests",
+                "20",
+                "--hidden",
+                "8",
+                "--out",
+            ])
+            .arg(dir.path()),
     );
     let figures: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("fedge.json")).unwrap()).unwrap();

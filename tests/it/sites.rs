@@ -45,17 +45,12 @@ fn bridge_conf(central_port: u16) -> String {
 
 fn keygen(dir: &Path, client: &str) -> PathBuf {
     let out = dir.join(format!("{client}.key"));
-    let status = Command::new(common::coordinator_binary())
-        .args(["keygen", "--client", client, "--keys"])
-        .arg(dir.join("keys.toml"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
+    common::succeeded(
+        Command::new(common::coordinator_binary())
+            .args(["keygen", "--client", client, "--keys"])
+            .arg(dir.join("keys.toml"))
+            .arg("--out")
+            .arg(&out),
     );
     out
 }

@@ -320,22 +320,13 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
         .collect();
 
     // fedge-edge predict: one JSON line per image, with the kept model.
-    let out = Command::new(edge_binary())
-        .args(["predict", "--top-k", "2", "--config"])
-        .arg(root.join("unseen.toml"))
-        .args(&images)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::succeeded(
+        Command::new(edge_binary())
+            .args(["predict", "--top-k", "2", "--config"])
+            .arg(root.join("unseen.toml"))
+            .args(&images),
     );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = common::json_lines(&out.stdout);
     assert_eq!(lines.len(), images.len());
     let mut right = 0;
     for (line, (k, image)) in lines.iter().zip(images.iter().enumerate()) {
@@ -351,19 +342,14 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     // loader, reading the exported card) and by onnxruntime: fedge's answers within 1e-4.
     let exported = root.join("export/model.onnx");
     std::fs::create_dir_all(exported.parent().unwrap()).unwrap();
-    let out = Command::new(common::coordinator_binary())
-        .args(["export", "--state"])
-        .arg(root.join("state"))
-        .arg("--backbone")
-        .arg(card())
-        .arg("--out")
-        .arg(&exported)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::succeeded(
+        Command::new(common::coordinator_binary())
+            .args(["export", "--state"])
+            .arg(root.join("state"))
+            .arg("--backbone")
+            .arg(card())
+            .arg("--out")
+            .arg(&exported),
     );
     let card_path = exported.with_extension("toml");
     let onnx_card = fedge_models::ModelCard::load(&card_path).unwrap();
@@ -467,11 +453,7 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     let out = tokio::task::spawn_blocking(move || sub.wait_with_output().unwrap())
         .await
         .unwrap();
-    let answers: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let answers = common::json_lines(&out.stdout);
     let answer = answers
         .iter()
         .find(|a| a["id"] == "req-1")

@@ -25,6 +25,25 @@ use std::time::Duration;
 use fedge::demo::{self, DemoOptions, DemoResult};
 use fedge_mqtt::BrokerConfig;
 
+/// Runs `command` to its end and returns its output, failing the test with its standard
+/// error when it does not succeed.
+pub fn succeeded(command: &mut std::process::Command) -> std::process::Output {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// One JSON value per line of a command's standard output.
+pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+    (String::from_utf8_lossy(stdout).lines())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
 /// Euclidean norm, as the coordinator computes it.
 /// Writes a secret file (a key, a keys file) readable by its owner only, as
 /// `fedge-coordinator keygen` does; fedge refuses secrets others can read.

@@ -38,20 +38,11 @@ pub fn python() -> Option<PathBuf> {
 /// `tests/python/onnx_predict.py` on `images` with the exported card `card`: one JSON value
 /// per image.
 pub fn predict(python: &Path, card: &Path, images: &[PathBuf]) -> Vec<serde_json::Value> {
-    let out = Command::new(python)
-        .arg(super::repo_root().join("tests/python/onnx_predict.py"))
-        .arg(card)
-        .args(images)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "onnx_predict.py: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = super::succeeded(
+        Command::new(python)
+            .arg(super::repo_root().join("tests/python/onnx_predict.py"))
+            .arg(card)
+            .args(images),
     );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    super::json_lines(&out.stdout)
 }
