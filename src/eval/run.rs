@@ -246,11 +246,17 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         fedge_coordinator::site::MergeError::FedDim
     );
     // The round machine's participants: the devices, or with sites the sites.
-    let mut participants: Vec<&str> = sources.iter().map(|c| c.site.as_str()).collect();
+    let mut participants: Vec<&str> = (sources.iter())
+        .map(|c| {
+            if sites {
+                c.site.as_str()
+            } else {
+                c.name.as_str()
+            }
+        })
+        .collect();
+    // A site's devices are consecutive.
     participants.dedup();
-    if !sites {
-        participants = sources.iter().map(|c| c.name.as_str()).collect();
-    }
     let (fraction, per_round) = match options.scenario {
         Scenario::Lodo | Scenario::Sites { .. } => (1.0, participants.len()),
         Scenario::Multi { sample, .. } => {
