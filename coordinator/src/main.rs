@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedge_coordinator::config::CoordinatorConfig;
+use fedge_coordinator::config::{CoordinatorConfig, Role};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::replay::{self, npy};
+use fedge_coordinator::site::{self, link::LinkOptions};
 use fedge_coordinator::store::{checkpoint, journal, keys};
 use fedge_coordinator::strategy::{SolverKind, StrategyKind};
 use fedge_coordinator::{DriverOptions, Rounds, driver};
@@ -269,16 +270,21 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
             tracing::warn!(bytes = ignored, "cut a torn or damaged end off the journal");
         }
         let logged = log.opened.as_ref().map(|o| o.round);
-        match rounds.restore_round(log, 0) {
-            Some((round, accepted)) => {
-                tracing::info!(round, accepted, "resuming the open round from the journal");
-            }
-            None if logged.is_some() => tracing::warn!(
-                round = logged,
-                "the journal belongs to an earlier round or to other parameters (was the \
+        if rounds.is_site() {
+            // Its base is the global task's parameters: restored when that task comes again.
+            rounds.defer_restore(log);
+        } else {
+            match rounds.restore_round(log, 0) {
+                Some((round, accepted)) => {
+                    tracing::info!(round, accepted, "resuming the open round from the journal");
+                }
+                None if logged.is_some() => tracing::warn!(
+                    round = logged,
+                    "the journal belongs to an earlier round or to other parameters (was the \
                  checkpoint moved away?); ignored, it is replaced when the next round opens"
-            ),
-            None => {}
+                ),
+                None => {}
+            }
         }
     }
     let options = DriverOptions {
@@ -295,8 +301,55 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         let _ = stop_tx.send(true);
     });
-    tracing::info!(federation = %config.federation, strategy = config.strategy.strategy.name(), rounds = config.rounds, "coordinator starting");
-    let rounds = driver::run(rounds, options, None, None, stop_rx).await?;
+    let rounds = match (config.role, &config.site) {
+        (Role::Site, Some(site)) => {
+            let link = LinkOptions {
+                broker: site.upstream_broker(&config.broker).clone(),
+                federation: site.federation.clone(),
+                site: site.name.clone(),
+                key: site.load_key()?,
+                backbone: config.model.backbone.clone(),
+                pending_file: config.state_dir.as_ref().map(|d| d.join("upstream.bin")),
+                task_file: config.state_dir.as_ref().map(|d| d.join("global-task.bin")),
+            };
+            // The global task the site was answering: its open round resumes from the journal
+            // now, before the devices' updates the broker queued meanwhile arrive.
+            if let Some(task) = link.task_file.as_deref().and_then(site::link::load_task) {
+                let round = task.round;
+                match rounds.relay_task(task, 0) {
+                    Ok(true) => {
+                        tracing::info!(
+                            round,
+                            accepted = rounds.reported(),
+                            "resuming the site's round for the global round"
+                        )
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(round, error = %e, "the kept global task does not fit; waiting for the next")
+                    }
+                }
+            }
+            tracing::info!(site = %site.name, federation = %config.federation, upstream = %site.federation, "site aggregator starting");
+            let (inbox_tx, inbox) = tokio::sync::mpsc::unbounded_channel();
+            let (outbox, outbox_rx) = tokio::sync::mpsc::unbounded_channel();
+            let link = tokio::spawn(site::link::run(link, inbox_tx, outbox_rx, stop_rx.clone()));
+            let relay = driver::Relay { inbox, outbox };
+            let rounds = driver::run_site(rounds, options, relay, None, stop_rx).await?;
+            let summary = link.await.context("the upstream link panicked")??;
+            tracing::info!(
+                tasks = summary.tasks,
+                sent = summary.sent,
+                stale = summary.stale,
+                "site link stopped"
+            );
+            rounds
+        }
+        _ => {
+            tracing::info!(federation = %config.federation, strategy = config.strategy.strategy.name(), rounds = config.rounds, "coordinator starting");
+            driver::run(rounds, options, None, None, stop_rx).await?
+        }
+    };
     tracing::info!(
         round = rounds.round(),
         phase = rounds.phase().name(),

@@ -150,7 +150,7 @@ impl AttackKind {
                 "bad_tag",
             ],
             AttackKind::StaleTask => &["wrong_round", "replay"],
-            AttackKind::ForgedStatus => &["bad_tag", "unauthenticated"],
+            AttackKind::ForgedStatus => &["bad_status_tag", "unauthenticated"],
             _ => &[],
         };
         reasons.contains(&reason)

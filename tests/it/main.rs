@@ -24,6 +24,7 @@ mod inference;
 mod objectives;
 mod profiles;
 mod restart;
+mod site_aggregator;
 mod sites;
 mod tls;
 mod use_model;

@@ -16,11 +16,11 @@ use crate::common::{self, KillOnDrop, Mosquitto};
 const ROUNDS: u64 = 3;
 const DEVICES: [(&str, &str); 2] = [("cam-1", "rot0"), ("cam-2", "rot15")];
 
-/// The shipped bridge configuration, pointed at `central_port`, TLS files left out.
-fn bridge_conf(central_port: u16) -> String {
+/// The shipped bridge configuration `file` (in `deploy/mosquitto/`), pointed at
+/// `central_port`, TLS files left out.
+pub fn bridge_conf(file: &str, central_port: u16) -> String {
     let shipped =
-        std::fs::read_to_string(common::repo_root().join("deploy/mosquitto/site-bridge.conf"))
-            .unwrap();
+        std::fs::read_to_string(common::repo_root().join("deploy/mosquitto").join(file)).unwrap();
     let mut out = String::new();
     for line in shipped.lines() {
         if line.starts_with("bridge_cafile")
@@ -43,21 +43,22 @@ fn bridge_conf(central_port: u16) -> String {
     out
 }
 
-fn keygen(dir: &Path, client: &str) -> PathBuf {
+/// A key for `client` in `dir/<keys>` (created when missing); returns the key file.
+pub fn keygen(dir: &Path, keys: &str, client: &str) -> PathBuf {
     let out = dir.join(format!("{client}.key"));
     common::succeeded(
         Command::new(common::coordinator_binary())
             .args(["keygen", "--client", client, "--keys"])
-            .arg(dir.join("keys.toml"))
+            .arg(dir.join(keys))
             .arg("--out")
             .arg(&out),
     );
     out
 }
 
-/// Every retained or live message under `fedge/demo/` on the broker at `port` for `within`,
-/// keyed by topic (the last one wins), until `done` holds.
-async fn collect(
+/// Every retained or live message under `fedge/` on the broker at `port` for `within`, keyed
+/// by topic (the last one wins), until `done` holds.
+pub async fn collect(
     port: u16,
     id: &str,
     within: Duration,
@@ -66,10 +67,7 @@ async fn collect(
     let mut options = MqttOptions::new(id, "127.0.0.1", port);
     options.set_max_packet_size(4 << 20, 4 << 20);
     let (client, mut events) = AsyncClient::new(options, 64);
-    client
-        .subscribe("fedge/demo/#", QoS::AtLeastOnce)
-        .await
-        .unwrap();
+    client.subscribe("fedge/#", QoS::AtLeastOnce).await.unwrap();
     let mut seen = std::collections::BTreeMap::new();
     let end = Instant::now() + within;
     while Instant::now() < end && !done(&seen) {
@@ -88,12 +86,12 @@ async fn a_federation_runs_across_a_site_broker_bridged_to_the_central_one() {
     let Some(central) = Mosquitto::start() else {
         return;
     };
-    let site = Mosquitto::start_bridged(&bridge_conf(central.port())).unwrap();
+    let site = Mosquitto::start_bridged(&bridge_conf("site-bridge.conf", central.port())).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let mut keys = Vec::new();
     for (id, domain) in DEVICES {
-        let key = keygen(root, id);
+        let key = keygen(root, "keys.toml", id);
         let profile = format!(
             "client_id = \"{id}\"\nfederation = \"demo\"\nhidden = 16\nseed = 1\n\
              cache_dir = \"cache-{id}\"\nkey_file = {key:?}\n\
@@ -191,13 +189,15 @@ async fn a_federation_runs_across_a_site_broker_bridged_to_the_central_one() {
 }
 
 #[test]
-fn the_sites_doc_shows_the_shipped_bridge() {
-    let shipped =
-        std::fs::read_to_string(common::repo_root().join("deploy/mosquitto/site-bridge.conf"))
-            .unwrap();
+fn the_sites_doc_shows_the_shipped_bridges() {
     let doc = std::fs::read_to_string(common::repo_root().join("docs/sites.md")).unwrap();
-    assert!(
-        doc.contains(&shipped),
-        "docs/sites.md must show site-bridge.conf verbatim"
-    );
+    for file in ["site-bridge.conf", "site-aggregator-bridge.conf"] {
+        let shipped =
+            std::fs::read_to_string(common::repo_root().join("deploy/mosquitto").join(file))
+                .unwrap();
+        assert!(
+            doc.contains(&shipped),
+            "docs/sites.md must show {file} verbatim"
+        );
+    }
 }

@@ -17,6 +17,7 @@ mod auth;
 mod chunk;
 mod envelope;
 mod error;
+mod frames;
 pub mod layout;
 mod messages;
 mod model;
@@ -34,6 +35,7 @@ pub use envelope::{
     decode_frame, encode,
 };
 pub use error::{DecodeError, UnknownName};
+pub use frames::{TaskError, decode_release, decode_task};
 pub use layout::{HeadConfig, ModelLayout};
 pub use messages::{
     Chunk, ClassStats, ClientUpdate, InvalidTrain, LocalMetrics, MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS,

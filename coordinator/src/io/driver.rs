@@ -40,6 +40,45 @@ pub enum DriverEvent {
     },
 }
 
+/// What a site aggregator's upstream link hands its round machine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FromUpstream {
+    /// The global round task naming the site (opened with the site's key).
+    Task(Box<fedge_wire::RoundTask>),
+    /// The global model released upstream.
+    Release(Box<fedge_wire::ModelRelease>),
+}
+
+/// What a site aggregator's round machine hands its upstream link.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToUpstream {
+    /// The site's update for a global round.
+    Update(Box<fedge_wire::ClientUpdate>),
+    /// The site cannot answer the global task of `round`: why, for the site's status.
+    Refused {
+        /// The global round.
+        round: u64,
+        /// What to fix.
+        reason: String,
+    },
+    /// The site's round for global round `round` ended without an aggregate.
+    Abandoned {
+        /// The global round.
+        round: u64,
+        /// Why (`quorum`, or the guard's reason).
+        reason: String,
+    },
+}
+
+/// A site aggregator's two channels to its upstream link.
+#[derive(Debug)]
+pub struct Relay {
+    /// Tasks and releases from the global federation.
+    pub inbox: mpsc::UnboundedReceiver<FromUpstream>,
+    /// Updates and refusals for it.
+    pub outbox: mpsc::UnboundedSender<ToUpstream>,
+}
+
 /// Where and as whom the driver connects.
 #[derive(Debug, Clone)]
 pub struct DriverOptions {
@@ -94,6 +133,7 @@ struct Sinks<'a> {
     status_sent: Option<Instant>,
     status_due: Option<Instant>,
     logs: RejectionLog,
+    upstream: Option<mpsc::UnboundedSender<ToUpstream>>,
 }
 
 /// Least time between two status publishes: a flood of junk packets, each a rejection and a
@@ -162,12 +202,50 @@ impl RejectionLog {
 
 /// Runs the federation until the machine finishes or `stop` turns true; returns the machine.
 pub async fn run(
+    rounds: Rounds,
+    options: DriverOptions,
+    evaluator: Option<Evaluator>,
+    events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    stop: watch::Receiver<bool>,
+) -> Result<Rounds, DriverError> {
+    drive(rounds, options, evaluator, events, None, stop).await
+}
+
+/// Runs a site aggregator's rounds (a machine with `RoundConfig::relay`) on the site broker,
+/// fed by and feeding `relay`, until `stop` turns true.
+pub async fn run_site(
+    rounds: Rounds,
+    options: DriverOptions,
+    relay: Relay,
+    events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    stop: watch::Receiver<bool>,
+) -> Result<Rounds, DriverError> {
+    drive(rounds, options, None, events, Some(relay), stop).await
+}
+
+/// The next message from the upstream link; never, without one (or once it closed).
+async fn from_upstream(inbox: &mut Option<mpsc::UnboundedReceiver<FromUpstream>>) -> FromUpstream {
+    if let Some(rx) = inbox.as_mut()
+        && let Some(message) = rx.recv().await
+    {
+        return message;
+    }
+    *inbox = None;
+    std::future::pending().await
+}
+
+async fn drive(
     mut rounds: Rounds,
     options: DriverOptions,
     evaluator: Option<Evaluator>,
     events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    relay: Option<Relay>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<Rounds, DriverError> {
+    let (mut inbox, upstream) = match relay {
+        Some(Relay { inbox, outbox }) => (Some(inbox), Some(outbox)),
+        None => (None, None),
+    };
     let topics = Topics::new(&options.federation)?;
     // The federation the driver runs on the broker is the one every task names.
     rounds.name_federation(&options.federation);
@@ -218,6 +296,7 @@ pub async fn run(
         status_sent: None,
         status_due: None,
         logs: RejectionLog::default(),
+        upstream,
     };
     rounds.start(now_ms());
     loop {
@@ -283,6 +362,18 @@ pub async fn run(
                 }
             },
             _ = sleep => rounds.handle_timeout(now_ms()),
+            message = from_upstream(&mut inbox) => match message {
+                FromUpstream::Task(task) => {
+                    let round = task.round;
+                    if let Err(e) = rounds.relay_task(*task, now_ms()) {
+                        tracing::error!(round, error = %e, "the site cannot answer the global round");
+                        if let Some(tx) = &sinks.upstream {
+                            let _ = tx.send(ToUpstream::Refused { round, reason: e.to_string() });
+                        }
+                    }
+                }
+                FromUpstream::Release(release) => rounds.relay_release(*release),
+            },
             _ = stop.changed() => break,
         }
         sinks.context.now_ms = now_ms();
@@ -322,6 +413,7 @@ impl Sinks<'_> {
             status_sent,
             status_due,
             logs,
+            upstream,
         } = self;
         let (client, options, topics) = (*client, *options, *topics);
         let mut status_dirty = false;
@@ -332,6 +424,11 @@ impl Sinks<'_> {
                     publish_task(client, task_topics, round, frame, options.broker.max_packet);
                 }
                 Output::RoundEnded(report) => {
+                    if let (Some(tx), Some(reason)) = (upstream.as_ref(), report.abandoned) {
+                        let round = report.round;
+                        let reason = reason.to_owned();
+                        let _ = tx.send(ToUpstream::Abandoned { round, reason });
+                    }
                     if report.aggregated {
                         context.last_aggregation = Some(context.wall);
                         *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
@@ -395,6 +492,11 @@ impl Sinks<'_> {
                     let frame = frames.published;
                     publish_task(client, model_topics, model.round, frame.clone(), max_packet);
                     *release = Some((model.round, frame));
+                }
+                Output::Upstream(update) => {
+                    if let Some(tx) = upstream {
+                        let _ = tx.send(ToUpstream::Update(update));
+                    }
                 }
                 Output::StatusChanged => status_dirty = true,
                 Output::Journal(record) => {

@@ -39,7 +39,7 @@ pub(super) fn status(
         return Err((Rejection::Unauthenticated, detail));
     }
     if !status.verify(federation, client, key) {
-        return Err((Rejection::BadTag, "status tag does not verify".into()));
+        return Err((Rejection::BadStatusTag, "status tag does not verify".into()));
     }
     match last {
         Some(last) if status.online && status.updated_at.as_str() <= last => Err((

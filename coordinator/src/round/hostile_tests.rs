@@ -310,7 +310,7 @@ fn with_keys_only_a_devices_own_fresh_status_moves_it_online_or_offline() {
         .into_iter()
         .map(|(_, r)| r)
         .collect();
-    assert_eq!(reasons, ["unauthenticated", "bad_tag", "replay"]);
+    assert_eq!(reasons, ["unauthenticated", "bad_status_tag", "replay"]);
     assert!(m.online().contains("a") && m.online().contains("b"));
     assert_eq!(m.selected(), selected);
     // The device's own offline status (its Last Will, older than its last online) counts.

@@ -20,6 +20,13 @@ use crate::updates::{RoundUpdates, UpdatesConfig};
 
 impl Rounds {
     pub(super) fn try_start(&mut self, now_ms: u64) {
+        // A site opens a round only to answer a global task, numbered as it is.
+        if self.config.relay.is_some() {
+            match self.relay_due() {
+                Some(round) if self.open.is_none() => self.next_round = round,
+                _ => return,
+            }
+        }
         if self.online.len() >= self.config.min_clients.max(1) {
             self.open_round(now_ms);
         }
@@ -57,6 +64,18 @@ impl Rounds {
         self.reassembler.set_max_pending(room);
         let round = self.next_round;
         self.next_round += 1;
+        let timeout = self
+            .relay_timeout(now_ms)
+            .unwrap_or(self.config.round_timeout_ms);
+        let (train, insight, prototypes) = match &self.relayed {
+            // A site passes the global task's settings and tensors on.
+            Some(r) => (r.train.clone(), r.insight.clone(), r.prototypes.clone()),
+            None => (
+                self.strategy.configure_round(round, &self.config.train),
+                self.insight.as_ref().and_then(GlobalInsight::tensor),
+                self.prototypes.as_ref().and_then(GlobalPrototypes::tensor),
+            ),
+        };
         let task = RoundTask {
             federation: self.config.federation.clone(),
             run: self.config.run,
@@ -64,10 +83,10 @@ impl Rounds {
             selected: selected.clone(),
             classes: self.config.classes.clone(),
             params: TensorF32::from_slice(&self.params),
-            train: self.strategy.configure_round(round, &self.config.train),
-            deadline_ms: self.config.round_timeout_ms,
-            insight: self.insight.as_ref().and_then(GlobalInsight::tensor),
-            prototypes: self.prototypes.as_ref().and_then(GlobalPrototypes::tensor),
+            train,
+            deadline_ms: timeout,
+            insight,
+            prototypes,
         };
         let mut frame = fedge_wire::encode(&Message::RoundTask(task));
         if let Some(keys) = &self.config.auth {
@@ -89,7 +108,7 @@ impl Rounds {
             selected.len(),
             held,
         );
-        let times = (now_ms, now_ms + self.config.round_timeout_ms);
+        let times = (now_ms, now_ms + timeout);
         self.open = Some(OpenRound::new(
             round,
             selected,
@@ -129,6 +148,8 @@ impl Rounds {
         let mut aggregation = None;
         let mut abandoned = (!aggregated).then_some("quorum");
         let mut capped = Vec::new();
+        // A site's answer is the aggregate's step from the global parameters.
+        let before = self.config.relay.is_some().then(|| self.params.clone());
         if aggregated {
             for client in &open.selected {
                 let failed = open.failures.iter().any(|f| &f.client == client);
@@ -163,6 +184,9 @@ impl Rounds {
             }
         }
         let aggregated = abandoned.is_none();
+        if let (true, Some(before)) = (aggregated, &before) {
+            self.push_upstream(&open, before);
+        }
         let mut failures: BTreeMap<String, String> = open
             .selected
             .iter()
@@ -191,12 +215,18 @@ impl Rounds {
             params_norm: l2_norm(&self.params),
             aggregation,
         };
+        if before.is_some() {
+            self.relayed = None;
+        }
         self.spare_arena = open.accepted.into_arena();
         self.last_report = Some(report.clone());
         self.outputs.push_back(Output::RoundEnded(Box::new(report)));
         if aggregated {
             self.aggregated_rounds += 1;
-            self.push_release(open.round);
+            // A site's aggregate is not the global model: the global release is relayed.
+            if self.config.relay.is_none() {
+                self.push_release(open.round);
+            }
         }
         let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
         if done {

@@ -30,6 +30,7 @@ mod guard;
 mod journaled;
 mod lifecycle;
 mod open;
+mod relay;
 mod release;
 pub mod saved;
 pub mod types;
@@ -38,7 +39,7 @@ mod validate;
 pub use saved::{Checkpoint, OpenRoundLog, OpenedRound, Record, params_fingerprint};
 pub use types::{
     DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DeviceKeys, MAX_ABS_VALUE, Output, Phase,
-    Rejection, RoundConfig, RoundReport,
+    Rejection, RelayConfig, RelayError, RoundConfig, RoundReport,
 };
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -122,6 +123,10 @@ pub struct Rounds {
     status_stamps: BTreeMap<String, String>,
     /// The latest accuracy each evaluation-only device reported.
     site_accuracy: BTreeMap<String, f32>,
+    /// A site aggregator's global task to answer (see `relay`).
+    relayed: Option<types::Relayed>,
+    /// A site aggregator's journal of an open round, kept until its global task comes again.
+    deferred_log: Option<OpenRoundLog>,
 }
 
 impl Rounds {
@@ -151,6 +156,8 @@ impl Rounds {
             restoring: false,
             status_stamps: BTreeMap::new(),
             site_accuracy: BTreeMap::new(),
+            relayed: None,
+            deferred_log: None,
             config,
         }
     }
@@ -485,6 +492,7 @@ impl Rounds {
         open.val
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
+        open.train_seconds = open.train_seconds.max(update.metrics.train_seconds);
         if self.config.journal && !self.restoring {
             let round = open.round;
             let frame = fedge_wire::encode(&Message::ClientUpdate(update));
@@ -518,7 +526,8 @@ impl Rounds {
         }
         if open.accepted.len() >= self.config.min_updates.max(1) {
             self.close_round(now_ms);
-        } else if !open.extended {
+        } else if !open.extended && self.config.relay.is_none() {
+            // A site's round has no time to give: the global round closes on its own clock.
             open.extended = true;
             open.deadline_ms = now_ms + self.config.round_timeout_ms;
             self.outputs.push_back(Output::StatusChanged);
@@ -581,3 +590,6 @@ mod hostile_tests;
 
 #[cfg(test)]
 mod release_tests;
+
+#[cfg(test)]
+mod relay_tests;

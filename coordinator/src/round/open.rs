@@ -20,6 +20,8 @@ pub(super) struct OpenRound {
     pub(super) prototypes: ClientStats,
     pub(super) val: Vec<(f32, u32)>,
     pub(super) loss: Vec<(f32, u32)>,
+    /// The longest local training an accepted update reports, in seconds.
+    pub(super) train_seconds: f32,
     pub(super) opened_ms: u64,
     pub(super) deadline_ms: u64,
     pub(super) extended: bool,
@@ -46,6 +48,7 @@ impl OpenRound {
             selected: selected.into_iter().collect(),
             val: Vec::new(),
             loss: Vec::new(),
+            train_seconds: 0.0,
             opened_ms,
             deadline_ms,
             extended: false,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fedge_wire::{DecodeError, DeviceKey, HeadConfig, TrainParams};
+use fedge_wire::{DecodeError, DeviceKey, HeadConfig, Objective, TensorF32, TrainParams};
 
 use super::saved::Record;
 use crate::objectives::fedddl::PrototypeConfig;
@@ -71,6 +71,20 @@ pub struct RoundConfig {
     /// sample count is cut down to it before aggregation, so that no device weighs more than
     /// that multiple of a typical one whatever count it claims; 0: off.
     pub max_weight_ratio: f64,
+    /// A site aggregator's settings: rounds open only when the global federation's task
+    /// arrives (`super::Rounds::relay_task`), and each aggregate goes upstream as one update
+    /// ([`Output::Upstream`]) instead of becoming a release. `None`: a global coordinator.
+    pub relay: Option<RelayConfig>,
+}
+
+/// How a site aggregator answers the global federation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// The site's client id in the global federation.
+    pub site: String,
+    /// The site's round closes this long before the global round's deadline (at the latest
+    /// halfway through it), so its update reaches the global coordinator in time.
+    pub margin_ms: u64,
 }
 
 /// Default [`RoundConfig::max_norm_ratio`]: room for honest heterogeneity (`fedge demo --rounds
@@ -110,6 +124,7 @@ impl Default for RoundConfig {
             max_update_norm: 0.0,
             max_norm_ratio: DEFAULT_MAX_NORM_RATIO,
             max_weight_ratio: DEFAULT_MAX_WEIGHT_RATIO,
+            relay: None,
         }
     }
 }
@@ -149,8 +164,11 @@ pub enum Rejection {
     Unauthenticated,
     /// A device with no key on the coordinator (updates and status).
     UnknownDevice,
-    /// An HMAC tag that is missing for the device or does not verify.
+    /// An update's (or chunk's) HMAC tag that does not verify.
     BadTag,
+    /// A device status whose HMAC tag does not verify (kept apart from [`Rejection::BadTag`]:
+    /// a forged status and a forged update are different attacks).
+    BadStatusTag,
     /// A delta norm above the absolute bound, or far above the round's median.
     Norm,
     /// A chunk stream that did not complete within the reassembly timeout.
@@ -186,6 +204,7 @@ impl Rejection {
             Rejection::Unauthenticated => "unauthenticated",
             Rejection::UnknownDevice => "unknown_device",
             Rejection::BadTag => "bad_tag",
+            Rejection::BadStatusTag => "bad_status_tag",
             Rejection::Norm => "norm",
             Rejection::Incomplete => "incomplete",
             Rejection::Oversized => "oversized",
@@ -298,4 +317,51 @@ pub enum Output {
     /// Write this record to the journal before acting on later outputs (only with
     /// `RoundConfig::journal`).
     Journal(Record),
+    /// A site aggregator's round aggregated: send this update upstream, as the site, for the
+    /// global round it answers (only with [`RoundConfig::relay`]).
+    Upstream(Box<fedge_wire::ClientUpdate>),
+}
+
+/// The global task the site's next (or open) round answers.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Relayed {
+    /// The global round, which is also the site round's number.
+    pub(crate) round: u64,
+    /// The global federation's run, echoed by the site's update.
+    pub(crate) run: u64,
+    pub(crate) train: TrainParams,
+    pub(crate) insight: Option<TensorF32>,
+    pub(crate) prototypes: Option<TensorF32>,
+    /// When the task arrived and the time the site's round may take from then.
+    pub(crate) received_ms: u64,
+    pub(crate) budget_ms: u64,
+}
+
+/// Why a site does not answer a global task; its status says so upstream.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelayError {
+    /// The global head has another size.
+    #[error(
+        "the global task carries {got} parameters, this site's [head] makes {expected}: give the \
+         site the global coordinator's [head] and [train] objective"
+    )]
+    Params {
+        /// Parameters in the task.
+        got: usize,
+        /// Parameters of the site's configuration.
+        expected: usize,
+    },
+    /// FedDIM's compact class statistics do not merge.
+    #[error(
+        "the federation trains with feddim, whose compact class statistics cannot be merged at a \
+         site (the coordinator rebuilds each participant's insight from its own classifier); run \
+         FedDIM with devices as participants, or another objective across sites"
+    )]
+    FedDim,
+    /// The site is not configured to check what its devices send for this objective.
+    #[error(
+        "the federation trains with {0}; set the site's [train] objective to {0} so it checks \
+         its devices' statistics"
+    )]
+    Objective(Objective),
 }

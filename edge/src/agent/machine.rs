@@ -32,8 +32,8 @@ use std::collections::VecDeque;
 
 use fedge_mqtt::PublishError;
 use fedge_wire::{
-    AuthError, ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, LocalMetrics, Message,
-    ModelRelease, Reassembler, Role, RoundTask, TensorF32, Topics,
+    ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, LocalMetrics, Message, ModelRelease,
+    Reassembler, Role, RoundTask, TensorF32, Topics,
 };
 
 use super::state::RoundState;
@@ -77,20 +77,6 @@ pub enum AgentError {
     /// The inference endpoint cannot listen where `[inference] listen` says.
     #[error(transparent)]
     Listen(#[from] crate::inference::config::ListenError),
-}
-
-/// A round task that names this device but cannot be trusted.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum TaskError {
-    /// The task's tag for this device does not verify with its key.
-    #[error("round task tag: {0}")]
-    Tag(#[from] AuthError),
-    /// The task carries no tag although this device has a key.
-    #[error(
-        "round task without a tag, but this device has a key: the coordinator must have this \
-         device's key in its keys file"
-    )]
-    Untagged,
 }
 
 /// What local training reports back to the machine.
@@ -571,10 +557,9 @@ pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>), codec: Codec) -> Class
     }
 }
 
-mod frames;
 mod release;
 
-pub use frames::decode_task;
+pub use fedge_wire::{TaskError, decode_task};
 
 #[cfg(test)]
 mod tests;

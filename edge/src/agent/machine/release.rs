@@ -3,8 +3,8 @@
 
 use fedge_wire::SiteEvaluation;
 
-use super::frames::decode_release;
 use super::{Agent, Output};
+use fedge_wire::decode_release;
 
 impl Agent {
     /// The release the device already holds (from its disk at start), so only newer ones are

@@ -1,9 +1,22 @@
-//! The coordinator's frames a device reads (round tasks, released models): reassembled from
-//! their chunks, opened with the device's key, decoded.
+//! The coordinator's frames a participant reads (round tasks, released models): reassembled
+//! from their chunks, opened with the participant's key, decoded. A device reads them from its
+//! coordinator, a site aggregator from the global one.
 
-use fedge_wire::{DecodeError, DeviceKey, Message, ModelRelease, Reassembler, RoundTask};
+use crate::{AuthError, DecodeError, DeviceKey, Message, ModelRelease, Reassembler, RoundTask};
 
-use super::TaskError;
+/// A round task that names this participant but cannot be trusted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TaskError {
+    /// The task's tag for this participant does not verify with its key.
+    #[error("round task tag: {0}")]
+    Tag(#[from] AuthError),
+    /// The task carries no tag although this participant has a key.
+    #[error(
+        "round task without a tag, but this participant has a key: the coordinator must have \
+         its key in its keys file"
+    )]
+    Untagged,
+}
 
 /// The message in `payload`, or in the frame its chunk completes; `None` while chunks are
 /// missing.
@@ -12,9 +25,9 @@ fn whole_frame(
     payload: &[u8],
     now_ms: u64,
 ) -> Option<Result<Message, DecodeError>> {
-    match fedge_wire::decode(payload) {
+    match crate::decode(payload) {
         Ok(Message::Chunk(chunk)) => match reassembler.push("coordinator", chunk, now_ms) {
-            Ok(Some(frame)) => Some(fedge_wire::decode(&frame)),
+            Ok(Some(frame)) => Some(crate::decode(&frame)),
             Ok(None) => None,
             Err(e) => Some(Err(e)),
         },
@@ -23,8 +36,8 @@ fn whole_frame(
 }
 
 /// The round task in a payload: `Ok(None)` while chunks are missing, for tasks that do not
-/// concern this device and for undecodable payloads (logged); `Err` for a task that names this
-/// device but fails authentication (reported in the device's status).
+/// concern this participant and for undecodable payloads; `Err` for a task that names it but
+/// fails authentication.
 pub fn decode_task(
     reassembler: &mut Reassembler,
     payload: &[u8],
@@ -40,10 +53,10 @@ pub fn decode_task(
             if !sealed.names(client_id) {
                 return Ok(None);
             }
-            fedge_wire::decode(sealed.open(client_id, key)?)
+            crate::decode(sealed.open(client_id, key)?)
         }
         // A device without a key follows tasks without checking their tags.
-        (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
+        (Ok(Message::Sealed(sealed)), None) => crate::decode(&sealed.inner),
         (Ok(Message::RoundTask(task)), Some(_)) if task.selected.iter().any(|c| c == client_id) => {
             return Err(TaskError::Untagged);
         }
@@ -51,19 +64,13 @@ pub fn decode_task(
     };
     match message {
         Ok(Message::RoundTask(task)) => Ok(Some(task)),
-        Ok(_) => {
-            tracing::debug!("ignoring a message that is not a round task on the task topic");
-            Ok(None)
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "ignoring an undecodable round task");
-            Ok(None)
-        }
+        // Not a task, or not decodable: not one this participant can act on.
+        Ok(_) | Err(_) => Ok(None),
     }
 }
 
 /// The release in a payload: `Ok(None)` while chunks are missing and for payloads that are not
-/// releases (logged); `Err` for a release that fails its checks: digest, layout, or with a key
+/// releases; `Err` for a release that fails its checks: digest, layout, or with a key
 /// its seal (a device with a key believes only sealed releases that name it).
 pub fn decode_release(
     reassembler: &mut Reassembler,
@@ -78,9 +85,9 @@ pub fn decode_release(
     let message = match (message, key) {
         (Ok(Message::Sealed(sealed)), Some(key)) => {
             let inner = sealed.open(client_id, key).map_err(|e| e.to_string())?;
-            fedge_wire::decode(inner)
+            crate::decode(inner)
         }
-        (Ok(Message::Sealed(sealed)), None) => fedge_wire::decode(&sealed.inner),
+        (Ok(Message::Sealed(sealed)), None) => crate::decode(&sealed.inner),
         (Ok(Message::Model(_)), Some(_)) => {
             return Err(
                 "a release without the coordinator's tag, but this device has a key".into(),
@@ -93,10 +100,6 @@ pub fn decode_release(
             Ok(_) => Ok(Some(release)),
             Err(e) => Err(e.to_string()),
         },
-        Ok(_) => Ok(None),
-        Err(e) => {
-            tracing::debug!(error = %e, "ignoring an undecodable released model");
-            Ok(None)
-        }
+        Ok(_) | Err(_) => Ok(None),
     }
 }

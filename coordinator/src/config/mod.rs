@@ -55,6 +55,12 @@
 //! [auth]
 //! keys_file = "devices.toml"   # optional: device keys; every update must be tagged
 //! ```
+//!
+//! `role = "site"` and a `[site]` section make the coordinator a site aggregator ([`site`]).
+
+mod site;
+
+pub use site::{InvalidSite, Role, SiteSettings};
 
 use std::path::{Path, PathBuf};
 
@@ -70,6 +76,12 @@ use crate::round::RoundConfig;
 pub struct CoordinatorConfig {
     /// Federation name.
     pub federation: String,
+    /// The federation's coordinator, or a site's aggregator (then `[site]` says which).
+    #[serde(default)]
+    pub role: Role,
+    /// A site aggregator's link to the global federation.
+    #[serde(default)]
+    pub site: Option<SiteSettings>,
     /// Server strategy and its parameters (`strategy`, `kappa`, `global_lr`,
     /// `server_momentum`, `server_learning_rate`).
     #[serde(flatten)]
@@ -323,6 +335,9 @@ pub enum InvalidConfig {
     /// A bad class list, or one whose length is not `[head] classes`.
     #[error("[model] classes: {0}")]
     Classes(#[from] fedge_wire::InvalidClasses),
+    /// `role` and `[site]` do not fit.
+    #[error(transparent)]
+    Site(#[from] InvalidSite),
 }
 
 impl CoordinatorConfig {
@@ -340,6 +355,12 @@ impl CoordinatorConfig {
         config.check().map_err(invalid)?;
         let base = path.parent().unwrap_or(Path::new("."));
         (config.broker.load(base)).map_err(|e| invalid(InvalidConfig::Broker(e)))?;
+        if let Some(site) = config.site.as_mut() {
+            site.resolve(base);
+            if let Some(upstream) = site.upstream.as_mut() {
+                (upstream.load(base)).map_err(|e| invalid(InvalidConfig::Broker(e)))?;
+            }
+        }
         // Relative paths are read from the configuration file's folder, as in device profiles.
         for path in [
             config.model.classes_file.as_mut(),
@@ -440,7 +461,28 @@ impl CoordinatorConfig {
         if self.head.features == 0 || self.head.hidden == 0 || self.head.classes < 2 {
             return Err(InvalidConfig::Head);
         }
-        Ok(())
+        self.check_role()
+    }
+
+    /// A site needs its section, sample-count aggregation and an objective that merges.
+    fn check_role(&self) -> Result<(), InvalidConfig> {
+        match (self.role, &self.site) {
+            (Role::Global, None) => Ok(()),
+            (Role::Global, Some(_)) => Err(InvalidSite::Unused.into()),
+            (Role::Site, None) => Err(InvalidSite::Missing.into()),
+            (Role::Site, Some(site)) => {
+                site.check(&self.federation)?;
+                let s = &self.strategy;
+                let fedavg = s.strategy == crate::strategy::StrategyKind::Fedavg;
+                if !fedavg || s.server_momentum != 0.0 || s.server_learning_rate != 1.0 {
+                    return Err(InvalidSite::Strategy.into());
+                }
+                if self.train.objective == fedge_wire::Objective::FedDim {
+                    return Err(InvalidSite::FedDim.into());
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The round machine's settings.
@@ -450,7 +492,12 @@ impl CoordinatorConfig {
             classes: self.classes(),
             backbone: self.model.backbone.clone(),
             head: Some(self.head.clone()),
-            rounds: self.rounds,
+            // A site answers the global federation's rounds for as long as it runs.
+            rounds: if self.role == Role::Site {
+                0
+            } else {
+                self.rounds
+            },
             fraction: self.fraction,
             min_clients: self.min_clients,
             min_updates: self.min_updates,
@@ -477,6 +524,14 @@ impl CoordinatorConfig {
             max_update_norm: self.max_update_norm,
             max_norm_ratio: self.max_norm_ratio,
             max_weight_ratio: self.max_weight_ratio,
+            relay: self
+                .site
+                .as_ref()
+                .filter(|_| self.role == Role::Site)
+                .map(|site| crate::round::RelayConfig {
+                    site: site.name.clone(),
+                    margin_ms: (site.margin_s * 1000.0) as u64,
+                }),
             ..RoundConfig::default()
         }
     }
