@@ -20,6 +20,11 @@ pub struct DemoArgs {
     /// Edge agents (each its own MQTT client); the five source domains are shared among them.
     #[arg(long, default_value_t = 5)]
     pub clients: usize,
+    /// Sites: S site aggregators, each on its own embedded broker with the agents of one source
+    /// domain (the domain is the site; --clients counts agents, at least S); the global
+    /// coordinator's clients are the sites (docs/sites.md).
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub sites: usize,
     /// Seed for the data split, the initial head and client sampling.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -144,6 +149,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         attack,
         attack_rate: args.attack_rate,
         attack_keyless: args.attack_keyless,
+        sites: args.sites,
         backend: local.backend,
         broker: args
             .broker
@@ -153,6 +159,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..defaults
     };
     let data = demo::prepare(&options)?;
+    if options.sites > 0 {
+        eprintln!(
+            "fedge demo: {} sites, each its own broker and site aggregator with the agents of one domain",
+            options.sites
+        );
+    }
     eprintln!(
         "fedge demo: {} edge agents on rotated digits (0°–60°), target 75° held out; model of {} parameters; {} rounds of {}",
         options.clients,
@@ -244,6 +256,19 @@ fn print_table(result: &DemoResult, asked: u64) {
     );
     if !result.attacks.is_empty() {
         print_attacks(result, asked);
+    }
+    if !result.sites.is_empty() {
+        println!(
+            "{:<12} {:>7} {:>8} {:>7}",
+            "site", "devices", "samples", "gamma"
+        );
+        for (name, site) in &result.sites {
+            let gamma = site.gamma.map_or("-".into(), |g| format!("{g:.3}"));
+            println!(
+                "{name:<12} {:>7} {:>8} {gamma:>7}",
+                site.devices, site.samples
+            );
+        }
     }
 }
 

@@ -1,10 +1,15 @@
 //! `fedge demo`: one command, a real federation; with `attack`, a hostile participant next to
 //! it ([`hostile`]).
 
+mod data;
 pub mod hostile;
+mod options;
 pub mod site;
+pub mod sites;
 
-use std::path::Path;
+pub use data::{DIGITS_CONV, DemoClient, DemoData, prepare};
+pub use options::DemoOptions;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,92 +17,16 @@ use anyhow::Context;
 use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
-use fedge_coordinator::strategy::StrategyConfig;
 use fedge_coordinator::{
     DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, Strategy, driver,
 };
-use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
-use fedge_edge::features::{self, Fnv64};
-use fedge_edge::train::fedddl::DEFAULT_GROUPS;
-use fedge_edge::{AgentSetup, DdlViews, FeatureSet, accuracy};
+use fedge_edge::{AgentSetup, FeatureSet, accuracy};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
-use fedge_models::{Accelerator, Backbone, Backend, HeadConfig, ModelLayout};
+use fedge_models::{Accelerator, HeadConfig, ModelLayout};
 use fedge_mqtt::BrokerConfig;
-use fedge_wire::{Objective, TrainParams};
+use fedge_wire::Objective;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
-
-/// Settings of a demo run.
-#[derive(Debug, Clone)]
-pub struct DemoOptions {
-    /// Rounds to aggregate.
-    pub rounds: u64,
-    /// Edge agents (source domains are shared round-robin when there are more agents).
-    pub clients: usize,
-    /// Server strategy and its parameters.
-    pub strategy: StrategyConfig,
-    /// Local training.
-    pub train: TrainParams,
-    /// Seed for data split, initialisation and sampling.
-    pub seed: u64,
-    /// Burn backend of the agents.
-    pub backend: Backend,
-    /// Projector width.
-    pub hidden: usize,
-    /// An external broker; `None` starts the embedded one on a free loopback port.
-    pub broker: Option<BrokerConfig>,
-    /// Largest MQTT payload; larger messages are chunked.
-    pub max_packet: usize,
-    /// Seconds a round stays open.
-    pub round_timeout_s: f64,
-    /// Federation name (topic root).
-    pub federation: String,
-    /// FedDIM's server momentum `m` (used when the objective is `FedDim`).
-    pub insight_momentum: f32,
-    /// Clients sampled per round; `None` selects them all.
-    pub per_round: Option<usize>,
-    /// Authenticate: a random key per agent, known to the coordinator.
-    pub auth: bool,
-    /// Announce Home Assistant sensors.
-    pub home_assistant: bool,
-    /// Attacks a hostile participant runs every round (none when empty).
-    pub attack: Vec<crate::attack::AttackKind>,
-    /// Packets per second per attack.
-    pub attack_rate: f64,
-    /// Under attack, leave device keys off (unless `auth`). By default attacks turn keys on,
-    /// and the attacking devices that take part in rounds get keys of their own (compromised
-    /// devices): without keys, a status or an update in a device's name cannot be told from
-    /// the device's own.
-    pub attack_keyless: bool,
-}
-
-impl Default for DemoOptions {
-    fn default() -> Self {
-        Self {
-            rounds: 20,
-            clients: 5,
-            strategy: StrategyConfig::default(),
-            train: TrainParams {
-                local_epochs: 5,
-                ..TrainParams::default()
-            },
-            seed: 0,
-            backend: Backend::default(),
-            hidden: 64,
-            broker: None,
-            max_packet: fedge_wire::DEFAULT_MAX_PACKET,
-            round_timeout_s: 30.0,
-            federation: "demo".into(),
-            insight_momentum: 0.5,
-            per_round: None,
-            auth: false,
-            home_assistant: false,
-            attack: Vec::new(),
-            attack_rate: crate::attack::DEFAULT_RATE,
-            attack_keyless: false,
-        }
-    }
-}
 
 /// One row of the per-round table, as written to `--json`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -168,90 +97,9 @@ pub struct DemoResult {
     /// Where `fedge demo --export` wrote it as ONNX.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub export: Option<std::path::PathBuf>,
-}
-
-/// One simulated device of a demo.
-#[derive(Debug, Clone)]
-pub struct DemoClient {
-    /// Client id.
-    pub id: String,
-    /// Training features.
-    pub train: Arc<FeatureSet>,
-    /// Validation features.
-    pub val: Arc<FeatureSet>,
-    /// FedDDL's views of `train`, when the objective needs them.
-    pub views: Option<Arc<DdlViews>>,
-}
-
-/// The data of a demo: per-client features and the held-out target.
-pub struct DemoData {
-    /// Head sizes.
-    pub head: HeadConfig,
-    /// The devices.
-    pub clients: Vec<DemoClient>,
-    /// Held-out target domain, which an evaluation-only agent holds.
-    pub target: Arc<FeatureSet>,
-    /// The target domain's name (the evaluation-only agent is `unseen-<name>`).
-    pub target_name: String,
-    /// Validation sets scored with every new global head (model selection in `fedge eval`);
-    /// empty for the demo.
-    pub selection: Vec<Arc<FeatureSet>>,
-}
-
-/// Splits the built-in digits into client and target features through `digits-conv`.
-pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
-    anyhow::ensure!(options.clients >= 1, "--clients must be at least 1");
-    let backbone = Backbone::from_bytes(
-        digits_conv_card(),
-        DIGITS_CONV_ONNX,
-        Path::new("digits-conv.onnx"),
-    )?;
-    let backbone_id = Fnv64::of(DIGITS_CONV_ONNX);
-    let mut domains = digits_domains(&DIGITS_ANGLES, options.seed);
-    let target: Domain = domains.pop().context("no digits domains")?;
-    let sources = domains.len();
-    let mut shares: Vec<Vec<ImageSet>> = Vec::new();
-    for (d, domain) in domains.iter().enumerate() {
-        let owners = (0..options.clients).filter(|c| c % sources == d).count();
-        shares.push(if owners > 0 {
-            domain.data.partition(owners, options.seed ^ d as u64)
-        } else {
-            Vec::new()
-        });
-    }
-    let mut clients = Vec::new();
-    for c in 0..options.clients {
-        let d = c % sources;
-        let part = shares[d].remove(0);
-        let (train, val) = part.split(0.1, options.seed.wrapping_add(c as u64));
-        let id = format!("site-{c}-{}", domains[d].name);
-        let views = if options.train.objective == Objective::FedDdl {
-            let seed = options.seed.wrapping_add(c as u64);
-            let views =
-                DdlViews::build(&backbone, backbone_id, &train, DEFAULT_GROUPS, seed, None)?;
-            Some(Arc::new(views))
-        } else {
-            None
-        };
-        let train = features::extract(&backbone, backbone_id, &train, None)?;
-        let val = features::extract(&backbone, backbone_id, &val, None)?;
-        clients.push(DemoClient {
-            id,
-            train: Arc::new(train),
-            val: Arc::new(val),
-            views,
-        });
-    }
-    let target_features = features::extract(&backbone, backbone_id, &target.data, None)?;
-    let head = HeadConfig::new(backbone.card().feature_size, target.data.classes())
-        .with_hidden(options.hidden);
-    Ok(DemoData {
-        head,
-        clients,
-        target: Arc::new(target_features),
-        target_name: target.name.clone(),
-        selection: Vec::new(),
-    })
+    /// With sites: each site's devices, samples and FedOMG weight in the last round.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sites: std::collections::BTreeMap<String, sites::SiteFigures>,
 }
 
 /// Runs the federation; `on_round` sees every round as it ends.
@@ -295,18 +143,27 @@ pub async fn run(
             .collect();
         (ids, fedge_coordinator::store::keys::generate())
     });
+    anyhow::ensure!(
+        options.sites == 0 || !attacked,
+        "--attack runs against devices of one broker; leave out --sites"
+    );
+    // The global coordinator's clients: the devices, or with sites the sites.
+    let participants: Vec<String> = match options.sites {
+        0 => data.clients.iter().map(|c| c.id.clone()).collect(),
+        _ => sites::members(data).into_keys().collect(),
+    };
     let per_round = options
         .per_round
-        .unwrap_or(options.clients)
-        .clamp(1, options.clients.max(1));
+        .unwrap_or(participants.len())
+        .clamp(1, participants.len().max(1));
     let unseen = format!("unseen-{}", data.target_name);
     let config = RoundConfig {
         classes: fedge_wire::numbered_classes(data.head.classes),
         backbone: DIGITS_CONV.into(),
         head: Some(data.head.clone()),
         rounds: options.rounds,
-        fraction: per_round as f32 / options.clients.max(1) as f32,
-        min_clients: options.clients,
+        fraction: per_round as f32 / participants.len().max(1) as f32,
+        min_clients: participants.len(),
         min_updates: per_round,
         round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
         train: options.train.clone(),
@@ -321,7 +178,7 @@ pub async fn run(
             classes: data.head.classes,
         }),
         auth: auth.then(|| {
-            let keys = (data.clients.iter().map(|c| &c.id))
+            let keys = (participants.iter())
                 .chain([&unseen])
                 .map(|c| (c.clone(), fedge_coordinator::store::keys::generate()));
             let insiders = insider
@@ -385,14 +242,25 @@ pub async fn run(
         evaluation_only,
         stop_rx.clone(),
     )));
+    let (demo_sites, site_tasks) = match options.sites {
+        0 => (Vec::new(), Vec::new()),
+        _ => sites::start(options, data, &broker, keys.as_deref(), &stop_rx)?,
+    };
     for client in &data.clients {
+        // A device behind a site talks to its site's broker, in its site's federation.
+        let site = (client.site.as_ref()).and_then(|s| demo_sites.iter().find(|d| &d.name == s));
+        let (at, federation, site_keys) = match site {
+            Some(site) => (&site.broker, site.name.clone(), site.keys.as_ref()),
+            None => (&broker, options.federation.clone(), keys.as_ref()),
+        };
         let setup = AgentSetup {
             client_id: client.id.clone(),
+            federation,
             train: client.train.clone(),
             val: client.val.clone(),
             views: client.views.clone(),
-            key: keys.as_ref().and_then(|k| k.get(&client.id).cloned()),
-            ..agent_setup(options, data, &broker)
+            key: site_keys.and_then(|k| k.get(&client.id).cloned()),
+            ..agent_setup(options, data, at)
         };
         agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));
     }
@@ -485,6 +353,9 @@ pub async fn run(
     for agent in agents {
         agent.await.context("edge task panicked")??;
     }
+    for task in site_tasks {
+        task.await.context("a site task panicked")??;
+    }
     let hostile = match hostile {
         Some(h) => h.finish().await?,
         None => hostile::HostileReport::default(),
@@ -493,6 +364,13 @@ pub async fn run(
     for (row, val) in rows.iter_mut().filter(|r| !r.aborted).zip(scored) {
         row.selection_accuracy = Some(val);
     }
+    let site_figures = match options.sites {
+        0 => Default::default(),
+        _ => {
+            let last = rows.iter().rev().find(|r| !r.aborted);
+            sites::figures(data, &last.map(|r| r.gamma.clone()).unwrap_or_default())
+        }
+    };
     Ok(DemoResult {
         final_target_accuracy: rows
             .iter()
@@ -511,6 +389,7 @@ pub async fn run(
         attacks_untraced: hostile.untraced,
         release: last_aggregated.and_then(|round| rounds.release(round)),
         export: None,
+        sites: site_figures,
     })
 }
 
@@ -529,9 +408,6 @@ pub fn export(
         &dir.join("model.onnx"),
     )?)
 }
-
-/// The name of the demo's backbone, written into its releases.
-pub const DIGITS_CONV: &str = "digits-conv";
 
 /// What every agent of a demo shares.
 fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) -> AgentSetup {

@@ -200,6 +200,7 @@ pub async fn run_one_mqtt(
                 train: Arc::clone(&c.train),
                 val: Arc::clone(&c.val),
                 views: c.views.clone(),
+                site: None,
             })
             .collect(),
         target: Arc::clone(&domains[target].held_out),

@@ -252,3 +252,50 @@ async fn two_sites_answer_a_fedomg_federation_and_one_survives_a_sigkill() {
         );
     }
 }
+
+/// `fedge demo --sites 3`: three sites on their own embedded brokers, with keys; the global
+/// coordinator's clients are the sites, and the JSON says what each site holds.
+#[test]
+fn the_demo_runs_its_devices_behind_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sites.json");
+    common::succeeded(
+        Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args(["demo", "--sites", "3", "--clients", "5", "--rounds", "2"])
+            .args(["--auth", "--strategy", "fedomg", "--quiet", "--json"])
+            .arg(&json),
+    );
+    let result: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rounds = result["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2, "{result}");
+    for row in rounds {
+        assert_eq!(row["clients"], 3, "three sites answer each round: {row}");
+        let gamma = row["gamma"].as_object().unwrap();
+        assert_eq!(gamma.len(), 3, "FedOMG weighs the sites: {row}");
+    }
+    assert!(
+        result["final_target_accuracy"].as_f64().is_some(),
+        "{result}"
+    );
+    assert!(
+        result["rejected"].as_object().unwrap().is_empty(),
+        "{result}"
+    );
+    let sites = result["sites"].as_object().unwrap();
+    let devices: Vec<u64> = ["site-rot0", "site-rot15", "site-rot30"]
+        .iter()
+        .map(|s| sites[*s]["devices"].as_u64().unwrap())
+        .collect();
+    assert_eq!(devices, [2, 2, 1], "{result}");
+    for site in sites.values() {
+        assert!(site["samples"].as_u64().unwrap() > 0, "{site}");
+        assert!(site["gamma"].as_f64().is_some(), "{site}");
+    }
+    let refused = Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args(["demo", "--sites", "3", "--objective", "feddim", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("FedDIM"), "{said}");
+}

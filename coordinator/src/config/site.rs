@@ -140,7 +140,6 @@ impl SiteSettings {
 #[cfg(test)]
 mod tests {
     use super::super::{CoordinatorConfig, InvalidConfig};
-    use super::*;
 
     const BASE: &str = "federation = \"plant-7\"\n[head]\nfeatures = 8\nclasses = 3\n";
 
