@@ -379,3 +379,123 @@ fn under(topic: &str, base: &str) -> bool {
         .strip_prefix(base)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(dir: &std::path::Path) -> LinkOptions {
+        LinkOptions {
+            broker: BrokerConfig::at("127.0.0.1", 1),
+            federation: "demo".into(),
+            site: "plant-7".into(),
+            key: None,
+            backbone: "b".into(),
+            pending_file: Some(dir.join("upstream.bin")),
+            task_file: Some(dir.join("global-task.bin")),
+        }
+    }
+
+    /// A client whose requests queue up (no broker): what the link publishes is counted in its
+    /// summary, not delivered.
+    fn client() -> (AsyncClient, rumqttc::EventLoop) {
+        AsyncClient::new(rumqttc::MqttOptions::new("t", "127.0.0.1", 1), 1024)
+    }
+
+    fn task_payload(round: u64) -> Vec<u8> {
+        fedge_wire::encode(&Message::RoundTask(fedge_wire::RoundTask {
+            federation: "demo".into(),
+            run: 1,
+            round,
+            selected: vec!["plant-7".into()],
+            classes: Vec::new(),
+            params: fedge_wire::TensorF32::from_slice(&[0.0; 3]),
+            train: fedge_wire::TrainParams::default(),
+            deadline_ms: 1_000,
+            insight: None,
+            prototypes: None,
+        }))
+    }
+
+    fn update(round: u64) -> ToUpstream {
+        ToUpstream::Update(Box::new(ClientUpdate {
+            run: 1,
+            round,
+            client_id: "plant-7".into(),
+            seq: round,
+            num_samples: 40,
+            delta: fedge_wire::TensorF32::from_slice(&[0.5; 3]),
+            metrics: fedge_wire::LocalMetrics::default(),
+            class_stats: None,
+            prototypes: None,
+        }))
+    }
+
+    fn link(dir: &std::path::Path) -> Link {
+        Link::new(options(dir), Topics::new("demo").unwrap())
+    }
+
+    fn task(link: &mut Link, client: &AsyncClient, round: u64) -> Vec<FromUpstream> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let topic = link.topics.round_task();
+        link.handle_publish(client, &tx, &topic, &task_payload(round), 0);
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    #[test]
+    fn an_update_for_the_open_round_goes_at_once_and_is_kept_until_the_round_moves_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, _events) = client();
+        let mut link = link(dir.path());
+        assert_eq!(task(&mut link, &client, 3).len(), 1);
+        assert!(load_task(&dir.path().join("global-task.bin")).is_some_and(|t| t.round == 3));
+        link.handle_answer(&client, update(3), true);
+        assert_eq!(link.summary.sent, 1);
+        assert_eq!(link.status.last_round, 3);
+        assert!(dir.path().join("upstream.bin").exists());
+        // The same round's task again (a reconnect) sends nothing twice.
+        task(&mut link, &client, 3);
+        assert_eq!(link.summary.sent, 1);
+        task(&mut link, &client, 4);
+        assert!(!dir.path().join("upstream.bin").exists());
+        assert_eq!((link.summary.sent, link.summary.stale), (1, 0));
+    }
+
+    #[test]
+    fn an_update_made_offline_survives_a_restart_and_goes_if_its_round_is_still_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, _events) = client();
+        let mut first = link(dir.path());
+        task(&mut first, &client, 5);
+        // The uplink is down when the site's round ends.
+        first.handle_answer(&client, update(5), false);
+        assert_eq!(first.summary.sent, 0);
+        drop(first);
+        // A restarted site finds it, and sends it when the global round 5 is still open.
+        let mut again = link(dir.path());
+        assert!(again.pending.as_ref().is_some_and(|p| p.update.round == 5));
+        task(&mut again, &client, 5);
+        assert_eq!(again.summary.sent, 1);
+    }
+
+    #[test]
+    fn an_update_whose_global_round_closed_meanwhile_is_dropped_as_stale_and_said_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, _events) = client();
+        let mut link = link(dir.path());
+        task(&mut link, &client, 5);
+        link.handle_answer(&client, update(5), false);
+        // Back online: the retained task is round 6 already.
+        task(&mut link, &client, 6);
+        assert_eq!((link.summary.sent, link.summary.stale), (0, 1));
+        assert!(
+            link.status.last_error.contains("round 5 was dropped"),
+            "{}",
+            link.status.last_error
+        );
+        assert!(!dir.path().join("upstream.bin").exists());
+        // A site round that ends after the global one moved on is stale at once.
+        link.handle_answer(&client, update(5), true);
+        assert_eq!((link.summary.sent, link.summary.stale), (0, 2));
+    }
+}
