@@ -253,6 +253,86 @@ async fn two_sites_answer_a_fedomg_federation_and_one_survives_a_sigkill() {
     }
 }
 
+/// A site whose uplink is down when its round ends keeps its update and sends it when the link
+/// returns, the global round being still open: the central broker dies (retained messages and
+/// sessions lost) while the site's one device is held, the device then trains, the site
+/// aggregates offline, and once the broker is back every round aggregates the site.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_keeps_its_update_while_the_uplink_is_down() {
+    let Some(mut central) = Mosquitto::start() else {
+        return;
+    };
+    let at_site = Mosquitto::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let logs = |name: &str| root.join(format!("{name}.log"));
+    let camera = device(root, "plant-8", "cam-3", "rot30", at_site.port());
+    let plant = site(root, "plant-8", 1, at_site.port(), Some(central.port()));
+    let global = root.join("global.toml");
+    std::fs::write(
+        &global,
+        format!(
+            "federation = \"demo\"\nrounds = 2\nmin_clients = 1\nmin_updates = 1\n\
+             round_timeout_s = 120\n\n[broker]\nhost = \"127.0.0.1\"\nport = {}\n\n\
+             [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n\
+             [auth]\nkeys_file = \"keys.toml\"\n",
+            central.port()
+        ),
+    )
+    .unwrap();
+    let edge = common::coordinator_binary().with_file_name("fedge-edge");
+    let coordinator = common::coordinator_binary();
+    let cam = spawn(&edge, &camera, &logs("cam-3"));
+    let online = collect(at_site.port(), "online", Duration::from_secs(120), |seen| {
+        json(seen, "fedge/plant-8/edge/cam-3/status")["online"] == true
+    })
+    .await;
+    assert_eq!(
+        json(&online, "fedge/plant-8/edge/cam-3/status")["online"],
+        true
+    );
+    let pid = cam.id().to_string();
+    common::succeeded(Command::new("kill").args(["-STOP", &pid]));
+    let _site = spawn(&coordinator, &plant, &logs("plant-8"));
+    let mut global_run = spawn(&coordinator, &global, &logs("global"));
+    let open = collect(at_site.port(), "open", Duration::from_secs(60), |seen| {
+        json(seen, "fedge/plant-8/coordinator/status")["clients_selected"] == 1
+    })
+    .await;
+    let status = json(&open, "fedge/plant-8/coordinator/status");
+    assert_eq!(status["round"], 1, "{status}\n{}", tail(&logs("plant-8")));
+    // The uplink goes; the device trains meanwhile; the broker is back after 6 s.
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        common::succeeded(Command::new("kill").args(["-CONT", &pid]));
+    });
+    central.restart(Duration::from_secs(6));
+    resume.join().unwrap();
+    let at_centre = collect(central.port(), "centre", Duration::from_secs(120), |seen| {
+        json(seen, "fedge/demo/coordinator/status")["state"] == "finished"
+    })
+    .await;
+    let finished = json(&at_centre, "fedge/demo/coordinator/status");
+    assert_eq!(
+        finished["state"],
+        "finished",
+        "{finished}\n{}",
+        tail(&logs("plant-8"))
+    );
+    assert!(global_run.0.wait().unwrap().success());
+    let log = plain(&std::fs::read_to_string(logs("plant-8")).unwrap());
+    let at = |text: &str| {
+        log.find(text)
+            .unwrap_or_else(|| panic!("no {text:?} in\n{log}"))
+    };
+    // Lost the uplink, then the site's round 1 ended, then its update went up.
+    let lost = at("lost the upstream broker");
+    let ended = at("round ended round=1 aggregated=true");
+    let sent = at("site update sent upstream round=1");
+    assert!(lost < ended && ended < sent, "{log}");
+    drop(cam);
+}
+
 /// `fedge demo --sites 3`: three sites on their own embedded brokers, with keys; the global
 /// coordinator's clients are the sites, and the JSON says what each site holds.
 #[test]
