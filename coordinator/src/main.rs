@@ -30,8 +30,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run rounds until the configured number is reached (Ctrl-C stops early).
+    ///
+    /// With role = "site" and a [site] section, run a site aggregator instead: the coordinator
+    /// of one site's devices and one participant of the global federation, until stopped
+    /// (configs/site.toml, docs/sites.md).
     Run {
-        /// Coordinator TOML file (see coordinator/src/config.rs or README).
+        /// Coordinator TOML file (configs/coordinator.toml, configs/site.toml; every key is
+        /// listed in coordinator/src/config/).
         #[arg(long)]
         config: PathBuf,
     },

@@ -139,7 +139,9 @@ impl SiteSettings {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{CoordinatorConfig, InvalidConfig};
+    use std::path::Path;
+
+    use super::super::{CoordinatorConfig, InvalidConfig, Role};
 
     const BASE: &str = "federation = \"plant-7\"\n[head]\nfeatures = 8\nclasses = 3\n";
 
@@ -162,6 +164,17 @@ mod tests {
         let site = config.site.as_ref().unwrap();
         assert_eq!(site.upstream_broker(&config.broker), &config.broker);
         assert!(checked("", "").unwrap().round_config().relay.is_none());
+    }
+
+    #[test]
+    fn the_shipped_site_example_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/site.toml");
+        let config = CoordinatorConfig::load(&path).unwrap();
+        assert_eq!(config.role, Role::Site);
+        let site = config.site.as_ref().unwrap();
+        assert_eq!(site.upstream_broker(&config.broker).host, "central.example");
+        assert!(site.key_file.as_ref().is_some_and(|k| k.ends_with("configs/plant-7.key")));
+        assert!(config.round_config().relay.is_some());
     }
 
     #[test]
