@@ -19,7 +19,7 @@ DEVICES=${1:-200}
 ROUNDS=${2:-3}
 BIN=${FEDGE_BIN_DIR:-target/release}
 MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
-ulimit -n 65536 2>/dev/null || ulimit -n 4096 2>/dev/null || true
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -24,7 +24,7 @@ ROUNDS=${3:-3}
 STRATEGY=${STRATEGY:-fedavg}
 BIN=${FEDGE_BIN_DIR:-target/release}
 MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
-ulimit -n 65536 2>/dev/null || ulimit -n 4096 2>/dev/null || true
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT

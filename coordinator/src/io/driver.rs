@@ -299,14 +299,21 @@ async fn drive(
         upstream,
     };
     rounds.start(now_ms());
+    let mut unacked = std::collections::VecDeque::new();
     loop {
         let deadline = rounds
             .poll_timeout()
             .map(|ms| tokio::time::Instant::from_std(origin + Duration::from_millis(ms)));
-        let wake = match (deadline, sinks.status_due) {
+        let mut wake = match (deadline, sinks.status_due) {
             (Some(a), Some(b)) => Some(a.min(tokio::time::Instant::from_std(b))),
             (a, b) => a.or(b.map(tokio::time::Instant::from_std)),
         };
+        // Acknowledgements waiting for room are retried soon: the broker sends nothing more
+        // (nothing would wake this loop) while they hold its in-flight window.
+        if !unacked.is_empty() {
+            let soon = tokio::time::Instant::now() + Duration::from_millis(2);
+            wake = Some(wake.map_or(soon, |w| w.min(soon)));
+        }
         let sleep = async {
             match wake {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -350,6 +357,8 @@ async fn drive(
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    // The broker sends unacknowledged messages again on the next session.
+                    unacked.clear();
                     if connected {
                         tracing::warn!(error = %fedge_mqtt::describe_error(&e), "lost the broker; reconnecting");
                     } else if backoff.is_fresh() {
@@ -380,10 +389,21 @@ async fn drive(
         sinks.context.wall = std::time::SystemTime::now();
         let finished = sinks.drain(&mut rounds);
         // After the journal writes the packet caused (`drain`): now the broker may forget it.
-        if let Some(publish) = ack
-            && let Err(e) = client.try_ack(&publish)
-        {
-            tracing::warn!(error = %e, "cannot acknowledge a message; the broker will resend it");
+        // Acknowledgements wait in order while the client's request queue is full (a burst of
+        // thousands of updates): a dropped one would hold the broker's in-flight window for
+        // this session shut, and the round would stall short of its last updates.
+        unacked.extend(ack);
+        while let Some(publish) = unacked.front() {
+            if client.try_ack(publish).is_err() {
+                if unacked.len() == 1 || unacked.len().is_power_of_two() {
+                    tracing::debug!(
+                        waiting = unacked.len(),
+                        "acknowledgements wait for the request queue"
+                    );
+                }
+                break;
+            }
+            unacked.pop_front();
         }
         if finished {
             break;
