@@ -344,7 +344,6 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     .contains(if sites { &s.site } else { &s.name })
             })
             .collect();
-        let client_seed = seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let frames = in_parallel(&selected, |(source, state)| {
             let inputs = RoundInputs {
                 insight: insight.as_deref(),
@@ -364,7 +363,11 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     &training_device(Backend::default()),
                 )
                 .with_inputs(inputs)
-                .with_seed(client_seed),
+                .with_seed(fedge_edge::train::round_seed(
+                    seed,
+                    task.round,
+                    &source.name,
+                )),
                 &mut state,
             )?;
             let seconds = start.elapsed().as_secs_f64();

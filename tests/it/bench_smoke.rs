@@ -444,7 +444,9 @@ fn sites_merged_by_sample_count_are_fedavg_over_all_their_devices() {
         let worst = (s.final_params.iter().zip(&d.final_params))
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        assert!(worst < 1e-5, "{}: {worst}", s.target);
+        // The site's f64 mean is rounded to f32 before the coordinator sums it again: a few
+        // ulps of parameters of order 1, over two rounds (FedOMG below moves them by ~1e-2).
+        assert!(worst < 1e-4, "{}: {worst}", s.target);
     }
     let fedomg = run(sites, "fedomg").unwrap();
     assert!(

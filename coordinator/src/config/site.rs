@@ -173,7 +173,11 @@ mod tests {
         assert_eq!(config.role, Role::Site);
         let site = config.site.as_ref().unwrap();
         assert_eq!(site.upstream_broker(&config.broker).host, "central.example");
-        assert!(site.key_file.as_ref().is_some_and(|k| k.ends_with("configs/plant-7.key")));
+        assert!(
+            site.key_file
+                .as_ref()
+                .is_some_and(|k| k.ends_with("configs/plant-7.key"))
+        );
         assert!(config.round_config().relay.is_some());
     }
 

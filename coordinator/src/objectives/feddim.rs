@@ -80,8 +80,10 @@ pub fn round_insight(clients: &[ClientInsight], config: &InsightConfig) -> (Vec<
     (out, seen.iter().map(|n| *n > 0).collect())
 }
 
-/// `Ī ← (1 − m) Ī + m Ī_g` for the classes seen this round; the first round (`previous` None)
-/// takes `Ī_g`; an unseen class keeps its previous value (zeros before anyone saw it).
+/// `Ī ← (1 − m) Ī + m Ī_g` for the classes seen this round; a class seen for the first time
+/// (no `previous`, or its block still all zeros: nobody had seen it) takes `Ī_g` whole, rather
+/// than `m Ī_g` pulled towards zero; an unseen class keeps its previous value (zeros before
+/// anyone saw it, which devices read as "no insight yet" and leave out of the term).
 pub fn update_global(
     previous: Option<&[f32]>,
     round: &[f32],
@@ -96,11 +98,9 @@ pub fn update_global(
             continue;
         }
         let range = c * block..(c + 1) * block;
+        let first = out[range.clone()].iter().all(|v| *v == 0.0);
         for (o, g) in out[range.clone()].iter_mut().zip(&round[range]) {
-            *o = match previous {
-                None => *g,
-                Some(_) => (1.0 - m) * *o + m * g,
-            };
+            *o = if first { *g } else { (1.0 - m) * *o + m * g };
         }
     }
     out
@@ -277,7 +277,9 @@ mod tests {
             "first round takes Ī_g; unseen stays 0"
         );
         let second = update_global(Some(&first), &[5.0, 6.0, 7.0, 8.0], &[true, true], &config);
-        assert_eq!(second, vec![2.0, 3.0, 1.75, 2.0]);
+        // Class 0 with momentum; class 1, seen for the first time, takes Ī_g whole (not
+        // 0.25 × Ī_g, a quarter of its magnitude pulled towards zero).
+        assert_eq!(second, vec![2.0, 3.0, 7.0, 8.0]);
         let third = update_global(
             Some(&second),
             &[9.0, 9.0, 9.0, 9.0],
@@ -289,6 +291,6 @@ mod tests {
             &[2.0, 3.0],
             "a class nobody saw keeps its value"
         );
-        assert_eq!(&third[2..], &[3.5625, 3.75]);
+        assert_eq!(&third[2..], &[7.5, 8.25]);
     }
 }

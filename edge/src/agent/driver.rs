@@ -200,7 +200,7 @@ fn spawn_training(
         setup.views.clone(),
         setup.device.device.clone(),
     );
-    let seed = setup.seed ^ task.round.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let seed = crate::train::round_seed(setup.seed, task.round, &setup.client_id);
     // At the round's deadline training stops: its update would arrive after the round closed.
     let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let deadline = std::time::Duration::from_millis(task.deadline_ms);

@@ -250,21 +250,63 @@ fn mean_background(
         .collect()
 }
 
-/// `L_CR` for a batch: projector features `f` (`[B, H]`), global prototypes `u` (`[K, H]`),
-/// labels `[B]`, temperature `tau`; mean over the batch. Rows of `f` and `u` are L2-normalised
-/// first.
-pub fn contrastive_loss(f: Tensor<2>, u: Tensor<2>, labels: Tensor<1, Int>, tau: f32) -> Tensor<1> {
+/// FedDDL's global prototypes for a round: `U_G` `[K, H]`, and per class whether the
+/// federation has a prototype for it yet (a class nobody had seen has an all-zero row).
+#[derive(Debug, Clone)]
+pub struct GlobalPrototypes {
+    /// `[K, H]`.
+    pub u: Tensor<2>,
+    /// Per class, whether its row is a prototype.
+    pub known: Vec<bool>,
+}
+
+impl GlobalPrototypes {
+    /// From the task's flat `[K, H]` values.
+    pub fn new(values: &[f32], hidden: usize, classes: usize, device: &Device) -> Self {
+        let u = Tensor::<2>::from_data(TensorData::new(values.to_vec(), [classes, hidden]), device);
+        let known = values
+            .chunks_exact(hidden)
+            .map(|row| row.iter().any(|v| *v != 0.0))
+            .collect();
+        Self { u, known }
+    }
+}
+
+/// `L_CR` for a batch: projector features `f` (`[B, H]`), the global prototypes, labels `[B]`
+/// (also given as `labels_host`), temperature `tau`; mean over the batch. Rows of `f` and `U`
+/// are L2-normalised first. A class without a prototype yet is left out of every denominator
+/// (a zero row would enter it as a cosine of 0), and its samples, which have no positive, add
+/// nothing.
+pub fn contrastive_loss(
+    f: Tensor<2>,
+    prototypes: &GlobalPrototypes,
+    labels: Tensor<1, Int>,
+    labels_host: &[u32],
+    tau: f32,
+) -> Tensor<1> {
     let normalise = |t: Tensor<2>| {
         let norm = t.clone().powi_scalar(2).sum_dim(1).sqrt().clamp_min(1e-12);
         t / norm
     };
     let device = f.device();
     let logits = normalise(f)
-        .matmul(normalise(u).transpose())
+        .matmul(normalise(prototypes.u.clone()).transpose())
         .div_scalar(tau);
-    CrossEntropyLossConfig::new()
-        .init(&device)
-        .forward(logits, labels)
+    let known = &prototypes.known;
+    if known.iter().all(|k| *k) {
+        return CrossEntropyLossConfig::new()
+            .init(&device)
+            .forward(logits, labels);
+    }
+    let (b, k) = (labels_host.len(), known.len());
+    let bias: Vec<f32> = known.iter().map(|&c| if c { 0.0 } else { -1e4 }).collect();
+    let logits = logits + Tensor::<2>::from_data(TensorData::new(bias, [1, k]), &device);
+    let picked = burn::tensor::activation::log_softmax(logits, 1).gather(1, labels.reshape([b, 1]));
+    let mask: Vec<f32> = (labels_host.iter())
+        .map(|&y| f32::from(u8::from(known.get(y as usize).copied().unwrap_or(false))))
+        .collect();
+    let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, 1]), &device);
+    (picked * mask).sum().neg().div_scalar(b.max(1) as f32)
 }
 
 #[cfg(test)]
@@ -348,13 +390,10 @@ mod tests {
         // f = (3, 4) normalises to (0.6, 0.8); prototypes (1, 0) and (0, 2) to (1, 0), (0, 1):
         // cosines 0.6 and 0.8. With τ = 0.5: logits 1.2 and 1.6.
         let f = Tensor::<2>::from_data(TensorData::new(vec![3.0f32, 4.0], [1, 2]), &device);
-        let u = Tensor::<2>::from_data(
-            TensorData::new(vec![1.0f32, 0.0, 0.0, 2.0], [2, 2]),
-            &device,
-        );
+        let u = GlobalPrototypes::new(&[1.0, 0.0, 0.0, 2.0], 2, 2, &device);
         for (label, positive) in [(0i64, 1.2f64), (1, 1.6)] {
             let y = Tensor::<1, Int>::from_data(TensorData::new(vec![label], [1]), &device);
-            let got = contrastive_loss(f.clone(), u.clone(), y, 0.5)
+            let got = contrastive_loss(f.clone(), &u, y, &[label as u32], 0.5)
                 .into_data()
                 .convert::<f32>()
                 .try_to_vec::<f32>()
@@ -365,5 +404,35 @@ mod tests {
                 "{label}: {got} vs {want}"
             );
         }
+    }
+
+    #[test]
+    fn a_class_without_a_prototype_leaves_the_denominator_and_adds_nothing() {
+        let device = training_device(Backend::default());
+        let f = Tensor::<2>::from_data(
+            TensorData::new(vec![3.0f32, 4.0, 3.0, 4.0], [2, 2]),
+            &device,
+        );
+        // Class 2 has no prototype yet: its row is zero.
+        let u = GlobalPrototypes::new(&[1.0, 0.0, 0.0, 2.0, 0.0, 0.0], 2, 3, &device);
+        assert_eq!(u.known, [true, true, false]);
+        let loss = |labels: Vec<i64>| -> f64 {
+            let host: Vec<u32> = labels.iter().map(|&l| l as u32).collect();
+            let n = labels.len();
+            let y = Tensor::<1, Int>::from_data(TensorData::new(labels, [n]), &device);
+            let got = contrastive_loss(f.clone().slice([0..n, 0..2]), &u, y, &host, 0.5);
+            f64::from(
+                got.into_data()
+                    .convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .unwrap()[0],
+            )
+        };
+        // Label 0 against classes 0 and 1 only, as if class 2 did not exist (with its zero
+        // row the denominator would gain e^0).
+        let want = -(1.2f64.exp() / (1.2f64.exp() + 1.6f64.exp())).ln();
+        assert!((loss(vec![0]) - want).abs() < 1e-5);
+        // A sample of class 2 has no positive: it adds nothing, and halves the batch mean.
+        assert!((loss(vec![0, 2]) - want / 2.0).abs() < 1e-5);
     }
 }

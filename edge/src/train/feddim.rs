@@ -23,6 +23,10 @@ pub struct GlobalInsight {
     pub matrices: Tensor<3>,
     /// `‖Ī_c‖²_F` per class.
     pub norms: Vec<f32>,
+    /// Per class, whether the federation has an insight for it yet: a class nobody had seen
+    /// has an all-zero block, and its samples are left out of the term instead of being
+    /// pulled towards zero.
+    pub known: Vec<bool>,
 }
 
 impl GlobalInsight {
@@ -32,16 +36,25 @@ impl GlobalInsight {
             TensorData::new(values.to_vec(), [classes, hidden, classes]),
             device,
         );
-        let norms = values
+        let norms: Vec<f32> = values
             .chunks_exact(hidden * classes)
             .map(|m| m.iter().map(|v| v * v).sum())
             .collect();
-        Self { matrices, norms }
+        let known = values
+            .chunks_exact(hidden * classes)
+            .map(|m| m.iter().any(|v| *v != 0.0))
+            .collect();
+        Self {
+            matrices,
+            norms,
+            known,
+        }
     }
 }
 
 /// FedDIM's insight term for a batch, as `mean_i Σ_j z_ij (z_ij Σ_k W_jk² − 2 Σ_k W_jk Ī_{y_i},jk)`
-/// plus the constant `mean_i ‖Ī_{y_i}‖²` (added as a number: it has no gradient).
+/// plus the constant `mean_i ‖Ī_{y_i}‖²` (added as a number: it has no gradient); samples of a
+/// class without an insight yet ([`GlobalInsight::known`]) add nothing.
 ///
 /// # Shapes
 /// - `w`: `[H, K]` classifier weight
@@ -61,7 +74,15 @@ pub fn insight_term(
         .sum_dim(2)
         .reshape([k, h]); // [K, H]: Σ_k W_jk Ī_c,jk
     let target = contracted.select(0, labels).mul_scalar(2.0); // [B, H]
-    let per_entry = (z.clone() * w_sq - target) * z; // [B, H]
+    let mut per_entry = (z.clone() * w_sq - target) * z; // [B, H]
+    if labels_host.iter().any(|&y| !insight.known[y as usize]) {
+        let mask: Vec<f32> = (labels_host.iter())
+            .map(|&y| f32::from(u8::from(insight.known[y as usize])))
+            .collect();
+        let rows = labels_host.len();
+        let mask = Tensor::<2>::from_data(TensorData::new(mask, [rows, 1]), &per_entry.device());
+        per_entry = per_entry * mask;
+    }
     let constant: f32 = labels_host.iter().map(|&y| insight.norms[y as usize]).sum();
     per_entry.sum().add_scalar(constant).div_scalar(batch)
 }
@@ -114,4 +135,45 @@ pub fn class_stats(
         })
         .collect();
     (counts, means)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample of a class without an insight yet adds nothing to the term; one of a known
+    /// class adds its full share.
+    #[test]
+    fn classes_without_an_insight_are_left_out_of_the_term() {
+        let device = Device::default();
+        let (h, k) = (2, 2);
+        // Class 0 has an insight, class 1 none yet (all zeros).
+        let insight = GlobalInsight::new(&[1.0, 0.5, -1.0, 2.0, 0.0, 0.0, 0.0, 0.0], h, k, &device);
+        assert_eq!(insight.known, [true, false]);
+        let w = Tensor::<2>::from_data(
+            TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0], [h, k]),
+            &device,
+        );
+        let term = |rows: Vec<f32>, labels: Vec<u32>| -> f32 {
+            let b = labels.len();
+            let z = Tensor::<2>::from_data(TensorData::new(rows, [b, h]), &device);
+            let y = Tensor::<1, Int>::from_data(
+                TensorData::new(labels.iter().map(|&l| l as i64).collect::<Vec<_>>(), [b]),
+                &device,
+            );
+            insight_term(w.clone(), z, y, &labels, &insight)
+                .into_data()
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .unwrap()[0]
+        };
+        // One known sample alone: ‖W ⊙ z 1ᵀ − Ī_0‖² with z = (1, 1): W rows (1,2), (3,4)
+        // against Ī_0 rows (1, 0.5), (−1, 2): 0 + 2.25 + 16 + 4 = 22.25.
+        let known = term(vec![1.0, 1.0], vec![0]);
+        assert!((known - 22.25).abs() < 1e-4, "{known}");
+        // The same sample next to one of the unknown class: the batch mean halves it, and the
+        // unknown sample adds nothing (it would add ‖W ⊙ z 1ᵀ‖² = 30 if pulled to zero).
+        let mixed = term(vec![1.0, 1.0, 1.0, 1.0], vec![0, 1]);
+        assert!((mixed - 22.25 / 2.0).abs() < 1e-4, "{mixed}");
+    }
 }

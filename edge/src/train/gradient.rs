@@ -8,14 +8,13 @@
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::TensorData;
 use fedge_models::{Head, HeadModules};
 use fedge_wire::Objective;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 use super::error::TrainError;
-use super::fedddl::{DdlViews, contrastive_loss};
+use super::fedddl::{DdlViews, GlobalPrototypes, contrastive_loss};
 use super::feddim::{GlobalInsight, insight_term};
 use super::job::TrainJob;
 use super::sgd::{batch_tensors, proximal_term, scalar, sgd};
@@ -51,10 +50,7 @@ pub(crate) fn gradient_round(
                     values.len()
                 )));
             }
-            Some(Tensor::<2>::from_data(
-                TensorData::new(values.to_vec(), [k, h]),
-                device,
-            ))
+            Some(GlobalPrototypes::new(values, h, k, device))
         }
         _ => None,
     };
@@ -92,7 +88,8 @@ pub(crate) fn gradient_round(
                     let logits = head.classifier.forward(z.clone());
                     let mut loss = loss_fn.forward(logits, targets.clone()).mul_scalar(2.0);
                     if let Some(u) = &prototypes {
-                        let cr = contrastive_loss(z, u.clone(), targets, params.temperature);
+                        let both: Vec<u32> = labels.iter().chain(&labels).copied().collect();
+                        let cr = contrastive_loss(z, u, targets, &both, params.temperature);
                         loss = loss + cr.mul_scalar(params.contrastive_weight);
                     }
                     loss

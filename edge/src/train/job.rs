@@ -12,7 +12,7 @@ use fedge_wire::TrainParams;
 
 use super::fedddl::DdlViews;
 use super::stable::Memory;
-use crate::features::FeatureSet;
+use crate::features::{FeatureSet, Fnv64};
 
 /// One local round's inputs, passed as one value to `crate::train::train_head` and
 /// `crate::train::train_local`.
@@ -120,4 +120,12 @@ pub struct TrainOutcome {
     /// FedDDL's local causal prototypes: class counts and class means `[K, H]` of the
     /// object-only features under the global head, when the objective is `FedDdl`.
     pub prototypes: Option<(Vec<u32>, Vec<f32>)>,
+}
+
+/// The seed of one device's local training in one round: the configured seed, the round and
+/// the device's id mixed, so that devices sharing a profile (and a benchmark's clients sharing
+/// its seed) draw different shuffles, noise and random features, and a device draws anew each
+/// round. The agent and `fedge eval` both use it, so their runs agree.
+pub fn round_seed(seed: u64, round: u64, client_id: &str) -> u64 {
+    seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ Fnv64::of(client_id.as_bytes())
 }

@@ -25,7 +25,7 @@ use rand::rngs::StdRng;
 
 pub use error::TrainError;
 pub use fedddl::DdlViews;
-pub use job::{LocalState, RoundInputs, TrainJob, TrainOutcome};
+pub use job::{LocalState, RoundInputs, TrainJob, TrainOutcome, round_seed};
 
 use crate::features::FeatureSet;
 use feddim::class_stats;

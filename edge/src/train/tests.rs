@@ -556,3 +556,13 @@ fn a_cancelled_job_stops_before_its_next_batch() {
         Err(TrainError::Cancelled(0))
     ));
 }
+
+#[test]
+fn devices_sharing_a_seed_draw_differently_each_round() {
+    use super::round_seed;
+    let a = round_seed(7, 3, "cam-1");
+    assert_eq!(a, round_seed(7, 3, "cam-1"));
+    assert_ne!(a, round_seed(7, 3, "cam-2"));
+    assert_ne!(a, round_seed(7, 4, "cam-1"));
+    assert_ne!(a, round_seed(8, 3, "cam-1"));
+}
