@@ -17,13 +17,10 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub features: FeatureArgs,
     /// Comma list of `objective`, `strategy` or `objective+strategy`, each optionally
-    /// `@f32`, `@f16` (the default) or `@int8`: how clients pack their updates.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "fedavg,fedprox,fedavgm,fedomg,feddim,feddim+fedomg,stable-fedadg,fedddl,fedddl+fedomg",
-        help_heading = "Runs"
-    )]
+    /// `@f32`, `@f16` (the default) or `@int8`: how clients pack their updates. [default:
+    /// fedavg,fedprox,fedavgm,fedomg,feddim,feddim+fedomg,stable-fedadg,fedddl,fedddl+fedomg;
+    /// without fedddl on an image folder without boxes.csv, which FedDDL needs]
+    #[arg(long, value_delimiter = ',', help_heading = "Runs")]
     pub algorithms: Vec<String>,
     /// Try a small grid of each algorithm's own hyper-parameters (FedProx mu, FedDIM lambda,
     /// server momentum beta, FedOMG kappa) and report, per algorithm, the setting with the best
@@ -87,6 +84,19 @@ impl ScenarioKind {
     }
 }
 
+/// `fedge eval`'s algorithms when `--algorithms` is not given.
+pub const DEFAULT_ALGORITHMS: [&str; 9] = [
+    "fedavg",
+    "fedprox",
+    "fedavgm",
+    "fedomg",
+    "feddim",
+    "feddim+fedomg",
+    "stable-fedadg",
+    "fedddl",
+    "fedddl+fedomg",
+];
+
 impl EvalArgs {
     fn scenario(&self) -> anyhow::Result<Scenario> {
         Ok(match self.scenario {
@@ -117,9 +127,30 @@ impl EvalArgs {
         })
     }
 
+    /// The algorithms asked for, or the default list; on data without object masks the
+    /// default leaves FedDDL out and says so.
+    fn algorithm_names(&self, dataset: &fedge::eval::Dataset) -> Vec<String> {
+        if !self.algorithms.is_empty() {
+            return self.algorithms.clone();
+        }
+        let all = DEFAULT_ALGORITHMS.iter().map(|a| a.to_string());
+        if dataset.has_masks() {
+            return all.collect();
+        }
+        eprintln!(
+            "fedge eval: FedDDL left out: this image folder has no object masks (FedDDL swaps \
+             backgrounds around them); add boxes.csv (file,x1,y1,x2,y2) to each domain folder \
+             and name fedddl in --algorithms to run it"
+        );
+        all.filter(|a| !a.starts_with("fedddl")).collect()
+    }
+
     /// Each asked algorithm with the variants to run for it: itself, or its grid with --tune.
-    fn grids(&self) -> anyhow::Result<Vec<(Algorithm, Vec<Algorithm>)>> {
-        self.algorithms
+    fn grids(
+        &self,
+        dataset: &fedge::eval::Dataset,
+    ) -> anyhow::Result<Vec<(Algorithm, Vec<Algorithm>)>> {
+        self.algorithm_names(dataset)
             .iter()
             .map(|name| {
                 let a = eval::parse_algorithm(name)?;
@@ -138,7 +169,7 @@ impl EvalArgs {
 pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     let dataset = args.data.dataset()?;
     let scenario = args.scenario()?;
-    let grids = args.grids()?;
+    let grids = args.grids(&dataset)?;
     let algorithms: Vec<Algorithm> = grids.iter().flat_map(|(_, v)| v.clone()).collect();
     let options = BenchOptions {
         scenario,

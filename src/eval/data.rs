@@ -61,6 +61,20 @@ pub enum Dataset {
 }
 
 impl Dataset {
+    /// Whether every domain carries object masks, which FedDDL needs: the built-in sets do; an
+    /// image folder does when each domain folder holds a `boxes.csv`.
+    pub fn has_masks(&self) -> bool {
+        match self {
+            Dataset::ImageFolder { root } => std::fs::read_dir(root).is_ok_and(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                    .all(|e| e.path().join("boxes.csv").is_file())
+            }),
+            _ => true,
+        }
+    }
+
     /// Parses `digits`, `digits-bg`, `fashion-mnist`, `fashion-mnist-bg` or `imagefolder:PATH`;
     /// `data_dir` is Fashion-MNIST's folder (default: where Debian's `dataset-fashion-mnist`
     /// puts it), `limit` its number of images (0 = all).

@@ -275,6 +275,21 @@ fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
         }
     }
     let dataset = Dataset::parse(&format!("imagefolder:{}", root.display()), None, 0).unwrap();
+    assert!(!dataset.has_masks(), "no boxes.csv, no masks");
+    // A newcomer's first run on a folder without boxes: the default list runs, without FedDDL,
+    // and says why.
+    let out = crate::common::succeeded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args(["eval", "--dataset", &format!("imagefolder:{}", root.display())])
+            .args(["--rounds", "1", "--seeds", "1", "--local-epochs", "1", "--cache-dir"])
+            .arg(dir.path().join("cli-cache")),
+    );
+    let (table, said) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(said.contains("FedDDL left out") && said.contains("boxes.csv"), "{said}");
+    assert!(table.contains("stable-fedadg") && !table.contains("fedddl"), "{table}");
     let cache = dir.path().join("cache");
     let first = prepare(&dataset, None, Some(&cache), false, |_| {}).unwrap();
     let names: Vec<&str> = first.domains.iter().map(|d| d.name.as_str()).collect();
