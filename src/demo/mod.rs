@@ -163,7 +163,8 @@ pub async fn run(
         head: Some(data.head.clone()),
         rounds: options.rounds,
         fraction: per_round as f32 / participants.len().max(1) as f32,
-        min_clients: participants.len(),
+        // The machine selects no fewer than `min_clients`: the sample is the floor.
+        min_clients: per_round,
         min_updates: per_round,
         round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
         train: options.train.clone(),

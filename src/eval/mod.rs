@@ -210,6 +210,8 @@ pub struct RoundScore {
     pub source_val: f32,
     /// Accuracy on the held-out domain.
     pub target_accuracy: f32,
+    /// Participants whose updates the round aggregated (clients, or sites with `sites`).
+    pub clients: usize,
 }
 
 /// One federated run: an algorithm, a held-out target, a seed.
@@ -241,19 +243,19 @@ pub struct RunResult {
 
 impl RunResult {
     /// The result of a run from its `(round, mean source-validation accuracy, target
-    /// accuracy)` scores: the target accuracy at the best validation round (the earliest on a
+    /// accuracy, participants aggregated)` scores: the target accuracy at the best validation round (the earliest on a
     /// tie) and after the last round.
     fn select(
         algorithm: &Algorithm,
         target: &str,
         seed: u64,
-        scores: impl IntoIterator<Item = (u64, f32, f32)>,
+        scores: impl IntoIterator<Item = (u64, f32, f32, usize)>,
         final_params: Vec<f32>,
     ) -> Self {
         let mut best = (0u64, f32::NEG_INFINITY, 0f32);
         let mut last = 0f32;
         let mut curve = Vec::new();
-        for (round, val, acc) in scores {
+        for (round, val, acc, clients) in scores {
             if val > best.1 {
                 best = (round, val, acc);
             }
@@ -262,6 +264,7 @@ impl RunResult {
                 round,
                 source_val: val,
                 target_accuracy: acc,
+                clients,
             });
         }
         Self {
@@ -384,7 +387,12 @@ mod tests {
             &a,
             "rot75",
             2,
-            [(1, 0.5, 0.3), (2, 0.8, 0.4), (3, 0.8, 0.9), (4, 0.7, 0.6)],
+            [
+                (1, 0.5, 0.3, 5),
+                (2, 0.8, 0.4, 5),
+                (3, 0.8, 0.9, 5),
+                (4, 0.7, 0.6, 5),
+            ],
             vec![],
         );
         assert_eq!(

@@ -219,10 +219,10 @@ pub async fn run_one_mqtt(
         ..crate::demo::DemoOptions::default()
     };
     let result = crate::demo::run(&demo_options, &data, |row| on_round(row.round)).await?;
-    let scores = result
-        .rounds
-        .iter()
-        .filter_map(|row| Some((row.round, row.selection_accuracy?, row.target_accuracy?)));
+    let scores = result.rounds.iter().filter_map(|row| {
+        let (val, target) = (row.selection_accuracy?, row.target_accuracy?);
+        Some((row.round, val, target, row.clients))
+    });
     let mut result = RunResult::select(
         algorithm,
         &domains[target].name,
@@ -269,7 +269,9 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let config = RoundConfig {
         rounds: options.rounds,
         fraction,
-        min_clients: participants.len(),
+        // At least `per_round` selected (the machine selects no fewer than `min_clients`): with
+        // every client as the floor, `multi` trained all of them each round, whatever its sample.
+        min_clients: per_round,
         min_updates: per_round,
         round_timeout_ms: u64::MAX / 4,
         train: train.clone(),
@@ -291,7 +293,14 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     // What each device keeps between rounds (Stable-FedADG's discriminator and memory).
     let states: Vec<Mutex<LocalState>> = sources.iter().map(|_| Mutex::default()).collect();
     let mut train_seconds = 0f64;
-    for participant in &participants {
+    // The first round opens once `per_round` clients are online, with those: they come online
+    // in a seeded random order, so the first round's sample is as random as the later ones.
+    let mut arrival = participants.clone();
+    rand::seq::SliceRandom::shuffle(
+        &mut arrival[..],
+        &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed ^ 0x6f6e_6c69_6e65),
+    );
+    for participant in &arrival {
         machine.handle_client_status(participant, true, 0);
     }
     machine.start(0);
@@ -308,7 +317,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     let params = layout.head_part(machine.params());
                     let val = pooled_accuracy(head, params, &val_sets);
                     let target_accuracy = accuracy(head, params, &domains[target].held_out)?;
-                    scores.push((report.round, val, target_accuracy));
+                    scores.push((report.round, val, target_accuracy, report.reported.len()));
                     on_round(report.round);
                 }
                 Output::Rejected {

@@ -163,6 +163,9 @@ fn the_multi_scenario_samples_clients_from_split_domains() {
             r.best_source_val > 0.2,
             "the heads learned nothing: {what:?}"
         );
+        // Six of the twenty clients (five source domains of four) every round.
+        let sampled: Vec<usize> = r.curve.iter().map(|c| c.clients).collect();
+        assert_eq!(sampled, [6, 6, 6], "{what:?}");
     }
 }
 
@@ -280,16 +283,34 @@ fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
     // and says why.
     let out = crate::common::succeeded(
         std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
-            .args(["eval", "--dataset", &format!("imagefolder:{}", root.display())])
-            .args(["--rounds", "1", "--seeds", "1", "--local-epochs", "1", "--cache-dir"])
+            .args([
+                "eval",
+                "--dataset",
+                &format!("imagefolder:{}", root.display()),
+            ])
+            .args([
+                "--rounds",
+                "1",
+                "--seeds",
+                "1",
+                "--local-epochs",
+                "1",
+                "--cache-dir",
+            ])
             .arg(dir.path().join("cli-cache")),
     );
     let (table, said) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(said.contains("FedDDL left out") && said.contains("boxes.csv"), "{said}");
-    assert!(table.contains("stable-fedadg") && !table.contains("fedddl"), "{table}");
+    assert!(
+        said.contains("FedDDL left out") && said.contains("boxes.csv"),
+        "{said}"
+    );
+    assert!(
+        table.contains("stable-fedadg") && !table.contains("fedddl"),
+        "{table}"
+    );
     let cache = dir.path().join("cache");
     let first = prepare(&dataset, None, Some(&cache), false, |_| {}).unwrap();
     let names: Vec<&str> = first.domains.iter().map(|d| d.name.as_str()).collect();
