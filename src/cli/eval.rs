@@ -17,7 +17,8 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub features: FeatureArgs,
     /// Comma list of `objective`, `strategy` or `objective+strategy`, each optionally
-    /// `@f32`, `@f16` (the default) or `@int8`: how clients pack their updates. [default:
+    /// `@f32`, `@f16` (the default) or `@int8` (how clients pack their updates), then optionally
+    /// `/key=value` training settings as in `[train]` (`stable-fedadg/stable_schedule=epochs`). [default:
     /// fedavg,fedprox,fedavgm,fedomg,feddim,feddim+fedomg,stable-fedadg,fedddl,fedddl+fedomg;
     /// without fedddl on an image folder without boxes.csv, which FedDDL needs]
     #[arg(long, value_delimiter = ',', help_heading = "Runs")]

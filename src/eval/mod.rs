@@ -58,6 +58,9 @@ pub struct Algorithm {
     pub adversarial_weight: f32,
     /// How the clients pack their updates (`name@f32`, `@f16`, `@int8`; the wire default).
     pub codec: Codec,
+    /// The wire defaults with the name's `/key=value` settings (`TrainParams` fields as in
+    /// TOML), from which every round's parameters start.
+    pub base: TrainParams,
 }
 
 impl Algorithm {
@@ -73,24 +76,31 @@ impl Algorithm {
             adversarial_weight: self.adversarial_weight,
             stable_weight: 1.0 - self.adversarial_weight,
             update_codec: self.codec,
-            ..TrainParams::default()
+            ..self.base.clone()
         }
     }
 }
 
 /// Parses `objective`, `strategy` or `objective+strategy` (`fedavg`, `fedprox`, `fedavgm`,
 /// `fedomg`, `feddim`, `feddim+fedomg`, `fedddl+fedomg`, `stable-fedadg+fedavgm`, ...), each
-/// part spelled as on the command line (an unknown part's error lists the valid names).
+/// part spelled as on the command line (an unknown part's error lists the valid names),
+/// optionally followed by `@codec` and by `/key=value` training settings, e.g.
+/// `stable-fedadg/stable_schedule=epochs/adversarial_lr_ratio=50`.
 pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
-    let train = TrainParams::default();
-    let (name, codec) = match full_name.split_once('@') {
+    let mut parts = full_name.split('/');
+    let head = parts.next().unwrap_or_default();
+    let mut train = TrainParams::default();
+    for setting in parts {
+        train = with_setting(train, setting).map_err(|e| anyhow::anyhow!("{full_name:?}: {e}"))?;
+    }
+    let (name, codec) = match head.split_once('@') {
         Some((name, codec)) => (
             name,
             codec
                 .parse::<Codec>()
                 .map_err(|e| anyhow::anyhow!("{full_name:?}: {e}"))?,
         ),
-        None => (full_name, train.update_codec),
+        None => (head, train.update_codec),
     };
     let (objective, strategy) = match name.split_once('+') {
         Some((o, s)) => (
@@ -130,7 +140,27 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         contrastive_weight: train.contrastive_weight,
         adversarial_weight: train.adversarial_weight,
         codec,
+        base: train,
     })
+}
+
+/// `params` with one `key=value` setting, read as a `[train]` line of TOML would be (a value
+/// that is not TOML is read as a string: `stable_schedule=epochs`).
+fn with_setting(params: TrainParams, setting: &str) -> anyhow::Result<TrainParams> {
+    let (key, value) = setting
+        .split_once('=')
+        .ok_or_else(|| anyhow::anyhow!("{setting:?}: write a setting as key=value"))?;
+    let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let mut table = toml::Table::try_from(&params)?;
+    table.insert(key.trim().to_string(), value);
+    let params: TrainParams = table
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("{setting:?}: {}", e.message()))?;
+    params.check()?;
+    Ok(params)
 }
 
 /// How source domains become clients.
@@ -378,6 +408,26 @@ mod tests {
                 .to_string()
                 .contains("median")
         );
+    }
+
+    #[test]
+    fn settings_after_a_slash_change_the_training_parameters() {
+        let a = parse_algorithm("stable-fedadg@f32/stable_schedule=epochs/adversarial_lr_ratio=50")
+            .unwrap();
+        let p = a.train_params(2);
+        assert_eq!(p.stable_schedule, fedge_wire::StableSchedule::Epochs);
+        assert_eq!(p.adversarial_lr_ratio, 50.0);
+        assert_eq!((p.objective, p.local_epochs), (Objective::StableFedAdg, 2));
+        assert_eq!(p.update_codec, Codec::F32);
+        let bad = |name: &str| parse_algorithm(name).unwrap_err().to_string();
+        assert!(
+            bad("fedavg/nonsense=1").contains("nonsense"),
+            "{}",
+            bad("fedavg/nonsense=1")
+        );
+        assert!(bad("fedavg/stable_schedule=weekly").contains("weekly"));
+        assert!(bad("fedavg/adversarial_lr_ratio=-1").contains("adversarial_lr_ratio"));
+        assert!(bad("fedavg/learning_rate").contains("key=value"));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::model::ModelRelease;
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version written by this crate and the only one it accepts.
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 

@@ -39,7 +39,7 @@ pub use frames::{TaskError, decode_release, decode_task};
 pub use layout::{HeadConfig, ModelLayout};
 pub use messages::{
     Chunk, ClassStats, ClientUpdate, InvalidTrain, LocalMetrics, MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS,
-    MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, Tag, TrainParams,
+    MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, StableSchedule, Tag, TrainParams,
 };
 pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,

@@ -1,9 +1,10 @@
-//! The binary messages of protocol version 6 (version 2 added FedDIM's insight statistics,
+//! The binary messages of protocol version 7 (version 2 added FedDIM's insight statistics,
 //! version 3 Stable-FedADG and FedDDL: their objectives and hyper-parameters, and FedDDL's
 //! causal prototypes in both directions; version 4 packed tensors, f32, f16 or int8, and the
 //! codec the coordinator asks devices to send their updates in; version 5 binds updates to
 //! the federation's run and tags each chunk of an update; version 6 carries the federation's
-//! class list in every task and adds the released model, `crate::ModelRelease`).
+//! class list in every task and adds the released model, `crate::ModelRelease`; version 7 adds
+//! Stable-FedADG's adversarial learning-rate ratio and schedule to the training parameters).
 
 use serde::{Deserialize, Serialize};
 
@@ -89,6 +90,24 @@ impl std::str::FromStr for Objective {
     }
 }
 
+/// How many batches a Stable-FedADG round runs; spelled the same in TOML, JSON and on the
+/// command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum StableSchedule {
+    /// Exactly `warmup_batches + adversarial_batches` batches (the paper's `E0 = 3`, `E1 = 5`),
+    /// whatever the local epochs.
+    #[default]
+    #[serde(rename = "paper")]
+    #[cfg_attr(feature = "clap", value(name = "paper"))]
+    Paper,
+    /// As many batches as the local epochs make (at least `E0 + E1`), every one after `E0`
+    /// adversarial: fedge's first variant.
+    #[serde(rename = "epochs")]
+    #[cfg_attr(feature = "clap", value(name = "epochs"))]
+    Epochs,
+}
+
 /// Hyper-parameters of local training, chosen by the coordinator for a round.
 ///
 /// [`TrainParams::check`] bounds every value: the coordinator checks its `[train]` at load and
@@ -119,8 +138,14 @@ pub struct TrainParams {
     pub stable_weight: f32,
     /// Stable-FedADG's `E0`: batches per round on `L_S` alone before the adversarial ones.
     pub warmup_batches: u32,
-    /// Stable-FedADG's `E1`: the least adversarial batches per round.
+    /// Stable-FedADG's `E1`: adversarial batches per round (with `stable_schedule = "epochs"`,
+    /// the least).
     pub adversarial_batches: u32,
+    /// Stable-FedADG's generator and discriminator learning rate as a multiple of
+    /// `learning_rate` (the paper's `lr_g = lr_d`, 5–50× `lr_f`).
+    pub adversarial_lr_ratio: f32,
+    /// How many batches a Stable-FedADG round runs.
+    pub stable_schedule: StableSchedule,
     /// FedDDL's `λ`, the weight of the contrastive regulariser `L_CR`.
     pub contrastive_weight: f32,
     /// FedDDL's temperature `τ`.
@@ -144,6 +169,9 @@ impl Default for TrainParams {
             stable_weight: 0.15,
             warmup_batches: 3,
             adversarial_batches: 5,
+            // The paper's LODO rates on OfficeHome (0.005 against 0.001); see docs/algorithms.md.
+            adversarial_lr_ratio: 5.0,
+            stable_schedule: StableSchedule::Paper,
             contrastive_weight: 1.0,
             temperature: 0.07,
             // Half the bytes of f32 with no measurable accuracy cost (BENCHMARKS.md).
@@ -207,7 +235,7 @@ impl TrainParams {
                 "at most 10000",
             ));
         }
-        let reals: [RealRange; 9] = [
+        let reals: [RealRange; 10] = [
             (
                 "learning_rate",
                 self.learning_rate,
@@ -249,6 +277,12 @@ impl TrainParams {
                 self.stable_weight,
                 |v| (0.0..=1e3).contains(&v),
                 "in [0, 1000]",
+            ),
+            (
+                "adversarial_lr_ratio",
+                self.adversarial_lr_ratio,
+                |v| v > 0.0 && v <= 1e3,
+                "in (0, 1000]",
             ),
             (
                 "contrastive_weight",

@@ -1,0 +1,127 @@
+//! Every objective moves the head differently from plain cross-entropy on the same data, seed
+//! and batches: a method that silently fell back to cross-entropy fails here.
+
+use super::*;
+use fedge_wire::StableSchedule;
+
+/// `‖a − b‖ / ‖b‖` over the head's part of two deltas.
+fn relative_gap(a: &[f32], b: &[f32]) -> f32 {
+    let gap: f32 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let norm: f32 = b.iter().map(|y| y * y).sum();
+    (gap / norm).sqrt()
+}
+
+#[test]
+fn every_objective_moves_the_head_differently_from_cross_entropy() {
+    let config = HeadConfig::new(4, 2).with_hidden(8);
+    let data = two_blobs();
+    let device = training_device(Backend::Flex);
+    let base = TrainParams {
+        local_epochs: 1,
+        batch_size: 8,
+        learning_rate: 0.1,
+        ..TrainParams::default()
+    };
+    let head_delta = |params: &TrainParams, inputs: RoundInputs| {
+        let layout = ModelLayout::new(config.clone(), params.objective.carries_generator());
+        // The same head for every objective (the generator, when there is one, after it).
+        let mut global = config.init_flat(5);
+        global.extend(layout.init_flat(5)[config.num_params()..].iter().copied());
+        let job = TrainJob::new(&config, &global, &data, params, &device)
+            .with_inputs(inputs)
+            .with_seed(9);
+        let out = train_local(&job, &mut LocalState::default()).unwrap();
+        (out.delta[..config.num_params()].to_vec(), out.steps)
+    };
+    let (ce, ce_steps) = head_delta(&base, RoundInputs::default());
+    assert_eq!(ce_steps, 5);
+
+    let prox = TrainParams {
+        objective: Objective::FedProx,
+        prox_mu: 1.0,
+        ..base.clone()
+    };
+    // A nonzero global insight for FedDIM's pull.
+    let insight: Vec<f32> = (0..2 * 8 * 2).map(|i| (i % 5) as f32 * 0.1).collect();
+    let feddim = TrainParams {
+        objective: Objective::FedDim,
+        insight_lambda: 1.0,
+        ..base.clone()
+    };
+    // Stable-FedADG over the same five batches, all on L_S (E0 = 5, E1 = 0): only the sample
+    // weights differ from cross-entropy's uniform mean; and with its adversarial batches.
+    let weights_only = TrainParams {
+        objective: Objective::StableFedAdg,
+        stable_schedule: StableSchedule::Epochs,
+        warmup_batches: 5,
+        adversarial_batches: 0,
+        ..base.clone()
+    };
+    let adversarial = TrainParams {
+        warmup_batches: 2,
+        adversarial_batches: 3,
+        ..weights_only.clone()
+    };
+    let views = DdlViews {
+        counterfactual: FeatureSet {
+            features: data
+                .features
+                .chunks(4)
+                .flat_map(|r| [r[0], r[1], r[3], r[2]])
+                .collect(),
+            ..data.clone()
+        },
+        objects: FeatureSet {
+            features: data
+                .features
+                .chunks(4)
+                .flat_map(|r| [r[0], r[1], 0.0, 0.0])
+                .collect(),
+            ..data.clone()
+        },
+    };
+    let fedddl = TrainParams {
+        objective: Objective::FedDdl,
+        ..base.clone()
+    };
+    let cases: [(&str, TrainParams, RoundInputs, f32); 5] = [
+        ("fedprox", prox, RoundInputs::default(), 1e-3),
+        (
+            "feddim",
+            feddim,
+            RoundInputs {
+                insight: Some(&insight),
+                ..RoundInputs::default()
+            },
+            1e-2,
+        ),
+        (
+            "stable-fedadg, weights only",
+            weights_only,
+            RoundInputs::default(),
+            1e-5,
+        ),
+        (
+            "stable-fedadg, adversarial",
+            adversarial,
+            RoundInputs::default(),
+            1e-2,
+        ),
+        (
+            "fedddl",
+            fedddl,
+            RoundInputs {
+                views: Some(&views),
+                ..RoundInputs::default()
+            },
+            1e-2,
+        ),
+    ];
+    for (name, params, inputs, least) in cases {
+        let (delta, steps) = head_delta(&params, inputs);
+        assert_eq!(steps, ce_steps, "{name}: the same batches");
+        let gap = relative_gap(&delta, &ce);
+        eprintln!("{name}: relative gap to cross-entropy {gap:.2e}");
+        assert!(gap > least, "{name}: {gap:e} ≤ {least:e}");
+    }
+}
