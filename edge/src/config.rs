@@ -244,6 +244,10 @@ pub struct FedDdlConfig {
     /// Background groups per class, `η`.
     #[serde(default = "default_groups")]
     pub groups: usize,
+    /// Counterfactual draws kept per image (one extra backbone pass each, at start); every
+    /// round trains on one of them per image, picked at random.
+    #[serde(default = "default_pool")]
+    pub counterfactuals: usize,
     /// A detector's model card (see `fedge_edge::data::detector_masks`): its boxes give the
     /// object masks, replacing the data set's own.
     #[serde(default)]
@@ -255,6 +259,7 @@ impl Default for FedDdlConfig {
         Self {
             enabled: false,
             groups: fedddl::DEFAULT_GROUPS,
+            counterfactuals: fedddl::DEFAULT_POOL,
             detector: None,
         }
     }
@@ -262,6 +267,10 @@ impl Default for FedDdlConfig {
 
 fn default_groups() -> usize {
     fedddl::DEFAULT_GROUPS
+}
+
+fn default_pool() -> usize {
+    fedddl::DEFAULT_POOL
 }
 
 fn default_profile() -> String {
@@ -455,8 +464,12 @@ impl EdgeConfig {
         };
         let cache = self.cache_dir.as_deref();
         let views = if self.fedddl.enabled {
-            let groups = self.fedddl.groups.max(1);
-            let views = DdlViews::build(backbone, backbone_id, &train, groups, self.seed, cache)?;
+            let settings = fedddl::ViewSettings {
+                groups: self.fedddl.groups.max(1),
+                pool: self.fedddl.counterfactuals.clamp(1, fedddl::MAX_POOL),
+                seed: self.seed,
+            };
+            let views = DdlViews::build(backbone, backbone_id, &train, settings, cache)?;
             Some(Arc::new(views))
         } else {
             None

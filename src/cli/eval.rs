@@ -28,6 +28,12 @@ pub struct EvalArgs {
     /// mean source-validation accuracy (the target is never looked at to choose).
     #[arg(long, help_heading = "Runs")]
     pub tune: bool,
+    /// FedDDL's counterfactual draws per image, built per client on its own training rows;
+    /// every round trains on one of them per image, picked at random.
+    #[arg(long, default_value_t = fedge_edge::train::fedddl::DEFAULT_POOL as u16,
+          value_parser = clap::value_parser!(u16).range(1..=16),
+          help_heading = "Runs")]
+    pub counterfactuals: u16,
     /// How source domains become clients.
     #[arg(long, value_enum, default_value_t = ScenarioKind::Lodo, help_heading = "Runs")]
     pub scenario: ScenarioKind,
@@ -187,7 +193,8 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         args.features.cache_dir().as_deref(),
         algorithms
             .iter()
-            .any(|a| a.objective == fedge_wire::Objective::FedDdl),
+            .any(|a| a.objective == fedge_wire::Objective::FedDdl)
+            .then_some(usize::from(args.counterfactuals)),
         |domain| spinner.set_message(format!("features of {domain}")),
     )?;
     spinner.finish_and_clear();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
 use fedge_edge::features::{self, Fnv64};
-use fedge_edge::train::fedddl::DEFAULT_GROUPS;
+use fedge_edge::train::fedddl::{DEFAULT_GROUPS, DEFAULT_POOL, ViewSettings};
 use fedge_edge::{DdlViews, FeatureSet};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Backbone, HeadConfig};
@@ -91,9 +91,12 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
             ),
         };
         let views = if options.train.objective == Objective::FedDdl {
-            let seed = options.seed.wrapping_add(c as u64);
-            let views =
-                DdlViews::build(&backbone, backbone_id, &train, DEFAULT_GROUPS, seed, None)?;
+            let settings = ViewSettings {
+                groups: DEFAULT_GROUPS,
+                pool: DEFAULT_POOL,
+                seed: options.seed.wrapping_add(c as u64),
+            };
+            let views = DdlViews::build(&backbone, backbone_id, &train, settings, None)?;
             Some(Arc::new(views))
         } else {
             None

@@ -6,16 +6,17 @@
 //! images. Seeds then vary the 90/10 train/validation split, the head's initialisation, client
 //! sampling and the trainers' shuffles.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use fedge_edge::data::{
-    BiasedDomain, DIGITS_ANGLES, Domain, background_domains, digits_bg_domains, digits_domains,
-    fashion_mnist, fashion_mnist_domains, imagefolder_domains, split_indices,
+    BiasedDomain, DIGITS_ANGLES, Domain, ImageSet, background_domains, digits_bg_domains,
+    digits_domains, fashion_mnist, fashion_mnist_domains, imagefolder_domains, split_indices,
 };
 use fedge_edge::features::{self, Fnv64};
-use fedge_edge::train::fedddl::DEFAULT_GROUPS;
+use fedge_edge::train::fedddl::{DEFAULT_GROUPS, ViewSettings};
 use fedge_edge::{DdlViews, FeatureSet};
 use fedge_models::Backbone;
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
@@ -117,6 +118,81 @@ pub struct Prepared {
     pub classes: usize,
     /// The domains, in order.
     pub domains: Vec<PreparedDomain>,
+    /// What builds FedDDL's views, when they were asked for.
+    pub views: Option<Arc<ViewMaker>>,
+}
+
+/// What builds FedDDL's views of a client's training rows: the backbone, its cache, the pool.
+pub struct ViewMaker {
+    backbone: Backbone,
+    id: u64,
+    cache_dir: Option<PathBuf>,
+    /// Counterfactual draws per image.
+    pub pool: usize,
+}
+
+impl std::fmt::Debug for ViewMaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewMaker")
+            .field("backbone", &self.backbone.card().name)
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+/// One domain's training images for one seed, from which each client's FedDDL views are built
+/// on its own rows alone (its backgrounds, never another client's or a validation image's),
+/// seeded by the benchmark seed; built once per seed and client and shared by every run.
+pub struct ViewSource {
+    maker: Arc<ViewMaker>,
+    /// The domain's training split, row for row with `DomainData::train`.
+    images: ImageSet,
+    seed: u64,
+    built: Mutex<HashMap<u64, Arc<ViewSlot>>>,
+}
+
+/// One client's views, built by the first run that needs them.
+type ViewSlot = Mutex<Option<Arc<DdlViews>>>;
+
+impl ViewSource {
+    /// The views of the training rows `rows` (indices into the domain's training split).
+    pub fn views(&self, rows: &[usize]) -> anyhow::Result<Arc<DdlViews>> {
+        let bytes: Vec<u8> = rows
+            .iter()
+            .flat_map(|r| (*r as u64).to_le_bytes())
+            .collect();
+        let key = Fnv64::of(&bytes);
+        let slot = {
+            let mut built = self
+                .built
+                .lock()
+                .map_err(|_| anyhow::anyhow!("a view cache is poisoned"))?;
+            Arc::clone(built.entry(key).or_default())
+        };
+        let mut slot = slot
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a view cache is poisoned"))?;
+        if let Some(views) = slot.as_ref() {
+            return Ok(Arc::clone(views));
+        }
+        let settings = ViewSettings {
+            groups: DEFAULT_GROUPS,
+            pool: self.maker.pool,
+            seed: self.seed ^ key,
+        };
+        let maker = &self.maker;
+        let images = self.images.subset(rows);
+        let cache = maker.cache_dir.as_deref();
+        let views = Arc::new(DdlViews::build(
+            &maker.backbone,
+            maker.id,
+            &images,
+            settings,
+            cache,
+        )?);
+        *slot = Some(Arc::clone(&views));
+        Ok(views)
+    }
 }
 
 /// One domain's features.
@@ -129,10 +205,8 @@ pub struct PreparedDomain {
     /// What the domain is scored on when held out: `all`, except for the background-bias data
     /// sets, where it is the same objects on backgrounds that say nothing about the class.
     pub held_out: Arc<FeatureSet>,
-    /// FedDDL's counterfactual and object-only views of `all`, row for row, when prepared.
-    /// **Choice**: the counterfactual backgrounds are group means over the whole domain,
-    /// validation rows included (they only choose the reported round).
-    pub views: Option<Arc<DdlViews>>,
+    /// The domain's images, row for row with `all`, kept when FedDDL's views are to be built.
+    pub images: Option<Arc<ImageSet>>,
 }
 
 /// One domain's split for one seed: train and validation features.
@@ -145,8 +219,8 @@ pub struct DomainData {
     pub val: Arc<FeatureSet>,
     /// What is scored when it is the target (see [`PreparedDomain::held_out`]).
     pub held_out: Arc<FeatureSet>,
-    /// FedDDL's views of `train`, row for row, when prepared.
-    pub views: Option<Arc<DdlViews>>,
+    /// Builds FedDDL's views of a client's rows of `train`, when prepared.
+    pub views: Option<Arc<ViewSource>>,
 }
 
 /// Loads `backbone` (a model card, or an `.onnx` file with its card beside it; `None` is the
@@ -162,14 +236,15 @@ pub fn load_backbone(backbone: Option<&Path>) -> anyhow::Result<(Backbone, u64)>
 }
 
 /// The domains of `dataset` as `backbone` sees them: built once, features extracted once (or
-/// read from `cache_dir`), one domain per core; with `views`, FedDDL's counterfactual and
-/// object-only features too (the domains need object masks). `progress` hears the domains'
-/// names before their features are made.
+/// read from `cache_dir`), one domain per core; with `views` (counterfactual draws per image),
+/// the images are kept to build FedDDL's counterfactual and object-only features per client
+/// and seed (the domains need object masks). `progress` hears the domains' names before their
+/// features are made.
 pub fn prepare(
     dataset: &Dataset,
     backbone: Option<&Path>,
     cache_dir: Option<&Path>,
-    views: bool,
+    views: Option<usize>,
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<Prepared> {
     let (backbone, id) = load_backbone(backbone)?;
@@ -233,19 +308,14 @@ pub fn prepare(
         )?))
     })?
     .into_iter();
-    let sources: Vec<(usize, &Domain)> = domains.iter().map(|(d, _)| d).enumerate().collect();
-    let mut views = if views {
-        super::in_parallel(&sources, |(d, domain)| {
-            let seed = DOMAIN_SEED ^ (*d as u64 + 1);
-            let views =
-                DdlViews::build(&backbone, id, &domain.data, DEFAULT_GROUPS, seed, cache_dir)
-                    .with_context(|| format!("domain {}", domain.name))?;
-            Ok(Some(Arc::new(views)))
-        })?
-    } else {
-        vec![None; domains.len()]
+    let unmasked = domains.iter().find(|(d, _)| d.data.masks.is_none());
+    if let (Some(_), Some((domain, _))) = (views, unmasked) {
+        anyhow::bail!(
+            "domain {}: {}",
+            domain.name,
+            fedge_edge::train::fedddl::ViewsError::NoMasks
+        );
     }
-    .into_iter();
     let mut out = Vec::with_capacity(domains.len());
     for (domain, held_out) in &domains {
         let all = features.next().context("a feature set is missing")?;
@@ -257,14 +327,23 @@ pub fn prepare(
             name: domain.name.clone(),
             all,
             held_out,
-            views: views.next().flatten(),
+            images: views.map(|_| Arc::new(domain.data.clone())),
         });
     }
+    let views = views.map(|pool| {
+        Arc::new(ViewMaker {
+            backbone,
+            id,
+            cache_dir: cache_dir.map(Path::to_path_buf),
+            pool: pool.max(1),
+        })
+    });
     Ok(Prepared {
         backbone: card.name,
         feature_size: card.feature_size,
         classes,
         domains: out,
+        views,
     })
 }
 
@@ -282,7 +361,16 @@ impl Prepared {
                     train: Arc::new(domain.all.rows(&train)),
                     val: Arc::new(domain.all.rows(&val)),
                     held_out: Arc::clone(&domain.held_out),
-                    views: domain.views.as_ref().map(|v| Arc::new(v.rows(&train))),
+                    views: domain.images.as_ref().zip(self.views.as_ref()).map(
+                        |(images, maker)| {
+                            Arc::new(ViewSource {
+                                maker: Arc::clone(maker),
+                                images: images.subset(&train),
+                                seed: salt,
+                                built: Mutex::default(),
+                            })
+                        },
+                    ),
                 }
             })
             .collect()
@@ -292,7 +380,7 @@ impl Prepared {
 /// The built-in digits through `digits-conv`, split for `seed`: the domains, the feature size
 /// and the class count.
 pub fn digits(seed: u64) -> anyhow::Result<(Vec<DomainData>, usize, usize)> {
-    let prepared = prepare(&Dataset::Digits, None, None, false, |_| {})?;
+    let prepared = prepare(&Dataset::Digits, None, None, None, |_| {})?;
     Ok((
         prepared.split(seed),
         prepared.feature_size,

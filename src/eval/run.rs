@@ -182,7 +182,7 @@ pub async fn run_one_mqtt(
     mut on_round: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
-    let sources = clients(domains, target, options.scenario, seed);
+    let sources = clients(domains, target, options.scenario, seed)?;
     let per_round = match options.scenario {
         Scenario::Lodo => None,
         Scenario::Multi { sample, .. } => Some(sample),
@@ -238,7 +238,7 @@ pub async fn run_one_mqtt(
 /// One run in process: `algorithm` with `domains[target]` held out.
 pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
-    let sources = clients(domains, target, options.scenario, seed);
+    let sources = clients(domains, target, options.scenario, seed)?;
     let sites = matches!(options.scenario, Scenario::Sites { .. });
     anyhow::ensure!(
         !(sites && algorithm.objective == Objective::FedDim),
@@ -442,46 +442,57 @@ struct Client {
     views: Option<Arc<DdlViews>>,
 }
 
-/// The clients of a run holding out `domains[target]`.
-fn clients(domains: &[DomainData], target: usize, scenario: Scenario, seed: u64) -> Vec<Client> {
+/// The clients of a run holding out `domains[target]`, each with FedDDL's views of its own
+/// training rows when the domains carry a view source.
+fn clients(
+    domains: &[DomainData],
+    target: usize,
+    scenario: Scenario,
+    seed: u64,
+) -> anyhow::Result<Vec<Client>> {
     let sources = domains.iter().enumerate().filter(|(d, _)| *d != target);
+    let views =
+        |d: &DomainData, rows: &[usize]| d.views.as_ref().map(|v| v.views(rows)).transpose();
+    let mut out = Vec::new();
     match scenario {
-        Scenario::Lodo => sources
-            .map(|(_, d)| Client {
-                name: d.name.clone(),
-                site: d.name.clone(),
-                train: Arc::clone(&d.train),
-                val: Arc::clone(&d.val),
-                views: d.views.clone(),
-            })
-            .collect(),
+        Scenario::Lodo => {
+            for (_, d) in sources {
+                let all: Vec<usize> = (0..d.train.len()).collect();
+                out.push(Client {
+                    name: d.name.clone(),
+                    site: d.name.clone(),
+                    train: Arc::clone(&d.train),
+                    val: Arc::clone(&d.val),
+                    views: views(d, &all)?,
+                });
+            }
+        }
         Scenario::Multi {
             clients_per_domain: parts,
             ..
         }
         | Scenario::Sites { devices: parts } => {
             let parts = parts.max(1);
-            sources
-                .flat_map(|(i, d)| {
-                    let salt = seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
-                    let train = partition_indices(d.train.len(), parts, salt);
-                    let val = partition(&d.val, parts, salt ^ 1);
-                    train
-                        .into_iter()
-                        .zip(val)
-                        .enumerate()
-                        .map(move |(c, (t, v))| Client {
-                            name: format!("{}-{c:02}", d.name),
-                            site: d.name.clone(),
-                            train: Arc::new(d.train.rows(&t)),
-                            val: Arc::new(v),
-                            views: d.views.as_ref().map(|views| Arc::new(views.rows(&t))),
-                        })
-                })
-                .filter(|c| !c.train.is_empty())
-                .collect()
+            for (i, d) in sources {
+                let salt = seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                let train = partition_indices(d.train.len(), parts, salt);
+                let val = partition(&d.val, parts, salt ^ 1);
+                for (c, (t, v)) in train.into_iter().zip(val).enumerate() {
+                    if t.is_empty() {
+                        continue;
+                    }
+                    out.push(Client {
+                        name: format!("{}-{c:02}", d.name),
+                        site: d.name.clone(),
+                        train: Arc::new(d.train.rows(&t)),
+                        val: Arc::new(v),
+                        views: views(d, &t)?,
+                    });
+                }
+            }
         }
     }
+    Ok(out)
 }
 
 /// Splits `set` into `parts` disjoint parts at random (seeded), sizes within one.

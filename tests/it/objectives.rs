@@ -28,7 +28,12 @@ fn sites() -> (HeadConfig, Vec<(String, FeatureSet, DdlViews)>) {
         .map(|d| {
             // 120 images per site keep the test quick.
             let images = d.domain.data.subset(&(0..120).collect::<Vec<_>>());
-            let views = DdlViews::build(&backbone, id, &images, 3, 7, None).unwrap();
+            let settings = fedge_edge::train::fedddl::ViewSettings {
+                groups: 3,
+                pool: 2,
+                seed: 7,
+            };
+            let views = DdlViews::build(&backbone, id, &images, settings, None).unwrap();
             let features = fedge_edge::features::extract(&backbone, id, &images, None).unwrap();
             (d.domain.name.clone(), features, views)
         })

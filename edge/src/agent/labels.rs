@@ -9,6 +9,7 @@ use fedge_wire::{ModelRelease, SiteEvaluation};
 
 use super::setup::AgentSetup;
 use crate::classes::{self, UnknownClasses};
+use crate::features::FeatureSet;
 
 /// Renumbers the labels of `setup`'s splits and views onto `federation` (no copy unless a
 /// training or scoring thread still holds the data).
@@ -21,11 +22,11 @@ pub fn align(setup: &mut AgentSetup, federation: &[String]) -> Result<(), Unknow
     let train = Arc::make_mut(&mut setup.train);
     let val = Arc::make_mut(&mut setup.val);
     match setup.views.as_mut().map(Arc::make_mut) {
-        Some(views) => classes::renumber(
-            &mut [train, val, &mut views.counterfactual, &mut views.objects],
-            &mut names,
-            federation,
-        )?,
+        Some(views) => {
+            let mut sets: Vec<&mut FeatureSet> = vec![train, val, &mut views.objects];
+            sets.extend(views.counterfactuals.iter_mut());
+            classes::renumber(&mut sets, &mut names, federation)?
+        }
         None => classes::renumber(&mut [train, val], &mut names, federation)?,
     }
     setup.class_names = names;

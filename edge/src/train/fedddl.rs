@@ -12,11 +12,15 @@
 //!   similarities divided by `τ`.
 //!
 //! A device builds its [`DdlViews`] once, when it loads its data: counterfactual and
-//! object-only images through the backbone, cached like the real features. **Choice**: the
-//! counterfactual draw is fixed per device (seeded by its data) rather than redrawn every
-//! round, so FedDDL costs one extra backbone pass over the local data in all, not one per
-//! round; on a gateway running EfficientNet that pass takes minutes. Object-only inputs keep
-//! the object's pixels and set the background to 0 (black). The trainer's `L_J + λ L_CR` is in
+//! object-only images through the backbone, cached like the real features. The paper draws
+//! new counterfactuals every round (its Algorithm 1, line 6); a backbone pass per round is
+//! minutes on a gateway running EfficientNet, so **Choice**: a device draws a pool of
+//! `pool` counterfactuals per image once (each draw a new grouping of the backgrounds and a new
+//! background for every object; [`DEFAULT_POOL`] draws, so `pool` extra backbone passes in
+//! all), and every round picks one of each image's draws at random ([`DdlViews::draw`]).
+//! **Choice**: each object's background class is drawn uniformly over the classes, and a
+//! counterfactual shares its batch with its own real image. Object-only inputs keep the
+//! object's pixels and set the background to 0 (black). The trainer's `L_J + λ L_CR` is in
 //! `crate::train`'s gradient loop, the prototypes' average in the coordinator.
 
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -48,51 +52,98 @@ pub enum ViewsError {
 /// FedDDL's extra views of a device's training data, row for row with the real features.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DdlViews {
-    /// Features of each row's counterfactual (its object on another background), same label.
-    pub counterfactual: FeatureSet,
+    /// The pool: each a feature set of one counterfactual per row (its object on another
+    /// background, same label), drawn independently.
+    pub counterfactuals: Vec<FeatureSet>,
     /// Features of each row's object alone (background set to 0).
     pub objects: FeatureSet,
 }
 
+/// Default number of counterfactual draws per image a device keeps.
+pub const DEFAULT_POOL: usize = 4;
+/// Most counterfactual draws per image a device keeps.
+pub const MAX_POOL: usize = 16;
+
+/// How a device draws its counterfactuals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewSettings {
+    /// Background groups per class, `η`.
+    pub groups: usize,
+    /// Counterfactual draws per image.
+    pub pool: usize,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
 impl DdlViews {
-    /// Counterfactuals (`groups` background groups per class, seeded) and object-only images of
-    /// `images`, through `backbone` (features cached in `cache_dir` like real ones). Errors
-    /// when `images` has no object masks.
+    /// `settings.pool` counterfactual draws (`groups` background groups per class, each draw
+    /// seeded anew) and the object-only images of `images`, through `backbone` (features
+    /// cached in `cache_dir` like real ones). Errors when `images` has no object masks.
     pub fn build(
         backbone: &Backbone,
         backbone_id: u64,
         images: &ImageSet,
-        groups: usize,
-        seed: u64,
+        settings: ViewSettings,
         cache_dir: Option<&std::path::Path>,
     ) -> Result<Self, ViewsError> {
         let Some(masks) = images.masks.as_deref() else {
             return Err(ViewsError::NoMasks);
         };
-        let (counterfactual, _) = counterfactuals(images, masks, groups, seed);
-        let objects = object_only(images, masks);
         let extract =
             |set: &ImageSet| crate::features::extract(backbone, backbone_id, set, cache_dir);
+        let counterfactuals = (0..settings.pool.max(1) as u64)
+            .map(|p| {
+                let seed = settings.seed ^ p.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let (set, _) = counterfactuals(images, masks, settings.groups, seed);
+                extract(&set)
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
-            counterfactual: extract(&counterfactual)?,
-            objects: extract(&objects)?,
+            counterfactuals,
+            objects: extract(&object_only(images, masks))?,
         })
     }
 
-    /// The rows `indices` of both views, in that order.
+    /// The rows `indices` of every view, in that order.
     pub fn rows(&self, indices: &[usize]) -> Self {
         Self {
-            counterfactual: self.counterfactual.rows(indices),
+            counterfactuals: self
+                .counterfactuals
+                .iter()
+                .map(|c| c.rows(indices))
+                .collect(),
             objects: self.objects.rows(indices),
         }
     }
 
-    /// `self` when both views match `data` row for row (same count, size and labels).
+    /// This round's counterfactuals: for each row, one of its draws at random.
+    pub fn draw(&self, rng: &mut impl Rng) -> FeatureSet {
+        let Some(first) = self.counterfactuals.first() else {
+            return FeatureSet::default();
+        };
+        if self.counterfactuals.len() == 1 {
+            return first.clone();
+        }
+        let d = first.dim;
+        let mut features = Vec::with_capacity(first.features.len());
+        for row in 0..first.len() {
+            let pick = &self.counterfactuals[rng.random_range(0..self.counterfactuals.len())];
+            features.extend_from_slice(&pick.features[row * d..(row + 1) * d]);
+        }
+        FeatureSet {
+            dim: d,
+            features,
+            labels: first.labels.clone(),
+        }
+    }
+
+    /// `self` when every view matches `data` row for row (same count, size and labels).
     pub fn checked(&self, data: &FeatureSet) -> Result<&Self, TrainError> {
-        for (name, view) in [
-            ("counterfactual", &self.counterfactual),
-            ("object-only", &self.objects),
-        ] {
+        if self.counterfactuals.is_empty() {
+            return Err(TrainError::Params("no counterfactual features".into()));
+        }
+        let views = self.counterfactuals.iter().map(|c| ("counterfactual", c));
+        for (name, view) in views.chain([("object-only", &self.objects)]) {
             if view.dim != data.dim || view.labels != data.labels {
                 return Err(TrainError::Params(format!(
                     "the {name} features do not match the training data row for row \
@@ -314,6 +365,42 @@ mod tests {
     use super::*;
     use burn::tensor::TensorData;
     use fedge_models::{Backend, training_device};
+
+    #[test]
+    fn each_round_draws_one_of_each_rows_counterfactuals() {
+        // Three draws of 50 rows; draw p holds the value 10·p + row in both columns.
+        let pool: Vec<FeatureSet> = (0..3)
+            .map(|p| FeatureSet {
+                dim: 2,
+                features: (0..50).flat_map(|r| [(10 * p + r) as f32; 2]).collect(),
+                labels: (0..50).map(|r| r % 2).collect(),
+            })
+            .collect();
+        let views = DdlViews {
+            counterfactuals: pool,
+            objects: FeatureSet::default(),
+        };
+        let mut rng = StdRng::seed_from_u64(1);
+        let picks = |set: &FeatureSet| -> Vec<u32> {
+            set.features
+                .chunks(2)
+                .enumerate()
+                .map(|(r, v)| {
+                    assert_eq!(v[0], v[1], "a row is copied whole");
+                    let p = (v[0] as u32 - r as u32) / 10;
+                    assert_eq!(v[0], (10 * p + r as u32) as f32, "row {r} from draw {p}");
+                    p
+                })
+                .collect()
+        };
+        let first = views.draw(&mut rng);
+        assert_eq!(first.labels, views.counterfactuals[0].labels);
+        let (a, b) = (picks(&first), picks(&views.draw(&mut rng)));
+        for p in 0..3 {
+            assert!(a.contains(&p), "every draw is used: {a:?}");
+        }
+        assert_ne!(a, b, "a new pick every round");
+    }
 
     #[test]
     fn a_counterfactual_keeps_the_object_and_takes_its_group_mean_background() {

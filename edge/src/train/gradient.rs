@@ -59,6 +59,8 @@ pub(crate) fn gradient_round(
         Objective::FedProx if params.prox_mu > 0.0 => Some(config.from_flat(global, device)?),
         _ => None,
     };
+    // This round's counterfactuals, one of each row's draws.
+    let counterfactual = views.map(|v| v.draw(rng));
     let mut optim = sgd(params, true).init();
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut order: Vec<usize> = (0..data.len()).collect();
@@ -72,7 +74,7 @@ pub(crate) fn gradient_round(
                 return Err(TrainError::Cancelled(steps));
             }
             let (inputs, targets, labels) = batch_tensors(data, idx, device);
-            let mut loss = match (&insight, views) {
+            let mut loss = match (&insight, &counterfactual) {
                 (Some(insight), _) => {
                     let z = head.features(inputs);
                     let ce = loss_fn.forward(head.classifier.forward(z.clone()), targets.clone());
@@ -80,9 +82,9 @@ pub(crate) fn gradient_round(
                     let term = insight_term(w, z, targets, &labels, insight);
                     ce + term.mul_scalar(params.insight_lambda)
                 }
-                (None, Some(views)) => {
+                (None, Some(counterfactual)) => {
                     // L_J = CE(real) + CE(counterfactual): the mean over both halves, doubled.
-                    let (cf, _, _) = batch_tensors(&views.counterfactual, idx, device);
+                    let (cf, _, _) = batch_tensors(counterfactual, idx, device);
                     let z = head.features(Tensor::cat(vec![inputs, cf], 0));
                     let targets = Tensor::cat(vec![targets.clone(), targets], 0);
                     let logits = head.classifier.forward(z.clone());

@@ -370,7 +370,7 @@ fn fedddl_sends_object_prototypes_of_the_global_head_and_uses_the_global_ones() 
         ..data.clone()
     };
     let views = DdlViews {
-        counterfactual,
+        counterfactuals: vec![counterfactual],
         objects: objects.clone(),
     };
     let params = TrainParams {

@@ -63,14 +63,14 @@ fn every_objective_moves_the_head_differently_from_cross_entropy() {
         ..weights_only.clone()
     };
     let views = DdlViews {
-        counterfactual: FeatureSet {
+        counterfactuals: vec![FeatureSet {
             features: data
                 .features
                 .chunks(4)
                 .flat_map(|r| [r[0], r[1], r[3], r[2]])
                 .collect(),
             ..data.clone()
-        },
+        }],
         objects: FeatureSet {
             features: data
                 .features
