@@ -125,3 +125,36 @@ fn every_objective_moves_the_head_differently_from_cross_entropy() {
         assert!(gap > least, "{name}: {gap:e} ≤ {least:e}");
     }
 }
+
+#[test]
+fn fedddl_joint_loss_is_the_real_plus_the_counterfactual_cross_entropy() {
+    // One batch holding every row, one epoch: the reported loss is L_J at the global head.
+    let (config, global, data) = tiny();
+    let counterfactual = FeatureSet {
+        features: vec![0.2, 1.5, -0.5, 2.0, 0.1, 0.3],
+        ..data.clone()
+    };
+    let views = DdlViews {
+        counterfactuals: vec![counterfactual.clone()],
+        objects: data.clone(),
+    };
+    let params = TrainParams {
+        objective: Objective::FedDdl,
+        batch_size: 8,
+        ..TrainParams::default()
+    };
+    let device = training_device(Backend::Flex);
+    let inputs = RoundInputs {
+        views: Some(&views),
+        ..RoundInputs::default()
+    };
+    let job = TrainJob::new(&config, &global, &data, &params, &device).with_inputs(inputs);
+    let out = train_local(&job, &mut LocalState::default()).unwrap();
+    let flat: Vec<f64> = global.iter().map(|&v| f64::from(v)).collect();
+    let expected = loss(&config, &flat, &data) + loss(&config, &flat, &counterfactual);
+    assert!(
+        (f64::from(out.last_epoch_loss) - expected).abs() < 1e-5,
+        "L_J {} vs CE(real) + CE(counterfactual) {expected}",
+        out.last_epoch_loss
+    );
+}
