@@ -7,7 +7,8 @@
 //!
 //! Modules, leaves first: [`data`] (local images), [`features`] (the backbone cache and
 //! [`FeatureSet`]), [`classes`] (a device's labels on the federation's class list), [`rescan`]
-//! (a growing site folder), [`train`] (local rounds: SGD and the objectives), [`resources`],
+//! (a growing site folder), [`site_norm`] (standardising features with a site's own statistics),
+//! [`train`] (local rounds: SGD and the objectives), [`resources`],
 //! [`agent`] (the decisions as a state machine, and its MQTT driver), [`config`] (a device
 //! profile), [`check`] (a profile's pre-flight checks), and [`inference`] (predictions with the
 //! released head: the kept release, the predictor, the HTTP endpoint).
@@ -23,6 +24,7 @@ pub mod features;
 pub mod inference;
 pub mod rescan;
 pub mod resources;
+pub mod site_norm;
 pub mod train;
 
 pub use agent::{AgentSetup, AgentSummary, run_agent};

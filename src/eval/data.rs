@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use fedge_edge::data::{
     BiasedDomain, DIGITS_ANGLES, Domain, ImageSet, background_domains, digits_bg_domains,
-    digits_domains, fashion_mnist, fashion_mnist_domains, imagefolder_domains, split_indices,
+    digits_domains, digits_sensor_domains, fashion_mnist, fashion_mnist_domains,
+    imagefolder_domains, split_indices,
 };
 use fedge_edge::features::{self, Fnv64};
 use fedge_edge::train::fedddl::{DEFAULT_GROUPS, ViewSettings};
@@ -39,6 +40,9 @@ pub enum Dataset {
         /// Images drawn in all; `None` uses the 70,000.
         limit: Option<usize>,
     },
+    /// The digits through six sensors (`fedge_edge::data::SENSORS`): clean, low contrast,
+    /// noisy, blurred, washed out, dark and noisy; one sensor per domain.
+    DigitsSensor,
     /// The digits on lying backgrounds: six domains `bg0`..`bg5`, each with its own
     /// background↔class shortcut of strength `bias` (see `fedge_edge::data::background_domains`).
     DigitsBg {
@@ -90,6 +94,7 @@ impl Dataset {
         Ok(match spec {
             "digits" => Dataset::Digits,
             "digits-bg" => Dataset::DigitsBg { bias },
+            "digits-sensor" => Dataset::DigitsSensor,
             "fashion-mnist" => Dataset::FashionMnist { dir: dir(), limit },
             "fashion-mnist-bg" => Dataset::FashionMnistBg {
                 dir: dir(),
@@ -99,8 +104,8 @@ impl Dataset {
             _ => match spec.strip_prefix("imagefolder:") {
                 Some(root) if !root.is_empty() => Dataset::ImageFolder { root: root.into() },
                 _ => anyhow::bail!(
-                    "unknown data set {spec:?}; available: digits, digits-bg, fashion-mnist, \
-                     fashion-mnist-bg, imagefolder:PATH"
+                    "unknown data set {spec:?}; available: digits, digits-bg, digits-sensor, \
+                     fashion-mnist, fashion-mnist-bg, imagefolder:PATH"
                 ),
             },
         })
@@ -268,6 +273,7 @@ pub fn prepare(
     let domains: Vec<(Domain, Option<Domain>)> = match dataset {
         Dataset::Digits => same(digits_domains(&DIGITS_ANGLES, DOMAIN_SEED)),
         Dataset::DigitsBg { bias } => split_views(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
+        Dataset::DigitsSensor => same(digits_sensor_domains(DOMAIN_SEED)),
         Dataset::FashionMnist { dir, limit } => same(fashion_mnist_domains(
             dir,
             &DIGITS_ANGLES,

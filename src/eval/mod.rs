@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::ValueEnum;
 use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
+use fedge_edge::site_norm::FeatureNorm;
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
@@ -61,6 +62,9 @@ pub struct Algorithm {
     /// The wire defaults with the name's `/key=value` settings (`TrainParams` fields as in
     /// TOML), from which every round's parameters start.
     pub base: TrainParams,
+    /// Whether every client, and the held-out site, standardises its features with its own
+    /// statistics (`/feature_norm=site`; `fedge_edge::site_norm`).
+    pub feature_norm: FeatureNorm,
 }
 
 impl Algorithm {
@@ -90,7 +94,14 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let mut parts = full_name.split('/');
     let head = parts.next().unwrap_or_default();
     let mut train = TrainParams::default();
+    let mut feature_norm = FeatureNorm::None;
     for setting in parts {
+        if let Some(norm) = setting.strip_prefix("feature_norm=") {
+            feature_norm = norm
+                .parse()
+                .map_err(|e| anyhow::anyhow!("{full_name:?}: {e}"))?;
+            continue;
+        }
         train = with_setting(train, setting).map_err(|e| anyhow::anyhow!("{full_name:?}: {e}"))?;
     }
     let (name, codec) = match head.split_once('@') {
@@ -141,6 +152,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         adversarial_weight: train.adversarial_weight,
         codec,
         base: train,
+        feature_norm,
     })
 }
 
@@ -428,6 +440,13 @@ mod tests {
         assert!(bad("fedavg/stable_schedule=weekly").contains("weekly"));
         assert!(bad("fedavg/adversarial_lr_ratio=-1").contains("adversarial_lr_ratio"));
         assert!(bad("fedavg/learning_rate").contains("key=value"));
+        assert_eq!(
+            parse_algorithm("fedavg/feature_norm=site")
+                .unwrap()
+                .feature_norm,
+            FeatureNorm::Site
+        );
+        assert!(bad("fedavg/feature_norm=batch").contains("none or site"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
 use fedge_edge::agent::class_stats;
+use fedge_edge::site_norm::{FeatureNorm, FeatureStats};
 use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, accuracy, train_local};
 use fedge_models::{Backend, HeadConfig, ModelLayout, training_device};
 use fedge_wire::{ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
@@ -183,6 +184,8 @@ pub async fn run_one_mqtt(
 ) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
+    let sources = site_normalised(sources, algorithm.feature_norm);
+    let held_out = held_out(&domains[target], algorithm.feature_norm);
     let per_round = match options.scenario {
         Scenario::Lodo => None,
         Scenario::Multi { sample, .. } => Some(sample),
@@ -203,7 +206,7 @@ pub async fn run_one_mqtt(
                 site: None,
             })
             .collect(),
-        target: Arc::clone(&domains[target].held_out),
+        target: Arc::clone(&held_out),
         target_name: domains[target].name.clone(),
     };
     let demo_options = crate::demo::DemoOptions {
@@ -239,6 +242,8 @@ pub async fn run_one_mqtt(
 pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
+    let sources = site_normalised(sources, algorithm.feature_norm);
+    let held_out = held_out(&domains[target], algorithm.feature_norm);
     let sites = matches!(options.scenario, Scenario::Sites { .. });
     anyhow::ensure!(
         !(sites && algorithm.objective == Objective::FedDim),
@@ -316,7 +321,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                 Output::RoundEnded(report) if report.aggregated => {
                     let params = layout.head_part(machine.params());
                     let val = pooled_accuracy(head, params, &val_sets);
-                    let target_accuracy = accuracy(head, params, &domains[target].held_out)?;
+                    let target_accuracy = accuracy(head, params, &held_out)?;
                     scores.push((report.round, val, target_accuracy, report.reported.len()));
                     on_round(report.round);
                 }
@@ -493,6 +498,43 @@ fn clients(
         }
     }
     Ok(out)
+}
+
+/// With site normalisation, every client's training and validation features (and FedDDL's
+/// views) standardised with the statistics of its own training and validation rows.
+fn site_normalised(clients: Vec<Client>, norm: FeatureNorm) -> Vec<Client> {
+    if norm == FeatureNorm::None {
+        return clients;
+    }
+    clients
+        .into_iter()
+        .map(|c| {
+            let Some(stats) = FeatureStats::of(&[&c.train, &c.val]) else {
+                return c;
+            };
+            let views = c.views.as_ref().map(|v| {
+                Arc::new(DdlViews {
+                    counterfactuals: v.counterfactuals.iter().map(|s| stats.apply(s)).collect(),
+                    objects: stats.apply(&v.objects),
+                })
+            });
+            Client {
+                train: Arc::new(stats.apply(&c.train)),
+                val: Arc::new(stats.apply(&c.val)),
+                views,
+                ..c
+            }
+        })
+        .collect()
+}
+
+/// What the held-out site is scored on: with site normalisation, standardised with its own
+/// statistics (computed from its images alone, no label).
+fn held_out(domain: &DomainData, norm: FeatureNorm) -> Arc<FeatureSet> {
+    match (norm, FeatureStats::of(&[&domain.held_out])) {
+        (FeatureNorm::Site, Some(stats)) => Arc::new(stats.apply(&domain.held_out)),
+        _ => Arc::clone(&domain.held_out),
+    }
 }
 
 /// Splits `set` into `parts` disjoint parts at random (seeded), sizes within one.

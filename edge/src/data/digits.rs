@@ -1,6 +1,9 @@
 //! Rotated-digits domains built from the UCI optical digits that ship with smartcore.
 
-use super::{BiasedDomain, DataError, Domain, ImageSet, background_domains, rotated_domains};
+use super::{
+    BiasedDomain, DataError, Domain, ImageSet, SENSORS, background_domains, rotated_domains,
+    sensor_domains,
+};
 
 /// Rotation angles of the built-in digits domains, in degrees.
 pub const DIGITS_ANGLES: [f32; 6] = [0.0, 15.0, 30.0, 45.0, 60.0, 75.0];
@@ -32,6 +35,12 @@ pub fn digits_bg_domains(
     seed: u64,
 ) -> Result<Vec<BiasedDomain>, DataError> {
     background_domains(&load_digits(), domains, bias, seed)
+}
+
+/// The digits through the six sensors of [`SENSORS`] (`digits-sensor`): disjoint parts,
+/// unrotated, each seen by its own sensor.
+pub fn digits_sensor_domains(seed: u64) -> Vec<Domain> {
+    sensor_domains(&load_digits(), &SENSORS, seed)
 }
 
 /// Loads the unrotated digits as one set in their original order.

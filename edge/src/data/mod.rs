@@ -21,16 +21,18 @@ mod error;
 mod idx;
 mod imagefolder;
 mod rotate;
+mod sensor;
 
 pub use background::{
     BiasedDomain, DEFAULT_BIAS, OBJECT_THRESHOLD, TEXTURES, background_domains, texture,
 };
 pub use detector::detector_masks;
-pub use digits::{DIGITS_ANGLES, digits_bg_domains, digits_domains};
+pub use digits::{DIGITS_ANGLES, digits_bg_domains, digits_domains, digits_sensor_domains};
 pub use error::DataError;
 pub use idx::{FASHION_MNIST_DIR, fashion_mnist, fashion_mnist_domains, read_idx};
 pub use imagefolder::{imagefolder_domains, imagefolder_site, list_site};
 pub use rotate::rotate_chw;
+pub use sensor::{SENSORS, Sensor, sensor_domains};
 
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
 
