@@ -40,6 +40,11 @@ pub enum Dataset {
         /// Images drawn in all; `None` uses the 70,000.
         limit: Option<usize>,
     },
+    /// The built-in digits rotated by the given angles, one domain per angle (`digits:0,30,90`).
+    DigitsRotated {
+        /// Degrees, counter-clockwise.
+        angles: Vec<f32>,
+    },
     /// The digits through six sensors (`fedge_edge::data::SENSORS`): clean, low contrast,
     /// noisy, blurred, washed out, dark and noisy; one sensor per domain.
     DigitsSensor,
@@ -101,11 +106,25 @@ impl Dataset {
                 limit,
                 bias,
             },
+            _ if spec.starts_with("digits:") => {
+                let angles = spec["digits:".len()..]
+                    .split(',')
+                    .map(|a| a.trim().parse::<f32>().ok().filter(|a| a.is_finite()))
+                    .collect::<Option<Vec<f32>>>()
+                    .filter(|a| a.len() >= 2)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "{spec:?}: write digits:A,B,... with at least two angles in degrees"
+                        )
+                    })?;
+                Dataset::DigitsRotated { angles }
+            }
             _ => match spec.strip_prefix("imagefolder:") {
                 Some(root) if !root.is_empty() => Dataset::ImageFolder { root: root.into() },
                 _ => anyhow::bail!(
                     "unknown data set {spec:?}; available: digits, digits-bg, digits-sensor, \
-                     fashion-mnist, fashion-mnist-bg, imagefolder:PATH"
+                     fashion-mnist, fashion-mnist-bg, imagefolder:PATH (and digits:A,B,... \
+                     for chosen rotations)"
                 ),
             },
         })
@@ -274,6 +293,7 @@ pub fn prepare(
         Dataset::Digits => same(digits_domains(&DIGITS_ANGLES, DOMAIN_SEED)),
         Dataset::DigitsBg { bias } => split_views(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
         Dataset::DigitsSensor => same(digits_sensor_domains(DOMAIN_SEED)),
+        Dataset::DigitsRotated { angles } => same(digits_domains(angles, DOMAIN_SEED)),
         Dataset::FashionMnist { dir, limit } => same(fashion_mnist_domains(
             dir,
             &DIGITS_ANGLES,
@@ -440,6 +460,16 @@ mod tests {
         );
         let err = Dataset::parse("imagenet", None, 0).unwrap_err().to_string();
         assert!(err.contains("imagefolder:PATH"), "{err}");
+        assert_eq!(
+            Dataset::parse("digits:0, 90,180", None, 0).unwrap(),
+            Dataset::DigitsRotated {
+                angles: vec![0.0, 90.0, 180.0]
+            }
+        );
+        for bad in ["digits:", "digits:30", "digits:0,x", "digits:0,inf"] {
+            let err = Dataset::parse(bad, None, 0).unwrap_err().to_string();
+            assert!(err.contains("at least two angles"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -88,21 +88,35 @@ impl Algorithm {
 /// Parses `objective`, `strategy` or `objective+strategy` (`fedavg`, `fedprox`, `fedavgm`,
 /// `fedomg`, `feddim`, `feddim+fedomg`, `fedddl+fedomg`, `stable-fedadg+fedavgm`, ...), each
 /// part spelled as on the command line (an unknown part's error lists the valid names),
-/// optionally followed by `@codec` and by `/key=value` training settings, e.g.
-/// `stable-fedadg/stable_schedule=epochs/adversarial_lr_ratio=50`.
+/// optionally followed by `@codec` and by `/key=value` settings of `[train]`, of the strategy
+/// (`kappa`, `global_lr`, `server_momentum`, ...) or `feature_norm`, e.g.
+/// `stable-fedadg/stable_schedule=epochs/adversarial_lr_ratio=50` or `fedomg/kappa=0.9`.
 pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let mut parts = full_name.split('/');
     let head = parts.next().unwrap_or_default();
     let mut train = TrainParams::default();
     let mut feature_norm = FeatureNorm::None;
+    let mut strategy_settings = Vec::new();
+    let fail = |e: anyhow::Error| anyhow::anyhow!("{full_name:?}: {e}");
     for setting in parts {
-        if let Some(norm) = setting.strip_prefix("feature_norm=") {
-            feature_norm = norm
-                .parse()
-                .map_err(|e| anyhow::anyhow!("{full_name:?}: {e}"))?;
-            continue;
+        let (key, value) = setting
+            .split_once('=')
+            .ok_or_else(|| fail(anyhow::anyhow!("{setting:?}: write a setting as key=value")))?;
+        if key == "feature_norm" {
+            feature_norm = value.parse().map_err(|e: String| fail(anyhow::anyhow!(e)))?;
+        } else if let Some(changed) = with_setting(&train, key, value).map_err(fail)? {
+            changed.check().map_err(|e| fail(e.into()))?;
+            train = changed;
+        } else if with_setting(&StrategyConfig::default(), key, value)
+            .map_err(fail)?
+            .is_some()
+        {
+            strategy_settings.push((key, value));
+        } else {
+            return Err(fail(anyhow::anyhow!(
+                "{key:?} is neither a [train] nor a [strategy] setting, nor feature_norm"
+            )));
         }
-        train = with_setting(train, setting).map_err(|e| anyhow::anyhow!("{full_name:?}: {e}"))?;
     }
     let (name, codec) = match head.split_once('@') {
         Some((name, codec)) => (
@@ -135,13 +149,20 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
             "fedavg",
         ),
     };
-    let strategy = StrategyConfig {
+    let mut strategy = StrategyConfig {
         strategy: strategy
             .parse()
             .map_err(|e| anyhow::anyhow!("{name:?}: {e}"))?,
         ..StrategyConfig::default()
     };
-    strategy.build().map_err(anyhow::Error::msg)?;
+    for (key, value) in strategy_settings {
+        strategy = with_setting(&strategy, key, value)
+            .map_err(fail)?
+            .unwrap_or(strategy);
+    }
+    strategy
+        .build()
+        .map_err(|e| fail(anyhow::anyhow!("{e}")))?;
     Ok(Algorithm {
         name: full_name.into(),
         objective,
@@ -156,23 +177,26 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     })
 }
 
-/// `params` with one `key=value` setting, read as a `[train]` line of TOML would be (a value
-/// that is not TOML is read as a string: `stable_schedule=epochs`).
-fn with_setting(params: TrainParams, setting: &str) -> anyhow::Result<TrainParams> {
-    let (key, value) = setting
-        .split_once('=')
-        .ok_or_else(|| anyhow::anyhow!("{setting:?}: write a setting as key=value"))?;
+/// `config` with its field `key` set to `value`, read as a line of TOML would be (a value that
+/// is not TOML is read as a string: `stable_schedule=epochs`); `None` when `config` has no such
+/// field.
+fn with_setting<T>(config: &T, key: &str, value: &str) -> anyhow::Result<Option<T>>
+where
+    T: Serialize + serde::de::DeserializeOwned,
+{
+    let mut table = toml::Table::try_from(config)?;
+    if !table.contains_key(key.trim()) {
+        return Ok(None);
+    }
     let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    let mut table = toml::Table::try_from(&params)?;
     table.insert(key.trim().to_string(), value);
-    let params: TrainParams = table
+    let config = table
         .try_into()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("{setting:?}: {}", e.message()))?;
-    params.check()?;
-    Ok(params)
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("{key}: {}", e.message()))?;
+    Ok(Some(config))
 }
 
 /// How source domains become clients.

@@ -252,7 +252,9 @@ fn the_json_report_has_the_documented_fields() {
     assert!(!bad.status.success());
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(
-        stderr.contains("available: digits, digits-bg, fashion-mnist, fashion-mnist-bg"),
+        stderr.contains(
+            "available: digits, digits-bg, digits-sensor, fashion-mnist, fashion-mnist-bg"
+        ),
         "{stderr}"
     );
 }
