@@ -174,7 +174,18 @@ fn predict(
     };
     let (backbone, _) = fedge_edge::features::load_backbone(&config.backbone)
         .with_context(|| format!("loading the backbone {}", config.backbone.display()))?;
-    let predictor = Predictor::new(std::sync::Arc::new(backbone), release)
+    // A site-normalised head needs this site's statistics: from the profile's own data (its
+    // features are cached after the agent's first start).
+    let site = match release.feature_norm {
+        fedge_wire::FeatureNorm::None => None,
+        fedge_wire::FeatureNorm::Site => {
+            let setup = config
+                .setup()
+                .context("loading the site's data for its feature statistics")?;
+            fedge_edge::site_norm::FeatureStats::of_site(&setup.train, &setup.val)
+        }
+    };
+    let predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)
         .with_context(|| format!("using {}", model_path.display()))?;
     let mut all_ok = true;
     let mut out = std::io::stdout().lock();

@@ -12,46 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::features::FeatureSet;
 
+pub use fedge_wire::FeatureNorm;
+
 /// Added to every variance before its square root.
 pub const EPSILON: f32 = 1e-5;
-
-/// Whether features reach the head as the backbone made them or standardised per site; spelled
-/// the same on the command line, in TOML and in JSON.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum,
-)]
-pub enum FeatureNorm {
-    /// The backbone's features as they are.
-    #[default]
-    #[serde(rename = "none")]
-    #[value(name = "none")]
-    None,
-    /// Standardised with the site's own statistics.
-    #[serde(rename = "site")]
-    #[value(name = "site")]
-    Site,
-}
-
-impl FeatureNorm {
-    /// Name on the command line, in TOML and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            FeatureNorm::None => "none",
-            FeatureNorm::Site => "site",
-        }
-    }
-}
-
-impl std::str::FromStr for FeatureNorm {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [FeatureNorm::None, FeatureNorm::Site]
-            .into_iter()
-            .find(|n| n.name() == s)
-            .ok_or_else(|| format!("unknown feature normalisation {s:?}: use none or site"))
-    }
-}
 
 /// A site's per-feature mean and inverse standard deviation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -114,6 +78,13 @@ impl FeatureStats {
         self.apply_in_place(&mut out.features);
         out
     }
+
+    /// A site's statistics over all of its own rows (training and validation; an
+    /// evaluation-only site has only the latter), or `None` without any.
+    pub fn of_site(train: &FeatureSet, val: &FeatureSet) -> Option<Self> {
+        let sets: Vec<&FeatureSet> = [train, val].into_iter().filter(|s| !s.is_empty()).collect();
+        Self::of(&sets)
+    }
 }
 
 #[cfg(test)]
@@ -157,7 +128,8 @@ mod tests {
             "batch"
                 .parse::<FeatureNorm>()
                 .unwrap_err()
-                .contains("none or site")
+                .to_string()
+                .contains("site")
         );
     }
 }

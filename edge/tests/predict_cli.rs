@@ -29,6 +29,7 @@ fn release(round: u64) -> ModelRelease {
         sha256: ModelRelease::digest(&params),
         params: TensorF32::from_slice(&params),
         head,
+        feature_norm: fedge_wire::FeatureNorm::None,
     }
 }
 
@@ -145,7 +146,7 @@ fn fedge_edge_predict_prints_a_line_per_image() {
     store::save(&store::model_path(&cache, "site-rot15"), &release(6)).unwrap();
     let card = repo_root().join("models/assets/digits-conv.toml");
     let backbone = std::sync::Arc::new(fedge_edge::features::load_backbone(&card).unwrap().0);
-    let predictor = Predictor::new(backbone, release(6)).unwrap();
+    let predictor = Predictor::new(backbone, release(6), None).unwrap();
     let args = [
         &flag("--config"),
         &profile_with_cache,

@@ -36,7 +36,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::ValueEnum;
 use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
-use fedge_edge::site_norm::FeatureNorm;
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
@@ -62,9 +61,6 @@ pub struct Algorithm {
     /// The wire defaults with the name's `/key=value` settings (`TrainParams` fields as in
     /// TOML), from which every round's parameters start.
     pub base: TrainParams,
-    /// Whether every client, and the held-out site, standardises its features with its own
-    /// statistics (`/feature_norm=site`; `fedge_edge::site_norm`).
-    pub feature_norm: FeatureNorm,
 }
 
 impl Algorithm {
@@ -89,22 +85,19 @@ impl Algorithm {
 /// `fedomg`, `feddim`, `feddim+fedomg`, `fedddl+fedomg`, `stable-fedadg+fedavgm`, ...), each
 /// part spelled as on the command line (an unknown part's error lists the valid names),
 /// optionally followed by `@codec` and by `/key=value` settings of `[train]`, of the strategy
-/// (`kappa`, `global_lr`, `server_momentum`, ...) or `feature_norm`, e.g.
+/// (`kappa`, `global_lr`, `server_momentum`, ...), e.g. `fedavg/feature_norm=site`,
 /// `stable-fedadg/stable_schedule=epochs/adversarial_lr_ratio=50` or `fedomg/kappa=0.9`.
 pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let mut parts = full_name.split('/');
     let head = parts.next().unwrap_or_default();
     let mut train = TrainParams::default();
-    let mut feature_norm = FeatureNorm::None;
     let mut strategy_settings = Vec::new();
     let fail = |e: anyhow::Error| anyhow::anyhow!("{full_name:?}: {e}");
     for setting in parts {
         let (key, value) = setting
             .split_once('=')
             .ok_or_else(|| fail(anyhow::anyhow!("{setting:?}: write a setting as key=value")))?;
-        if key == "feature_norm" {
-            feature_norm = value.parse().map_err(|e: String| fail(anyhow::anyhow!(e)))?;
-        } else if let Some(changed) = with_setting(&train, key, value).map_err(fail)? {
+        if let Some(changed) = with_setting(&train, key, value).map_err(fail)? {
             changed.check().map_err(|e| fail(e.into()))?;
             train = changed;
         } else if with_setting(&StrategyConfig::default(), key, value)
@@ -114,7 +107,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
             strategy_settings.push((key, value));
         } else {
             return Err(fail(anyhow::anyhow!(
-                "{key:?} is neither a [train] nor a [strategy] setting, nor feature_norm"
+                "{key:?} is neither a [train] nor a [strategy] setting"
             )));
         }
     }
@@ -160,9 +153,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
             .map_err(fail)?
             .unwrap_or(strategy);
     }
-    strategy
-        .build()
-        .map_err(|e| fail(anyhow::anyhow!("{e}")))?;
+    strategy.build().map_err(|e| fail(anyhow::anyhow!("{e}")))?;
     Ok(Algorithm {
         name: full_name.into(),
         objective,
@@ -173,7 +164,6 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         adversarial_weight: train.adversarial_weight,
         codec,
         base: train,
-        feature_norm,
     })
 }
 
@@ -467,10 +457,11 @@ mod tests {
         assert_eq!(
             parse_algorithm("fedavg/feature_norm=site")
                 .unwrap()
+                .train_params(1)
                 .feature_norm,
-            FeatureNorm::Site
+            fedge_wire::FeatureNorm::Site
         );
-        assert!(bad("fedavg/feature_norm=batch").contains("none or site"));
+        assert!(bad("fedavg/feature_norm=batch").contains("batch"));
     }
 
     #[test]

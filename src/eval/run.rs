@@ -184,8 +184,8 @@ pub async fn run_one_mqtt(
 ) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
-    let sources = site_normalised(sources, algorithm.feature_norm);
-    let held_out = held_out(&domains[target], algorithm.feature_norm);
+    let norm = algorithm.base.feature_norm;
+    let sources = site_normalised(sources, norm);
     let per_round = match options.scenario {
         Scenario::Lodo => None,
         Scenario::Multi { sample, .. } => Some(sample),
@@ -195,7 +195,7 @@ pub async fn run_one_mqtt(
     };
     let data = crate::demo::DemoData {
         head: head.clone(),
-        selection: sources.iter().map(|c| Arc::clone(&c.val)).collect(),
+        selection: sources.iter().map(|c| Arc::clone(&c.scored_val)).collect(),
         clients: sources
             .iter()
             .map(|c| crate::demo::DemoClient {
@@ -206,7 +206,8 @@ pub async fn run_one_mqtt(
                 site: None,
             })
             .collect(),
-        target: Arc::clone(&held_out),
+        // The unseen site's agent scores the releases and standardises its own features.
+        target: Arc::clone(&domains[target].held_out),
         target_name: domains[target].name.clone(),
     };
     let demo_options = crate::demo::DemoOptions {
@@ -242,8 +243,9 @@ pub async fn run_one_mqtt(
 pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
-    let sources = site_normalised(sources, algorithm.feature_norm);
-    let held_out = held_out(&domains[target], algorithm.feature_norm);
+    let norm = algorithm.base.feature_norm;
+    let sources = site_normalised(sources, norm);
+    let held_out = held_out(&domains[target], norm);
     let sites = matches!(options.scenario, Scenario::Sites { .. });
     anyhow::ensure!(
         !(sites && algorithm.objective == Objective::FedDim),
@@ -309,7 +311,8 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         machine.handle_client_status(participant, true, 0);
     }
     machine.start(0);
-    let val_sets: Vec<Arc<FeatureSet>> = sources.iter().map(|c| Arc::clone(&c.val)).collect();
+    let val_sets: Vec<Arc<FeatureSet>> =
+        sources.iter().map(|c| Arc::clone(&c.scored_val)).collect();
     let mut scores = Vec::new();
     let mut now = 0u64;
     loop {
@@ -377,6 +380,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     &training_device(Backend::default()),
                 )
                 .with_inputs(inputs)
+                .with_stats(source.stats.as_deref())
                 .with_seed(fedge_edge::train::round_seed(
                     seed,
                     task.round,
@@ -445,6 +449,10 @@ struct Client {
     train: Arc<FeatureSet>,
     val: Arc<FeatureSet>,
     views: Option<Arc<DdlViews>>,
+    /// With site normalisation, the statistics of its training and validation rows.
+    stats: Option<Arc<FeatureStats>>,
+    /// What the global head is scored on: `val`, standardised with `stats` when there are.
+    scored_val: Arc<FeatureSet>,
 }
 
 /// The clients of a run holding out `domains[target]`, each with FedDDL's views of its own
@@ -469,6 +477,8 @@ fn clients(
                     train: Arc::clone(&d.train),
                     val: Arc::clone(&d.val),
                     views: views(d, &all)?,
+                    stats: None,
+                    scored_val: Arc::clone(&d.val),
                 });
             }
         }
@@ -486,12 +496,15 @@ fn clients(
                     if t.is_empty() {
                         continue;
                     }
+                    let val = Arc::new(v);
                     out.push(Client {
                         name: format!("{}-{c:02}", d.name),
                         site: d.name.clone(),
                         train: Arc::new(d.train.rows(&t)),
-                        val: Arc::new(v),
+                        scored_val: Arc::clone(&val),
+                        val,
                         views: views(d, &t)?,
+                        stats: None,
                     });
                 }
             }
@@ -500,8 +513,9 @@ fn clients(
     Ok(out)
 }
 
-/// With site normalisation, every client's training and validation features (and FedDDL's
-/// views) standardised with the statistics of its own training and validation rows.
+/// With site normalisation, every client's statistics (over its training and validation rows,
+/// as a device computes them) for its trainer, and its validation rows standardised for
+/// scoring; the trainer standardises the training rows and views itself.
 fn site_normalised(clients: Vec<Client>, norm: FeatureNorm) -> Vec<Client> {
     if norm == FeatureNorm::None {
         return clients;
@@ -509,19 +523,12 @@ fn site_normalised(clients: Vec<Client>, norm: FeatureNorm) -> Vec<Client> {
     clients
         .into_iter()
         .map(|c| {
-            let Some(stats) = FeatureStats::of(&[&c.train, &c.val]) else {
+            let Some(stats) = FeatureStats::of_site(&c.train, &c.val) else {
                 return c;
             };
-            let views = c.views.as_ref().map(|v| {
-                Arc::new(DdlViews {
-                    counterfactuals: v.counterfactuals.iter().map(|s| stats.apply(s)).collect(),
-                    objects: stats.apply(&v.objects),
-                })
-            });
             Client {
-                train: Arc::new(stats.apply(&c.train)),
-                val: Arc::new(stats.apply(&c.val)),
-                views,
+                scored_val: Arc::new(stats.apply(&c.val)),
+                stats: Some(Arc::new(stats)),
                 ..c
             }
         })

@@ -111,7 +111,13 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
     let domains = prepared.split(seed);
     let head = HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(options.hidden);
     let target = domains.len() - 1;
-    for name in ["feddim+fedomg", "stable-fedadg", "fedddl"] {
+    // The last: the agents standardise their own features (site normalisation) as the harness does.
+    for name in [
+        "feddim+fedomg",
+        "stable-fedadg",
+        "fedddl",
+        "feddim/feature_norm=site",
+    ] {
         let algorithm = parse_algorithm(name).unwrap();
         let spec = RunSpec {
             algorithm: &algorithm,

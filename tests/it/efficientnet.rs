@@ -98,6 +98,7 @@ fn the_exported_model_agrees_with_fedge_in_onnxruntime() {
         sha256: fedge_wire::ModelRelease::digest(&params),
         params: fedge_wire::TensorF32::from_slice(&params),
         head,
+        feature_norm: fedge_wire::FeatureNorm::None,
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lite.onnx");
@@ -118,7 +119,7 @@ fn the_exported_model_agrees_with_fedge_in_onnxruntime() {
             file
         })
         .collect();
-    let predictor = fedge_edge::inference::Predictor::new(backbone, release).unwrap();
+    let predictor = fedge_edge::inference::Predictor::new(backbone, release, None).unwrap();
     let answers =
         crate::common::onnxruntime::predict(&python, &out.with_extension("toml"), &images);
     for (answer, image) in answers.iter().zip(&images) {

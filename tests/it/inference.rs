@@ -33,6 +33,7 @@ fn release(round: u64) -> ModelRelease {
         sha256: ModelRelease::digest(&params),
         params: TensorF32::from_slice(&params),
         head,
+        feature_norm: fedge_wire::FeatureNorm::None,
     }
 }
 
@@ -163,10 +164,10 @@ fn the_endpoint_answers_what_the_predictor_answers() {
     }
 
     let backbone = backbone();
-    let direct = Predictor::new(Arc::clone(&backbone), release(4)).unwrap();
+    let direct = Predictor::new(Arc::clone(&backbone), release(4), None).unwrap();
     install(
         &state,
-        Predictor::new(Arc::clone(&backbone), release(4)).unwrap(),
+        Predictor::new(Arc::clone(&backbone), release(4), None).unwrap(),
     );
     let (status, body) = answer(http.get(url("/healthz")).call());
     assert_eq!((status, body.contains("round 4")), (200, true), "{body}");
@@ -236,7 +237,7 @@ fn the_endpoint_answers_what_the_predictor_answers() {
     // A new release replaces the model for the next request.
     install(
         &state,
-        Predictor::new(Arc::clone(&backbone), release(5)).unwrap(),
+        Predictor::new(Arc::clone(&backbone), release(5), None).unwrap(),
     );
     let (_, body) = answer(http.get(url("/v1/model")).call());
     assert_eq!(json(&body)["round"], 5);

@@ -38,8 +38,9 @@ pub use error::{DecodeError, UnknownName};
 pub use frames::{TaskError, decode_release, decode_task};
 pub use layout::{HeadConfig, ModelLayout};
 pub use messages::{
-    Chunk, ClassStats, ClientUpdate, InvalidTrain, LocalMetrics, MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS,
-    MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, StableSchedule, Tag, TrainParams,
+    Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain, LocalMetrics, MAX_BATCH_SIZE,
+    MAX_LOCAL_EPOCHS, MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, StableSchedule, Tag,
+    TrainParams,
 };
 pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,

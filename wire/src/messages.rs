@@ -4,7 +4,8 @@
 //! codec the coordinator asks devices to send their updates in; version 5 binds updates to
 //! the federation's run and tags each chunk of an update; version 6 carries the federation's
 //! class list in every task and adds the released model, `crate::ModelRelease`; version 7 adds
-//! Stable-FedADG's adversarial learning-rate ratio and schedule to the training parameters).
+//! Stable-FedADG's adversarial learning-rate ratio and schedule and the site feature
+//! normalisation to the training parameters, and the normalisation to the released model).
 
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +91,43 @@ impl std::str::FromStr for Objective {
     }
 }
 
+/// Whether features reach the head as the backbone made them or standardised with each site's
+/// own statistics (docs/algorithms.md §7); spelled the same in TOML, JSON and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum FeatureNorm {
+    /// The backbone's features as they are.
+    #[default]
+    #[serde(rename = "none")]
+    #[cfg_attr(feature = "clap", value(name = "none"))]
+    None,
+    /// Every site standardises the features with the mean and variance of its own rows.
+    #[serde(rename = "site")]
+    #[cfg_attr(feature = "clap", value(name = "site"))]
+    Site,
+}
+
+impl FeatureNorm {
+    /// Name on the command line, in TOML and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            FeatureNorm::None => "none",
+            FeatureNorm::Site => "site",
+        }
+    }
+}
+
+impl std::str::FromStr for FeatureNorm {
+    type Err = crate::UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let all = [FeatureNorm::None, FeatureNorm::Site];
+        all.into_iter().find(|n| n.name() == s).ok_or_else(|| {
+            crate::UnknownName::new("feature normalisation", s, all.map(FeatureNorm::name))
+        })
+    }
+}
+
 /// How many batches a Stable-FedADG round runs; spelled the same in TOML, JSON and on the
 /// command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -146,6 +184,8 @@ pub struct TrainParams {
     pub adversarial_lr_ratio: f32,
     /// How many batches a Stable-FedADG round runs.
     pub stable_schedule: StableSchedule,
+    /// Whether every site standardises its features with its own statistics before the head.
+    pub feature_norm: FeatureNorm,
     /// FedDDL's `λ`, the weight of the contrastive regulariser `L_CR`.
     pub contrastive_weight: f32,
     /// FedDDL's temperature `τ`.
@@ -172,6 +212,7 @@ impl Default for TrainParams {
             // The paper's LODO rates on OfficeHome (0.005 against 0.001); see docs/algorithms.md.
             adversarial_lr_ratio: 5.0,
             stable_schedule: StableSchedule::Paper,
+            feature_norm: FeatureNorm::None,
             contrastive_weight: 1.0,
             temperature: 0.07,
             // Half the bytes of f32 with no measurable accuracy cost (BENCHMARKS.md).

@@ -114,6 +114,8 @@ pub struct ModelRelease {
     pub backbone: String,
     /// The head's sizes.
     pub head: HeadConfig,
+    /// Whether the head takes features standardised with the predicting site's own statistics.
+    pub feature_norm: crate::FeatureNorm,
     /// The head's parameters in the flat layout (`crate::layout`), f32.
     pub params: TensorF32,
     /// SHA-256 of the parameters' little-endian f32 bytes ([`ModelRelease::digest`]).
@@ -244,6 +246,7 @@ mod tests {
             sha256: ModelRelease::digest(&params),
             params: TensorF32::from_slice(&params),
             head,
+            feature_norm: crate::FeatureNorm::None,
         }
     }
 

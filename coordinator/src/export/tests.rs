@@ -59,6 +59,7 @@ fn release(backbone: &str) -> ModelRelease {
         sha256: ModelRelease::digest(&params),
         params: TensorF32::from_slice(&params),
         head,
+        feature_norm: fedge_wire::FeatureNorm::None,
     }
 }
 

@@ -233,6 +233,7 @@ fn the_global_release_reaches_the_site_under_its_own_name() {
         sha256: ModelRelease::digest(&params),
         params: TensorF32::from_slice(&params),
         head,
+        feature_norm: fedge_wire::FeatureNorm::None,
     };
     m.relay_release(release.clone());
     let out = drain(&mut m);

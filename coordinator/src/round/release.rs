@@ -28,6 +28,7 @@ impl Rounds {
             sha256: ModelRelease::digest(params),
             params: TensorF32::from_slice(params),
             head,
+            feature_norm: self.config.train.feature_norm,
         })
     }
 

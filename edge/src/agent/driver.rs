@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use fedge_models::ModelLayout;
 use fedge_mqtt::{Backoff, REQUEST_QUEUE, publish_frame};
-use fedge_wire::{EdgeStatus, ModelRelease, Role, RoundTask, SiteEvaluation, TensorF32, Topics};
+use fedge_wire::{
+    EdgeStatus, FeatureNorm, ModelRelease, Role, RoundTask, SiteEvaluation, TensorF32, Topics,
+};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
@@ -21,6 +23,7 @@ use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
 use super::state::RoundState;
+use crate::site_norm::FeatureStats;
 use crate::train::{LocalState, RoundInputs, TrainError, TrainJob, accuracy, train_local};
 
 /// Runs until `stop` turns true.
@@ -232,7 +235,16 @@ fn spawn_training(
             };
         let global = task.params.to_vec();
         let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
-        let val_accuracy = accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);
+        // With site normalisation, this site's statistics over all of its rows standardise the
+        // validation rows here and the training rows and views in the trainer.
+        let stats = (task.train.feature_norm == FeatureNorm::Site)
+            .then(|| FeatureStats::of_site(&train, &val))
+            .flatten();
+        let scored_val = match &stats {
+            Some(stats) => Arc::new(stats.apply(&val)),
+            None => Arc::clone(&val),
+        };
+        let val_accuracy = accuracy(&head, layout.head_part(&global), &scored_val).unwrap_or(0.0);
         let insight = task.insight.as_ref().map(TensorF32::to_vec);
         let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
         let inputs = RoundInputs {
@@ -242,6 +254,7 @@ fn spawn_training(
         };
         let job = TrainJob::new(&head, &global, &train, &task.train, &device)
             .with_inputs(inputs)
+            .with_stats(stats.as_ref())
             .with_seed(seed)
             .with_cancel(&cancel);
         let mut state = state

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 
 use fedge_models::HeadConfig;
-use fedge_wire::{ModelRelease, SiteEvaluation};
+use fedge_wire::{FeatureNorm, ModelRelease, SiteEvaluation};
 
 use super::setup::AgentSetup;
 use crate::classes::{self, UnknownClasses};
 use crate::features::FeatureSet;
+use crate::site_norm::FeatureStats;
 
 /// Renumbers the labels of `setup`'s splits and views onto `federation` (no copy unless a
 /// training or scoring thread still holds the data).
@@ -56,7 +57,15 @@ pub fn score(setup: &AgentSetup, release: &ModelRelease) -> Result<SiteEvaluatio
             setup.head.hidden
         ));
     }
-    let predicted = fedge_models::head::predict_flat(&release.head, &params, &data.features)
+    // A site-normalised head: the site's own statistics, from the rows it scores (no label).
+    let standardised = match release.feature_norm {
+        FeatureNorm::Site => FeatureStats::of_site(&setup.train, data).map(|s| s.apply(data)),
+        FeatureNorm::None => None,
+    };
+    let features = standardised
+        .as_ref()
+        .map_or(&data.features, |d| &d.features);
+    let predicted = fedge_models::head::predict_flat(&release.head, &params, features)
         .map_err(|e| e.to_string())?;
     let k = release.head.classes;
     let (mut right, mut seen) = (vec![0u32; k], vec![0u32; k]);

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use base64::Engine as _;
-use fedge_wire::{ModelRelease, Topics};
+use fedge_wire::{FeatureNorm, ModelRelease, Topics};
 use rumqttc::{AsyncClient, QoS};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::setup::AgentSetup;
 use crate::inference::config::ListenError;
 use crate::inference::{Prediction, Predictor, http, store};
+use crate::site_norm::FeatureStats;
 
 /// The release kept in the device's model file, if there is one that verifies (a damaged or
 /// altered file is logged and left for the next release to replace).
@@ -58,7 +59,11 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease) {
     let Some(backbone) = &setup.serving.backbone else {
         return;
     };
-    match Predictor::new(Arc::clone(backbone), release.clone()) {
+    // A site-normalised head takes this site's features standardised with its own statistics.
+    let site = (release.feature_norm == FeatureNorm::Site)
+        .then(|| FeatureStats::of_site(&setup.train, &setup.val))
+        .flatten();
+    match Predictor::new(Arc::clone(backbone), release.clone(), site) {
         Ok(predictor) => {
             tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
             http::install(&setup.serving.predictor, predictor);

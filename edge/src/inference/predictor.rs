@@ -6,10 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use fedge_models::{Backbone, BackboneError, HeadConfig};
-use fedge_wire::{InvalidRelease, ModelRelease};
+use fedge_wire::{FeatureNorm, InvalidRelease, ModelRelease};
 use serde::Serialize;
 
 use crate::data::decode::{decode_bytes, to_chw};
+use crate::site_norm::FeatureStats;
 
 /// The raw value of a fully-on 8-bit pixel, the scale image files are decoded to (as
 /// ImageFolder training data is).
@@ -63,6 +64,21 @@ pub enum PredictorError {
         card: String,
         /// The release's backbone.
         release: String,
+    },
+    /// The release standardises features per site and no site statistics were given.
+    #[error(
+        "the model standardises features with the predicting site's own statistics \
+         (feature_norm = \"site\") and this site has none: give the device local data (its \
+         profile's [data]) to compute them from"
+    )]
+    NoSiteStats,
+    /// The site statistics do not fit the head.
+    #[error("the site statistics hold {got} features, the model's head takes {expected}")]
+    SiteStats {
+        /// The head's `features`.
+        expected: usize,
+        /// The statistics' size.
+        got: usize,
     },
 }
 
@@ -137,13 +153,32 @@ pub struct Predictor {
     /// The verified flat parameters.
     params: Vec<f32>,
     limits: ImageLimits,
+    /// The site's feature statistics, applied when the release asks for site normalisation.
+    site: Option<FeatureStats>,
 }
 
 impl Predictor {
     /// Verifies `release` and checks that it fits `backbone`: the head's input is the card's
-    /// feature size, and the backbone names agree when both are known.
-    pub fn new(backbone: Arc<Backbone>, release: ModelRelease) -> Result<Self, PredictorError> {
+    /// feature size, and the backbone names agree when both are known. A release with
+    /// `feature_norm = "site"` needs the predicting site's statistics (`site`, see
+    /// `crate::site_norm`); other releases ignore them.
+    pub fn new(
+        backbone: Arc<Backbone>,
+        release: ModelRelease,
+        site: Option<FeatureStats>,
+    ) -> Result<Self, PredictorError> {
         let params = release.verify()?;
+        let site = match (release.feature_norm, site) {
+            (FeatureNorm::None, _) => None,
+            (FeatureNorm::Site, None) => return Err(PredictorError::NoSiteStats),
+            (FeatureNorm::Site, Some(stats)) if stats.mean.len() != release.head.features => {
+                return Err(PredictorError::SiteStats {
+                    expected: release.head.features,
+                    got: stats.mean.len(),
+                });
+            }
+            (FeatureNorm::Site, Some(stats)) => Some(stats),
+        };
         let card = backbone.card();
         if release.head.features != card.feature_size {
             return Err(PredictorError::Features {
@@ -163,6 +198,7 @@ impl Predictor {
             release,
             params,
             limits: ImageLimits::default(),
+            site,
         })
     }
 
@@ -221,6 +257,18 @@ impl Predictor {
             self.release.head.features,
             "one image's features"
         );
+        let standardised;
+        let features = match &self.site {
+            Some(stats) => {
+                standardised = {
+                    let mut f = features.to_vec();
+                    stats.apply_in_place(&mut f);
+                    f
+                };
+                &standardised[..]
+            }
+            None => features,
+        };
         let logits = logits(&self.release.head, &self.params, features);
         let probabilities = softmax(&logits);
         let index = fedge_models::head::argmax(&logits);
@@ -329,6 +377,7 @@ mod tests {
             sha256: ModelRelease::digest(&params),
             params: TensorF32::from_slice(&params),
             head,
+            feature_norm: fedge_wire::FeatureNorm::None,
         }
     }
 
@@ -390,6 +439,7 @@ mod tests {
         let predictor = Predictor::new(
             Arc::clone(&backbone),
             release_of(head.clone(), params.clone(), ""),
+            None,
         )
         .unwrap();
         let image_len = 64;
@@ -435,13 +485,15 @@ mod tests {
         assert!(
             Predictor::new(
                 Arc::clone(&backbone),
-                release_of(head.clone(), params.clone(), "digits-conv")
+                release_of(head.clone(), params.clone(), "digits-conv"),
+                None
             )
             .is_ok()
         );
         let err = Predictor::new(
             Arc::clone(&backbone),
             release_of(head.clone(), params.clone(), "efficientnet-lite0"),
+            None,
         )
         .unwrap_err();
         assert!(matches!(err, PredictorError::Backbone { .. }), "{err}");
@@ -450,6 +502,7 @@ mod tests {
         let err = Predictor::new(
             Arc::clone(&backbone),
             release_of(small.clone(), small.init_flat(1), ""),
+            None,
         )
         .unwrap_err();
         assert!(
@@ -466,7 +519,7 @@ mod tests {
         let mut tampered = release_of(head, params, "");
         tampered.round += 1;
         tampered.sha256[0] ^= 1;
-        let err = Predictor::new(backbone, tampered).unwrap_err();
+        let err = Predictor::new(backbone, tampered, None).unwrap_err();
         assert!(
             matches!(err, PredictorError::Release(InvalidRelease::Digest)),
             "{err}"
@@ -474,10 +527,56 @@ mod tests {
     }
 
     #[test]
+    fn a_site_normalised_head_predicts_on_the_sites_standardised_features() {
+        let head = HeadConfig::new(512, 3).with_hidden(4);
+        let params = head.init_flat(5);
+        let release = ModelRelease {
+            feature_norm: FeatureNorm::Site,
+            ..release_of(head.clone(), params.clone(), "")
+        };
+        assert!(matches!(
+            Predictor::new(backbone(), release.clone(), None),
+            Err(PredictorError::NoSiteStats)
+        ));
+        let short = FeatureStats {
+            mean: vec![0.0; 3],
+            inv_std: vec![1.0; 3],
+        };
+        let err = Predictor::new(backbone(), release.clone(), Some(short)).unwrap_err();
+        assert!(err.to_string().contains("512"), "{err}");
+        let stats = FeatureStats {
+            mean: (0..512).map(|j| j as f32 * 0.01).collect(),
+            inv_std: (0..512).map(|j| 1.0 + (j % 3) as f32).collect(),
+        };
+        let predictor = Predictor::new(backbone(), release.clone(), Some(stats.clone())).unwrap();
+        let features: Vec<f32> = (0..512).map(|j| (j % 7) as f32).collect();
+        let mut standardised = features.clone();
+        stats.apply_in_place(&mut standardised);
+        let expected = logits(&head, &params, &standardised);
+        let got = predictor.predict_features(&features, 3);
+        assert_eq!(
+            got.class,
+            release.classes[fedge_models::head::argmax(&expected)]
+        );
+        // A release without site normalisation ignores statistics.
+        let plain = release_of(head.clone(), params.clone(), "");
+        let p = Predictor::new(backbone(), plain, Some(stats)).unwrap();
+        let raw = logits(&head, &params, &features);
+        assert_eq!(
+            p.predict_features(&features, 3).class,
+            release.classes[fedge_models::head::argmax(&raw)]
+        );
+    }
+
+    #[test]
     fn bad_bytes_are_typed_errors_never_panics() {
         let head = HeadConfig::new(512, 3).with_hidden(4);
-        let predictor =
-            Predictor::new(backbone(), release_of(head.clone(), head.init_flat(2), "")).unwrap();
+        let predictor = Predictor::new(
+            backbone(),
+            release_of(head.clone(), head.init_flat(2), ""),
+            None,
+        )
+        .unwrap();
         assert!(matches!(
             predictor.predict_bytes(&[], 3),
             Err(PredictError::Empty)
@@ -519,8 +618,12 @@ mod tests {
     #[test]
     fn oversized_images_are_refused_before_decoding() {
         let head = HeadConfig::new(512, 3).with_hidden(4);
-        let predictor =
-            Predictor::new(backbone(), release_of(head.clone(), head.init_flat(2), "")).unwrap();
+        let predictor = Predictor::new(
+            backbone(),
+            release_of(head.clone(), head.init_flat(2), ""),
+            None,
+        )
+        .unwrap();
         for format in [ImageFormat::Png, ImageFormat::Jpeg] {
             let mut wide = Cursor::new(Vec::new());
             GrayImage::new(9000, 1).write_to(&mut wide, format).unwrap();

@@ -112,6 +112,7 @@ mod tests {
             sha256: ModelRelease::digest(&params),
             params: TensorF32::from_slice(&params),
             head,
+            feature_norm: fedge_wire::FeatureNorm::None,
         }
     }
 

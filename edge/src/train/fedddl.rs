@@ -34,6 +34,7 @@ use fedge_models::{Backbone, BackboneError};
 use super::error::TrainError;
 use crate::data::ImageSet;
 use crate::features::FeatureSet;
+use crate::site_norm::FeatureStats;
 
 /// Why a device's FedDDL views could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +114,18 @@ impl DdlViews {
                 .map(|c| c.rows(indices))
                 .collect(),
             objects: self.objects.rows(indices),
+        }
+    }
+
+    /// Every view standardised with a site's statistics (`crate::site_norm`).
+    pub fn standardised(&self, stats: &FeatureStats) -> Self {
+        Self {
+            counterfactuals: self
+                .counterfactuals
+                .iter()
+                .map(|s| stats.apply(s))
+                .collect(),
+            objects: stats.apply(&self.objects),
         }
     }
 

@@ -13,6 +13,7 @@ use fedge_wire::TrainParams;
 use super::fedddl::DdlViews;
 use super::stable::Memory;
 use crate::features::{FeatureSet, Fnv64};
+use crate::site_norm::FeatureStats;
 
 /// One local round's inputs, passed as one value to `crate::train::train_head` and
 /// `crate::train::train_local`.
@@ -36,6 +37,9 @@ pub struct TrainJob<'a> {
     /// Set (by the driver, at the round's deadline) to stop training before the next batch:
     /// an update that would arrive after the round closed is not worth the device's time.
     pub cancel: Option<&'a AtomicBool>,
+    /// The site's feature statistics, used when the task asks for site normalisation (without
+    /// them, those of `data`).
+    pub stats: Option<&'a FeatureStats>,
 }
 
 impl<'a> TrainJob<'a> {
@@ -56,7 +60,13 @@ impl<'a> TrainJob<'a> {
             seed: 0,
             device,
             cancel: None,
+            stats: None,
         }
+    }
+
+    /// The same job with the site's feature statistics.
+    pub fn with_stats(self, stats: Option<&'a FeatureStats>) -> Self {
+        Self { stats, ..self }
     }
 
     /// The same job, stopped before its next batch once `cancel` is set.

@@ -28,6 +28,7 @@ pub use fedddl::DdlViews;
 pub use job::{LocalState, RoundInputs, TrainJob, TrainOutcome, round_seed};
 
 use crate::features::FeatureSet;
+use crate::site_norm::{FeatureNorm, FeatureStats};
 use feddim::class_stats;
 use gradient::gradient_round;
 use stable::StableModules;
@@ -39,8 +40,43 @@ pub fn train_head(job: &TrainJob) -> Result<TrainOutcome, TrainError> {
 
 /// One local round of any objective. The job's `global` is the task's flat vector (the head,
 /// then the generator for Stable-FedADG, see [`ModelLayout`]); `state` is what the device keeps
-/// between rounds; deterministic for a given seed and `state`.
+/// between rounds; deterministic for a given seed and `state`. With the task's
+/// `feature_norm = "site"`, the data and views are first standardised with the job's site
+/// statistics (`crate::site_norm`), and every class statistic comes from standardised features.
 pub fn train_local(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome, TrainError> {
+    if job.params.feature_norm == FeatureNorm::None {
+        return train_features(job, state);
+    }
+    let own;
+    let stats = match job.stats {
+        Some(stats) => stats,
+        None => {
+            own = FeatureStats::of(&[job.data]).ok_or(TrainError::Empty)?;
+            &own
+        }
+    };
+    if stats.mean.len() != job.data.dim {
+        return Err(TrainError::FeatureSize {
+            expected: job.data.dim,
+            got: stats.mean.len(),
+        });
+    }
+    let data = stats.apply(job.data);
+    let views = job.inputs.views.map(|v| v.standardised(stats));
+    let inputs = RoundInputs {
+        views: views.as_ref(),
+        ..job.inputs
+    };
+    let standardised = TrainJob {
+        data: &data,
+        inputs,
+        ..*job
+    };
+    train_features(&standardised, state)
+}
+
+/// [`train_local`] on the features as the job holds them.
+fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome, TrainError> {
     let TrainJob {
         head: config,
         global,
@@ -50,6 +86,7 @@ pub fn train_local(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcom
         seed,
         device,
         cancel: _,
+        stats: _,
     } = *job;
     check_inputs(config, data, params)?;
     let layout = ModelLayout::new(config.clone(), params.objective.carries_generator());

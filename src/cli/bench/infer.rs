@@ -63,8 +63,9 @@ pub fn run(args: InferArgs) -> anyhow::Result<()> {
         sha256: ModelRelease::digest(&params),
         params: TensorF32::from_slice(&params),
         head: head.clone(),
+        feature_norm: fedge_wire::FeatureNorm::None,
     };
-    let predictor = Predictor::new(Arc::clone(&backbone), release.clone())?;
+    let predictor = Predictor::new(Arc::clone(&backbone), release.clone(), None)?;
     // Deterministic images on the card's raw scale, whole numbers so PNG keeps them.
     let per_image = card.input_len();
     let images: Vec<f32> = (0..args.requests * per_image)

@@ -19,6 +19,7 @@ fn release_of(head: fedge_wire::HeadConfig, run: u64, round: u64) -> ModelReleas
         sha256: ModelRelease::digest(&params),
         params: TensorF32::from_slice(&params),
         head,
+        feature_norm: fedge_wire::FeatureNorm::None,
     }
 }
 

@@ -158,3 +158,36 @@ fn fedddl_joint_loss_is_the_real_plus_the_counterfactual_cross_entropy() {
         out.last_epoch_loss
     );
 }
+
+#[test]
+fn with_site_normalisation_a_site_seen_by_another_sensor_trains_the_same_head() {
+    // The same rows through a brighter, stronger sensor (2x + 10 on every feature): standardised
+    // with each site's own statistics they are the same rows, so the same head comes out.
+    let config = HeadConfig::new(4, 2).with_hidden(8);
+    let data = two_blobs();
+    let shifted = FeatureSet {
+        features: data.features.iter().map(|v| 2.0 * v + 10.0).collect(),
+        ..data.clone()
+    };
+    let device = training_device(Backend::Flex);
+    let global = config.init_flat(3);
+    let site = TrainParams {
+        feature_norm: fedge_wire::FeatureNorm::Site,
+        ..TrainParams::default()
+    };
+    let run = |set: &FeatureSet, params: &TrainParams| {
+        let job = TrainJob::new(&config, &global, set, params, &device).with_seed(4);
+        train_local(&job, &mut LocalState::default()).unwrap().delta
+    };
+    let (a, b) = (run(&data, &site), run(&shifted, &site));
+    assert!(relative_gap(&a, &b) < 1e-3, "{}", relative_gap(&a, &b));
+    // Without it the sensor changes everything; and given statistics are the ones used.
+    let plain = TrainParams::default();
+    assert!(relative_gap(&run(&data, &plain), &run(&shifted, &plain)) > 0.1);
+    let stats = crate::site_norm::FeatureStats::of(&[&data]).unwrap();
+    let job = TrainJob::new(&config, &global, &shifted, &site, &device)
+        .with_seed(4)
+        .with_stats(Some(&stats));
+    let wrong = train_local(&job, &mut LocalState::default()).unwrap().delta;
+    assert!(relative_gap(&wrong, &a) > 0.1, "another site's statistics");
+}
