@@ -103,6 +103,11 @@ enum Command {
         /// The model card of the backbone the federation trained on.
         #[arg(long, value_name = "CARD.toml")]
         backbone: PathBuf,
+        /// For a site-normalised model (`[train] feature_norm = "site"`): the statistics of the
+        /// site that will run the exported file, as `fedge-edge site-stats` prints them; they
+        /// become the model's input-side standardisation.
+        #[arg(long, value_name = "FILE.json")]
+        site_stats: Option<PathBuf>,
         /// The ONNX file to write.
         #[arg(long, value_name = "model.onnx", default_value = "model.onnx")]
         out: PathBuf,
@@ -174,11 +179,17 @@ async fn main() -> anyhow::Result<()> {
             state,
             model,
             backbone,
+            site_stats,
             out,
         } => {
             let path = model.unwrap_or_else(|| state.unwrap_or_default().join("model.bin"));
             let release = fedge_coordinator::export::read_release(&path)?;
-            let written = fedge_coordinator::export::export_files(&release, &backbone, &out)?;
+            let site = site_stats
+                .as_deref()
+                .map(fedge_coordinator::export::read_site_stats)
+                .transpose()?;
+            let written =
+                fedge_coordinator::export::export_files(&release, &backbone, site.as_ref(), &out)?;
             println!(
                 "round {} of {} ({}, head {}→{}→{}, {} classes) written to {} ({} bytes) and {}",
                 release.round,

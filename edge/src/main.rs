@@ -66,6 +66,17 @@ enum Command {
         #[arg(required = true, value_name = "IMAGE")]
         images: Vec<PathBuf>,
     },
+    /// Print this site's feature statistics as JSON (mean and inverse standard deviation per
+    /// backbone feature, over all of its local data, no label used): what a site-normalised
+    /// model (`[train] feature_norm = "site"`) standardises this site's features with, and what
+    /// `fedge-coordinator export --site-stats` puts in front of the exported head. Run it again
+    /// when the site's camera or light changes, and export again.
+    #[command(after_help = "Example: fedge-edge site-stats --config site.toml > site-stats.json")]
+    SiteStats {
+        /// Device profile TOML (its backbone and data are used).
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Print a systemd unit that runs this profile, with the memory limits of its
     /// `[resources] memory_budget_mb` (see deploy/fedge-edge.service and docs/deploy.md).
     Unit {
@@ -109,6 +120,17 @@ fn main() -> anyhow::Result<()> {
             if !predict(&config, model.as_deref(), top_k, &images)? {
                 std::process::exit(1);
             }
+        }
+        Command::SiteStats { config } => {
+            let profile = EdgeConfig::load(&config)?;
+            let setup = profile.setup()?;
+            let Some(stats) = fedge_edge::site_norm::site_stats(&setup.train, &setup.val) else {
+                anyhow::bail!(
+                    "{}: the site has no data to take statistics from",
+                    config.display()
+                );
+            };
+            println!("{}", serde_json::to_string(&stats)?);
         }
         Command::Unit { config } => {
             let profile = EdgeConfig::load(&config)?;
@@ -182,7 +204,7 @@ fn predict(
             let setup = config
                 .setup()
                 .context("loading the site's data for its feature statistics")?;
-            fedge_edge::site_norm::FeatureStats::of_site(&setup.train, &setup.val)
+            fedge_edge::site_norm::site_stats(&setup.train, &setup.val)
         }
     };
     let predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)

@@ -402,10 +402,12 @@ pub fn export(
 ) -> anyhow::Result<fedge_coordinator::export::Exported> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let card: toml::Table = toml::from_str(&digits_conv_card().to_toml())?;
+    // The demo's federations take features as they are (no site statistics to export).
     Ok(fedge_coordinator::export::write_export(
         release,
         &card,
         DIGITS_CONV_ONNX,
+        None,
         &dir.join("model.onnx"),
     )?)
 }

@@ -11,7 +11,7 @@ use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
 use fedge_edge::agent::class_stats;
-use fedge_edge::site_norm::{FeatureNorm, FeatureStats};
+use fedge_edge::site_norm::{FeatureNorm, FeatureStats, site_stats, standardise, stats_of};
 use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, accuracy, train_local};
 use fedge_models::{Backend, HeadConfig, ModelLayout, training_device};
 use fedge_wire::{ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
@@ -523,11 +523,11 @@ fn site_normalised(clients: Vec<Client>, norm: FeatureNorm) -> Vec<Client> {
     clients
         .into_iter()
         .map(|c| {
-            let Some(stats) = FeatureStats::of_site(&c.train, &c.val) else {
+            let Some(stats) = site_stats(&c.train, &c.val) else {
                 return c;
             };
             Client {
-                scored_val: Arc::new(stats.apply(&c.val)),
+                scored_val: Arc::new(standardise(&stats, &c.val)),
                 stats: Some(Arc::new(stats)),
                 ..c
             }
@@ -538,8 +538,8 @@ fn site_normalised(clients: Vec<Client>, norm: FeatureNorm) -> Vec<Client> {
 /// What the held-out site is scored on: with site normalisation, standardised with its own
 /// statistics (computed from its images alone, no label).
 fn held_out(domain: &DomainData, norm: FeatureNorm) -> Arc<FeatureSet> {
-    match (norm, FeatureStats::of(&[&domain.held_out])) {
-        (FeatureNorm::Site, Some(stats)) => Arc::new(stats.apply(&domain.held_out)),
+    match (norm, stats_of(&[&domain.held_out])) {
+        (FeatureNorm::Site, Some(stats)) => Arc::new(standardise(&stats, &domain.held_out)),
         _ => Arc::clone(&domain.held_out),
     }
 }

@@ -102,7 +102,7 @@ fn the_exported_model_agrees_with_fedge_in_onnxruntime() {
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lite.onnx");
-    fedge_coordinator::export::export_files(&release, &path, &out).unwrap();
+    fedge_coordinator::export::export_files(&release, &path, None, &out).unwrap();
     // RGB pictures at the card's input size, so no resize differs between the two sides.
     let (h, w) = (backbone.card().height as u32, backbone.card().width as u32);
     let images: Vec<PathBuf> = (0..3u32)

@@ -25,6 +25,7 @@ mod objectives;
 mod profiles;
 mod restart;
 mod site_aggregator;
+mod site_norm;
 mod sites;
 mod tls;
 mod use_model;

@@ -21,6 +21,7 @@ mod frames;
 pub mod layout;
 mod messages;
 mod model;
+pub mod site_stats;
 mod status;
 mod tensor;
 mod topics;
@@ -46,6 +47,7 @@ pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,
     SiteEvaluation, check_classes, numbered_classes,
 };
+pub use site_stats::FeatureStats;
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

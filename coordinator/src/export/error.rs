@@ -97,4 +97,25 @@ pub enum ExportError {
         /// Why.
         source: std::io::Error,
     },
+    /// A site-normalised release exported without a site's statistics.
+    #[error(
+        "this model standardises features with each site's own statistics (feature_norm = \
+         \"site\"): give those of the site that will run it with --site-stats FILE, as \
+         `fedge-edge site-stats --config PROFILE` prints them on that site"
+    )]
+    NeedsSiteStats,
+    /// Site statistics given for a release that does not use them.
+    #[error(
+        "--site-stats given, but this model takes the backbone's features as they are \
+         (feature_norm = \"none\"): leave it out"
+    )]
+    SiteStatsUnused,
+    /// Site statistics that do not fit the head, or cannot be read.
+    #[error("site statistics {}: {reason}", path.display())]
+    SiteStats {
+        /// The file, empty when given in memory.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
 }

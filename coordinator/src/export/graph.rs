@@ -1,5 +1,6 @@
 //! The ONNX graph of the exported model: the backbone's graph cut to its feature output, with
-//! the released head appended as ONNX operators (`Flatten → Gemm → Relu → Gemm → Softmax`).
+//! the released head appended as ONNX operators (`Flatten → Gemm → Relu → Gemm → Softmax`;
+//! a site-normalised head has `Sub → Mul` with the site's statistics before the first Gemm).
 //!
 //! The head computes what fedge computes (`fedge_models::head`, and the device's predictor):
 //! `z = relu(x·W1 + b1)`, `logits = z·W + b`, `W1 [F, H]` and `W [H, K]` row-major as
@@ -7,6 +8,7 @@
 
 use std::collections::HashSet;
 
+use fedge_wire::FeatureStats;
 use fedge_wire::layout::HeadConfig;
 use onnx_protobuf::{
     AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto,
@@ -29,6 +31,7 @@ pub fn append_head(
     features: &str,
     head: &HeadConfig,
     params: &[f32],
+    site: Option<&FeatureStats>,
 ) -> Result<(), ExportError> {
     let graph = model.graph.as_mut().ok_or(ExportError::NoGraph)?;
     prune(graph, features)?;
@@ -54,13 +57,36 @@ pub fn append_head(
     ]);
     let mut flatten = node("Flatten", &[features], &name("features"));
     flatten.attribute.push(int_attribute("axis", 1));
+    graph.node.push(flatten);
+    // A site-normalised head: (x − μ)·(1/√(σ² + ε)) with the site's statistics first.
+    let head_input = match site {
+        Some(stats) => {
+            graph.initializer.extend([
+                tensor(&name("site_mean"), &[f], &stats.mean),
+                tensor(&name("site_inv_std"), &[f], &stats.inv_std),
+            ]);
+            graph.node.extend([
+                node(
+                    "Sub",
+                    &[&name("features"), &name("site_mean")],
+                    &name("centred"),
+                ),
+                node(
+                    "Mul",
+                    &[&name("centred"), &name("site_inv_std")],
+                    &name("standardised"),
+                ),
+            ]);
+            name("standardised")
+        }
+        None => name("features"),
+    };
     let mut softmax = node("Softmax", &[LOGITS], PROBABILITIES);
     softmax.attribute.push(int_attribute("axis", 1));
     graph.node.extend([
-        flatten,
         node(
             "Gemm",
-            &[&name("features"), &name("w1"), &name("b1")],
+            &[&head_input, &name("w1"), &name("b1")],
             &name("projected"),
         ),
         node("Relu", &[&name("projected")], &name("hidden")),

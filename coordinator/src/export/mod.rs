@@ -17,7 +17,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 
-use fedge_wire::{Message, ModelRelease};
+use fedge_wire::{FeatureNorm, FeatureStats, Message, ModelRelease};
 use onnx_protobuf::{Message as _, ModelProto, StringStringEntryProto};
 
 pub use error::ExportError;
@@ -64,6 +64,7 @@ pub fn read_release(path: &Path) -> Result<ModelRelease, ExportError> {
 pub fn export_files(
     release: &ModelRelease,
     backbone_card: &Path,
+    site: Option<&FeatureStats>,
     out: &Path,
 ) -> Result<Exported, ExportError> {
     let read = |path: &Path| {
@@ -81,7 +82,7 @@ pub fn export_files(
     let file = string(&card, "file").map_err(card_error)?;
     let onnx_path = backbone_card.parent().unwrap_or(Path::new(".")).join(file);
     let onnx = read(&onnx_path)?;
-    write_export(release, &card, &onnx, out).map_err(|e| match e {
+    write_export(release, &card, &onnx, site, out).map_err(|e| match e {
         ExportError::Card { reason, .. } => card_error(reason),
         ExportError::Onnx { reason, .. } => ExportError::Onnx {
             path: onnx_path.clone(),
@@ -97,13 +98,14 @@ pub fn write_export(
     release: &ModelRelease,
     card: &toml::Table,
     onnx: &[u8],
+    site: Option<&FeatureStats>,
     out: &Path,
 ) -> Result<Exported, ExportError> {
     let file_name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model.onnx".into());
-    let (model, card) = export(card, onnx, release, &file_name)?;
+    let (model, card) = export(card, onnx, release, site, &file_name)?;
     let card_path = out.with_extension("toml");
     let write = |path: &Path, bytes: &[u8]| {
         fedge_daemon::write_atomically(path, bytes, fedge_daemon::Visibility::Shared).map_err(
@@ -123,13 +125,30 @@ pub fn write_export(
 }
 
 /// The exported ONNX bytes and card text for `release` over the backbone `onnx` described by
-/// `card`; `file_name` is what the card's `file` will say.
+/// `card`; `file_name` is what the card's `file` will say. A site-normalised release needs the
+/// statistics of the site that will run the file (`site`), which become the graph's
+/// input-side standardisation; another release refuses them.
 pub fn export(
     card: &toml::Table,
     onnx: &[u8],
     release: &ModelRelease,
+    site: Option<&FeatureStats>,
     file_name: &str,
 ) -> Result<(Vec<u8>, String), ExportError> {
+    let site = match (release.feature_norm, site) {
+        (FeatureNorm::Site, None) => return Err(ExportError::NeedsSiteStats),
+        (FeatureNorm::None, Some(_)) => return Err(ExportError::SiteStatsUnused),
+        (FeatureNorm::None, None) => None,
+        (FeatureNorm::Site, Some(stats)) => {
+            stats
+                .check(release.head.features)
+                .map_err(|reason| ExportError::SiteStats {
+                    path: PathBuf::new(),
+                    reason,
+                })?;
+            Some(stats)
+        }
+    };
     let card_error = |reason: String| ExportError::Card {
         path: PathBuf::new(),
         reason,
@@ -161,7 +180,7 @@ pub fn export(
         path: PathBuf::new(),
         reason: e.to_string(),
     })?;
-    graph::append_head(&mut model, features, &release.head, &params)?;
+    graph::append_head(&mut model, features, &release.head, &params, site)?;
     let head = format!(
         "{}→{}→{}",
         release.head.features, release.head.hidden, release.head.classes
@@ -175,6 +194,7 @@ pub fn export(
         ("fedge.backbone", card_name.to_owned()),
         ("fedge.head", head),
         ("fedge.sha256", release.sha256_hex()),
+        ("fedge.feature_norm", release.feature_norm.name().to_owned()),
     ];
     model
         .metadata_props
@@ -215,6 +235,7 @@ fn exported_card(card: &toml::Table, release: &ModelRelease, file_name: &str) ->
     fedge.insert("strategy".into(), text(&release.strategy));
     fedge.insert("backbone".into(), text(&release.backbone));
     fedge.insert("sha256".into(), text(&release.sha256_hex()));
+    fedge.insert("feature_norm".into(), text(release.feature_norm.name()));
     card.insert("fedge".into(), toml::Value::Table(fedge));
     format!(
         "# Written by `fedge-coordinator export`: the backbone's card with the federation's head \
@@ -223,6 +244,16 @@ fn exported_card(card: &toml::Table, release: &ModelRelease, file_name: &str) ->
         graph::LOGITS,
         toml::to_string(&card).unwrap_or_default()
     )
+}
+
+/// Reads a site's statistics as `fedge-edge site-stats` prints them.
+pub fn read_site_stats(path: &Path) -> Result<FeatureStats, ExportError> {
+    let bad = |reason: String| ExportError::SiteStats {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
 }
 
 /// A string key of the card.

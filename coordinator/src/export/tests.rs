@@ -65,7 +65,8 @@ fn release(backbone: &str) -> ModelRelease {
 
 #[test]
 fn the_backbone_is_cut_to_its_features_and_the_head_appended() {
-    let (bytes, card_text) = export(&card(4), &backbone(), &release("tiny"), "out.onnx").unwrap();
+    let (bytes, card_text) =
+        export(&card(4), &backbone(), &release("tiny"), None, "out.onnx").unwrap();
     let model = ModelProto::parse_from_bytes(&bytes).unwrap();
     let graph = model.graph.as_ref().unwrap();
     let ops: Vec<&str> = graph.node.iter().map(|n| n.op_type.as_str()).collect();
@@ -113,7 +114,7 @@ fn the_backbone_is_cut_to_its_features_and_the_head_appended() {
 #[test]
 fn a_head_that_does_not_fit_is_refused_with_the_reason() {
     let fails = |card: toml::Table, onnx: &[u8], release: ModelRelease| {
-        export(&card, onnx, &release, "m.onnx")
+        export(&card, onnx, &release, None, "m.onnx")
             .unwrap_err()
             .to_string()
     };
@@ -132,7 +133,7 @@ fn a_head_that_does_not_fit_is_refused_with_the_reason() {
     tampered.sha256[0] ^= 1;
     assert!(fails(card(4), &backbone(), tampered).contains("release"));
     // An unnamed backbone (empty release backbone) is accepted.
-    assert!(export(&card(4), &backbone(), &release(""), "m.onnx").is_ok());
+    assert!(export(&card(4), &backbone(), &release(""), None, "m.onnx").is_ok());
 }
 
 #[test]

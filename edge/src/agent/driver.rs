@@ -23,7 +23,7 @@ use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
 use super::state::RoundState;
-use crate::site_norm::FeatureStats;
+use crate::site_norm::{site_stats, standardise};
 use crate::train::{LocalState, RoundInputs, TrainError, TrainJob, accuracy, train_local};
 
 /// Runs until `stop` turns true.
@@ -238,10 +238,10 @@ fn spawn_training(
         // With site normalisation, this site's statistics over all of its rows standardise the
         // validation rows here and the training rows and views in the trainer.
         let stats = (task.train.feature_norm == FeatureNorm::Site)
-            .then(|| FeatureStats::of_site(&train, &val))
+            .then(|| site_stats(&train, &val))
             .flatten();
         let scored_val = match &stats {
-            Some(stats) => Arc::new(stats.apply(&val)),
+            Some(stats) => Arc::new(standardise(stats, &val)),
             None => Arc::clone(&val),
         };
         let val_accuracy = accuracy(&head, layout.head_part(&global), &scored_val).unwrap_or(0.0);

@@ -10,7 +10,7 @@ use fedge_wire::{FeatureNorm, ModelRelease, SiteEvaluation};
 use super::setup::AgentSetup;
 use crate::classes::{self, UnknownClasses};
 use crate::features::FeatureSet;
-use crate::site_norm::FeatureStats;
+use crate::site_norm::{site_stats, standardise};
 
 /// Renumbers the labels of `setup`'s splits and views onto `federation` (no copy unless a
 /// training or scoring thread still holds the data).
@@ -59,7 +59,7 @@ pub fn score(setup: &AgentSetup, release: &ModelRelease) -> Result<SiteEvaluatio
     }
     // A site-normalised head: the site's own statistics, from the rows it scores (no label).
     let standardised = match release.feature_norm {
-        FeatureNorm::Site => FeatureStats::of_site(&setup.train, data).map(|s| s.apply(data)),
+        FeatureNorm::Site => site_stats(&setup.train, data).map(|s| standardise(&s, data)),
         FeatureNorm::None => None,
     };
     let features = standardised

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::setup::AgentSetup;
 use crate::inference::config::ListenError;
 use crate::inference::{Prediction, Predictor, http, store};
-use crate::site_norm::FeatureStats;
+use crate::site_norm::site_stats;
 
 /// The release kept in the device's model file, if there is one that verifies (a damaged or
 /// altered file is logged and left for the next release to replace).
@@ -61,7 +61,7 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease) {
     };
     // A site-normalised head takes this site's features standardised with its own statistics.
     let site = (release.feature_norm == FeatureNorm::Site)
-        .then(|| FeatureStats::of_site(&setup.train, &setup.val))
+        .then(|| site_stats(&setup.train, &setup.val))
         .flatten();
     match Predictor::new(Arc::clone(backbone), release.clone(), site) {
         Ok(predictor) => {

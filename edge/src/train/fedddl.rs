@@ -34,7 +34,7 @@ use fedge_models::{Backbone, BackboneError};
 use super::error::TrainError;
 use crate::data::ImageSet;
 use crate::features::FeatureSet;
-use crate::site_norm::FeatureStats;
+use crate::site_norm::{FeatureStats, standardise};
 
 /// Why a device's FedDDL views could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -123,9 +123,9 @@ impl DdlViews {
             counterfactuals: self
                 .counterfactuals
                 .iter()
-                .map(|s| stats.apply(s))
+                .map(|s| standardise(stats, s))
                 .collect(),
-            objects: stats.apply(&self.objects),
+            objects: standardise(stats, &self.objects),
         }
     }
 

@@ -28,7 +28,7 @@ pub use fedddl::DdlViews;
 pub use job::{LocalState, RoundInputs, TrainJob, TrainOutcome, round_seed};
 
 use crate::features::FeatureSet;
-use crate::site_norm::{FeatureNorm, FeatureStats};
+use crate::site_norm::{FeatureNorm, standardise, stats_of};
 use feddim::class_stats;
 use gradient::gradient_round;
 use stable::StableModules;
@@ -51,7 +51,7 @@ pub fn train_local(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcom
     let stats = match job.stats {
         Some(stats) => stats,
         None => {
-            own = FeatureStats::of(&[job.data]).ok_or(TrainError::Empty)?;
+            own = stats_of(&[job.data]).ok_or(TrainError::Empty)?;
             &own
         }
     };
@@ -61,7 +61,7 @@ pub fn train_local(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcom
             got: stats.mean.len(),
         });
     }
-    let data = stats.apply(job.data);
+    let data = standardise(stats, job.data);
     let views = job.inputs.views.map(|v| v.standardised(stats));
     let inputs = RoundInputs {
         views: views.as_ref(),

@@ -184,7 +184,7 @@ fn with_site_normalisation_a_site_seen_by_another_sensor_trains_the_same_head() 
     // Without it the sensor changes everything; and given statistics are the ones used.
     let plain = TrainParams::default();
     assert!(relative_gap(&run(&data, &plain), &run(&shifted, &plain)) > 0.1);
-    let stats = crate::site_norm::FeatureStats::of(&[&data]).unwrap();
+    let stats = crate::site_norm::stats_of(&[&data]).unwrap();
     let job = TrainJob::new(&config, &global, &shifted, &site, &device)
         .with_seed(4)
         .with_stats(Some(&stats));
