@@ -85,7 +85,8 @@ enum Command {
     /// federation's classes, so a runtime prepares images as fedge does.
     #[command(
         after_help = "Example: fedge-coordinator export --state state --backbone \
-                      models/assets/digits-conv.toml --out model.onnx"
+                      models/assets/digits-conv.toml --site-stats site-stats.json --out model.onnx \
+                      (site-stats.json from `fedge-edge site-stats` on the site that will run it)"
     )]
     Export {
         /// The coordinator's state_dir (its model.bin is the newest release).

@@ -73,6 +73,7 @@ pub fn timing(
             objective,
             local_epochs: epochs,
             batch_size: batch,
+            feature_norm: fedge_wire::FeatureNorm::None,
             ..TrainParams::default()
         };
         let start = Instant::now();

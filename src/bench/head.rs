@@ -47,6 +47,8 @@ pub fn run(
     let params = TrainParams {
         local_epochs: epochs,
         batch_size: batch,
+        // The head alone, as the PyTorch side trains it.
+        feature_norm: fedge_wire::FeatureNorm::None,
         ..TrainParams::default()
     };
     let global = head.init_flat(1);
@@ -282,6 +284,7 @@ mod tests {
             local_epochs: 1,
             batch_size: 32,
             learning_rate: 1e-9,
+            feature_norm: fedge_wire::FeatureNorm::None,
             ..TrainParams::default()
         };
         let subset = FeatureSet {

@@ -200,7 +200,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 dir.display()
             )
         })?;
-        let written = demo::export(release, dir)?;
+        let written = demo::export(release, &data.target, dir)?;
         if !args.quiet {
             eprintln!(
                 "exported round {} to {} and {}",

@@ -395,19 +395,27 @@ pub async fn run(
 }
 
 /// Writes the demo's released model as ONNX (`dir/model.onnx`, backbone `digits-conv` and
-/// head) and its card (`dir/model.toml`, with the class list).
+/// head) and its card (`dir/model.toml`, with the class list); a site-normalised model carries
+/// the statistics of `site`, the features of the site that will run it (the unseen one).
 pub fn export(
     release: &fedge_wire::ModelRelease,
+    site: &FeatureSet,
     dir: &std::path::Path,
 ) -> anyhow::Result<fedge_coordinator::export::Exported> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let card: toml::Table = toml::from_str(&digits_conv_card().to_toml())?;
-    // The demo's federations take features as they are (no site statistics to export).
+    let stats = match release.feature_norm {
+        fedge_wire::FeatureNorm::Site => Some(
+            fedge_edge::site_norm::stats_of(&[site])
+                .context("the unseen site has no features to take statistics from")?,
+        ),
+        fedge_wire::FeatureNorm::None => None,
+    };
     Ok(fedge_coordinator::export::write_export(
         release,
         &card,
         DIGITS_CONV_ONNX,
-        None,
+        stats.as_ref(),
         &dir.join("model.onnx"),
     )?)
 }

@@ -340,6 +340,16 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
 
     // The model exported to ONNX from the coordinator's state folder, run by tract (fedge's own
     // loader, reading the exported card) and by onnxruntime: fedge's answers within 1e-4.
+    // The federation standardises features per site (the default): the file carries the
+    // unseen site's statistics, as `fedge-edge site-stats` prints them there.
+    assert_eq!(model.feature_norm, fedge_wire::FeatureNorm::Site);
+    let stats = common::succeeded(
+        Command::new(edge_binary())
+            .args(["site-stats", "--config"])
+            .arg(root.join("unseen.toml")),
+    );
+    let stats_file = root.join("unseen-stats.json");
+    std::fs::write(&stats_file, &stats.stdout).unwrap();
     let exported = root.join("export/model.onnx");
     std::fs::create_dir_all(exported.parent().unwrap()).unwrap();
     common::succeeded(
@@ -348,6 +358,8 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
             .arg(root.join("state"))
             .arg("--backbone")
             .arg(card())
+            .arg("--site-stats")
+            .arg(&stats_file)
             .arg("--out")
             .arg(&exported),
     );

@@ -37,6 +37,15 @@ fn grad(config: &HeadConfig, flat: &[f64], data: &FeatureSet) -> Vec<f64> {
         .collect()
 }
 
+/// The defaults on the backbone's features as they are: the hand computations below use raw
+/// features (site normalisation has its own tests).
+fn raw() -> TrainParams {
+    TrainParams {
+        feature_norm: fedge_wire::FeatureNorm::None,
+        ..TrainParams::default()
+    }
+}
+
 fn tiny() -> (HeadConfig, Vec<f32>, FeatureSet) {
     let config = HeadConfig::new(3, 2).with_hidden(2);
     // Pre-activations stay far from the ReLU kink, so finite differences are exact enough.
@@ -112,7 +121,7 @@ fn feddim_loss_and_gradient_match_a_direct_computation() {
         learning_rate: 1e-3,
         momentum: 0.0,
         weight_decay: 0.0,
-        ..TrainParams::default()
+        ..raw()
     };
     let device = training_device(Backend::Flex);
     let out = train_head(
@@ -170,7 +179,7 @@ fn two_sgd_steps_follow_pytorch_momentum_and_weight_decay() {
         learning_rate: 0.1,
         momentum: 0.9,
         weight_decay: 0.01,
-        ..TrainParams::default()
+        ..raw()
     };
     let device = training_device(Backend::Flex);
     let out =
@@ -378,7 +387,7 @@ fn fedddl_sends_object_prototypes_of_the_global_head_and_uses_the_global_ones() 
         local_epochs: 1,
         batch_size: 8,
         learning_rate: 0.05,
-        ..TrainParams::default()
+        ..raw()
     };
     let device = training_device(Backend::Flex);
     let mut state = LocalState::default();

@@ -141,7 +141,7 @@ fn fedddl_joint_loss_is_the_real_plus_the_counterfactual_cross_entropy() {
     let params = TrainParams {
         objective: Objective::FedDdl,
         batch_size: 8,
-        ..TrainParams::default()
+        ..raw()
     };
     let device = training_device(Backend::Flex);
     let inputs = RoundInputs {
@@ -182,7 +182,7 @@ fn with_site_normalisation_a_site_seen_by_another_sensor_trains_the_same_head() 
     let (a, b) = (run(&data, &site), run(&shifted, &site));
     assert!(relative_gap(&a, &b) < 1e-3, "{}", relative_gap(&a, &b));
     // Without it the sensor changes everything; and given statistics are the ones used.
-    let plain = TrainParams::default();
+    let plain = raw();
     assert!(relative_gap(&run(&data, &plain), &run(&shifted, &plain)) > 0.1);
     let stats = crate::site_norm::stats_of(&[&data]).unwrap();
     let job = TrainJob::new(&config, &global, &shifted, &site, &device)
