@@ -5,8 +5,8 @@
 //! The trainer is plain library code: `fedge demo` and `fedge eval` call it in process, the
 //! agent calls it over MQTT, so both run the same numbers.
 //!
-//! Modules, leaves first: [`data`] (local images), [`features`] (the backbone cache and
-//! [`FeatureSet`]), [`classes`] (a device's labels on the federation's class list), [`rescan`]
+//! Modules, leaves first: [`random`] (shared draws), [`data`] (local images), [`features`] (the
+//! backbone cache and [`FeatureSet`]), [`classes`] (a device's labels on the federation's class list), [`rescan`]
 //! (a growing site folder), [`site_norm`] (standardising features with a site's own statistics),
 //! [`train`] (local rounds: SGD and the objectives), [`resources`],
 //! [`agent`] (the decisions as a state machine, and its MQTT driver), [`config`] (a device
@@ -22,6 +22,7 @@ pub mod config;
 pub mod data;
 pub mod features;
 pub mod inference;
+pub mod random;
 pub mod rescan;
 pub mod resources;
 pub mod site_norm;

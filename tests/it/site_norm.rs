@@ -2,6 +2,7 @@
 //! `fedge-edge predict` with the site's own statistics, and `fedge-coordinator export
 //! --site-stats` whose ONNX file, run by tract and by onnxruntime, gives the same logits.
 
+use std::path::Path;
 use std::process::Command;
 
 use fedge_wire::{FeatureNorm, FeatureStats, Message, ModelRelease, TensorF32};
@@ -117,23 +118,9 @@ fn a_site_normalised_model_predicts_and_exports_with_the_sites_own_statistics() 
     // The exported file by tract and by onnxruntime: fedge's logits within 1e-4.
     let card_path = exported.with_extension("toml");
     let tract = fedge_models::Backbone::load(&card_path).unwrap();
-    let logits_card = {
-        let mut text = std::fs::read_to_string(&card_path).unwrap();
-        text = text.replace(
-            "output_name = \"probabilities\"",
-            "output_name = \"logits\"",
-        );
-        let path = root.join("export/logits.toml");
-        std::fs::write(&path, text).unwrap();
-        fedge_models::Backbone::load(&path).unwrap()
-    };
+    let logits_card = logits_of(&card_path);
     for (line, image) in lines.iter().zip(&picked) {
-        let raw: Vec<f32> = image::open(image)
-            .unwrap()
-            .to_luma8()
-            .iter()
-            .map(|&p| f32::from(p))
-            .collect();
+        let raw = pixels(image);
         let logits = logits_card.features_of(&raw, (1, 8, 8), 255.0, 1).unwrap();
         assert!(close(&Value::from(logits), &line["logits"], 1e-4), "{line}");
         let probabilities = tract.features_of(&raw, (1, 8, 8), 255.0, 1).unwrap();
@@ -161,24 +148,10 @@ fn a_site_normalised_model_predicts_and_exports_with_the_sites_own_statistics() 
             .arg("--out")
             .arg(&plain_out),
     );
-    let text = std::fs::read_to_string(plain_out.with_extension("toml")).unwrap();
-    let plain_card = root.join("export/plain-logits.toml");
-    std::fs::write(
-        &plain_card,
-        text.replace(
-            "output_name = \"probabilities\"",
-            "output_name = \"logits\"",
-        ),
-    )
-    .unwrap();
-    let plain = fedge_models::Backbone::load(&plain_card).unwrap();
-    let raw: Vec<f32> = image::open(&picked[0])
-        .unwrap()
-        .to_luma8()
-        .iter()
-        .map(|&p| f32::from(p))
-        .collect();
-    let logits = plain.features_of(&raw, (1, 8, 8), 255.0, 1).unwrap();
+    let plain = logits_of(&plain_out.with_extension("toml"));
+    let logits = plain
+        .features_of(&pixels(&picked[0]), (1, 8, 8), 255.0, 1)
+        .unwrap();
     assert!(!close(&Value::from(logits), &lines[0]["logits"], 1e-3));
     if let Some(python) = common::onnxruntime::python() {
         let answers = common::onnxruntime::predict(&python, &card_path, &picked);
@@ -187,4 +160,26 @@ fn a_site_normalised_model_predicts_and_exports_with_the_sites_own_statistics() 
             assert!(close(&answer["logits"], &line["logits"], 1e-4), "{answer}");
         }
     }
+}
+
+/// An image file's 8-bit grey values.
+fn pixels(path: &Path) -> Vec<f32> {
+    let image = image::open(path).unwrap().to_luma8();
+    image.iter().map(|&p| f32::from(p)).collect()
+}
+
+/// The exported model at `card` (its card beside it) with its `logits` output read instead of
+/// the probabilities, through a card written next to it.
+fn logits_of(card: &Path) -> fedge_models::Backbone {
+    let text = std::fs::read_to_string(card).unwrap();
+    let logits = card.with_file_name(format!(
+        "{}-logits.toml",
+        card.file_stem().unwrap().to_string_lossy()
+    ));
+    let text = text.replace(
+        "output_name = \"probabilities\"",
+        "output_name = \"logits\"",
+    );
+    std::fs::write(&logits, text).unwrap();
+    fedge_models::Backbone::load(&logits).unwrap()
 }

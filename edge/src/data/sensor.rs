@@ -1,12 +1,13 @@
 //! Sensor-shift domains: the same kind of images seen through different sensors (another
 //! camera's gain and offset, gamma, noise, blur). Unlike rotations or lying backgrounds, such a
 //! shift moves a site's pixels, and so its backbone features, as a whole; it is what site
-//! feature normalisation (`crate::site_norm`) is for.
+//! feature normalisation (docs/algorithms.md §7) is for.
 
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use super::{Domain, ImageSet, OBJECT_THRESHOLD};
+use crate::random::standard_normal;
 
 /// One sensor: `v ↦ clamp(gain·max·(v/max)^gamma + offset·max + noise·max·N(0,1))` on the
 /// image's raw scale `max`, after an optional 3×3 box blur.
@@ -85,7 +86,7 @@ impl Sensor {
             for v in image.iter_mut() {
                 let signal = (*v / max).clamp(0.0, 1.0).powf(self.gamma);
                 let noise = if self.noise > 0.0 {
-                    self.noise * normal(&mut rng)
+                    self.noise * standard_normal(&mut rng)
                 } else {
                     0.0
                 };
@@ -94,12 +95,6 @@ impl Sensor {
         }
         out
     }
-}
-
-/// A standard normal draw (Box–Muller).
-fn normal(rng: &mut StdRng) -> f32 {
-    let (u1, u2): (f32, f32) = (rng.random(), rng.random());
-    (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
 }
 
 /// The mean of each pixel's 3×3 neighbourhood inside the image.

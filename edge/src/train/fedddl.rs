@@ -60,11 +60,6 @@ pub struct DdlViews {
     pub objects: FeatureSet,
 }
 
-/// Default number of counterfactual draws per image a device keeps.
-pub const DEFAULT_POOL: usize = 4;
-/// Most counterfactual draws per image a device keeps.
-pub const MAX_POOL: usize = 16;
-
 /// How a device draws its counterfactuals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ViewSettings {
@@ -193,6 +188,10 @@ pub fn object_only(set: &ImageSet, masks: &[u8]) -> ImageSet {
 
 /// Default number of background groups per class, `η`.
 pub const DEFAULT_GROUPS: usize = 3;
+/// Default number of counterfactual draws per image a device keeps.
+pub const DEFAULT_POOL: usize = 4;
+/// Most counterfactual draws per image a device keeps.
+pub const MAX_POOL: usize = 16;
 /// Default temperature `τ` of the contrastive regulariser.
 pub const DEFAULT_TAU: f32 = 0.07;
 

@@ -22,6 +22,8 @@
 
 use rand::Rng;
 
+use crate::random::standard_normal;
+
 /// Learning rate of the sample-weight optimiser (`lr_w`, the paper's Table 1).
 pub const WEIGHT_LR: f32 = 0.1;
 /// The sample-weight learning rate is multiplied by this after half the iterations.
@@ -139,26 +141,14 @@ pub struct Rff {
 impl Rff {
     /// A fresh draw for `dims` dimensions.
     pub fn draw(dims: usize, rng: &mut impl Rng) -> Self {
-        let normal = |rng: &mut dyn rand::RngCore| {
-            // Box–Muller; `1 − u` keeps the logarithm finite.
-            let (u1, u2): (f32, f32) = (rng.random(), rng.random());
-            (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-        };
-        let omega = (0..dims).map(|_| normal(rng)).collect();
+        let omega = (0..dims).map(|_| standard_normal(rng)).collect();
         let phi = (0..dims)
             .map(|_| rng.random::<f32>() * std::f32::consts::TAU)
             .collect();
         Self { omega, phi }
     }
 
-    /// `u(x)` for the rows of `x` (`[n, dims]`, row-major).
-    pub fn apply(&self, x: &[f32]) -> Vec<f32> {
-        let mut out = vec![0.0; x.len()];
-        self.apply_into(x, &mut out);
-        out
-    }
-
-    /// [`Rff::apply`] into `out` (as long as `x`).
+    /// `u(x)` for the rows of `x` (`[n, dims]`, row-major) into `out` (as long as `x`).
     pub fn apply_into(&self, x: &[f32], out: &mut [f32]) {
         let d = self.omega.len();
         for (row, dst) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
@@ -207,6 +197,8 @@ pub struct Scratch {
     mean: Vec<f32>,
     cm: Vec<f32>,
     cu: Vec<f32>,
+    /// A row of zeros standing in for the missing rows of the last block of four.
+    zero: Vec<f32>,
 }
 
 /// What [`covariance_gradient`] computes.
@@ -234,6 +226,7 @@ pub fn covariance_gradient(
         mean,
         cm,
         cu,
+        zero,
     } = scratch;
     second.clear();
     second.resize(d * d, 0.0);
@@ -241,9 +234,11 @@ pub fn covariance_gradient(
     mean.resize(d, 0.0);
     // The upper triangle of S = Uᵀ diag(w) U, four rows at a time (one pass over S per four),
     // in zipped loops the compiler vectorises.
-    let zero = vec![0.0; d];
+    zero.clear();
+    zero.resize(d, 0.0);
+    let zero = &*zero;
     for (block, wb) in u.chunks(4 * d).zip(w.chunks(4)) {
-        let row = |r: usize| block.get(r * d..(r + 1) * d).unwrap_or(&zero);
+        let row = |r: usize| block.get(r * d..(r + 1) * d).unwrap_or(zero);
         let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
         let wt = |r: usize| wb.get(r).copied().unwrap_or(0.0);
         let (w0, w1, w2, w3) = (wt(0), wt(1), wt(2), wt(3));

@@ -290,6 +290,20 @@ fn two_blobs() -> FeatureSet {
     }
 }
 
+/// FedDDL's views of [`two_blobs`]: object-only features are the informative half;
+/// counterfactuals are the objects on another "background" (the last two features swapped
+/// between classes).
+fn blob_views(data: &FeatureSet) -> DdlViews {
+    let view = |f: fn(&[f32]) -> [f32; 4]| FeatureSet {
+        features: data.features.chunks(4).flat_map(f).collect(),
+        ..data.clone()
+    };
+    DdlViews {
+        counterfactuals: vec![view(|r| [r[0], r[1], r[3], r[2]])],
+        objects: view(|r| [r[0], r[1], 0.0, 0.0]),
+    }
+}
+
 #[test]
 fn stable_fedadg_trains_head_and_generator_and_keeps_the_discriminator() {
     let config = HeadConfig::new(4, 2).with_hidden(8);
@@ -360,28 +374,8 @@ fn fedddl_sends_object_prototypes_of_the_global_head_and_uses_the_global_ones() 
     let config = HeadConfig::new(4, 2).with_hidden(8);
     let global = config.init_flat(4);
     let data = two_blobs();
-    // Object-only features: the informative half; counterfactuals: objects on another
-    // "background" (the last two features swapped between classes).
-    let objects = FeatureSet {
-        features: data
-            .features
-            .chunks(4)
-            .flat_map(|r| [r[0], r[1], 0.0, 0.0])
-            .collect(),
-        ..data.clone()
-    };
-    let counterfactual = FeatureSet {
-        features: data
-            .features
-            .chunks(4)
-            .flat_map(|r| [r[0], r[1], r[3], r[2]])
-            .collect(),
-        ..data.clone()
-    };
-    let views = DdlViews {
-        counterfactuals: vec![counterfactual],
-        objects: objects.clone(),
-    };
+    let views = blob_views(&data);
+    let objects = views.objects.clone();
     let params = TrainParams {
         objective: Objective::FedDdl,
         local_epochs: 1,

@@ -62,24 +62,7 @@ fn every_objective_moves_the_head_differently_from_cross_entropy() {
         adversarial_batches: 3,
         ..weights_only.clone()
     };
-    let views = DdlViews {
-        counterfactuals: vec![FeatureSet {
-            features: data
-                .features
-                .chunks(4)
-                .flat_map(|r| [r[0], r[1], r[3], r[2]])
-                .collect(),
-            ..data.clone()
-        }],
-        objects: FeatureSet {
-            features: data
-                .features
-                .chunks(4)
-                .flat_map(|r| [r[0], r[1], 0.0, 0.0])
-                .collect(),
-            ..data.clone()
-        },
-    };
+    let views = blob_views(&data);
     let fedddl = TrainParams {
         objective: Objective::FedDdl,
         ..base.clone()
