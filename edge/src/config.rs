@@ -182,7 +182,7 @@ pub struct EdgeConfig {
     /// Hardware profile name (reported in status).
     #[serde(default = "default_profile")]
     pub profile: String,
-    /// Burn CPU backend: `flex` (the `fedge` front end also has `ndarray`).
+    /// Burn CPU backend: `flex` (`ndarray` too in a build with the `ndarray` feature).
     #[serde(default)]
     pub backend: Backend,
     /// Where the head trains: `auto` (a CUDA GPU in a `cuda` build when one answers, else the

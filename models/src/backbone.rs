@@ -19,6 +19,18 @@ type Plan = Arc<TypedRunnableModel>;
 /// Plans kept per backbone; the oldest is dropped beyond this.
 const MAX_PLANS: usize = 8;
 
+/// Idle run states kept per plan: one per thread that runs the backbone at the same time
+/// (training and inference), so a run allocates no per-node state.
+const MAX_IDLE_STATES: usize = 2;
+
+/// A plan for one batch size and run states made from it, reused between runs.
+#[derive(Debug)]
+struct Planned {
+    batch: usize,
+    plan: Plan,
+    idle: Vec<TypedSimpleState>,
+}
+
 /// Why a backbone could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
 pub enum BackboneError {
@@ -73,8 +85,8 @@ pub struct Backbone {
     model: Arc<InferenceModel>,
     /// Which input the card feeds.
     input: usize,
-    /// Plans made so far, by batch size.
-    plans: Arc<Mutex<Vec<(usize, Plan)>>>,
+    /// Plans made so far, by batch size, with their idle run states.
+    plans: Arc<Mutex<Vec<Planned>>>,
     /// Where the model came from, for errors.
     origin: PathBuf,
 }
@@ -163,24 +175,29 @@ impl Backbone {
             plans: Arc::new(Mutex::new(Vec::new())),
             origin: origin.to_owned(),
         };
-        backbone.plan(1)?;
+        let state = backbone.state(1)?;
+        backbone.give_back(1, state);
         Ok(backbone)
     }
 
-    /// The plan for batches of exactly `batch` images, made and kept on first use.
-    fn plan(&self, batch: usize) -> Result<Plan, BackboneError> {
+    /// A run state of the plan for batches of exactly `batch` images: an idle one, or a new
+    /// one (the plan is made and kept on first use of its size).
+    fn state(&self, batch: usize) -> Result<TypedSimpleState, BackboneError> {
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, plan)) = plans.iter().find(|(b, _)| *b == batch) {
-            return Ok(Arc::clone(plan));
+        let spawn_err = |e: TractError| BackboneError::Load {
+            path: self.origin.clone(),
+            message: format!("{e:#}"),
+        };
+        if let Some(planned) = plans.iter_mut().find(|p| p.batch == batch) {
+            return match planned.idle.pop() {
+                Some(state) => Ok(state),
+                None => planned.plan.spawn().map_err(spawn_err),
+            };
         }
         let card = &self.card;
         let shape: TVec<usize> = match card.layout {
             Layout::Nchw => tvec![batch, card.channels, card.height, card.width],
             Layout::Nhwc => tvec![batch, card.height, card.width, card.channels],
-        };
-        let load_err = |e: TractError| BackboneError::Load {
-            path: self.origin.clone(),
-            message: format!("{e:#}"),
         };
         let plan = (*self.model)
             .clone()
@@ -190,12 +207,27 @@ impl Backbone {
             )
             .and_then(|m| m.into_optimized())
             .and_then(|m| m.into_runnable())
-            .map_err(load_err)?;
+            .map_err(spawn_err)?;
         if plans.len() >= MAX_PLANS {
             plans.remove(0);
         }
-        plans.push((batch, Arc::clone(&plan)));
-        Ok(plan)
+        let state = plan.spawn().map_err(spawn_err)?;
+        plans.push(Planned {
+            batch,
+            plan,
+            idle: Vec::new(),
+        });
+        Ok(state)
+    }
+
+    /// Gives a run state back for the next run of its batch size.
+    fn give_back(&self, batch: usize, state: TypedSimpleState) {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(planned) = plans.iter_mut().find(|p| p.batch == batch)
+            && planned.idle.len() < MAX_IDLE_STATES
+        {
+            planned.idle.push(state);
+        }
     }
 
     /// The card.
@@ -286,10 +318,10 @@ impl Backbone {
                 message: format!("{e:#}"),
             };
             let input = Tensor::from_shape(&shape, &normalised).map_err(run_err)?;
-            let result = self
-                .plan(batch)?
-                .run(tvec!(input.into()))
-                .map_err(run_err)?;
+            let mut state = self.state(batch)?;
+            let result = state.run(tvec!(input.into())).map_err(run_err)?;
+            // A state whose run failed is dropped rather than reused.
+            self.give_back(batch, state);
             let view = result[0].to_plain_array_view::<f32>().map_err(run_err)?;
             out.extend(view.iter().take(n * self.card.feature_size).copied());
         }
@@ -377,12 +409,34 @@ mod tests {
             .lock()
             .unwrap()
             .iter()
-            .map(|(b, _)| *b)
+            .map(|p| p.batch)
             .collect();
         assert_eq!(
             sizes,
             [1, 2],
             "the load-time plan and one for batches of two"
+        );
+        // Each size kept one idle run state, reused by the next run of that size.
+        let idle: Vec<usize> = fresh
+            .plans
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| p.idle.len())
+            .collect();
+        assert_eq!(idle, [1, 1]);
+        fresh.features_of(&five, (1, 4, 4), 255.0, 2).unwrap();
+        let idle: Vec<usize> = fresh
+            .plans
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| p.idle.len())
+            .collect();
+        assert_eq!(
+            idle,
+            [1, 1],
+            "the state was taken and given back, not a new one kept"
         );
         let err = backbone
             .features_of(&raw[..30], (1, 4, 4), 255.0, 1)

@@ -1,8 +1,8 @@
 //! The Burn device that trains heads: which CPU backend, and whether a CUDA GPU is used.
 //!
-//! The `fedge` front end compiles both pure-CPU backends (feature `ndarray`), so that
-//! `fedge bench head` can compare them side by side in one run; the device binary carries
-//! flex alone. With the `cuda` feature, [`select_device`] trains on an NVIDIA GPU when one
+//! Every build carries burn-flex; the `ndarray` feature (`cargo build --features ndarray` at
+//! the workspace root) adds burn-ndarray, so that `fedge bench head --backends ndarray,flex`
+//! can compare them side by side in one run. With the `cuda` feature, [`select_device`] trains on an NVIDIA GPU when one
 //! answers and on the CPU otherwise.
 
 use std::str::FromStr;
@@ -55,7 +55,7 @@ impl std::fmt::Display for Backend {
 impl FromStr for Backend {
     type Err = UnknownName;
 
-    /// A backend of this build by name (`ndarray` is only compiled into the `fedge` front end).
+    /// A backend of this build by name (`ndarray` only with the `ndarray` feature).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Backend::ALL
             .iter()

@@ -119,10 +119,11 @@ pub fn measure(
         round: 12,
         selected: names.clone(),
         classes: fedge_wire::numbered_classes(k),
-        params: TensorF32::from_slice(&values(m, 1e-4)),
+        params: TensorF32::from_slice_with(&values(m, 1e-4), codec.for_tasks()),
         train: TrainParams::default(),
         deadline_ms: 60_000,
-        insight: feddim.then(|| TensorF32::from_slice(&values(k * h * k, 1e-3))),
+        insight: feddim
+            .then(|| TensorF32::from_slice_with(&values(k * h * k, 1e-3), codec.for_tasks())),
         prototypes: None,
     };
     let keys: Vec<(&str, &DeviceKey)> = names.iter().map(|n| (n.as_str(), &key)).collect();
@@ -161,8 +162,15 @@ mod tests {
             "{}",
             ratio(&int8)
         );
-        // The task does not depend on the update codec.
-        assert_eq!(f32.task_bytes, int8.task_bytes);
+        // Tasks travel in f16 unless updates are lossless, never in int8.
+        assert_eq!(f16.task_bytes, int8.task_bytes);
+        let task_ratio = f16.task_bytes as f64 / f32.task_bytes as f64;
+        assert!(task_ratio > 0.5 && task_ratio < 0.51, "{task_ratio}");
+        let feddim = |codec| measure(shape, codec, true, 5, fedge_wire::DEFAULT_MAX_PACKET);
+        let with_insight = feddim(Codec::F16);
+        // Ī travels in the task's codec too.
+        let insight_ratio = with_insight.task_bytes as f64 / feddim(Codec::F32).task_bytes as f64;
+        assert!(insight_ratio < 0.51, "{insight_ratio}");
         // MQTT's remaining length takes 1 to 4 bytes.
         assert_eq!(mqtt_publish_bytes("t", 10), 1 + 1 + 2 + 1 + 2 + 10);
         assert_eq!(mqtt_publish_bytes("t", 200), 1 + 2 + 2 + 1 + 2 + 200);

@@ -80,7 +80,9 @@ fn the_generator_is_averaged_by_sample_counts_and_the_discriminator_never_leaves
     }
     m.start(0);
     let task = task_of(&drain(&mut m));
+    // Devices train from the task's f16 copy; the coordinator adds their steps to its f32 model.
     let global = task.params.to_vec();
+    let model = m.params().to_vec();
     assert_eq!(
         global.len(),
         layout.num_params(),
@@ -132,7 +134,7 @@ fn the_generator_is_averaged_by_sample_counts_and_the_discriminator_never_leaves
     let new = layout.generator_part(m.params());
     for ((g, old), e) in new
         .iter()
-        .zip(layout.generator_part(&global))
+        .zip(layout.generator_part(&model))
         .zip(&expected_generator)
     {
         assert!(
@@ -194,8 +196,10 @@ fn fedddl_prototypes_travel_up_and_their_average_comes_back_down() {
                 }
             }
             let got = prototypes.as_ref().expect("U_G in round 2");
+            // The task carries U_G in f16: within half a unit in the last place (2⁻¹¹).
             for (g, w) in got.iter().zip(&want) {
-                assert!((f64::from(*g) - w).abs() < 1e-5, "{g} vs {w}");
+                let bound = w.abs() / 2048.0 + 1e-5;
+                assert!((f64::from(*g) - w).abs() <= bound, "{g} vs {w}");
             }
         }
         let mut next = Vec::new();

@@ -36,6 +36,18 @@ impl Codec {
     }
 }
 
+impl Codec {
+    /// The codec round tasks travel in when updates travel in `self`: f32 in lossless mode,
+    /// f16 otherwise. Never int8, whose error is relative to a tensor's largest value: a task's
+    /// small weights would lose most of their digits (docs/mqtt-topics.md, round tasks).
+    pub fn for_tasks(self) -> Codec {
+        match self {
+            Codec::F32 => Codec::F32,
+            Codec::F16 | Codec::Int8 => Codec::F16,
+        }
+    }
+}
+
 impl std::fmt::Display for Codec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -228,6 +240,17 @@ impl TensorF32 {
         let (encoding, bytes) = pack(values, codec);
         Self {
             shape: vec![len],
+            encoding,
+            bytes,
+        }
+    }
+
+    /// The same values, shape kept, packed with `codec` (falling back to f32 as
+    /// [`TensorF32::from_slice_with`] does).
+    pub fn recoded(&self, codec: Codec) -> Self {
+        let (encoding, bytes) = pack(&self.to_vec(), codec);
+        Self {
+            shape: self.shape.clone(),
             encoding,
             bytes,
         }

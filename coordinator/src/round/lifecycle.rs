@@ -76,17 +76,21 @@ impl Rounds {
                 self.prototypes.as_ref().and_then(GlobalPrototypes::tensor),
             ),
         };
+        // The task travels in the round's codec (f16 unless updates are lossless); the
+        // coordinator keeps its f32 model, so steps below f16's resolution still add up, and
+        // rebuilds what devices trained from with `task_params` where it needs it exactly.
+        let codec = train.update_codec.for_tasks();
         let task = RoundTask {
             federation: self.config.federation.clone(),
             run: self.config.run,
             round,
             selected: selected.clone(),
             classes: self.config.classes.clone(),
-            params: TensorF32::from_slice(&self.params),
+            params: TensorF32::from_slice_with(&self.params, codec),
             train,
             deadline_ms: timeout,
-            insight,
-            prototypes,
+            insight: insight.map(|t| t.recoded(codec)),
+            prototypes: prototypes.map(|t| t.recoded(codec)),
         };
         let mut frame = fedge_wire::encode(&Message::RoundTask(task));
         if let Some(keys) = &self.config.auth {
@@ -172,8 +176,12 @@ impl Rounds {
                     abandoned = Some(reason);
                 }
                 None => {
-                    if let Some(insight) = self.insight.as_mut() {
-                        insight.fold(&self.params, &open.accepted, &open.class_stats);
+                    if self.insight.is_some() {
+                        // Each client's classifier is the task's (rounded) one plus its delta.
+                        let sent = self.task_params();
+                        if let Some(insight) = self.insight.as_mut() {
+                            insight.fold(&sent, &open.accepted, &open.class_stats);
+                        }
                     }
                     if let Some(prototypes) = self.prototypes.as_mut() {
                         prototypes.fold(&open.accepted, &open.prototypes);
@@ -244,6 +252,16 @@ impl Rounds {
 
     /// Cuts sample counts above `max_weight_ratio` × the round's lower median count (and the
     /// class counts of those clients' statistics in proportion); returns the clients cut.
+    /// The parameters devices trained from this round: the model as the task's codec carries
+    /// it. FedDIM's server side rebuilds each client's classifier from them.
+    fn task_params(&self) -> Vec<f32> {
+        let train = match &self.relayed {
+            Some(r) => &r.train,
+            None => &self.config.train,
+        };
+        TensorF32::from_slice_with(&self.params, train.update_codec.for_tasks()).to_vec()
+    }
+
     fn cap_weights(&mut self, open: &mut OpenRound) -> Vec<String> {
         let Some(cap) = guard::sample_cap(self.config.max_weight_ratio, &open.accepted) else {
             return Vec::new();

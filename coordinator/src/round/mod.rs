@@ -593,3 +593,6 @@ mod release_tests;
 
 #[cfg(test)]
 mod relay_tests;
+
+#[cfg(test)]
+mod task_codec_tests;

@@ -454,7 +454,7 @@ fn a_round_beyond_the_memory_budget_spills_and_aggregates_as_in_memory() {
     assert_ne!(spilled.params(), &[0.0; M]);
 }
 
-fn feddim_update(
+pub(super) fn feddim_update(
     client: &str,
     round: u64,
     delta: [f32; M],

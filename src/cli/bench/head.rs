@@ -12,8 +12,9 @@ use crate::cli::args::{HeadShapeArgs, JsonArgs, TimingArgs, backend_parser};
     mut_arg("json", |a| a.help("Also write the measurements as JSON here (read by bench/head_torch.py)")),
 )]
 pub struct HeadArgs {
-    /// Backends to time, side by side.
-    #[arg(long, value_delimiter = ',', default_value = "ndarray,flex", value_parser = backend_parser())]
+    /// Backends to time, side by side (`ndarray` beside `flex` in a build with
+    /// `--features ndarray`).
+    #[arg(long, value_delimiter = ',', default_value = "flex", value_parser = backend_parser())]
     pub backends: Vec<Backend>,
     #[command(flatten)]
     pub shape: HeadShapeArgs,

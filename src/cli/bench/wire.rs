@@ -34,8 +34,8 @@ pub fn run(args: WireArgs) -> anyhow::Result<()> {
         },
     ];
     println!(
-        "{:<14} {:>6} {:<7} {:>11} {:>11} {:>6} {:>11}",
-        "head F-H-K", "codec", "FedDIM", "update B", "raw B", "ratio", "task B/dev"
+        "{:<14} {:>6} {:<7} {:>11} {:>11} {:>6} {:>11} {:>6}",
+        "head F-H-K", "codec", "FedDIM", "update B", "raw B", "ratio", "task B", "ratio"
     );
     let mut rows = Vec::new();
     for shape in shapes {
@@ -43,7 +43,7 @@ pub fn run(args: WireArgs) -> anyhow::Result<()> {
             for codec in [Codec::F32, Codec::F16, Codec::Int8] {
                 let row = measure(shape, codec, feddim, args.selected, args.max_packet);
                 println!(
-                    "{:<14} {:>6} {:<7} {:>11} {:>11} {:>6.3} {:>11}",
+                    "{:<14} {:>6} {:<7} {:>11} {:>11} {:>6.3} {:>11} {:>6.3}",
                     format!("{}-{}-{}", shape.features, shape.hidden, shape.classes),
                     row.codec,
                     if feddim { "yes" } else { "no" },
@@ -51,13 +51,14 @@ pub fn run(args: WireArgs) -> anyhow::Result<()> {
                     row.raw_bytes,
                     row.update_bytes as f64 / row.raw_bytes as f64,
                     row.task_bytes,
+                    row.task_bytes as f64 / row.raw_bytes as f64,
                 );
                 rows.push(row);
             }
         }
     }
     println!(
-        "update B: sealed update frame, chunked at {} B, with MQTT PUBLISH headers; raw B: 4 · params (+ 4 · K²H for FedDIM's full insight); task: f32 parameters (+ Ī with FedDIM), {} tags",
+        "update B: sealed update frame, chunked at {} B, with MQTT PUBLISH headers; raw B: 4 · params (+ 4 · K²H for FedDIM's full insight); task B: the round task, one frame for all devices, in the round's task codec (f32 in lossless mode, f16 otherwise) with the parameters (+ Ī with FedDIM) and {} tags",
         args.max_packet, args.selected
     );
     args.json.write(&rows)
