@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Head training throughput, fedge (Burn flex, one thread) against PyTorch on the CPU with 1 and
-# 2 threads, same shapes, data sizes, batch sizes and optimiser. Usage: bash bench/head.sh
+# Head training throughput, fedge (Burn flex, 1 and 2 threads) against PyTorch on the CPU with 1
+# and 2 threads, same shapes, data sizes, batch sizes and optimiser. Usage: bash bench/head.sh
 # (after `cargo build --release`; FEDGE_BIN_DIR for other binaries).
 #
 # PyTorch comes from PyPI into a virtual environment outside the repository. The default Linux
@@ -22,7 +22,7 @@ for spec in "512 128 10 32" "512 128 10 256" "1280 256 65 64" "1280 256 65 256";
   read -r f h k b <<<"$spec"
   out=target/bench-head/head-$f-$h-$k-b$b.json
   "$bin/fedge" bench head --features "$f" --hidden "$h" --classes "$k" --batch-size "$b" \
-    --samples 4096 --epochs 2 --backends flex --json "$out" >/dev/null
+    --samples 4096 --epochs 2 --backends flex --threads 1,2 --json "$out" >/dev/null
   files+=("$out")
 done
 "$venv/bin/python" bench/head_torch.py "${files[@]}"

@@ -51,18 +51,22 @@ def train(cfg, threads):
 
 def main():
     print(f"PyTorch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
-    print("| head F→H→K | batch | fedge flex | naive f32 loops | PyTorch 1 thread | PyTorch 2 threads | fedge / PyTorch 1T | fedge / PyTorch 2T | plain / PyTorch 1T |")
+    print("| head F→H→K | batch | fedge 1 thread | fedge 2 threads | PyTorch 1 thread | PyTorch 2 threads | fedge 1T / PyTorch 1T | fedge 2T / PyTorch 2T | naive f32 loops / PyTorch 1T |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path in sys.argv[1:]:
         cfg = json.load(open(path))
-        fedge = next(r for r in cfg["results"] if r["backend"] == "flex")["samples_per_s"]
-        plain = next(r for r in cfg["results"] if r["backend"] == "plain-f32")["samples_per_s"]
+
+        def fedge(backend, threads=1):
+            rows = [r for r in cfg["results"] if r["backend"] == backend and r.get("threads", 1) == threads]
+            return rows[0]["samples_per_s"] if rows else float("nan")
+
+        f1, f2, plain = fedge("flex", 1), fedge("flex", 2), fedge("plain-f32")
         one, _ = train(cfg, 1)
         two, _ = train(cfg, 2)
         shape = f"{cfg['features']}→{cfg['hidden']}→{cfg['classes']}"
         print(
-            f"| {shape} | {cfg['batch_size']} | {fedge:,.0f} | {plain:,.0f} | {one:,.0f} | {two:,.0f} "
-            f"| {fedge / one:.2f} | {fedge / two:.2f} | {plain / one:.2f} |"
+            f"| {shape} | {cfg['batch_size']} | {f1:,.0f} | {f2:,.0f} | {one:,.0f} | {two:,.0f} "
+            f"| {f1 / one:.2f} | {f2 / two:.2f} | {plain / one:.2f} |"
         )
 
 

@@ -422,6 +422,7 @@ impl EdgeConfig {
             views: data.views,
             device: fedge_models::select_device(self.device, self.backend),
             memory_budget_mb: self.resources.memory_budget_mb,
+            train_threads: self.resources.training_threads(),
             profile: self.profile.clone(),
             backbone: backbone_name,
             seed: self.seed,

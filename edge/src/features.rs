@@ -95,8 +95,11 @@ pub enum LoadBackboneError {
     },
 }
 
-/// Images per backbone call.
-pub const BATCH: usize = 64;
+/// Images per backbone call: one. tract runs EfficientNet-Lite0 fastest one image at a time at
+/// every input size measured (32×32: 1,021 images/s against 697–877 at batches 2–64; 224×224:
+/// 44 against 16 at batch 8; larger batches add layout transposes), and the built-in
+/// digits-conv loses 5 % (BENCHMARKS.md, "Feature extraction at the sizes cameras use").
+pub const BATCH: usize = 1;
 
 /// Features of `images` through `backbone`, using `cache_dir` when given.
 ///

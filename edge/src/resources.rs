@@ -13,8 +13,9 @@ use crate::data::ImageSet;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceConfig {
-    /// Worker threads of the agent's runtime (MQTT, status and the training thread's pool).
-    /// Local training itself runs on one thread with the flex backend of this build.
+    /// Worker threads of the agent's runtime (MQTT, status and the training thread's pool), and
+    /// the threads a large training batch is split across (`crate::train::parallel`; small
+    /// batches stay on one thread).
     #[serde(default)]
     pub threads: usize,
     /// Most MiB of backbone features the device keeps (in memory and in `cache_dir`). A larger
@@ -26,6 +27,16 @@ pub struct ResourceConfig {
     /// into the systemd unit (`MemoryHigh`, and `MemoryMax` a quarter above it).
     #[serde(default)]
     pub memory_budget_mb: u64,
+}
+
+impl ResourceConfig {
+    /// Threads local training may use: `threads`, or one per core when it is 0.
+    pub fn training_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
 }
 
 const MIB: f64 = 1024.0 * 1024.0;

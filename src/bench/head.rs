@@ -15,6 +15,8 @@ use rand::{Rng, SeedableRng};
 pub struct HeadBench {
     /// Backend name.
     pub backend: &'static str,
+    /// Threads a batch may be split across (`fedge_edge::train::parallel`).
+    pub threads: usize,
     /// Training samples processed per second (median of the repeats).
     pub samples_per_s: f64,
     /// Final loss, to show the backends computed the same thing.
@@ -34,7 +36,8 @@ pub fn random_features(head: &HeadConfig, samples: usize, rng: &mut impl Rng) ->
     }
 }
 
-/// Times `epochs` epochs over `samples` random samples, `repeats` times per backend.
+/// Times `epochs` epochs over `samples` random samples, `repeats` times per backend and
+/// thread count.
 pub fn run(
     head: &HeadConfig,
     samples: usize,
@@ -42,6 +45,7 @@ pub fn run(
     batch: u32,
     repeats: usize,
     backends: &[Backend],
+    threads: &[usize],
 ) -> Vec<HeadBench> {
     let data = random_features(head, samples, &mut rand::rngs::StdRng::seed_from_u64(7));
     let params = TrainParams {
@@ -52,29 +56,32 @@ pub fn run(
         ..TrainParams::default()
     };
     let global = head.init_flat(1);
-    backends
+    let runs = backends
         .iter()
-        .map(|&backend| {
-            let device = training_device(backend);
-            // One untimed warm-up run.
-            let _ = train_head(&TrainJob::new(head, &global, &data, &params, &device));
-            let mut rates = Vec::new();
-            let mut final_loss = f32::NAN;
-            for _ in 0..repeats.max(1) {
-                let start = Instant::now();
-                let outcome = train_head(&TrainJob::new(head, &global, &data, &params, &device));
-                let seconds = start.elapsed().as_secs_f64();
-                final_loss = outcome.map(|o| o.last_epoch_loss).unwrap_or(f32::NAN);
-                rates.push((samples * epochs as usize) as f64 / seconds);
-            }
-            rates.sort_by(|a, b| a.total_cmp(b));
-            HeadBench {
-                backend: backend.name(),
-                samples_per_s: rates[rates.len() / 2],
-                final_loss,
-            }
-        })
-        .collect()
+        .flat_map(|&backend| threads.iter().map(move |&t| (backend, t.max(1))));
+    runs.map(|(backend, threads)| {
+        let device = training_device(backend);
+        let job = TrainJob::new(head, &global, &data, &params, &device).with_threads(threads);
+        // One untimed warm-up run.
+        let _ = train_head(&job);
+        let mut rates = Vec::new();
+        let mut final_loss = f32::NAN;
+        for _ in 0..repeats.max(1) {
+            let start = Instant::now();
+            let outcome = train_head(&job);
+            let seconds = start.elapsed().as_secs_f64();
+            final_loss = outcome.map(|o| o.last_epoch_loss).unwrap_or(f32::NAN);
+            rates.push((samples * epochs as usize) as f64 / seconds);
+        }
+        rates.sort_by(|a, b| a.total_cmp(b));
+        HeadBench {
+            backend: backend.name(),
+            threads,
+            samples_per_s: rates[rates.len() / 2],
+            final_loss,
+        }
+    })
+    .collect()
 }
 
 /// The same head and optimiser in plain f32 loops (no framework): forward, cross-entropy,
@@ -117,6 +124,7 @@ pub fn plain(
     rates.sort_by(|a, b| a.total_cmp(b));
     HeadBench {
         backend: "plain-f32",
+        threads: 1,
         samples_per_s: rates[rates.len() / 2],
         final_loss,
     }

@@ -434,6 +434,8 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         views: None,
         device: fedge_models::select_device(Accelerator::Cpu, options.backend),
         memory_budget_mb: 0,
+        // Five agents share the machine's cores: each trains on one thread.
+        train_threads: 1,
         profile: "demo".into(),
         backbone: DIGITS_CONV.into(),
         seed: options.seed,

@@ -204,6 +204,7 @@ fn spawn_training(
         setup.device.device.clone(),
     );
     let seed = crate::train::round_seed(setup.seed, task.round, &setup.client_id);
+    let threads = setup.train_threads;
     // At the round's deadline training stops: its update would arrive after the round closed.
     let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let deadline = std::time::Duration::from_millis(task.deadline_ms);
@@ -256,6 +257,7 @@ fn spawn_training(
             .with_inputs(inputs)
             .with_stats(stats.as_ref())
             .with_seed(seed)
+            .with_threads(threads)
             .with_cancel(&cancel);
         let mut state = state
             .lock()

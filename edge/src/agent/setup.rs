@@ -42,6 +42,8 @@ pub struct AgentSetup {
     pub device: SelectedDevice,
     /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
     pub memory_budget_mb: u64,
+    /// Threads a large training batch may be split across (1: one thread).
+    pub train_threads: usize,
     /// Hardware profile name, for status.
     pub profile: String,
     /// Backbone name, for status.

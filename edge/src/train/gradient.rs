@@ -17,6 +17,7 @@ use super::error::TrainError;
 use super::fedddl::{DdlViews, GlobalPrototypes, contrastive_loss};
 use super::feddim::{GlobalInsight, insight_term};
 use super::job::TrainJob;
+use super::parallel;
 use super::sgd::{batch_tensors, proximal_term, scalar, sgd};
 
 /// A gradient round of cross-entropy, FedProx, FedDIM or FedDDL.
@@ -72,6 +73,34 @@ pub(crate) fn gradient_round(
         for idx in order.chunks(batch) {
             if job.cancelled() {
                 return Err(TrainError::Cancelled(steps));
+            }
+            let shards = match (&insight, &counterfactual) {
+                (None, None) => parallel::shards(idx.len(), config.features, h, job.threads),
+                _ => 1,
+            };
+            if shards > 1 {
+                // Cross-entropy (and FedProx's term) on the batch's rows split across threads.
+                let loss_of = |head: &Head, rows: &[usize]| {
+                    let (inputs, targets, _) = batch_tensors(data, rows, device);
+                    let loss = CrossEntropyLossConfig::new()
+                        .init(device)
+                        .forward(head.forward(inputs), targets);
+                    match &anchor {
+                        Some(anchor) => {
+                            loss + proximal_term(head, anchor).mul_scalar(params.prox_mu / 2.0)
+                        }
+                        None => loss,
+                    }
+                };
+                let (grads, loss) = parallel::gradients(&head, idx, shards, device, loss_of);
+                let weighted = loss.mul_scalar(idx.len() as f32);
+                epoch_loss = Some(match epoch_loss {
+                    Some(sum) => sum + weighted,
+                    None => weighted,
+                });
+                head = optim.step(params.learning_rate as f64, head, grads);
+                steps += 1;
+                continue;
             }
             let (inputs, targets, labels) = batch_tensors(data, idx, device);
             let mut loss = match (&insight, &counterfactual) {

@@ -40,6 +40,8 @@ pub struct TrainJob<'a> {
     /// The site's feature statistics, used when the task asks for site normalisation (without
     /// them, those of `data`).
     pub stats: Option<&'a FeatureStats>,
+    /// Threads a large batch may be split across (`crate::train::parallel`); 1 by default.
+    pub threads: usize,
 }
 
 impl<'a> TrainJob<'a> {
@@ -61,6 +63,15 @@ impl<'a> TrainJob<'a> {
             device,
             cancel: None,
             stats: None,
+            threads: 1,
+        }
+    }
+
+    /// The same job, its large batches split across up to `threads` threads.
+    pub fn with_threads(self, threads: usize) -> Self {
+        Self {
+            threads: threads.max(1),
+            ..self
         }
     }
 

@@ -13,6 +13,7 @@ pub mod fedddl;
 pub mod feddim;
 mod gradient;
 pub mod job;
+pub mod parallel;
 pub mod sgd;
 pub mod stable;
 
@@ -87,6 +88,7 @@ fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome
         device,
         cancel: _,
         stats: _,
+        threads: _,
     } = *job;
     check_inputs(config, data, params)?;
     let layout = ModelLayout::new(config.clone(), params.objective.carries_generator());

@@ -16,6 +16,9 @@ pub struct HeadArgs {
     /// `--features ndarray`).
     #[arg(long, value_delimiter = ',', default_value = "flex", value_parser = backend_parser())]
     pub backends: Vec<Backend>,
+    /// Threads a batch may be split across, each timed side by side (1: one thread).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub threads: Vec<usize>,
     #[command(flatten)]
     pub shape: HeadShapeArgs,
     #[command(flatten)]
@@ -39,6 +42,7 @@ pub fn run(args: HeadArgs) -> anyhow::Result<()> {
         t.batch_size,
         t.repeats,
         &args.backends,
+        &args.threads,
     );
     results.push(fedge::bench::head::plain(
         &head,
@@ -49,13 +53,14 @@ pub fn run(args: HeadArgs) -> anyhow::Result<()> {
     ));
     let base = results.first().map(|r| r.samples_per_s).unwrap_or(1.0);
     println!(
-        "{:>8}  {:>12}  {:>8}  {:>10}",
-        "backend", "samples/s", "ratio", "final loss"
+        "{:>9}  {:>7}  {:>12}  {:>8}  {:>10}",
+        "backend", "threads", "samples/s", "ratio", "final loss"
     );
     for r in &results {
         println!(
-            "{:>8}  {:>12.0}  {:>8.2}  {:>10.4}",
+            "{:>9}  {:>7}  {:>12.0}  {:>8.2}  {:>10.4}",
             r.backend,
+            r.threads,
             r.samples_per_s,
             r.samples_per_s / base,
             r.final_loss

@@ -570,3 +570,4 @@ fn devices_sharing_a_seed_draw_differently_each_round() {
 }
 
 mod objectives;
+mod parallel;
