@@ -5,7 +5,7 @@ use super::*;
 use fedge_wire::Objective;
 use rand::{Rng, SeedableRng};
 
-/// A head large enough that a batch of 128 is split in two: 128 × 256 × 128 multiply–adds.
+/// A head large enough that a batch of 256 is split in two: 256 × 256 × 128 multiply–adds.
 fn wide() -> (HeadConfig, Vec<f32>, FeatureSet) {
     let config = HeadConfig::new(256, 10).with_hidden(128);
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -25,7 +25,7 @@ fn trained(objective: Objective, threads: usize) -> TrainOutcome {
     let params = TrainParams {
         objective,
         prox_mu: 0.5,
-        batch_size: 128,
+        batch_size: 256,
         local_epochs: 2,
         ..raw()
     };
@@ -38,8 +38,8 @@ fn trained(objective: Objective, threads: usize) -> TrainOutcome {
 
 #[test]
 fn a_split_batch_takes_the_same_step_as_one_thread() {
-    assert_eq!(shards(128, 256, 128, 2), 2, "the test's batches are split");
-    assert_eq!(shards(128, 256, 128, 1), 1);
+    assert_eq!(shards(256, 256, 128, 2), 2, "the test's batches are split");
+    assert_eq!(shards(256, 256, 128, 1), 1);
     assert_eq!(
         shards(32, 512, 64, 2),
         1,
@@ -57,7 +57,7 @@ fn a_split_batch_takes_the_same_step_as_one_thread() {
             .zip(&two.delta)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        // Eight steps moved the head by far more than the shards' rounding moved it apart.
+        // Four steps moved the head by far more than the shards' rounding moved it apart.
         assert!(moved > 1.0, "{objective:?}: moved {moved}");
         assert!(apart < 1e-4, "{objective:?}: two threads differ by {apart}");
         let loss_gap = (one.last_epoch_loss - two.last_epoch_loss).abs();
