@@ -133,6 +133,7 @@ impl AttackKind {
     pub fn causes(self, reason: &str) -> bool {
         let reasons: &[&str] = match self {
             AttackKind::ChunkHijack => &[
+                "bad_chunk_tag",
                 "bad_tag",
                 "unauthenticated",
                 "malformed",

@@ -82,7 +82,7 @@ pub(super) fn chunk(
         )),
         Some(_) if key.verify_chunk(client, chunk) => Ok(()),
         Some(_) => Err((
-            Rejection::BadTag,
+            Rejection::BadChunkTag,
             format!(
                 "chunk {} of message {} has a bad tag",
                 chunk.index, chunk.message_id

@@ -194,7 +194,7 @@ fn forged_chunks_on_a_devices_stream_are_refused_before_reassembly() {
     let out = drain(&mut m);
     let reasons: std::collections::BTreeSet<&str> =
         rejected(&out).into_iter().map(|(_, r)| r).collect();
-    assert_eq!(reasons, ["bad_tag", "unauthenticated"].into());
+    assert_eq!(reasons, ["bad_chunk_tag", "unauthenticated"].into());
     assert!(reports(&out)[0].aggregated);
     assert_eq!(m.params(), &[2.0; M]);
 }

@@ -164,8 +164,11 @@ pub enum Rejection {
     Unauthenticated,
     /// A device with no key on the coordinator (updates and status).
     UnknownDevice,
-    /// An update's (or chunk's) HMAC tag that does not verify.
+    /// An update's HMAC tag that does not verify.
     BadTag,
+    /// A chunk's HMAC tag that does not verify (kept apart from [`Rejection::BadTag`]: a forged
+    /// chunk on a device's stream and a tampered whole update are different attacks).
+    BadChunkTag,
     /// A device status whose HMAC tag does not verify (kept apart from [`Rejection::BadTag`]:
     /// a forged status and a forged update are different attacks).
     BadStatusTag,
@@ -204,6 +207,7 @@ impl Rejection {
             Rejection::Unauthenticated => "unauthenticated",
             Rejection::UnknownDevice => "unknown_device",
             Rejection::BadTag => "bad_tag",
+            Rejection::BadChunkTag => "bad_chunk_tag",
             Rejection::BadStatusTag => "bad_status_tag",
             Rejection::Norm => "norm",
             Rejection::Incomplete => "incomplete",
