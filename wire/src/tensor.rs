@@ -285,6 +285,12 @@ impl TensorF32 {
         self.values().collect()
     }
 
+    /// The packed little-endian f16 values, when the tensor travels in f16: what a receiver
+    /// may keep as f16 (widening them later gives exactly [`TensorF32::values`]).
+    pub fn packed_f16(&self) -> Option<&[u8]> {
+        matches!(self.encoding, Encoding::F16).then_some(&self.bytes[..])
+    }
+
     /// Bytes the values take on the wire.
     pub fn packed_len(&self) -> usize {
         self.bytes.len()

@@ -18,7 +18,7 @@
 //! embedded_broker = false      # true: run rumqttd in process on [broker].host:port
 //! initial_params = "head.f32"  # optional: little-endian f32 file; else a seeded init
 //! state_dir = "state"          # optional: checkpoint after every round, resumed at start
-//! update_memory_mb = 1024      # deltas held per round in RAM (N·M·4 bytes)
+//! update_memory_mb = 1024      # deltas held per round in RAM (N·M·2 bytes in f16, ·4 in f32)
 //! spill_dir = "spill"           # optional: beyond that, a memory-mapped file here
 //! spill_max_mb = 16384          # the spill file's (sparse) size
 //! max_update_norm = 0.0        # reject deltas longer than this on arrival; 0 = off
@@ -114,9 +114,10 @@ pub struct CoordinatorConfig {
     /// after every aggregation and resumed from at start; none keeps no state.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
-    /// Most MiB of deltas one round holds in RAM (N·M·4 bytes for N updates of M
-    /// parameters). A round whose selected clients need more goes to the spill file when
-    /// `spill_dir` is set; otherwise later updates are rejected with reason `memory_budget`.
+    /// Most MiB of deltas one round holds in RAM (N·M·2 bytes for N f16 updates of M
+    /// parameters, N·M·4 in f32 or int8). A round whose selected clients need more goes to
+    /// the spill file when `spill_dir` is set; otherwise later updates are rejected with
+    /// reason `memory_budget`.
     #[serde(default = "default_update_memory_mb")]
     pub update_memory_mb: usize,
     /// Folder of the spill file: an unnamed, sparse, memory-mapped file that holds a round's

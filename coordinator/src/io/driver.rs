@@ -11,6 +11,7 @@ use fedge_wire::{EdgeStatus, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
+use super::outbox::Outbox;
 use super::status::{StatusContext, metrics_json, status_at};
 use crate::round::{Output, Phase, Record, Rejection, RoundReport, Rounds};
 use crate::store::journal::Journal;
@@ -115,7 +116,7 @@ struct TaskTopics {
 /// What the driver keeps to act on the machine's outputs: where to publish, what to write, and
 /// the status document's context.
 struct Sinks<'a> {
-    client: &'a AsyncClient,
+    outbox: Outbox,
     options: &'a DriverOptions,
     topics: &'a Topics,
     status_topic: String,
@@ -265,7 +266,7 @@ async fn drive(
     let mut backoff = Backoff::default();
     let mut connected = false;
     let mut sinks = Sinks {
-        client: &client,
+        outbox: Outbox::new(client),
         options: &options,
         topics: &topics,
         status_topic,
@@ -299,7 +300,6 @@ async fn drive(
         upstream,
     };
     rounds.start(now_ms());
-    let mut unacked = std::collections::VecDeque::new();
     loop {
         let deadline = rounds
             .poll_timeout()
@@ -308,9 +308,9 @@ async fn drive(
             (Some(a), Some(b)) => Some(a.min(tokio::time::Instant::from_std(b))),
             (a, b) => a.or(b.map(tokio::time::Instant::from_std)),
         };
-        // Acknowledgements waiting for room are retried soon: the broker sends nothing more
-        // (nothing would wake this loop) while they hold its in-flight window.
-        if !unacked.is_empty() {
+        // Requests waiting for room are retried soon: the broker sends nothing more (nothing
+        // would wake this loop) while unsent acknowledgements hold its in-flight window.
+        if sinks.outbox.is_waiting() {
             let soon = tokio::time::Instant::now() + Duration::from_millis(2);
             wake = Some(wake.map_or(soon, |w| w.min(soon)));
         }
@@ -328,7 +328,7 @@ async fn drive(
                     connected = true;
                     tracing::info!(broker = %format!("{}:{}", options.broker.host, options.broker.port), "coordinator connected");
                     for filter in [topics.update_filter(), topics.edge_status_filter()] {
-                        if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                        if let Err(e) = sinks.outbox.client().try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                             tracing::error!(%filter, error = %e, "cannot subscribe");
                         }
                     }
@@ -338,11 +338,11 @@ async fn drive(
                     }
                     if let Some((round, frame)) = &sinks.release {
                         let max_packet = options.broker.max_packet;
-                        publish_task(&client, &mut sinks.model_topics, *round, frame.clone(), max_packet);
+                        publish_task(&mut sinks.outbox, &mut sinks.model_topics, *round, frame.clone(), max_packet);
                     }
                     if options.home_assistant {
                         for (topic, config) in super::discovery::discovery_messages(&topics, &options.federation) {
-                            let _ = client.try_publish(topic, QoS::AtLeastOnce, true, config);
+                            sinks.outbox.publish(topic, true, config);
                         }
                     }
                     rounds.touch_status();
@@ -358,7 +358,7 @@ async fn drive(
                 Ok(_) => {}
                 Err(e) => {
                     // The broker sends unacknowledged messages again on the next session.
-                    unacked.clear();
+                    sinks.outbox.forget_acks();
                     if connected {
                         tracing::warn!(error = %fedge_mqtt::describe_error(&e), "lost the broker; reconnecting");
                     } else if backoff.is_fresh() {
@@ -390,27 +390,22 @@ async fn drive(
         let finished = sinks.drain(&mut rounds);
         // After the journal writes the packet caused (`drain`): now the broker may forget it.
         // Acknowledgements wait in order while the client's request queue is full (a burst of
-        // thousands of updates): a dropped one would hold the broker's in-flight window for
-        // this session shut, and the round would stall short of its last updates.
-        unacked.extend(ack);
-        while let Some(publish) = unacked.front() {
-            if client.try_ack(publish).is_err() {
-                if unacked.len() == 1 || unacked.len().is_power_of_two() {
-                    tracing::debug!(
-                        waiting = unacked.len(),
-                        "acknowledgements wait for the request queue"
-                    );
-                }
-                break;
-            }
-            unacked.pop_front();
+        // thousands of updates, see `outbox.rs`): a dropped one would hold the broker's
+        // in-flight window for this session shut, and the round would stall short of its last
+        // updates.
+        if let Some(publish) = ack {
+            sinks.outbox.ack(publish);
         }
+        sinks.outbox.flush();
         if finished {
             break;
         }
     }
     // Let the last publishes (final status, metrics) reach the broker, without a Last Will.
-    fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, Duration::from_secs(2)).await;
+    sinks
+        .outbox
+        .close(&mut eventloop, Duration::from_secs(2))
+        .await;
     Ok(rounds)
 }
 
@@ -418,7 +413,7 @@ impl Sinks<'_> {
     /// Acts on every output the machine has; true once the federation finished.
     fn drain(&mut self, rounds: &mut Rounds) -> bool {
         let Sinks {
-            client,
+            outbox,
             options,
             topics,
             status_topic,
@@ -435,13 +430,13 @@ impl Sinks<'_> {
             logs,
             upstream,
         } = self;
-        let (client, options, topics) = (*client, *options, *topics);
+        let (options, topics) = (*options, *topics);
         let mut status_dirty = false;
         let mut finished = false;
         while let Some(output) = rounds.poll_output() {
             match output {
                 Output::PublishTask { round, frame } => {
-                    publish_task(client, task_topics, round, frame, options.broker.max_packet);
+                    publish_task(outbox, task_topics, round, frame, options.broker.max_packet);
                 }
                 Output::RoundEnded(report) => {
                     if let (Some(tx), Some(reason)) = (upstream.as_ref(), report.abandoned) {
@@ -473,12 +468,7 @@ impl Sinks<'_> {
                         rounds.strategy_name(),
                         rounds.site_accuracy(),
                     );
-                    let _ = client.try_publish(
-                        topics.metrics(),
-                        QoS::AtLeastOnce,
-                        false,
-                        metrics.to_string(),
-                    );
+                    outbox.publish(topics.metrics(), false, metrics.to_string());
                     if let Some(tx) = events {
                         let _ = tx.send(DriverEvent::RoundEnded {
                             report,
@@ -510,7 +500,7 @@ impl Sinks<'_> {
                     }
                     let max_packet = options.broker.max_packet;
                     let frame = frames.published;
-                    publish_task(client, model_topics, model.round, frame.clone(), max_packet);
+                    publish_task(outbox, model_topics, model.round, frame.clone(), max_packet);
                     *release = Some((model.round, frame));
                 }
                 Output::Upstream(update) => {
@@ -532,7 +522,7 @@ impl Sinks<'_> {
                 }
                 Output::Finished => {
                     // A finished federation leaves no retained task for devices that join later.
-                    clear_task(client, task_topics);
+                    clear_task(outbox, task_topics);
                     finished = true;
                 }
             }
@@ -545,7 +535,7 @@ impl Sinks<'_> {
         if finished || status_due.is_some_and(|due| due <= now) {
             let status = status_at(rounds, *target_accuracy, context);
             let json = serde_json::to_string(&status).unwrap_or_default();
-            let _ = client.try_publish(status_topic.as_str(), QoS::AtLeastOnce, true, json);
+            outbox.publish(status_topic.as_str(), true, json);
             *status_sent = Some(now);
             *status_due = None;
         }
@@ -553,17 +543,17 @@ impl Sinks<'_> {
     }
 }
 
-fn clear_task(client: &AsyncClient, topics: &mut TaskTopics) {
+fn clear_task(outbox: &mut Outbox, topics: &mut TaskTopics) {
     let mut stale = vec![topics.base.clone()];
     stale.extend((0..topics.chunk_topics_in_use).map(|i| format!("{}/{i}", topics.base)));
     for topic in stale {
-        let _ = client.try_publish(topic, QoS::AtLeastOnce, true, Vec::<u8>::new());
+        outbox.publish(topic, true, Vec::new());
     }
     topics.chunk_topics_in_use = 0;
 }
 
 fn publish_task(
-    client: &AsyncClient,
+    outbox: &mut Outbox,
     topics: &mut TaskTopics,
     round: u64,
     frame: Vec<u8>,
@@ -571,11 +561,7 @@ fn publish_task(
 ) {
     let pieces = fedge_wire::split_into_chunks(frame, round, max_packet);
     let count = if pieces.len() == 1 { 0 } else { pieces.len() };
-    let publish = |topic: String, payload: Vec<u8>| {
-        if let Err(e) = client.try_publish(&topic, QoS::AtLeastOnce, true, payload) {
-            tracing::error!(%topic, error = %e, "cannot publish round task");
-        }
-    };
+    let mut publish = |topic: String, payload: Vec<u8>| outbox.publish(topic, true, payload);
     // Clear retained task topics the new task does not overwrite, so no device reassembles a
     // mix of old and new pieces.
     if count == 0 {

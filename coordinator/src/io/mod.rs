@@ -6,6 +6,7 @@
 pub mod broker;
 pub mod discovery;
 pub mod driver;
+mod outbox;
 pub mod release;
 pub mod status;
 pub mod watch;

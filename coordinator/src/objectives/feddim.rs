@@ -155,10 +155,10 @@ impl GlobalInsight {
         let clients: Vec<ClientInsight> = (0..accepted.len())
             .filter_map(|i| {
                 let (counts, means) = stats.get(accepted.client(i))?;
-                let delta = &accepted.delta(i)[w_range.clone()];
+                let delta = accepted.delta(i).slice(w_range.clone());
                 let classifier = params[w_range.clone()]
                     .iter()
-                    .zip(delta)
+                    .zip(delta.iter())
                     .map(|(g, d)| g + d)
                     .collect();
                 Some(ClientInsight {

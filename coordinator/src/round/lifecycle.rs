@@ -79,7 +79,8 @@ impl Rounds {
         // The task travels in the round's codec (f16 unless updates are lossless); the
         // coordinator keeps its f32 model, so steps below f16's resolution still add up, and
         // rebuilds what devices trained from with `task_params` where it needs it exactly.
-        let codec = train.update_codec.for_tasks();
+        let update_codec = train.update_codec;
+        let codec = update_codec.for_tasks();
         let task = RoundTask {
             federation: self.config.federation.clone(),
             run: self.config.run,
@@ -104,6 +105,7 @@ impl Rounds {
         let held = UpdatesConfig {
             dots: self.strategy.needs_dots(),
             budget_bytes: self.config.update_memory_bytes,
+            codec: update_codec,
             ..UpdatesConfig::default()
         };
         let accepted = RoundUpdates::reusing(

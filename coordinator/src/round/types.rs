@@ -46,8 +46,8 @@ pub struct RoundConfig {
     pub seed: u64,
     /// Time a partly received chunked update waits for its other chunks.
     pub reassembly_timeout_ms: u64,
-    /// Most bytes of deltas held in one round (`N·M·4`); later updates are rejected with
-    /// reason `memory_budget`.
+    /// Most bytes of deltas held in one round (`N·M·2` in f16, `N·M·4` in f32 or int8);
+    /// later updates are rejected with reason `memory_budget`.
     pub update_memory_bytes: usize,
     /// FedDIM's server side, when devices train with the `FedDim` objective: updates must carry
     /// class statistics, and the global `Ī` goes down with each task.

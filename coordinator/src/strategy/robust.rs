@@ -21,7 +21,7 @@
 use super::names::closed_set;
 use super::{Aggregated, Failure, Strategy};
 use crate::updates::norms::{median, norms};
-use crate::updates::{RoundUpdates, UpdatesConfig};
+use crate::updates::{Delta, RoundUpdates, UpdatesConfig};
 
 closed_set! {
     /// The robust rewrite of the deltas before the strategy (`robust`, `--robust`).
@@ -121,9 +121,10 @@ pub fn rewrite(rule: RobustRule, updates: &RoundUpdates, dots: bool) -> RoundUpd
             };
             if k > 0 && n > 2 * k {
                 let mut column = vec![0f32; n];
+                let deltas: Vec<Delta<'_>> = (0..n).map(|i| updates.delta(i)).collect();
                 let per_coordinate = (0..m).map(|j| {
-                    for (i, slot) in column.iter_mut().enumerate() {
-                        *slot = updates.delta(i)[j];
+                    for (slot, delta) in column.iter_mut().zip(&deltas) {
+                        *slot = delta.get(j);
                     }
                     column.sort_by(f32::total_cmp);
                     (column[k], column[n - 1 - k])

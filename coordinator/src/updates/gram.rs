@@ -1,8 +1,10 @@
 //! Dot products between client deltas: all FedOMG's solver needs (docs/algorithms.md §2).
 //!
-//! Rows live in one contiguous f32 arena (`rows[i·m .. (i+1)·m]`). [`cross_dots`] computes a
-//! block of new rows against earlier rows. It is written so that the value of one pair's dot
-//! product never depends on how the work was blocked or how many threads ran it:
+//! Rows are the round's held deltas ([`Delta`]: f32, or f16 widened a tile at a time into f32
+//! buffers; widening is exact, so an f16 row gives the bits its f32 copy would).
+//! [`cross_dots`] computes a block of new rows against earlier rows. It is written so that the
+//! value of one pair's dot product never depends on how the work was blocked or how many
+//! threads ran it:
 //!
 //! - products are summed in f32 over eight lanes (element `k` into lane `k mod 8`) within a
 //!   chunk of [`CHUNK`] elements, the lanes are reduced in a fixed order and the chunk's sum is
@@ -16,6 +18,8 @@
 
 use std::ops::Range;
 
+use super::delta::{Delta, WIDEN_CHUNK};
+
 /// Elements summed in f32 before the partial sum moves to f64.
 pub const CHUNK: usize = 256;
 /// Elements per unit of work given to a thread.
@@ -25,19 +29,20 @@ const TILE: usize = 4096;
 const LANES: usize = 8;
 
 /// `out[i][j] = rows[new.start + i] · rows[prev.start + j]`, row-major `new.len() × prev.len()`,
-/// using up to `threads` threads.
+/// using up to `threads` threads. All rows have the same length.
 pub fn cross_dots(
-    rows: &[f32],
-    m: usize,
+    rows: &[Delta<'_>],
     new: Range<usize>,
     prev: Range<usize>,
     threads: usize,
 ) -> Vec<f64> {
     let (r, p) = (new.len(), prev.len());
-    assert!(new.end * m <= rows.len() && prev.end * m <= rows.len());
+    assert!(new.end <= rows.len() && prev.end <= rows.len());
     if r == 0 || p == 0 {
         return vec![0.0; r * p];
     }
+    let m = rows[new.start].len();
+    assert!(rows.iter().all(|row| row.len() == m), "rows of one length");
     let segments = m.div_ceil(SEGMENT).max(1);
     let threads = threads.clamp(1, segments);
     let per_thread = segments.div_ceil(threads);
@@ -47,7 +52,7 @@ pub fn cross_dots(
         for (s, out) in seg_range.zip(out.chunks_mut(r * p)) {
             let lo = s * SEGMENT;
             let hi = ((s + 1) * SEGMENT).min(m);
-            segment_dots(rows, m, &new, &prev, lo..hi, out);
+            segment_dots(rows, &new, &prev, lo..hi, out);
         }
     };
     if threads == 1 {
@@ -69,32 +74,60 @@ pub fn cross_dots(
     out
 }
 
+/// A tile of several rows as f32 slices: borrowed from f32 rows, widened into `buf` from f16
+/// rows.
+fn tile_rows<'a>(
+    rows: &[Delta<'a>],
+    which: Range<usize>,
+    tile: &Range<usize>,
+    buf: &'a mut Vec<f32>,
+) -> Vec<&'a [f32]> {
+    let len = tile.len();
+    let halves = rows[which.clone()]
+        .iter()
+        .filter(|r| matches!(r, Delta::F16(_)))
+        .count();
+    buf.resize(halves * len, 0.0);
+    let mut spare: &'a mut [f32] = &mut buf[..];
+    rows[which]
+        .iter()
+        .map(|row| match row {
+            Delta::F32(v) => &v[tile.clone()],
+            Delta::F16(_) => {
+                let (dst, rest) = std::mem::take(&mut spare).split_at_mut(len);
+                row.slice(tile.clone()).widen_into(dst);
+                spare = rest;
+                &*dst
+            }
+        })
+        .collect()
+}
+
 /// One segment's sums for all pairs, tiled so the new rows stay in cache.
 fn segment_dots(
-    rows: &[f32],
-    m: usize,
+    rows: &[Delta<'_>],
     new: &Range<usize>,
     prev: &Range<usize>,
     seg: Range<usize>,
     out: &mut [f64],
 ) {
     let p = prev.len();
-    let row = |i: usize, range: &Range<usize>| &rows[i * m + range.start..i * m + range.end];
+    let (mut new_buf, mut prev_buf) = (Vec::new(), Vec::new());
     let mut tile_start = seg.start;
     while tile_start < seg.end {
         let tile = tile_start..(tile_start + TILE).min(seg.end);
+        let new_rows = tile_rows(rows, new.clone(), &tile, &mut new_buf);
         let mut j = prev.start;
         while j < prev.end {
             let pj = (prev.end - j).min(2);
-            let mut i = new.start;
-            while i < new.end {
-                let ri = (new.end - i).min(4);
-                let a: Vec<&[f32]> = (i..i + ri).map(|x| row(x, &tile)).collect();
-                let b: Vec<&[f32]> = (j..j + pj).map(|x| row(x, &tile)).collect();
-                let sums = block(&a, &b);
+            let b = tile_rows(rows, j..j + pj, &tile, &mut prev_buf);
+            let mut i = 0;
+            while i < new_rows.len() {
+                let ri = (new_rows.len() - i).min(4);
+                let sums = block(&new_rows[i..i + ri], &b);
                 for (di, srow) in sums.iter().enumerate().take(ri) {
                     for (dj, s) in srow.iter().enumerate().take(pj) {
-                        out[(i - new.start + di) * p + (j - prev.start + dj)] += s;
+                        out[(i + di) * p + (j - prev.start + dj)] += s;
                     }
                 }
                 i += ri;
@@ -220,16 +253,11 @@ fn reduce(lanes: [f32; LANES]) -> f64 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
-/// `Σ_u coef_u · rows[order[u]]` in f64, element by element in `order`, using up to `threads`
+/// `Σ_u coef_u · rows[u]` in f64, element by element in row order, using up to `threads`
 /// threads (each element is summed by one thread, in the same order, whatever the count).
-pub fn weighted_sum(
-    rows: &[f32],
-    m: usize,
-    order: &[usize],
-    coef: &[f64],
-    threads: usize,
-) -> Vec<f64> {
-    assert_eq!(order.len(), coef.len());
+pub fn weighted_sum(rows: &[Delta<'_>], coef: &[f64], threads: usize) -> Vec<f64> {
+    assert_eq!(rows.len(), coef.len());
+    let m = rows.first().map_or(0, Delta::len);
     let mut out = vec![0f64; m];
     if m == 0 {
         return out;
@@ -237,10 +265,14 @@ pub fn weighted_sum(
     let threads = threads.clamp(1, m.div_ceil(SEGMENT).max(1));
     let span = m.div_ceil(threads);
     let fill = |offset: usize, out: &mut [f64]| {
-        for (&u, &c) in order.iter().zip(coef) {
-            let src = &rows[u * m + offset..u * m + offset + out.len()];
-            for (o, d) in out.iter_mut().zip(src) {
-                *o += c * *d as f64;
+        let mut buf = Vec::new();
+        for (row, &c) in rows.iter().zip(coef) {
+            for (k, out) in out.chunks_mut(WIDEN_CHUNK).enumerate() {
+                let start = offset + k * WIDEN_CHUNK;
+                let src = row.f32_range(start..start + out.len(), &mut buf);
+                for (o, d) in out.iter_mut().zip(src) {
+                    *o += c * *d as f64;
+                }
             }
         }
     };
@@ -269,6 +301,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn views(x: &[f32], m: usize) -> Vec<Delta<'_>> {
+        x.chunks(m).map(Delta::F32).collect()
+    }
+
     fn naive(a: &[f32], b: &[f32]) -> f64 {
         a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
     }
@@ -291,7 +327,7 @@ mod tests {
     fn cross_dots_match_f64_dot_products() {
         let (n, m) = (7, 3 * SEGMENT / 2 + 13);
         let x = rows(n, m, 1);
-        let got = cross_dots(&x, m, 3..7, 0..7, 2);
+        let got = cross_dots(&views(&x, m), 3..7, 0..7, 2);
         for i in 3..7 {
             for j in 0..7 {
                 let want = naive(&x[i * m..(i + 1) * m], &x[j * m..(j + 1) * m]);
@@ -314,9 +350,10 @@ mod tests {
             let x = rows(n, m, seed);
             let split = split.min(n - 1);
             // All at once versus two blocks, different thread counts, reversed roles.
-            let all = cross_dots(&x, m, 0..n, 0..n, 1);
-            let first = cross_dots(&x, m, 0..split, 0..n, threads);
-            let second = cross_dots(&x, m, split..n, 0..n, threads);
+            let x = views(&x, m);
+            let all = cross_dots(&x, 0..n, 0..n, 1);
+            let first = cross_dots(&x, 0..split, 0..n, threads);
+            let second = cross_dots(&x, split..n, 0..n, threads);
             for i in 0..n {
                 for j in 0..n {
                     let blocked = if i < split { first[i * n + j] } else { second[(i - split) * n + j] };
@@ -331,13 +368,48 @@ mod tests {
     fn weighted_sum_is_the_same_with_any_thread_count() {
         let (n, m) = (5, 2 * SEGMENT + 5);
         let x = rows(n, m, 9);
-        let order = [4, 0, 2];
+        let all = views(&x, m);
+        let rows = [all[4], all[0], all[2]];
         let coef = [0.5, -1.25, 2.0];
-        let one = weighted_sum(&x, m, &order, &coef, 1);
-        let three = weighted_sum(&x, m, &order, &coef, 3);
+        let one = weighted_sum(&rows, &coef, 1);
+        let three = weighted_sum(&rows, &coef, 3);
         assert_eq!(one, three);
         let k = SEGMENT + 1;
         let want = 0.5 * x[4 * m + k] as f64 - 1.25 * x[k] as f64 + 2.0 * x[2 * m + k] as f64;
         assert!((one[k] - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn f16_rows_give_the_bits_of_their_f32_copies_mixed_or_not() {
+        use half::f16;
+        let (n, m) = (7, SEGMENT + 4_099);
+        let halves: Vec<f16> = rows(n, m, 5).iter().map(|v| f16::from_f32(*v)).collect();
+        let widened: Vec<f32> = halves.iter().map(|h| h.to_f32()).collect();
+        let f32s = views(&widened, m);
+        // Rows 0, 2, 4 and 6 in f16, the others in f32.
+        let mixed: Vec<Delta<'_>> = (0..n)
+            .map(|i| match i % 2 {
+                0 => Delta::F16(&halves[i * m..(i + 1) * m]),
+                _ => f32s[i],
+            })
+            .collect();
+        let all_f16: Vec<Delta<'_>> = halves.chunks(m).map(Delta::F16).collect();
+        let want = cross_dots(&f32s, 2..7, 0..7, 2);
+        let coef: Vec<f64> = (0..n).map(|i| 0.25 * i as f64 - 0.5).collect();
+        let want_sum = weighted_sum(&f32s, &coef, 2);
+        for rows in [&mixed, &all_f16] {
+            let got = cross_dots(rows, 2..7, 0..7, 2);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits())
+            );
+            let sum = weighted_sum(rows, &coef, 2);
+            assert!(
+                sum.iter()
+                    .zip(&want_sum)
+                    .all(|(g, w)| g.to_bits() == w.to_bits())
+            );
+        }
     }
 }

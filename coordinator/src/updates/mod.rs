@@ -1,8 +1,9 @@
 //! The round's accepted updates, held compactly, with their dot products streamed in.
 //!
-//! Deltas are copied into one contiguous f32 arena as they are accepted: `N·M·4` bytes for `N`
-//! updates of `M` parameters (plus `N²·8` bytes of dot products), reserved once for the selected
-//! clients. When the selected clients' deltas would take more than the configured budget and
+//! Deltas are copied into one contiguous arena as they are accepted ([`arena`]): `N·M·2` bytes
+//! for `N` updates of `M` parameters sent in f16 (kept in f16, widened exactly where they are
+//! read), `N·M·4` for f32 and int8 (plus `N²·8` bytes of dot products), reserved once for the
+//! selected clients. When the selected clients' deltas would take more than the configured budget and
 //! the driver gave the machine a spill file ([`spill::SpillFile`]), the round's arena is
 //! that memory-mapped file instead of the heap. An update that would take the arena past its
 //! limit (the budget, or the spill file's size) is refused (the round machine rejects it with
@@ -16,116 +17,16 @@
 //!
 //! Views are in client-id order, whatever the arrival order, so aggregation is reproducible.
 
+pub mod arena;
+pub mod delta;
 pub mod gram;
 pub mod norms;
 pub mod spill;
 
-use spill::SpillFile;
-
-/// Where a round's deltas live: the heap, or the spill file when they outgrow the budget. Kept
-/// from round to round, so a steady federation neither faults in fresh pages nor remaps.
-#[derive(Debug, Default)]
-pub struct Arena {
-    heap: Vec<f32>,
-    spill: Option<SpillFile>,
-    /// Values in use in the spill file; `None` while the heap is in use.
-    spilled: Option<usize>,
-}
-
-impl Clone for Arena {
-    /// A copy on the heap (a spill file is not shared).
-    fn clone(&self) -> Self {
-        Self {
-            heap: self.as_slice().to_vec(),
-            spill: None,
-            spilled: None,
-        }
-    }
-}
-
-impl Arena {
-    /// An arena that spills to `file` when a round outgrows its budget.
-    pub fn with_spill(file: SpillFile) -> Self {
-        Self {
-            heap: Vec::new(),
-            spill: Some(file),
-            spilled: None,
-        }
-    }
-
-    /// Empties the arena for a round of `rows` deltas of `m` values under `budget_bytes`:
-    /// the spill file when they do not fit the budget and the file is there, else the heap
-    /// with room reserved for what the budget allows. Returns the most values it may hold.
-    fn begin(&mut self, rows: usize, m: usize, budget_bytes: usize) -> usize {
-        self.heap.clear();
-        self.spilled = None;
-        let wanted = rows.saturating_mul(m);
-        let heap_limit = budget_bytes / 4;
-        match &self.spill {
-            Some(file) if wanted > heap_limit && file.capacity_floats() > heap_limit => {
-                self.heap.shrink_to_fit();
-                self.spilled = Some(0);
-                file.capacity_floats()
-            }
-            _ => {
-                self.heap.reserve(wanted.min(heap_limit));
-                heap_limit
-            }
-        }
-    }
-
-    /// Whether this round's deltas are in the spill file.
-    pub fn is_spilled(&self) -> bool {
-        self.spilled.is_some()
-    }
-
-    fn len(&self) -> usize {
-        self.spilled.unwrap_or(self.heap.len())
-    }
-
-    fn as_slice(&self) -> &[f32] {
-        match (&self.spill, self.spilled) {
-            (Some(file), Some(len)) => &file.floats()[..len],
-            _ => &self.heap,
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [f32] {
-        match (&mut self.spill, self.spilled) {
-            (Some(file), Some(len)) => &mut file.floats_mut()[..len],
-            _ => &mut self.heap,
-        }
-    }
-
-    fn truncate(&mut self, len: usize) {
-        match &mut self.spilled {
-            Some(used) => *used = (*used).min(len),
-            None => self.heap.truncate(len),
-        }
-    }
-
-    /// Makes room for `values` in all (reserving disk space when spilled).
-    fn reserve(&mut self, values: usize) -> std::io::Result<()> {
-        match (&mut self.spill, self.spilled) {
-            (Some(file), Some(_)) => file.reserve(values),
-            _ => Ok(()),
-        }
-    }
-
-    /// Appends one row; the caller checked that it fits.
-    fn push_row(&mut self, row: impl ExactSizeIterator<Item = f32>) {
-        match (&mut self.spill, &mut self.spilled) {
-            (Some(file), Some(len)) => {
-                let m = row.len();
-                for (slot, value) in file.floats_mut()[*len..*len + m].iter_mut().zip(row) {
-                    *slot = value;
-                }
-                *len += m;
-            }
-            _ => self.heap.extend(row),
-        }
-    }
-}
+pub use arena::Arena;
+use arena::Stored;
+pub use delta::Delta;
+use fedge_wire::Codec;
 
 /// How updates are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +39,9 @@ pub struct UpdatesConfig {
     pub block: usize,
     /// Threads for dot products and weighted sums.
     pub threads: usize,
+    /// The codec updates are expected in (the round's): sizes the arena reserved up front.
+    /// Each update is held as it came, whatever this says.
+    pub codec: Codec,
 }
 
 impl Default for UpdatesConfig {
@@ -147,6 +51,7 @@ impl Default for UpdatesConfig {
             budget_bytes: 1 << 30,
             block: 16,
             threads: gram::default_threads(),
+            codec: Codec::F32,
         }
     }
 }
@@ -174,8 +79,10 @@ pub struct RoundUpdates {
     config: UpdatesConfig,
     clients: Vec<String>,
     counts: Vec<u32>,
+    /// Where each update's row starts in the arena and how it is stored, arrival order.
+    rows: Vec<(usize, Stored)>,
     arena: Arena,
-    /// Most values the arena may hold this round.
+    /// Most words the arena may hold this round.
     limit: usize,
     /// `tri[i][j] = Δ_i·Δ_j` for `j ≤ i`, arrival indices, for rows below `flushed`.
     tri: Vec<Vec<f64>>,
@@ -195,12 +102,18 @@ impl RoundUpdates {
     /// [`RoundUpdates::into_arena`]), so a steady federation does not fault in fresh pages
     /// every round; the arena's spill file, if any, takes the deltas that outgrow the budget.
     pub fn reusing(mut arena: Arena, m: usize, expected: usize, config: UpdatesConfig) -> Self {
-        let limit = arena.begin(expected, m.max(1), config.budget_bytes);
+        let stored = match config.codec {
+            Codec::F16 => Stored::F16,
+            Codec::F32 | Codec::Int8 => Stored::F32,
+        };
+        let wanted = expected.saturating_mul(stored.words(m.max(1)));
+        let limit = arena.begin(wanted, config.budget_bytes);
         Self {
             m,
             config,
             clients: Vec::with_capacity(expected),
             counts: Vec::with_capacity(expected),
+            rows: Vec::with_capacity(expected),
             arena,
             limit,
             tri: Vec::with_capacity(expected),
@@ -259,13 +172,9 @@ impl RoundUpdates {
         self.clients.iter().any(|c| c == client)
     }
 
-    /// Bytes of the delta arena.
+    /// Bytes of the delta arena in use.
     pub fn arena_bytes(&self) -> usize {
         self.arena.len() * 4
-    }
-
-    fn values(&self) -> &[f32] {
-        self.arena.as_slice()
     }
 
     /// Holds one update; `delta.len()` must be `m` (the round machine checks shapes first).
@@ -279,14 +188,23 @@ impl RoundUpdates {
     }
 
     /// [`RoundUpdates::push`] straight from a decoded wire tensor, without an intermediate
-    /// copy of the delta.
+    /// copy of the delta; a tensor sent in f16 is held in f16.
     pub fn push_tensor(
         &mut self,
         client: &str,
         num_samples: u32,
         delta: &fedge_wire::TensorF32,
     ) -> Result<(), OverBudget> {
-        self.push_values(client, num_samples, delta.values())
+        assert_eq!(delta.len(), self.m, "delta length");
+        match delta.packed_f16() {
+            Some(packed) => {
+                let m = self.m;
+                self.hold(client, num_samples, Stored::F16, |arena| {
+                    arena.push_f16(m, packed)
+                })
+            }
+            None => self.push_values(client, num_samples, delta.values()),
+        }
     }
 
     pub(crate) fn push_values(
@@ -296,7 +214,21 @@ impl RoundUpdates {
         delta: impl ExactSizeIterator<Item = f32>,
     ) -> Result<(), OverBudget> {
         assert_eq!(delta.len(), self.m, "delta length");
-        let needed = self.arena.len() + self.m;
+        self.hold(client, num_samples, Stored::F32, |arena| {
+            arena.push_f32(delta)
+        })
+    }
+
+    /// Checks the budget for one more row stored as `stored`, then `write`s it.
+    fn hold(
+        &mut self,
+        client: &str,
+        num_samples: u32,
+        stored: Stored,
+        write: impl FnOnce(&mut Arena),
+    ) -> Result<(), OverBudget> {
+        let start = self.arena.len();
+        let needed = start + stored.words(self.m);
         // The dot products live on the heap whatever holds the deltas.
         let rows = self.len() + 1;
         let dots = if self.config.dots {
@@ -320,7 +252,8 @@ impl RoundUpdates {
             .map_err(|e| OverBudget::Disk(e.to_string()))?;
         self.clients.push(client.to_string());
         self.counts.push(num_samples);
-        self.arena.push_row(delta);
+        self.rows.push((start, stored));
+        write(&mut self.arena);
         self.order.clear();
         if self.config.dots && self.len() - self.flushed >= self.config.block.max(1) {
             self.flush();
@@ -352,14 +285,17 @@ impl RoundUpdates {
         for (i, &k) in keep.iter().enumerate() {
             kept[self.physical(i)] = k;
         }
-        let m = self.m;
-        let values = self.arena.as_mut_slice();
         let mut next = 0;
         for (u, _) in kept.iter().enumerate().filter(|(_, k)| **k) {
-            values.copy_within(u * m..(u + 1) * m, next * m);
-            next += 1;
+            let (start, stored) = self.rows[u];
+            let words = stored.words(self.m);
+            self.arena.move_words(start, words, next);
+            self.rows[u].0 = next;
+            next += words;
         }
-        self.arena.truncate(next * m);
+        self.arena.truncate(next);
+        let mut flags = kept.iter();
+        self.rows.retain(|_| *flags.next().unwrap_or(&false));
         let mut flags = kept.iter();
         self.clients.retain(|_| *flags.next().unwrap_or(&false));
         let mut flags = kept.iter();
@@ -390,13 +326,8 @@ impl RoundUpdates {
         if start == end {
             return;
         }
-        let dots = gram::cross_dots(
-            self.values(),
-            self.m,
-            start..end,
-            0..end,
-            self.config.threads,
-        );
+        let rows: Vec<Delta<'_>> = (0..end).map(|u| self.row(u)).collect();
+        let dots = gram::cross_dots(&rows, start..end, 0..end, self.config.threads);
         for (r, i) in (start..end).enumerate() {
             self.tri.push(dots[r * end..r * end + i + 1].to_vec());
         }
@@ -418,10 +349,15 @@ impl RoundUpdates {
         self.counts[self.physical(i)]
     }
 
+    /// The delta of arrival `u`.
+    fn row(&self, u: usize) -> Delta<'_> {
+        let (start, stored) = self.rows[u];
+        self.arena.row(start, self.m, stored)
+    }
+
     /// Delta of the `i`-th update in client order.
-    pub fn delta(&self, i: usize) -> &[f32] {
-        let u = self.physical(i);
-        &self.values()[u * self.m..(u + 1) * self.m]
+    pub fn delta(&self, i: usize) -> Delta<'_> {
+        self.row(self.physical(i))
     }
 
     /// Sum of the sample counts.
@@ -442,8 +378,8 @@ impl RoundUpdates {
     /// `Σ_i coef_i Δ_i` (client order), in f64.
     pub fn weighted_sum(&self, coef: &[f64]) -> Vec<f64> {
         assert_eq!(coef.len(), self.len());
-        let order: Vec<usize> = (0..self.len()).map(|i| self.physical(i)).collect();
-        gram::weighted_sum(self.values(), self.m, &order, coef, self.config.threads)
+        let rows: Vec<Delta<'_>> = (0..self.len()).map(|i| self.delta(i)).collect();
+        gram::weighted_sum(&rows, coef, self.config.threads)
     }
 }
 
@@ -479,7 +415,7 @@ mod tests {
         for i in 0..3 {
             assert_eq!(held.client(i), want.client(i));
             assert_eq!(held.num_samples(i), want.num_samples(i));
-            assert_eq!(held.delta(i), want.delta(i));
+            assert_eq!(held.delta(i).to_vec(), want.delta(i).to_vec());
             for j in 0..3 {
                 assert_eq!(held.dot(i, j), want.dot(i, j));
             }
@@ -504,7 +440,7 @@ mod tests {
             (0..3).map(|i| held.client(i)).collect::<Vec<_>>(),
             ["a", "b", "c"]
         );
-        assert_eq!(held.delta(0), &[3.0, 4.0]);
+        assert_eq!(held.delta(0).to_vec(), [3.0, 4.0]);
         assert_eq!(held.num_samples(2), 3);
         assert_eq!(held.dot(0, 2), Some(11.0));
         assert_eq!(held.dot(2, 0), Some(11.0));
@@ -559,5 +495,81 @@ mod tests {
     fn without_dots_there_are_none() {
         let held = RoundUpdates::from_updates(1, false, [("a", 1, &[1.0f32][..])]);
         assert_eq!(held.dot(0, 0), None);
+    }
+
+    /// Rows with values f16 cannot carry exactly, so a mix-up of f16 and f32 storage shows.
+    fn fine_rows(n: usize, m: usize) -> Vec<Vec<f32>> {
+        (0..n)
+            .map(|u| {
+                (0..m)
+                    .map(|j| ((u * 7919 + j * 104_729) % 2003) as f32 / 1001.3 - 1.0)
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn f16_updates_are_held_in_f16_and_read_as_their_exact_f32_values() {
+        use fedge_wire::TensorF32;
+        // An odd length (a padded last word) and more than one segment of the dot products.
+        let m = gram::SEGMENT + 3;
+        let rows = fine_rows(4, m);
+        let clients = ["d", "b", "a", "c"];
+        let tensors: Vec<TensorF32> = rows
+            .iter()
+            .enumerate()
+            // "a" sends f32 (a device whose values f16 cannot carry does): storage is mixed.
+            .map(|(u, r)| match clients[u] {
+                "a" => TensorF32::from_slice(r),
+                _ => TensorF32::from_slice_with(r, Codec::F16),
+            })
+            .collect();
+        let widened: Vec<Vec<f32>> = tensors.iter().map(TensorF32::to_vec).collect();
+        for spill in [false, true] {
+            let config = UpdatesConfig {
+                dots: true,
+                block: 3,
+                threads: 2,
+                codec: Codec::F16,
+                budget_bytes: if spill { 1 << 10 } else { usize::MAX },
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let arena = match spill {
+                true => Arena::with_spill(spill::SpillFile::create(dir.path(), 64 << 20).unwrap()),
+                false => Arena::default(),
+            };
+            let mut held = RoundUpdates::reusing(arena, m, 4, config);
+            assert_eq!(held.is_spilled(), spill);
+            for (u, t) in tensors.iter().enumerate() {
+                held.push_tensor(clients[u], 10 + u as u32, t).unwrap();
+            }
+            held.finish();
+            // Three rows of ⌈M/2⌉ words and one of M.
+            assert_eq!(held.arena_bytes(), 3 * m.div_ceil(2) * 4 + m * 4);
+            let want = RoundUpdates::from_updates(
+                m,
+                true,
+                (0..4).map(|u| (clients[u], 10 + u as u32, &widened[u][..])),
+            );
+            let same = |held: &RoundUpdates, want: &RoundUpdates| {
+                for i in 0..held.len() {
+                    assert_eq!(held.client(i), want.client(i));
+                    assert_eq!(held.delta(i).to_vec(), want.delta(i).to_vec());
+                    for j in 0..held.len() {
+                        let (a, b) = (held.dot(i, j).unwrap(), want.dot(i, j).unwrap());
+                        assert_eq!(a.to_bits(), b.to_bits(), "dot {i},{j}");
+                    }
+                }
+                let coef: Vec<f64> = (0..held.len()).map(|i| 0.3 - i as f64).collect();
+                let (a, b) = (held.weighted_sum(&coef), want.weighted_sum(&coef));
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            };
+            same(&held, &want);
+            // Client order a, b, c, d: drop b; the rows left move down, f32 and f16 alike.
+            held.retain(&[true, false, true, true]);
+            assert_eq!(held.arena_bytes(), 2 * m.div_ceil(2) * 4 + m * 4);
+            let kept = [0, 2, 3].map(|u| (clients[u], 10 + u as u32, &widened[u][..]));
+            same(&held, &RoundUpdates::from_updates(m, true, kept));
+        }
     }
 }

@@ -4,19 +4,34 @@
 //! state.
 
 use super::RoundUpdates;
+use super::delta::{Delta, WIDEN_CHUNK};
 
 /// Euclidean norm, accumulated in f64.
 pub fn l2_norm(values: &[f32]) -> f32 {
-    l2_norm_f64(values) as f32
+    l2_norm_f64(values.iter().copied()) as f32
 }
 
 /// Euclidean norm, accumulated and returned in f64.
-pub fn l2_norm_f64(values: &[f32]) -> f64 {
+pub fn l2_norm_f64(values: impl IntoIterator<Item = f32>) -> f64 {
     values
-        .iter()
-        .map(|v| (*v as f64) * (*v as f64))
+        .into_iter()
+        .map(|v| (v as f64) * (v as f64))
         .sum::<f64>()
         .sqrt()
+}
+
+/// Euclidean norm of a held delta, accumulated in f64 in index order (the bits of
+/// [`l2_norm_f64`] over its values), widened a chunk at a time.
+pub fn delta_norm(delta: Delta<'_>) -> f64 {
+    let mut buf = Vec::new();
+    let mut sum = 0f64;
+    let len = delta.len();
+    for start in (0..len).step_by(WIDEN_CHUNK) {
+        for v in delta.f32_range(start..(start + WIDEN_CHUNK).min(len), &mut buf) {
+            sum += (*v as f64) * (*v as f64);
+        }
+    }
+    sum.sqrt()
 }
 
 /// Norms of the held deltas, in view order.
@@ -24,7 +39,7 @@ pub fn norms(updates: &RoundUpdates) -> Vec<f64> {
     (0..updates.len())
         .map(|i| match updates.dot(i, i) {
             Some(d) => d.max(0.0).sqrt(),
-            None => l2_norm_f64(updates.delta(i)),
+            None => delta_norm(updates.delta(i)),
         })
         .collect()
 }
@@ -49,5 +64,20 @@ pub fn median(values: &[f64]) -> f64 {
         0 => 0.0,
         _ if n % 2 == 1 => sorted[n / 2],
         _ => 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_delta_has_the_norm_of_its_values_bit_for_bit() {
+        let values: Vec<f32> = (0..3_001).map(|i| (i % 17) as f32 * 0.37 - 2.9).collect();
+        let halves: Vec<half::f16> = values.iter().map(|v| half::f16::from_f32(*v)).collect();
+        let widened: Vec<f32> = halves.iter().map(|h| h.to_f32()).collect();
+        let want = l2_norm_f64(widened.iter().copied());
+        assert_eq!(delta_norm(Delta::F16(&halves)).to_bits(), want.to_bits());
+        assert_eq!(delta_norm(Delta::F32(&widened)).to_bits(), want.to_bits());
     }
 }

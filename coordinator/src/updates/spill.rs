@@ -36,7 +36,7 @@ impl std::fmt::Debug for SpillFile {
 }
 
 impl SpillFile {
-    /// An anonymous file of `bytes` (rounded down to whole f32 values) in `dir`, mapped.
+    /// An anonymous file of `bytes` (rounded down to whole 4-byte words) in `dir`, mapped.
     pub fn create(dir: &Path, bytes: usize) -> std::io::Result<Self> {
         let bytes = bytes / 4 * 4;
         std::fs::create_dir_all(dir)?;
@@ -55,10 +55,11 @@ impl SpillFile {
         })
     }
 
-    /// Reserves disk space for the first `floats` values (and up to [`RESERVE_STEP`] more),
-    /// so that writing them cannot fault; an error (no space left) leaves them unwritable.
-    pub fn reserve(&mut self, floats: usize) -> std::io::Result<()> {
-        let wanted = floats.saturating_mul(4).min(self.map.len());
+    /// Reserves disk space for the first `words` words (and up to [`RESERVE_STEP`] more
+    /// bytes), so that writing them cannot fault; an error (no space left) leaves them
+    /// unwritable.
+    pub fn reserve(&mut self, words: usize) -> std::io::Result<()> {
+        let wanted = words.saturating_mul(4).min(self.map.len());
         if wanted <= self.reserved {
             return Ok(());
         }
@@ -72,18 +73,18 @@ impl SpillFile {
         Ok(())
     }
 
-    /// How many f32 values it holds.
-    pub fn capacity_floats(&self) -> usize {
+    /// How many 4-byte words it holds.
+    pub fn capacity_words(&self) -> usize {
         self.map.len() / 4
     }
 
-    /// Its values (mapped pages are page-aligned, so the cast cannot fail).
-    pub fn floats(&self) -> &[f32] {
+    /// Its words (mapped pages are page-aligned, so the cast cannot fail).
+    pub fn words(&self) -> &[u32] {
         bytemuck::cast_slice(&self.map[..])
     }
 
-    /// Its values, writable.
-    pub fn floats_mut(&mut self) -> &mut [f32] {
+    /// Its words, writable.
+    pub fn words_mut(&mut self) -> &mut [u32] {
         bytemuck::cast_slice_mut(&mut self.map[..])
     }
 }
@@ -97,10 +98,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // 1 GiB of address space: only the written pages are backed.
         let mut spill = SpillFile::create(dir.path(), 1 << 30).unwrap();
-        assert_eq!(spill.capacity_floats(), 1 << 28);
-        spill.floats_mut()[12_345_678] = 2.5;
-        assert_eq!(spill.floats()[12_345_678], 2.5);
-        assert_eq!(spill.floats()[0], 0.0);
+        assert_eq!(spill.capacity_words(), 1 << 28);
+        spill.words_mut()[12_345_678] = 25;
+        assert_eq!(spill.words()[12_345_678], 25);
+        assert_eq!(spill.words()[0], 0);
         // Nothing is left in the folder: the file has no name.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
