@@ -312,6 +312,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         checkpoint: checkpoint_path,
         journal: journal_path,
         home_assistant: config.home_assistant,
+        metrics_listen: config.metrics_listen,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

@@ -280,6 +280,7 @@ pub async fn run(
         checkpoint: None,
         journal: None,
         home_assistant: options.home_assistant,
+        metrics_listen: None,
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(

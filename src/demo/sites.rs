@@ -165,6 +165,7 @@ pub fn start(
             checkpoint: None,
             journal: None,
             home_assistant: false,
+            metrics_listen: None,
         };
         let link_stop = stop.clone();
         tasks.push(tokio::spawn(async move {

@@ -4,7 +4,7 @@
 //! themselves, openssl, qemu) over loopback, each bounded in time; unit tests stay next to the
 //! code they test. Tests needing a tool that is missing skip, unless CI's
 //! `FEDGE_REQUIRE_MOSQUITTO=1`, `FEDGE_REQUIRE_ARM64=1`, `FEDGE_REQUIRE_EFFICIENTNET=1` or
-//! `FEDGE_REQUIRE_ONNXRUNTIME=1` says it must be there.
+//! `FEDGE_REQUIRE_ONNXRUNTIME=1` or `FEDGE_REQUIRE_PROMETHEUS=1` says it must be there.
 
 mod common;
 
@@ -23,6 +23,7 @@ mod hostile;
 mod inference;
 mod objectives;
 mod profiles;
+mod prometheus;
 mod restart;
 mod site_aggregator;
 mod site_norm;

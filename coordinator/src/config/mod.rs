@@ -26,6 +26,7 @@
 //! max_weight_ratio = 10.0      # cut sample counts above this × the round's lower median
 //! robust = "none"              # clip, trimmed-mean or median around the strategy
 //! home_assistant = false       # announce sensors through Home Assistant MQTT discovery
+//! metrics_listen = "127.0.0.1:9464"  # optional: metrics for Prometheus on /metrics
 //! clip_norm = 0.0              # clip: bound, 0 = the round's median norm
 //! trim_fraction = 0.1          # trimmed-mean: fraction pulled in at each end
 //!
@@ -142,6 +143,10 @@ pub struct CoordinatorConfig {
     /// Announce Home Assistant sensors (MQTT discovery under `homeassistant/`).
     #[serde(default)]
     pub home_assistant: bool,
+    /// Serve metrics for Prometheus (OpenMetrics text on `GET /metrics`) at this address, e.g.
+    /// `"127.0.0.1:9464"`; none when unset. docs/prometheus.md lists them.
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Broker.
     #[serde(default)]
     pub broker: BrokerConfig,

@@ -4,6 +4,7 @@
 //! Everything that decides lives in `crate::round::Rounds`; this file only maps I/O to the
 //! machine's inputs and its outputs to publishes, logs and events.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE};
@@ -11,6 +12,7 @@ use fedge_wire::{EdgeStatus, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
+use super::metrics::Metrics;
 use super::outbox::Outbox;
 use super::status::{StatusContext, metrics_json, status_at};
 use crate::round::{Output, Phase, Record, Rejection, RoundReport, Rounds};
@@ -97,6 +99,8 @@ pub struct DriverOptions {
     pub journal: Option<std::path::PathBuf>,
     /// Announce Home Assistant sensors (retained discovery configs) on connect.
     pub home_assistant: bool,
+    /// Serve metrics for Prometheus on `GET /metrics` at this address.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// The driver could not run.
@@ -105,6 +109,25 @@ pub enum DriverError {
     /// Bad federation name.
     #[error("invalid federation name: {0}")]
     Federation(#[from] fedge_wire::DecodeError),
+    /// The metrics address cannot be listened on.
+    #[error(
+        "cannot serve metrics on {addr}: {error} (is metrics_listen taken by another process?)"
+    )]
+    Metrics {
+        /// `metrics_listen`.
+        addr: std::net::SocketAddr,
+        /// Why.
+        error: std::io::Error,
+    },
+}
+
+/// Aborts a spawned task when dropped (the metrics server ends with the driver).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Task topics: one frame on `round/task`, or chunk `i` on `round/task/<i>` (all retained).
@@ -135,6 +158,9 @@ struct Sinks<'a> {
     status_due: Option<Instant>,
     logs: RejectionLog,
     upstream: Option<mpsc::UnboundedSender<ToUpstream>>,
+    metrics: Option<Arc<Metrics>>,
+    /// How long the machine took over the last packet or deadline (a round's closing time).
+    handling: Duration,
 }
 
 /// Least time between two status publishes: a flood of junk packets, each a rejection and a
@@ -261,6 +287,16 @@ async fn drive(
     // in between gets it again from the broker.
     mqtt.set_manual_acks(true);
     let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
+    let (metrics, metrics_server) = match options.metrics_listen {
+        Some(addr) => {
+            let metrics = Arc::new(Metrics::new());
+            let server = super::metrics::serve(addr, Arc::clone(&metrics))
+                .await
+                .map_err(|error| DriverError::Metrics { addr, error })?;
+            (Some(metrics), Some(AbortOnDrop(server)))
+        }
+        None => (None, None),
+    };
     let origin = Instant::now();
     let now_ms = || origin.elapsed().as_millis() as u64;
     let mut backoff = Backoff::default();
@@ -298,6 +334,8 @@ async fn drive(
         status_due: None,
         logs: RejectionLog::default(),
         upstream,
+        metrics,
+        handling: Duration::ZERO,
     };
     rounds.start(now_ms());
     loop {
@@ -348,10 +386,15 @@ async fn drive(
                     rounds.touch_status();
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let started = Instant::now();
                     if let Some(c) = topics.client_of_update(&p.topic) {
                         rounds.handle_packet(c, &p.payload, now_ms());
                     } else if let Some(c) = topics.client_of_edge_status(&p.topic) {
                         handle_edge_status(&mut rounds, c, &p.payload, now_ms());
+                    }
+                    sinks.handling = started.elapsed();
+                    if let Some(m) = &sinks.metrics {
+                        m.received(p.payload.len());
                     }
                     ack = Some(p);
                 }
@@ -370,7 +413,11 @@ async fn drive(
                     tokio::time::sleep(delay).await;
                 }
             },
-            _ = sleep => rounds.handle_timeout(now_ms()),
+            _ = sleep => {
+                let started = Instant::now();
+                rounds.handle_timeout(now_ms());
+                sinks.handling = started.elapsed();
+            }
             message = from_upstream(&mut inbox) => match message {
                 FromUpstream::Task(task) => {
                     let round = task.round;
@@ -406,6 +453,7 @@ async fn drive(
         .outbox
         .close(&mut eventloop, Duration::from_secs(2))
         .await;
+    drop(metrics_server);
     Ok(rounds)
 }
 
@@ -429,6 +477,8 @@ impl Sinks<'_> {
             status_due,
             logs,
             upstream,
+            metrics,
+            handling,
         } = self;
         let (options, topics) = (*options, *topics);
         let mut status_dirty = false;
@@ -436,6 +486,9 @@ impl Sinks<'_> {
         while let Some(output) = rounds.poll_output() {
             match output {
                 Output::PublishTask { round, frame } => {
+                    if let Some(m) = metrics {
+                        m.task_published(round);
+                    }
                     publish_task(outbox, task_topics, round, frame, options.broker.max_packet);
                 }
                 Output::RoundEnded(report) => {
@@ -443,6 +496,9 @@ impl Sinks<'_> {
                         let round = report.round;
                         let reason = reason.to_owned();
                         let _ = tx.send(ToUpstream::Abandoned { round, reason });
+                    }
+                    if let Some(m) = metrics {
+                        m.round_ended(&report, handling.as_secs_f64());
                     }
                     if report.aggregated {
                         context.last_aggregation = Some(context.wall);
@@ -481,6 +537,9 @@ impl Sinks<'_> {
                     reason,
                     detail,
                 } => {
+                    if let Some(m) = metrics {
+                        m.rejected(reason.name());
+                    }
                     if logs.admit(reason.name(), Instant::now()) {
                         // Debug formatting escapes control characters a device put in its id.
                         tracing::warn!(client = ?who, reason = reason.name(), detail = ?detail, "update rejected");
@@ -526,6 +585,10 @@ impl Sinks<'_> {
                     finished = true;
                 }
             }
+        }
+        if let Some(m) = metrics {
+            m.devices(rounds.online().len(), rounds.selected());
+            m.sent(outbox.take_sent());
         }
         let now = Instant::now();
         if status_dirty || finished {

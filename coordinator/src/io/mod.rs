@@ -6,6 +6,7 @@
 pub mod broker;
 pub mod discovery;
 pub mod driver;
+pub mod metrics;
 mod outbox;
 pub mod release;
 pub mod status;

@@ -32,6 +32,8 @@ enum Request {
 pub(super) struct Outbox {
     client: AsyncClient,
     waiting: VecDeque<Request>,
+    /// Payload bytes handed to the client since [`Outbox::take_sent`].
+    sent: usize,
 }
 
 impl Outbox {
@@ -39,6 +41,7 @@ impl Outbox {
         Self {
             client,
             waiting: VecDeque::new(),
+            sent: 0,
         }
     }
 
@@ -87,6 +90,11 @@ impl Outbox {
         self.waiting.retain(|r| !matches!(r, Request::Ack(_)));
     }
 
+    /// Payload bytes published since the last call.
+    pub(super) fn take_sent(&mut self) -> usize {
+        std::mem::take(&mut self.sent)
+    }
+
     /// Whether requests wait.
     pub(super) fn is_waiting(&self) -> bool {
         !self.waiting.is_empty()
@@ -107,11 +115,15 @@ impl Outbox {
                     payload,
                 } => {
                     let bytes = std::mem::take(payload);
+                    let len = bytes.len();
                     match self
                         .client
                         .try_publish(topic.as_str(), QoS::AtLeastOnce, *retain, bytes)
                     {
-                        Ok(()) => true,
+                        Ok(()) => {
+                            self.sent += len;
+                            true
+                        }
                         // The queue is full: the payload comes back with the request, not copied.
                         Err(ClientError::TryRequest(rumqttc::Request::Publish(back))) => {
                             *payload = back.payload.into();

@@ -44,6 +44,7 @@ pub fn driver_options(broker: BrokerConfig, federation: &str) -> DriverOptions {
         checkpoint: None,
         journal: None,
         home_assistant: false,
+        metrics_listen: None,
     }
 }
 

@@ -1,0 +1,282 @@
+//! The coordinator's metrics for Prometheus: OpenMetrics text on `GET /metrics` at
+//! `metrics_listen` (loopback by default in the example configuration), next to the retained
+//! JSON status that MQTT dashboards read. Names and meanings are in docs/prometheus.md.
+//!
+//! The driver feeds it what it sees (round outputs, bytes on the wire); the machine itself
+//! stays free of I/O and of metrics.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::round::RoundReport;
+
+/// `outcome` (and `reason`) of an update.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpdateLabels {
+    outcome: &'static str,
+    reason: &'static str,
+}
+
+/// Why a round was abandoned.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// The coordinator's metrics.
+pub struct Metrics {
+    registry: Registry,
+    rounds_opened: Counter,
+    rounds_aggregated: Counter,
+    rounds_abandoned: Family<ReasonLabel, Counter>,
+    updates: Family<UpdateLabels, Counter>,
+    round_seconds: Histogram,
+    aggregation_seconds: Histogram,
+    received_bytes: Counter,
+    sent_bytes: Counter,
+    devices_online: Gauge,
+    devices_selected: Gauge,
+    round: Gauge,
+    resident_bytes: Gauge<u64, AtomicU64>,
+    last_opened: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// All metrics at zero, registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("fedge");
+        let m = Self {
+            rounds_opened: Counter::default(),
+            rounds_aggregated: Counter::default(),
+            rounds_abandoned: Family::default(),
+            updates: Family::default(),
+            // 0.05 s to ~27 min.
+            round_seconds: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
+            // 1 ms to ~33 s.
+            aggregation_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            received_bytes: Counter::default(),
+            sent_bytes: Counter::default(),
+            devices_online: Gauge::default(),
+            devices_selected: Gauge::default(),
+            round: Gauge::default(),
+            resident_bytes: Gauge::default(),
+            last_opened: Default::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("rounds_opened", "Rounds opened", m.rounds_opened.clone());
+        r.register(
+            "rounds_aggregated",
+            "Rounds that ended with an aggregation",
+            m.rounds_aggregated.clone(),
+        );
+        r.register(
+            "rounds_abandoned",
+            "Rounds that ended without one, by reason",
+            m.rounds_abandoned.clone(),
+        );
+        r.register(
+            "updates",
+            "Device updates by outcome (accepted, rejected) and rejection reason",
+            m.updates.clone(),
+        );
+        r.register(
+            "round_duration_seconds",
+            "Time from a round's task to its end",
+            m.round_seconds.clone(),
+        );
+        r.register(
+            "aggregation_duration_seconds",
+            "Time the coordinator took over the event that closed a round, aggregation included",
+            m.aggregation_seconds.clone(),
+        );
+        r.register(
+            "received_bytes",
+            "MQTT payload bytes received (updates, device statuses)",
+            m.received_bytes.clone(),
+        );
+        r.register(
+            "sent_bytes",
+            "MQTT payload bytes published (tasks, releases, statuses, metrics)",
+            m.sent_bytes.clone(),
+        );
+        r.register(
+            "devices_online",
+            "Devices whose retained status says online",
+            m.devices_online.clone(),
+        );
+        r.register(
+            "devices_selected",
+            "Devices selected for the open round",
+            m.devices_selected.clone(),
+        );
+        r.register("round", "The current round", m.round.clone());
+        r.register(
+            "resident_memory_bytes",
+            "The coordinator's resident memory",
+            m.resident_bytes.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// A round's task was published (a republished task is not a new round).
+    pub fn task_published(&self, round: u64) {
+        use std::sync::atomic::Ordering;
+        if self.last_opened.fetch_max(round, Ordering::Relaxed) < round {
+            self.rounds_opened.inc();
+            self.round.set(round as i64);
+        }
+    }
+
+    /// A round ended; `closing_seconds` is how long the event that closed it took.
+    pub fn round_ended(&self, report: &RoundReport, closing_seconds: f64) {
+        if report.aggregated {
+            self.rounds_aggregated.inc();
+            self.aggregation_seconds.observe(closing_seconds);
+        }
+        if let Some(reason) = report.abandoned {
+            self.rounds_abandoned
+                .get_or_create(&ReasonLabel { reason })
+                .inc();
+        }
+        self.round_seconds.observe(report.duration_ms as f64 / 1e3);
+        let accepted = UpdateLabels {
+            outcome: "accepted",
+            reason: "",
+        };
+        let n = report.reported.len() as u64;
+        self.updates.get_or_create(&accepted).inc_by(n);
+    }
+
+    /// An update (or status, or chunk) was rejected.
+    pub fn rejected(&self, reason: &'static str) {
+        let labels = UpdateLabels {
+            outcome: "rejected",
+            reason,
+        };
+        self.updates.get_or_create(&labels).inc();
+    }
+
+    /// Payload bytes received.
+    pub fn received(&self, bytes: usize) {
+        self.received_bytes.inc_by(bytes as u64);
+    }
+
+    /// Payload bytes published.
+    pub fn sent(&self, bytes: usize) {
+        self.sent_bytes.inc_by(bytes as u64);
+    }
+
+    /// Devices online and selected now.
+    pub fn devices(&self, online: usize, selected: usize) {
+        self.devices_online.set(online as i64);
+        self.devices_selected.set(selected as i64);
+    }
+
+    /// The exposition, in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        self.resident_bytes.set(resident_bytes().unwrap_or(0));
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The process's resident memory, from `/proc/self/statm` (Linux; `None` elsewhere).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// The content type of the OpenMetrics text format.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves `metrics` on `GET /metrics` at `addr` until the returned task is aborted.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let metrics = Arc::clone(&metrics);
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)],
+                    metrics.encode(),
+                )
+            }
+        }),
+    );
+    tracing::info!(%addr, "metrics for Prometheus on /metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the metrics server stopped");
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_and_a_rejection_read_back_in_the_exposition() {
+        let m = Metrics::new();
+        m.task_published(1);
+        m.task_published(1);
+        m.rejected("norm");
+        m.round_ended(
+            &RoundReport {
+                round: 1,
+                aggregated: true,
+                abandoned: None,
+                capped: Vec::new(),
+                selected: vec!["a".into(), "b".into()],
+                reported: vec!["a".into(), "b".into()],
+                rejected: Default::default(),
+                bytes_up: 0,
+                bytes_down: 0,
+                duration_ms: 1_500,
+                source_val_accuracy: None,
+                train_loss: None,
+                params_norm: 0.0,
+                aggregation: None,
+                failures: Default::default(),
+            },
+            0.002,
+        );
+        m.devices(3, 2);
+        let text = m.encode();
+        for line in [
+            "fedge_rounds_opened_total 1",
+            "fedge_rounds_aggregated_total 1",
+            "fedge_updates_total{outcome=\"accepted\",reason=\"\"} 2",
+            "fedge_updates_total{outcome=\"rejected\",reason=\"norm\"} 1",
+            "fedge_devices_online 3",
+            "fedge_round 1",
+            "fedge_round_duration_seconds_count 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,291 @@
+//! The coordinator's metrics as Prometheus reads them: a federation of simulated devices over
+//! mosquitto with `metrics_listen` set and one junk update; the exposition read over HTTP, then
+//! a real Prometheus server scraping it (OpenMetrics, negotiated by content type) and answering
+//! queries. Prometheus comes from Debian's `prometheus` package; without it that part skips,
+//! unless `FEDGE_REQUIRE_PROMETHEUS=1` (as in CI).
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fedge::bench::fleet::{FleetOptions, run_fleet};
+use fedge_coordinator::{FedAvg, RoundConfig, Rounds};
+use rumqttc::{AsyncClient, MqttOptions, QoS};
+
+use crate::common::{self, Driver};
+
+fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+fn try_get(url: &str) -> Result<String, ureq::Error> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    agent.get(url).call()?.body_mut().read_to_string()
+}
+
+fn get(url: &str) -> String {
+    try_get(url).unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// Debian's `prometheus`, or `None` (skip).
+fn prometheus() -> Option<&'static str> {
+    let found = Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some("prometheus");
+    }
+    assert!(
+        std::env::var("FEDGE_REQUIRE_PROMETHEUS").map_or(true, |v| v != "1"),
+        "FEDGE_REQUIRE_PROMETHEUS=1 but prometheus is missing (apt-get install prometheus)"
+    );
+    eprintln!("no prometheus: skipping the Prometheus part");
+    None
+}
+
+/// A Prometheus server, killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Prometheus's instant-query URL for `query`.
+fn query_url(server: SocketAddr, query: &str) -> String {
+    let encoded: String = query
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    format!("http://{server}/api/v1/query?query={encoded}")
+}
+
+/// Asks Prometheus for `query` until it answers `want` (within 30 s).
+fn query_until(server: SocketAddr, query: &str, want: &str) {
+    let url = query_url(server, query);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        if let Ok(body) = try_get(&url) {
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let value = &json["data"]["result"][0]["value"][1];
+            if value.as_str() == Some(want) {
+                return;
+            }
+            last = body;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("Prometheus never answered {want} to {query}; last answer: {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    const DEVICES: usize = 3;
+    // More rounds than the fleet runs: the coordinator stays up, waiting for round 3.
+    let config = RoundConfig {
+        rounds: 50,
+        min_clients: DEVICES,
+        min_updates: DEVICES,
+        round_timeout_ms: 60_000,
+        ..RoundConfig::default()
+    };
+    let rounds = Rounds::new(config, Box::new(FedAvg), vec![0.0; 1_000]);
+    let metrics = free_addr();
+    let options = fedge_coordinator::DriverOptions {
+        metrics_listen: Some(metrics),
+        ..common::driver_options(mosquitto.broker(), "prom")
+    };
+    let _coordinator = Driver::spawn(rounds, options);
+    let fleet = FleetOptions {
+        broker: mosquitto.broker(),
+        federation: "prom".into(),
+        devices: DEVICES,
+        rounds: 2,
+        timeout: Duration::from_secs(60),
+        keys: Default::default(),
+    };
+    let report = run_fleet(&fleet).await.unwrap();
+    assert_eq!(report.rounds.len(), 2, "{report:?}");
+    // Whatever the devices sent before they stopped has arrived.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // One junk update from a device the federation never selected.
+    let topic = fedge_wire::Topics::new("prom").unwrap().update("mallory");
+    let broker = mosquitto.broker();
+    let (junk, mut junk_loop) =
+        AsyncClient::new(MqttOptions::new("mallory", "127.0.0.1", broker.port), 8);
+    junk.publish(topic, QoS::AtLeastOnce, false, b"not a frame".to_vec())
+        .await
+        .unwrap();
+    let url = format!("http://{metrics}/metrics");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let _ = tokio::time::timeout(Duration::from_millis(50), junk_loop.poll()).await;
+        let url = url.clone();
+        let text = tokio::task::spawn_blocking(move || get(&url))
+            .await
+            .unwrap();
+        if text.contains("reason=\"malformed\"") || Instant::now() > deadline {
+            break text;
+        }
+    };
+    let number = |name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(name));
+        let line = line.unwrap_or_else(|| panic!("{name} missing in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    // The fleet stops once it has seen two rounds end; its devices may have answered round 3's
+    // task by then, so the counts follow k, the rounds aggregated.
+    let k = number("fedge_rounds_aggregated_total ") as u64;
+    assert!(k == 2 || k == 3, "{text}");
+    for (name, want) in [
+        ("fedge_rounds_opened_total ", k + 1),
+        ("fedge_round ", k + 1),
+        (
+            "fedge_updates_total{outcome=\"accepted\",reason=\"\"} ",
+            3 * k,
+        ),
+        (
+            "fedge_updates_total{outcome=\"rejected\",reason=\"malformed\"} ",
+            1,
+        ),
+        ("fedge_round_duration_seconds_count ", k),
+        ("fedge_aggregation_duration_seconds_count ", k),
+    ] {
+        assert_eq!(number(name), want as f64, "{name} in\n{text}");
+    }
+    assert!(number("fedge_received_bytes_total") > (6 * 1_000 * 2) as f64);
+    assert!(number("fedge_sent_bytes_total") > (3 * 1_000 * 2) as f64);
+    assert!(number("fedge_resident_memory_bytes") > 1e6);
+
+    let Some(prometheus) = prometheus() else {
+        return;
+    };
+    // The alerting rules as docs/prometheus.md ships them, checked and loaded.
+    let alerts =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/prometheus-alerts.yml");
+    let checked = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&alerts)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check rules: {}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
+    // A real server scraping every second.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: fedge\n    static_configs:\n      - targets: ['{metrics}']\n",
+            alerts.display()
+        ),
+    )
+    .unwrap();
+    let web = free_addr();
+    let _server = Server(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={web}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let q = |query: &'static str, want: String| {
+        tokio::task::spawn_blocking(move || query_until(web, query, &want))
+    };
+    q("up{job=\"fedge\"}", "1".into()).await.unwrap();
+    q("fedge_rounds_aggregated_total", k.to_string())
+        .await
+        .unwrap();
+    q("fedge_updates_total{reason=\"malformed\"}", "1".into())
+        .await
+        .unwrap();
+    let accepted = (3 * k).to_string();
+    q("fedge_updates_total{outcome=\"accepted\"}", accepted)
+        .await
+        .unwrap();
+    q("fedge_round_duration_seconds_count", k.to_string())
+        .await
+        .unwrap();
+    // Every query of the Grafana dashboard runs and finds its series (rates need three scrapes).
+    q(
+        "count_over_time(up{job=\"fedge\"}[1m]) > bool 2",
+        "1".into(),
+    )
+    .await
+    .unwrap();
+    let dashboard = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/grafana-prometheus-dashboard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dashboard).unwrap()).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .map(|t| t["expr"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(exprs.len() >= 10);
+    let answers = tokio::task::spawn_blocking(move || {
+        exprs
+            .into_iter()
+            .map(|e| (e.clone(), get(&query_url(web, &e))))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for (expr, body) in answers {
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["status"], "success", "{expr}: {body}");
+        let result = json["data"]["result"].as_array().unwrap();
+        assert!(!result.is_empty(), "{expr} finds nothing: {body}");
+    }
+    // The rules are loaded and evaluate without error.
+    let rules = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let body = get(&format!("http://{web}/api/v1/rules"));
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let rules = json["data"]["groups"][0]["rules"].clone();
+            let evaluated = rules.as_array().is_some_and(|r| {
+                r.len() == 4
+                    && r.iter()
+                        .all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z")
+            });
+            if evaluated || Instant::now() > deadline {
+                return rules;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    })
+    .await
+    .unwrap();
+    let rules = rules.as_array().expect("the alerting rules are loaded");
+    assert_eq!(rules.len(), 4, "{rules:?}");
+    for rule in rules {
+        assert_eq!(rule["health"], "ok", "{rule}");
+    }
+}
