@@ -7,12 +7,14 @@
 //! - [`logs`]: the logging set-up (text or JSON, `RUST_LOG` filters).
 //! - [`lists`]: one-entry-per-line text files (the federation's class list).
 //! - [`secret`]: reading a secret only from a file private to its owner.
+//! - [`metrics`]: the `GET /metrics` server for Prometheus and the process's memory.
 //!
 //! It knows nothing of rounds, messages, MQTT or ML.
 
 pub mod durable;
 pub mod lists;
 pub mod logs;
+pub mod metrics;
 pub mod secret;
 
 pub use durable::{Visibility, write_atomically};

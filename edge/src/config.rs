@@ -231,6 +231,10 @@ pub struct EdgeConfig {
     /// Predictions with the released head: the HTTP endpoint and MQTT requests.
     #[serde(default)]
     pub inference: InferenceConfig,
+    /// Serve the device's metrics for Prometheus (OpenMetrics on `GET /metrics`) at this
+    /// address, e.g. `"127.0.0.1:9465"`; none when unset (docs/prometheus.md).
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// The device side of FedDDL (`[fedddl]` in the file).
@@ -409,6 +413,8 @@ impl EdgeConfig {
                 .map(|dir| inference::store::model_path(dir, &self.client_id)),
             inference: self.inference.clone(),
             predictor: inference::http::shared(None),
+            metrics: Default::default(),
+            metrics_listen: self.metrics_listen,
         };
         Ok(AgentSetup {
             client_id: self.client_id.clone(),

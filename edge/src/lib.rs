@@ -11,7 +11,8 @@
 //! [`train`] (local rounds: SGD and the objectives), [`resources`],
 //! [`agent`] (the decisions as a state machine, and its MQTT driver), [`config`] (a device
 //! profile), [`check`] (a profile's pre-flight checks), and [`inference`] (predictions with the
-//! released head: the kept release, the predictor, the HTTP endpoint).
+//! released head: the kept release, the predictor, the HTTP endpoint), with [`metrics`] (what
+//! the device reports to Prometheus).
 //!
 //! This crate does not aggregate and does not decide who trains: the coordinator does.
 
@@ -22,6 +23,7 @@ pub mod config;
 pub mod data;
 pub mod features;
 pub mod inference;
+pub mod metrics;
 pub mod random;
 pub mod rescan;
 pub mod resources;

@@ -289,3 +289,47 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
         assert_eq!(rule["health"], "ok", "{rule}");
     }
 }
+
+/// The metrics of `use_model`'s agents once the federation is over and the unseen site has
+/// answered its HTTP and MQTT predictions: the training site trained every round, the
+/// evaluation-only site trained none, serves the last model and counted its predictions.
+pub async fn check_edge_metrics(training: SocketAddr, evaluating: SocketAddr, rounds: u64) {
+    let read = |addr: SocketAddr| {
+        tokio::task::spawn_blocking(move || get(&format!("http://{addr}/metrics")))
+    };
+    let (a, unseen) = (
+        read(training).await.unwrap(),
+        read(evaluating).await.unwrap(),
+    );
+    let number = |text: &str, name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(name));
+        let line = line.unwrap_or_else(|| panic!("{name} missing in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(
+        number(&a, "fedge_edge_rounds_trained_total "),
+        rounds as f64
+    );
+    assert_eq!(
+        number(&a, "fedge_edge_train_duration_seconds_count "),
+        rounds as f64
+    );
+    assert!(number(&a, "fedge_edge_samples ") > 100.0, "{a}");
+    assert!(
+        number(&a, "fedge_edge_peak_resident_memory_bytes ") > 1e6,
+        "{a}"
+    );
+    assert_eq!(number(&unseen, "fedge_edge_rounds_trained_total "), 0.0);
+    assert_eq!(number(&unseen, "fedge_edge_model_round "), rounds as f64);
+    let http = "fedge_edge_inference_requests_total{via=\"http\",outcome=";
+    assert!(
+        number(&unseen, &format!("{http}\"ok\"}} ")) >= 1.0,
+        "{unseen}"
+    );
+    assert!(
+        number(&unseen, &format!("{http}\"error\"}} ")) >= 1.0,
+        "{unseen}"
+    );
+    let mqtt = "fedge_edge_inference_requests_total{via=\"mqtt\",outcome=\"ok\"} ";
+    assert!(number(&unseen, mqtt) >= 1.0, "{unseen}");
+}

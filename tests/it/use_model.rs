@@ -14,6 +14,7 @@ use fedge_wire::{Message, ModelRelease, Topics};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::Value;
 
+use crate::common::onnxruntime::{assert_close, softmax};
 use crate::common::{self, KillOnDrop};
 
 const FEDERATION: &str = "use";
@@ -178,8 +179,16 @@ async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
     let http_port = fedge_coordinator::io::broker::free_loopback_addr()
         .unwrap()
         .port();
+    let free = || fedge_coordinator::io::broker::free_loopback_addr().unwrap();
+    let (metrics_a, metrics_unseen) = (free(), free());
     let devices = [
-        write_device(root, "site-a", port, "", "root = \"site-a\"\n"),
+        write_device(
+            root,
+            "site-a",
+            port,
+            &format!("metrics_listen = \"{metrics_a}\"\n"),
+            "root = \"site-a\"\n",
+        ),
         write_device(
             root,
             "site-b",
@@ -192,7 +201,7 @@ async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
             "unseen",
             port,
             &format!(
-                "role = \"evaluate\"\n\n[inference]\nlisten = \"127.0.0.1:{http_port}\"\n\
+                "role = \"evaluate\"\nmetrics_listen = \"{metrics_unseen}\"\n\n[inference]\nlisten = \"127.0.0.1:{http_port}\"\n\
                  mqtt = true\n"
             ),
             "root = \"unseen\"\n",
@@ -279,6 +288,7 @@ async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
     );
 
     use_the_model(root, &seen, http_port).await;
+    crate::prometheus::check_edge_metrics(metrics_a, metrics_unseen, ROUNDS).await;
     for agent in &mut agents {
         let _ = agent.0.kill();
         let _ = agent.0.wait();
@@ -531,31 +541,6 @@ fn first_png(folder: &Path) -> PathBuf {
         .collect();
     files.sort();
     files.into_iter().next().unwrap()
-}
-
-/// The softmax of a JSON array of logits.
-fn softmax(logits: &Value) -> Value {
-    let logits: Vec<f64> = (logits.as_array().unwrap().iter())
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
-    Value::from(
-        logits
-            .iter()
-            .map(|l| (l - max).exp() / sum)
-            .collect::<Vec<_>>(),
-    )
-}
-
-/// Two JSON arrays of numbers agree within `tolerance` everywhere.
-fn assert_close(a: &Value, b: &Value, tolerance: f64) {
-    let (a, b) = (a.as_array().unwrap(), b.as_array().unwrap());
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(b) {
-        let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
-        assert!((x - y).abs() <= tolerance, "{x} vs {y}");
-    }
 }
 
 #[test]

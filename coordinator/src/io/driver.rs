@@ -121,15 +121,6 @@ pub enum DriverError {
     },
 }
 
-/// Aborts a spawned task when dropped (the metrics server ends with the driver).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Task topics: one frame on `round/task`, or chunk `i` on `round/task/<i>` (all retained).
 struct TaskTopics {
     base: String,
@@ -290,10 +281,14 @@ async fn drive(
     let (metrics, metrics_server) = match options.metrics_listen {
         Some(addr) => {
             let metrics = Arc::new(Metrics::new());
-            let server = super::metrics::serve(addr, Arc::clone(&metrics))
+            let exposition = Arc::clone(&metrics);
+            let server = fedge_daemon::metrics::serve(addr, Arc::new(move || exposition.encode()))
                 .await
                 .map_err(|error| DriverError::Metrics { addr, error })?;
-            (Some(metrics), Some(AbortOnDrop(server)))
+            (
+                Some(metrics),
+                Some(fedge_daemon::metrics::AbortOnDrop(server)),
+            )
         }
         None => (None, None),
     };

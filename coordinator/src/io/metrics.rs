@@ -5,8 +5,6 @@
 //! The driver feeds it what it sees (round outputs, bytes on the wire); the machine itself
 //! stays free of I/O and of metrics.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -189,49 +187,10 @@ impl Metrics {
 
     /// The exposition, in the OpenMetrics text format.
     pub fn encode(&self) -> String {
-        self.resident_bytes.set(resident_bytes().unwrap_or(0));
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        let (resident, _) = fedge_daemon::metrics::memory().unwrap_or_default();
+        self.resident_bytes.set(resident);
+        fedge_daemon::metrics::encode(&self.registry)
     }
-}
-
-/// The process's resident memory, from `/proc/self/statm` (Linux; `None` elsewhere).
-fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
-/// The content type of the OpenMetrics text format.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Serves `metrics` on `GET /metrics` at `addr` until the returned task is aborted.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    use axum::routing::get;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let metrics = Arc::clone(&metrics);
-            async move {
-                (
-                    [(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)],
-                    metrics.encode(),
-                )
-            }
-        }),
-    );
-    tracing::info!(%addr, "metrics for Prometheus on /metrics");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the metrics server stopped");
-        }
-    }))
 }
 
 #[cfg(test)]

@@ -43,6 +43,20 @@ pub async fn run_agent(
     let topics = Topics::new(&setup.federation).map_err(|e| AgentError::Identity(e.to_string()))?;
     let infer_topic = serve::request_topic(&setup, &topics);
     let server = serve::start_http(&setup, stop.clone()).await?;
+    let _metrics_server = match setup.serving.metrics_listen {
+        Some(addr) => {
+            let metrics = Arc::clone(&setup.serving.metrics);
+            let exposition = Arc::new(move || metrics.encode());
+            let server = fedge_daemon::metrics::serve(addr, exposition)
+                .await
+                .map_err(|e| AgentError::Metrics {
+                    addr: addr.to_string(),
+                    error: e.to_string(),
+                })?;
+            Some(fedge_daemon::metrics::AbortOnDrop(server))
+        }
+        None => None,
+    };
     let (will_topic, will) = agent.last_will();
     let will = LastWill::new(will_topic, json(&will, &setup), QoS::AtLeastOnce, true);
     let mut options = setup
@@ -205,6 +219,7 @@ fn spawn_training(
     );
     let seed = crate::train::round_seed(setup.seed, task.round, &setup.client_id);
     let threads = setup.train_threads;
+    let metrics = Arc::clone(&setup.serving.metrics);
     // At the round's deadline training stops: its update would arrive after the round closed.
     let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let deadline = std::time::Duration::from_millis(task.deadline_ms);
@@ -265,6 +280,9 @@ fn spawn_training(
         let result = train_local(&job, &mut state);
         timer.abort();
         let seconds = start.elapsed().as_secs_f32();
+        if result.is_ok() {
+            metrics.trained(seconds as f64, train.len() as u64);
+        }
         let trained = Trained {
             round: task.round,
             result,

@@ -77,6 +77,16 @@ pub enum AgentError {
     /// The inference endpoint cannot listen where `[inference] listen` says.
     #[error(transparent)]
     Listen(#[from] crate::inference::config::ListenError),
+    /// `metrics_listen` cannot be listened on.
+    #[error(
+        "cannot serve metrics on {addr}: {error} (is metrics_listen taken by another process?)"
+    )]
+    Metrics {
+        /// `metrics_listen`.
+        addr: String,
+        /// Why.
+        error: String,
+    },
 }
 
 /// What local training reports back to the machine.

@@ -67,6 +67,7 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease) {
         Ok(predictor) => {
             tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
             http::install(&setup.serving.predictor, predictor);
+            setup.serving.metrics.serving(release.round);
         }
         Err(e) => {
             tracing::warn!(client = %setup.client_id, round = release.round, "cannot serve the released model: {e}");
@@ -86,8 +87,9 @@ pub async fn start_http(
     };
     let predictor = setup.serving.predictor.clone();
     let client = setup.client_id.clone();
+    let metrics = Some(Arc::clone(&setup.serving.metrics));
     Ok(Some(tokio::spawn(async move {
-        if let Err(e) = http::serve_with(listener, predictor, &config, stop).await {
+        if let Err(e) = http::serve_with(listener, predictor, &config, metrics, stop).await {
             tracing::error!(client = %client, error = %e, "the inference endpoint stopped");
         }
     })))
@@ -140,8 +142,12 @@ pub fn answer_mqtt(setup: &AgentSetup, topics: &Topics, client: &AsyncClient, pa
     let predictor = http::current(&setup.serving.predictor);
     let client = client.clone();
     let request = payload_request(payload, max_bytes);
+    let metrics = Arc::clone(&setup.serving.metrics);
     tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
         let response = respond(request, predictor, default_top_k);
+        let ok = matches!(response.answer, Answer::Prediction(_));
+        metrics.prediction("mqtt", ok, started.elapsed().as_secs_f64());
         let body = serde_json::to_vec(&response).unwrap_or_default();
         let _ = client.try_publish(topic, QoS::AtLeastOnce, false, body);
     });

@@ -73,6 +73,10 @@ pub struct Serving {
     pub inference: InferenceConfig,
     /// The predictor requests use, replaced by each new release.
     pub predictor: SharedPredictor,
+    /// The device's metrics (fed whether or not they are served).
+    pub metrics: Arc<crate::metrics::EdgeMetrics>,
+    /// Serve them for Prometheus on `GET /metrics` at this address.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl AgentSetup {

@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use super::config::InferenceConfig;
 use super::predictor::{PredictError, Predictor};
+use crate::metrics::EdgeMetrics;
 
 /// The predictor requests use: `None` until the first release arrives; replaced whole when a
 /// new one does.
@@ -56,6 +57,7 @@ pub fn current(state: &SharedPredictor) -> Option<Arc<Predictor>> {
 struct AppState {
     predictor: SharedPredictor,
     top_k: usize,
+    metrics: Option<Arc<EdgeMetrics>>,
 }
 
 /// `GET /v1/model`'s answer.
@@ -73,10 +75,16 @@ struct ModelInfo<'a> {
 }
 
 /// The endpoint's routes over `state`, with `config`'s default `top_k` and body limit.
-pub fn router(state: SharedPredictor, config: &InferenceConfig) -> Router {
+/// Predictions are counted in `metrics` when given.
+pub fn router(
+    state: SharedPredictor,
+    config: &InferenceConfig,
+    metrics: Option<Arc<EdgeMetrics>>,
+) -> Router {
     let app = AppState {
         predictor: state,
         top_k: config.top_k.max(1),
+        metrics,
     };
     Router::new()
         .route("/v1/predict", post(predict))
@@ -93,20 +101,22 @@ pub async fn serve(
     state: SharedPredictor,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> io::Result<()> {
-    serve_with(listener, state, &InferenceConfig::default(), stop).await
+    serve_with(listener, state, &InferenceConfig::default(), None, stop).await
 }
 
-/// [`serve`] with `config`'s default `top_k` and body limit (`listen` is the caller's).
+/// [`serve`] with `config`'s default `top_k` and body limit (`listen` is the caller's), counting
+/// predictions in `metrics` when given.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     state: SharedPredictor,
     config: &InferenceConfig,
+    metrics: Option<Arc<EdgeMetrics>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "inference endpoint listening");
     }
-    axum::serve(listener, router(state, config))
+    axum::serve(listener, router(state, config, metrics))
         .with_graceful_shutdown(async move {
             // A dropped sender stops the server too: nothing could stop it later.
             let _ = stop.wait_for(|stopped| *stopped).await;
@@ -177,6 +187,10 @@ async fn predict(
     };
     let started = Instant::now();
     let answer = tokio::task::spawn_blocking(move || predictor.predict_bytes(&body, top_k)).await;
+    if let Some(metrics) = &app.metrics {
+        let ok = matches!(answer, Ok(Ok(_)));
+        metrics.prediction("http", ok, started.elapsed().as_secs_f64());
+    }
     match answer {
         Ok(Ok(prediction)) => {
             tracing::debug!(

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde_json::Value;
+
 /// A Python that imports onnxruntime, numpy and Pillow, or `None` (skip).
 pub fn python() -> Option<PathBuf> {
     let candidate = std::env::var_os("FEDGE_ONNX_PYTHON")
@@ -45,4 +47,29 @@ pub fn predict(python: &Path, card: &Path, images: &[PathBuf]) -> Vec<serde_json
             .args(images),
     );
     super::json_lines(&out.stdout)
+}
+
+/// The softmax of a JSON array of logits.
+pub fn softmax(logits: &Value) -> Value {
+    let logits: Vec<f64> = (logits.as_array().unwrap().iter())
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+    Value::from(
+        logits
+            .iter()
+            .map(|l| (l - max).exp() / sum)
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Two JSON arrays of numbers agree within `tolerance` everywhere.
+pub fn assert_close(a: &Value, b: &Value, tolerance: f64) {
+    let (a, b) = (a.as_array().unwrap(), b.as_array().unwrap());
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+        assert!((x - y).abs() <= tolerance, "{x} vs {y}");
+    }
 }

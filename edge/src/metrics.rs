@@ -1,0 +1,159 @@
+//! The device's metrics for Prometheus, served on `metrics_listen` (a profile's top-level
+//! setting; docs/prometheus.md lists them): local training, the samples it trains on, the model
+//! it serves, predictions asked over HTTP and MQTT, and the process's memory. The agent's driver
+//! and the inference endpoints feed it; nothing in the agent's state machine depends on it.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// How a prediction was asked and how it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    via: &'static str,
+    outcome: &'static str,
+}
+
+/// The device's metrics.
+pub struct EdgeMetrics {
+    registry: Registry,
+    rounds_trained: Counter,
+    train_seconds: Histogram,
+    samples: Gauge,
+    model_round: Gauge,
+    requests: Family<RequestLabels, Counter>,
+    inference_seconds: Histogram,
+    resident: Gauge<u64, AtomicU64>,
+    peak: Gauge<u64, AtomicU64>,
+}
+
+impl std::fmt::Debug for EdgeMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EdgeMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for EdgeMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("fedge_edge");
+        let rounds_trained = Counter::default();
+        let train_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        let samples = Gauge::default();
+        let model_round = Gauge::default();
+        let requests = Family::default();
+        let inference_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
+        let resident = Gauge::default();
+        let peak = Gauge::default();
+        let r = &mut registry;
+        r.register(
+            "rounds_trained",
+            "Rounds this device trained for",
+            rounds_trained.clone(),
+        );
+        r.register(
+            "train_duration_seconds",
+            "Local training time per round",
+            train_seconds.clone(),
+        );
+        r.register("samples", "Samples the device trains on", samples.clone());
+        r.register(
+            "model_round",
+            "Round of the global model the device serves",
+            model_round.clone(),
+        );
+        r.register(
+            "inference_requests",
+            "Predictions asked, by channel (http, mqtt) and outcome (ok, error)",
+            requests.clone(),
+        );
+        r.register(
+            "inference_duration_seconds",
+            "Time to answer a prediction (decoding, backbone, head)",
+            inference_seconds.clone(),
+        );
+        r.register(
+            "resident_memory_bytes",
+            "The agent's resident memory",
+            resident.clone(),
+        );
+        r.register(
+            "peak_resident_memory_bytes",
+            "The agent's peak resident memory",
+            peak.clone(),
+        );
+        Self {
+            registry,
+            rounds_trained,
+            train_seconds,
+            samples,
+            model_round,
+            requests,
+            inference_seconds,
+            resident,
+            peak,
+        }
+    }
+}
+
+impl EdgeMetrics {
+    /// A round trained in `seconds` on `samples` samples.
+    pub fn trained(&self, seconds: f64, samples: u64) {
+        self.rounds_trained.inc();
+        self.train_seconds.observe(seconds);
+        self.samples.set(samples as i64);
+    }
+
+    /// The device serves the model of `round`.
+    pub fn serving(&self, round: u64) {
+        self.model_round.set(round as i64);
+    }
+
+    /// A prediction asked over `via` ("http" or "mqtt"), answered (`ok`) or not, in `seconds`.
+    pub fn prediction(&self, via: &'static str, ok: bool, seconds: f64) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.requests
+            .get_or_create(&RequestLabels { via, outcome })
+            .inc();
+        self.inference_seconds.observe(seconds);
+    }
+
+    /// The exposition, in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let (resident, peak) = fedge_daemon::metrics::memory().unwrap_or_default();
+        self.resident.set(resident);
+        self.peak.set(peak);
+        fedge_daemon::metrics::encode(&self.registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn training_serving_and_predictions_read_back_in_the_exposition() {
+        let m = EdgeMetrics::default();
+        m.trained(0.25, 270);
+        m.serving(3);
+        m.prediction("http", true, 0.001);
+        m.prediction("http", false, 0.000_2);
+        m.prediction("mqtt", true, 0.002);
+        let text = m.encode();
+        for line in [
+            "fedge_edge_rounds_trained_total 1",
+            "fedge_edge_samples 270",
+            "fedge_edge_model_round 3",
+            "fedge_edge_inference_requests_total{via=\"http\",outcome=\"ok\"} 1",
+            "fedge_edge_inference_requests_total{via=\"http\",outcome=\"error\"} 1",
+            "fedge_edge_inference_duration_seconds_count 3",
+            "fedge_edge_train_duration_seconds_count 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+}
