@@ -77,6 +77,28 @@ enum Command {
         #[arg(long, value_name = "DEVICE.key")]
         out: PathBuf,
     },
+    /// Operate a running coordinator: pause or resume it, ban or unban a device, change its
+    /// number of rounds, or make an operator key.
+    ///
+    /// The command is tagged with `[auth] operator_key_file` of the configuration, published
+    /// on fedge/<federation>/coordinator/control and applied at the next round boundary; ctl
+    /// prints the coordinator's status once it shows the change.
+    #[command(
+        after_help = "Examples:\n  fedge-coordinator ctl --config configs/coordinator.toml keygen\n  \
+                            fedge-coordinator ctl --config configs/coordinator.toml pause\n  \
+                            fedge-coordinator ctl --config configs/coordinator.toml ban cam-07\n  \
+                            fedge-coordinator ctl --config configs/coordinator.toml set-rounds 50"
+    )]
+    Ctl {
+        /// The coordinator's TOML file: its broker, federation and operator key file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Seconds to wait for the coordinator's status to show the change.
+        #[arg(long, default_value_t = 10.0)]
+        wait: f64,
+        #[command(subcommand)]
+        command: CtlCommand,
+    },
     /// Export the released model as one ONNX file (backbone + head, softmax at the end, class
     /// names in its metadata) and its model card, for onnxruntime, tract or any ONNX runtime.
     ///
@@ -113,6 +135,15 @@ enum Command {
         #[arg(long, value_name = "model.onnx", default_value = "model.onnx")]
         out: PathBuf,
     },
+}
+
+/// What `ctl` asks: a command for the coordinator, or a new operator key.
+#[derive(Subcommand)]
+enum CtlCommand {
+    #[command(flatten)]
+    Send(fedge_wire::control::Command),
+    /// Write a new operator key to `[auth] operator_key_file` (then restart the coordinator).
+    Keygen,
 }
 
 #[derive(clap::Args)]
@@ -206,6 +237,11 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Ctl {
+            config,
+            wait,
+            command,
+        } => ctl(&config, wait, command).await,
         Command::Keygen { client, keys, out } => {
             keys::keygen(&keys, &client, &out)?;
             println!(
@@ -216,6 +252,34 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+async fn ctl(path: &std::path::Path, wait: f64, command: CtlCommand) -> anyhow::Result<()> {
+    let config = CoordinatorConfig::load(path)?;
+    let key_file = config.auth.operator_key_file.as_deref().with_context(|| {
+        format!(
+            "{}: set [auth] operator_key_file (then `ctl keygen` writes the key)",
+            path.display()
+        )
+    })?;
+    let op = match command {
+        CtlCommand::Keygen => {
+            keys::operator_keygen(key_file)?;
+            println!(
+                "operator key written to {}; restart the coordinator to take commands",
+                key_file.display()
+            );
+            return Ok(());
+        }
+        CtlCommand::Send(op) => op,
+    };
+    let key = keys::load_operator(key_file)?;
+    let within = std::time::Duration::from_secs_f64(wait.max(0.1));
+    let status =
+        fedge_coordinator::io::ctl::send(&config.broker, &config.federation, &key, op, within)
+            .await?;
+    println!("{}", serde_json::to_string_pretty(&status)?);
+    Ok(())
 }
 
 async fn run(path: PathBuf) -> anyhow::Result<()> {
@@ -313,6 +377,9 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         journal: journal_path,
         home_assistant: config.home_assistant,
         metrics_listen: config.metrics_listen,
+        operator_key: (config.auth.operator_key_file.as_deref())
+            .map(keys::load_operator)
+            .transpose()?,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

@@ -281,6 +281,7 @@ pub async fn run(
         journal: None,
         home_assistant: options.home_assistant,
         metrics_listen: None,
+        operator_key: None,
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(

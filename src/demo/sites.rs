@@ -166,6 +166,7 @@ pub fn start(
             journal: None,
             home_assistant: false,
             metrics_listen: None,
+            operator_key: None,
         };
         let link_stop = stop.clone();
         tasks.push(tokio::spawn(async move {

@@ -90,7 +90,7 @@ fn topic_exists(topic: &str) -> bool {
     let parts: Vec<&str> = topic.split('/').collect();
     let level = |s: &str| !s.is_empty() && (s == "+" || !s.contains(['+', '#']));
     match parts.as_slice() {
-        ["fedge", f, "coordinator", "status"] | ["fedge", f, "metrics"] => level(f),
+        ["fedge", f, "coordinator", "status" | "control"] | ["fedge", f, "metrics"] => level(f),
         ["fedge", f, "#"] => level(f),
         ["fedge", f, "edge", c, "status" | "update"] => level(f) && level(c),
         ["fedge", f, "edge", c, "infer", "request" | "response"] => level(f) && level(c),
@@ -142,7 +142,8 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
         }
     }
     // The JSON examples of docs/mqtt-topics.md, in order: status, metrics, a training device,
-    // an evaluation-only device, a prediction request and its response, discovery.
+    // an evaluation-only device, a prediction request and its response, an operator command,
+    // discovery.
     let text = std::fs::read_to_string(docs().join("mqtt-topics.md")).unwrap();
     let blocks: Vec<Value> = text
         .split("```json")
@@ -156,6 +157,7 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
         "edge-status.schema.json",
         "infer-request.schema.json",
         "infer-response.schema.json",
+        "control.schema.json",
         "ha-discovery.schema.json",
     ];
     assert_eq!(blocks.len(), schemas.len());

@@ -22,6 +22,7 @@ mod fleet;
 mod hostile;
 mod inference;
 mod objectives;
+mod operate;
 mod profiles;
 mod prometheus;
 mod restart;

@@ -34,6 +34,8 @@ const DOMAIN: &[u8] = b"fedge-auth-v1\0";
 const CHUNK_DOMAIN: &[u8] = b"fedge-chunk-v1\0";
 /// Domain of a device status's tag.
 const STATUS_DOMAIN: &[u8] = b"fedge-status-v1\0";
+/// Operator commands (`crate::control`) are tagged in a domain of their own.
+const CONTROL_DOMAIN: &[u8] = b"fedge-control-v1\0";
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -120,6 +122,19 @@ impl DeviceKey {
     /// Checks a status tag in constant time.
     pub fn verify_status(&self, device: &str, signed: &[u8], tag: &[u8; TAG_LEN]) -> bool {
         self.mac_in(STATUS_DOMAIN, device, signed)
+            .verify_slice(tag)
+            .is_ok()
+    }
+
+    /// The tag of an operator command's signed bytes for `federation` (`crate::control`).
+    pub fn control_tag(&self, federation: &str, signed: &[u8]) -> [u8; TAG_LEN] {
+        let mac = self.mac_in(CONTROL_DOMAIN, federation, signed);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Checks an operator command's tag in constant time.
+    pub fn verify_control(&self, federation: &str, signed: &[u8], tag: &[u8; TAG_LEN]) -> bool {
+        self.mac_in(CONTROL_DOMAIN, federation, signed)
             .verify_slice(tag)
             .is_ok()
     }

@@ -15,6 +15,7 @@
 
 mod auth;
 mod chunk;
+pub mod control;
 mod envelope;
 mod error;
 mod frames;

@@ -59,6 +59,12 @@ pub struct CoordinatorStatus {
     /// The latest accuracy each evaluation-only device reported, by client id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub site_accuracy: BTreeMap<String, f32>,
+    /// The operator paused the federation: no new round opens (`fedge-coordinator ctl`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// Devices the operator banned: no round selects them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub banned: Vec<String>,
     /// Mean local validation accuracy reported by last round's clients.
     pub source_val_accuracy: Option<f32>,
     /// L2 norm of the global parameters.
@@ -175,6 +181,8 @@ mod tests {
             rejected_total: 2,
             target_accuracy: Some(0.5),
             site_accuracy: BTreeMap::from([("site-75".into(), 0.5)]),
+            paused: true,
+            banned: vec!["cam-07".into()],
             source_val_accuracy: None,
             params_norm: 1.25,
             updated_at: "2025-01-01T00:00:00Z".into(),

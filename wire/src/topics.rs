@@ -60,6 +60,12 @@ impl Topics {
         format!("{}/coordinator/status", self.root)
     }
 
+    /// `fedge/<f>/coordinator/control` (JSON operator commands, tagged with the operator key;
+    /// not retained).
+    pub fn control(&self) -> String {
+        format!("{}/coordinator/control", self.root)
+    }
+
     /// `fedge/<f>/metrics` (JSON, one message per round).
     pub fn metrics(&self) -> String {
         format!("{}/metrics", self.root)

@@ -55,6 +55,7 @@
 //!
 //! [auth]
 //! keys_file = "devices.toml"   # optional: device keys; every update must be tagged
+//! operator_key_file = "operator.key"  # optional: takes `fedge-coordinator ctl` commands
 //! ```
 //!
 //! `role = "site"` and a `[site]` section make the coordinator a site aggregator ([`site`]).
@@ -192,6 +193,10 @@ pub struct AuthSettings {
     /// configuration file. When set, only these devices take part and every update must carry
     /// its device's HMAC-SHA256 tag; tasks are tagged for each selected device.
     pub keys_file: Option<PathBuf>,
+    /// The operator's key file (`fedge-coordinator ctl --config … keygen` writes it), relative
+    /// to the configuration file. When set, the coordinator takes operator commands on
+    /// `fedge/<f>/coordinator/control` tagged with it (pause, resume, ban, unban, set-rounds).
+    pub operator_key_file: Option<PathBuf>,
 }
 
 /// `[feddim]`: docs/algorithms.md §3's `λ` and `m`.
@@ -371,6 +376,7 @@ impl CoordinatorConfig {
         for path in [
             config.model.classes_file.as_mut(),
             config.auth.keys_file.as_mut(),
+            config.auth.operator_key_file.as_mut(),
             config.state_dir.as_mut(),
             config.spill_dir.as_mut(),
             config.initial_params.as_mut(),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE};
+use fedge_wire::control::ControlMessage;
 use fedge_wire::{EdgeStatus, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
@@ -101,6 +102,8 @@ pub struct DriverOptions {
     pub home_assistant: bool,
     /// Serve metrics for Prometheus on `GET /metrics` at this address.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Take operator commands tagged with this key on `coordinator/control`.
+    pub operator_key: Option<fedge_wire::DeviceKey>,
 }
 
 /// The driver could not run.
@@ -152,6 +155,8 @@ struct Sinks<'a> {
     metrics: Option<Arc<Metrics>>,
     /// How long the machine took over the last packet or deadline (a round's closing time).
     handling: Duration,
+    /// The number of the last operator command applied.
+    control_seq: u64,
 }
 
 /// Least time between two status publishes: a flood of junk packets, each a rejection and a
@@ -159,6 +164,31 @@ struct Sinks<'a> {
 const STATUS_INTERVAL: Duration = Duration::from_millis(500);
 /// Largest device status the coordinator reads (a real one is a few hundred bytes).
 pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
+
+/// An operator command: applied when its tag, federation and number check, else counted as
+/// `bad_control` (`fedge_wire::control`).
+fn handle_control(
+    rounds: &mut Rounds,
+    federation: &str,
+    key: &fedge_wire::DeviceKey,
+    last_seq: &mut u64,
+    payload: &[u8],
+    now_ms: u64,
+) {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    match ControlMessage::open(payload, federation, key, *last_seq, wall) {
+        Ok(message) => {
+            *last_seq = message.seq;
+            rounds.apply_control(&message.command, now_ms);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "operator command refused");
+            rounds.reject_control(e.to_string());
+        }
+    }
+}
 
 /// Reads a device's retained status: online or not. An empty payload (a cleared retained
 /// message) means offline; an oversized or unreadable one is rejected and changes nothing.
@@ -331,7 +361,9 @@ async fn drive(
         upstream,
         metrics,
         handling: Duration::ZERO,
+        control_seq: 0,
     };
+    let control_topic = topics.control();
     rounds.start(now_ms());
     loop {
         let deadline = rounds
@@ -360,7 +392,8 @@ async fn drive(
                     backoff.reset();
                     connected = true;
                     tracing::info!(broker = %format!("{}:{}", options.broker.host, options.broker.port), "coordinator connected");
-                    for filter in [topics.update_filter(), topics.edge_status_filter()] {
+                    let control = options.operator_key.as_ref().map(|_| control_topic.clone());
+                    for filter in [topics.update_filter(), topics.edge_status_filter()].into_iter().chain(control) {
                         if let Err(e) = sinks.outbox.client().try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                             tracing::error!(%filter, error = %e, "cannot subscribe");
                         }
@@ -386,6 +419,9 @@ async fn drive(
                         rounds.handle_packet(c, &p.payload, now_ms());
                     } else if let Some(c) = topics.client_of_edge_status(&p.topic) {
                         handle_edge_status(&mut rounds, c, &p.payload, now_ms());
+                    } else if let (true, Some(key)) = (p.topic == control_topic, &options.operator_key) {
+                        let seq = &mut sinks.control_seq;
+                        handle_control(&mut rounds, &options.federation, key, seq, &p.payload, now_ms());
                     }
                     sinks.handling = started.elapsed();
                     if let Some(m) = &sinks.metrics {
@@ -474,6 +510,7 @@ impl Sinks<'_> {
             upstream,
             metrics,
             handling,
+            control_seq: _,
         } = self;
         let (options, topics) = (*options, *topics);
         let mut status_dirty = false;

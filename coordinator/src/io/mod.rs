@@ -4,6 +4,7 @@
 //! `watch` terminal view ([`watch`]). Nothing here decides anything about a round.
 
 pub mod broker;
+pub mod ctl;
 pub mod discovery;
 pub mod driver;
 pub mod metrics;

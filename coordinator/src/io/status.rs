@@ -74,6 +74,8 @@ pub fn status_at(
         rejected_updates: rejected,
         target_accuracy,
         site_accuracy: rounds.site_accuracy().clone(),
+        paused: rounds.control().paused,
+        banned: rounds.control().banned.iter().cloned().collect(),
         source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
         params_norm: l2_norm(rounds.params()),
         updated_at: rfc3339(context.wall),

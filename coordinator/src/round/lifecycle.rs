@@ -27,13 +27,17 @@ impl Rounds {
                 _ => return,
             }
         }
-        if self.online.len() >= self.config.min_clients.max(1) {
+        if self.control.paused {
+            return;
+        }
+        if self.eligible().len() >= self.config.min_clients.max(1) {
             self.open_round(now_ms);
         }
     }
 
     fn open_round(&mut self, now_ms: u64) {
-        let online = self.online.len();
+        let eligible = self.eligible();
+        let online = eligible.len();
         // The epsilon keeps 0.3 × 10 at 3 despite f32 rounding.
         let share =
             (self.config.fraction.clamp(0.0, 1.0) as f64 * online as f64 - 1e-6).ceil() as usize;
@@ -46,11 +50,7 @@ impl Rounds {
             self.outputs.push_back(Output::StatusChanged);
             return;
         }
-        let mut selected: Vec<String> = self
-            .online
-            .iter()
-            .cloned()
-            .choose_multiple(&mut self.rng, wanted);
+        let mut selected: Vec<String> = eligible.into_iter().choose_multiple(&mut self.rng, wanted);
         selected.sort();
         self.open_with(selected, now_ms);
     }

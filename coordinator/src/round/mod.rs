@@ -26,6 +26,7 @@
 //! that come from the journal (a round restored at start, a record that could not be written).
 
 mod admit;
+mod control;
 mod guard;
 mod journaled;
 mod lifecycle;
@@ -99,6 +100,7 @@ pub struct Rounds {
     strategy: Box<dyn Strategy>,
     params: Vec<f32>,
     online: BTreeSet<String>,
+    control: types::Control,
     phase: Phase,
     next_round: u64,
     open: Option<OpenRound>,
@@ -140,6 +142,7 @@ impl Rounds {
             strategy,
             params: initial,
             online: BTreeSet::new(),
+            control: types::Control::default(),
             phase: Phase::Waiting,
             next_round: 1,
             open: None,
@@ -596,3 +599,6 @@ mod relay_tests;
 
 #[cfg(test)]
 mod task_codec_tests;
+
+#[cfg(test)]
+mod control_tests;

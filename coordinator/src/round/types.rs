@@ -181,6 +181,8 @@ pub enum Rejection {
     /// An update answering another run's task: captured in another federation, or before a
     /// coordinator started afresh.
     Replay,
+    /// An operator command that does not verify (tag, federation) or was applied already.
+    BadControl,
     /// Accepted, but the journal could not be written: the update does not count (a restart
     /// would not have it).
     Storage,
@@ -209,6 +211,7 @@ impl Rejection {
             Rejection::BadTag => "bad_tag",
             Rejection::BadChunkTag => "bad_chunk_tag",
             Rejection::BadStatusTag => "bad_status_tag",
+            Rejection::BadControl => "bad_control",
             Rejection::Norm => "norm",
             Rejection::Incomplete => "incomplete",
             Rejection::Oversized => "oversized",
@@ -249,6 +252,15 @@ impl Phase {
             Phase::Finished => "finished",
         }
     }
+}
+
+/// What the operator has set (`control.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Control {
+    /// No new round opens.
+    pub paused: bool,
+    /// Devices no round selects.
+    pub banned: std::collections::BTreeSet<String>,
 }
 
 /// What happened to a round that ended.

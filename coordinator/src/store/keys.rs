@@ -100,6 +100,36 @@ pub fn store(path: &Path, keys: &DeviceKeys) -> Result<(), KeysError> {
     write_private(path, text.as_bytes())
 }
 
+/// The operator's key (`[auth] operator_key_file`: 64 hex digits on one line, private to its
+/// owner), which tags `fedge-coordinator ctl` commands.
+pub fn load_operator(path: &Path) -> Result<DeviceKey, KeysError> {
+    let text = fedge_daemon::read_secret(path).map_err(|source| KeysError::Secret {
+        path: path.display().to_string(),
+        source,
+    })?;
+    DeviceKey::from_hex(&text).map_err(|source| KeysError::Invalid {
+        path: path.display().to_string(),
+        reason: InvalidKeys::Key {
+            client: "operator".into(),
+            source,
+        },
+    })
+}
+
+/// Writes a fresh operator key to `path` (private to its owner); refuses to replace one.
+pub fn operator_keygen(path: &Path) -> Result<(), KeysError> {
+    if path.exists() {
+        return Err(KeysError::Io {
+            path: path.display().to_string(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "an operator key is there already; remove it first to replace it",
+            ),
+        });
+    }
+    write_private(path, format!("{}\n", generate().to_hex()).as_bytes())
+}
+
 /// A fresh random key from the operating system's generator.
 pub fn generate() -> DeviceKey {
     let mut bytes = [0u8; KEY_LEN];

@@ -45,6 +45,7 @@ pub fn driver_options(broker: BrokerConfig, federation: &str) -> DriverOptions {
         journal: None,
         home_assistant: false,
         metrics_listen: None,
+        operator_key: None,
     }
 }
 

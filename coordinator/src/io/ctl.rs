@@ -1,0 +1,92 @@
+//! `fedge-coordinator ctl`: an operator's command to a running coordinator, tagged with the
+//! operator key and published on `fedge/<f>/coordinator/control`, then confirmed from the
+//! retained status (README, "Operate a fleet"; docs/mqtt-topics.md for the message).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use fedge_wire::control::{Command, ControlMessage};
+use fedge_wire::{CoordinatorStatus, DeviceKey, Topics};
+use rumqttc::{AsyncClient, Event, Packet, QoS};
+
+/// Whether `status` shows `command` applied.
+fn shows(status: &CoordinatorStatus, command: &Command) -> bool {
+    match command {
+        Command::Pause => status.paused,
+        Command::Resume => !status.paused,
+        Command::Ban { client } => status.banned.contains(client),
+        Command::Unban { client } => !status.banned.contains(client),
+        Command::SetRounds { rounds } => status.total_rounds == *rounds,
+        Command::Status => true,
+    }
+}
+
+/// Sends `command` to the coordinator of `federation` over `broker` and returns its first
+/// status that shows it applied, within `within`.
+pub async fn send(
+    broker: &fedge_mqtt::BrokerConfig,
+    federation: &str,
+    key: &DeviceKey,
+    command: Command,
+    within: Duration,
+) -> anyhow::Result<CoordinatorStatus> {
+    let topics = Topics::new(federation).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let id = format!("fedge-ctl-{}", std::process::id());
+    let (client, mut events) = AsyncClient::new(broker.options(&id, None), 16);
+    let status_topic = topics.coordinator_status();
+    client
+        .subscribe(&status_topic, QoS::AtLeastOnce)
+        .await
+        .context("cannot subscribe to the coordinator's status")?;
+    // Milliseconds since the epoch: above any earlier command's number.
+    let seq = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the clock is before 1970")?
+        .as_millis() as u64;
+    let message = ControlMessage::signed(federation, seq, command.clone(), key);
+    client
+        .publish(
+            topics.control(),
+            QoS::AtLeastOnce,
+            false,
+            serde_json::to_vec(&message)?,
+        )
+        .await
+        .context("cannot publish the command")?;
+    let deadline = Instant::now() + within;
+    let mut last: Option<CoordinatorStatus> = None;
+    let mut sent_at = None;
+    while Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let event = match tokio::time::timeout(left, events.poll()).await {
+            Ok(Ok(event)) => event,
+            Ok(Err(e)) => anyhow::bail!("broker: {}", fedge_mqtt::describe_error(&e)),
+            Err(_) => break,
+        };
+        match event {
+            Event::Outgoing(rumqttc::Outgoing::Publish(_)) => sent_at = Some(Instant::now()),
+            Event::Incoming(Packet::Publish(p)) if p.topic == status_topic => {
+                let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload) else {
+                    continue;
+                };
+                // The retained status from before the command does not confirm it.
+                if sent_at.is_some() && !p.retain && shows(&status, &command) {
+                    let _ = client.disconnect().await;
+                    return Ok(status);
+                }
+                last = Some(status);
+            }
+            _ => {}
+        }
+    }
+    let refused = last
+        .as_ref()
+        .and_then(|s| s.rejected_updates.get("bad_control"))
+        .copied()
+        .unwrap_or(0);
+    anyhow::bail!(
+        "no status of federation {federation:?} showed the command within {within:?} (commands \
+         refused so far: {refused}); is the coordinator running with [auth] operator_key_file \
+         set to this key, and its clock within 5 minutes of this one?"
+    )
+}

@@ -1,0 +1,59 @@
+//! Operator control: pause and resume, ban and unban devices, change the number of rounds.
+//! The driver checks a command's tag, federation and number (`fedge_wire::control`); the
+//! machine applies it here, at round boundaries: a round that is open finishes as it started,
+//! the next round opens (or not) under the new settings. The retained status says what holds.
+
+use fedge_wire::control::Command;
+
+use super::Rounds;
+use super::types::{Control, Output, Phase, Rejection};
+
+impl Rounds {
+    /// Applies an operator command whose tag and number the driver checked.
+    pub fn apply_control(&mut self, command: &Command, now_ms: u64) {
+        match command {
+            Command::Pause => self.control.paused = true,
+            Command::Resume => self.control.paused = false,
+            Command::Ban { client } => {
+                self.control.banned.insert(client.clone());
+            }
+            Command::Unban { client } => {
+                self.control.banned.remove(client);
+            }
+            Command::SetRounds { rounds } => self.config.rounds = *rounds,
+            Command::Status => {}
+        }
+        tracing::info!(?command, "operator command applied");
+        if self.phase == Phase::Waiting {
+            let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
+            if done {
+                self.phase = Phase::Finished;
+                self.outputs.push_back(Output::Finished);
+            } else {
+                self.try_start(now_ms);
+            }
+        }
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
+    /// A command on the control topic that cannot be applied: counted and reported as
+    /// `bad_control`, nothing else changes.
+    pub fn reject_control(&mut self, detail: String) {
+        self.reject("operator", Rejection::BadControl, detail);
+    }
+
+    /// What the operator has set.
+    pub fn control(&self) -> &Control {
+        &self.control
+    }
+
+    /// The online devices a round may select: not banned.
+    pub(super) fn eligible(&self) -> Vec<String> {
+        let banned = &self.control.banned;
+        self.online
+            .iter()
+            .filter(|c| !banned.contains(*c))
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,109 @@
+//! Operator commands at round boundaries: pause and resume, ban and unban, fewer rounds.
+
+use fedge_wire::control::Command;
+
+use super::tests::{config, drain, machine, reports, tasks, update};
+use super::*;
+
+fn answer(m: &mut Rounds, round: u64, clients: &[&str], t: u64) -> Vec<Output> {
+    for c in clients {
+        m.handle_packet(c, &update(c, round, [0.1, 0.0, 0.0, 0.0], 5), t);
+    }
+    drain(m)
+}
+
+#[test]
+fn a_pause_lets_the_open_round_finish_and_opens_no_other_until_resume() {
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 3,
+            ..config()
+        },
+    );
+    assert_eq!(tasks(&drain(&mut m))[0].round, 1);
+    m.apply_control(&Command::Pause, 5);
+    drain(&mut m);
+    assert_eq!(m.phase(), Phase::Training, "round 1 stays open");
+    let out = answer(&mut m, 1, &["a", "b"], 10);
+    assert!(reports(&out)[0].aggregated);
+    assert!(tasks(&out).is_empty(), "paused: no round 2");
+    assert_eq!(m.phase(), Phase::Waiting);
+    assert!(m.control().paused);
+    m.handle_timeout(10_000);
+    assert!(tasks(&drain(&mut m)).is_empty());
+    m.apply_control(&Command::Resume, 20);
+    assert_eq!(tasks(&drain(&mut m))[0].round, 2);
+}
+
+#[test]
+fn a_banned_device_is_selected_for_no_round_until_unbanned() {
+    // Paused while the three come online, so round 1 selects all of them.
+    let three = RoundConfig {
+        rounds: 3,
+        ..config()
+    };
+    let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    m.apply_control(&Command::Pause, 0);
+    for c in ["a", "b", "c"] {
+        m.handle_client_status(c, true, 0);
+    }
+    m.apply_control(&Command::Resume, 1);
+    assert_eq!(tasks(&drain(&mut m))[0].selected, ["a", "b", "c"]);
+    m.apply_control(&Command::Ban { client: "b".into() }, 5);
+    let out = answer(&mut m, 1, &["a", "b", "c"], 10);
+    assert_eq!(
+        reports(&out)[0].reported.len(),
+        3,
+        "round 1 was open before the ban"
+    );
+    assert_eq!(tasks(&out)[0].selected, ["a", "c"]);
+    // Its update for round 2 is not counted.
+    let out = answer(&mut m, 2, &["b", "a", "c"], 20);
+    assert_eq!(reports(&out)[0].reported, ["a", "c"]);
+    assert_eq!(reports(&out)[0].rejected.get("not_selected"), Some(&1));
+    m.apply_control(&Command::Unban { client: "b".into() }, 25);
+    assert_eq!(tasks(&out)[0].selected, ["a", "c"], "round 3 opened before");
+    let out = answer(&mut m, 3, &["a", "c"], 30);
+    assert!(reports(&out)[0].aggregated);
+    assert!(m.control().banned.is_empty());
+}
+
+#[test]
+fn fewer_rounds_end_the_federation_at_the_next_boundary() {
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 10,
+            ..config()
+        },
+    );
+    drain(&mut m);
+    m.apply_control(&Command::SetRounds { rounds: 2 }, 5);
+    answer(&mut m, 1, &["a", "b"], 10);
+    let out = answer(&mut m, 2, &["a", "b"], 20);
+    assert!(out.iter().any(|o| matches!(o, Output::Finished)));
+    assert_eq!(m.phase(), Phase::Finished);
+    // Set below what is done while waiting (paused): finished at once.
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 10,
+            ..config()
+        },
+    );
+    drain(&mut m);
+    m.apply_control(&Command::Pause, 5);
+    answer(&mut m, 1, &["a", "b"], 10);
+    m.apply_control(&Command::SetRounds { rounds: 1 }, 15);
+    assert!(drain(&mut m).iter().any(|o| matches!(o, Output::Finished)));
+}
+
+#[test]
+fn a_command_that_does_not_verify_is_counted_as_bad_control() {
+    let mut m = machine(&["a", "b"], config());
+    drain(&mut m);
+    m.reject_control("the command's tag does not verify".into());
+    assert_eq!(m.rejected_total().get("bad_control"), Some(&1));
+    assert!(!m.control().paused);
+}

@@ -1,0 +1,137 @@
+//! An operator runs a federation with `fedge-coordinator ctl`: a coordinator process over
+//! mosquitto with an operator key, three simulated devices. Paused, the coordinator opens no
+//! round though devices are online; a banned device is selected for no round; a command tagged
+//! with another key is refused and counted; `set-rounds` ends the federation early; `resume`
+//! lets it run.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use fedge::bench::fleet::{FleetOptions, run_fleet};
+
+use crate::common::{self, KillOnDrop};
+
+fn ctl(config: &Path, args: &[&str]) -> Output {
+    Command::new(common::coordinator_binary())
+        .args(["ctl", "--config"])
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `ctl` that must succeed; its printed status.
+fn ctl_ok(config: &Path, args: &[&str]) -> serde_json::Value {
+    let out = ctl(config, args);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "ctl {args:?}: {stdout}{stderr}");
+    serde_json::from_str(&stdout).unwrap_or_default()
+}
+
+fn write_config(dir: &Path, name: &str, port: u16, key: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let text = format!(
+        "federation = \"ops\"\nstrategy = \"fedavg\"\nrounds = 10\nfraction = 1.0\n\
+         min_clients = 2\nmin_updates = 2\nround_timeout_s = 30\n\n[broker]\nhost = \
+         \"127.0.0.1\"\nport = {port}\n\n[head]\nfeatures = 8\nhidden = 4\nclasses = 2\n\n\
+         [auth]\noperator_key_file = \"{key}\"\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_pauses_bans_and_shortens_a_running_federation() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "coordinator.toml",
+        mosquitto.port(),
+        "operator.key",
+    );
+    let impostor = write_config(dir.path(), "impostor.toml", mosquitto.port(), "other.key");
+    ctl_ok(&config, &["keygen"]);
+    ctl_ok(&impostor, &["keygen"]);
+    // A second keygen would replace the key: refused.
+    assert!(!ctl(&config, &["keygen"]).status.success());
+    let mut coordinator = KillOnDrop(
+        Command::new(common::coordinator_binary())
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let paused = ctl_ok(&config, &["pause"]);
+    assert_eq!(paused["paused"], true);
+    let banned = ctl_ok(&config, &["ban", "fleet-00002"]);
+    assert_eq!(banned["banned"], serde_json::json!(["fleet-00002"]));
+    // Tagged with another key: refused, and ctl says so.
+    let forged = ctl(&impostor, &["--wait", "2", "resume"]);
+    assert!(!forged.status.success());
+    assert!(String::from_utf8_lossy(&forged.stderr).contains("operator_key_file"));
+
+    let fleet = FleetOptions {
+        broker: mosquitto.broker(),
+        federation: "ops".into(),
+        devices: 3,
+        rounds: 2,
+        timeout: Duration::from_secs(60),
+        keys: Default::default(),
+    };
+    let devices = tokio::spawn(async move { run_fleet(&fleet).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let config_path = config.clone();
+    let waiting = tokio::task::spawn_blocking(move || ctl_ok(&config_path, &["status"]))
+        .await
+        .unwrap();
+    assert_eq!(waiting["round"], 0, "paused: no round opened: {waiting}");
+    assert_eq!(waiting["clients_online"], 3, "{waiting}");
+    assert_eq!(waiting["rejected_updates"]["bad_control"], 1, "{waiting}");
+    let config_path = config.clone();
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(
+            ctl_ok(&config_path, &["set-rounds", "2"])["total_rounds"],
+            2
+        );
+        assert_eq!(
+            ctl_ok(&config_path, &["resume"])["paused"],
+            serde_json::Value::Null
+        );
+    })
+    .await
+    .unwrap();
+    let report = devices.await.unwrap().unwrap();
+    assert_eq!(report.rounds.len(), 2, "{report:?}");
+    for round in &report.rounds {
+        // Two of three devices: the banned one is never selected.
+        assert_eq!((round.selected, round.reported), (2, 2), "{round:?}");
+    }
+    assert_eq!(
+        report.updates_sent, 4,
+        "the banned device never answered a task"
+    );
+    // Two rounds, as set: the coordinator finished by itself.
+    let status = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = coordinator.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "still running");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(status.success());
+}

@@ -1,0 +1,197 @@
+//! Operator commands on `fedge/<f>/coordinator/control`: JSON, tagged with the operator's key
+//! (HMAC-SHA256 in a domain of its own, bound to the federation), numbered so that a command
+//! is applied once.
+//!
+//! ```json
+//! {"federation": "plant-7", "seq": 1764115200000, "command": "ban", "client": "cam-07",
+//!  "tag": "<64 hex digits>"}
+//! ```
+//!
+//! `seq` must grow from one command to the next (`fedge-coordinator ctl` uses the time in
+//! milliseconds); the coordinator refuses a command whose `seq` is not above the last it
+//! applied, or more than [`MAX_AGE_MS`] older than its clock, so a captured command cannot be
+//! replayed, even after a restart.
+
+use serde::{Deserialize, Serialize};
+
+use crate::DeviceKey;
+
+/// Oldest command the coordinator applies, relative to its clock.
+pub const MAX_AGE_MS: u64 = 5 * 60 * 1000;
+
+/// What the operator asks. Applied at round boundaries: a round that is open finishes first.
+/// One spelling in JSON and on `fedge-coordinator ctl`'s command line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "kebab-case")]
+#[cfg_attr(feature = "clap", derive(clap::Subcommand))]
+pub enum Command {
+    /// Open no new round until `resume`.
+    Pause,
+    /// Open rounds again.
+    Resume,
+    /// Select `client` for no round, and reject its updates as `not_selected`.
+    Ban {
+        /// The device.
+        client: String,
+    },
+    /// Let `client` take part again.
+    Unban {
+        /// The device.
+        client: String,
+    },
+    /// Run `rounds` rounds in all (finishing at the next boundary when that many are done).
+    SetRounds {
+        /// The new total.
+        rounds: u64,
+    },
+    /// Change nothing; print the coordinator's status.
+    Status,
+}
+
+/// A command as it travels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlMessage {
+    /// The federation it is for.
+    pub federation: String,
+    /// Grows from one command to the next.
+    pub seq: u64,
+    /// What to do.
+    #[serde(flatten)]
+    pub command: Command,
+    /// HMAC-SHA256 of the fields above with the operator key, hex.
+    pub tag: String,
+}
+
+/// Why a command was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// Not a command.
+    #[error("not an operator command: {0}")]
+    Malformed(String),
+    /// For another federation.
+    #[error("a command for federation {0:?}")]
+    Federation(String),
+    /// The tag does not verify with the operator key.
+    #[error("the command's tag does not verify with the operator key")]
+    Tag,
+    /// Already applied, or older than the last one applied.
+    #[error("seq {seq} is not above {last}, the last command applied (a replay?)")]
+    Replay {
+        /// The command's.
+        seq: u64,
+        /// The last applied.
+        last: u64,
+    },
+    /// Older than [`MAX_AGE_MS`].
+    #[error("seq {seq} is more than 5 minutes older than the coordinator's clock ({now})")]
+    Stale {
+        /// The command's.
+        seq: u64,
+        /// The coordinator's clock, in ms since the Unix epoch.
+        now: u64,
+    },
+}
+
+fn signed_bytes(federation: &str, seq: u64, command: &Command) -> Vec<u8> {
+    let mut bytes = format!("{federation}\0{seq}\0").into_bytes();
+    // A derived enum always serialises.
+    bytes.extend(serde_json::to_vec(command).unwrap_or_default());
+    bytes
+}
+
+impl ControlMessage {
+    /// `command` for `federation`, numbered `seq` and tagged with `key`.
+    pub fn signed(federation: &str, seq: u64, command: Command, key: &DeviceKey) -> Self {
+        let tag = key.control_tag(federation, &signed_bytes(federation, seq, &command));
+        Self {
+            federation: federation.into(),
+            seq,
+            command,
+            tag: tag.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+
+    /// The command in `payload` if it is for `federation`, tagged with `key`, above `last_seq`
+    /// and not older than [`MAX_AGE_MS`] at `now_ms` (ms since the Unix epoch).
+    pub fn open(
+        payload: &[u8],
+        federation: &str,
+        key: &DeviceKey,
+        last_seq: u64,
+        now_ms: u64,
+    ) -> Result<Self, ControlError> {
+        let message: Self =
+            serde_json::from_slice(payload).map_err(|e| ControlError::Malformed(e.to_string()))?;
+        if message.federation != federation {
+            return Err(ControlError::Federation(message.federation));
+        }
+        let tag = DeviceKey::from_hex(&message.tag).map_err(|_| ControlError::Tag)?;
+        let signed = signed_bytes(federation, message.seq, &message.command);
+        if !key.verify_control(federation, &signed, tag.as_bytes()) {
+            return Err(ControlError::Tag);
+        }
+        if message.seq <= last_seq {
+            let (seq, last) = (message.seq, last_seq);
+            return Err(ControlError::Replay { seq, last });
+        }
+        if message.seq.saturating_add(MAX_AGE_MS) < now_ms {
+            let seq = message.seq;
+            return Err(ControlError::Stale { seq, now: now_ms });
+        }
+        Ok(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signed_command_opens_once_and_nothing_else_does() {
+        let key = DeviceKey::from_bytes([7; 32]);
+        let now = 1_764_115_200_000;
+        let ban = Command::Ban {
+            client: "cam-07".into(),
+        };
+        let message = ControlMessage::signed("plant-7", now, ban.clone(), &key);
+        let json = serde_json::to_vec(&message).unwrap();
+        let text = String::from_utf8(json.clone()).unwrap();
+        assert!(
+            text.contains("\"command\":\"ban\",\"client\":\"cam-07\""),
+            "{text}"
+        );
+        let opened = ControlMessage::open(&json, "plant-7", &key, 0, now).unwrap();
+        assert_eq!(opened.command, ban);
+        // Replayed, another federation, another key, a changed field, stale, junk.
+        let replay = ControlMessage::open(&json, "plant-7", &key, now, now);
+        assert!(matches!(replay, Err(ControlError::Replay { .. })));
+        let other = ControlMessage::open(&json, "plant-8", &key, 0, now);
+        assert!(matches!(other, Err(ControlError::Federation(_))));
+        let wrong = DeviceKey::from_bytes([8; 32]);
+        let forged = ControlMessage::open(&json, "plant-7", &wrong, 0, now);
+        assert_eq!(forged, Err(ControlError::Tag));
+        let changed = text.replace("cam-07", "cam-08");
+        let changed = ControlMessage::open(changed.as_bytes(), "plant-7", &key, 0, now);
+        assert_eq!(changed, Err(ControlError::Tag));
+        let later = now + MAX_AGE_MS + 1;
+        let stale = ControlMessage::open(&json, "plant-7", &key, 0, later);
+        assert!(matches!(stale, Err(ControlError::Stale { .. })));
+        let junk = ControlMessage::open(b"{\"command\":\"pause\"}", "plant-7", &key, 0, now);
+        assert!(matches!(junk, Err(ControlError::Malformed(_))));
+    }
+
+    #[test]
+    fn every_command_has_one_spelling() {
+        for (command, json) in [
+            (Command::Pause, r#"{"command":"pause"}"#),
+            (Command::Resume, r#"{"command":"resume"}"#),
+            (
+                Command::SetRounds { rounds: 9 },
+                r#"{"command":"set-rounds","rounds":9}"#,
+            ),
+            (Command::Status, r#"{"command":"status"}"#),
+        ] {
+            assert_eq!(serde_json::to_string(&command).unwrap(), json);
+        }
+    }
+}
