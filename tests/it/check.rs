@@ -169,3 +169,83 @@ fn a_feature_cache_limit_cuts_the_data_and_check_says_how_much() {
     assert_eq!((kept.len(), left_out), (128, n - 128));
     assert!(kept.class_counts().iter().all(|&c| c > 0));
 }
+
+/// Publishes `payload` retained on `topic` of the broker at `port`.
+fn retain(port: u16, topic: &str, payload: Vec<u8>) {
+    let options = rumqttc::MqttOptions::new("retainer", "127.0.0.1", port);
+    let (client, mut connection) = rumqttc::Client::new(options, 8);
+    client
+        .publish(topic, rumqttc::QoS::AtLeastOnce, true, payload)
+        .unwrap();
+    for event in connection.iter() {
+        if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) = event {
+            break;
+        }
+        event.unwrap();
+    }
+    let _ = client.disconnect();
+}
+
+#[test]
+fn check_compares_protocol_and_backbone_with_the_federation_s() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let port = mosquitto.port();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let profile = variant(dir.path(), |text| {
+        let text = text.replace("port = 1883", &format!("port = {port}"));
+        format!(
+            "cache_dir = {cache:?}\n{}",
+            text.replace("cache_dir", "# cache_dir")
+        )
+    });
+    let federation = |path: &Path| {
+        let checks = run_checks(path, false);
+        checks.into_iter().find(|c| c.name == "federation").unwrap()
+    };
+    let found = federation(&profile);
+    assert!(
+        found.ok && found.detail.contains("nothing retained"),
+        "{found:?}"
+    );
+    // A released model of the federation ("demo", as the profile) on another backbone.
+    let topics = fedge_wire::Topics::new("demo").unwrap();
+    let head = fedge_models::HeadConfig::new(512, 10).with_hidden(4);
+    let params = head.init_flat(1);
+    let release = fedge_wire::ModelRelease {
+        federation: "demo".into(),
+        run: 1,
+        round: 4,
+        strategy: "fedavg".into(),
+        classes: (0..10).map(|k| k.to_string()).collect(),
+        backbone: "efficientnet-lite0".into(),
+        sha256: fedge_wire::ModelRelease::digest(&params),
+        params: fedge_wire::TensorF32::from_slice(&params),
+        head,
+        feature_norm: fedge_wire::FeatureNorm::None,
+    };
+    let frame = fedge_wire::encode(&fedge_wire::Message::Model(release.clone()));
+    retain(port, &topics.model_current(), frame);
+    let found = federation(&profile);
+    assert!(!found.ok, "{found:?}");
+    assert!(found.detail.contains("\"efficientnet-lite0\""), "{found:?}");
+    // The same model on this profile's backbone passes.
+    let same = fedge_wire::ModelRelease {
+        backbone: "digits-conv".into(),
+        ..release
+    };
+    let mut frame = fedge_wire::encode(&fedge_wire::Message::Model(same));
+    retain(port, &topics.model_current(), frame.clone());
+    let found = federation(&profile);
+    assert!(found.ok && found.detail.contains("round 4"), "{found:?}");
+    // A round task of a newer protocol: named, with what to do.
+    frame[fedge_wire::MAGIC.len()] = fedge_wire::PROTOCOL_VERSION + 1;
+    retain(port, &topics.round_task(), frame);
+    let found = federation(&profile);
+    assert!(!found.ok, "{found:?}");
+    let newer = format!("protocol {}", fedge_wire::PROTOCOL_VERSION + 1);
+    assert!(found.detail.contains(&newer), "{found:?}");
+}

@@ -1,5 +1,7 @@
 //! `fedge-edge check`: is this device ready to join? Each check says what it found, or what to
 //! fix. Run it on site before leaving; `--dry-run` skips the broker (for CI and staging).
+//! With the broker reachable, `federation.rs` compares the protocol version and the backbone
+//! with what the federation's coordinator has published.
 
 use std::net::ToSocketAddrs;
 use std::path::Path;
@@ -9,6 +11,8 @@ use fedge_models::HeadConfig;
 
 use crate::config::EdgeConfig;
 use crate::resources;
+
+mod federation;
 
 /// One check's outcome.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,7 +142,16 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
     if dry_run {
         checks.push(pass("broker", "skipped (--dry-run)".into()));
     } else {
-        checks.push(check_broker(&config.broker.host, config.broker.port));
+        let broker = check_broker(&config.broker.host, config.broker.port);
+        let reachable = broker.ok;
+        checks.push(broker);
+        if let (true, Some(backbone)) = (reachable, &backbone) {
+            let name = backbone.card().name.clone();
+            checks.push(match federation::check_federation(&config, &name) {
+                Ok(found) => pass("federation", found),
+                Err(fix) => fail("federation", fix),
+            });
+        }
     }
     checks
 }
