@@ -99,6 +99,17 @@ enum Command {
         #[command(subcommand)]
         command: CtlCommand,
     },
+    /// Revoke a device: remove it from the keys file. A running coordinator reloads the file
+    /// within a second; the device is selected for no round and its next update or status is
+    /// rejected as `unknown_device`.
+    Revoke {
+        /// Client id of the device.
+        #[arg(long)]
+        client: String,
+        /// The coordinator's keys file (`[auth] keys_file`).
+        #[arg(long, value_name = "KEYS.toml")]
+        keys: PathBuf,
+    },
     /// Export the released model as one ONNX file (backbone + head, softmax at the end, class
     /// names in its metadata) and its model card, for onnxruntime, tract or any ONNX runtime.
     ///
@@ -242,6 +253,11 @@ async fn main() -> anyhow::Result<()> {
             wait,
             command,
         } => ctl(&config, wait, command).await,
+        Command::Revoke { client, keys } => {
+            keys::revoke(&keys, &client)?;
+            println!("{client}: removed from {}", keys.display());
+            Ok(())
+        }
         Command::Keygen { client, keys, out } => {
             keys::keygen(&keys, &client, &out)?;
             println!(
@@ -380,6 +396,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         operator_key: (config.auth.operator_key_file.as_deref())
             .map(keys::load_operator)
             .transpose()?,
+        keys_file: config.auth.keys_file.clone(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

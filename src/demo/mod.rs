@@ -282,6 +282,7 @@ pub async fn run(
         home_assistant: options.home_assistant,
         metrics_listen: None,
         operator_key: None,
+        keys_file: None,
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(

@@ -167,6 +167,7 @@ pub fn start(
             home_assistant: false,
             metrics_listen: None,
             operator_key: None,
+            keys_file: None,
         };
         let link_stop = stop.clone();
         tasks.push(tokio::spawn(async move {

@@ -135,3 +135,99 @@ async fn an_operator_pauses_bans_and_shortens_a_running_federation() {
     .unwrap();
     assert!(status.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_device_is_refused_without_a_restart() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let keys_file = dir.path().join("devices.toml");
+    let keys: fedge_coordinator::DeviceKeys = fedge::bench::fleet::device_ids(3)
+        .into_iter()
+        .map(|id| (id, fedge_coordinator::store::keys::generate()))
+        .collect();
+    fedge_coordinator::store::keys::store(&keys_file, &keys).unwrap();
+    // More rounds than the test waits for: it stops the federation itself.
+    let config = fedge_coordinator::RoundConfig {
+        rounds: 1_000,
+        min_clients: 2,
+        min_updates: 2,
+        round_timeout_ms: 3_000,
+        auth: Some(std::sync::Arc::new(keys.clone())),
+        ..fedge_coordinator::RoundConfig::default()
+    };
+    let rounds =
+        fedge_coordinator::Rounds::new(config, Box::new(fedge_coordinator::FedAvg), vec![0.0; 100]);
+    let options = fedge_coordinator::DriverOptions {
+        keys_file: Some(keys_file.clone()),
+        ..common::driver_options(mosquitto.broker(), "revoke")
+    };
+    let mut coordinator = common::Driver::spawn(rounds, options);
+    let fleet = FleetOptions {
+        broker: mosquitto.broker(),
+        federation: "revoke".into(),
+        devices: 3,
+        rounds: 1_000,
+        timeout: Duration::from_secs(60),
+        keys: keys.clone().into_iter().collect(),
+    };
+    let devices = tokio::spawn(async move { run_fleet(&fleet).await });
+    // Rounds with all three devices run.
+    loop {
+        let report = coordinator.round_ended(Duration::from_secs(30)).await;
+        if report.selected.len() == 3 {
+            break;
+        }
+    }
+    // Revoked with the command an operator runs; the running coordinator reloads the file.
+    let out = Command::new(common::coordinator_binary())
+        .args(["revoke", "--client", "fleet-00002", "--keys"])
+        .arg(&keys_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Within a few rounds the device is selected no more.
+    let mut rounds_after = 0;
+    while rounds_after < 3 {
+        let report = coordinator.round_ended(Duration::from_secs(30)).await;
+        if report.selected == ["fleet-00000", "fleet-00001"] {
+            rounds_after += 1;
+        }
+    }
+    // The device announces itself again, tagged with its old key: unknown now.
+    let topics = fedge_wire::Topics::new("revoke").unwrap();
+    let mut status = fedge_wire::EdgeStatus {
+        client_id: "fleet-00002".into(),
+        online: true,
+        updated_at: fedge_mqtt::now_rfc3339(),
+        ..fedge_wire::EdgeStatus::default()
+    };
+    status.sign("revoke", &keys["fleet-00002"]);
+    let (client, mut events) = rumqttc::AsyncClient::new(
+        rumqttc::MqttOptions::new("replayer", "127.0.0.1", mosquitto.port()),
+        8,
+    );
+    let topic = topics.edge_status("fleet-00002");
+    let json = serde_json::to_vec(&status).unwrap();
+    client
+        .publish(topic, rumqttc::QoS::AtLeastOnce, false, json)
+        .await
+        .unwrap();
+    let poll = tokio::spawn(async move { while events.poll().await.is_ok() {} });
+    let who = coordinator
+        .rejected("unknown_device", Duration::from_secs(10))
+        .await;
+    assert_eq!(who, "fleet-00002");
+    poll.abort();
+    let report = coordinator.round_ended(Duration::from_secs(30)).await;
+    assert!(
+        !report.selected.contains(&"fleet-00002".to_string()),
+        "{report:?}"
+    );
+    devices.abort();
+}

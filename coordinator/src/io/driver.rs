@@ -104,6 +104,8 @@ pub struct DriverOptions {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Take operator commands tagged with this key on `coordinator/control`.
     pub operator_key: Option<fedge_wire::DeviceKey>,
+    /// The device keys file, reloaded when it changes (enrolment, `revoke`).
+    pub keys_file: Option<std::path::PathBuf>,
 }
 
 /// The driver could not run.
@@ -164,6 +166,45 @@ struct Sinks<'a> {
 const STATUS_INTERVAL: Duration = Duration::from_millis(500);
 /// Largest device status the coordinator reads (a real one is a few hundred bytes).
 pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
+
+/// The device keys file, looked at every [`KEYS_CHECK`]: reloaded into the machine when its
+/// modification time changes; a file that does not load keeps the keys in force.
+struct KeysWatch {
+    modified: Option<std::time::SystemTime>,
+    next_check: Instant,
+}
+
+/// How often the keys file is looked at.
+const KEYS_CHECK: Duration = Duration::from_secs(1);
+
+impl KeysWatch {
+    fn new(path: Option<&std::path::Path>) -> Self {
+        Self {
+            modified: path.and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()),
+            next_check: Instant::now() + KEYS_CHECK,
+        }
+    }
+
+    fn poll(&mut self, path: &std::path::Path, rounds: &mut Rounds) {
+        if Instant::now() < self.next_check {
+            return;
+        }
+        self.next_check = Instant::now() + KEYS_CHECK;
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        if modified.is_none() || modified == self.modified {
+            return;
+        }
+        match crate::store::keys::load(path) {
+            Ok(keys) => {
+                self.modified = modified;
+                rounds.set_device_keys(keys);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the keys file changed but does not load; the keys in force stay")
+            }
+        }
+    }
+}
 
 /// An operator command: applied when its tag, federation and number check, else counted as
 /// `bad_control` (`fedge_wire::control`).
@@ -364,6 +405,7 @@ async fn drive(
         control_seq: 0,
     };
     let control_topic = topics.control();
+    let mut keys_watch = KeysWatch::new(options.keys_file.as_deref());
     rounds.start(now_ms());
     loop {
         let deadline = rounds
@@ -373,6 +415,10 @@ async fn drive(
             (Some(a), Some(b)) => Some(a.min(tokio::time::Instant::from_std(b))),
             (a, b) => a.or(b.map(tokio::time::Instant::from_std)),
         };
+        if options.keys_file.is_some() {
+            let at = tokio::time::Instant::from_std(keys_watch.next_check);
+            wake = Some(wake.map_or(at, |w| w.min(at)));
+        }
         // Requests waiting for room are retried soon: the broker sends nothing more (nothing
         // would wake this loop) while unsent acknowledgements hold its in-flight window.
         if sinks.outbox.is_waiting() {
@@ -462,6 +508,9 @@ async fn drive(
                 FromUpstream::Release(release) => rounds.relay_release(*release),
             },
             _ = stop.changed() => break,
+        }
+        if let Some(path) = &options.keys_file {
+            keys_watch.poll(path, &mut rounds);
         }
         sinks.context.now_ms = now_ms();
         sinks.context.wall = std::time::SystemTime::now();

@@ -42,6 +42,21 @@ impl Rounds {
         self.reject("operator", Rejection::BadControl, detail);
     }
 
+    /// Replaces the device keys (the keys file changed: a device enrolled or revoked). A device
+    /// no longer listed goes offline at once, is selected for no round, and its next update or
+    /// status is rejected as `unknown_device`; an update already accepted stays. Without
+    /// authentication (no keys file) nothing changes.
+    pub fn set_device_keys(&mut self, keys: super::types::DeviceKeys) {
+        if self.config.auth.is_none() {
+            return;
+        }
+        self.online.retain(|c| keys.contains_key(c));
+        self.status_stamps.retain(|c, _| keys.contains_key(c));
+        tracing::info!(devices = keys.len(), "device keys reloaded");
+        self.config.auth = Some(std::sync::Arc::new(keys));
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
     /// What the operator has set.
     pub fn control(&self) -> &Control {
         &self.control

@@ -100,6 +100,19 @@ pub fn store(path: &Path, keys: &DeviceKeys) -> Result<(), KeysError> {
     write_private(path, text.as_bytes())
 }
 
+/// Removes `client` from the keys file: a running coordinator reloads the file and rejects the
+/// device's next update or status as `unknown_device`.
+pub fn revoke(keys_file: &Path, client: &str) -> Result<(), KeysError> {
+    let mut keys = load(keys_file)?;
+    if keys.remove(client).is_none() {
+        return Err(KeysError::Invalid {
+            path: keys_file.display().to_string(),
+            reason: InvalidKeys::ClientId(format!("{client} (not in this file)")),
+        });
+    }
+    store(keys_file, &keys)
+}
+
 /// The operator's key (`[auth] operator_key_file`: 64 hex digits on one line, private to its
 /// owner), which tags `fedge-coordinator ctl` commands.
 pub fn load_operator(path: &Path) -> Result<DeviceKey, KeysError> {

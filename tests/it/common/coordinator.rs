@@ -46,6 +46,7 @@ pub fn driver_options(broker: BrokerConfig, federation: &str) -> DriverOptions {
         home_assistant: false,
         metrics_listen: None,
         operator_key: None,
+        keys_file: None,
     }
 }
 
@@ -75,6 +76,24 @@ impl Driver {
                 .expect("driver stopped");
             if let DriverEvent::RoundEnded { report, .. } = event {
                 return *report;
+            }
+        }
+    }
+
+    /// The client of the next rejection for `reason` within `within`.
+    pub async fn rejected(&mut self, reason: &str, within: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let event = tokio::time::timeout_at(deadline, self.events.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no {reason} rejection in time"))
+                .expect("driver stopped");
+            if let DriverEvent::Rejected {
+                client, reason: r, ..
+            } = event
+                && r == reason
+            {
+                return client;
             }
         }
     }
