@@ -13,6 +13,7 @@ use fedge_wire::{EdgeStatus, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
+use super::keys_watch::KeysWatch;
 use super::metrics::Metrics;
 use super::outbox::Outbox;
 use super::status::{StatusContext, metrics_json, status_at};
@@ -166,45 +167,6 @@ struct Sinks<'a> {
 const STATUS_INTERVAL: Duration = Duration::from_millis(500);
 /// Largest device status the coordinator reads (a real one is a few hundred bytes).
 pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
-
-/// The device keys file, looked at every [`KEYS_CHECK`]: reloaded into the machine when its
-/// modification time changes; a file that does not load keeps the keys in force.
-struct KeysWatch {
-    modified: Option<std::time::SystemTime>,
-    next_check: Instant,
-}
-
-/// How often the keys file is looked at.
-const KEYS_CHECK: Duration = Duration::from_secs(1);
-
-impl KeysWatch {
-    fn new(path: Option<&std::path::Path>) -> Self {
-        Self {
-            modified: path.and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()),
-            next_check: Instant::now() + KEYS_CHECK,
-        }
-    }
-
-    fn poll(&mut self, path: &std::path::Path, rounds: &mut Rounds) {
-        if Instant::now() < self.next_check {
-            return;
-        }
-        self.next_check = Instant::now() + KEYS_CHECK;
-        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        if modified.is_none() || modified == self.modified {
-            return;
-        }
-        match crate::store::keys::load(path) {
-            Ok(keys) => {
-                self.modified = modified;
-                rounds.set_device_keys(keys);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the keys file changed but does not load; the keys in force stay")
-            }
-        }
-    }
-}
 
 /// An operator command: applied when its tag, federation and number check, else counted as
 /// `bad_control` (`fedge_wire::control`).

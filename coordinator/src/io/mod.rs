@@ -7,6 +7,7 @@ pub mod broker;
 pub mod ctl;
 pub mod discovery;
 pub mod driver;
+mod keys_watch;
 pub mod metrics;
 mod outbox;
 pub mod release;
