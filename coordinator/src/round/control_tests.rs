@@ -107,3 +107,36 @@ fn a_command_that_does_not_verify_is_counted_as_bad_control() {
     assert_eq!(m.rejected_total().get("bad_control"), Some(&1));
     assert!(!m.control().paused);
 }
+
+#[test]
+fn new_keys_take_a_revoked_device_offline_and_refuse_its_next_update() {
+    let keys = |ids: &[&str]| -> DeviceKeys {
+        ids.iter()
+            .map(|id| {
+                (
+                    id.to_string(),
+                    fedge_wire::DeviceKey::from_bytes([id.len() as u8; 32]),
+                )
+            })
+            .collect()
+    };
+    let auth = RoundConfig {
+        auth: Some(std::sync::Arc::new(keys(&["a", "bb", "ccc"]))),
+        ..config()
+    };
+    let mut m = Rounds::new(auth, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    for c in ["a", "bb", "ccc"] {
+        m.handle_client_status(c, true, 0);
+    }
+    drain(&mut m);
+    m.set_device_keys(keys(&["a", "ccc"]));
+    assert!(!m.online().contains("bb"));
+    assert!(m.online().contains("a") && m.online().contains("ccc"));
+    // Its next update, even a well-formed one, is from an unknown device now.
+    m.handle_packet("bb", &update("bb", 1, [0.1, 0.0, 0.0, 0.0], 5), 10);
+    assert_eq!(m.rejected_total().get("unknown_device"), Some(&1));
+    // Without authentication there are no keys to replace.
+    let mut open = machine(&["a", "b"], config());
+    open.set_device_keys(keys(&["a"]));
+    assert!(open.online().contains("b"));
+}
