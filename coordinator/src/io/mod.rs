@@ -4,6 +4,7 @@
 //! `watch` terminal view ([`watch`]). Nothing here decides anything about a round.
 
 pub mod broker;
+mod contract;
 pub mod ctl;
 pub mod discovery;
 pub mod driver;
@@ -11,5 +12,6 @@ mod keys_watch;
 pub mod metrics;
 mod outbox;
 pub mod release;
+mod sinks;
 pub mod status;
 pub mod watch;

@@ -1,0 +1,281 @@
+//! The driver's output side: what it keeps to act on the round machine's outputs (publishes
+//! through the outbox, the checkpoint and journal, the release, the status document and its
+//! pacing, metrics and events), and the retained task topics.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fedge_wire::Topics;
+use tokio::sync::mpsc;
+
+use super::contract::{DriverEvent, DriverOptions, Evaluator, ToUpstream};
+use super::metrics::Metrics;
+use super::outbox::Outbox;
+use super::status::{StatusContext, metrics_json, status_at};
+use crate::round::{Output, Record, Rounds};
+use crate::store::journal::Journal;
+
+/// Task topics: one frame on `round/task`, or chunk `i` on `round/task/<i>` (all retained).
+pub(super) struct TaskTopics {
+    pub(super) base: String,
+    pub(super) chunk_topics_in_use: usize,
+}
+
+/// What the driver keeps to act on the machine's outputs: where to publish, what to write, and
+/// the status document's context.
+pub(super) struct Sinks<'a> {
+    pub(super) outbox: Outbox,
+    pub(super) options: &'a DriverOptions,
+    pub(super) topics: &'a Topics,
+    pub(super) status_topic: String,
+    pub(super) task_topics: TaskTopics,
+    /// `model/current` and its chunk topics, and the frame last published there.
+    pub(super) model_topics: TaskTopics,
+    pub(super) release: Option<(u64, Vec<u8>)>,
+    pub(super) evaluator: Option<Evaluator>,
+    pub(super) events: Option<mpsc::UnboundedSender<DriverEvent>>,
+    pub(super) target_accuracy: Option<f32>,
+    pub(super) journal: Option<Journal>,
+    pub(super) context: StatusContext,
+    /// When the status document was last published, and when the next one is due (status
+    /// changes are coalesced: at most one publish per [`STATUS_INTERVAL`]).
+    pub(super) status_sent: Option<Instant>,
+    pub(super) status_due: Option<Instant>,
+    pub(super) logs: RejectionLog,
+    pub(super) upstream: Option<mpsc::UnboundedSender<ToUpstream>>,
+    pub(super) metrics: Option<Arc<Metrics>>,
+    /// How long the machine took over the last packet or deadline (a round's closing time).
+    pub(super) handling: Duration,
+    /// The number of the last operator command applied.
+    pub(super) control_seq: u64,
+}
+
+/// Least time between two status publishes: a flood of junk packets, each a rejection and a
+/// status change, costs one retained publish per interval, not one per packet.
+pub(super) const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+/// Rate-limited logging of rejections: per reason, the first [`RejectionLog::BURST`] in each
+/// minute are logged one by one, the rest summed in one line when the minute ends.
+#[derive(Default)]
+pub(super) struct RejectionLog {
+    window: Option<Instant>,
+    counts: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl RejectionLog {
+    const BURST: u64 = 10;
+    const WINDOW: Duration = Duration::from_secs(60);
+
+    /// Whether to log this rejection on its own line.
+    fn admit(&mut self, reason: &'static str, now: Instant) -> bool {
+        if self
+            .window
+            .is_none_or(|start| now.duration_since(start) >= Self::WINDOW)
+        {
+            for (reason, n) in std::mem::take(&mut self.counts) {
+                if n > Self::BURST {
+                    let suppressed = n - Self::BURST;
+                    tracing::warn!(
+                        reason,
+                        suppressed,
+                        "more updates rejected (not logged one by one)"
+                    );
+                }
+            }
+            self.window = Some(now);
+        }
+        let n = self.counts.entry(reason).or_default();
+        *n += 1;
+        *n <= Self::BURST
+    }
+}
+
+impl Sinks<'_> {
+    /// Acts on every output the machine has; true once the federation finished.
+    pub(super) fn drain(&mut self, rounds: &mut Rounds) -> bool {
+        let Sinks {
+            outbox,
+            options,
+            topics,
+            status_topic,
+            task_topics,
+            model_topics,
+            release,
+            evaluator,
+            events,
+            target_accuracy,
+            journal,
+            context,
+            status_sent,
+            status_due,
+            logs,
+            upstream,
+            metrics,
+            handling,
+            control_seq: _,
+        } = self;
+        let (options, topics) = (*options, *topics);
+        let mut status_dirty = false;
+        let mut finished = false;
+        while let Some(output) = rounds.poll_output() {
+            match output {
+                Output::PublishTask { round, frame } => {
+                    if let Some(m) = metrics {
+                        m.task_published(round);
+                    }
+                    publish_task(outbox, task_topics, round, frame, options.broker.max_packet);
+                }
+                Output::RoundEnded(report) => {
+                    if let (Some(tx), Some(reason)) = (upstream.as_ref(), report.abandoned) {
+                        let round = report.round;
+                        let reason = reason.to_owned();
+                        let _ = tx.send(ToUpstream::Abandoned { round, reason });
+                    }
+                    if let Some(m) = metrics {
+                        m.round_ended(&report, handling.as_secs_f64());
+                    }
+                    if report.aggregated {
+                        context.last_aggregation = Some(context.wall);
+                        *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
+                        if let Some(path) = &options.checkpoint {
+                            let saved = rounds.checkpoint();
+                            if let Err(e) = crate::store::checkpoint::save(path, &saved) {
+                                tracing::error!(error = %e, "checkpoint not saved");
+                            }
+                        }
+                    }
+                    tracing::info!(
+                        round = report.round,
+                        aggregated = report.aggregated,
+                        reported = report.reported.len(),
+                        selected = report.selected.len(),
+                        target_accuracy = ?target_accuracy,
+                        "round ended"
+                    );
+                    let metrics = metrics_json(
+                        &report,
+                        *target_accuracy,
+                        rounds.strategy_name(),
+                        rounds.site_accuracy(),
+                    );
+                    outbox.publish(topics.metrics(), false, metrics.to_string());
+                    if let Some(tx) = events {
+                        let _ = tx.send(DriverEvent::RoundEnded {
+                            report,
+                            target_accuracy: *target_accuracy,
+                        });
+                    }
+                }
+                Output::Rejected {
+                    client: who,
+                    reason,
+                    detail,
+                } => {
+                    if let Some(m) = metrics {
+                        m.rejected(reason.name());
+                    }
+                    if logs.admit(reason.name(), Instant::now()) {
+                        // Debug formatting escapes control characters a device put in its id.
+                        tracing::warn!(client = ?who, reason = reason.name(), detail = ?detail, "update rejected");
+                    }
+                    if let Some(tx) = events {
+                        let _ = tx.send(DriverEvent::Rejected {
+                            client: who,
+                            reason: reason.name(),
+                            detail,
+                        });
+                    }
+                }
+                Output::Release(model) => {
+                    let frames = super::release::frames(&model, rounds.config().auth.as_deref());
+                    if let Some(path) = &options.model_file {
+                        super::release::save(path, &frames.plain);
+                    }
+                    let max_packet = options.broker.max_packet;
+                    let frame = frames.published;
+                    publish_task(outbox, model_topics, model.round, frame.clone(), max_packet);
+                    *release = Some((model.round, frame));
+                }
+                Output::Upstream(update) => {
+                    if let Some(tx) = upstream {
+                        let _ = tx.send(ToUpstream::Update(update));
+                    }
+                }
+                Output::StatusChanged => status_dirty = true,
+                Output::Journal(record) => {
+                    let Some(journal) = journal.as_mut() else {
+                        continue;
+                    };
+                    if let Err(e) = journal.write(&record) {
+                        tracing::error!(error = %e, "journal not written");
+                        if let Record::Accepted { round, client, .. } = &record {
+                            rounds.handle_journal_failure(*round, client, e.to_string());
+                        }
+                    }
+                }
+                Output::Finished => {
+                    // A finished federation leaves no retained task for devices that join later.
+                    clear_task(outbox, task_topics);
+                    finished = true;
+                }
+            }
+        }
+        if let Some(m) = metrics {
+            m.devices(rounds.online().len(), rounds.selected());
+            m.sent(outbox.take_sent());
+        }
+        let now = Instant::now();
+        if status_dirty || finished {
+            let next = status_sent.map_or(now, |sent| sent + STATUS_INTERVAL);
+            *status_due = Some(status_due.map_or(next, |due| due.min(next)));
+        }
+        if finished || status_due.is_some_and(|due| due <= now) {
+            let status = status_at(rounds, *target_accuracy, context);
+            let json = serde_json::to_string(&status).unwrap_or_default();
+            outbox.publish(status_topic.as_str(), true, json);
+            *status_sent = Some(now);
+            *status_due = None;
+        }
+        finished
+    }
+}
+
+fn clear_task(outbox: &mut Outbox, topics: &mut TaskTopics) {
+    let mut stale = vec![topics.base.clone()];
+    stale.extend((0..topics.chunk_topics_in_use).map(|i| format!("{}/{i}", topics.base)));
+    for topic in stale {
+        outbox.publish(topic, true, Vec::new());
+    }
+    topics.chunk_topics_in_use = 0;
+}
+
+pub(super) fn publish_task(
+    outbox: &mut Outbox,
+    topics: &mut TaskTopics,
+    round: u64,
+    frame: Vec<u8>,
+    max_packet: usize,
+) {
+    let pieces = fedge_wire::split_into_chunks(frame, round, max_packet);
+    let count = if pieces.len() == 1 { 0 } else { pieces.len() };
+    let mut publish = |topic: String, payload: Vec<u8>| outbox.publish(topic, true, payload);
+    // Clear retained task topics the new task does not overwrite, so no device reassembles a
+    // mix of old and new pieces.
+    if count == 0 {
+        for i in 0..topics.chunk_topics_in_use {
+            publish(format!("{}/{i}", topics.base), Vec::new());
+        }
+        publish(
+            topics.base.clone(),
+            pieces.into_iter().next().unwrap_or_default(),
+        );
+    } else {
+        publish(topics.base.clone(), Vec::new());
+        for i in count..topics.chunk_topics_in_use {
+            publish(format!("{}/{i}", topics.base), Vec::new());
+        }
+        for (i, piece) in pieces.into_iter().enumerate() {
+            publish(format!("{}/{i}", topics.base), piece);
+        }
+    }
+    topics.chunk_topics_in_use = count;
+}
