@@ -58,6 +58,14 @@ impl Drop for Server {
     }
 }
 
+/// The value of the sample line starting with `name` (name, labels and a space) in an
+/// exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    let line = text.lines().find(|l| l.starts_with(name));
+    let line = line.unwrap_or_else(|| panic!("{name} missing in\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 /// Prometheus's instant-query URL for `query`.
 fn query_url(server: SocketAddr, query: &str) -> String {
     let encoded: String = query
@@ -142,11 +150,7 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
             break text;
         }
     };
-    let number = |name: &str| -> f64 {
-        let line = text.lines().find(|l| l.starts_with(name));
-        let line = line.unwrap_or_else(|| panic!("{name} missing in\n{text}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let number = |name: &str| metric(&text, name);
     // The fleet stops once it has seen two rounds end; its devices may have answered round 3's
     // task by then, so the counts follow k, the rounds aggregated.
     let k = number("fedge_rounds_aggregated_total ") as u64;
@@ -303,11 +307,7 @@ pub async fn check_edge_metrics(training: SocketAddr, evaluating: SocketAddr, ro
         read(training).await.unwrap(),
         read(evaluating).await.unwrap(),
     );
-    let number = |text: &str, name: &str| -> f64 {
-        let line = text.lines().find(|l| l.starts_with(name));
-        let line = line.unwrap_or_else(|| panic!("{name} missing in\n{text}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let number = metric;
     assert_eq!(
         number(&a, "fedge_edge_rounds_trained_total "),
         rounds as f64

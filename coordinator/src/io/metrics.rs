@@ -56,8 +56,8 @@ impl Default for Metrics {
 impl Metrics {
     /// All metrics at zero, registered.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("fedge");
-        let m = Self {
+        let mut m = Self {
+            registry: Registry::with_prefix("fedge"),
             rounds_opened: Counter::default(),
             rounds_aggregated: Counter::default(),
             rounds_abandoned: Family::default(),
@@ -73,9 +73,8 @@ impl Metrics {
             round: Gauge::default(),
             resident_bytes: Gauge::default(),
             last_opened: Default::default(),
-            registry: Registry::default(),
         };
-        let r = &mut registry;
+        let r = &mut m.registry;
         r.register("rounds_opened", "Rounds opened", m.rounds_opened.clone());
         r.register(
             "rounds_aggregated",
@@ -128,7 +127,7 @@ impl Metrics {
             "The coordinator's resident memory",
             m.resident_bytes.clone(),
         );
-        Self { registry, ..m }
+        m
     }
 
     /// A round's task was published (a republished task is not a new round).

@@ -149,8 +149,12 @@ impl Arena {
         }
     }
 
-    /// Appends a row of f32 values.
+    /// Appends a row of f32 values (on the heap without zeroing it first).
     pub(super) fn push_f32(&mut self, row: impl ExactSizeIterator<Item = f32>) {
+        if self.spilled.is_none() {
+            self.heap.extend(row.map(f32::to_bits));
+            return;
+        }
         let slots: &mut [f32] = bytemuck::cast_slice_mut(self.grow(row.len()));
         for (slot, value) in slots.iter_mut().zip(row) {
             *slot = value;

@@ -15,8 +15,9 @@ const LISTEN: Duration = Duration::from_secs(3);
 /// What the broker holds for the federation.
 #[derive(Debug, Default)]
 struct Seen {
-    /// Frames read, and the protocol version of one that this device cannot read.
+    /// Frames read.
     frames: usize,
+    /// The protocol version of a frame this device cannot read.
     other_version: Option<u8>,
     /// The released model's round and backbone.
     release: Option<(u64, String)>,
