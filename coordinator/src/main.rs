@@ -110,6 +110,24 @@ enum Command {
         #[arg(long, value_name = "KEYS.toml")]
         keys: PathBuf,
     },
+    /// Let a device enrol itself: print a one-time token for it. `fedge-edge enroll --token`
+    /// on the device obtains its key from the running coordinator over MQTT (an X25519
+    /// exchange bound to the token; the key never travels in clear) and the coordinator adds
+    /// it to the keys file. The token works once, until it expires.
+    #[command(
+        after_help = "Example: fedge-coordinator enroll --client cam-09 --keys devices.toml --valid 2h"
+    )]
+    Enroll {
+        /// Client id of the device.
+        #[arg(long)]
+        client: String,
+        /// The coordinator's keys file (`[auth] keys_file`); the token is kept beside it.
+        #[arg(long, value_name = "KEYS.toml")]
+        keys: PathBuf,
+        /// How long the token stays valid (e.g. 30m, 24h, 7d).
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        valid: std::time::Duration,
+    },
     /// Export the released model as one ONNX file (backbone + head, softmax at the end, class
     /// names in its metadata) and its model card, for onnxruntime, tract or any ONNX runtime.
     ///
@@ -256,6 +274,23 @@ async fn main() -> anyhow::Result<()> {
         Command::Revoke { client, keys } => {
             keys::revoke(&keys, &client)?;
             println!("{client}: removed from {}", keys.display());
+            Ok(())
+        }
+        Command::Enroll {
+            client,
+            keys,
+            valid,
+        } => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+            let expires = (now + valid).as_millis() as u64;
+            let token = fedge_coordinator::store::enrolments::issue(&keys, &client, expires)?;
+            let valid = humantime::format_duration(valid);
+            println!("{}", token.to_hex());
+            eprintln!(
+                "{client}: one-time token, valid {valid}; on the device run\n  \
+                 fedge-edge enroll --config <profile> --token {}",
+                token.to_hex()
+            );
             Ok(())
         }
         Command::Keygen { client, keys, out } => {

@@ -21,6 +21,7 @@ pub mod check;
 pub mod classes;
 pub mod config;
 pub mod data;
+pub mod enrol;
 pub mod features;
 pub mod inference;
 pub mod metrics;

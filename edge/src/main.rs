@@ -71,6 +71,26 @@ enum Command {
     /// model (`[train] feature_norm = "site"`) standardises this site's features with, and what
     /// `fedge-coordinator export --site-stats` puts in front of the exported head. Run it again
     /// when the site's camera or light changes, and export again.
+    /// Obtain this device's key from the running coordinator with a one-time token from
+    /// `fedge-coordinator enroll`, and write it to the profile's key_file.
+    ///
+    /// The key is sealed for this device (an X25519 exchange bound to the token); the token
+    /// works once. The coordinator must run with [auth] keys_file.
+    #[command(after_help = "Example: fedge-edge enroll --config site.toml --token 3f9a…")]
+    Enroll {
+        /// The device profile (broker, federation, client_id, key_file).
+        #[arg(long)]
+        config: PathBuf,
+        /// The token `fedge-coordinator enroll` printed (32 hex digits, dashes allowed).
+        #[arg(long)]
+        token: String,
+        /// How long to wait for the coordinator's answer (e.g. 30s, 2m).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Replace an existing key file (a device enrolled again after a revocation).
+        #[arg(long)]
+        replace: bool,
+    },
     #[command(after_help = "Example: fedge-edge site-stats --config site.toml > site-stats.json")]
     SiteStats {
         /// Device profile TOML (its backbone and data are used).
@@ -120,6 +140,22 @@ fn main() -> anyhow::Result<()> {
             if !predict(&config, model.as_deref(), top_k, &images)? {
                 std::process::exit(1);
             }
+        }
+        Command::Enroll {
+            config,
+            token,
+            timeout,
+            replace,
+        } => {
+            let profile = EdgeConfig::load(&config)?;
+            let token = fedge_wire::enrol::EnrolToken::from_hex(&token)?;
+            let written = fedge_edge::enrol::enrol(&profile, &token, timeout, replace)?;
+            println!(
+                "{}: enrolled in {}; key written to {}",
+                profile.client_id,
+                profile.federation,
+                written.display()
+            );
         }
         Command::SiteStats { config } => {
             let profile = EdgeConfig::load(&config)?;

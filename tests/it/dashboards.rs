@@ -93,7 +93,7 @@ fn topic_exists(topic: &str) -> bool {
         ["fedge", f, "coordinator", "status" | "control"] | ["fedge", f, "metrics"] => level(f),
         ["fedge", f, "#"] => level(f),
         ["fedge", f, "edge", c, "status" | "update"] => level(f) && level(c),
-        ["fedge", f, "edge", c, "infer", "request" | "response"] => level(f) && level(c),
+        ["fedge", f, "edge", c, "infer" | "enrol", "request" | "response"] => level(f) && level(c),
         ["fedge", f, "round", "task"] | ["fedge", f, "round", "#"] => level(f),
         ["fedge", f, "round", "task", i] => level(f) && level(i),
         ["fedge", f, "model", "current"] | ["fedge", f, "model", "#"] => level(f),
@@ -143,7 +143,7 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
     }
     // The JSON examples of docs/mqtt-topics.md, in order: status, metrics, a training device,
     // an evaluation-only device, a prediction request and its response, an operator command,
-    // discovery.
+    // an enrolment request and its response, discovery.
     let text = std::fs::read_to_string(docs().join("mqtt-topics.md")).unwrap();
     let blocks: Vec<Value> = text
         .split("```json")
@@ -158,6 +158,8 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
         "infer-request.schema.json",
         "infer-response.schema.json",
         "control.schema.json",
+        "enrol-request.schema.json",
+        "enrol-response.schema.json",
         "ha-discovery.schema.json",
     ];
     assert_eq!(blocks.len(), schemas.len());

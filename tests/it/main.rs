@@ -17,6 +17,7 @@ mod broker_hardening;
 mod check;
 mod dashboards;
 mod efficientnet;
+mod enrol;
 mod federation;
 mod fleet;
 mod hostile;

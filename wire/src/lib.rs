@@ -16,6 +16,7 @@
 mod auth;
 mod chunk;
 pub mod control;
+pub mod enrol;
 mod envelope;
 mod error;
 mod frames;

@@ -92,6 +92,28 @@ impl Topics {
         format!("{}/edge/{client}/infer/response", self.root)
     }
 
+    /// `fedge/<f>/edge/<client>/enrol/request` (JSON, `fedge-edge enroll`'s request for a key,
+    /// tagged with its one-time token; not retained).
+    pub fn enrol_request(&self, client: &str) -> String {
+        format!("{}/edge/{client}/enrol/request", self.root)
+    }
+
+    /// `fedge/<f>/edge/+/enrol/request`.
+    pub fn enrol_request_filter(&self) -> String {
+        self.enrol_request("+")
+    }
+
+    /// `fedge/<f>/edge/<client>/enrol/response` (JSON, the coordinator's answer: the key
+    /// sealed for the device, or why not; not retained).
+    pub fn enrol_response(&self, client: &str) -> String {
+        format!("{}/edge/{client}/enrol/response", self.root)
+    }
+
+    /// The client id in an enrolment request topic of this federation, if `topic` is one.
+    pub fn client_of_enrol_request<'a>(&self, topic: &'a str) -> Option<&'a str> {
+        self.client_of_edge_topic(topic, "enrol/request")
+    }
+
     /// The client id in an update topic of this federation, if `topic` is one.
     pub fn client_of_update<'a>(&self, topic: &'a str) -> Option<&'a str> {
         self.client_of_edge_topic(topic, "update")

@@ -225,7 +225,8 @@ async fn drive(
                     connected = true;
                     tracing::info!(broker = %format!("{}:{}", options.broker.host, options.broker.port), "coordinator connected");
                     let control = options.operator_key.as_ref().map(|_| control_topic.clone());
-                    for filter in [topics.update_filter(), topics.edge_status_filter()].into_iter().chain(control) {
+                    let enrol = options.keys_file.as_ref().map(|_| topics.enrol_request_filter());
+                    for filter in [topics.update_filter(), topics.edge_status_filter()].into_iter().chain(control).chain(enrol) {
                         if let Err(e) = sinks.outbox.client().try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                             tracing::error!(%filter, error = %e, "cannot subscribe");
                         }
@@ -254,6 +255,8 @@ async fn drive(
                     } else if let (true, Some(key)) = (p.topic == control_topic, &options.operator_key) {
                         let seq = &mut sinks.control_seq;
                         handle_control(&mut rounds, &options.federation, key, seq, &p.payload, now_ms());
+                    } else if let (Some(c), Some(keys)) = (topics.client_of_enrol_request(&p.topic), &options.keys_file) {
+                        super::enrol::handle_request(&mut rounds, &mut sinks.outbox, &options.federation, keys, c, &p.payload);
                     }
                     sinks.handling = started.elapsed();
                     if let Some(m) = &sinks.metrics {

@@ -8,6 +8,7 @@ mod contract;
 pub mod ctl;
 pub mod discovery;
 pub mod driver;
+mod enrol;
 mod keys_watch;
 pub mod metrics;
 mod outbox;

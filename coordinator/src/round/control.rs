@@ -42,6 +42,12 @@ impl Rounds {
         self.reject("operator", Rejection::BadControl, detail);
     }
 
+    /// An enrolment request that cannot be answered with a key: counted and reported as
+    /// `bad_enrolment` against the client it names, nothing else changes.
+    pub fn reject_enrolment(&mut self, client: &str, detail: String) {
+        self.reject(client, Rejection::BadEnrolment, detail);
+    }
+
     /// Replaces the device keys (the keys file changed: a device enrolled or revoked). A device
     /// no longer listed goes offline at once, is selected for no round, and its next update or
     /// status is rejected as `unknown_device`; an update already accepted stays. Without

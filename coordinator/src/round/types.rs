@@ -183,6 +183,9 @@ pub enum Rejection {
     Replay,
     /// An operator command that does not verify (tag, federation) or was applied already.
     BadControl,
+    /// An enrolment request without a pending token, with an expired one, or whose tag does
+    /// not verify with it (a wrong or used token).
+    BadEnrolment,
     /// Accepted, but the journal could not be written: the update does not count (a restart
     /// would not have it).
     Storage,
@@ -212,6 +215,7 @@ impl Rejection {
             Rejection::BadChunkTag => "bad_chunk_tag",
             Rejection::BadStatusTag => "bad_status_tag",
             Rejection::BadControl => "bad_control",
+            Rejection::BadEnrolment => "bad_enrolment",
             Rejection::Norm => "norm",
             Rejection::Incomplete => "incomplete",
             Rejection::Oversized => "oversized",

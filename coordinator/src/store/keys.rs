@@ -100,6 +100,19 @@ pub fn store(path: &Path, keys: &DeviceKeys) -> Result<(), KeysError> {
     write_private(path, text.as_bytes())
 }
 
+/// Adds `client` with `key` to the keys file (created when missing, a line for the client
+/// replaced) and returns every key the file now holds.
+pub fn add(keys_file: &Path, client: &str, key: DeviceKey) -> Result<DeviceKeys, KeysError> {
+    let mut keys = if keys_file.exists() {
+        load(keys_file)?
+    } else {
+        DeviceKeys::new()
+    };
+    keys.insert(client.to_owned(), key);
+    store(keys_file, &keys)?;
+    Ok(keys)
+}
+
 /// Removes `client` from the keys file: a running coordinator reloads the file and rejects the
 /// device's next update or status as `unknown_device`.
 pub fn revoke(keys_file: &Path, client: &str) -> Result<(), KeysError> {
@@ -172,7 +185,7 @@ pub fn keygen(keys_file: &Path, client: &str, device_file: &Path) -> Result<(), 
 }
 
 /// Writes a file readable by its owner only (on Unix), replacing it atomically.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeysError> {
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeysError> {
     fedge_daemon::write_atomically(path, bytes, fedge_daemon::Visibility::Private).map_err(
         |source| KeysError::Io {
             path: path.display().to_string(),

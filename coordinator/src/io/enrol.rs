@@ -1,0 +1,87 @@
+//! Enrolment on a running coordinator: a device's request for its key on
+//! `fedge/<f>/edge/<client>/enrol/request`, answered with the key sealed for it
+//! (`fedge_wire::enrol`), once per token.
+//!
+//! The answer's order keeps a token from being spent twice or a key from being lost: the key
+//! goes into the keys file first, then the token is forgotten, then the machine takes the new
+//! keys and the answer is published. A refused request is counted as `bad_enrolment` and
+//! answered with the reason (a hint: the device trusts only a key that opens).
+
+use std::path::Path;
+
+use fedge_wire::enrol::{EnrolRequest, EnrolResponse};
+use rand::RngCore;
+
+use super::outbox::Outbox;
+use crate::round::Rounds;
+use crate::store::{enrolments, keys};
+
+/// Largest request read (a real one is about 250 bytes).
+const MAX_REQUEST_BYTES: usize = 2048;
+
+/// Answers the request of `client` in `payload`; `keys_file` is the coordinator's.
+pub(super) fn handle_request(
+    rounds: &mut Rounds,
+    outbox: &mut Outbox,
+    federation: &str,
+    keys_file: &Path,
+    client: &str,
+    payload: &[u8],
+) {
+    let wall_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if payload.len() > MAX_REQUEST_BYTES {
+        let detail = format!("request of {} bytes", payload.len());
+        rounds.reject_enrolment(client, detail);
+        return;
+    }
+    let request = match EnrolRequest::parse(payload) {
+        Ok(request) => request,
+        Err(e) => return rounds.reject_enrolment(client, e.to_string()),
+    };
+    let response = match answer(&request, federation, keys_file, client, wall_ms) {
+        Ok((response, devices)) => {
+            tracing::info!(client, "device enrolled");
+            rounds.set_device_keys(devices);
+            response
+        }
+        Err(reason) => {
+            tracing::warn!(client, %reason, "enrolment refused");
+            rounds.reject_enrolment(client, reason.clone());
+            EnrolResponse::refusal(&request, reason)
+        }
+    };
+    // A response always serialises (strings only).
+    let json = serde_json::to_vec(&response).unwrap_or_default();
+    let topic = fedge_wire::Topics::new(federation)
+        .map(|t| t.enrol_response(client))
+        .unwrap_or_default();
+    outbox.publish(topic, false, json);
+}
+
+/// The sealed key and the keys now in force, or why not.
+fn answer(
+    request: &EnrolRequest,
+    federation: &str,
+    keys_file: &Path,
+    client: &str,
+    wall_ms: u64,
+) -> Result<(EnrolResponse, crate::round::DeviceKeys), String> {
+    let token = enrolments::pending(keys_file, client, wall_ms)
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    request
+        .verify(federation, client, &token)
+        .map_err(|e| e.to_string())?;
+    let key = keys::generate();
+    let mut secret = [0u8; fedge_wire::enrol::X25519_LEN];
+    // The thread generator is a CSPRNG seeded from the operating system.
+    rand::rng().fill_bytes(&mut secret);
+    let response = request
+        .seal(&token, secret, &key)
+        .map_err(|e| e.to_string())?;
+    let devices = keys::add(keys_file, client, key).map_err(|e| format!("storage: {e}"))?;
+    enrolments::spend(keys_file, client, wall_ms).map_err(|e| format!("storage: {e}"))?;
+    Ok((response, devices))
+}
