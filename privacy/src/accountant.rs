@@ -29,7 +29,9 @@ pub enum Sampling {
         rate: f64,
     },
     /// Exactly `sample` of `population` devices, uniformly without replacement (replace-one
-    /// neighbours: the population size is public).
+    /// neighbours: the population size is public). Under replace-one a sum of deltas clipped to
+    /// `C` has L2 sensitivity `2C`, so the noise multiplier composed with this sampling is the
+    /// noise standard deviation over `2C` (`docs/algorithms.md §8`).
     FixedSize {
         /// Devices per round, `m ≤ population`.
         sample: u64,

@@ -139,7 +139,7 @@ fn poisson_log_a_integer(q: f64, sigma: f64, alpha: f64) -> f64 {
 /// `z₀ = σ² ln(1/q − 1) + ½` into a lower part (terms in `i`) and an upper part (terms in
 /// `j = α − i`), each term weighted by a Gaussian tail `½ erfc(·)`.
 ///
-/// **Choice** (as dp-accounting 0.6): terms are added by magnitude. Past `i > α + 1` the
+/// **Choice** (as dp-accounting 0.6): terms are added by magnitude. From `i = ⌈α⌉ + 1` on the
 /// generalised binomial coefficients alternate in sign, so this sums an upper bound of the
 /// series, never less than `A_α`: the accountant stays conservative. The sum stops when both
 /// parts' terms are decreasing and 30 nats below the running total; a series that has not
