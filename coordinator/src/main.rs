@@ -432,6 +432,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
             .map(keys::load_operator)
             .transpose()?,
         keys_file: config.auth.keys_file.clone(),
+        previous_protocol: config.protocol.window().map_err(anyhow::Error::msg)?,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

@@ -402,6 +402,7 @@ impl EdgeConfig {
         let backbone = Arc::new(backbone);
         let feature_size = backbone.card().feature_size;
         let backbone_name = backbone.card().name.clone();
+        let backbone_sha256 = Some(backbone.reference().sha256);
         let data = match &self.data {
             DataConfig::ImageFolder { rescan: true, .. } => self.scanned(Arc::clone(&backbone))?,
             _ => self.loaded(&backbone, backbone_id)?,
@@ -431,6 +432,7 @@ impl EdgeConfig {
             train_threads: self.resources.training_threads(),
             profile: self.profile.clone(),
             backbone: backbone_name,
+            backbone_sha256,
             seed: self.seed,
             key,
             scan: data.scan,

@@ -31,6 +31,7 @@ fn main() {
         deadline_ms: 1_000,
         insight: None,
         prototypes: None,
+        backbone: None,
     }));
     // Protocol v4's packed tensors: an f16 and an int8 delta.
     let packed = |codec| {

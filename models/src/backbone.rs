@@ -89,6 +89,8 @@ pub struct Backbone {
     plans: Arc<Mutex<Vec<Planned>>>,
     /// Where the model came from, for errors.
     origin: PathBuf,
+    /// The card's name and the SHA-256 of the ONNX bytes, as round tasks name a backbone.
+    reference: fedge_wire::BackboneRef,
 }
 
 impl Backbone {
@@ -169,6 +171,7 @@ impl Backbone {
             });
         }
         let backbone = Self {
+            reference: fedge_wire::BackboneRef::of(&card.name, onnx),
             card,
             model: Arc::new(unshaped),
             input,
@@ -228,6 +231,11 @@ impl Backbone {
         {
             planned.idle.push(state);
         }
+    }
+
+    /// The card's name and the SHA-256 of the ONNX file.
+    pub fn reference(&self) -> &fedge_wire::BackboneRef {
+        &self.reference
     }
 
     /// The card.

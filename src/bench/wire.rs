@@ -125,6 +125,10 @@ pub fn measure(
         insight: feddim
             .then(|| TensorF32::from_slice_with(&values(k * h * k, 1e-3), codec.for_tasks())),
         prototypes: None,
+        backbone: Some(fedge_wire::BackboneRef {
+            name: "efficientnet-lite0".into(),
+            sha256: [0x3c; 32],
+        }),
     };
     let keys: Vec<(&str, &DeviceKey)> = names.iter().map(|n| (n.as_str(), &key)).collect();
     let frame = fedge_wire::seal(fedge_wire::encode(&Message::RoundTask(task)), &keys);

@@ -283,6 +283,7 @@ pub async fn run(
         metrics_listen: None,
         operator_key: None,
         keys_file: None,
+        previous_protocol: Default::default(),
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(
@@ -441,6 +442,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         train_threads: 1,
         profile: "demo".into(),
         backbone: DIGITS_CONV.into(),
+        backbone_sha256: None,
         seed: options.seed,
         key: None,
         scan: None,

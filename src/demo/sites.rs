@@ -168,6 +168,7 @@ pub fn start(
             metrics_listen: None,
             operator_key: None,
             keys_file: None,
+            previous_protocol: Default::default(),
         };
         let link_stop = stop.clone();
         tasks.push(tokio::spawn(async move {

@@ -248,4 +248,40 @@ fn check_compares_protocol_and_backbone_with_the_federation_s() {
     assert!(!found.ok, "{found:?}");
     let newer = format!("protocol {}", fedge_wire::PROTOCOL_VERSION + 1);
     assert!(found.detail.contains(&newer), "{found:?}");
+    // A task naming another backbone file (same name, another digest): what to change.
+    let task = |backbone| fedge_wire::RoundTask {
+        federation: "demo".into(),
+        run: 1,
+        round: 5,
+        selected: vec!["site-rot15".into()],
+        classes: (0..10).map(|k| k.to_string()).collect(),
+        params: fedge_wire::TensorF32::from_slice(&params),
+        train: Default::default(),
+        deadline_ms: 60_000,
+        insight: None,
+        prototypes: None,
+        backbone,
+    };
+    let other = fedge_wire::BackboneRef {
+        name: "digits-conv".into(),
+        sha256: [9; 32],
+    };
+    let frame = fedge_wire::encode(&fedge_wire::Message::RoundTask(task(Some(other))));
+    retain(port, &topics.round_task(), frame);
+    let found = federation(&profile);
+    assert!(!found.ok, "{found:?}");
+    assert!(found.detail.contains("sha256 090909090909…"), "{found:?}");
+    // This profile's own backbone file, in a task of the previous protocol (which cannot
+    // name it) and of this one.
+    let onnx = common::repo_root().join("models/assets/digits-conv.onnx");
+    let ours = fedge_wire::BackboneRef::of("digits-conv", &std::fs::read(onnx).unwrap());
+    let old = fedge_wire::previous::encode(&fedge_wire::Message::RoundTask(task(None)));
+    retain(port, &topics.round_task(), old);
+    let found = federation(&profile);
+    assert!(found.ok && found.detail.contains("protocol 7"), "{found:?}");
+    let frame = fedge_wire::encode(&fedge_wire::Message::RoundTask(task(Some(ours.clone()))));
+    retain(port, &topics.round_task(), frame);
+    let found = federation(&profile);
+    let said = format!("backbone sha256 {}…", ours.short());
+    assert!(found.ok && found.detail.contains(&said), "{found:?}");
 }

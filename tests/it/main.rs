@@ -31,5 +31,6 @@ mod site_aggregator;
 mod site_norm;
 mod sites;
 mod tls;
+mod upgrade;
 mod use_model;
 mod vanish;

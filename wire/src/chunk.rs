@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::auth::DeviceKey;
-use crate::envelope::{HEADER_LEN, Message, TRAILER_LEN, encode};
+use crate::envelope::{HEADER_LEN, Message, TRAILER_LEN, encode_as, frame_version};
 use crate::error::DecodeError;
 use crate::messages::{Chunk, TAG_LEN};
 
@@ -61,6 +61,7 @@ pub fn split_into_tagged_chunks(
     if frame.len() <= max_packet {
         return vec![frame];
     }
+    let version = frame_version(&frame);
     let total_len = u32::try_from(frame.len()).expect("a chunked frame is at most u32::MAX bytes");
     let data_len = max_packet
         .saturating_sub(CHUNK_OVERHEAD)
@@ -81,7 +82,8 @@ pub fn split_into_tagged_chunks(
             if let Some((device, key)) = signer {
                 chunk.tag = Some(key.chunk_tag(device, &chunk));
             }
-            encode(&Message::Chunk(chunk))
+            // Chunks speak the version of the frame they carry.
+            encode_as(&Message::Chunk(chunk), version)
         })
         .collect()
 }
@@ -326,7 +328,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::envelope::decode;
+    use crate::envelope::{decode, encode};
     use crate::messages::{ClientUpdate, LocalMetrics};
     use crate::tensor::TensorF32;
     use crate::{Kind, MAX_MESSAGE_BYTES};

@@ -17,8 +17,12 @@ use crate::model::ModelRelease;
 
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
-/// Protocol version written by this crate and the only one it accepts.
-pub const PROTOCOL_VERSION: u8 = 7;
+/// Protocol version this crate writes by default.
+pub const PROTOCOL_VERSION: u8 = 8;
+/// The previous protocol version, which this crate still reads and writes on request
+/// ([`encode_as`]) so that devices of both versions share a federation during an upgrade
+/// (`crate::compat`).
+pub const PREVIOUS_PROTOCOL_VERSION: u8 = 7;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -97,6 +101,8 @@ impl Message {
 /// A checked frame whose body has not been decoded yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frame<'a> {
+    /// Protocol version: [`PROTOCOL_VERSION`] or [`PREVIOUS_PROTOCOL_VERSION`].
+    pub version: u8,
     /// Message kind.
     pub kind: Kind,
     /// Postcard body.
@@ -108,6 +114,35 @@ pub struct Frame<'a> {
 /// The result may exceed [`MAX_MESSAGE_BYTES`] for huge tensors, in which case [`decode`]
 /// refuses it; callers publishing it should split it with `crate::split_into_chunks` anyway.
 pub fn encode(message: &Message) -> Vec<u8> {
+    // A sealed frame speaks the version of the frame it wraps.
+    let version = match message {
+        Message::Sealed(sealed) => frame_version(&sealed.inner),
+        _ => PROTOCOL_VERSION,
+    };
+    encode_as(message, version)
+}
+
+/// The version byte of a frame this crate reads, else [`PROTOCOL_VERSION`].
+pub fn frame_version(frame: &[u8]) -> u8 {
+    match frame.get(MAGIC.len()) {
+        Some(&v) if frame.starts_with(&MAGIC) && accepted(v) => v,
+        _ => PROTOCOL_VERSION,
+    }
+}
+
+fn accepted(version: u8) -> bool {
+    version == PROTOCOL_VERSION || version == PREVIOUS_PROTOCOL_VERSION
+}
+
+/// Frames a message in protocol `version`: [`PREVIOUS_PROTOCOL_VERSION`] writes a round task
+/// without what protocol 8 added (`crate::compat::v7`); any other value writes
+/// [`PROTOCOL_VERSION`]. The other kinds' bodies are the same in both.
+pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
+    let version = if accepted(version) {
+        version
+    } else {
+        PROTOCOL_VERSION
+    };
     // Room for the header, the trailer, the bulk of the body and a few varints and strings.
     let bulk = match message {
         Message::RoundTask(task) => task.params.packed_len() + 64 * task.selected.len(),
@@ -118,9 +153,12 @@ pub fn encode(message: &Message) -> Vec<u8> {
     };
     let mut out = Vec::with_capacity(HEADER_LEN + bulk + 128 + TRAILER_LEN);
     out.extend_from_slice(&MAGIC);
-    out.push(PROTOCOL_VERSION);
+    out.push(version);
     out.push(message.kind() as u8);
     let body = match message {
+        Message::RoundTask(task) if version == PREVIOUS_PROTOCOL_VERSION => {
+            postcard::to_extend(&crate::compat::v7::RoundTask::from(task.clone()), out)
+        }
         Message::RoundTask(task) => postcard::to_extend(task, out),
         Message::ClientUpdate(update) => postcard::to_extend(update, out),
         Message::Chunk(chunk) => postcard::to_extend(chunk, out),
@@ -152,7 +190,7 @@ pub fn decode_frame(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
         return Err(DecodeError::BadMagic);
     }
     let version = header[MAGIC.len()];
-    if version != PROTOCOL_VERSION {
+    if !accepted(version) {
         return Err(DecodeError::UnsupportedVersion(version));
     }
     let expected = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
@@ -160,7 +198,11 @@ pub fn decode_frame(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
         return Err(DecodeError::BadChecksum);
     }
     let kind = Kind::try_from(header[MAGIC.len() + 1])?;
-    Ok(Frame { kind, body })
+    Ok(Frame {
+        version,
+        kind,
+        body,
+    })
 }
 
 /// Decodes a framed message; never panics.
@@ -176,7 +218,11 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
 pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
     match frame.kind {
         Kind::RoundTask => {
-            let task: RoundTask = decode_body(frame.body)?;
+            let task: RoundTask = if frame.version == PREVIOUS_PROTOCOL_VERSION {
+                decode_body::<crate::compat::v7::RoundTask>(frame.body)?.into()
+            } else {
+                decode_body(frame.body)?
+            };
             task.params.validate()?;
             for tensor in [&task.insight, &task.prototypes].into_iter().flatten() {
                 tensor.validate()?;
@@ -240,6 +286,10 @@ mod tests {
             deadline_ms: 60_000,
             insight: None,
             prototypes: None,
+            backbone: Some(crate::BackboneRef {
+                name: "digits-conv".into(),
+                sha256: [0x5a; 32],
+            }),
         }
     }
 
@@ -615,6 +665,7 @@ mod tests {
                 deadline_ms,
                 insight: None,
                 prototypes: None,
+                backbone: None,
             });
             let bytes = encode(&message);
             let back = decode(&bytes).unwrap();

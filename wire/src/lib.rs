@@ -1,4 +1,5 @@
-//! The fedge wire format, protocol version 6.
+//! The fedge wire format, protocol version 8 (and 7, the previous one, for rolling upgrades:
+//! [`compat`]).
 //!
 //! This crate defines what travels between devices and the coordinator: the binary messages
 //! (round task, client update), the JSON status documents, the envelope that frames every
@@ -15,6 +16,7 @@
 
 mod auth;
 mod chunk;
+pub mod compat;
 pub mod control;
 pub mod enrol;
 mod envelope;
@@ -23,6 +25,7 @@ mod frames;
 pub mod layout;
 mod messages;
 mod model;
+pub mod previous;
 pub mod site_stats;
 mod status;
 mod tensor;
@@ -34,16 +37,16 @@ pub use chunk::{
     Reassembler, split_into_chunks, split_into_tagged_chunks,
 };
 pub use envelope::{
-    Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION, decode, decode_checked,
-    decode_frame, encode,
+    Frame, Kind, MAGIC, MAX_MESSAGE_BYTES, Message, PREVIOUS_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    decode, decode_checked, decode_frame, encode, encode_as, frame_version,
 };
 pub use error::{DecodeError, UnknownName};
 pub use frames::{TaskError, decode_release, decode_task};
 pub use layout::{HeadConfig, ModelLayout};
 pub use messages::{
-    Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain, LocalMetrics, MAX_BATCH_SIZE,
-    MAX_LOCAL_EPOCHS, MAX_STABLE_BATCHES, Objective, RoundTask, Sealed, StableSchedule, Tag,
-    TrainParams,
+    BackboneRef, Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain, LocalMetrics,
+    MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS, MAX_STABLE_BATCHES, Objective, RoundTask, Sealed,
+    StableSchedule, Tag, TrainParams,
 };
 pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,

@@ -378,6 +378,39 @@ pub struct RoundTask {
     pub insight: Option<TensorF32>,
     /// FedDDL's global causal prototypes `U_G`, shape `[K, H]`, once the coordinator has them.
     pub prototypes: Option<TensorF32>,
+    /// The backbone the federation trains on (protocol 8), when the coordinator names one: a
+    /// device whose backbone file has another digest sits the round out and says why.
+    pub backbone: Option<BackboneRef>,
+}
+
+/// A backbone by its model card's name and the SHA-256 of its ONNX file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackboneRef {
+    /// The card's `name`.
+    pub name: String,
+    /// SHA-256 of the ONNX file.
+    pub sha256: [u8; 32],
+}
+
+impl BackboneRef {
+    /// The backbone named `name` whose ONNX file is `onnx`.
+    pub fn of(name: &str, onnx: &[u8]) -> Self {
+        use sha2::Digest;
+        Self {
+            name: name.to_owned(),
+            sha256: sha2::Sha256::digest(onnx).into(),
+        }
+    }
+
+    /// The digest in lower-case hex.
+    pub fn sha256_hex(&self) -> String {
+        self.sha256.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The first 12 hex digits, enough to tell backbones apart in a message.
+    pub fn short(&self) -> String {
+        self.sha256_hex()[..12].to_owned()
+    }
 }
 
 /// FedDIM's compact statistics: with the final local classifier `W_c`, class `k`'s mean

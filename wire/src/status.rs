@@ -65,6 +65,17 @@ pub struct CoordinatorStatus {
     /// Devices the operator banned: no round selects them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub banned: Vec<String>,
+    /// The protocol version of the round tasks and releases the coordinator publishes now: the
+    /// previous one while a device speaking it is online and the upgrade window is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u8>,
+    /// Online devices by the protocol version they speak (`"7"`, `"8"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub device_protocols: BTreeMap<String, u32>,
+    /// Whether devices of the previous protocol version take part (`[protocol]`: the upgrade
+    /// window is open).
+    #[serde(default)]
+    pub previous_protocol_accepted: bool,
     /// Mean local validation accuracy reported by last round's clients.
     pub source_val_accuracy: Option<f32>,
     /// L2 norm of the global parameters.
@@ -74,7 +85,7 @@ pub struct CoordinatorStatus {
 }
 
 /// Retained on `fedge/<f>/edge/<client>/status`; the Last Will publishes `online: false`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EdgeStatus {
     /// Client id.
     pub client_id: String,
@@ -117,9 +128,43 @@ pub struct EdgeStatus {
     /// status from one anybody else wrote on its topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// The wire protocol version the device speaks (absent: 7, the last version without this
+    /// field); signed with the rest when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u8>,
+}
+
+impl Default for EdgeStatus {
+    /// An empty status of a device of this protocol version (a document without `protocol`
+    /// reads as version 7).
+    fn default() -> Self {
+        Self {
+            client_id: String::new(),
+            online: false,
+            profile: String::new(),
+            backbone: String::new(),
+            role: Role::default(),
+            samples: 0,
+            new_samples: 0,
+            model_round: None,
+            evaluation: None,
+            last_round: 0,
+            last_error: String::new(),
+            device: String::new(),
+            peak_memory_mb: None,
+            updated_at: String::new(),
+            tag: None,
+            protocol: Some(crate::PROTOCOL_VERSION),
+        }
+    }
 }
 
 impl EdgeStatus {
+    /// The protocol version the device speaks: 7 when the status does not say.
+    pub fn protocol_version(&self) -> u8 {
+        self.protocol.unwrap_or(crate::compat::v7::VERSION)
+    }
+
     /// The bytes a status tag covers.
     fn signed_bytes(&self, federation: &str) -> Vec<u8> {
         let online = if self.online { "online" } else { "offline" };
@@ -132,6 +177,10 @@ impl EdgeStatus {
         // shortest f32 digits) sign the same.
         if let Ok(evaluation) = postcard::to_allocvec(&self.evaluation) {
             bytes.extend_from_slice(&evaluation);
+        }
+        // Protocol 7's statuses have no version, and sign as they did.
+        if let Some(version) = self.protocol {
+            bytes.extend_from_slice(&[0, version]);
         }
         bytes
     }
@@ -183,6 +232,9 @@ mod tests {
             site_accuracy: BTreeMap::from([("site-75".into(), 0.5)]),
             paused: true,
             banned: vec!["cam-07".into()],
+            protocol: Some(7),
+            device_protocols: BTreeMap::from([("7".into(), 1), ("8".into(), 2)]),
+            previous_protocol_accepted: true,
             source_val_accuracy: None,
             params_norm: 1.25,
             updated_at: "2025-01-01T00:00:00Z".into(),
@@ -194,6 +246,26 @@ mod tests {
             serde_json::from_str::<CoordinatorStatus>(&json).unwrap(),
             status
         );
+    }
+
+    #[test]
+    fn a_status_says_its_protocol_and_signs_it() {
+        let old: EdgeStatus =
+            serde_json::from_str(r#"{"client_id":"cam-01","online":true,"profile":"pi4","backbone":"m","samples":1,"last_round":0,"last_error":""}"#)
+                .unwrap();
+        assert_eq!((old.protocol, old.protocol_version()), (None, 7));
+        assert!(!serde_json::to_string(&old).unwrap().contains("protocol"));
+        let key = crate::DeviceKey::from_bytes([3; 32]);
+        let mut new = EdgeStatus {
+            client_id: "cam-01".into(),
+            ..EdgeStatus::default()
+        };
+        assert_eq!(new.protocol_version(), crate::PROTOCOL_VERSION);
+        new.sign("plant-7", &key);
+        assert!(new.verify("plant-7", "cam-01", &key));
+        let mut downgraded = new.clone();
+        downgraded.protocol = None;
+        assert!(!downgraded.verify("plant-7", "cam-01", &key));
     }
 
     #[test]
@@ -219,6 +291,7 @@ mod tests {
             peak_memory_mb: Some(27.5),
             updated_at: "2025-01-01T00:00:00Z".into(),
             tag: None,
+            protocol: Some(8),
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));

@@ -60,8 +60,10 @@
 //!
 //! `role = "site"` and a `[site]` section make the coordinator a site aggregator ([`site`]).
 
+mod protocol;
 mod site;
 
+pub use protocol::{PreviousProtocol, ProtocolSettings};
 pub use site::{InvalidSite, Role, SiteSettings};
 
 use std::path::{Path, PathBuf};
@@ -165,6 +167,9 @@ pub struct CoordinatorConfig {
     /// Device authentication.
     #[serde(default)]
     pub auth: AuthSettings,
+    /// The rolling-upgrade window.
+    #[serde(default)]
+    pub protocol: ProtocolSettings,
 }
 
 /// `[model]`: the federation's class list, sent with every task and in every released model.
@@ -183,6 +188,10 @@ pub struct ModelSettings {
     /// models so that `export` and devices can check they pair the head with it.
     #[serde(default)]
     pub backbone: String,
+    /// SHA-256 of the backbone's ONNX file (64 hex digits, `sha256sum` of it): every round
+    /// task names it, and a device running another backbone sits the round out.
+    #[serde(default)]
+    pub backbone_sha256: Option<String>,
 }
 
 /// `[auth]`: device keys.
@@ -283,6 +292,12 @@ pub enum InvalidConfig {
     /// A `[broker]` value out of range, or a file it names (TLS, password) unusable.
     #[error(transparent)]
     Broker(fedge_mqtt::BrokerSettingsError),
+    /// `[model] backbone_sha256` that is not 64 hex digits.
+    #[error("[model] backbone_sha256 must be 64 hex digits (sha256sum of the ONNX file)")]
+    BackboneSha256,
+    /// `[protocol] previous_until` that is not a time.
+    #[error("{0}")]
+    Protocol(String),
     /// `fraction` outside `(0, 1]`.
     #[error("fraction must be in (0, 1], got {0}")]
     Fraction(f32),
@@ -387,7 +402,31 @@ impl CoordinatorConfig {
             *path = base.join(&*path);
         }
         config.resolve_classes().map_err(invalid)?;
+        config.backbone_digest().map_err(invalid)?;
+        config
+            .protocol
+            .window()
+            .map_err(|e| invalid(InvalidConfig::Protocol(e)))?;
         Ok(config)
+    }
+
+    /// `[model] backbone_sha256` as bytes, if set.
+    pub fn backbone_digest(&self) -> Result<Option<[u8; 32]>, InvalidConfig> {
+        let Some(hex) = &self.model.backbone_sha256 else {
+            return Ok(None);
+        };
+        let hex = hex.trim();
+        let mut digest = [0u8; 32];
+        for (i, byte) in digest.iter_mut().enumerate() {
+            let pair = hex
+                .get(2 * i..2 * i + 2)
+                .ok_or(InvalidConfig::BackboneSha256)?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| InvalidConfig::BackboneSha256)?;
+        }
+        if hex.len() != 64 {
+            return Err(InvalidConfig::BackboneSha256);
+        }
+        Ok(Some(digest))
     }
 
     /// The device keys named by `[auth] keys_file`, if any.
@@ -503,6 +542,7 @@ impl CoordinatorConfig {
             federation: self.federation.clone(),
             classes: self.classes(),
             backbone: self.model.backbone.clone(),
+            backbone_sha256: self.backbone_digest().ok().flatten(),
             head: Some(self.head.clone()),
             // A site answers the global federation's rounds for as long as it runs.
             rounds: if self.role == Role::Site {
@@ -560,6 +600,10 @@ mod tests {
         assert_eq!(config.head, HeadConfig::new(512, 10).with_hidden(64));
         assert_eq!(config.round_config().round_timeout_ms, 60_000);
         assert_eq!(config.classes(), fedge_wire::numbered_classes(10));
+        // The digest it names is the committed backbone's.
+        let onnx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/assets/digits-conv.onnx");
+        let file = fedge_wire::BackboneRef::of("digits-conv", &std::fs::read(onnx).unwrap());
+        assert_eq!(config.round_config().backbone_sha256, Some(file.sha256));
     }
 
     #[test]
@@ -588,6 +632,14 @@ mod tests {
                 "expected one of `fedavg`, `fedavgm`, `fedomg`",
             ),
             ("federation2 = 1\n", "unknown field"),
+            (
+                "[model]\nbackbone_sha256 = \"abc\"\n",
+                "backbone_sha256 must be 64 hex digits",
+            ),
+            (
+                "[protocol]\nprevious_until = \"soon\"\n",
+                "previous_until = \"soon\"",
+            ),
             ("round_timeout_s = 0.0001\n", "round_timeout_s"),
             ("round_timeout_s = 1e300\n", "round_timeout_s"),
             (

@@ -94,6 +94,8 @@ pub struct DriverOptions {
     pub operator_key: Option<fedge_wire::DeviceKey>,
     /// The device keys file, reloaded when it changes (enrolment, `revoke`).
     pub keys_file: Option<std::path::PathBuf>,
+    /// When devices of the previous protocol version take part (`[protocol]`).
+    pub previous_protocol: crate::config::PreviousProtocol,
 }
 
 /// The driver could not run.

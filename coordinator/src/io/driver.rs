@@ -172,7 +172,8 @@ async fn drive(
             .and_then(super::release::load)
             .map(|r| {
                 let keys = rounds.config().auth.as_deref();
-                (r.round, super::release::frames(&r, keys).published)
+                let version = rounds.downlink_version();
+                (r.round, super::release::frames(&r, keys, version).published)
             }),
         evaluator,
         events,
@@ -192,6 +193,8 @@ async fn drive(
     };
     let control_topic = topics.control();
     let mut keys_watch = KeysWatch::new(options.keys_file.as_deref());
+    let window = options.previous_protocol;
+    rounds.set_previous_protocol(window.accepted_at(std::time::SystemTime::now()));
     rounds.start(now_ms());
     loop {
         let deadline = rounds
@@ -301,6 +304,8 @@ async fn drive(
         if let Some(path) = &options.keys_file {
             keys_watch.poll(path, &mut rounds);
         }
+        let window = options.previous_protocol;
+        rounds.set_previous_protocol(window.accepted_at(std::time::SystemTime::now()));
         sinks.context.now_ms = now_ms();
         sinks.context.wall = std::time::SystemTime::now();
         let finished = sinks.drain(&mut rounds);

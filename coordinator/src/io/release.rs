@@ -17,16 +17,22 @@ pub struct ReleaseFrames {
     pub published: Vec<u8>,
 }
 
-/// Frames `release`, sealed for every device in `keys`.
-pub fn frames(release: &ModelRelease, keys: Option<&DeviceKeys>) -> ReleaseFrames {
-    let plain = fedge_wire::encode(&Message::Model(release.clone()));
+/// Frames `release`, sealed for every device in `keys`; the published frame in protocol
+/// `version` (the round machine's `downlink_version`), the plain one in this release's.
+pub fn frames(release: &ModelRelease, keys: Option<&DeviceKeys>, version: u8) -> ReleaseFrames {
+    let message = Message::Model(release.clone());
+    let plain = fedge_wire::encode(&message);
+    let sent = match version {
+        fedge_wire::PROTOCOL_VERSION => plain.clone(),
+        other => fedge_wire::encode_as(&message, other),
+    };
     let published = match keys {
         Some(keys) => {
             let signers: Vec<(&str, &DeviceKey)> =
                 keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
-            fedge_wire::seal(plain.clone(), &signers)
+            fedge_wire::seal(sent, &signers)
         }
-        None => plain.clone(),
+        None => sent,
     };
     ReleaseFrames { plain, published }
 }

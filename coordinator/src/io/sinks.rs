@@ -186,7 +186,11 @@ impl Sinks<'_> {
                     }
                 }
                 Output::Release(model) => {
-                    let frames = super::release::frames(&model, rounds.config().auth.as_deref());
+                    let frames = super::release::frames(
+                        &model,
+                        rounds.config().auth.as_deref(),
+                        rounds.downlink_version(),
+                    );
                     if let Some(path) = &options.model_file {
                         super::release::save(path, &frames.plain);
                     }

@@ -76,6 +76,11 @@ pub fn status_at(
         site_accuracy: rounds.site_accuracy().clone(),
         paused: rounds.control().paused,
         banned: rounds.control().banned.iter().cloned().collect(),
+        protocol: Some(rounds.downlink_version()),
+        device_protocols: (rounds.device_protocols().into_iter())
+            .map(|(v, n)| (v.to_string(), n))
+            .collect(),
+        previous_protocol_accepted: rounds.previous_protocol_accepted(),
         source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
         params_norm: l2_norm(rounds.params()),
         updated_at: rfc3339(context.wall),

@@ -73,7 +73,7 @@ impl Rounds {
         let banned = &self.control.banned;
         self.online
             .iter()
-            .filter(|c| !banned.contains(*c))
+            .filter(|c| !banned.contains(*c) && self.admits_protocol(c))
             .cloned()
             .collect()
     }

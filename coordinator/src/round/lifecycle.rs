@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use fedge_wire::{DeviceKey, Message, RoundTask, TensorF32};
+use fedge_wire::{BackboneRef, DeviceKey, Message, RoundTask, TensorF32};
 use rand::seq::IteratorRandom;
 
 use super::open::{OpenRound, weighted_mean};
@@ -92,8 +92,13 @@ impl Rounds {
             deadline_ms: timeout,
             insight: insight.map(|t| t.recoded(codec)),
             prototypes: prototypes.map(|t| t.recoded(codec)),
+            backbone: self.config.backbone_sha256.map(|sha256| BackboneRef {
+                name: self.config.backbone.clone(),
+                sha256,
+            }),
         };
-        let mut frame = fedge_wire::encode(&Message::RoundTask(task));
+        let version = self.downlink_version();
+        let mut frame = fedge_wire::encode_as(&Message::RoundTask(task), version);
         if let Some(keys) = &self.config.auth {
             // Selected clients are online, and only devices with keys go online.
             let signers: Vec<(&str, &DeviceKey)> = selected

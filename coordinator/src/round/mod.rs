@@ -35,6 +35,7 @@ mod relay;
 mod release;
 pub mod saved;
 pub mod types;
+mod upgrade;
 mod validate;
 
 pub use saved::{Checkpoint, OpenRoundLog, OpenedRound, Record, params_fingerprint};
@@ -383,6 +384,7 @@ impl Rounds {
             self.status_stamps
                 .insert(client.to_owned(), status.updated_at.clone());
         }
+        self.note_protocol(client, status);
         if let Some(evaluation) = &status.evaluation {
             self.record_site_accuracy(client, evaluation.accuracy);
         }
@@ -408,6 +410,9 @@ impl Rounds {
     pub fn handle_packet(&mut self, client: &str, payload: &[u8], now_ms: u64) {
         if let Some(open) = self.open.as_mut() {
             open.bytes_up += payload.len() as u64;
+        }
+        if self.refused_protocol(client, payload) {
+            return;
         }
         // Unknown devices are turned away before their chunks take reassembly memory.
         if admit::unknown_device(self.config.auth.as_deref(), client) {
@@ -602,3 +607,6 @@ mod task_codec_tests;
 
 #[cfg(test)]
 mod control_tests;
+
+#[cfg(test)]
+mod upgrade_tests;

@@ -48,6 +48,7 @@ fn global_task(round: u64, params: [f32; M], objective: Objective) -> RoundTask 
         deadline_ms: 6_000,
         insight: None,
         prototypes: None,
+        backbone: None,
     }
 }
 

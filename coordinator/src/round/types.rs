@@ -21,6 +21,9 @@ pub struct RoundConfig {
     pub classes: Vec<String>,
     /// The backbone's name, written into every release (empty: not told).
     pub backbone: String,
+    /// The SHA-256 of the backbone's ONNX file: with it, every task names the backbone
+    /// (`fedge_wire::BackboneRef`) and devices running another sit the round out.
+    pub backbone_sha256: Option<[u8; 32]>,
     /// The head's sizes: after each aggregation the machine releases the first
     /// `head.num_params()` parameters with `classes` ([`super::Output::Release`]); none
     /// releases nothing.
@@ -106,6 +109,7 @@ impl Default for RoundConfig {
             federation: "fedge".into(),
             classes: Vec::new(),
             backbone: String::new(),
+            backbone_sha256: None,
             head: None,
             run: 0,
             rounds: 20,
@@ -258,13 +262,29 @@ impl Phase {
     }
 }
 
-/// What the operator has set (`control.rs`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What the operator has set (`control.rs`), and the upgrade window (`upgrade.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Control {
     /// No new round opens.
     pub paused: bool,
     /// Devices no round selects.
     pub banned: std::collections::BTreeSet<String>,
+    /// Devices of the previous protocol version take part (the upgrade window is open).
+    pub previous_protocol: bool,
+    /// Devices whose status says they speak the previous protocol version.
+    pub previous_speakers: std::collections::BTreeSet<String>,
+}
+
+impl Default for Control {
+    /// Running, nobody banned, the upgrade window open.
+    fn default() -> Self {
+        Self {
+            paused: false,
+            banned: Default::default(),
+            previous_protocol: true,
+            previous_speakers: Default::default(),
+        }
+    }
 }
 
 /// What happened to a round that ended.

@@ -414,6 +414,7 @@ mod tests {
             deadline_ms: 1_000,
             insight: None,
             prototypes: None,
+            backbone: None,
         }))
     }
 

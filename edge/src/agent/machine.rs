@@ -58,6 +58,9 @@ pub struct Identity {
     pub profile: String,
     /// Backbone name, for status.
     pub backbone: String,
+    /// The SHA-256 of the backbone's ONNX file, when known: a task naming another backbone
+    /// is refused.
+    pub backbone_sha256: Option<[u8; 32]>,
     /// Training device name, for status.
     pub device: String,
     /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
@@ -219,6 +222,7 @@ impl Agent {
             peak_memory_mb: None,
             updated_at: String::new(),
             tag: None,
+            protocol: Some(fedge_wire::PROTOCOL_VERSION),
             ..EdgeStatus::default()
         };
         Ok(Self {
@@ -410,6 +414,24 @@ impl Agent {
             && let Err(e) = crate::classes::check(&self.id.classes, &task.classes)
         {
             return Some(format!("refused round {}: {e}", task.round));
+        }
+        if let (true, Some(theirs), Some(ours)) =
+            (selected, &task.backbone, self.id.backbone_sha256)
+            && theirs.sha256 != ours
+        {
+            let ours = fedge_wire::BackboneRef {
+                name: self.id.backbone.clone(),
+                sha256: ours,
+            };
+            return Some(format!(
+                "refused round {}: the federation trains on backbone {:?} (sha256 {}…), this \
+                 device runs {:?} (sha256 {}…): install the federation's backbone",
+                task.round,
+                theirs.name,
+                theirs.short(),
+                ours.name,
+                ours.short()
+            ));
         }
         if selected && self.state.is_stale(task.run, task.round) {
             return Some(format!(

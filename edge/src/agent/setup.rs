@@ -48,6 +48,8 @@ pub struct AgentSetup {
     pub profile: String,
     /// Backbone name, for status.
     pub backbone: String,
+    /// SHA-256 of the backbone's ONNX file, when known (tasks naming another are refused).
+    pub backbone_sha256: Option<[u8; 32]>,
     /// Seed of local shuffling (mixed with the round number).
     pub seed: u64,
     /// The device's key: when set, updates are sealed with it and round tasks must carry a tag
@@ -111,6 +113,7 @@ impl AgentSetup {
             val_samples: self.val.len() as u32,
             profile: self.profile.clone(),
             backbone: self.backbone.clone(),
+            backbone_sha256: self.backbone_sha256,
             device: self.device.name.clone(),
             memory_budget_mb: self.memory_budget_mb,
         }

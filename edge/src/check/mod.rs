@@ -146,8 +146,8 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         let reachable = broker.ok;
         checks.push(broker);
         if let (true, Some(backbone)) = (reachable, &backbone) {
-            let name = backbone.card().name.clone();
-            checks.push(match federation::check_federation(&config, &name) {
+            let reference = backbone.reference().clone();
+            checks.push(match federation::check_federation(&config, &reference) {
                 Ok(found) => pass("federation", found),
                 Err(fix) => fail("federation", fix),
             });

@@ -20,6 +20,7 @@ fn task_frame(round: u64, selected: &[&str], params: usize) -> Vec<u8> {
         deadline_ms: 1000,
         insight: None,
         prototypes: None,
+        backbone: None,
     }))
 }
 

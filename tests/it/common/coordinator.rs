@@ -47,6 +47,7 @@ pub fn driver_options(broker: BrokerConfig, federation: &str) -> DriverOptions {
         metrics_listen: None,
         operator_key: None,
         keys_file: None,
+        previous_protocol: Default::default(),
     }
 }
 

@@ -13,6 +13,7 @@ pub(super) fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
         val_samples: 2,
         profile: "generic".into(),
         backbone: "digits-conv".into(),
+        backbone_sha256: Some([1; 32]),
         device: "cpu".into(),
         memory_budget_mb: 0,
         role: Role::Train,
@@ -39,6 +40,7 @@ pub(super) fn task(round: u64, selected: &[&str], deadline_ms: u64) -> RoundTask
         deadline_ms,
         insight: None,
         prototypes: None,
+        backbone: None,
     }
 }
 
@@ -220,6 +222,40 @@ fn a_task_of_another_federation_or_with_values_out_of_range_is_refused() {
     nan.train.learning_rate = f32::NAN;
     assert!(trains(&send(&mut agent, nan, 2)).is_empty());
     assert_eq!(trains(&deliver(&mut agent, 1, 10_000, 3)), vec![1]);
+}
+
+#[test]
+fn a_task_naming_another_backbone_is_sat_out_and_one_of_the_previous_version_is_trained() {
+    let mut agent = agent(RoundState::default());
+    // The identity's backbone digest is [1; 32].
+    let other = RoundTask {
+        backbone: Some(fedge_wire::BackboneRef {
+            name: "efficientnet-lite0".into(),
+            sha256: [2; 32],
+        }),
+        ..task(1, &["cam-1"], 10_000)
+    };
+    assert!(trains(&send(&mut agent, other, 0)).is_empty());
+    let said = &agent.status().last_error;
+    assert!(
+        said.contains("\"efficientnet-lite0\" (sha256 020202020202…)")
+            && said.contains("\"digits-conv\" (sha256 010101010101…)"),
+        "{said}"
+    );
+    assert_eq!(agent.status().protocol, Some(fedge_wire::PROTOCOL_VERSION));
+    let same = RoundTask {
+        backbone: Some(fedge_wire::BackboneRef {
+            name: "digits-conv".into(),
+            sha256: [1; 32],
+        }),
+        ..task(1, &["cam-1"], 10_000)
+    };
+    assert_eq!(trains(&send(&mut agent, same, 1)), vec![1]);
+    // A coordinator writing protocol 7 for an old device: read, and trained.
+    let mut agent = self::agent(RoundState::default());
+    let old = fedge_wire::previous::encode(&Message::RoundTask(task(1, &["cam-1"], 10_000)));
+    agent.handle_task_bytes(&old, 0);
+    assert_eq!(trains(&drain(&mut agent)), vec![1]);
 }
 
 #[test]
