@@ -68,6 +68,7 @@ export CONTAINERS_CONF="$work/containers.conf"
 name="fedge-smoke-$$"
 coordinator_image="localhost/fedge-coordinator:$name"
 edge_image="localhost/fedge-edge:$name"
+rust_stub_image="localhost/fedge-rust-stand-in:$name"
 volumes=("$name-state" "$name-cache-1" "$name-cache-2")
 
 cleanup() {
@@ -83,7 +84,8 @@ cleanup() {
     podman pod rm -f -t 5 "$name" >/dev/null 2>&1 || true
   fi
   for v in "${volumes[@]}"; do podman volume rm -f "$v" >/dev/null 2>&1 || true; done
-  podman rmi -f "$coordinator_image" "$edge_image" >/dev/null 2>&1 || true
+  podman rmi -f "$coordinator_image" "$edge_image" "$rust_stub_image" "localhost/fedge-full-coordinator:$name" \
+    "localhost/fedge-full-edge:$name" >/dev/null 2>&1 || true
   rm -rf "$work"
   exit "$status"
 }
@@ -159,12 +161,79 @@ prometheus_at_least() {
     END { exit !(found && ok) }'
 }
 
+# The full Dockerfile, checked without compiling: its builder stage runs on a stand-in for the
+# Rust image (the base image with a `rustup` that does nothing and a `cargo` that checks its
+# arguments, the context and the linker settings, then writes two scripts where the binaries
+# go), so the file's syntax, the repository context (.dockerignore), the per-architecture
+# settings and both runtime targets are built for real.
+check_full_dockerfile() {
+  local t0=$SECONDS stub="$work/stub"
+  mkdir -p "$stub"
+  cat >"$stub/cargo" <<'CARGO'
+#!/bin/sh
+set -eu
+[ "$1" = build ] || { echo "stand-in cargo: unexpected command $1" >&2; exit 1; }
+profile= triple= packages=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) profile="$2"; shift ;;
+    --target) triple="$2"; shift ;;
+    -p) packages="$packages $2"; shift ;;
+  esac
+  shift
+done
+[ "$packages" = " fedge-coordinator fedge-edge" ] || { echo "stand-in cargo: packages$packages" >&2; exit 1; }
+upper="$(printf '%s' "$triple" | tr 'a-z-' 'A-Z_')"
+eval "linker=\${CARGO_TARGET_${upper}_LINKER:-}"
+[ -n "$linker" ] || { echo "stand-in cargo: no linker set for $triple" >&2; exit 1; }
+[ -f Cargo.lock ] && [ -f models/assets/digits-conv.onnx ] || { echo "stand-in cargo: incomplete context" >&2; exit 1; }
+[ ! -e target/debug ] || { echo "stand-in cargo: target/ was sent with the context" >&2; exit 1; }
+mkdir -p "target/$triple/$profile"
+for b in fedge-coordinator fedge-edge; do
+  printf '#!/bin/sh\necho "Usage: %s (stand-in built for %s, linked by %s)"\n' "$b" "$triple" "$linker" \
+    >"target/$triple/$profile/$b"
+  chmod 755 "target/$triple/$profile/$b"
+done
+CARGO
+  printf '#!/bin/sh\nexit 0\n' >"$stub/rustup"
+  chmod 755 "$stub/cargo" "$stub/rustup"
+  printf 'FROM %s\nCOPY cargo rustup /usr/local/bin/\n' "$base_image" >"$stub/Containerfile"
+  podman build --network none --layers=false --pull=never -t "$rust_stub_image" -f "$stub/Containerfile" "$stub" \
+    >"$work/stub.log" 2>&1 || { tail -20 "$work/stub.log" >&2; say "FAIL: the stand-in Rust image"; exit 1; }
+  local out target tag
+  for target in coordinator edge; do
+    tag="localhost/fedge-full-$target:$name"
+    podman build --network none --layers=false --pull=never --build-arg "RUST_IMAGE=$rust_stub_image" \
+      --build-arg "BASE_IMAGE=$base_image" -f "$here/Dockerfile" --target "$target" -t "$tag" "$root" \
+      >"$work/full-$target.log" 2>&1 ||
+      { tail -30 "$work/full-$target.log" >&2; say "FAIL: podman build of the full Dockerfile, --target $target"; exit 1; }
+    out="$(podman run --rm --network none "$tag" --help)"
+    grep -q "^Usage: fedge-$target" <<<"$out" || { say "FAIL: the full $target image printed: $out"; exit 1; }
+    out="$(podman run --rm --network none --entrypoint id "$tag")"
+    case "$out" in
+      "uid=10001(fedge) gid=10001(fedge)"*) ;;
+      *) say "FAIL: the full $target image runs as $out"; exit 1 ;;
+    esac
+    podman rmi -f "$tag" >/dev/null
+  done
+  podman rmi -f "$rust_stub_image" >/dev/null
+  say "the full Dockerfile builds both targets around a stand-in cargo in $((SECONDS - t0))s"
+}
+
 run() {
   [ -x "$bin_dir/fedge-coordinator" ] && [ -x "$bin_dir/fedge-edge" ] ||
     { say "FAIL: no fedge-coordinator or fedge-edge in $bin_dir (cargo build first, or set BIN_DIR)"; exit 1; }
   for image in "$base_image" "$tools_image"; do
     podman image exists "$image" || skip "no $image: run '$0 prepare' first (Debian's packages, one-time)"
   done
+  # Both Dockerfiles share their runtime stage word for word.
+  local shared_full shared_runtime
+  shared_full="$(sed -n '/^# >>> runtime stage/,/^# <<< runtime stage/p' "$here/Dockerfile")"
+  shared_runtime="$(sed -n '/^# >>> runtime stage/,/^# <<< runtime stage/p' "$here/Dockerfile.runtime")"
+  [ -n "$shared_full" ] && [ "$shared_full" = "$shared_runtime" ] ||
+    { say "FAIL: the runtime stages of Dockerfile and Dockerfile.runtime differ"; exit 1; }
+  check_full_dockerfile
+
   local arch
   arch="$(podman info --format '{{.Host.Arch}}')"
 
@@ -207,16 +276,20 @@ run() {
   for v in "${volumes[@]}"; do podman volume create "$v" >/dev/null; done
   podman pod create --name "$name" --network none >/dev/null
   local common=(-d --pod "$name" -v "$work/hosts:/etc/hosts:ro")
+  # As compose.yaml runs the fedge services.
+  local fedge=(--read-only --cap-drop ALL --security-opt no-new-privileges)
   podman run "${common[@]}" --name "$name-mosquitto" --tmpfs /mosquitto/data:mode=1777 \
     -v "$here/mosquitto.conf:/mosquitto/config/mosquitto.conf:ro" \
     --entrypoint /usr/sbin/mosquitto "$tools_image" -c /mosquitto/config/mosquitto.conf >/dev/null
+  # compose.yaml's health check of the broker.
+  until_ok "mosquitto" podman exec "$name-mosquitto" mosquitto_sub -h 127.0.0.1 -t '$SYS/broker/uptime' -C 1 -W 3
   podman run "${common[@]}" --name "$name-prometheus" --tmpfs /prometheus:mode=1777 \
     -v "$here/prometheus.yml:/etc/prometheus/prometheus.yml:ro" \
     -v "$root/docs/prometheus-alerts.yml:/etc/prometheus/prometheus-alerts.yml:ro" \
     --entrypoint /usr/bin/prometheus "$tools_image" \
     --config.file=/etc/prometheus/prometheus.yml --storage.tsdb.path=/prometheus \
     --web.listen-address=127.0.0.1:9090 >/dev/null
-  podman run "${common[@]}" --name "$name-coordinator" --read-only \
+  podman run "${common[@]}" --name "$name-coordinator" "${fedge[@]}" \
     -v "$here/coordinator.toml:/etc/fedge/coordinator.toml:ro" -v "${volumes[0]}:/var/lib/fedge" \
     "$coordinator_image" >/dev/null
 
@@ -228,7 +301,7 @@ run() {
   # The edges join; the digits federation trains its rounds in seconds, then the coordinator
   # stops on its own (exit status 0) with its checkpoint and released model in its volume.
   for i in 1 2; do
-    podman run "${common[@]}" --name "$name-edge-$i" --read-only \
+    podman run "${common[@]}" --name "$name-edge-$i" "${fedge[@]}" \
       -v "$here/edge-$i.toml:/etc/fedge/edge.toml:ro" -v "${volumes[$i]}:/var/cache/fedge" \
       "$edge_image" >/dev/null
   done
