@@ -69,7 +69,7 @@ name="fedge-smoke-$$"
 coordinator_image="localhost/fedge-coordinator:$name"
 edge_image="localhost/fedge-edge:$name"
 rust_stub_image="localhost/fedge-rust-stand-in:$name"
-volumes=("$name-state" "$name-cache-1" "$name-cache-2")
+volumes=("$name-state" "$name-cache-1" "$name-cache-2" "$name-keys")
 
 cleanup() {
   local status=$?
@@ -269,11 +269,22 @@ run() {
     { cat "$work/check.log" >&2; say "FAIL: fedge-edge check --dry-run in the edge image"; exit 1; }
   say "both binaries run in their images as uid 10001; the edge profile passes check --dry-run"
 
+  for v in "${volumes[@]}"; do podman volume create "$v" >/dev/null; done
+  # A device key made by `keygen` in the coordinator's image, in a volume (so owned by uid
+  # 10001, mode 0600), is accepted by the edge image's `check`.
+  sed 's|^# key_file = .*|key_file = "/keys/edge-1.key"|' "$here/edge-1.toml" >"$work/edge-1-keyed.toml"
+  grep -q '^key_file = "/keys/edge-1.key"' "$work/edge-1-keyed.toml" || { say "FAIL: edge-1.toml has no key_file line"; exit 1; }
+  podman run --rm --network none -v "${volumes[3]}:/var/lib/fedge" "$coordinator_image" \
+    keygen --client edge-1 --keys /var/lib/fedge/devices.toml --out /var/lib/fedge/edge-1.key >/dev/null
+  podman run --rm --network none -v "${volumes[3]}:/keys:ro" -v "$work/edge-1-keyed.toml:/etc/fedge/edge.toml:ro" \
+    "$edge_image" check --dry-run --config /etc/fedge/edge.toml >"$work/check-key.log" 2>&1 ||
+    { cat "$work/check-key.log" >&2; say "FAIL: fedge-edge check --dry-run with a key made by keygen"; exit 1; }
+  say "a key made by keygen in a volume passes the edge's check"
+
   # The stack, in one pod without network: compose.yaml's service names all mean the pod's
   # loopback (podman writes no extra hosts into a pod without network, hence the mounted file).
   t0=$SECONDS
   printf '127.0.0.1 localhost mosquitto coordinator edge-1 edge-2 prometheus\n::1 localhost\n' >"$work/hosts"
-  for v in "${volumes[@]}"; do podman volume create "$v" >/dev/null; done
   podman pod create --name "$name" --network none >/dev/null
   local common=(-d --pod "$name" -v "$work/hosts:/etc/hosts:ro")
   # As compose.yaml runs the fedge services.
