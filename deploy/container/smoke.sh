@@ -330,10 +330,15 @@ run() {
   # Its retained status on the broker, as dashboards read it.
   out="$(podman exec "$name-mosquitto" mosquitto_sub -h 127.0.0.1 -t fedge/demo/coordinator/status -C 1 -W 10)"
   grep -Eq "\"round\": ?$rounds[,}]" <<<"$out" || { say "FAIL: the coordinator's retained status: $out"; exit 1; }
+  # ... and as `fedge-coordinator watch` in the coordinator's image shows it (docs/containers.md).
+  out="$(podman run --rm --pod "$name" -v "$work/hosts:/etc/hosts:ro" "$coordinator_image" \
+    watch --broker mqtt://mosquitto:1883 --federation demo --once 3 2>&1 | sed 's/\x1b\[[0-9;]*[A-Za-z]//g')"
+  grep -q 'edge-1' <<<"$out" && grep -q 'edge-2' <<<"$out" ||
+    { printf '%s\n' "$out" >&2; say "FAIL: fedge-coordinator watch does not show both edges"; exit 1; }
   # The edges keep serving their metrics; Prometheus saw both train.
   until_ok "Prometheus to scrape both edges" prometheus_at_least 'count(up{job="fedge-edge"} == 1)' 2
   until_ok "Prometheus to see both edges train" prometheus_at_least 'count(fedge_edge_rounds_trained_total >= 1)' 2
-  say "Prometheus scraped the coordinator and both edges; the coordinator's status is retained on the broker"
+  say "Prometheus scraped the coordinator and both edges; the coordinator's retained status and watch show the run"
   # The state lives in the coordinator's volume, written by uid 10001.
   out="$(podman run --rm --network none -v "${volumes[0]}:/var/lib/fedge" --entrypoint stat \
     "$coordinator_image" -c '%u %a' /var/lib/fedge/state/model.bin)"
