@@ -11,15 +11,17 @@
 # It is the only step that downloads anything (Debian's packages); on a machine that can pull
 # images, FEDGE_SMOKE_BASE_IMAGE=docker.io/library/debian:bookworm-slim skips the first.
 #
-# The run assembles the coordinator and edge images with deploy/container/Dockerfile.runtime
-# from the binaries in BIN_DIR (default target/debug: what `cargo build` or `cargo test` made),
-# without network; checks both binaries in their images as the unprivileged user; then runs
-# the stack of compose.yaml (mosquitto, coordinator, two edges, Prometheus, with the same
-# configuration files) in one pod without network, so every service reaches the others on the
-# pod's loopback and nothing is published to the host; waits until the coordinator has
-# aggregated three rounds and Prometheus scrapes all three fedge targets; and removes the pod,
-# its volumes and the images it built, whatever happened. Bounded by FEDGE_SMOKE_TIMEOUT
-# seconds (default 240).
+# The run, without network and loopback only: builds the full Dockerfile around a stand-in cargo
+# (no compile); assembles the coordinator and edge images with Dockerfile.runtime from the
+# binaries in BIN_DIR (default target/debug: what `cargo build` or `cargo test` made); checks
+# both binaries in their images as the unprivileged user, the edge profile and a key made by
+# keygen; then runs the services of compose.yaml (mosquitto, Prometheus, the coordinator, two
+# edges, with the same configuration files and settings) in one pod without network, so every
+# service reaches the others on the pod's loopback and nothing is published to the host; checks
+# that Prometheus scrapes the coordinator, that the federation trains all its rounds and leaves
+# its status on the broker and its model in the coordinator's volume, and that Prometheus
+# scrapes both edges' training; and removes the pod, its volumes and the images it built,
+# whatever happened. Its waits are bounded by FEDGE_SMOKE_TIMEOUT seconds (default 240).
 #
 # Without podman it prints SKIP and exits 0, unless FEDGE_REQUIRE_PODMAN=1 (then it fails).
 set -euo pipefail
