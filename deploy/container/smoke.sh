@@ -295,6 +295,7 @@ run() {
     -v "$here/mosquitto.conf:/mosquitto/config/mosquitto.conf:ro" \
     --entrypoint /usr/sbin/mosquitto "$tools_image" -c /mosquitto/config/mosquitto.conf >/dev/null
   # compose.yaml's health check of the broker.
+  # shellcheck disable=SC2016 # $SYS is the topic, not a variable
   until_ok "mosquitto" podman exec "$name-mosquitto" mosquitto_sub -h 127.0.0.1 -t '$SYS/broker/uptime' -C 1 -W 3
   podman run "${common[@]}" --name "$name-prometheus" --tmpfs /prometheus:mode=1777 \
     -v "$here/prometheus.yml:/etc/prometheus/prometheus.yml:ro" \
@@ -331,7 +332,7 @@ run() {
 
   # Its retained status on the broker, as dashboards read it.
   out="$(podman exec "$name-mosquitto" mosquitto_sub -h 127.0.0.1 -t fedge/demo/coordinator/status -C 1 -W 10)"
-  grep -Eq "\"round\": ?$rounds[,}]" <<<"$out" || { say "FAIL: the coordinator's retained status: $out"; exit 1; }
+  grep -Eq "\"round\": ?${rounds}[,}]" <<<"$out" || { say "FAIL: the coordinator's retained status: $out"; exit 1; }
   # ... and as `fedge-coordinator watch` in the coordinator's image shows it (docs/containers.md).
   out="$(podman run --rm --pod "$name" -v "$work/hosts:/etc/hosts:ro" "$coordinator_image" \
     watch --broker mqtt://mosquitto:1883 --federation demo --once 3 2>&1 | sed 's/\x1b\[[0-9;]*[A-Za-z]//g')"
