@@ -15,6 +15,7 @@ mod bad_input;
 mod bench_smoke;
 mod broker_hardening;
 mod check;
+mod containers;
 mod dashboards;
 mod efficientnet;
 mod enrol;
