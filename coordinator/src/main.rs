@@ -436,7 +436,7 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        fedge_daemon::shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
     let rounds = match (config.role, &config.site) {
@@ -593,7 +593,7 @@ async fn watch(
                     dirty = false;
                 }
             },
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = fedge_daemon::shutdown_signal() => return Ok(()),
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`lists`]: one-entry-per-line text files (the federation's class list).
 //! - [`secret`]: reading a secret only from a file private to its owner.
 //! - [`metrics`]: the `GET /metrics` server for Prometheus and the process's memory.
+//! - [`signals`]: the stop signals (Ctrl-C, SIGTERM) a daemon ends on.
 //!
 //! It knows nothing of rounds, messages, MQTT or ML.
 
@@ -16,8 +17,10 @@ pub mod lists;
 pub mod logs;
 pub mod metrics;
 pub mod secret;
+pub mod signals;
 
 pub use durable::{Visibility, write_atomically};
 pub use lists::read_list;
 pub use logs::{LogArgs, LogFormat, init_logs, init_logs_to};
 pub use secret::{SecretError, read_secret};
+pub use signals::shutdown_signal;

@@ -263,9 +263,22 @@ fn predict(
     Ok(all_ok)
 }
 
-/// The agent until Ctrl-C.
+/// The agent until Ctrl-C or SIGTERM (which also end the set-up: the features of a large
+/// folder can take minutes).
 async fn run(config: EdgeConfig) -> anyhow::Result<()> {
-    let setup = config.setup()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        fedge_daemon::shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut stopped = stop_rx.clone();
+    let setup = tokio::select! {
+        setup = tokio::task::spawn_blocking(move || config.setup()) => setup??,
+        _ = stopped.changed() => {
+            tracing::info!("stopped during set-up");
+            std::process::exit(0);
+        }
+    };
     tracing::info!(
         client = %setup.client_id,
         train = setup.train.len(),
@@ -274,11 +287,6 @@ async fn run(config: EdgeConfig) -> anyhow::Result<()> {
         device = %setup.device.name,
         "edge starting"
     );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        let _ = stop_tx.send(true);
-    });
     let summary = fedge_edge::run_agent(setup, stop_rx).await?;
     tracing::info!(
         rounds = summary.rounds_trained,

@@ -4,7 +4,8 @@
 //! themselves, openssl, qemu) over loopback, each bounded in time; unit tests stay next to the
 //! code they test. Tests needing a tool that is missing skip, unless CI's
 //! `FEDGE_REQUIRE_MOSQUITTO=1`, `FEDGE_REQUIRE_ARM64=1`, `FEDGE_REQUIRE_EFFICIENTNET=1` or
-//! `FEDGE_REQUIRE_ONNXRUNTIME=1` or `FEDGE_REQUIRE_PROMETHEUS=1` says it must be there.
+//! `FEDGE_REQUIRE_ONNXRUNTIME=1`, `FEDGE_REQUIRE_PROMETHEUS=1` or `FEDGE_REQUIRE_PODMAN=1` says it
+//! must be there.
 
 mod common;
 
