@@ -128,6 +128,20 @@ enum Command {
         #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
         valid: std::time::Duration,
     },
+    /// Distribute a backbone over MQTT: its card and ONNX file, retained on
+    /// fedge/<federation>/backbone/<sha256>, and backbone/current pointing at it. Devices whose
+    /// profile says backbone = "federation" fetch, verify and cache it.
+    #[command(
+        after_help = "Example: fedge-coordinator publish-backbone --config configs/coordinator.toml --card models/assets/digits-conv.toml"
+    )]
+    PublishBackbone {
+        /// The coordinator's TOML file: its broker, federation and keys file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The backbone's model card (its `file` names the ONNX file, relative to the card).
+        #[arg(long)]
+        card: PathBuf,
+    },
     /// Export the released model as one ONNX file (backbone + head, softmax at the end, class
     /// names in its metadata) and its model card, for onnxruntime, tract or any ONNX runtime.
     ///
@@ -292,6 +306,9 @@ async fn main() -> anyhow::Result<()> {
                 token.to_hex()
             );
             Ok(())
+        }
+        Command::PublishBackbone { config, card } => {
+            fedge_coordinator::io::backbone::publish_backbone(&config, &card).await
         }
         Command::Keygen { client, keys, out } => {
             keys::keygen(&keys, &client, &out)?;

@@ -207,8 +207,12 @@ pub struct EdgeConfig {
     /// Broker.
     #[serde(default)]
     pub broker: BrokerConfig,
-    /// Model card of the backbone.
+    /// Model card of the backbone, or `"federation"`: the one the federation distributes
+    /// (`fedge-coordinator publish-backbone`), fetched into `cache_dir` at start.
     pub backbone: PathBuf,
+    /// Set once `backbone` is a card fetched from the federation (not read from the file).
+    #[serde(skip)]
+    pub fetched_backbone: bool,
     /// `train` (the default) or `evaluate`: an evaluation-only device never trains; it
     /// scores every released model on all of its labelled data and reports the accuracy.
     #[serde(default)]
@@ -287,6 +291,9 @@ fn default_val_fraction() -> f32 {
     0.1
 }
 
+/// The profile's `backbone` value that means "the federation's" (`crate::fetch`).
+pub const FROM_FEDERATION: &str = "federation";
+
 impl EdgeConfig {
     /// Reads a file and resolves its relative paths.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -299,7 +306,9 @@ impl EdgeConfig {
             source: Box::new(e),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        config.backbone = base.join(&config.backbone);
+        if !config.backbone_from_federation() {
+            config.backbone = base.join(&config.backbone);
+        }
         if let Some(dir) = &config.cache_dir {
             config.cache_dir = Some(base.join(dir));
         }
@@ -379,6 +388,12 @@ impl EdgeConfig {
         Ok(domain.data)
     }
 
+    /// `backbone = "federation"`: the device takes the backbone the federation distributes
+    /// (fetched by `crate::fetch`), kept in `cache_dir`.
+    pub fn backbone_from_federation(&self) -> bool {
+        self.backbone == Path::new(FROM_FEDERATION)
+    }
+
     /// Reads the device key named by `key_file`, if any.
     pub fn load_key(&self) -> Result<Option<fedge_wire::DeviceKey>, SetupError> {
         let Some(path) = &self.key_file else {
@@ -403,6 +418,7 @@ impl EdgeConfig {
         let feature_size = backbone.card().feature_size;
         let backbone_name = backbone.card().name.clone();
         let backbone_sha256 = Some(backbone.reference().sha256);
+        let follows_federation_backbone = self.fetched_backbone;
         let data = match &self.data {
             DataConfig::ImageFolder { rescan: true, .. } => self.scanned(Arc::clone(&backbone))?,
             _ => self.loaded(&backbone, backbone_id)?,
@@ -433,6 +449,7 @@ impl EdgeConfig {
             profile: self.profile.clone(),
             backbone: backbone_name,
             backbone_sha256,
+            follows_federation_backbone,
             seed: self.seed,
             key,
             scan: data.scan,

@@ -23,6 +23,7 @@ pub mod config;
 pub mod data;
 pub mod enrol;
 pub mod features;
+pub mod fetch;
 pub mod inference;
 pub mod metrics;
 pub mod random;

@@ -271,6 +271,55 @@ async fn run(config: EdgeConfig) -> anyhow::Result<()> {
         fedge_daemon::shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
+    let mut wanted = None;
+    loop {
+        let mut config = config.clone();
+        if config.backbone_from_federation() {
+            config.backbone = federation_backbone(&config, wanted.take(), stop_rx.clone()).await?;
+            config.fetched_backbone = true;
+        }
+        let moved = run_once(config, stop_rx.clone()).await?;
+        match moved {
+            Some(reference) => wanted = Some(reference),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// The card of the federation's backbone (or of `wanted`), fetched until it comes or a stop
+/// signal arrives; the device's status says why while it cannot.
+async fn federation_backbone(
+    config: &EdgeConfig,
+    wanted: Option<fedge_wire::BackboneRef>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<PathBuf> {
+    loop {
+        let (profile, wanted) = (config.clone(), wanted.clone());
+        let fetch = tokio::task::spawn_blocking(move || {
+            let timeout = std::time::Duration::from_secs(30);
+            fedge_edge::fetch::fetch_backbone(&profile, wanted, timeout)
+        });
+        let failed = tokio::select! {
+            fetched = fetch => match fetched? {
+                Ok(card) => return Ok(card),
+                Err(reason) => reason,
+            },
+            _ = stop.changed() => std::process::exit(0),
+        };
+        tracing::error!(%failed, "cannot take the federation's backbone; trying again in 10 s");
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+            _ = stop.changed() => std::process::exit(0),
+        }
+    }
+}
+
+/// One run of the agent: its set-up, then rounds until a stop signal (`None`) or a task naming
+/// another backbone of the federation (`Some`, to be fetched).
+async fn run_once(
+    config: EdgeConfig,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Option<fedge_wire::BackboneRef>> {
     let mut stopped = stop_rx.clone();
     let setup = tokio::select! {
         setup = tokio::task::spawn_blocking(move || config.setup()) => setup??,
@@ -293,5 +342,5 @@ async fn run(config: EdgeConfig) -> anyhow::Result<()> {
         bytes_up = summary.bytes_up,
         "edge stopped"
     );
-    Ok(())
+    Ok(summary.backbone_moved)
 }

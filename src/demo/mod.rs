@@ -443,6 +443,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         profile: "demo".into(),
         backbone: DIGITS_CONV.into(),
         backbone_sha256: None,
+        follows_federation_backbone: false,
         seed: options.seed,
         key: None,
         scan: None,

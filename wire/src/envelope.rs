@@ -12,7 +12,7 @@
 use serde::Deserialize;
 
 use crate::error::DecodeError;
-use crate::messages::{Chunk, ClientUpdate, RoundTask, Sealed};
+use crate::messages::{BackboneObject, Chunk, ClientUpdate, RoundTask, Sealed};
 use crate::model::ModelRelease;
 
 /// First four bytes of every fedge binary payload.
@@ -51,6 +51,8 @@ pub enum Kind {
     Sealed = 4,
     /// [`ModelRelease`]: a released global head.
     Model = 5,
+    /// [`BackboneObject`]: a backbone the federation distributes (protocol 8).
+    Backbone = 6,
 }
 
 impl TryFrom<u8> for Kind {
@@ -64,6 +66,7 @@ impl TryFrom<u8> for Kind {
             3 => Ok(Self::Chunk),
             4 => Ok(Self::Sealed),
             5 => Ok(Self::Model),
+            6 => Ok(Self::Backbone),
             other => Err(DecodeError::UnknownKind(other)),
         }
     }
@@ -83,6 +86,9 @@ pub enum Message {
     Sealed(Sealed),
     /// A released global head; check it with [`ModelRelease::verify`].
     Model(ModelRelease),
+    /// A backbone the federation distributes; check its digest against the one a round task
+    /// names ([`BackboneObject::reference`]).
+    Backbone(BackboneObject),
 }
 
 impl Message {
@@ -94,6 +100,7 @@ impl Message {
             Self::Chunk(_) => Kind::Chunk,
             Self::Sealed(_) => Kind::Sealed,
             Self::Model(_) => Kind::Model,
+            Self::Backbone(_) => Kind::Backbone,
         }
     }
 }
@@ -150,6 +157,7 @@ pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
         Message::Chunk(chunk) => chunk.data.len(),
         Message::Sealed(sealed) => sealed.inner.len() + 48 * sealed.tags.len(),
         Message::Model(model) => model.params.packed_len() + 32 * model.classes.len(),
+        Message::Backbone(backbone) => backbone.onnx.len() + backbone.card.len(),
     };
     let mut out = Vec::with_capacity(HEADER_LEN + bulk + 128 + TRAILER_LEN);
     out.extend_from_slice(&MAGIC);
@@ -164,6 +172,7 @@ pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
         Message::Chunk(chunk) => postcard::to_extend(chunk, out),
         Message::Sealed(sealed) => postcard::to_extend(sealed, out),
         Message::Model(model) => postcard::to_extend(model, out),
+        Message::Backbone(backbone) => postcard::to_extend(backbone, out),
     };
     // Postcard only fails to serialise into a growable vector for sequences of unknown length,
     // which derived `Serialize` implementations never produce.
@@ -247,6 +256,7 @@ pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
             model.params.validate()?;
             Ok(Message::Model(model))
         }
+        Kind::Backbone => Ok(Message::Backbone(decode_body(frame.body)?)),
     }
 }
 
@@ -332,6 +342,11 @@ mod tests {
                 encode(&Message::ClientUpdate(client_update())),
                 &[("cam-01", &crate::auth::DeviceKey::from_bytes([9; 32]))],
             )),
+            Message::Backbone(BackboneObject {
+                card: "name = \"digits-conv\"\nfile = \"digits-conv.onnx\"\n".into(),
+                name: "digits-conv".into(),
+                onnx: vec![8, 1, 0, 255],
+            }),
         ]
     }
 

@@ -1,8 +1,12 @@
-//! The coordinator's frames a participant reads (round tasks, released models): reassembled
+//! The coordinator's frames a participant reads (round tasks, released models, distributed
+//! backbones): reassembled
 //! from their chunks, opened with the participant's key, decoded. A device reads them from its
 //! coordinator, a site aggregator from the global one.
 
-use crate::{AuthError, DecodeError, DeviceKey, Message, ModelRelease, Reassembler, RoundTask};
+use crate::{
+    AuthError, BackboneObject, BackboneRef, DecodeError, DeviceKey, Message, ModelRelease,
+    Reassembler, RoundTask,
+};
 
 /// A round task that names this participant but cannot be trusted.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -101,5 +105,53 @@ pub fn decode_release(
             Err(e) => Err(e.to_string()),
         },
         Ok(_) | Err(_) => Ok(None),
+    }
+}
+
+/// The backbone in a payload of `fedge/<f>/backbone/<sha256>`: `Ok(None)` while chunks are
+/// missing; `Err` for a backbone whose ONNX digest is not `expected`'s, or, with a key, that
+/// lacks the coordinator's seal.
+pub fn decode_backbone(
+    reassembler: &mut Reassembler,
+    payload: &[u8],
+    now_ms: u64,
+    client_id: &str,
+    key: Option<&DeviceKey>,
+    expected: &BackboneRef,
+) -> Result<Option<BackboneObject>, String> {
+    let Some(message) = whole_frame(reassembler, payload, now_ms) else {
+        return Ok(None);
+    };
+    let message = match (message, key) {
+        (Ok(Message::Sealed(sealed)), Some(key)) => {
+            let inner = sealed.open(client_id, key).map_err(|e| e.to_string())?;
+            crate::decode(inner)
+        }
+        (Ok(Message::Sealed(sealed)), None) => crate::decode(&sealed.inner),
+        (Ok(Message::Backbone(_)), Some(_)) => {
+            return Err(
+                "a backbone without the coordinator's tag, but this device has a key".into(),
+            );
+        }
+        (other, _) => other,
+    };
+    match message {
+        Ok(Message::Backbone(object)) => {
+            let found = object.reference();
+            if found.sha256 == expected.sha256 {
+                Ok(Some(object))
+            } else {
+                Err(format!(
+                    "the backbone's ONNX file has sha256 {}…, not the {}… the federation names",
+                    found.short(),
+                    expected.short()
+                ))
+            }
+        }
+        Ok(other) => Err(format!(
+            "a {:?} frame where a backbone was expected",
+            other.kind()
+        )),
+        Err(e) => Err(e.to_string()),
     }
 }

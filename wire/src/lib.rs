@@ -41,12 +41,12 @@ pub use envelope::{
     decode, decode_checked, decode_frame, encode, encode_as, frame_version,
 };
 pub use error::{DecodeError, UnknownName};
-pub use frames::{TaskError, decode_release, decode_task};
+pub use frames::{TaskError, decode_backbone, decode_release, decode_task};
 pub use layout::{HeadConfig, ModelLayout};
 pub use messages::{
-    BackboneRef, Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain, LocalMetrics,
-    MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS, MAX_STABLE_BATCHES, Objective, RoundTask, Sealed,
-    StableSchedule, Tag, TrainParams,
+    BackboneObject, BackboneRef, Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain,
+    LocalMetrics, MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS, MAX_STABLE_BATCHES, Objective, RoundTask,
+    Sealed, StableSchedule, Tag, TrainParams,
 };
 pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,

@@ -392,6 +392,26 @@ pub struct BackboneRef {
     pub sha256: [u8; 32],
 }
 
+/// A backbone as the federation distributes it (`fedge-coordinator publish-backbone`): its
+/// model card and ONNX file, retained on `fedge/<f>/backbone/<sha256>` (protocol 8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackboneObject {
+    /// The model card (TOML text; its `file` names the ONNX file).
+    pub card: String,
+    /// The card's `name`.
+    pub name: String,
+    /// The ONNX file.
+    #[serde(with = "serde_bytes")]
+    pub onnx: Vec<u8>,
+}
+
+impl BackboneObject {
+    /// How round tasks name this backbone.
+    pub fn reference(&self) -> BackboneRef {
+        BackboneRef::of(&self.name, &self.onnx)
+    }
+}
+
 impl BackboneRef {
     /// The backbone named `name` whose ONNX file is `onnx`.
     pub fn of(name: &str, onnx: &[u8]) -> Self {

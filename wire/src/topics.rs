@@ -114,6 +114,18 @@ impl Topics {
         self.client_of_edge_topic(topic, "enrol/request")
     }
 
+    /// `fedge/<f>/backbone/current` (JSON `{"name", "sha256"}`, retained): the backbone the
+    /// federation trains on, which `fedge-coordinator publish-backbone` distributes.
+    pub fn backbone_current(&self) -> String {
+        format!("{}/backbone/current", self.root)
+    }
+
+    /// `fedge/<f>/backbone/<sha256>` (a `BackboneObject` frame, retained; chunk `i` on
+    /// `…/<sha256>/<i>` when larger than the packet limit).
+    pub fn backbone(&self, sha256_hex: &str) -> String {
+        format!("{}/backbone/{sha256_hex}", self.root)
+    }
+
     /// The client id in an update topic of this federation, if `topic` is one.
     pub fn client_of_update<'a>(&self, topic: &'a str) -> Option<&'a str> {
         self.client_of_edge_topic(topic, "update")

@@ -3,6 +3,7 @@
 //! optional embedded broker ([`broker`]), Home Assistant discovery ([`discovery`]) and the
 //! `watch` terminal view ([`watch`]). Nothing here decides anything about a round.
 
+pub mod backbone;
 pub mod broker;
 mod contract;
 pub mod ctl;

@@ -126,10 +126,10 @@ pub(super) fn authenticated_update(
         Message::RoundTask(_) => {
             return Err((Rejection::WrongKind, "round task on an update topic".into()));
         }
-        Message::Model(_) => {
+        Message::Model(_) | Message::Backbone(_) => {
             return Err((
                 Rejection::WrongKind,
-                "model release on an update topic".into(),
+                "model release or backbone on an update topic".into(),
             ));
         }
         Message::Chunk(_) => {

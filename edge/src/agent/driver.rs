@@ -128,6 +128,10 @@ pub async fn run_agent(
             _ = stop.changed() => break,
         }
         perform(&mut agent, &mut setup, &client, &local_state, &done);
+        if agent.summary().backbone_moved.is_some() {
+            tracing::info!("the federation moved to another backbone: fetching it");
+            break;
+        }
     }
     agent.handle_stop();
     perform(&mut agent, &mut setup, &client, &local_state, &done);

@@ -61,6 +61,9 @@ pub struct Identity {
     /// The SHA-256 of the backbone's ONNX file, when known: a task naming another backbone
     /// is refused.
     pub backbone_sha256: Option<[u8; 32]>,
+    /// The backbone is the federation's (`backbone = "federation"`): a task naming another
+    /// one ends the agent's run so that it is fetched ([`AgentSummary::backbone_moved`]).
+    pub follows_federation_backbone: bool,
     /// Training device name, for status.
     pub device: String,
     /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
@@ -133,6 +136,9 @@ pub struct AgentSummary {
     pub bytes_down: u64,
     /// Times somebody else's status on the device's topic was replaced by its own.
     pub statuses_restored: u64,
+    /// A device that takes its backbone from the federation (`backbone = "federation"`) was
+    /// asked to train on another one: the driver stops so that it is fetched.
+    pub backbone_moved: Option<fedge_wire::BackboneRef>,
 }
 
 /// What the driver must do next.
@@ -371,6 +377,12 @@ impl Agent {
         };
         if let Some(refusal) = self.refusal(&task) {
             tracing::warn!(client = %client_id, "{refusal}");
+            if self.id.follows_federation_backbone
+                && let Some(theirs) = &task.backbone
+                && Some(theirs.sha256) != self.id.backbone_sha256
+            {
+                self.summary.backbone_moved = Some(theirs.clone());
+            }
             self.status.last_error = refusal;
             self.publish_status();
             return;

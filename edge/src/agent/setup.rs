@@ -50,6 +50,8 @@ pub struct AgentSetup {
     pub backbone: String,
     /// SHA-256 of the backbone's ONNX file, when known (tasks naming another are refused).
     pub backbone_sha256: Option<[u8; 32]>,
+    /// The backbone is the federation's: a task naming another ends the run to fetch it.
+    pub follows_federation_backbone: bool,
     /// Seed of local shuffling (mixed with the round number).
     pub seed: u64,
     /// The device's key: when set, updates are sealed with it and round tasks must carry a tag
@@ -114,6 +116,7 @@ impl AgentSetup {
             profile: self.profile.clone(),
             backbone: self.backbone.clone(),
             backbone_sha256: self.backbone_sha256,
+            follows_federation_backbone: self.follows_federation_backbone,
             device: self.device.name.clone(),
             memory_budget_mb: self.memory_budget_mb,
         }

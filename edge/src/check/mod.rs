@@ -68,7 +68,29 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         None => pass("tls", "plain TCP to the broker".into()),
     });
     checks.push(check_cache(config.cache_dir.as_deref()));
-    let backbone = match crate::features::load_backbone(&config.backbone) {
+    let loaded = match config.backbone_from_federation() {
+        // Fetched at start; nothing to run before then.
+        true => {
+            checks.push(match &config.cache_dir {
+                Some(dir) => pass(
+                    "backbone",
+                    format!(
+                        "the federation's (fedge-coordinator publish-backbone), fetched into {} \
+                         at start",
+                        dir.join("backbones").display()
+                    ),
+                ),
+                None => fail(
+                    "backbone",
+                    "backbone = \"federation\" needs cache_dir, where it is kept".into(),
+                ),
+            });
+            Err(None)
+        }
+        false => crate::features::load_backbone(&config.backbone).map_err(Some),
+    };
+    let backbone = match loaded {
+        Err(None) => None,
         Ok((backbone, _)) => {
             let card = backbone.card();
             let input = vec![0f32; card.channels * card.height * card.width];
@@ -101,7 +123,7 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
                 }
             }
         }
-        Err(e) => {
+        Err(Some(e)) => {
             checks.push(fail(
                 "backbone",
                 format!("{e:#} (backbone = {})", config.backbone.display()),

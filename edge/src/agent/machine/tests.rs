@@ -14,6 +14,7 @@ pub(super) fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
         profile: "generic".into(),
         backbone: "digits-conv".into(),
         backbone_sha256: Some([1; 32]),
+        follows_federation_backbone: false,
         device: "cpu".into(),
         memory_budget_mb: 0,
         role: Role::Train,

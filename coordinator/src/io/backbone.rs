@@ -1,0 +1,143 @@
+//! `fedge-coordinator publish-backbone`: a backbone distributed over MQTT. Its model card and
+//! ONNX file travel as one `BackboneObject` frame, retained on `fedge/<f>/backbone/<sha256>`
+//! (chunks on `…/<i>` beyond the packet limit, sealed with every device key when the
+//! federation has keys), and `fedge/<f>/backbone/current` says which one the federation
+//! trains on. Devices whose profile says `backbone = "federation"` fetch, verify and cache it;
+//! round tasks name it once `[model] backbone_sha256` is its digest.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use fedge_wire::{BackboneObject, BackboneRef, DeviceKey, Message, Topics};
+use rumqttc::{AsyncClient, Event, Packet, QoS};
+use serde::{Deserialize, Serialize};
+
+use crate::round::DeviceKeys;
+
+/// The retained pointer on `backbone/current`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Current {
+    /// The card's name.
+    pub name: String,
+    /// SHA-256 of the ONNX file, hex: the object is on `backbone/<sha256>`.
+    pub sha256: String,
+}
+
+/// The object of the card at `card_path` (its `file` relative to it).
+pub fn object(card_path: &Path) -> anyhow::Result<BackboneObject> {
+    let card = std::fs::read_to_string(card_path)
+        .with_context(|| format!("cannot read the card {}", card_path.display()))?;
+    let table: toml::Table =
+        toml::from_str(&card).with_context(|| format!("{} is not TOML", card_path.display()))?;
+    let field = |key: &str| {
+        (table.get(key).and_then(toml::Value::as_str)).with_context(|| {
+            format!(
+                "{}: `{key}` is missing or not a string",
+                card_path.display()
+            )
+        })
+    };
+    let name = field("name")?.to_owned();
+    let onnx_path = card_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(field("file")?);
+    let onnx = std::fs::read(&onnx_path)
+        .with_context(|| format!("cannot read the backbone {}", onnx_path.display()))?;
+    Ok(BackboneObject { card, name, onnx })
+}
+
+/// The frames to publish, retained, topic by topic: the object (sealed for every device in
+/// `keys`, chunked under `max_packet`) and the pointer.
+pub fn frames(
+    topics: &Topics,
+    object: BackboneObject,
+    keys: Option<&DeviceKeys>,
+    max_packet: usize,
+) -> (BackboneRef, Vec<(String, Vec<u8>)>) {
+    let reference = object.reference();
+    let hex = reference.sha256_hex();
+    let mut frame = fedge_wire::encode(&Message::Backbone(object));
+    if let Some(keys) = keys {
+        let signers: Vec<(&str, &DeviceKey)> = keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
+        frame = fedge_wire::seal(frame, &signers);
+    }
+    let base = topics.backbone(&hex);
+    // The digest's first bytes number the chunks, so two backbones never mix theirs.
+    let id = u64::from_le_bytes(reference.sha256[..8].try_into().unwrap_or_default());
+    let pieces = fedge_wire::split_into_chunks(frame, id, max_packet);
+    let mut out: Vec<(String, Vec<u8>)> = match pieces.len() {
+        1 => vec![(base, pieces.into_iter().next().unwrap_or_default())],
+        _ => (pieces.into_iter().enumerate())
+            .map(|(i, piece)| (format!("{base}/{i}"), piece))
+            .collect(),
+    };
+    let current = Current {
+        name: reference.name.clone(),
+        sha256: hex,
+    };
+    // Two strings always serialise.
+    let pointer = serde_json::to_vec(&current).unwrap_or_default();
+    out.push((topics.backbone_current(), pointer));
+    (reference, out)
+}
+
+/// Publishes `frames` retained on `broker` and waits until the broker acknowledged them all.
+pub async fn publish(
+    broker: &fedge_mqtt::BrokerConfig,
+    frames: Vec<(String, Vec<u8>)>,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let id = format!("fedge-publish-backbone-{}", std::process::id());
+    let (client, mut events) = AsyncClient::new(broker.options(&id, None), frames.len() + 4);
+    let total = frames.len();
+    for (topic, payload) in frames {
+        client
+            .publish(topic, QoS::AtLeastOnce, true, payload)
+            .await
+            .context("cannot queue a publish")?;
+    }
+    let deadline = Instant::now() + within;
+    let mut acked = 0;
+    while acked < total {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => anyhow::bail!("the broker: {}", fedge_mqtt::describe_error(&e)),
+            Err(_) => anyhow::bail!("the broker acknowledged {acked} of {total} messages in time"),
+        }
+    }
+    let _ = client.disconnect().await;
+    Ok(())
+}
+
+/// `fedge-coordinator publish-backbone --config C --card CARD`: distributes the card's backbone
+/// on the federation's broker and says how to make round tasks name it.
+pub async fn publish_backbone(config_path: &Path, card_path: &Path) -> anyhow::Result<()> {
+    let config = crate::CoordinatorConfig::load(config_path)?;
+    let topics = Topics::new(&config.federation).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let keys = config.device_keys()?;
+    let object = object(card_path)?;
+    let megabytes = object.onnx.len() as f64 / 1e6;
+    let max_packet = config.broker.max_packet;
+    let (reference, frames) = frames(&topics, object, keys.as_ref(), max_packet);
+    let count = frames.len() - 1;
+    publish(&config.broker, frames, Duration::from_secs(60)).await?;
+    println!(
+        "{}: {megabytes:.1} MB in {count} retained message(s) on {}\n\
+         sha256 {}\n\
+         devices with backbone = \"federation\" fetch it; to have round tasks name it, set\n\
+         [model] backbone = {:?}\n\
+         backbone_sha256 = \"{}\"\n\
+         in {} and restart the coordinator",
+        reference.name,
+        topics.backbone(&reference.sha256_hex()),
+        reference.sha256_hex(),
+        reference.name,
+        reference.sha256_hex(),
+        config_path.display()
+    );
+    Ok(())
+}
