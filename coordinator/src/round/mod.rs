@@ -31,16 +31,19 @@ mod guard;
 mod journaled;
 mod lifecycle;
 mod open;
+mod privacy;
 mod relay;
 mod release;
 pub mod saved;
 pub mod types;
 mod validate;
 
-pub use saved::{Checkpoint, OpenRoundLog, OpenedRound, Record, params_fingerprint};
+pub use saved::{
+    Checkpoint, OpenRoundLog, OpenedRound, Record, SavedAccountant, params_fingerprint,
+};
 pub use types::{
     DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DeviceKeys, MAX_ABS_VALUE, Output, Phase,
-    Rejection, RelayConfig, RelayError, RoundConfig, RoundReport,
+    PrivacySpent, Rejection, RelayConfig, RelayError, RoundConfig, RoundReport,
 };
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -92,6 +95,9 @@ pub enum ResumeError {
     /// FedDDL's `U_G` of another shape, or without FedDDL configured.
     #[error("the checkpoint holds {0} prototype values, which do not fit this configuration")]
     Prototypes(usize),
+    /// The privacy accountant cannot continue under this configuration.
+    #[error("{0}")]
+    Privacy(String),
 }
 
 /// The round state machine.
@@ -129,6 +135,8 @@ pub struct Rounds {
     relayed: Option<types::Relayed>,
     /// A site aggregator's journal of an open round, kept until its global task comes again.
     deferred_log: Option<OpenRoundLog>,
+    /// Central DP's accountant and the open round's draw (see `privacy`).
+    privacy: Option<privacy::Ledger>,
 }
 
 impl Rounds {
@@ -161,6 +169,7 @@ impl Rounds {
             site_accuracy: BTreeMap::new(),
             relayed: None,
             deferred_log: None,
+            privacy: config.privacy.map(privacy::Ledger::new),
             config,
         }
     }
@@ -214,6 +223,7 @@ impl Rounds {
         }
         strategy.restore(&checkpoint.strategy_state)?;
         let mut rounds = Self::new(config, strategy, Vec::new());
+        rounds.restore_privacy(checkpoint.privacy)?;
         if !checkpoint.insight.is_empty() {
             match rounds.insight.as_mut() {
                 Some(insight) if insight.fits(&checkpoint.insight) => {
@@ -255,6 +265,7 @@ impl Rounds {
             strategy_state: self.strategy.state(),
             insight: self.insight().map(<[f32]>::to_vec).unwrap_or_default(),
             prototypes: self.prototypes().map(<[f32]>::to_vec).unwrap_or_default(),
+            privacy: self.saved_privacy(),
         }
     }
 

@@ -1,0 +1,177 @@
+//! `[privacy]`: central differential privacy (DP-FedAvg with an accountant; docs/privacy.md,
+//! docs/algorithms.md §8).
+//!
+//! ```toml
+//! [privacy]
+//! mode = "central"             # "off" (the default) or "central"
+//! clip_norm = 1.0              # every device's delta is scaled to at most this L2 norm
+//! noise_multiplier = 1.0       # noise of standard deviation noise_multiplier × clip_norm
+//! delta = 1e-5                 # the δ of the (ε, δ) reported; below 1 / devices
+//! target_epsilon = 8.0         # optional: finish before a round would pass this ε
+//! sampling = "poisson"         # "poisson" (each device with probability fraction) or "fixed"
+//! # seed = 7                   # tests and simulations only: reproducible noise
+//! ```
+//!
+//! Central DP is refused, with the reason, with `strategy = "fedomg"`, a `robust` rule, the
+//! FedDIM and FedDDL objectives and `role = "site"`.
+
+use serde::{Deserialize, Serialize};
+
+use super::Role;
+use crate::strategy::{CentralDp, PrivacyMode, SamplingKind};
+
+/// `[privacy]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrivacySettings {
+    /// `off` or `central`.
+    pub mode: PrivacyMode,
+    /// `C`: the L2 norm every device's whole delta is clipped to.
+    pub clip_norm: f64,
+    /// `σ`: the noise added once to the round's sum has standard deviation `σ × C`.
+    pub noise_multiplier: f64,
+    /// The δ at which ε is reported and the target is checked.
+    pub delta: f64,
+    /// Finish the federation before a round would take ε past this; none: run on.
+    pub target_epsilon: Option<f64>,
+    /// `poisson` or `fixed`.
+    pub sampling: SamplingKind,
+    /// A fixed seed for the noise: for tests and simulations only, since anyone who knows it
+    /// can remove the noise. Unset: drawn from the operating system.
+    pub seed: Option<u64>,
+}
+
+impl Default for PrivacySettings {
+    fn default() -> Self {
+        Self {
+            mode: PrivacyMode::Off,
+            clip_norm: 0.0,
+            noise_multiplier: 0.0,
+            delta: 1e-5,
+            target_epsilon: None,
+            sampling: SamplingKind::Poisson,
+            seed: None,
+        }
+    }
+}
+
+/// What is wrong with `[privacy]` or what it is combined with; each message names the field
+/// and what to change.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidPrivacy {
+    /// A value outside its domain.
+    #[error("[privacy] {field} = {value}: {expected}")]
+    Value {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: f64,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// FedDIM's or FedDDL's class statistics.
+    #[error(
+        "[privacy] mode = \"central\" cannot run with [train] objective = \"{0}\": its updates \
+         carry each device's per-class statistics ({1}) beside the delta, and they reach the \
+         coordinator and the global tensors every task carries without clipping or noise, so \
+         they would reveal a device's data outside what the accountant counts; use \
+         \"cross-entropy\", \"fedprox\" or \"stable-fedadg\""
+    )]
+    Statistics(fedge_wire::Objective, &'static str),
+    /// A site aggregator.
+    #[error(
+        "[privacy] mode = \"central\" cannot run on a site aggregator (role = \"site\"): its \
+         aggregate is not released but sent upstream as one update, and the noise, the expected \
+         count and the accountant belong where the model is released. Set [privacy] at the \
+         global coordinator, which then protects each site as one participant (docs/privacy.md)"
+    )]
+    Site,
+}
+
+impl PrivacySettings {
+    /// Central DP's settings for the strategy and the round machine; `None` when off.
+    pub fn central(&self) -> Option<CentralDp> {
+        (self.mode == PrivacyMode::Central).then_some(CentralDp {
+            clip_norm: self.clip_norm,
+            noise_multiplier: self.noise_multiplier,
+            delta: self.delta,
+            target_epsilon: self.target_epsilon,
+            sampling: self.sampling,
+        })
+    }
+
+    /// The noise source: seeded when `seed` is set, else from the operating system.
+    pub fn noise(&self) -> fedge_privacy::GaussianNoise {
+        match self.seed {
+            Some(seed) => fedge_privacy::GaussianNoise::from_seed(seed),
+            None => fedge_privacy::GaussianNoise::from_os_rng(),
+        }
+    }
+
+    /// Checks the values and what central DP is combined with (the strategy's own refusals,
+    /// FedOMG and robust rules, are `crate::strategy::StrategyConfig::build_with`'s).
+    pub fn check(
+        &self,
+        objective: fedge_wire::Objective,
+        role: Role,
+    ) -> Result<(), InvalidPrivacy> {
+        if self.mode == PrivacyMode::Off {
+            return Ok(());
+        }
+        let value = |field, value: f64, ok: bool, expected| match ok {
+            true => Ok(()),
+            false => Err(InvalidPrivacy::Value {
+                field,
+                value,
+                expected,
+            }),
+        };
+        let (c, sigma, delta) = (self.clip_norm, self.noise_multiplier, self.delta);
+        value(
+            "clip_norm",
+            c,
+            c.is_finite() && c > 0.0,
+            "must be a finite number > 0 (the L2 bound on each device's delta)",
+        )?;
+        value(
+            "noise_multiplier",
+            sigma,
+            sigma.is_finite() && sigma > 0.0,
+            "must be a finite number > 0 (0 adds no noise and gives no privacy: set mode = \"off\")",
+        )?;
+        value(
+            "delta",
+            delta,
+            delta > 0.0 && delta < 1.0,
+            "must be in (0, 1), well below 1 / the number of devices (1e-5 by default)",
+        )?;
+        if let Some(target) = self.target_epsilon {
+            value(
+                "target_epsilon",
+                target,
+                target.is_finite() && target > 0.0,
+                "must be a finite number > 0, or left out to run without a budget",
+            )?;
+        }
+        use fedge_wire::Objective;
+        match objective {
+            Objective::FedDim => {
+                return Err(InvalidPrivacy::Statistics(
+                    objective,
+                    "FedDIM: class counts and class means of its hidden features",
+                ));
+            }
+            Objective::FedDdl => {
+                return Err(InvalidPrivacy::Statistics(
+                    objective,
+                    "FedDDL: class counts and causal prototypes of its hidden features",
+                ));
+            }
+            _ => {}
+        }
+        if role == Role::Site {
+            return Err(InvalidPrivacy::Site);
+        }
+        Ok(())
+    }
+}
