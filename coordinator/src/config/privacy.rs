@@ -175,3 +175,127 @@ impl PrivacySettings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::CoordinatorConfig;
+    use crate::strategy::PrivacyMode;
+
+    const HEAD: &str = "[head]\nfeatures = 4\nclasses = 2\n";
+    const CENTRAL: &str =
+        "[privacy]\nmode = \"central\"\nclip_norm = 1.0\nnoise_multiplier = 1.1\n";
+
+    /// Loads a configuration of `top` keys, the head, `[privacy]` and `rest` sections.
+    fn load(top: &str, privacy: &str, rest: &str) -> Result<CoordinatorConfig, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let text = format!("federation = \"f\"\n{top}{HEAD}{privacy}{rest}");
+        std::fs::write(&path, text).unwrap();
+        CoordinatorConfig::load(Path::new(&path)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn central_dp_reaches_the_strategy_and_the_round_machine() {
+        let config = load(
+            "strategy = \"fedavgm\"\n",
+            &format!("{CENTRAL}seed = 5\nsampling = \"fixed\"\ntarget_epsilon = 4.0\n"),
+            "",
+        )
+        .unwrap();
+        assert_eq!(config.privacy.mode, PrivacyMode::Central);
+        assert_eq!(config.privacy.delta, 1e-5);
+        let round = config.round_config().privacy.unwrap();
+        assert_eq!((round.clip_norm, round.noise_multiplier), (1.0, 1.1));
+        assert_eq!(round.target_epsilon, Some(4.0));
+        assert_eq!(round.sampling, crate::strategy::SamplingKind::Fixed);
+        assert_eq!(
+            config.build_strategy().unwrap().name(),
+            "dp-fedavg+momentum"
+        );
+        let off = load("", "", "").unwrap();
+        assert!(off.round_config().privacy.is_none());
+        assert_eq!(off.build_strategy().unwrap().name(), "fedavg");
+    }
+
+    #[test]
+    fn refused_combinations_and_bad_values_give_the_reason() {
+        for (top, privacy, rest, expected) in [
+            (
+                "strategy = \"fedomg\"\n",
+                CENTRAL,
+                "",
+                "strategy = \"fedomg\": FedOMG weighs each device by the direction",
+            ),
+            ("robust = \"median\"\n", CENTRAL, "", "robust = \"median\""),
+            ("robust = \"clip\"\n", CENTRAL, "", "set robust = \"none\""),
+            (
+                "",
+                CENTRAL,
+                "[train]\nobjective = \"feddim\"\n",
+                "objective = \"feddim\": its updates carry each device's per-class statistics",
+            ),
+            (
+                "",
+                CENTRAL,
+                "[train]\nobjective = \"fedddl\"\n",
+                "causal prototypes",
+            ),
+            (
+                "role = \"site\"\n",
+                CENTRAL,
+                "[site]\nname = \"s\"\nfederation = \"g\"\n",
+                "cannot run on a site aggregator (role = \"site\")",
+            ),
+            (
+                "",
+                "[privacy]\nmode = \"central\"\nnoise_multiplier = 1.0\n",
+                "",
+                "[privacy] clip_norm = 0",
+            ),
+            (
+                "",
+                "[privacy]\nmode = \"central\"\nclip_norm = 1.0\n",
+                "",
+                "[privacy] noise_multiplier = 0: must be a finite number > 0 (0 adds no noise",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}delta = 1.5\n"),
+                "",
+                "[privacy] delta = 1.5",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}target_epsilon = -1\n"),
+                "",
+                "[privacy] target_epsilon = -1",
+            ),
+            (
+                "",
+                "[privacy]\nmode = \"local\"\n",
+                "",
+                "expected `off` or `central`",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}sampling = \"uniform\"\n"),
+                "",
+                "expected `poisson` or `fixed`",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}adaptive = true\n"),
+                "",
+                "unknown field `adaptive`",
+            ),
+        ] {
+            let err = load(top, privacy, rest).err().unwrap_or_default();
+            assert!(err.contains(expected), "{top}{privacy}{rest}: {err}");
+        }
+        // The same combinations load without central DP.
+        assert!(load("strategy = \"fedomg\"\n", "[privacy]\nmode = \"off\"\n", "").is_ok());
+        assert!(load("", "", "[train]\nobjective = \"feddim\"\n").is_ok());
+    }
+}

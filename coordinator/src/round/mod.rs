@@ -613,3 +613,6 @@ mod task_codec_tests;
 
 #[cfg(test)]
 mod control_tests;
+
+#[cfg(test)]
+mod privacy_tests;
