@@ -29,6 +29,7 @@ mod admit;
 mod control;
 mod guard;
 mod journaled;
+mod ledger;
 mod lifecycle;
 mod open;
 mod privacy;
@@ -135,8 +136,8 @@ pub struct Rounds {
     relayed: Option<types::Relayed>,
     /// A site aggregator's journal of an open round, kept until its global task comes again.
     deferred_log: Option<OpenRoundLog>,
-    /// Central DP's accountant and the open round's draw (see `privacy`).
-    privacy: Option<privacy::Ledger>,
+    /// Central DP's accountant and the open round's draw (`ledger`, used by `privacy`).
+    privacy: Option<ledger::Ledger>,
 }
 
 impl Rounds {
@@ -169,7 +170,7 @@ impl Rounds {
             site_accuracy: BTreeMap::new(),
             relayed: None,
             deferred_log: None,
-            privacy: config.privacy.map(privacy::Ledger::new),
+            privacy: config.privacy.map(ledger::Ledger::new),
             config,
         }
     }

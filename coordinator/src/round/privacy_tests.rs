@@ -104,9 +104,10 @@ fn the_accountant_after_n_rounds_is_the_direct_composition_and_survives_a_checkp
         assert_eq!(report.reported.len(), *size);
     }
 
-    // Through the checkpoint file's bytes and back, ε continues where it was.
-    let bytes = crate::store::checkpoint::encode(&m.checkpoint());
-    let saved = crate::store::checkpoint::decode(&bytes).unwrap();
+    // Through the checkpoint's binary body (postcard, as `store::checkpoint` writes it) and
+    // back, ε continues where it was.
+    let bytes = postcard::to_stdvec(&m.checkpoint()).unwrap();
+    let saved: Checkpoint = postcard::from_bytes(&bytes).unwrap();
     let strategy = DpFedAvg::new(settings, GaussianNoise::from_seed(18));
     let config = m.config().clone();
     let mut resumed = Rounds::resume(config, Box::new(strategy), saved, M).unwrap();
@@ -265,4 +266,23 @@ fn a_journaled_round_is_drawn_afresh_under_central_dp() {
         vec![0.0; M],
     );
     assert_eq!(fresh.restore_round(log, 0), None);
+}
+
+#[test]
+fn a_checkpoint_cannot_switch_the_sampling_it_spent_epsilon_under() {
+    let poisson = dp(SamplingKind::Poisson, None);
+    let mut m = private_machine(4, 0.5, 0, poisson);
+    run(&mut m, 2, [0.1; M]);
+    let fixed = dp(SamplingKind::Fixed, None);
+    let config = RoundConfig {
+        privacy: Some(fixed),
+        ..m.config().clone()
+    };
+    let strategy = DpFedAvg::new(fixed, GaussianNoise::from_seed(1));
+    let err = Rounds::resume(config, Box::new(strategy), m.checkpoint(), M).err();
+    let err = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        err.contains("sampling = \"fixed\" cannot continue it"),
+        "{err}"
+    );
 }

@@ -82,7 +82,7 @@ pub struct DpFedAvg {
 
 impl DpFedAvg {
     /// The strategy with these settings, drawing its noise from `noise`. The settings are
-    /// checked where they are read (`crate::config`); a non-positive or non-finite clip norm
+    /// checked where the configuration is read; a non-positive or non-finite clip norm
     /// here zeroes every delta.
     pub fn new(settings: CentralDp, noise: GaussianNoise) -> Self {
         Self {
