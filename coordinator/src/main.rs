@@ -368,7 +368,21 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         Some(file) => read_f32_file(file, layout.num_params())?,
         None => layout.init_flat(config.seed),
     };
-    let strategy = config.strategy.build()?;
+    let strategy = config.build_strategy()?;
+    if let Some(dp) = config.privacy.central() {
+        tracing::info!(
+            clip_norm = dp.clip_norm,
+            noise_multiplier = dp.noise_multiplier,
+            delta = dp.delta,
+            target_epsilon = ?dp.target_epsilon,
+            sampling = %dp.sampling,
+            seeded = config.privacy.seed.is_some(),
+            "central differential privacy on (DP-FedAvg)"
+        );
+        if config.privacy.seed.is_some() {
+            tracing::warn!("[privacy] seed is set: the noise is reproducible, for tests only");
+        }
+    }
     let mut round_config = config.round_config();
     // A fresh federation's run; a resumed checkpoint brings its own.
     round_config.run = rand::random();

@@ -82,6 +82,22 @@ pub struct CoordinatorStatus {
     pub params_norm: f32,
     /// RFC 3339 time of this document.
     pub updated_at: String,
+    /// Differential privacy on the coordinator: `central` (DP-FedAvg); absent when off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privacy: Option<String>,
+    /// Central DP: the ε spent so far, at [`CoordinatorStatus::delta`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    /// Central DP: the δ of the guarantee.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
+    /// Central DP: the configured budget, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_epsilon: Option<f64>,
+    /// Central DP: one more round would have passed `target_epsilon`, so the federation
+    /// finished; absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub privacy_budget_exhausted: bool,
 }
 
 /// Retained on `fedge/<f>/edge/<client>/status`; the Last Will publishes `online: false`.
@@ -238,6 +254,11 @@ mod tests {
             source_val_accuracy: None,
             params_norm: 1.25,
             updated_at: "2025-01-01T00:00:00Z".into(),
+            privacy: Some("central".into()),
+            epsilon: Some(1.5),
+            delta: Some(1e-5),
+            target_epsilon: Some(8.0),
+            privacy_budget_exhausted: false,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"round\":4"));

@@ -56,13 +56,18 @@
 //! [auth]
 //! keys_file = "devices.toml"   # optional: device keys; every update must be tagged
 //! operator_key_file = "operator.key"  # optional: takes `fedge-coordinator ctl` commands
+//!
+//! [privacy]
+//! mode = "off"                 # "central": DP-FedAvg with an accountant (see [`privacy`])
 //! ```
 //!
 //! `role = "site"` and a `[site]` section make the coordinator a site aggregator ([`site`]).
 
+mod privacy;
 mod protocol;
 mod site;
 
+pub use privacy::{InvalidPrivacy, PrivacySettings};
 pub use protocol::{PreviousProtocol, ProtocolSettings};
 pub use site::{InvalidSite, Role, SiteSettings};
 
@@ -170,6 +175,9 @@ pub struct CoordinatorConfig {
     /// The rolling-upgrade window.
     #[serde(default)]
     pub protocol: ProtocolSettings,
+    /// Differential privacy (`[privacy]`): off, or central DP-FedAvg with an accountant.
+    #[serde(default)]
+    pub privacy: PrivacySettings,
 }
 
 /// `[model]`: the federation's class list, sent with every task and in every released model.
@@ -364,6 +372,9 @@ pub enum InvalidConfig {
     /// `role` and `[site]` do not fit.
     #[error(transparent)]
     Site(#[from] InvalidSite),
+    /// `[privacy]` out of range, or combined with what central DP cannot protect.
+    #[error(transparent)]
+    Privacy(#[from] InvalidPrivacy),
 }
 
 impl CoordinatorConfig {
@@ -468,9 +479,22 @@ impl CoordinatorConfig {
             .unwrap_or_else(|| fedge_wire::numbered_classes(self.head.classes))
     }
 
+    /// The strategy the configuration names, central DP-FedAvg in FedAvg's place when
+    /// `[privacy] mode = "central"` (its noise from the operating system unless `[privacy] seed`
+    /// is set).
+    pub fn build_strategy(
+        &self,
+    ) -> Result<Box<dyn crate::strategy::Strategy>, crate::strategy::BuildError> {
+        let private = self.privacy.central().map(|dp| (dp, self.privacy.noise()));
+        self.strategy.build_with(private)
+    }
+
     fn check(&self) -> Result<(), InvalidConfig> {
         fedge_wire::Topics::new(&self.federation).map_err(InvalidConfig::Federation)?;
-        self.strategy.build()?;
+        self.privacy.check(self.train.objective, self.role)?;
+        let private = self.privacy.central();
+        let noise = || fedge_privacy::GaussianNoise::from_seed(0);
+        self.strategy.build_with(private.map(|dp| (dp, noise())))?;
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
             return Err(InvalidConfig::Fraction(self.fraction));
         }
@@ -576,6 +600,7 @@ impl CoordinatorConfig {
             max_update_norm: self.max_update_norm,
             max_norm_ratio: self.max_norm_ratio,
             max_weight_ratio: self.max_weight_ratio,
+            privacy: self.privacy.central(),
             relay: self
                 .site
                 .as_ref()

@@ -44,6 +44,7 @@ pub struct Metrics {
     devices_selected: Gauge,
     round: Gauge,
     resident_bytes: Gauge<u64, AtomicU64>,
+    privacy_epsilon: Gauge<f64, AtomicU64>,
     last_opened: std::sync::atomic::AtomicU64,
 }
 
@@ -72,6 +73,7 @@ impl Metrics {
             devices_selected: Gauge::default(),
             round: Gauge::default(),
             resident_bytes: Gauge::default(),
+            privacy_epsilon: Gauge::default(),
             last_opened: Default::default(),
         };
         let r = &mut m.registry;
@@ -127,7 +129,17 @@ impl Metrics {
             "The coordinator's resident memory",
             m.resident_bytes.clone(),
         );
+        r.register(
+            "privacy_epsilon",
+            "Central differential privacy: the epsilon spent so far at the configured delta (0 when off)",
+            m.privacy_epsilon.clone(),
+        );
         m
+    }
+
+    /// Central DP's ε spent so far.
+    pub fn privacy_epsilon(&self, epsilon: f64) {
+        self.privacy_epsilon.set(epsilon);
     }
 
     /// A round's task was published (a republished task is not a new round).
@@ -219,10 +231,12 @@ mod tests {
                 params_norm: 0.0,
                 aggregation: None,
                 failures: Default::default(),
+                privacy: None,
             },
             0.002,
         );
         m.devices(3, 2);
+        m.privacy_epsilon(1.5);
         let text = m.encode();
         for line in [
             "fedge_rounds_opened_total 1",
@@ -232,6 +246,7 @@ mod tests {
             "fedge_devices_online 3",
             "fedge_round 1",
             "fedge_round_duration_seconds_count 1",
+            "fedge_privacy_epsilon 1.5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

@@ -225,6 +225,9 @@ impl Sinks<'_> {
         }
         if let Some(m) = metrics {
             m.devices(rounds.online().len(), rounds.selected());
+            if let Some(spent) = rounds.privacy_spent() {
+                m.privacy_epsilon(spent.epsilon);
+            }
             m.sent(outbox.take_sent());
         }
         let now = Instant::now();

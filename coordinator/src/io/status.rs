@@ -52,6 +52,7 @@ pub fn status_at(
     let deadline = rounds
         .deadline_ms()
         .map(|ms| rfc3339(context.wall + Duration::from_millis(ms.saturating_sub(context.now_ms))));
+    let privacy = rounds.privacy_spent();
     CoordinatorStatus {
         federation: context.federation.clone(),
         state: rounds.phase().name().into(),
@@ -84,6 +85,11 @@ pub fn status_at(
         source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
         params_norm: l2_norm(rounds.params()),
         updated_at: rfc3339(context.wall),
+        privacy: privacy.map(|_| crate::strategy::PrivacyMode::Central.name().to_owned()),
+        epsilon: privacy.map(|p| p.epsilon),
+        delta: privacy.map(|p| p.delta),
+        target_epsilon: privacy.and_then(|p| p.target_epsilon),
+        privacy_budget_exhausted: privacy.is_some_and(|p| p.exhausted),
     }
 }
 
@@ -113,6 +119,17 @@ pub fn metrics_json(
         "params_norm": report.params_norm,
         "time": fedge_mqtt::now_rfc3339(),
     });
+    // Central DP: ε spent after this round at δ, and whether the budget finished the federation.
+    if let (Some(spent), Some(map)) = (report.privacy, metrics.as_object_mut()) {
+        map.insert("epsilon".into(), serde_json::json!(spent.epsilon));
+        map.insert("delta".into(), serde_json::json!(spent.delta));
+        if let Some(target) = spent.target_epsilon {
+            map.insert("target_epsilon".into(), serde_json::json!(target));
+        }
+        if spent.exhausted {
+            map.insert("privacy_budget_exhausted".into(), true.into());
+        }
+    }
     // What evaluation-only sites said of the latest model each scored.
     if let (false, Some(map)) = (site_accuracy.is_empty(), metrics.as_object_mut()) {
         map.insert("site_accuracy".into(), serde_json::json!(site_accuracy));
@@ -205,7 +222,9 @@ mod tests {
                 solver: Some("reference".into()),
                 solver_evaluations: Some(21),
                 momentum_norm: Some(2.0),
+                ..AggregationReport::default()
             }),
+            privacy: None,
         };
         let m = metrics_json(
             &report,
@@ -220,5 +239,45 @@ mod tests {
         assert_eq!(m["round"], 3);
         assert_eq!(m["seconds"], 1.5);
         assert_eq!(m["failures"]["c"], "bad_tag");
+        assert!(m.get("epsilon").is_none());
+    }
+
+    #[test]
+    fn metrics_carry_the_privacy_spent() {
+        let report = RoundReport {
+            round: 4,
+            aggregated: true,
+            abandoned: None,
+            capped: Vec::new(),
+            selected: vec!["a".into()],
+            reported: vec!["a".into()],
+            failures: Default::default(),
+            rejected: Default::default(),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 10,
+            source_val_accuracy: None,
+            train_loss: None,
+            params_norm: 1.0,
+            aggregation: Some(AggregationReport {
+                dp_clipped: Some(1),
+                dp_expected: Some(2.5),
+                ..AggregationReport::default()
+            }),
+            privacy: Some(crate::round::PrivacySpent {
+                epsilon: 1.25,
+                delta: 1e-5,
+                target_epsilon: Some(2.0),
+                rounds: 4,
+                exhausted: true,
+            }),
+        };
+        let m = metrics_json(&report, None, "dp-fedavg", &Default::default());
+        assert_eq!(m["epsilon"], 1.25);
+        assert_eq!(m["delta"], 1e-5);
+        assert_eq!(m["target_epsilon"], 2.0);
+        assert_eq!(m["privacy_budget_exhausted"], true);
+        assert_eq!(m["dp_clipped"], 1);
+        assert_eq!(m["dp_expected"], 2.5);
     }
 }

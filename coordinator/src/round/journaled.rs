@@ -15,7 +15,14 @@ impl Rounds {
     /// the next round (a journal left from before the last checkpoint is stale) and it started
     /// from the parameters the machine holds (not a journal left beside a checkpoint that was
     /// moved away). Writes nothing to the journal: what it restores is there already.
+    ///
+    /// Under central DP nothing is restored (`None`): the journal does not say how many devices
+    /// could have been drawn, which the round's expected participants and its accounting need,
+    /// so a fresh round is drawn instead; the interrupted one released nothing.
     pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> Option<(u64, usize)> {
+        if self.privacy.is_some() {
+            return None;
+        }
         let opened = log.opened?;
         let fresh = opened.round >= self.next_round && !opened.selected.is_empty();
         if self.phase != Phase::Waiting || !fresh {

@@ -14,7 +14,7 @@ use super::types::{Output, Phase, Rejection, RoundReport};
 use super::{Rounds, guard, validate};
 use crate::objectives::fedddl::GlobalPrototypes;
 use crate::objectives::feddim::GlobalInsight;
-use crate::strategy::Failure;
+use crate::strategy::{Failure, SamplingKind};
 use crate::updates::norms::{l2_norm, norms};
 use crate::updates::{RoundUpdates, UpdatesConfig};
 
@@ -50,7 +50,16 @@ impl Rounds {
             self.outputs.push_back(Output::StatusChanged);
             return;
         }
-        let mut selected: Vec<String> = eligible.into_iter().choose_multiple(&mut self.rng, wanted);
+        // Under central DP the round must fit the privacy budget before anyone is drawn.
+        if !self.plan_private_round(wanted, online) {
+            return;
+        }
+        let poisson = self.config.privacy.map(|p| p.sampling) == Some(SamplingKind::Poisson);
+        let mut selected: Vec<String> = if poisson {
+            self.poisson_draw(eligible)
+        } else {
+            eligible.into_iter().choose_multiple(&mut self.rng, wanted)
+        };
         selected.sort();
         self.open_with(selected, now_ms);
     }
@@ -150,7 +159,13 @@ impl Rounds {
         self.last_closed = open.round;
         // Views are in client order whatever the arrival order, so a seeded run reproduces.
         open.accepted.finish();
-        let longest = self.drop_norm_outliers(&mut open);
+        // Under central DP clipping bounds every device; the norm-ratio drop would make one
+        // device's fate depend on the others' unclipped norms.
+        let private = self.privacy.is_some();
+        let mut longest = match private {
+            false => self.drop_norm_outliers(&mut open),
+            true => 0.0,
+        };
         let aggregated =
             !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
         let reported: Vec<String> = (0..open.accepted.len())
@@ -171,11 +186,21 @@ impl Rounds {
                     });
                 }
             }
-            capped = self.cap_weights(&mut open);
+            if !private {
+                capped = self.cap_weights(&mut open);
+            }
+            if let Some(expected) = self.private_expected() {
+                self.strategy.expect_participants(expected);
+            }
+            longest = self
+                .private_step_bound(open.accepted.len())
+                .unwrap_or(longest);
             let saved = self.strategy.state();
             let result = self
                 .strategy
                 .aggregate(&self.params, &open.accepted, &open.failures);
+            // The noisy sum was drawn: the round counts, whether or not the guard applies it.
+            self.account_round();
             match guard::refuse_aggregate(&self.params, &result.params, longest) {
                 Some(reason) => {
                     // The model and the strategy's buffers stay as they were.
@@ -225,10 +250,12 @@ impl Rounds {
             bytes_up: open.bytes_up,
             bytes_down: open.task_frame.len() as u64 * open.selected.len() as u64,
             duration_ms: now_ms.saturating_sub(open.opened_ms),
-            source_val_accuracy: weighted_mean(&open.val),
-            train_loss: weighted_mean(&open.loss),
+            // What devices report of their own data is not noised: left out under central DP.
+            source_val_accuracy: weighted_mean(&open.val).filter(|_| !private),
+            train_loss: weighted_mean(&open.loss).filter(|_| !private),
             params_norm: l2_norm(&self.params),
             aggregation,
+            privacy: self.privacy_spent(),
         };
         if before.is_some() {
             self.relayed = None;
@@ -244,7 +271,9 @@ impl Rounds {
             }
         }
         let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
-        if done {
+        if !done && self.privacy_exhausted() {
+            self.finish_for_privacy();
+        } else if done {
             self.phase = Phase::Finished;
             self.outputs.push_back(Output::StatusChanged);
             self.outputs.push_back(Output::Finished);

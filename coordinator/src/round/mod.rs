@@ -29,8 +29,10 @@ mod admit;
 mod control;
 mod guard;
 mod journaled;
+mod ledger;
 mod lifecycle;
 mod open;
+mod privacy;
 mod relay;
 mod release;
 pub mod saved;
@@ -38,10 +40,12 @@ pub mod types;
 mod upgrade;
 mod validate;
 
-pub use saved::{Checkpoint, OpenRoundLog, OpenedRound, Record, params_fingerprint};
+pub use saved::{
+    Checkpoint, OpenRoundLog, OpenedRound, Record, SavedAccountant, params_fingerprint,
+};
 pub use types::{
     DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DeviceKeys, MAX_ABS_VALUE, Output, Phase,
-    Rejection, RelayConfig, RelayError, RoundConfig, RoundReport,
+    PrivacySpent, Rejection, RelayConfig, RelayError, RoundConfig, RoundReport,
 };
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -93,6 +97,9 @@ pub enum ResumeError {
     /// FedDDL's `U_G` of another shape, or without FedDDL configured.
     #[error("the checkpoint holds {0} prototype values, which do not fit this configuration")]
     Prototypes(usize),
+    /// The privacy accountant cannot continue under this configuration.
+    #[error("{0}")]
+    Privacy(String),
 }
 
 /// The round state machine.
@@ -130,6 +137,8 @@ pub struct Rounds {
     relayed: Option<types::Relayed>,
     /// A site aggregator's journal of an open round, kept until its global task comes again.
     deferred_log: Option<OpenRoundLog>,
+    /// Central DP's accountant and the open round's draw (`ledger`, used by `privacy`).
+    privacy: Option<ledger::Ledger>,
 }
 
 impl Rounds {
@@ -162,6 +171,7 @@ impl Rounds {
             site_accuracy: BTreeMap::new(),
             relayed: None,
             deferred_log: None,
+            privacy: config.privacy.map(ledger::Ledger::new),
             config,
         }
     }
@@ -215,6 +225,7 @@ impl Rounds {
         }
         strategy.restore(&checkpoint.strategy_state)?;
         let mut rounds = Self::new(config, strategy, Vec::new());
+        rounds.restore_privacy(checkpoint.privacy)?;
         if !checkpoint.insight.is_empty() {
             match rounds.insight.as_mut() {
                 Some(insight) if insight.fits(&checkpoint.insight) => {
@@ -256,6 +267,7 @@ impl Rounds {
             strategy_state: self.strategy.state(),
             insight: self.insight().map(<[f32]>::to_vec).unwrap_or_default(),
             prototypes: self.prototypes().map(<[f32]>::to_vec).unwrap_or_default(),
+            privacy: self.saved_privacy(),
         }
     }
 
@@ -610,3 +622,6 @@ mod control_tests;
 
 #[cfg(test)]
 mod upgrade_tests;
+
+#[cfg(test)]
+mod privacy_tests;

@@ -27,6 +27,48 @@ pub struct Checkpoint {
     pub insight: Vec<f32>,
     /// FedDDL's global causal prototypes `[K, H]`; empty when there are none.
     pub prototypes: Vec<f32>,
+    /// Central DP's accountant (docs/algorithms.md §8); `None` without central DP.
+    pub privacy: Option<SavedAccountant>,
+}
+
+/// A privacy accountant as plain values: its orders, the RDP spent at each (`+∞` kept as
+/// is) and the steps composed, merged where consecutive steps are equal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedAccountant {
+    /// The Rényi orders α.
+    pub orders: Vec<f64>,
+    /// The RDP spent at each order.
+    pub rdp: Vec<f64>,
+    /// The composed steps.
+    pub history: Vec<SavedSteps>,
+}
+
+/// Steps of one sampling and noise multiplier.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SavedSteps {
+    /// How the devices were drawn.
+    pub sampling: SavedSampling,
+    /// The noise multiplier composed.
+    pub noise_multiplier: f64,
+    /// How many rounds.
+    pub steps: u64,
+}
+
+/// A round's sampling, as the accountant composed it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum SavedSampling {
+    /// Each device with probability `rate`.
+    Poisson {
+        /// The probability.
+        rate: f64,
+    },
+    /// `sample` of `population` devices.
+    FixedSize {
+        /// Devices drawn.
+        sample: u64,
+        /// Devices that could be drawn.
+        population: u64,
+    },
 }
 
 /// One journal entry.

@@ -10,7 +10,7 @@ use fedge_wire::{DecodeError, DeviceKey, HeadConfig, Objective, TensorF32, Train
 use super::saved::Record;
 use crate::objectives::fedddl::PrototypeConfig;
 use crate::objectives::feddim::InsightConfig;
-use crate::strategy::AggregationReport;
+use crate::strategy::{AggregationReport, CentralDp};
 
 /// Settings of the round logic.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +78,29 @@ pub struct RoundConfig {
     /// arrives (`super::Rounds::relay_task`), and each aggregate goes upstream as one update
     /// ([`Output::Upstream`]) instead of becoming a release. `None`: a global coordinator.
     pub relay: Option<RelayConfig>,
+    /// Central DP (docs/algorithms.md §8): devices drawn by the configured sampling, the
+    /// strategy told each round's expected participants, an accountant composed per aggregated
+    /// round, the federation finished before `target_epsilon` would be passed. The norm-ratio
+    /// drop and the weight cap are off (clipping bounds every device), and the devices' own
+    /// training loss and validation accuracy are left out of the report (they are not noised).
+    /// The strategy must be built with the same settings (`crate::strategy::StrategyConfig::
+    /// build_with`). `None`: off.
+    pub privacy: Option<CentralDp>,
+}
+
+/// Central DP's spending, in the status and the round's metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrivacySpent {
+    /// ε spent so far at [`PrivacySpent::delta`].
+    pub epsilon: f64,
+    /// The configured δ.
+    pub delta: f64,
+    /// The configured budget, if any.
+    pub target_epsilon: Option<f64>,
+    /// Rounds composed.
+    pub rounds: u64,
+    /// One more round would pass `target_epsilon`: the federation finished.
+    pub exhausted: bool,
 }
 
 /// How a site aggregator answers the global federation.
@@ -129,6 +152,7 @@ impl Default for RoundConfig {
             max_norm_ratio: DEFAULT_MAX_NORM_RATIO,
             max_weight_ratio: DEFAULT_MAX_WEIGHT_RATIO,
             relay: None,
+            privacy: None,
         }
     }
 }
@@ -324,6 +348,8 @@ pub struct RoundReport {
     /// Selected clients whose update did not count, with the last reason (a rejection's name
     /// or `no_report`).
     pub failures: BTreeMap<String, String>,
+    /// Central DP's spending after the round; `None` without central DP.
+    pub privacy: Option<PrivacySpent>,
 }
 
 /// Something the driver must do or may show.

@@ -3,6 +3,7 @@
 //! [`StrategyConfig`] with its parameters, and [`StrategyConfig::build`], which checks them and
 //! stacks the wrappers (robust rewrite inside, server momentum outside). No arithmetic here.
 
+use super::dp::{CentralDp, DpFedAvg};
 use super::fedomg::{FedOmg, FedOmgConfig, Solver, SolverKind};
 use super::momentum::{MomentumError, ServerMomentum};
 use super::names::closed_set;
@@ -26,6 +27,22 @@ pub enum BuildError {
     /// Server momentum's parameters.
     #[error(transparent)]
     Momentum(#[from] MomentumError),
+    /// Central DP with FedOMG.
+    #[error(
+        "[privacy] mode = \"central\" cannot run with strategy = \"fedomg\": FedOMG weighs each \
+         device by the direction of its own delta (their dot products), which a clipped and noised \
+         sum does not reveal, and its weights would let one device change how much the others \
+         count; use strategy = \"fedavg\" or \"fedavgm\""
+    )]
+    PrivateFedOmg,
+    /// Central DP with a robust rule.
+    #[error(
+        "[privacy] mode = \"central\" cannot run with robust = \"{0}\": the robust rules rewrite \
+         each delta by the others (the round's median norm, order statistics per value), so one \
+         device moves the others' contributions and the sum's sensitivity is no longer the clip \
+         norm; central DP's clipping already bounds every device's influence: set robust = \"none\""
+    )]
+    PrivateRobust(RobustKind),
 }
 
 closed_set! {
@@ -85,14 +102,38 @@ impl Default for StrategyConfig {
 impl StrategyConfig {
     /// Builds the strategy, rejecting unknown names and bad parameters.
     pub fn build(&self) -> Result<Box<dyn Strategy>, BuildError> {
+        self.build_with(None)
+    }
+
+    /// Builds the strategy; with `private`, central DP-FedAvg takes FedAvg's place (inside server
+    /// momentum, if any), drawing its noise from the given source. Central DP is refused with
+    /// FedOMG and with a robust rule, with the reason.
+    pub fn build_with(
+        &self,
+        private: Option<(CentralDp, fedge_privacy::GaussianNoise)>,
+    ) -> Result<Box<dyn Strategy>, BuildError> {
+        if private.is_some() {
+            if self.strategy == StrategyKind::Fedomg {
+                return Err(BuildError::PrivateFedOmg);
+            }
+            if self.robust != RobustKind::None {
+                return Err(BuildError::PrivateRobust(self.robust));
+            }
+        }
+        let fedavg = move || -> Box<dyn Strategy> {
+            match private {
+                Some((settings, noise)) => Box::new(DpFedAvg::new(settings, noise)),
+                None => Box::new(FedAvg),
+            }
+        };
         let mut beta = self.server_momentum;
         let base: Box<dyn Strategy> = match self.strategy {
-            StrategyKind::Fedavg => Box::new(FedAvg),
+            StrategyKind::Fedavg => fedavg(),
             StrategyKind::Fedavgm => {
                 if beta == 0.0 {
                     beta = 0.9;
                 }
-                Box::new(FedAvg)
+                fedavg()
             }
             StrategyKind::Fedomg => {
                 if !(self.kappa.is_finite()

@@ -349,7 +349,7 @@ impl Strategy for FedOmg {
             lambda: Some(solution.lambda),
             solver: Some(self.config.solver.name().to_string()),
             solver_evaluations: Some(solution.evaluations),
-            momentum_norm: None,
+            ..AggregationReport::default()
         };
         Aggregated {
             params: apply(global, &direction, 1.0),

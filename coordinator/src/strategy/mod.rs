@@ -2,11 +2,13 @@
 //!
 //! Shaped like Flower's strategies: a small synchronous trait, with the arithmetic in free
 //! functions that have their own tests. This module holds the trait, what it returns and the
-//! shared arithmetic; each strategy lives in its own file ([`fedavg`], [`fedomg`]), the
+//! shared arithmetic; each strategy lives in its own file ([`fedavg`], [`fedomg`], central
+//! DP-FedAvg in [`dp`]), the
 //! wrappers that go around any strategy too ([`momentum`], [`robust`]), and [`build`] turns a
 //! configuration into a boxed strategy. Strategies see deltas and never do I/O.
 
 pub mod build;
+pub mod dp;
 pub mod fedavg;
 pub mod fedomg;
 pub mod momentum;
@@ -14,6 +16,7 @@ mod names;
 pub mod robust;
 
 pub use build::{BuildError, StrategyConfig, StrategyKind};
+pub use dp::{CentralDp, DpFedAvg, PrivacyMode, SamplingKind};
 pub use fedavg::FedAvg;
 pub use fedomg::{FedOmg, SolverKind};
 pub use momentum::ServerMomentum;
@@ -59,6 +62,12 @@ pub struct AggregationReport {
     /// Norm of the server momentum buffer after the update.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub momentum_norm: Option<f32>,
+    /// Central DP: how many of the round's deltas were longer than the clip norm.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub dp_clipped: Option<usize>,
+    /// Central DP: the expected number of participants the noisy sum was divided by.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub dp_expected: Option<f64>,
 }
 
 /// The next global parameters and what the aggregation did.
@@ -119,6 +128,15 @@ pub trait Strategy: Send {
     /// The strategy this one wraps, mutably; must agree with [`Strategy::inner`].
     fn inner_mut(&mut self) -> Option<&mut dyn Strategy> {
         None
+    }
+
+    /// The number of participants the round expects (central DP divides its noisy sum by it
+    /// instead of the observed count: docs/algorithms.md §8); the round machine calls it before
+    /// each aggregation. Other strategies ignore it.
+    fn expect_participants(&mut self, expected: f64) {
+        if let Some(inner) = self.inner_mut() {
+            inner.expect_participants(expected);
+        }
     }
 
     /// The parameters of round 1, given the configured or seeded ones.
@@ -214,3 +232,6 @@ impl Strategy for Box<dyn Strategy> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod dp_tests;

@@ -147,4 +147,6 @@ fn every_closed_set_is_spelled_the_same_in_toml_json_and_on_the_command_line() {
     check(StrategyKind::ALL, StrategyKind::name);
     check(SolverKind::ALL, SolverKind::name);
     check(RobustKind::ALL, RobustKind::name);
+    check(PrivacyMode::ALL, PrivacyMode::name);
+    check(SamplingKind::ALL, SamplingKind::name);
 }

@@ -1,0 +1,301 @@
+//! `[privacy]`: central differential privacy (DP-FedAvg with an accountant; docs/privacy.md,
+//! docs/algorithms.md §8).
+//!
+//! ```toml
+//! [privacy]
+//! mode = "central"             # "off" (the default) or "central"
+//! clip_norm = 1.0              # every device's delta is scaled to at most this L2 norm
+//! noise_multiplier = 1.0       # noise of standard deviation noise_multiplier × clip_norm
+//! delta = 1e-5                 # the δ of the (ε, δ) reported; below 1 / devices
+//! target_epsilon = 8.0         # optional: finish before a round would pass this ε
+//! sampling = "poisson"         # "poisson" (each device with probability fraction) or "fixed"
+//! # seed = 7                   # tests and simulations only: reproducible noise
+//! ```
+//!
+//! Central DP is refused, with the reason, with `strategy = "fedomg"`, a `robust` rule, the
+//! FedDIM and FedDDL objectives and `role = "site"`.
+
+use serde::{Deserialize, Serialize};
+
+use super::Role;
+use crate::strategy::{CentralDp, PrivacyMode, SamplingKind};
+
+/// `[privacy]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrivacySettings {
+    /// `off` or `central`.
+    pub mode: PrivacyMode,
+    /// `C`: the L2 norm every device's whole delta is clipped to.
+    pub clip_norm: f64,
+    /// `σ`: the noise added once to the round's sum has standard deviation `σ × C`.
+    pub noise_multiplier: f64,
+    /// The δ at which ε is reported and the target is checked.
+    pub delta: f64,
+    /// Finish the federation before a round would take ε past this; none: run on.
+    pub target_epsilon: Option<f64>,
+    /// `poisson` or `fixed`.
+    pub sampling: SamplingKind,
+    /// A fixed seed for the noise: for tests and simulations only, since anyone who knows it
+    /// can remove the noise. Unset: drawn from the operating system.
+    pub seed: Option<u64>,
+}
+
+impl Default for PrivacySettings {
+    fn default() -> Self {
+        Self {
+            mode: PrivacyMode::Off,
+            clip_norm: 0.0,
+            noise_multiplier: 0.0,
+            delta: 1e-5,
+            target_epsilon: None,
+            sampling: SamplingKind::Poisson,
+            seed: None,
+        }
+    }
+}
+
+/// What is wrong with `[privacy]` or what it is combined with; each message names the field
+/// and what to change.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidPrivacy {
+    /// A value outside its domain.
+    #[error("[privacy] {field} = {value}: {expected}")]
+    Value {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: f64,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// FedDIM's or FedDDL's class statistics.
+    #[error(
+        "[privacy] mode = \"central\" cannot run with [train] objective = \"{0}\": its updates \
+         carry each device's per-class statistics ({1}) beside the delta, and they reach the \
+         coordinator and the global tensors every task carries without clipping or noise, so \
+         they would reveal a device's data outside what the accountant counts; use \
+         \"cross-entropy\", \"fedprox\" or \"stable-fedadg\""
+    )]
+    Statistics(fedge_wire::Objective, &'static str),
+    /// A site aggregator.
+    #[error(
+        "[privacy] mode = \"central\" cannot run on a site aggregator (role = \"site\"): its \
+         aggregate is not released but sent upstream as one update, and the noise, the expected \
+         count and the accountant belong where the model is released. Set [privacy] at the \
+         global coordinator, which then protects each site as one participant (docs/privacy.md)"
+    )]
+    Site,
+}
+
+impl PrivacySettings {
+    /// Central DP's settings for the strategy and the round machine; `None` when off.
+    pub fn central(&self) -> Option<CentralDp> {
+        (self.mode == PrivacyMode::Central).then_some(CentralDp {
+            clip_norm: self.clip_norm,
+            noise_multiplier: self.noise_multiplier,
+            delta: self.delta,
+            target_epsilon: self.target_epsilon,
+            sampling: self.sampling,
+        })
+    }
+
+    /// The noise source: seeded when `seed` is set, else from the operating system.
+    pub fn noise(&self) -> fedge_privacy::GaussianNoise {
+        match self.seed {
+            Some(seed) => fedge_privacy::GaussianNoise::from_seed(seed),
+            None => fedge_privacy::GaussianNoise::from_os_rng(),
+        }
+    }
+
+    /// Checks the values and what central DP is combined with (the strategy's own refusals,
+    /// FedOMG and robust rules, are `crate::strategy::StrategyConfig::build_with`'s).
+    pub fn check(
+        &self,
+        objective: fedge_wire::Objective,
+        role: Role,
+    ) -> Result<(), InvalidPrivacy> {
+        if self.mode == PrivacyMode::Off {
+            return Ok(());
+        }
+        let value = |field, value: f64, ok: bool, expected| match ok {
+            true => Ok(()),
+            false => Err(InvalidPrivacy::Value {
+                field,
+                value,
+                expected,
+            }),
+        };
+        let (c, sigma, delta) = (self.clip_norm, self.noise_multiplier, self.delta);
+        value(
+            "clip_norm",
+            c,
+            c.is_finite() && c > 0.0,
+            "must be a finite number > 0 (the L2 bound on each device's delta)",
+        )?;
+        value(
+            "noise_multiplier",
+            sigma,
+            sigma.is_finite() && sigma > 0.0,
+            "must be a finite number > 0 (0 adds no noise and gives no privacy: set mode = \"off\")",
+        )?;
+        value(
+            "delta",
+            delta,
+            delta > 0.0 && delta < 1.0,
+            "must be in (0, 1), well below 1 / the number of devices (1e-5 by default)",
+        )?;
+        if let Some(target) = self.target_epsilon {
+            value(
+                "target_epsilon",
+                target,
+                target.is_finite() && target > 0.0,
+                "must be a finite number > 0, or left out to run without a budget",
+            )?;
+        }
+        use fedge_wire::Objective;
+        match objective {
+            Objective::FedDim => {
+                return Err(InvalidPrivacy::Statistics(
+                    objective,
+                    "FedDIM: class counts and class means of its hidden features",
+                ));
+            }
+            Objective::FedDdl => {
+                return Err(InvalidPrivacy::Statistics(
+                    objective,
+                    "FedDDL: class counts and causal prototypes of its hidden features",
+                ));
+            }
+            _ => {}
+        }
+        if role == Role::Site {
+            return Err(InvalidPrivacy::Site);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::CoordinatorConfig;
+    use crate::strategy::PrivacyMode;
+
+    const HEAD: &str = "[head]\nfeatures = 4\nclasses = 2\n";
+    const CENTRAL: &str =
+        "[privacy]\nmode = \"central\"\nclip_norm = 1.0\nnoise_multiplier = 1.1\n";
+
+    /// Loads a configuration of `top` keys, the head, `[privacy]` and `rest` sections.
+    fn load(top: &str, privacy: &str, rest: &str) -> Result<CoordinatorConfig, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let text = format!("federation = \"f\"\n{top}{HEAD}{privacy}{rest}");
+        std::fs::write(&path, text).unwrap();
+        CoordinatorConfig::load(Path::new(&path)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn central_dp_reaches_the_strategy_and_the_round_machine() {
+        let config = load(
+            "strategy = \"fedavgm\"\n",
+            &format!("{CENTRAL}seed = 5\nsampling = \"fixed\"\ntarget_epsilon = 4.0\n"),
+            "",
+        )
+        .unwrap();
+        assert_eq!(config.privacy.mode, PrivacyMode::Central);
+        assert_eq!(config.privacy.delta, 1e-5);
+        let round = config.round_config().privacy.unwrap();
+        assert_eq!((round.clip_norm, round.noise_multiplier), (1.0, 1.1));
+        assert_eq!(round.target_epsilon, Some(4.0));
+        assert_eq!(round.sampling, crate::strategy::SamplingKind::Fixed);
+        assert_eq!(
+            config.build_strategy().unwrap().name(),
+            "dp-fedavg+momentum"
+        );
+        let off = load("", "", "").unwrap();
+        assert!(off.round_config().privacy.is_none());
+        assert_eq!(off.build_strategy().unwrap().name(), "fedavg");
+    }
+
+    #[test]
+    fn refused_combinations_and_bad_values_give_the_reason() {
+        for (top, privacy, rest, expected) in [
+            (
+                "strategy = \"fedomg\"\n",
+                CENTRAL,
+                "",
+                "strategy = \"fedomg\": FedOMG weighs each device by the direction",
+            ),
+            ("robust = \"median\"\n", CENTRAL, "", "robust = \"median\""),
+            ("robust = \"clip\"\n", CENTRAL, "", "set robust = \"none\""),
+            (
+                "",
+                CENTRAL,
+                "[train]\nobjective = \"feddim\"\n",
+                "objective = \"feddim\": its updates carry each device's per-class statistics",
+            ),
+            (
+                "",
+                CENTRAL,
+                "[train]\nobjective = \"fedddl\"\n",
+                "causal prototypes",
+            ),
+            (
+                "role = \"site\"\n",
+                CENTRAL,
+                "[site]\nname = \"s\"\nfederation = \"g\"\n",
+                "cannot run on a site aggregator (role = \"site\")",
+            ),
+            (
+                "",
+                "[privacy]\nmode = \"central\"\nnoise_multiplier = 1.0\n",
+                "",
+                "[privacy] clip_norm = 0",
+            ),
+            (
+                "",
+                "[privacy]\nmode = \"central\"\nclip_norm = 1.0\n",
+                "",
+                "[privacy] noise_multiplier = 0: must be a finite number > 0 (0 adds no noise",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}delta = 1.5\n"),
+                "",
+                "[privacy] delta = 1.5",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}target_epsilon = -1\n"),
+                "",
+                "[privacy] target_epsilon = -1",
+            ),
+            (
+                "",
+                "[privacy]\nmode = \"local\"\n",
+                "",
+                "expected `off` or `central`",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}sampling = \"uniform\"\n"),
+                "",
+                "expected `poisson` or `fixed`",
+            ),
+            (
+                "",
+                &format!("{CENTRAL}adaptive = true\n"),
+                "",
+                "unknown field `adaptive`",
+            ),
+        ] {
+            let err = load(top, privacy, rest).err().unwrap_or_default();
+            assert!(err.contains(expected), "{top}{privacy}{rest}: {err}");
+        }
+        // The same combinations load without central DP.
+        assert!(load("strategy = \"fedomg\"\n", "[privacy]\nmode = \"off\"\n", "").is_ok());
+        assert!(load("", "", "[train]\nobjective = \"feddim\"\n").is_ok());
+    }
+}

@@ -1,0 +1,145 @@
+//! Central DP-FedAvg (docs/algorithms.md §8): the coordinator clips every device's delta, sums
+//! them with weight 1 each, adds Gaussian noise once to the sum and divides by the round's
+//! *expected* number of participants. Also the closed sets of `[privacy]` (`mode`, `sampling`)
+//! and the settings the strategy and the round machine share ([`CentralDp`]).
+//!
+//! **Choice**: every device weighs 1 (the plain DP-FedAvg of McMahan et al., 2018), whatever
+//! sample count it claims: a weight a device states itself would have to be capped anyway to
+//! bound its influence, and 1 is the cap that needs no configuration. The sample counts are
+//! ignored, so a device cannot buy influence by inflating its count.
+//!
+//! The strategy does not account for privacy; the round machine composes its accountant once
+//! per round it aggregates (`crate::round`). The noise source is given by the caller: seeded
+//! for tests and simulations, from the operating system in a deployment.
+
+use fedge_privacy::{GaussianNoise, clip_l2};
+
+use super::names::closed_set;
+use super::{Aggregated, AggregationReport, Failure, Strategy, apply};
+use crate::updates::RoundUpdates;
+
+closed_set! {
+    /// Differential privacy on the coordinator (`[privacy] mode`).
+    pub enum PrivacyMode("privacy mode") {
+        /// No differential privacy: updates are aggregated as the strategy says.
+        #[default]
+        Off = "off",
+        /// Central DP-FedAvg: clipped deltas, one Gaussian noise draw per round, an accountant.
+        Central = "central",
+    }
+}
+
+closed_set! {
+    /// How devices are chosen each round under differential privacy (`[privacy] sampling`).
+    pub enum SamplingKind("sampling") {
+        /// Each online device independently with probability `fraction`.
+        #[default]
+        Poisson = "poisson",
+        /// `max(⌈fraction × online⌉, min_clients)` devices uniformly without replacement.
+        Fixed = "fixed",
+    }
+}
+
+/// Central DP's settings, as the strategy and the round machine use them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CentralDp {
+    /// `C`: every delta is scaled to an L2 norm of at most this.
+    pub clip_norm: f64,
+    /// `σ`: the noise added to the sum has standard deviation `σ × C` per value.
+    pub noise_multiplier: f64,
+    /// The δ of the (ε, δ) guarantee reported.
+    pub delta: f64,
+    /// The federation finishes before a round would take ε past this.
+    pub target_epsilon: Option<f64>,
+    /// How devices are chosen.
+    pub sampling: SamplingKind,
+}
+
+impl CentralDp {
+    /// The noise multiplier the accountant composes: `σ` under Poisson sampling (add or remove
+    /// one device moves the sum by at most `C`), `σ / 2` under fixed-size sampling (replacing
+    /// one device moves it by up to `2C`; docs/algorithms.md §8).
+    pub fn accounted_noise_multiplier(&self) -> f64 {
+        match self.sampling {
+            SamplingKind::Poisson => self.noise_multiplier,
+            SamplingKind::Fixed => self.noise_multiplier / 2.0,
+        }
+    }
+
+    /// The noise's standard deviation on the sum, `σ × C`.
+    pub fn noise_std(&self) -> f64 {
+        self.noise_multiplier * self.clip_norm
+    }
+}
+
+/// DP-FedAvg: `θ ← θ + (Σ_u clip(Δ_u, C) + N(0, (σC)² I)) / E`, with `E` the expected number of
+/// participants (docs/algorithms.md §8).
+pub struct DpFedAvg {
+    settings: CentralDp,
+    noise: GaussianNoise,
+    expected: Option<f64>,
+}
+
+impl DpFedAvg {
+    /// The strategy with these settings, drawing its noise from `noise`. The settings are
+    /// checked where the configuration is read; a non-positive or non-finite clip norm
+    /// here zeroes every delta.
+    pub fn new(settings: CentralDp, noise: GaussianNoise) -> Self {
+        Self {
+            settings,
+            noise,
+            expected: None,
+        }
+    }
+}
+
+impl Strategy for DpFedAvg {
+    fn name(&self) -> &str {
+        "dp-fedavg"
+    }
+
+    fn expect_participants(&mut self, expected: f64) {
+        self.expected = Some(expected);
+    }
+
+    /// Clips, sums, noises and divides (docs/algorithms.md §8). Without an expected count
+    /// from [`Strategy::expect_participants`] since the last aggregation (a caller outside the
+    /// round machine), the observed count is used and reported as such.
+    fn aggregate(&mut self, global: &[f32], updates: &RoundUpdates, _: &[Failure]) -> Aggregated {
+        let m = global.len().min(updates.m());
+        let mut sum = vec![0.0f64; global.len()];
+        let mut row = vec![0.0f32; updates.m()];
+        let mut clipped = 0;
+        for i in 0..updates.len() {
+            updates.delta(i).widen_into(&mut row);
+            match clip_l2(&mut row, self.settings.clip_norm) {
+                Ok(clip) => clipped += usize::from(clip.clipped),
+                // A clip norm outside its domain: the delta counts as nothing.
+                Err(_) => row.fill(0.0),
+            }
+            for (s, v) in sum[..m].iter_mut().zip(&row) {
+                *s += f64::from(*v);
+            }
+        }
+        let std = self.settings.noise_std();
+        if std > 0.0 && std.is_finite() {
+            for s in &mut sum {
+                *s += std * self.noise.sample();
+            }
+        }
+        let expected = self
+            .expected
+            .take()
+            .filter(|e| *e > 0.0 && e.is_finite())
+            .unwrap_or(updates.len().max(1) as f64);
+        let report = AggregationReport {
+            dp_clipped: Some(clipped),
+            dp_expected: Some(expected),
+            ..AggregationReport::default()
+        };
+        Aggregated {
+            params: apply(global, &sum, 1.0 / expected),
+            report,
+        }
+    }
+}
