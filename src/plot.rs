@@ -3,7 +3,10 @@
 //!
 //! - [`render_curves`]: target accuracy after every round, one line per algorithm (`PATH.png`);
 //! - [`render`]: the average target accuracy of each algorithm as a horizontal bar with a ±1 std
-//!   whisker over seeds and one tick per held-out domain (`PATH-bars.png`).
+//!   whisker over seeds and one tick per held-out domain (`PATH-bars.png`);
+//! - [`render_tradeoff`]: with `--dp-noise`, the held-out accuracy against the ε spent, one line
+//!   per algorithm on a logarithmic ε axis, its run without DP as a dashed level
+//!   (`PATH-privacy.png`).
 
 use std::path::Path;
 
@@ -202,6 +205,102 @@ pub fn render_curves(title: &str, curves: &[Curve]) -> RgbImage {
 /// Writes [`render_curves`] as PNG.
 pub fn write_curves(path: &Path, title: &str, curves: &[Curve]) -> Result<(), PlotError> {
     save(render_curves(title, curves), path)
+}
+
+/// One algorithm's privacy–utility line: `(ε, mean, std)` per noise level (accuracy in %),
+/// and its accuracy without DP, if it was run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tradeoff {
+    /// Algorithm name.
+    pub label: String,
+    /// `(ε, mean, std)`, in any order.
+    pub points: Vec<(f64, f32, f32)>,
+    /// The accuracy without differential privacy.
+    pub without_dp: Option<f32>,
+}
+
+/// Renders accuracy against ε (log scale, decades from the smallest to the largest ε), with
+/// ±1 std whiskers and each line's accuracy without DP dashed.
+pub fn render_tradeoff(title: &str, lines: &[Tradeoff]) -> RgbImage {
+    let mut img = RgbImage::from_pixel(WIDTH, CURVE_TOP + CURVE_H + 70, Rgb([255, 255, 255]));
+    heading(&mut img, title);
+    let eps = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
+    let eps: Vec<f64> = eps.filter(|e| e.is_finite() && *e > 0.0).collect();
+    let lo = eps.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = eps.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = match lo.is_finite() {
+        true => (
+            lo.log10().floor(),
+            hi.log10().ceil().max(lo.log10().floor() + 1.0),
+        ),
+        false => (0.0, 1.0),
+    };
+    let x_of = |e: f64| {
+        let f = ((e.log10() - lo) / (hi - lo)).clamp(0.0, 1.0);
+        CURVE_LEFT + (f * CURVE_W as f64) as u32
+    };
+    let y_of =
+        |v: f32| CURVE_TOP + CURVE_H - ((v.clamp(0.0, 100.0) / 100.0) * CURVE_H as f32) as u32;
+    let bottom = CURVE_TOP + CURVE_H;
+    for pct in (0..=100).step_by(10) {
+        let y = y_of(pct as f32);
+        fill(&mut img, CURVE_LEFT, y, CURVE_W + 1, 1, GRID);
+        let label = pct.to_string();
+        let x = CURVE_LEFT - 8 - CHAR * label.len() as u32;
+        text(&mut img, x, y - CHAR / 2, &label, INK);
+    }
+    let mut decade = lo;
+    while decade <= hi + 1e-9 {
+        let x = x_of(10f64.powf(decade));
+        fill(&mut img, x, CURVE_TOP, 1, CURVE_H, GRID);
+        let label = format!("{}", 10f64.powf(decade));
+        let at = x.saturating_sub(CHAR * label.len() as u32 / 2);
+        text(&mut img, at, bottom + 10, &label, INK);
+        decade += 1.0;
+    }
+    fill(&mut img, CURVE_LEFT, CURVE_TOP, 1, CURVE_H + 1, INK);
+    fill(&mut img, CURVE_LEFT, bottom, CURVE_W + 1, 1, INK);
+    let caption = "epsilon, log scale (y: accuracy %; dashed: no DP)";
+    text(&mut img, CURVE_LEFT, bottom + 34, caption, INK);
+    for (k, l) in lines.iter().enumerate() {
+        let color = PALETTE[k % PALETTE.len()];
+        let mut points: Vec<(f64, f32, f32)> = (l.points.iter().copied())
+            .filter(|p| p.0.is_finite() && p.0 > 0.0)
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let at: Vec<(u32, u32)> = points.iter().map(|p| (x_of(p.0), y_of(p.1))).collect();
+        for pair in at.windows(2) {
+            line(&mut img, pair[0], pair[1], color);
+        }
+        for (&(x, y), p) in at.iter().zip(&points) {
+            let (top, low) = (y_of(p.1 + p.2), y_of(p.1 - p.2));
+            fill(&mut img, x, top, 1, low - top + 1, color);
+            fill(
+                &mut img,
+                x.saturating_sub(3),
+                y.saturating_sub(3),
+                7,
+                7,
+                color,
+            );
+        }
+        if let Some(level) = l.without_dp {
+            let y = y_of(level);
+            for x in (CURVE_LEFT..CURVE_LEFT + CURVE_W).step_by(12) {
+                fill(&mut img, x, y, 6, 2, color);
+            }
+        }
+        let ly = CURVE_TOP + 10 + k as u32 * (CHAR + 12);
+        let lx = CURVE_LEFT + CURVE_W + 30;
+        fill(&mut img, lx, ly + CHAR / 2 - 2, 24, 5, color);
+        text(&mut img, lx + 32, ly, &l.label, INK);
+    }
+    img
+}
+
+/// Writes [`render_tradeoff`] as PNG.
+pub fn write_tradeoff(path: &Path, title: &str, lines: &[Tradeoff]) -> Result<(), PlotError> {
+    save(render_tradeoff(title, lines), path)
 }
 
 /// A 3-pixel-wide straight line from `a` to `b`.

@@ -55,6 +55,29 @@ pub struct EvalArgs {
     /// How tasks and updates travel.
     #[arg(long, value_enum, default_value_t = Transport::InProcess, help_heading = "Runs")]
     pub transport: Transport,
+    /// Central DP-FedAvg: comma list of noise multipliers σ, each run as its own variant of
+    /// every algorithm (0: the algorithm without DP, for reference); prints the
+    /// privacy–utility table and, with --plot, draws PATH-privacy.png. Devices are drawn each
+    /// round with probability --sample / clients (Poisson). docs/privacy.md
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "SIGMA",
+        requires = "dp_clip",
+        help_heading = "Privacy"
+    )]
+    pub dp_noise: Vec<f64>,
+    /// With --dp-noise: the L2 norm every device's delta is clipped to.
+    #[arg(long, value_name = "C", help_heading = "Privacy")]
+    pub dp_clip: Option<f64>,
+    /// With --dp-noise: the δ at which ε is reported.
+    #[arg(
+        long,
+        default_value_t = 1e-5,
+        value_name = "DELTA",
+        help_heading = "Privacy"
+    )]
+    pub dp_delta: f64,
     #[command(flatten)]
     pub json: JsonArgs,
     /// Write the table as Markdown.
@@ -168,7 +191,31 @@ impl EvalArgs {
                 };
                 Ok((a, variants))
             })
-            .collect()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .and_then(|grids| self.with_privacy(grids))
+    }
+
+    /// With --dp-noise: each algorithm once per noise level, each its own grid (a noise level
+    /// is a setting to compare, never one to choose).
+    fn with_privacy(
+        &self,
+        grids: Vec<(Algorithm, Vec<Algorithm>)>,
+    ) -> anyhow::Result<Vec<(Algorithm, Vec<Algorithm>)>> {
+        let Some(clip) = self.dp_clip.filter(|_| !self.dp_noise.is_empty()) else {
+            return Ok(grids);
+        };
+        anyhow::ensure!(!self.tune, "--dp-noise runs without --tune");
+        let mut out = Vec::new();
+        for (a, _) in grids {
+            for &noise in &self.dp_noise {
+                let variant = match noise {
+                    0.0 => a.clone(),
+                    _ => a.with_central_dp(noise, clip, self.dp_delta)?,
+                };
+                out.push((variant.clone(), vec![variant]));
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -247,6 +294,29 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         let title = format!("{what}: held-out accuracy at the best source-validation round");
         fedge::plot::write(&bars_path, &title, &eval::plot_bars(&results))?;
     }
+    let privacy = eval::privacy_rows(&results);
+    if !privacy.is_empty() {
+        println!(
+            "privacy–utility: central DP-FedAvg, clip {}, Poisson sampling; held-out accuracy after the last round, mean ± std over seeds",
+            args.dp_clip.unwrap_or_default()
+        );
+        println!("{}", eval::privacy_markdown(&privacy, args.dp_delta));
+        if let Some(path) = &args.plot {
+            let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+            let privacy_path = path.with_file_name(format!("{stem}-privacy.png"));
+            let title = format!(
+                "{}, {}, {} rounds, {} seeds: held-out accuracy against epsilon (delta {:e}, clip {})",
+                args.data.dataset,
+                args.scenario.name(),
+                options.rounds,
+                options.seeds,
+                args.dp_delta,
+                args.dp_clip.unwrap_or_default()
+            );
+            let lines = eval::tradeoff_lines(&privacy);
+            fedge::plot::write_tradeoff(&privacy_path, &title, &lines)?;
+        }
+    }
     let meta = eval::ReportMeta {
         dataset: &args.data.dataset,
         scenario: args.scenario.name(),
@@ -255,7 +325,12 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         seeds: options.seeds,
         local_epochs: options.local_epochs,
     };
-    args.json.write(&eval::report_json(&meta, &results))
+    let mut report = eval::report_json(&meta, &results);
+    if !privacy.is_empty() {
+        report["delta"] = serde_json::json!(args.dp_delta);
+        report["privacy"] = serde_json::to_value(&privacy)?;
+    }
+    args.json.write(&report)
 }
 
 /// [`eval::run_all`] under a progress bar of rounds.

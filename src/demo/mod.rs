@@ -59,6 +59,9 @@ pub struct RoundRow {
     /// FedOMG's weight per client (empty for other strategies).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub gamma: std::collections::BTreeMap<String, f64>,
+    /// Under central DP: the ε spent so far, at the result's `delta`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
 }
 
 /// The outcome of a demo.
@@ -100,6 +103,9 @@ pub struct DemoResult {
     /// With sites: each site's devices, samples and FedOMG weight in the last round.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub sites: std::collections::BTreeMap<String, sites::SiteFigures>,
+    /// Under central DP: the δ every round's `epsilon` is at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
 }
 
 /// Runs the federation; `on_round` sees every round as it ends.
@@ -165,7 +171,12 @@ pub async fn run(
         fraction: per_round as f32 / participants.len().max(1) as f32,
         // The machine selects no fewer than `min_clients`: the sample is the floor.
         min_clients: per_round,
-        min_updates: per_round,
+        // Under DP devices are drawn each round (Poisson): a round takes whoever was drawn.
+        min_updates: if options.privacy.is_some() {
+            1
+        } else {
+            per_round
+        },
         round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
         train: options.train.clone(),
         seed: options.seed,
@@ -178,6 +189,7 @@ pub async fn run(
             hidden: data.head.hidden,
             classes: data.head.classes,
         }),
+        privacy: options.privacy.as_ref().and_then(|p| p.central()),
         auth: auth.then(|| {
             let keys = (participants.iter())
                 .chain([&unseen])
@@ -190,7 +202,18 @@ pub async fn run(
         ..RoundConfig::default()
     };
     let keys = config.auth.clone();
-    let strategy = options.strategy.build().map_err(anyhow::Error::msg)?;
+    if let Some(privacy) = &options.privacy {
+        anyhow::ensure!(
+            options.sites == 0,
+            "--dp-noise with --sites: a site's aggregate is not a device's update"
+        );
+        privacy.check(
+            options.train.objective,
+            fedge_coordinator::config::Role::Global,
+        )?;
+    }
+    let private = (options.privacy.as_ref()).and_then(|p| p.central().map(|dp| (dp, p.noise())));
+    let strategy = (options.strategy.build_with(private)).map_err(anyhow::Error::msg)?;
     let strategy_name = strategy.name().to_string();
     let initial_len = initial.len();
     let rounds = Rounds::new(config, strategy, initial.clone());
@@ -395,6 +418,11 @@ pub async fn run(
         release: last_aggregated.and_then(|round| rounds.release(round)),
         export: None,
         sites: site_figures,
+        delta: options
+            .privacy
+            .as_ref()
+            .and_then(|p| p.central())
+            .map(|dp| dp.delta),
     })
 }
 
@@ -484,5 +512,6 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
             .as_ref()
             .map(|a| a.gamma.clone())
             .unwrap_or_default(),
+        epsilon: report.privacy.as_ref().map(|p| p.epsilon),
     }
 }

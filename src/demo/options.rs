@@ -50,6 +50,8 @@ pub struct DemoOptions {
     /// Sites (0: none): each its own embedded broker and site aggregator, with the devices of
     /// one source domain; the global coordinator's clients are the sites.
     pub sites: usize,
+    /// Central DP-FedAvg (`--dp-noise`, `--dp-clip`): the coordinator's `[privacy]`.
+    pub privacy: Option<fedge_coordinator::config::PrivacySettings>,
 }
 
 impl Default for DemoOptions {
@@ -77,6 +79,7 @@ impl Default for DemoOptions {
             attack_rate: crate::attack::DEFAULT_RATE,
             attack_keyless: false,
             sites: 0,
+            privacy: None,
         }
     }
 }

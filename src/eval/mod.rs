@@ -27,7 +27,8 @@ pub use data::{
     load_backbone, prepare, rows, split_features,
 };
 pub use report::{
-    ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars, report_json, summarise,
+    PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,
+    privacy_markdown, privacy_rows, report_json, summarise, tradeoff_lines,
 };
 pub use run::{Progress, RunSpec, partition, run_all, run_lodo, run_one, run_one_mqtt};
 pub use tune::{Choice, choose, grid};
@@ -35,7 +36,8 @@ pub use tune::{Choice, choose, grid};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::ValueEnum;
-use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
+use fedge_coordinator::config::{PrivacySettings, Role};
+use fedge_coordinator::strategy::{PrivacyMode, StrategyConfig, StrategyKind};
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
@@ -61,9 +63,41 @@ pub struct Algorithm {
     /// The wire defaults with the name's `/key=value` settings (`TrainParams` fields as in
     /// TOML), from which every round's parameters start.
     pub base: TrainParams,
+    /// Central DP-FedAvg (`--dp-noise`, `--dp-clip`): the coordinator's `[privacy]`, its
+    /// noise seeded from each run's seed.
+    pub privacy: Option<PrivacySettings>,
 }
 
 impl Algorithm {
+    /// This algorithm under central DP-FedAvg with noise multiplier `noise`, clip norm `clip`
+    /// and `delta`, named `<name> σ=<noise>`; refused with the reason where central DP cannot
+    /// run (FedOMG, robust rules, FedDIM and FedDDL's class statistics).
+    pub fn with_central_dp(&self, noise: f64, clip: f64, delta: f64) -> anyhow::Result<Self> {
+        let privacy = PrivacySettings {
+            mode: PrivacyMode::Central,
+            clip_norm: clip,
+            noise_multiplier: noise,
+            delta,
+            // Each run reseeds it from its own seed (`run.rs`): a benchmark repeats.
+            seed: Some(0),
+            ..PrivacySettings::default()
+        };
+        let fail = |e: String| anyhow::anyhow!("{} under --dp-noise: {e}", self.name);
+        privacy
+            .check(self.objective, Role::Global)
+            .map_err(|e| fail(e.to_string()))?;
+        let noise_source = || privacy.noise();
+        (self
+            .strategy
+            .build_with(privacy.central().map(|dp| (dp, noise_source()))))
+        .map_err(|e| fail(e.to_string()))?;
+        Ok(Self {
+            name: format!("{} σ={noise}", self.name),
+            privacy: Some(privacy),
+            ..self.clone()
+        })
+    }
+
     /// The round tasks' training parameters: the wire defaults with this algorithm's
     /// objective and hyper-parameters.
     pub fn train_params(&self, local_epochs: u32) -> TrainParams {
@@ -164,6 +198,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         adversarial_weight: train.adversarial_weight,
         codec,
         base: train,
+        privacy: None,
     })
 }
 
@@ -295,6 +330,9 @@ pub struct RunResult {
     /// Global parameters after the last round.
     #[serde(skip)]
     pub final_params: Vec<f32>,
+    /// Under central DP: ε spent over the run's rounds, at the run's δ.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
 }
 
 impl RunResult {
@@ -334,6 +372,7 @@ impl RunResult {
             curve,
             train_seconds_per_round: f64::NAN,
             final_params,
+            epsilon: None,
         }
     }
 }

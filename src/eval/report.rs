@@ -192,6 +192,106 @@ pub fn curves(results: &[RunResult]) -> Vec<crate::plot::Curve> {
         .collect()
 }
 
+/// One line of the privacy–utility table: an algorithm at one noise level.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PrivacyRow {
+    /// The algorithm without its noise level.
+    pub algorithm: String,
+    /// The noise multiplier σ (0: without DP).
+    pub noise: f64,
+    /// Mean ε spent over the runs (None without DP).
+    pub epsilon: Option<f64>,
+    /// Mean and std over seeds of the per-seed average over targets of the held-out accuracy
+    /// after the last round (%). The last round, not the best source-validation one: picking a
+    /// round by the devices' validation scores would spend privacy the accountant does not
+    /// count.
+    pub final_accuracy: (f32, f32),
+}
+
+/// The privacy–utility rows of runs named `<algorithm> σ=<noise>` (and the same algorithms
+/// without DP), in order of appearance; empty when no run used DP.
+pub fn privacy_rows(results: &[RunResult]) -> Vec<PrivacyRow> {
+    if results.iter().all(|r| r.epsilon.is_none()) {
+        return Vec::new();
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for r in results {
+        if !names.contains(&r.algorithm.as_str()) {
+            names.push(&r.algorithm);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let runs: Vec<&RunResult> = results.iter().filter(|r| r.algorithm == name).collect();
+            let mut per_seed: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
+            for r in &runs {
+                per_seed
+                    .entry(r.seed)
+                    .or_default()
+                    .push(r.final_target_accuracy);
+            }
+            let averages: Vec<f32> = per_seed
+                .values()
+                .map(|v| v.iter().sum::<f32>() / v.len() as f32 * 100.0)
+                .collect();
+            let eps: Vec<f64> = runs.iter().filter_map(|r| r.epsilon).collect();
+            let (algorithm, noise) = match name.rsplit_once(" σ=") {
+                Some((a, n)) => (a.to_owned(), n.parse().unwrap_or(0.0)),
+                None => (name.to_owned(), 0.0),
+            };
+            PrivacyRow {
+                algorithm,
+                noise,
+                epsilon: (!eps.is_empty()).then(|| eps.iter().sum::<f64>() / eps.len() as f64),
+                final_accuracy: mean_std(&averages),
+            }
+        })
+        .collect()
+}
+
+/// The privacy–utility rows as a Markdown table.
+pub fn privacy_markdown(rows: &[PrivacyRow], delta: f64) -> String {
+    let mut out = format!(
+        "| algorithm | noise σ | ε (δ = {delta:e}) | held-out accuracy after the last round (%) |\n|---|---|---|---|\n"
+    );
+    for row in rows {
+        let eps = row
+            .epsilon
+            .map_or("∞ (no DP)".into(), |e| format!("{e:.2}"));
+        let (mean, std) = row.final_accuracy;
+        out += &format!(
+            "| {} | {} | {eps} | {mean:.1} ± {std:.1} |\n",
+            row.algorithm, row.noise
+        );
+    }
+    out
+}
+
+/// The lines of the privacy–utility chart, one per algorithm.
+pub fn tradeoff_lines(rows: &[PrivacyRow]) -> Vec<crate::plot::Tradeoff> {
+    let mut lines: Vec<crate::plot::Tradeoff> = Vec::new();
+    for row in rows {
+        let at = match lines.iter().position(|l| l.label == row.algorithm) {
+            Some(at) => at,
+            None => {
+                lines.push(crate::plot::Tradeoff {
+                    label: row.algorithm.clone(),
+                    points: Vec::new(),
+                    without_dp: None,
+                });
+                lines.len() - 1
+            }
+        };
+        let (mean, std) = row.final_accuracy;
+        match row.epsilon {
+            Some(e) => lines[at].points.push((e, mean, std)),
+            None => lines[at].without_dp = Some(mean),
+        }
+    }
+    lines
+}
+
 /// What a report says about how its runs were made.
 #[derive(Debug, Clone)]
 pub struct ReportMeta<'a> {

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
+use fedge_coordinator::config::PrivacySettings;
 use fedge_coordinator::{Output, RoundConfig, Rounds};
 use fedge_edge::agent::class_stats;
 use fedge_edge::site_norm::{FeatureNorm, FeatureStats, site_stats, standardise, stats_of};
@@ -220,6 +221,10 @@ pub async fn run_one_mqtt(
         hidden: head.hidden,
         federation: format!("bench-{seed}-{target}"),
         round_timeout_s: 600.0,
+        privacy: algorithm.privacy.clone().map(|p| PrivacySettings {
+            seed: Some(seed ^ 0x5eed_d1ff_0000_0001),
+            ..p
+        }),
         ..crate::demo::DemoOptions::default()
     };
     let result = crate::demo::run(&demo_options, &data, |row| on_round(row.round)).await?;
@@ -273,13 +278,21 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         }
     };
     let train = algorithm.train_params(options.local_epochs);
+    // Central DP: noise seeded from the run's seed; each device selected with probability
+    // `fraction` (Poisson), so a round takes whoever was drawn.
+    let privacy = algorithm.privacy.clone().map(|p| PrivacySettings {
+        seed: Some(seed ^ 0x5eed_d1ff_0000_0001),
+        ..p
+    });
+    let central = privacy.as_ref().and_then(PrivacySettings::central);
     let config = RoundConfig {
         rounds: options.rounds,
         fraction,
         // At least `per_round` selected (the machine selects no fewer than `min_clients`): with
         // every client as the floor, `multi` trained all of them each round, whatever its sample.
         min_clients: per_round,
-        min_updates: per_round,
+        min_updates: if central.is_some() { 1 } else { per_round },
+        privacy: central,
         round_timeout_ms: u64::MAX / 4,
         train: train.clone(),
         seed,
@@ -294,7 +307,9 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         }),
         ..RoundConfig::default()
     };
-    let strategy = algorithm.strategy.build().map_err(anyhow::Error::msg)?;
+    let noise = privacy.as_ref().map(PrivacySettings::noise);
+    let strategy =
+        (algorithm.strategy.build_with(central.zip(noise))).map_err(anyhow::Error::msg)?;
     let layout = ModelLayout::new(head.clone(), algorithm.objective.carries_generator());
     let mut machine = Rounds::new(config, strategy, layout.init_flat(seed));
     // What each device keeps between rounds (Stable-FedADG's discriminator and memory).
@@ -438,6 +453,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         machine.params().to_vec(),
     );
     result.train_seconds_per_round = train_seconds / options.rounds.max(1) as f64;
+    result.epsilon = machine.privacy_spent().map(|p| p.epsilon);
     Ok(result)
 }
 

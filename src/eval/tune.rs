@@ -147,6 +147,7 @@ mod tests {
             curve: vec![],
             train_seconds_per_round: 0.1,
             final_params: vec![],
+            epsilon: None,
         };
         let results = vec![
             run(&variants[0].name, 0.80, 0.95),

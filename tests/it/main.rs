@@ -27,6 +27,7 @@ mod hostile;
 mod inference;
 mod objectives;
 mod operate;
+mod privacy;
 mod profiles;
 mod prometheus;
 mod restart;
