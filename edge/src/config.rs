@@ -17,6 +17,7 @@ use crate::agent::{AgentSetup, Serving};
 use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_site};
 use crate::features::{self, LoadBackboneError};
 use crate::inference::{self, InferenceConfig, config::InvalidInference};
+use crate::local_dp::{InvalidLocalPrivacy, LocalPrivacy};
 use crate::rescan::SiteScan;
 use crate::resources::{self, ResourceConfig};
 use crate::train::fedddl::{self, DdlViews, ViewsError};
@@ -72,6 +73,14 @@ pub enum ConfigError {
         path: PathBuf,
         /// Which value.
         source: InvalidInference,
+    },
+    /// `[privacy]` has a value outside its domain.
+    #[error("{}: {source}", path.display())]
+    Privacy {
+        /// The file.
+        path: PathBuf,
+        /// Which value.
+        source: InvalidLocalPrivacy,
     },
 }
 
@@ -239,6 +248,10 @@ pub struct EdgeConfig {
     /// address, e.g. `"127.0.0.1:9465"`; none when unset (docs/prometheus.md).
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Local differential privacy (`crate::local_dp`): every update clipped and noised before
+    /// it leaves the device. Absent: off.
+    #[serde(default)]
+    pub privacy: Option<LocalPrivacy>,
 }
 
 /// The device side of FedDDL (`[fedddl]` in the file).
@@ -349,6 +362,12 @@ impl EdgeConfig {
                 path: path.to_owned(),
                 source,
             })?;
+        if let Some(privacy) = &config.privacy {
+            privacy.check().map_err(|source| ConfigError::Privacy {
+                path: path.to_owned(),
+                source,
+            })?;
+        }
         Ok(config)
     }
 
@@ -454,6 +473,7 @@ impl EdgeConfig {
             key,
             scan: data.scan,
             serving,
+            privacy: self.privacy.clone(),
             state_file: self
                 .cache_dir
                 .as_ref()
@@ -572,6 +592,38 @@ mod tests {
         for valid in ["auto", "cpu", "cuda"] {
             assert!(err.contains(valid), "{err}");
         }
+    }
+
+    #[test]
+    fn privacy_is_off_without_its_section_and_checked_with_it() {
+        assert_eq!(load_with("").unwrap().privacy, None);
+        let on = "[privacy]\nlocal_noise_multiplier = 1.2\nlocal_clip_norm = 0.5";
+        let privacy = load_with(on).unwrap().privacy.unwrap();
+        assert_eq!(
+            (privacy.local_noise_multiplier, privacy.local_clip_norm),
+            (1.2, 0.5)
+        );
+        assert_eq!((privacy.delta, privacy.seed), (1e-5, None));
+        let err = load_with("[privacy]\nlocal_noise_multiplier = 0.0\nlocal_clip_norm = 0.5")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("local_noise_multiplier"), "{err}");
+        let err = load_with("[privacy]\nlocal_noise_multiplier = 1.0\nlocal_clip_norm = -2.0")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("local_clip_norm"), "{err}");
+        let err = load_with(&format!("{on}\ndelta = 2.0"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("delta"), "{err}");
+        let err = load_with(&format!("{on}\nmode = \"central\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mode"), "{err}");
+        let err = load_with("[privacy]\nlocal_clip_norm = 0.5")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("local_noise_multiplier"), "{err}");
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! (a growing site folder), [`site_norm`] (standardising features with a site's own statistics),
 //! [`train`] (local rounds: SGD and the objectives), [`resources`],
 //! [`agent`] (the decisions as a state machine, and its MQTT driver), [`config`] (a device
-//! profile), [`check`] (a profile's pre-flight checks), and [`inference`] (predictions with the
+//! profile), [`local_dp`] (local differential privacy: the `[privacy]` section and what is done
+//! to an update before it leaves), [`check`] (a profile's pre-flight checks), and [`inference`] (predictions with the
 //! released head: the kept release, the predictor, the HTTP endpoint), with [`metrics`] (what
 //! the device reports to Prometheus).
 //!
@@ -25,6 +26,7 @@ pub mod enrol;
 pub mod features;
 pub mod fetch;
 pub mod inference;
+pub mod local_dp;
 pub mod metrics;
 pub mod random;
 pub mod rescan;

@@ -30,6 +30,7 @@ pub struct EdgeMetrics {
     inference_seconds: Histogram,
     resident: Gauge<u64, AtomicU64>,
     peak: Gauge<u64, AtomicU64>,
+    privacy_epsilon: Gauge<f64, AtomicU64>,
 }
 
 impl std::fmt::Debug for EdgeMetrics {
@@ -49,6 +50,7 @@ impl Default for EdgeMetrics {
         let inference_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
         let resident = Gauge::default();
         let peak = Gauge::default();
+        let privacy_epsilon = Gauge::default();
         let r = &mut registry;
         r.register(
             "rounds_trained",
@@ -86,6 +88,11 @@ impl Default for EdgeMetrics {
             "The agent's peak resident memory",
             peak.clone(),
         );
+        r.register(
+            "privacy_epsilon",
+            "Local differential privacy: the epsilon this device's updates have spent so far at its [privacy] delta (0 when off)",
+            privacy_epsilon.clone(),
+        );
         Self {
             registry,
             rounds_trained,
@@ -96,6 +103,7 @@ impl Default for EdgeMetrics {
             inference_seconds,
             resident,
             peak,
+            privacy_epsilon,
         }
     }
 }
@@ -122,6 +130,11 @@ impl EdgeMetrics {
         self.inference_seconds.observe(seconds);
     }
 
+    /// Local DP: the ε the device's updates have spent so far.
+    pub fn privacy_epsilon(&self, epsilon: f64) {
+        self.privacy_epsilon.set(epsilon);
+    }
+
     /// The exposition, in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let (resident, peak) = fedge_daemon::metrics::memory().unwrap_or_default();
@@ -143,6 +156,7 @@ mod tests {
         m.prediction("http", true, 0.001);
         m.prediction("http", false, 0.000_2);
         m.prediction("mqtt", true, 0.002);
+        m.privacy_epsilon(2.5);
         let text = m.encode();
         for line in [
             "fedge_edge_rounds_trained_total 1",
@@ -152,6 +166,7 @@ mod tests {
             "fedge_edge_inference_requests_total{via=\"http\",outcome=\"error\"} 1",
             "fedge_edge_inference_duration_seconds_count 3",
             "fedge_edge_train_duration_seconds_count 1",
+            "fedge_edge_privacy_epsilon 2.5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

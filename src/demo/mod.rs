@@ -476,6 +476,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         key: None,
         scan: None,
         serving: Default::default(),
+        privacy: None,
         state_file: None,
     }
 }

@@ -25,6 +25,7 @@ mod federation;
 mod fleet;
 mod hostile;
 mod inference;
+mod local_dp;
 mod objectives;
 mod operate;
 mod privacy;

@@ -148,6 +148,10 @@ pub struct EdgeStatus {
     /// field); signed with the rest when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<u8>,
+    /// Local differential privacy (the device profile's `[privacy]`): the ε the device's own
+    /// updates have spent so far, at the profile's δ; absent when local DP is off. Not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
 }
 
 impl Default for EdgeStatus {
@@ -171,6 +175,7 @@ impl Default for EdgeStatus {
             updated_at: String::new(),
             tag: None,
             protocol: Some(crate::PROTOCOL_VERSION),
+            epsilon: None,
         }
     }
 }
@@ -313,10 +318,20 @@ mod tests {
             updated_at: "2025-01-01T00:00:00Z".into(),
             tag: None,
             protocol: Some(8),
+            epsilon: Some(2.5),
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));
+        assert!(json.ends_with(",\"epsilon\":2.5}"), "{json}");
         assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), status);
+        // Without local DP the field is absent, and a document without it reads as off.
+        let off = EdgeStatus {
+            epsilon: None,
+            ..status
+        };
+        let json = serde_json::to_string(&off).unwrap();
+        assert!(!json.contains("epsilon"), "{json}");
+        assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), off);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
 use super::state::RoundState;
+use crate::local_dp::LocalDp;
 use crate::site_norm::{site_stats, standardise};
 use crate::train::{LocalState, RoundInputs, TrainError, TrainJob, accuracy, train_local};
 
@@ -37,6 +38,11 @@ pub async fn run_agent(
         .map(RoundState::load)
         .unwrap_or_default();
     let mut agent = Agent::new(setup.identity(), remembered)?;
+    if let Some(privacy) = &setup.privacy {
+        // The noise source is made here, from the OS unless a seed is set: the machine reads
+        // no entropy itself.
+        agent = agent.with_local_dp(LocalDp::new(privacy.clone(), privacy.noise_source()));
+    }
     if let Some(reason) = &setup.device.fallback {
         tracing::warn!(client = %setup.client_id, "{reason}");
     }
@@ -166,6 +172,9 @@ fn perform(
                 }
             }
             Output::Status { topic, status } => {
+                if let Some(epsilon) = status.epsilon {
+                    setup.serving.metrics.privacy_epsilon(epsilon);
+                }
                 let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status, setup));
             }
             Output::Update { topic, frame, seq } => {

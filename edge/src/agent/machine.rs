@@ -23,6 +23,13 @@
 //! A training device refuses a task whose class list lacks a class it has images of (naming
 //! it); an evaluation-only device never trains.
 //!
+//! With local DP ([`Agent::with_local_dp`]) every update's delta is clipped and noised here,
+//! where the trained delta becomes the [`ClientUpdate`], so no update leaves un-noised whatever
+//! the objective, the strategy or the driver; the round is composed into the device's
+//! accountant (kept in the round state, saved before the update is published) and the ε spent
+//! goes into the status. A task whose objective sends per-class statistics (FedDIM, FedDDL) is
+//! refused under local DP, with the reason in `last_error`, since they would leave un-noised.
+//!
 //! A release of the global head on `model/current` is kept when it is the device's
 //! federation's, verifies (digest, layout, and with a key its seal) and is newer than the one
 //! held: a later round of the same run, or another run the device has not left. An
@@ -37,6 +44,7 @@ use fedge_wire::{
 };
 
 use super::state::RoundState;
+use crate::local_dp::LocalDp;
 use crate::train::{TrainError, TrainOutcome};
 
 /// Who the device is and what its status reports; everything the machine needs from the
@@ -202,6 +210,8 @@ pub struct Agent {
     publishing: Option<Option<f64>>,
     summary: AgentSummary,
     outputs: VecDeque<Output>,
+    /// Local DP: the settings and the noise source every update's delta goes through.
+    local_dp: Option<LocalDp>,
 }
 
 impl Agent {
@@ -257,7 +267,18 @@ impl Agent {
             publishing: None,
             summary: AgentSummary::default(),
             outputs: VecDeque::new(),
+            local_dp: None,
         })
+    }
+
+    /// Turns local DP on: every update's delta is privatised with `local_dp` (its noise source
+    /// injected by the driver) and the status reports the ε spent so far, counting the rounds
+    /// the remembered state's accountant already holds.
+    pub fn with_local_dp(mut self, local_dp: LocalDp) -> Self {
+        let spent = self.state.accountant.get_or_insert_with(Default::default);
+        self.status.epsilon = local_dp.epsilon(spent);
+        self.local_dp = Some(local_dp);
+        self
     }
 
     /// The Last Will the broker publishes when the device vanishes: its status offline, with
@@ -282,8 +303,8 @@ impl Agent {
     }
 
     /// The round state as last saved or about to be.
-    pub fn state(&self) -> RoundState {
-        self.state
+    pub fn state(&self) -> &RoundState {
+        &self.state
     }
 
     /// What the agent did so far.
@@ -427,6 +448,11 @@ impl Agent {
         {
             return Some(format!("refused round {}: {e}", task.round));
         }
+        if let (true, Role::Train, Some(_)) = (selected, self.id.role, &self.local_dp)
+            && let Some(refused) = crate::local_dp::refusal(task.train.objective, task.round)
+        {
+            return Some(refused);
+        }
         if let (true, Some(theirs), Some(ours)) =
             (selected, &task.backbone, self.id.backbone_sha256)
             && theirs.sha256 != ours
@@ -472,7 +498,7 @@ impl Agent {
         }
         self.state.answer(run, done.round);
         self.state.last_train_seconds = done.seconds;
-        match done.result {
+        match done.result.and_then(|outcome| self.privatised(outcome)) {
             Ok(outcome) => {
                 self.state.seq += 1;
                 let seq = self.state.seq;
@@ -547,8 +573,28 @@ impl Agent {
                 self.status.last_error = message;
             }
         }
-        self.outputs.push_back(Output::Save(self.state));
+        self.outputs.push_back(Output::Save(self.state.clone()));
         self.publish_status();
+    }
+
+    /// With local DP: the outcome's delta clipped and noised, the round composed into the
+    /// accountant, the ε spent in the status, and the state saved before the update can leave
+    /// (a crash after publishing must not forget the round). Without: the outcome unchanged.
+    fn privatised(&mut self, mut outcome: TrainOutcome) -> Result<TrainOutcome, TrainError> {
+        let Some(dp) = &mut self.local_dp else {
+            return Ok(outcome);
+        };
+        let clip = dp
+            .privatize(&mut outcome.delta)
+            .map_err(TrainError::Privacy)?;
+        let spent = self.state.accountant.get_or_insert_with(Default::default);
+        dp.account(spent).map_err(TrainError::Privacy)?;
+        self.status.epsilon = dp.epsilon(spent);
+        tracing::debug!(client = %self.id.client_id, norm = clip.norm, clipped = clip.clipped, epsilon = ?self.status.epsilon, "update privatised");
+        // Refused at the task already; never sent un-noised whatever the trainer returned.
+        (outcome.class_stats, outcome.prototypes) = (None, None);
+        self.outputs.push_back(Output::Save(self.state.clone()));
+        Ok(outcome)
     }
 
     fn publish_status(&mut self) {
@@ -610,3 +656,6 @@ mod tests;
 
 #[cfg(test)]
 mod release_tests;
+
+#[cfg(test)]
+mod local_dp_tests;

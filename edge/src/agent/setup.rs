@@ -61,8 +61,12 @@ pub struct AgentSetup {
     pub scan: Option<Arc<std::sync::Mutex<crate::rescan::SiteScan>>>,
     /// The released model: where it is kept, and how predictions are answered with it.
     pub serving: Serving,
-    /// Where the device keeps its round state (last round trained, update sequence) across
-    /// restarts, so a retained task it already answered is not trained again.
+    /// Local differential privacy: every update clipped and noised before it leaves (none:
+    /// off).
+    pub privacy: Option<crate::local_dp::LocalPrivacy>,
+    /// Where the device keeps its round state (last round trained, update sequence, local DP's
+    /// accountant) across restarts, so a retained task it already answered is not trained
+    /// again and the ε spent keeps counting.
     pub state_file: Option<PathBuf>,
 }
 

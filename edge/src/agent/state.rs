@@ -1,5 +1,7 @@
 //! What a device remembers across restarts: the federation run and the last round it
-//! answered, the runs it has left, its update sequence and how long its last training took.
+//! answered, the runs it has left, its update sequence, how long its last training took, and,
+//! with local DP, the accountant of the rounds it has sent (so its ε keeps counting: starting
+//! from 0 after a restart would understate what its updates revealed).
 //!
 //! The file is JSON written through the one durable atomic write
 //! (`fedge_daemon::write_atomically`); a missing or damaged file is a fresh state. Deciding
@@ -10,7 +12,7 @@ use std::path::Path;
 use fedge_daemon::{Visibility, write_atomically};
 
 /// What a device remembers across restarts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct RoundState {
     /// The federation run ([`fedge_wire::RoundTask::run`]) of the last task trained.
@@ -23,6 +25,10 @@ pub struct RoundState {
     pub seq: u64,
     /// Seconds its last local training took.
     pub last_train_seconds: f32,
+    /// Local DP: every round whose privatised update was sent, composed (absent in files
+    /// written before local DP, or by a device that never had it on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accountant: Option<fedge_privacy::Accountant>,
 }
 
 /// How many left runs a device remembers.
@@ -94,9 +100,28 @@ mod tests {
             last_round: 7,
             seq: 9,
             last_train_seconds: 1.5,
+            accountant: None,
         };
         state.save(&path).unwrap();
         assert_eq!(RoundState::load(&path), state);
+        // A file of the previous format (no accountant) reads as before.
+        std::fs::write(&path, br#"{"run":3,"last_round":7,"seq":9}"#).unwrap();
+        assert_eq!(RoundState::load(&path).accountant, None);
+        // With local DP the accountant comes back, and its ε with it.
+        let mut accountant = fedge_privacy::Accountant::default();
+        accountant.compose_poisson(1.0, 1.3, 4).unwrap();
+        let spent = RoundState {
+            accountant: Some(accountant.clone()),
+            ..state
+        };
+        spent.save(&path).unwrap();
+        let back = RoundState::load(&path).accountant.unwrap();
+        assert_eq!(back.history(), accountant.history());
+        let (a, b) = (
+            back.epsilon(1e-5).unwrap().epsilon,
+            accountant.epsilon(1e-5).unwrap().epsilon,
+        );
+        assert!((a - b).abs() <= 1e-12 * b, "{a} {b}");
         std::fs::write(&path, b"{not json").unwrap();
         assert_eq!(RoundState::load(&path), RoundState::default());
     }

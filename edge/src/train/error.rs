@@ -44,4 +44,7 @@ pub enum TrainError {
     /// Stopped at the round's deadline: the update would have arrived after the round closed.
     #[error("training stopped at the round's deadline after {0} batches")]
     Cancelled(usize),
+    /// Local DP could not privatise the trained delta (the update is not sent).
+    #[error("local differential privacy: {0}")]
+    Privacy(fedge_privacy::PrivacyError),
 }

@@ -107,7 +107,7 @@ fn answer(agent: &mut Agent, round: u64, seconds: f32) -> (u64, RoundState) {
     let saved = outputs
         .iter()
         .find_map(|o| match o {
-            Output::Save(state) => Some(*state),
+            Output::Save(state) => Some(state.clone()),
             _ => None,
         })
         .expect("the round state is saved");
