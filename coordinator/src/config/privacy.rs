@@ -39,6 +39,14 @@ pub struct PrivacySettings {
     /// A fixed seed for the noise: for tests and simulations only, since anyone who knows it
     /// can remove the noise. Unset: drawn from the operating system.
     pub seed: Option<u64>,
+    /// Adaptive clipping: the fraction `γ` of deltas the clip norm should leave unclipped
+    /// (e.g. 0.5); `clip_norm` is then the starting norm. Unset: a fixed clip norm.
+    pub adaptive_quantile: Option<f64>,
+    /// Adaptive clipping's `η` in `C ← C · exp(−η (b̃ − γ))`.
+    pub adaptive_learning_rate: f64,
+    /// Adaptive clipping's `σ_b`, the noise on the count of unclipped deltas; above
+    /// `noise_multiplier / 2`, about the expected devices per round / 20 (Andrew et al. 2021).
+    pub adaptive_count_noise: f64,
 }
 
 impl Default for PrivacySettings {
@@ -51,6 +59,9 @@ impl Default for PrivacySettings {
             target_epsilon: None,
             sampling: SamplingKind::Poisson,
             seed: None,
+            adaptive_quantile: None,
+            adaptive_learning_rate: 0.2,
+            adaptive_count_noise: 0.0,
         }
     }
 }
@@ -97,6 +108,13 @@ impl PrivacySettings {
             delta: self.delta,
             target_epsilon: self.target_epsilon,
             sampling: self.sampling,
+            adaptive: self
+                .adaptive_quantile
+                .map(|quantile| crate::strategy::dp::AdaptiveClip {
+                    quantile,
+                    learning_rate: self.adaptive_learning_rate,
+                    count_noise: self.adaptive_count_noise,
+                }),
         })
     }
 
@@ -145,6 +163,30 @@ impl PrivacySettings {
             delta > 0.0 && delta < 1.0,
             "must be in (0, 1), well below 1 / the number of devices (1e-5 by default)",
         )?;
+        if let Some(quantile) = self.adaptive_quantile {
+            value(
+                "adaptive_quantile",
+                quantile,
+                quantile > 0.0 && quantile < 1.0,
+                "must be in (0, 1): the fraction of deltas left unclipped (0.5: the median)",
+            )?;
+            let rate = self.adaptive_learning_rate;
+            value(
+                "adaptive_learning_rate",
+                rate,
+                rate.is_finite() && rate > 0.0,
+                "must be a finite number > 0 (0.2 by default)",
+            )?;
+            let count = self.adaptive_count_noise;
+            value(
+                "adaptive_count_noise",
+                count,
+                count.is_finite() && 2.0 * count > sigma,
+                "must be above noise_multiplier / 2, or the count's noise alone would cost more \
+                 than the budget noise_multiplier stands for; about the expected devices per \
+                 round / 20",
+            )?;
+        }
         if let Some(target) = self.target_epsilon {
             value(
                 "target_epsilon",
@@ -214,6 +256,27 @@ mod tests {
             config.build_strategy().unwrap().name(),
             "dp-fedavg+momentum"
         );
+        let adaptive = format!("{CENTRAL}adaptive_quantile = 0.5\nadaptive_count_noise = 2.5\n");
+        let config = load("", &adaptive, "").unwrap();
+        let clip = config.round_config().privacy.unwrap().adaptive.unwrap();
+        assert_eq!(
+            (clip.quantile, clip.learning_rate, clip.count_noise),
+            (0.5, 0.2, 2.5)
+        );
+        for (bad, said) in [
+            (
+                "adaptive_quantile = 1.5\nadaptive_count_noise = 2.5\n",
+                "adaptive_quantile = 1.5",
+            ),
+            (
+                "adaptive_quantile = 0.5\nadaptive_count_noise = 0.5\n",
+                "above noise_multiplier / 2",
+            ),
+            ("adaptive_quantile = 0.5\n", "adaptive_count_noise = 0"),
+        ] {
+            let error = load("", &format!("{CENTRAL}{bad}"), "").unwrap_err();
+            assert!(error.contains(said), "{error}");
+        }
         let off = load("", "", "").unwrap();
         assert!(off.round_config().privacy.is_none());
         assert_eq!(off.build_strategy().unwrap().name(), "fedavg");

@@ -192,13 +192,15 @@ impl Rounds {
             if let Some(expected) = self.private_expected() {
                 self.strategy.expect_participants(expected);
             }
-            longest = self
-                .private_step_bound(open.accepted.len())
-                .unwrap_or(longest);
             let saved = self.strategy.state();
             let result = self
                 .strategy
                 .aggregate(&self.params, &open.accepted, &open.failures);
+            // Under central DP the step is bounded by the clip norm this round used.
+            let clip = result.report.dp_clip_norm;
+            longest = self
+                .private_step_bound(open.accepted.len(), clip)
+                .unwrap_or(longest);
             // The noisy sum was drawn: the round counts, whether or not the guard applies it.
             self.account_round();
             match guard::refuse_aggregate(&self.params, &result.params, longest) {

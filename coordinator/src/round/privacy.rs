@@ -12,7 +12,7 @@ use super::Rounds;
 use super::ledger::{rate, restore, save};
 use super::saved::SavedAccountant;
 use super::types::{Output, Phase, PrivacySpent};
-use crate::strategy::{CentralDp, SamplingKind};
+use crate::strategy::SamplingKind;
 
 /// Draws larger than this many tries without a device fall back to one device chosen uniformly.
 const MAX_EMPTY_DRAWS: usize = 1 << 20;
@@ -84,14 +84,12 @@ impl Rounds {
     /// the longest raw delta (which would make the guard's verdict depend on one device's
     /// unclipped data): `C·(n + σ(√d + 10)) / E` for `n` updates of `d` values, the largest
     /// honest step with the noise's norm taken ten standard deviations out.
-    pub(super) fn private_step_bound(&self, updates: usize) -> Option<f64> {
+    pub(super) fn private_step_bound(&self, updates: usize, clip: Option<f64>) -> Option<f64> {
         let ledger = self.privacy.as_ref()?;
         let expected = ledger.plan.map_or(1.0, |(_, e)| e).max(f64::MIN_POSITIVE);
-        let CentralDp {
-            clip_norm,
-            noise_multiplier,
-            ..
-        } = ledger.settings;
+        // The clip norm the round used (adaptive clipping moves it), else the configured one.
+        let clip_norm = clip.unwrap_or(ledger.settings.clip_norm);
+        let noise_multiplier = ledger.settings.delta_noise_multiplier();
         let d = self.params.len() as f64;
         Some(clip_norm * (updates as f64 + noise_multiplier * (d.sqrt() + 10.0)) / expected)
     }

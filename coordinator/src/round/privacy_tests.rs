@@ -15,6 +15,7 @@ fn dp(sampling: SamplingKind, target_epsilon: Option<f64>) -> CentralDp {
         delta: 1e-5,
         target_epsilon,
         sampling,
+        adaptive: None,
     }
 }
 

@@ -53,6 +53,23 @@ pub struct CentralDp {
     pub target_epsilon: Option<f64>,
     /// How devices are chosen.
     pub sampling: SamplingKind,
+    /// Adaptive clipping (Andrew et al. 2021): the clip norm follows a quantile of the
+    /// devices' delta norms instead of staying at `clip_norm` (its starting value).
+    pub adaptive: Option<AdaptiveClip>,
+}
+
+/// Adaptive clipping by the quantile method of Andrew, Thakkar, McMahan and Ramaswamy (2021,
+/// "Differentially Private Learning with Adaptive Clipping"), docs/algorithms.md §8: each
+/// round the coordinator counts the deltas no longer than the clip norm, noises the count, and
+/// moves the norm geometrically towards the `quantile` of the norms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveClip {
+    /// `γ`: the fraction of deltas the clip norm should leave unclipped.
+    pub quantile: f64,
+    /// `η`: `C ← C · exp(−η (b̃ − γ))`.
+    pub learning_rate: f64,
+    /// `σ_b`: the standard deviation of the noise on the count (of centred bits `b − ½`).
+    pub count_noise: f64,
 }
 
 impl CentralDp {
@@ -66,19 +83,42 @@ impl CentralDp {
         }
     }
 
-    /// The noise's standard deviation on the sum, `σ × C`.
+    /// The noise's standard deviation on the sum, `σ × C`, without adaptive clipping.
     pub fn noise_std(&self) -> f64 {
         self.noise_multiplier * self.clip_norm
+    }
+
+    /// The noise multiplier of the deltas' sum. With adaptive clipping the count is a second
+    /// Gaussian release, and the two together must cost what `σ` alone is accounted for:
+    /// `σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−½)`, finite while `2σ_b > σ` (docs/algorithms.md §8).
+    pub fn delta_noise_multiplier(&self) -> f64 {
+        match self.adaptive {
+            None => self.noise_multiplier,
+            Some(a) => {
+                let left = self.noise_multiplier.powi(-2) - (2.0 * a.count_noise).powi(-2);
+                if left > 0.0 {
+                    left.powf(-0.5)
+                } else {
+                    f64::INFINITY
+                }
+            }
+        }
     }
 }
 
 /// DP-FedAvg: `θ ← θ + (Σ_u clip(Δ_u, C) + N(0, (σC)² I)) / E`, with `E` the expected number of
-/// participants (docs/algorithms.md §8).
+/// participants (docs/algorithms.md §8); with adaptive clipping, `C` moves each round and the
+/// sum's noise multiplier is [`CentralDp::delta_noise_multiplier`].
 pub struct DpFedAvg {
     settings: CentralDp,
     noise: GaussianNoise,
     expected: Option<f64>,
+    /// The clip norm of the next aggregation (moves with adaptive clipping).
+    clip: f64,
 }
+
+/// The checkpoint key of the adaptive clip norm.
+const CLIP_KEY: &str = "dp_clip_norm";
 
 impl DpFedAvg {
     /// The strategy with these settings, drawing its noise from `noise`. The settings are
@@ -86,6 +126,7 @@ impl DpFedAvg {
     /// here zeroes every delta.
     pub fn new(settings: CentralDp, noise: GaussianNoise) -> Self {
         Self {
+            clip: settings.clip_norm,
             settings,
             noise,
             expected: None,
@@ -102,6 +143,30 @@ impl Strategy for DpFedAvg {
         self.expected = Some(expected);
     }
 
+    fn state(&self) -> super::StrategyState {
+        match self.settings.adaptive {
+            Some(_) => [(CLIP_KEY.to_owned(), vec![self.clip as f32])].into(),
+            None => Default::default(),
+        }
+    }
+
+    fn restore(&mut self, state: &super::StrategyState) -> Result<(), super::StateError> {
+        for (key, values) in state {
+            match (key.as_str(), values.as_slice(), self.settings.adaptive) {
+                (CLIP_KEY, [clip], Some(_)) if clip.is_finite() && *clip > 0.0 => {
+                    self.clip = f64::from(*clip);
+                }
+                _ => {
+                    return Err(super::StateError::Unexpected {
+                        strategy: self.name().to_owned(),
+                        key: key.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Clips, sums, noises and divides (docs/algorithms.md §8). Without an expected count
     /// from [`Strategy::expect_participants`] since the last aggregation (a caller outside the
     /// round machine), the observed count is used and reported as such.
@@ -110,10 +175,16 @@ impl Strategy for DpFedAvg {
         let mut sum = vec![0.0f64; global.len()];
         let mut row = vec![0.0f32; updates.m()];
         let mut clipped = 0;
+        let clip_norm = self.clip;
+        // Σ (b − ½), b = 1 for a delta no longer than the clip norm (adaptive clipping).
+        let mut centred_bits = 0.0;
         for i in 0..updates.len() {
             updates.delta(i).widen_into(&mut row);
-            match clip_l2(&mut row, self.settings.clip_norm) {
-                Ok(clip) => clipped += usize::from(clip.clipped),
+            match clip_l2(&mut row, clip_norm) {
+                Ok(clip) => {
+                    clipped += usize::from(clip.clipped);
+                    centred_bits += if clip.norm <= clip_norm { 0.5 } else { -0.5 };
+                }
                 // A clip norm outside its domain: the delta counts as nothing.
                 Err(_) => row.fill(0.0),
             }
@@ -121,7 +192,7 @@ impl Strategy for DpFedAvg {
                 *s += f64::from(*v);
             }
         }
-        let std = self.settings.noise_std();
+        let std = self.settings.delta_noise_multiplier() * clip_norm;
         if std > 0.0 && std.is_finite() {
             for s in &mut sum {
                 *s += std * self.noise.sample();
@@ -132,9 +203,18 @@ impl Strategy for DpFedAvg {
             .take()
             .filter(|e| *e > 0.0 && e.is_finite())
             .unwrap_or(updates.len().max(1) as f64);
+        if let Some(adaptive) = self.settings.adaptive {
+            let noisy = centred_bits + adaptive.count_noise * self.noise.sample();
+            let unclipped = noisy / expected + 0.5;
+            let step = (-adaptive.learning_rate * (unclipped - adaptive.quantile)).exp();
+            if step.is_finite() {
+                self.clip = (clip_norm * step).clamp(f64::MIN_POSITIVE, f64::MAX);
+            }
+        }
         let report = AggregationReport {
             dp_clipped: Some(clipped),
             dp_expected: Some(expected),
+            dp_clip_norm: Some(clip_norm),
             ..AggregationReport::default()
         };
         Aggregated {

@@ -5,6 +5,7 @@
 use fedge_privacy::GaussianNoise;
 
 use super::*;
+use crate::strategy::dp::AdaptiveClip;
 
 fn settings(clip_norm: f64, noise_multiplier: f64) -> CentralDp {
     CentralDp {
@@ -13,6 +14,7 @@ fn settings(clip_norm: f64, noise_multiplier: f64) -> CentralDp {
         delta: 1e-5,
         target_epsilon: None,
         sampling: SamplingKind::Poisson,
+        adaptive: None,
     }
 }
 
@@ -253,4 +255,74 @@ fn fixed_size_sampling_accounts_half_the_noise_multiplier() {
     assert!((dp.noise_std() - 2.4).abs() < 1e-12);
     dp.sampling = SamplingKind::Fixed;
     assert_eq!(dp.accounted_noise_multiplier(), 0.6);
+}
+
+#[test]
+fn adaptive_clipping_follows_the_quantile_of_the_norms_and_survives_a_checkpoint() {
+    let d = 50;
+    let global = vec![0.0f32; d];
+    // Twenty devices whose delta norms are 1, 2, …, 20: the median is about 10.
+    let norms: Vec<f64> = (1..=20).map(f64::from).collect();
+    let names: Vec<String> = (0..20).map(|i| format!("d{i:02}")).collect();
+    let updates: Vec<(&str, u32, Vec<f32>)> = (names.iter().zip(&norms))
+        .map(|(n, &norm)| (n.as_str(), 1, delta(d, norm, norm)))
+        .collect();
+    let adaptive = AdaptiveClip {
+        quantile: 0.5,
+        learning_rate: 0.2,
+        count_noise: 1.0,
+    };
+    let dp = CentralDp {
+        adaptive: Some(adaptive),
+        ..settings(0.1, 1.0)
+    };
+    // The sum's noise pays for the count's: σ_Δ = (1 − 1/4)^(−½).
+    assert!((dp.delta_noise_multiplier() - (0.75f64).powf(-0.5)).abs() < 1e-12);
+    let mut s = DpFedAvg::new(dp, GaussianNoise::from_seed(9));
+    let held = RoundUpdates::from_updates(
+        d,
+        false,
+        updates.iter().map(|(c, n, v)| (*c, *n, v.as_slice())),
+    );
+    let mut used = Vec::new();
+    for _ in 0..80 {
+        s.expect_participants(20.0);
+        used.push(
+            s.aggregate(&global, &held, &[])
+                .report
+                .dp_clip_norm
+                .unwrap(),
+        );
+    }
+    // From 0.1 it rises geometrically, then stays around the median norm.
+    assert!(used[1] > used[0] && used[30] > 1.5, "{used:?}");
+    let late = &used[60..];
+    let mean = late.iter().sum::<f64>() / late.len() as f64;
+    assert!(
+        (7.0..13.0).contains(&mean),
+        "settles at {mean}, not near the median 10: {late:?}"
+    );
+    // A fixed clip norm never moves.
+    let mut fixed = DpFedAvg::new(settings(0.1, 1.0), GaussianNoise::from_seed(9));
+    for _ in 0..3 {
+        fixed.expect_participants(20.0);
+        let used = fixed.aggregate(&global, &held, &[]).report.dp_clip_norm;
+        assert_eq!(used, Some(0.1));
+    }
+    assert!(fixed.state().is_empty());
+    // The clip norm is the strategy's state: a restart goes on from it.
+    let state = s.state();
+    let mut restarted = DpFedAvg::new(dp, GaussianNoise::from_seed(10));
+    restarted.restore(&state).unwrap();
+    restarted.expect_participants(20.0);
+    let next = restarted
+        .aggregate(&global, &held, &[])
+        .report
+        .dp_clip_norm
+        .unwrap();
+    assert!((next - f64::from(state["dp_clip_norm"][0])).abs() < 1e-6);
+    assert!(
+        fixed.restore(&state).is_err(),
+        "a fixed clip keeps no state"
+    );
 }

@@ -16,7 +16,7 @@ mod names;
 pub mod robust;
 
 pub use build::{BuildError, StrategyConfig, StrategyKind};
-pub use dp::{CentralDp, DpFedAvg, PrivacyMode, SamplingKind};
+pub use dp::{AdaptiveClip, CentralDp, DpFedAvg, PrivacyMode, SamplingKind};
 pub use fedavg::FedAvg;
 pub use fedomg::{FedOmg, SolverKind};
 pub use momentum::ServerMomentum;
@@ -68,6 +68,9 @@ pub struct AggregationReport {
     /// Central DP: the expected number of participants the noisy sum was divided by.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub dp_expected: Option<f64>,
+    /// Central DP: the clip norm this round used (it moves each round with adaptive clipping).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub dp_clip_norm: Option<f64>,
 }
 
 /// The next global parameters and what the aggregation did.
