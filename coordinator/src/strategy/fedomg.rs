@@ -467,8 +467,11 @@ mod strategy_tests {
             let config = FedOmgConfig::default();
             let a = solve(&gram_of(&base), n, &config);
             let b = solve(&gram_of(&scaled), n, &config);
+            // The best of 21 candidates may still flip between two whose objectives tie to
+            // rounding (seen once in thousands of random cases): then the objective must agree.
+            let tie = (a.objective - b.objective).abs() <= 1e-9 * a.objective.abs().max(1.0);
             for (x, y) in a.gamma.iter().zip(&b.gamma) {
-                prop_assert!((x - y).abs() < 1e-7, "{:?} vs {:?}", a.gamma, b.gamma);
+                prop_assert!((x - y).abs() < 1e-7 || tie, "{:?} vs {:?}", a.gamma, b.gamma);
             }
             let converged = FedOmgConfig { solver: Solver::of(SolverKind::Converged), ..config };
             let a = solve(&gram_of(&base), n, &converged);
