@@ -71,13 +71,30 @@ pub fn start_embedded(
     addr: SocketAddr,
     limits: &BrokerLimits,
 ) -> Result<EmbeddedBroker, BrokerError> {
-    let addr = if addr.port() == 0 {
-        free_loopback_addr()?
-    } else {
-        addr
+    let addr = match addr.port() {
+        // Another process may take a free port before it is bound again: try a few.
+        0 => {
+            let mut tries = 0;
+            loop {
+                let free = free_loopback_addr()?;
+                match TcpListener::bind(free) {
+                    Ok(check) => {
+                        drop(check);
+                        break free;
+                    }
+                    Err(source) if tries == 9 => {
+                        return Err(BrokerError::Bind { addr: free, source });
+                    }
+                    Err(_) => tries += 1,
+                }
+            }
+        }
+        _ => {
+            // Fail early with a clear error when the address is taken.
+            drop(TcpListener::bind(addr).map_err(|source| BrokerError::Bind { addr, source })?);
+            addr
+        }
     };
-    // Fail early with a clear error when the address is taken.
-    drop(TcpListener::bind(addr).map_err(|source| BrokerError::Bind { addr, source })?);
     let server = ServerSettings {
         name: "fedge-v4".into(),
         listen: addr,
@@ -116,7 +133,9 @@ pub fn start_embedded(
         })
         .map_err(|source| BrokerError::Bind { addr, source })?;
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
+    // Generous: on a loaded machine (a test run beside a build) the broker's threads may
+    // take seconds to bind.
+    while start.elapsed() < Duration::from_secs(20) {
         if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
             return Ok(EmbeddedBroker { addr });
         }
