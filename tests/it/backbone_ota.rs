@@ -131,3 +131,75 @@ fn a_device_takes_the_federation_s_backbone_over_mqtt() {
     federate(&coordinator, &profile);
     assert_eq!(std::fs::read(&kept).unwrap(), onnx);
 }
+
+#[test]
+fn publishing_a_backbone_tells_a_running_coordinator_without_a_restart() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("coordinator.toml");
+    let text = format!(
+        "federation = \"ota-live\"\nrounds = 100\nmin_clients = 1\nmin_updates = 1\n\
+         round_timeout_s = 60\n\n[broker]\nhost = \"127.0.0.1\"\nport = {}\n\n\
+         [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n[auth]\noperator_key_file = \"operator.key\"\n",
+        mosquitto.port()
+    );
+    std::fs::write(&config, text).unwrap();
+    let config = config.to_str().unwrap();
+    let out = run(
+        &common::coordinator_binary(),
+        &["ctl", "--config", config, "keygen"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _coordinator = KillOnDrop(
+        Command::new(common::coordinator_binary())
+            .args(["run", "--config", config])
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let card = common::repo_root().join("models/assets/digits-conv.toml");
+    let card = card.to_str().unwrap();
+    let out = run(
+        &common::coordinator_binary(),
+        &["publish-backbone", "--config", config, "--card", card],
+    );
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    // `ctl` confirmed it from the coordinator's status (`backbone_sha256`).
+    assert!(said.contains("the running coordinator names it"), "{said}");
+
+    // A card of another width cannot take over this head.
+    let wide = dir.path().join("wide.toml");
+    let text = std::fs::read_to_string(card)
+        .unwrap()
+        .replace("feature_size = 512", "feature_size = 1280");
+    let onnx = common::repo_root().join("models/assets/digits-conv.onnx");
+    std::fs::write(
+        &wide,
+        text.replace("digits-conv.onnx", onnx.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = run(
+        &common::coordinator_binary(),
+        &[
+            "publish-backbone",
+            "--config",
+            config,
+            "--card",
+            wide.to_str().unwrap(),
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("feature_size = 1280"),
+        "{said}"
+    );
+}

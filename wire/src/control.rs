@@ -44,6 +44,14 @@ pub enum Command {
         /// The new total.
         rounds: u64,
     },
+    /// Name this backbone in the next round tasks (`fedge-coordinator publish-backbone`
+    /// distributes it first): devices that take the federation's backbone fetch it.
+    SetBackbone {
+        /// The card's name.
+        name: String,
+        /// SHA-256 of its ONNX file, 64 hex digits.
+        sha256: String,
+    },
     /// Change nothing; print the coordinator's status.
     Status,
 }
@@ -190,6 +198,13 @@ mod tests {
                 r#"{"command":"set-rounds","rounds":9}"#,
             ),
             (Command::Status, r#"{"command":"status"}"#),
+            (
+                Command::SetBackbone {
+                    name: "m".into(),
+                    sha256: "ab".into(),
+                },
+                r#"{"command":"set-backbone","name":"m","sha256":"ab"}"#,
+            ),
         ] {
             assert_eq!(serde_json::to_string(&command).unwrap(), json);
         }

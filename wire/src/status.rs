@@ -76,6 +76,10 @@ pub struct CoordinatorStatus {
     /// window is open).
     #[serde(default)]
     pub previous_protocol_accepted: bool,
+    /// SHA-256 of the backbone the round tasks name, hex (`[model] backbone_sha256` or
+    /// `ctl set-backbone`); absent when they name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backbone_sha256: Option<String>,
     /// Mean local validation accuracy reported by last round's clients.
     pub source_val_accuracy: Option<f32>,
     /// L2 norm of the global parameters.
@@ -256,6 +260,7 @@ mod tests {
             protocol: Some(7),
             device_protocols: BTreeMap::from([("7".into(), 1), ("8".into(), 2)]),
             previous_protocol_accepted: true,
+            backbone_sha256: Some("ab".repeat(32)),
             source_val_accuracy: None,
             params_norm: 1.25,
             updated_at: "2025-01-01T00:00:00Z".into(),

@@ -3,7 +3,8 @@
 //! (chunks on `…/<i>` beyond the packet limit, sealed with every device key when the
 //! federation has keys), and `fedge/<f>/backbone/current` says which one the federation
 //! trains on. Devices whose profile says `backbone = "federation"` fetch, verify and cache it;
-//! round tasks name it once `[model] backbone_sha256` is its digest.
+//! round tasks name it once `[model] backbone_sha256` is its digest, or at once when the
+//! operator key lets this command tell a running coordinator (`ctl set-backbone`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -120,18 +121,48 @@ pub async fn publish_backbone(config_path: &Path, card_path: &Path) -> anyhow::R
     let topics = Topics::new(&config.federation).map_err(|e| anyhow::anyhow!("{e}"))?;
     let keys = config.device_keys()?;
     let object = object(card_path)?;
+    // A head is as wide as its backbone's features: another width cannot take over this head.
+    let card: toml::Table = toml::from_str(&object.card)?;
+    if let Some(width) = card.get("feature_size").and_then(toml::Value::as_integer)
+        && usize::try_from(width).ok() != Some(config.head.features)
+    {
+        anyhow::bail!(
+            "{}: feature_size = {width}, but [head] features = {} in {}: a head trained on one \
+             width cannot run on the other; start a federation with this head size for it",
+            card_path.display(),
+            config.head.features,
+            config_path.display()
+        );
+    }
     let megabytes = object.onnx.len() as f64 / 1e6;
     let max_packet = config.broker.max_packet;
     let (reference, frames) = frames(&topics, object, keys.as_ref(), max_packet);
     let count = frames.len() - 1;
     publish(&config.broker, frames, Duration::from_secs(60)).await?;
+    if let Some(key_file) = &config.auth.operator_key_file {
+        // A running coordinator names it from its next round on, without a restart.
+        let key = crate::store::keys::load_operator(key_file)?;
+        let command = fedge_wire::control::Command::SetBackbone {
+            name: reference.name.clone(),
+            sha256: reference.sha256_hex(),
+        };
+        let within = Duration::from_secs(10);
+        match super::ctl::send(&config.broker, &config.federation, &key, command, within).await {
+            Ok(_) => println!(
+                "the running coordinator names it in its next round tasks; set the lines \
+                 below in {} so that a restart keeps it",
+                config_path.display()
+            ),
+            Err(e) => eprintln!("not applied to a running coordinator: {e:#}"),
+        }
+    }
     println!(
         "{}: {megabytes:.1} MB in {count} retained message(s) on {}\n\
          sha256 {}\n\
-         devices with backbone = \"federation\" fetch it; to have round tasks name it, set\n\
+         devices with backbone = \"federation\" fetch it; round tasks name it with\n\
          [model] backbone = {:?}\n\
          backbone_sha256 = \"{}\"\n\
-         in {} and restart the coordinator",
+         in {} (with [auth] operator_key_file, a running coordinator is told at once)",
         reference.name,
         topics.backbone(&reference.sha256_hex()),
         reference.sha256_hex(),

@@ -17,6 +17,9 @@ fn shows(status: &CoordinatorStatus, command: &Command) -> bool {
         Command::Ban { client } => status.banned.contains(client),
         Command::Unban { client } => !status.banned.contains(client),
         Command::SetRounds { rounds } => status.total_rounds == *rounds,
+        Command::SetBackbone { sha256, .. } => {
+            status.backbone_sha256.as_deref() == Some(sha256.to_lowercase().as_str())
+        }
         Command::Status => true,
     }
 }

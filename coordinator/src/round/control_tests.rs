@@ -140,3 +140,38 @@ fn new_keys_take_a_revoked_device_offline_and_refuse_its_next_update() {
     open.set_device_keys(keys(&["a"]));
     assert!(open.online().contains("b"));
 }
+
+#[test]
+fn set_backbone_names_the_backbone_in_the_next_task_and_bad_hex_is_refused() {
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 3,
+            ..config()
+        },
+    );
+    assert_eq!(tasks(&drain(&mut m))[0].backbone, None);
+    let sha256 = "8b".repeat(32);
+    let set = Command::SetBackbone {
+        name: "digits-conv-v2".into(),
+        sha256: sha256.clone(),
+    };
+    m.apply_control(&set, 5);
+    let out = answer(&mut m, 1, &["a", "b"], 10);
+    let named = tasks(&out)[0].backbone.clone().unwrap();
+    assert_eq!(
+        (named.name.as_str(), named.sha256),
+        ("digits-conv-v2", [0x8b; 32])
+    );
+    let bad = Command::SetBackbone {
+        name: "x".into(),
+        sha256: "zz".into(),
+    };
+    m.apply_control(&bad, 20);
+    assert_eq!(m.rejected_total().get("bad_control"), Some(&1));
+    let out = answer(&mut m, 2, &["a", "b"], 30);
+    assert_eq!(
+        tasks(&out)[0].backbone.as_ref().map(|b| b.sha256),
+        Some([0x8b; 32])
+    );
+}
