@@ -97,7 +97,7 @@ enum Command {
         #[arg(long, default_value_t = 10.0)]
         wait: f64,
         #[command(subcommand)]
-        command: CtlCommand,
+        command: fedge_coordinator::io::ctl::CtlCommand,
     },
     /// Revoke a device: remove it from the keys file. A running coordinator reloads the file
     /// within a second; the device is selected for no round and its next update or status is
@@ -178,15 +178,6 @@ enum Command {
         #[arg(long, value_name = "model.onnx", default_value = "model.onnx")]
         out: PathBuf,
     },
-}
-
-/// What `ctl` asks: a command for the coordinator, or a new operator key.
-#[derive(Subcommand)]
-enum CtlCommand {
-    #[command(flatten)]
-    Send(fedge_wire::control::Command),
-    /// Write a new operator key to `[auth] operator_key_file` (then restart the coordinator).
-    Keygen,
 }
 
 #[derive(clap::Args)]
@@ -284,7 +275,7 @@ async fn main() -> anyhow::Result<()> {
             config,
             wait,
             command,
-        } => ctl(&config, wait, command).await,
+        } => fedge_coordinator::io::ctl::run(&config, wait, command).await,
         Command::Revoke { client, keys } => {
             keys::revoke(&keys, &client)?;
             println!("{client}: removed from {}", keys.display());
@@ -320,34 +311,6 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-async fn ctl(path: &std::path::Path, wait: f64, command: CtlCommand) -> anyhow::Result<()> {
-    let config = CoordinatorConfig::load(path)?;
-    let key_file = config.auth.operator_key_file.as_deref().with_context(|| {
-        format!(
-            "{}: set [auth] operator_key_file (then `ctl keygen` writes the key)",
-            path.display()
-        )
-    })?;
-    let op = match command {
-        CtlCommand::Keygen => {
-            keys::operator_keygen(key_file)?;
-            println!(
-                "operator key written to {}; restart the coordinator to take commands",
-                key_file.display()
-            );
-            return Ok(());
-        }
-        CtlCommand::Send(op) => op,
-    };
-    let key = keys::load_operator(key_file)?;
-    let within = std::time::Duration::from_secs_f64(wait.max(0.1));
-    let status =
-        fedge_coordinator::io::ctl::send(&config.broker, &config.federation, &key, op, within)
-            .await?;
-    println!("{}", serde_json::to_string_pretty(&status)?);
-    Ok(())
 }
 
 async fn run(path: PathBuf) -> anyhow::Result<()> {

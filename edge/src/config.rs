@@ -304,7 +304,7 @@ fn default_val_fraction() -> f32 {
     0.1
 }
 
-/// The profile's `backbone` value that means "the federation's" (`crate::fetch`).
+/// The profile's `backbone` value that means "the federation's" (fetched at start).
 pub const FROM_FEDERATION: &str = "federation";
 
 impl EdgeConfig {
@@ -408,7 +408,7 @@ impl EdgeConfig {
     }
 
     /// `backbone = "federation"`: the device takes the backbone the federation distributes
-    /// (fetched by `crate::fetch`), kept in `cache_dir`.
+    /// (fetched at start), kept in `cache_dir`.
     pub fn backbone_from_federation(&self) -> bool {
         self.backbone == Path::new(FROM_FEDERATION)
     }

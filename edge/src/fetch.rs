@@ -127,12 +127,13 @@ fn fetch(
     let mut fetching: Option<String> = None;
     let start = Instant::now();
     loop {
+        // Once per backbone named (reading the cache hashes the whole file), not per message.
         if let Some(reference) = &wanted {
-            if let Some(card) = cached_card(&cache_dir, reference) {
-                return Ok(card);
-            }
             let base = topics.backbone(&reference.sha256_hex());
             if fetching.as_deref() != Some(base.as_str()) {
+                if let Some(card) = cached_card(&cache_dir, reference) {
+                    return Ok(card);
+                }
                 subscribe(base.clone())?;
                 subscribe(format!("{base}/+"))?;
                 fetching = Some(base);
@@ -163,7 +164,7 @@ fn fetch(
         if p.topic == topics.backbone_current() {
             // A round task's word comes first; the pointer only when no task named one.
             if wanted.is_none() {
-                wanted = pointer(&p.payload);
+                wanted = BackboneRef::from_pointer(&p.payload);
             }
         } else if p.topic.starts_with(&topics.round_task()) {
             let task = fedge_wire::decode_task(&mut tasks, &p.payload, now, client_id, key);
@@ -197,26 +198,6 @@ fn fetch(
     }
 }
 
-/// The backbone `backbone/current` points at, if the payload is such a pointer.
-fn pointer(payload: &[u8]) -> Option<BackboneRef> {
-    #[derive(serde::Deserialize)]
-    struct Current {
-        name: String,
-        sha256: String,
-    }
-    let current: Current = serde_json::from_slice(payload).ok()?;
-    let hex = current.sha256.as_bytes();
-    let mut sha256 = [0u8; 32];
-    for (i, byte) in sha256.iter_mut().enumerate() {
-        let pair = std::str::from_utf8(hex.get(2 * i..2 * i + 2)?).ok()?;
-        *byte = u8::from_str_radix(pair, 16).ok()?;
-    }
-    (hex.len() == 64).then_some(BackboneRef {
-        name: current.name,
-        sha256,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,16 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn the_pointer_reads_only_a_name_and_a_digest() {
-        let hex = "ab".repeat(32);
-        let json = format!("{{\"name\": \"digits-conv\", \"sha256\": \"{hex}\"}}");
-        let reference = pointer(json.as_bytes()).unwrap();
-        assert_eq!(
-            (reference.name.as_str(), reference.sha256),
-            ("digits-conv", [0xab; 32])
-        );
-        assert_eq!(pointer(b"{\"name\": \"x\", \"sha256\": \"abc\"}"), None);
-        assert_eq!(pointer(b"junk"), None);
+    fn the_size_limit_is_half_the_memory_budget() {
         assert_eq!(size_limit(0), fedge_wire::MAX_MESSAGE_BYTES);
         assert_eq!(size_limit(64), 32 << 20);
     }

@@ -62,7 +62,7 @@ pub fn status(client: &str, online: bool, samples: u32) -> EdgeStatus {
 pub fn forged_status(client: &str, online: bool, rng: &mut impl Rng) -> EdgeStatus {
     let mac: [u8; 32] = rng.random();
     EdgeStatus {
-        tag: Some(mac.iter().map(|b| format!("{b:02x}")).collect()),
+        tag: Some(fedge_wire::hex::encode(&mac)),
         ..status(client, online, 600)
     }
 }

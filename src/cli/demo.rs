@@ -5,6 +5,7 @@
 use clap::Args;
 use fedge::attack::KindChoice;
 use fedge::demo::{self, DemoOptions, DemoResult, RoundRow};
+use fedge_coordinator::config::PrivacySettings;
 use fedge_models::Backend;
 use fedge_wire::{Codec, Objective};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -175,16 +176,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         attack_rate: args.attack_rate,
         attack_keyless: args.attack_keyless,
         sites: args.sites,
+        // A demo is a simulation: its noise repeats with --seed.
         privacy: args.dp_noise.zip(args.dp_clip).map(|(noise, clip)| {
-            fedge_coordinator::config::PrivacySettings {
-                mode: fedge_coordinator::strategy::PrivacyMode::Central,
-                clip_norm: clip,
-                noise_multiplier: noise,
-                delta: args.dp_delta,
-                // A demo is a simulation: its noise repeats with --seed.
-                seed: Some(args.seed ^ 0x5eed_d1ff_0000_0001),
-                ..Default::default()
-            }
+            PrivacySettings::simulated(noise, clip, args.dp_delta).for_run(args.seed)
         }),
         backend: local.backend,
         broker: args

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::ValueEnum;
 use fedge_coordinator::config::{PrivacySettings, Role};
-use fedge_coordinator::strategy::{PrivacyMode, StrategyConfig, StrategyKind};
+use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
@@ -73,15 +73,8 @@ impl Algorithm {
     /// and `delta`, named `<name> σ=<noise>`; refused with the reason where central DP cannot
     /// run (FedOMG, robust rules, FedDIM and FedDDL's class statistics).
     pub fn with_central_dp(&self, noise: f64, clip: f64, delta: f64) -> anyhow::Result<Self> {
-        let privacy = PrivacySettings {
-            mode: PrivacyMode::Central,
-            clip_norm: clip,
-            noise_multiplier: noise,
-            delta,
-            // Each run reseeds it from its own seed (`run.rs`): a benchmark repeats.
-            seed: Some(0),
-            ..PrivacySettings::default()
-        };
+        // Each run reseeds it from its own seed (`run.rs`): a benchmark repeats.
+        let privacy = PrivacySettings::simulated(noise, clip, delta);
         let fail = |e: String| anyhow::anyhow!("{} under --dp-noise: {e}", self.name);
         privacy
             .check(self.objective, Role::Global)

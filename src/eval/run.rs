@@ -221,10 +221,7 @@ pub async fn run_one_mqtt(
         hidden: head.hidden,
         federation: format!("bench-{seed}-{target}"),
         round_timeout_s: 600.0,
-        privacy: algorithm.privacy.clone().map(|p| PrivacySettings {
-            seed: Some(seed ^ 0x5eed_d1ff_0000_0001),
-            ..p
-        }),
+        privacy: algorithm.privacy.as_ref().map(|p| p.for_run(seed)),
         ..crate::demo::DemoOptions::default()
     };
     let result = crate::demo::run(&demo_options, &data, |row| on_round(row.round)).await?;
@@ -280,10 +277,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let train = algorithm.train_params(options.local_epochs);
     // Central DP: noise seeded from the run's seed; each device selected with probability
     // `fraction` (Poisson), so a round takes whoever was drawn.
-    let privacy = algorithm.privacy.clone().map(|p| PrivacySettings {
-        seed: Some(seed ^ 0x5eed_d1ff_0000_0001),
-        ..p
-    });
+    let privacy = algorithm.privacy.as_ref().map(|p| p.for_run(seed));
     let central = privacy.as_ref().and_then(PrivacySettings::central);
     let config = RoundConfig {
         rounds: options.rounds,

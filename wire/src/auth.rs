@@ -83,7 +83,7 @@ impl DeviceKey {
 
     /// The key as 64 lowercase hex digits.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(&self.0)
     }
 
     fn mac(&self, device: &str, inner: &[u8]) -> HmacSha256 {

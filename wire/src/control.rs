@@ -115,7 +115,7 @@ impl ControlMessage {
             federation: federation.into(),
             seq,
             command,
-            tag: tag.iter().map(|b| format!("{b:02x}")).collect(),
+            tag: crate::hex::encode(&tag),
         }
     }
 

@@ -225,7 +225,7 @@ impl EnrolRequest {
         }
         let public: [u8; X25519_LEN] =
             hex_array(&response.coordinator_public, "coordinator_public")?;
-        let sealed = hex_bytes(&response.sealed_key).ok_or(EnrolError::Seal)?;
+        let sealed = crate::hex::decode(&response.sealed_key).ok_or(EnrolError::Seal)?;
         let shared = StaticSecret::from(device_secret).diffie_hellman(&PublicKey::from(public));
         let cipher = self.wrapping_cipher(token, shared.as_bytes(), &response.coordinator_public);
         let payload = Payload {
@@ -286,22 +286,11 @@ impl EnrolResponse {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn hex_bytes(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.is_ascii() {
-        return None;
-    }
-    (0..text.len() / 2)
-        .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok())
-        .collect()
+    crate::hex::encode(bytes)
 }
 
 fn hex_array<const N: usize>(text: &str, what: &'static str) -> Result<[u8; N], EnrolError> {
-    hex_bytes(text)
-        .and_then(|bytes| bytes.try_into().ok())
-        .ok_or(EnrolError::Hex(what, 2 * N))
+    crate::hex::decode_array(text).ok_or(EnrolError::Hex(what, 2 * N))
 }
 
 #[cfg(test)]

@@ -73,6 +73,28 @@ pub fn decode_task(
     }
 }
 
+/// A retained frame of the coordinator's (a release, a backbone) with its seal opened: with a
+/// key, only a sealed frame that verifies for `client_id` is believed, and an unsealed `what`
+/// is refused; without a key the seal is not checked.
+fn unsealed(
+    message: Result<Message, DecodeError>,
+    client_id: &str,
+    key: Option<&DeviceKey>,
+    what: &str,
+) -> Result<Result<Message, DecodeError>, String> {
+    match (message, key) {
+        (Ok(Message::Sealed(sealed)), Some(key)) => {
+            let inner = sealed.open(client_id, key).map_err(|e| e.to_string())?;
+            Ok(crate::decode(inner))
+        }
+        (Ok(Message::Sealed(sealed)), None) => Ok(crate::decode(&sealed.inner)),
+        (Ok(Message::Model(_) | Message::Backbone(_)), Some(_)) => Err(format!(
+            "a {what} without the coordinator's tag, but this device has a key"
+        )),
+        (other, _) => Ok(other),
+    }
+}
+
 /// The release in a payload: `Ok(None)` while chunks are missing and for payloads that are not
 /// releases; `Err` for a release that fails its checks: digest, layout, or with a key
 /// its seal (a device with a key believes only sealed releases that name it).
@@ -86,19 +108,7 @@ pub fn decode_release(
     let Some(message) = whole_frame(reassembler, payload, now_ms) else {
         return Ok(None);
     };
-    let message = match (message, key) {
-        (Ok(Message::Sealed(sealed)), Some(key)) => {
-            let inner = sealed.open(client_id, key).map_err(|e| e.to_string())?;
-            crate::decode(inner)
-        }
-        (Ok(Message::Sealed(sealed)), None) => crate::decode(&sealed.inner),
-        (Ok(Message::Model(_)), Some(_)) => {
-            return Err(
-                "a release without the coordinator's tag, but this device has a key".into(),
-            );
-        }
-        (other, _) => other,
-    };
+    let message = unsealed(message, client_id, key, "release")?;
     match message {
         Ok(Message::Model(release)) => match release.verify() {
             Ok(_) => Ok(Some(release)),
@@ -122,19 +132,7 @@ pub fn decode_backbone(
     let Some(message) = whole_frame(reassembler, payload, now_ms) else {
         return Ok(None);
     };
-    let message = match (message, key) {
-        (Ok(Message::Sealed(sealed)), Some(key)) => {
-            let inner = sealed.open(client_id, key).map_err(|e| e.to_string())?;
-            crate::decode(inner)
-        }
-        (Ok(Message::Sealed(sealed)), None) => crate::decode(&sealed.inner),
-        (Ok(Message::Backbone(_)), Some(_)) => {
-            return Err(
-                "a backbone without the coordinator's tag, but this device has a key".into(),
-            );
-        }
-        (other, _) => other,
-    };
+    let message = unsealed(message, client_id, key, "backbone")?;
     match message {
         Ok(Message::Backbone(object)) => {
             let found = object.reference();

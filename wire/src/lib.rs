@@ -22,6 +22,7 @@ pub mod enrol;
 mod envelope;
 mod error;
 mod frames;
+pub mod hex;
 pub mod layout;
 mod messages;
 mod model;

@@ -424,7 +424,27 @@ impl BackboneRef {
 
     /// The digest in lower-case hex.
     pub fn sha256_hex(&self) -> String {
-        self.sha256.iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(&self.sha256)
+    }
+
+    /// The retained pointer on `backbone/current`: JSON `{"name", "sha256": hex}`.
+    pub fn to_pointer(&self) -> Vec<u8> {
+        let pointer = serde_json::json!({"name": self.name, "sha256": self.sha256_hex()});
+        pointer.to_string().into_bytes()
+    }
+
+    /// The backbone a `backbone/current` payload points at, if it is such a pointer.
+    pub fn from_pointer(payload: &[u8]) -> Option<Self> {
+        #[derive(Deserialize)]
+        struct Pointer {
+            name: String,
+            sha256: String,
+        }
+        let pointer: Pointer = serde_json::from_slice(payload).ok()?;
+        Some(Self {
+            sha256: crate::hex::decode_array(&pointer.sha256)?,
+            name: pointer.name,
+        })
     }
 
     /// The first 12 hex digits, enough to tell backbones apart in a message.
@@ -522,4 +542,23 @@ pub struct Sealed {
     /// The complete inner frame (envelope included).
     #[serde(with = "serde_bytes")]
     pub inner: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BackboneRef;
+
+    #[test]
+    fn the_backbone_pointer_round_trips_and_reads_only_a_name_and_a_digest() {
+        let reference = BackboneRef::of("digits-conv", b"onnx bytes");
+        let pointer = reference.to_pointer();
+        let text = String::from_utf8(pointer.clone()).unwrap();
+        assert!(text.contains(&reference.sha256_hex()), "{text}");
+        assert_eq!(BackboneRef::from_pointer(&pointer), Some(reference));
+        assert_eq!(
+            BackboneRef::from_pointer(br#"{"name": "x", "sha256": "abc"}"#),
+            None
+        );
+        assert_eq!(BackboneRef::from_pointer(b"junk"), None);
+    }
 }

@@ -157,7 +157,7 @@ impl ModelRelease {
 
     /// The digest in lower-case hex, as statuses and HTTP answers show it.
     pub fn sha256_hex(&self) -> String {
-        self.sha256.iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(&self.sha256)
     }
 
     /// Checks the class list against the head, the parameters against the layout, every value

@@ -51,10 +51,6 @@ mod tests {
         }
     }
 
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
     #[test]
     fn the_previous_version_reads_and_writes_as_it_did() {
         let task = task();
@@ -92,7 +88,7 @@ mod tests {
         // share with this release (TrainParams, TensorF32, ClientUpdate) fails here.
         let task = encode(&Message::RoundTask(self::tests::task()));
         assert_eq!(
-            hex(&task),
+            crate::hex::encode(&task),
             FROZEN_TASK,
             "the protocol-7 task's bytes changed"
         );

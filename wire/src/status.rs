@@ -213,7 +213,7 @@ impl EdgeStatus {
     /// Sets `tag` for `federation` with the device's key (after `updated_at` is final).
     pub fn sign(&mut self, federation: &str, key: &crate::DeviceKey) {
         let mac = key.status_tag(&self.client_id, &self.signed_bytes(federation));
-        self.tag = Some(mac.iter().map(|b| format!("{b:02x}")).collect());
+        self.tag = Some(crate::hex::encode(&mac));
     }
 
     /// Whether `tag` is `client`'s valid tag for `federation` (the status's own `client_id`

@@ -100,6 +100,27 @@ pub enum InvalidPrivacy {
 }
 
 impl PrivacySettings {
+    /// Central DP as a simulation runs it (`fedge demo`, `fedge eval`): noise multiplier,
+    /// clip norm and δ, its noise seeded (see [`PrivacySettings::for_run`]).
+    pub fn simulated(noise_multiplier: f64, clip_norm: f64, delta: f64) -> Self {
+        Self {
+            mode: PrivacyMode::Central,
+            clip_norm,
+            noise_multiplier,
+            delta,
+            seed: Some(0),
+            ..Self::default()
+        }
+    }
+
+    /// These settings with the noise seeded from a simulation's `seed`, so a run repeats.
+    pub fn for_run(&self, seed: u64) -> Self {
+        Self {
+            seed: Some(seed ^ 0x5eed_d1ff_0000_0001),
+            ..self.clone()
+        }
+    }
+
     /// Central DP's settings for the strategy and the round machine; `None` when off.
     pub fn central(&self) -> Option<CentralDp> {
         (self.mode == PrivacyMode::Central).then_some(CentralDp {

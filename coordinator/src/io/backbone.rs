@@ -12,18 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use fedge_wire::{BackboneObject, BackboneRef, DeviceKey, Message, Topics};
 use rumqttc::{AsyncClient, Event, Packet, QoS};
-use serde::{Deserialize, Serialize};
 
 use crate::round::DeviceKeys;
-
-/// The retained pointer on `backbone/current`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Current {
-    /// The card's name.
-    pub name: String,
-    /// SHA-256 of the ONNX file, hex: the object is on `backbone/<sha256>`.
-    pub sha256: String,
-}
 
 /// The object of the card at `card_path` (its `file` relative to it).
 pub fn object(card_path: &Path) -> anyhow::Result<BackboneObject> {
@@ -74,13 +64,7 @@ pub fn frames(
             .map(|(i, piece)| (format!("{base}/{i}"), piece))
             .collect(),
     };
-    let current = Current {
-        name: reference.name.clone(),
-        sha256: hex,
-    };
-    // Two strings always serialise.
-    let pointer = serde_json::to_vec(&current).unwrap_or_default();
-    out.push((topics.backbone_current(), pointer));
+    out.push((topics.backbone_current(), reference.to_pointer()));
     (reference, out)
 }
 

@@ -93,3 +93,40 @@ pub async fn send(
          set to this key, and its clock within 5 minutes of this one?"
     )
 }
+
+/// What `ctl` asks: a command for the coordinator, or a new operator key.
+#[derive(clap::Subcommand)]
+pub enum CtlCommand {
+    #[command(flatten)]
+    Send(fedge_wire::control::Command),
+    /// Write a new operator key to `[auth] operator_key_file` (then restart the coordinator).
+    Keygen,
+}
+
+/// `fedge-coordinator ctl --config PATH`: makes an operator key, or sends `command` and prints
+/// the status that shows it applied (within `wait` seconds).
+pub async fn run(path: &std::path::Path, wait: f64, command: CtlCommand) -> anyhow::Result<()> {
+    let config = crate::CoordinatorConfig::load(path)?;
+    let key_file = config.auth.operator_key_file.as_deref().with_context(|| {
+        format!(
+            "{}: set [auth] operator_key_file (then `ctl keygen` writes the key)",
+            path.display()
+        )
+    })?;
+    let op = match command {
+        CtlCommand::Keygen => {
+            crate::store::keys::operator_keygen(key_file)?;
+            println!(
+                "operator key written to {}; restart the coordinator to take commands",
+                key_file.display()
+            );
+            return Ok(());
+        }
+        CtlCommand::Send(op) => op,
+    };
+    let key = crate::store::keys::load_operator(key_file)?;
+    let within = std::time::Duration::from_secs_f64(wait.max(0.1));
+    let status = send(&config.broker, &config.federation, &key, op, within).await?;
+    println!("{}", serde_json::to_string_pretty(&status)?);
+    Ok(())
+}

@@ -82,8 +82,7 @@ pub fn status_at(
             .map(|(v, n)| (v.to_string(), n))
             .collect(),
         previous_protocol_accepted: rounds.previous_protocol_accepted(),
-        backbone_sha256: (rounds.config().backbone_sha256)
-            .map(|d| d.iter().map(|b| format!("{b:02x}")).collect()),
+        backbone_sha256: (rounds.config().backbone_sha256).map(|d| fedge_wire::hex::encode(&d)),
         source_val_accuracy: rounds.last_report().and_then(|r| r.source_val_accuracy),
         params_norm: l2_norm(rounds.params()),
         updated_at: rfc3339(context.wall),

@@ -21,7 +21,7 @@ impl Rounds {
                 self.control.banned.remove(client);
             }
             Command::SetRounds { rounds } => self.config.rounds = *rounds,
-            Command::SetBackbone { name, sha256 } => match hex_digest(sha256) {
+            Command::SetBackbone { name, sha256 } => match fedge_wire::hex::decode_array(sha256) {
                 Some(digest) => {
                     self.config.backbone = name.clone();
                     self.config.backbone_sha256 = Some(digest);
@@ -87,13 +87,4 @@ impl Rounds {
             .cloned()
             .collect()
     }
-}
-
-/// 64 hex digits as a SHA-256 digest.
-fn hex_digest(text: &str) -> Option<[u8; 32]> {
-    let mut digest = [0u8; 32];
-    for (i, byte) in digest.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    (text.len() == 64).then_some(digest)
 }

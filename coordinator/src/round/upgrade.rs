@@ -71,14 +71,15 @@ impl Rounds {
 
     /// Rejects a frame of the previous version once the window closed; true when it did.
     pub(super) fn refused_protocol(&mut self, client: &str, payload: &[u8]) -> bool {
-        let old = fedge_wire::frame_version(payload) == PREVIOUS_PROTOCOL_VERSION;
-        if old && !self.control.previous_protocol {
+        let refused = !self.control.previous_protocol
+            && fedge_wire::frame_version(payload) == PREVIOUS_PROTOCOL_VERSION;
+        if refused {
             let detail = format!(
                 "protocol {PREVIOUS_PROTOCOL_VERSION} is no longer accepted (the upgrade window \
                  closed): install the fedge-edge release that speaks {PROTOCOL_VERSION}"
             );
             self.reject(client, Rejection::Version, detail);
         }
-        old && !self.control.previous_protocol
+        refused
     }
 }

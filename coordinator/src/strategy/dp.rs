@@ -9,7 +9,7 @@
 //! ignored, so a device cannot buy influence by inflating its count.
 //!
 //! The strategy does not account for privacy; the round machine composes its accountant once
-//! per round it aggregates (`crate::round`). The noise source is given by the caller: seeded
+//! per round it aggregates (the round machine). The noise source is given by the caller: seeded
 //! for tests and simulations, from the operating system in a deployment.
 
 use fedge_privacy::{GaussianNoise, clip_l2};

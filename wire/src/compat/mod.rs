@@ -4,7 +4,7 @@
 //!
 //! The coordinator reads both versions from devices and, while a device of the previous
 //! version is online and the upgrade window is open, writes its round tasks and releases in
-//! the previous version (`crate::encode_as`), which devices of this version read too. Each
+//! the previous version, which devices of this version read too. Each
 //! module here keeps the types whose encoding changed since, as they were, and a test pins
 //! their bytes, so that a later change to a shared type cannot silently change an old
 //! version's encoding.

@@ -1,8 +1,8 @@
 //! Protocol 7, as released: the round task before protocol 8 named the backbone.
 //!
 //! Only the round task's body changed between 7 and 8; client updates, chunks, sealed frames
-//! and releases have the same bodies, under version byte 7. `crate::previous` is that
-//! release's codec, built on these types.
+//! and releases have the same bodies, under version byte 7. That release's codec, for
+//! the tests that play an old device, is built on these types.
 
 use serde::{Deserialize, Serialize};
 
