@@ -95,6 +95,20 @@ pub(crate) fn log_erfc(x: f64) -> f64 {
     -x * x - (x * std::f64::consts::PI.sqrt()).ln() + sum.ln()
 }
 
+/// The cases both samplings share: nobody sampled (`0`), no noise or an infinite order
+/// (`+∞`), everybody sampled (the plain Gaussian mechanism, `α / (2σ²)`).
+fn limit_cases(q: f64, sigma: f64, alpha: f64) -> Option<f64> {
+    if q == 0.0 {
+        Some(0.0)
+    } else if sigma == 0.0 || alpha.is_infinite() {
+        Some(f64::INFINITY)
+    } else if q == 1.0 {
+        Some(alpha / (2.0 * sigma * sigma))
+    } else {
+        None
+    }
+}
+
 /// RDP at order `alpha` of one step of the Gaussian mechanism with noise multiplier `sigma`
 /// after Poisson sampling with rate `q` (`docs/algorithms.md §8`).
 ///
@@ -102,14 +116,8 @@ pub(crate) fn log_erfc(x: f64) -> f64 {
 /// series of a fractional order does not converge within 1000 terms (the order is then useless,
 /// not wrong). The caller checks `0 ≤ q ≤ 1`, `sigma ≥ 0` and `alpha > 1`.
 pub fn poisson_gaussian(q: f64, sigma: f64, alpha: f64) -> f64 {
-    if q == 0.0 {
-        return 0.0;
-    }
-    if sigma == 0.0 || alpha.is_infinite() {
-        return f64::INFINITY;
-    }
-    if q == 1.0 {
-        return alpha / (2.0 * sigma * sigma);
+    if let Some(rdp) = limit_cases(q, sigma, alpha) {
+        return rdp;
     }
     let log_a = if alpha.fract() == 0.0 {
         poisson_log_a_integer(q, sigma, alpha)
@@ -195,14 +203,8 @@ fn poisson_log_a_fractional(q: f64, sigma: f64, alpha: f64) -> f64 {
 /// Returns `0` for `q = 0`, `+∞` for `sigma = 0` and `α / (2σ²)` for `q = 1`. The caller
 /// checks `0 ≤ q ≤ 1`, `sigma ≥ 0` and `alpha > 1`.
 pub fn fixed_size_gaussian(q: f64, sigma: f64, alpha: f64) -> f64 {
-    if q == 0.0 {
-        return 0.0;
-    }
-    if sigma == 0.0 || alpha.is_infinite() {
-        return f64::INFINITY;
-    }
-    if q == 1.0 {
-        return alpha / (2.0 * sigma * sigma);
+    if let Some(rdp) = limit_cases(q, sigma, alpha) {
+        return rdp;
     }
     if alpha.fract() == 0.0 {
         return wor_log_moment(q, sigma, alpha as u64) / (alpha - 1.0);
