@@ -87,7 +87,13 @@ pub fn router(
         metrics,
     };
     Router::new()
-        .route("/v1/predict", post(predict))
+        .route(
+            "/v1/predict",
+            post(predict).layer(axum::middleware::from_fn_with_state(
+                config.max_body_bytes(),
+                refuse_declared_oversize,
+            )),
+        )
         .route("/v1/model", get(model))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(config.max_body_bytes()))
@@ -162,6 +168,31 @@ fn top_k_of(query: Option<&str>, default: usize) -> Result<usize, String> {
     Ok(top_k)
 }
 
+/// The 413 answer.
+fn too_large() -> Response {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "the body is larger than the endpoint's limit ([inference] max_body_mb): send a smaller \
+         image",
+    )
+}
+
+/// A request whose declared length is over `limit` is answered 413 before its body is read
+/// (nor "100 Continue" sent); a body without a declared length is cut at the limit as it is
+/// read.
+async fn refuse_declared_oversize(
+    State(limit): State<usize>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = (request.headers().get(axum::http::header::CONTENT_LENGTH))
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > limit as u64 => too_large(),
+        _ => next.run(request).await,
+    }
+}
+
 async fn predict(
     State(app): State<AppState>,
     RawQuery(query): RawQuery,
@@ -170,11 +201,7 @@ async fn predict(
     let body = match body {
         Ok(body) => body,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the body is larger than the endpoint's limit ([inference] max_body_mb): send a \
-                 smaller image",
-            );
+            return too_large();
         }
         Err(rejection) => return error(rejection.status(), rejection.body_text()),
     };
