@@ -7,7 +7,7 @@
 
 use std::str::FromStr;
 
-use burn::tensor::Device;
+pub use burn::tensor::Device;
 use fedge_wire::UnknownName;
 
 /// A CPU backend for head training.

@@ -30,7 +30,7 @@ pub use adversarial::{
 pub use backbone::{Backbone, BackboneError};
 pub use card::{AdaptError, CardError, InvalidCard, Layout, ModelCard};
 pub use device::{
-    Accelerator, Backend, CUDA_BUILT, SelectedDevice, select_device, training_device,
+    Accelerator, Backend, CUDA_BUILT, Device, SelectedDevice, select_device, training_device,
 };
 pub use head::{FlatLayoutError, Head, HeadConfig, HeadModules};
 pub use sample::{SampleCheck, check_sample};

@@ -28,6 +28,8 @@ pub struct DemoClient {
     pub views: Option<Arc<DdlViews>>,
     /// The site the device is behind (`fedge demo --sites`), if any.
     pub site: Option<String>,
+    /// Local DP on the device (a profile's `[privacy]`), if any.
+    pub privacy: Option<fedge_edge::local_dp::LocalPrivacy>,
 }
 
 /// The data of a demo: per-client features and the held-out target.
@@ -109,6 +111,7 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
             val: Arc::new(val),
             views,
             site,
+            privacy: None,
         });
     }
     let target_features = features::extract(&backbone, backbone_id, &target.data, None)?;

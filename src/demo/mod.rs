@@ -284,6 +284,7 @@ pub async fn run(
             val: client.val.clone(),
             views: client.views.clone(),
             key: site_keys.and_then(|k| k.get(&client.id).cloned()),
+            privacy: client.privacy.clone(),
             ..agent_setup(options, data, at)
         };
         agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));

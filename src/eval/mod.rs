@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use clap::ValueEnum;
 use fedge_coordinator::config::{PrivacySettings, Role};
 use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
+use fedge_edge::features::Fnv64;
+use fedge_edge::local_dp::LocalPrivacy;
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
@@ -66,6 +68,10 @@ pub struct Algorithm {
     /// Central DP-FedAvg (`--dp-noise`, `--dp-clip`): the coordinator's `[privacy]`, its
     /// noise seeded from each run's seed.
     pub privacy: Option<PrivacySettings>,
+    /// Local DP on every device (`/local_noise_multiplier=σ/local_clip_norm=C`, the profile's
+    /// `[privacy]` keys): each update clipped and noised by the agent before it leaves, the
+    /// noise seeded from the run's seed and the device's id.
+    pub local_privacy: Option<LocalPrivacy>,
 }
 
 impl Algorithm {
@@ -88,6 +94,16 @@ impl Algorithm {
             name: format!("{} σ={noise}", self.name),
             privacy: Some(privacy),
             ..self.clone()
+        })
+    }
+
+    /// The `[privacy]` of device `client` in a run of `seed`, with local DP.
+    pub fn local_privacy_for(&self, seed: u64, client: &str) -> Option<LocalPrivacy> {
+        let privacy = self.local_privacy.as_ref()?;
+        let mixed = seed ^ 0x10ca_1d90_0000_0001 ^ Fnv64::of(client.as_bytes());
+        Some(LocalPrivacy {
+            seed: Some(mixed),
+            ..privacy.clone()
         })
     }
 
@@ -119,12 +135,21 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let head = parts.next().unwrap_or_default();
     let mut train = TrainParams::default();
     let mut strategy_settings = Vec::new();
+    let mut local = (None, None);
     let fail = |e: anyhow::Error| anyhow::anyhow!("{full_name:?}: {e}");
     for setting in parts {
         let (key, value) = setting
             .split_once('=')
             .ok_or_else(|| fail(anyhow::anyhow!("{setting:?}: write a setting as key=value")))?;
-        if let Some(changed) = with_setting(&train, key, value).map_err(fail)? {
+        let number = || {
+            (value.trim().parse::<f64>())
+                .map_err(|_| fail(anyhow::anyhow!("{key}: {value:?} is not a number")))
+        };
+        if key.trim() == "local_noise_multiplier" {
+            local.0 = Some(number()?);
+        } else if key.trim() == "local_clip_norm" {
+            local.1 = Some(number()?);
+        } else if let Some(changed) = with_setting(&train, key, value).map_err(fail)? {
             changed.check().map_err(|e| fail(e.into()))?;
             train = changed;
         } else if with_setting(&StrategyConfig::default(), key, value)
@@ -181,6 +206,30 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
             .unwrap_or(strategy);
     }
     strategy.build().map_err(|e| fail(anyhow::anyhow!("{e}")))?;
+    let local_privacy = match local {
+        (None, None) => None,
+        (Some(local_noise_multiplier), Some(local_clip_norm)) => {
+            let privacy = LocalPrivacy {
+                local_noise_multiplier,
+                local_clip_norm,
+                delta: 1e-5,
+                seed: None,
+            };
+            privacy.check().map_err(|e| fail(e.into()))?;
+            if fedge_edge::local_dp::refusal(objective, 1).is_some() {
+                return Err(fail(anyhow::anyhow!(
+                    "{objective} sends per-class statistics beside the delta, which local DP \
+                     does not noise: devices would refuse every round; choose another objective"
+                )));
+            }
+            Some(privacy)
+        }
+        _ => {
+            return Err(fail(anyhow::anyhow!(
+                "local DP needs both local_noise_multiplier and local_clip_norm"
+            )));
+        }
+    };
     Ok(Algorithm {
         name: full_name.into(),
         objective,
@@ -192,6 +241,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         codec,
         base: train,
         privacy: None,
+        local_privacy,
     })
 }
 
@@ -232,7 +282,7 @@ pub enum Scenario {
     },
     /// Each source domain a site of `devices` devices (split at random as in `Multi`): every
     /// device of a site trains, the site merges its devices' updates by sample count
-    /// (`fedge_coordinator::site::merge`) and the global strategy aggregates the sites.
+    /// (the site aggregator's relay mode) and the global strategy aggregates the sites.
     Sites {
         /// Devices per site.
         devices: usize,
@@ -326,6 +376,9 @@ pub struct RunResult {
     /// Under central DP: ε spent over the run's rounds, at the run's δ.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
+    /// What the coordinators rejected during the run, by reason (in process only).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rejected: std::collections::BTreeMap<String, u64>,
 }
 
 impl RunResult {
@@ -366,6 +419,7 @@ impl RunResult {
             train_seconds_per_round: f64::NAN,
             final_params,
             epsilon: None,
+            rejected: Default::default(),
         }
     }
 }

@@ -3,23 +3,19 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
-use std::sync::Mutex;
-use std::time::Instant;
-
 use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
+use fedge_coordinator::RoundConfig;
 use fedge_coordinator::config::PrivacySettings;
-use fedge_coordinator::{Output, RoundConfig, Rounds};
-use fedge_edge::agent::class_stats;
-use fedge_edge::site_norm::{FeatureNorm, FeatureStats, site_stats, standardise, stats_of};
-use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, accuracy, train_local};
-use fedge_models::{Backend, HeadConfig, ModelLayout, training_device};
-use fedge_wire::{ClientUpdate, LocalMetrics, Message, Objective, TensorF32};
+use fedge_coordinator::round::RelayConfig;
+use fedge_edge::site_norm::{FeatureNorm, standardise, stats_of};
+use fedge_edge::train::DeviceData;
+use fedge_edge::{FeatureSet, accuracy};
+use fedge_models::{HeadConfig, ModelLayout};
+use fedge_sim::{CoordinatorSpec, DeviceSpec, Observed, Sim, Upstream};
+use fedge_wire::Objective;
 
-use super::{
-    Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport, in_parallel,
-};
+use super::{Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport};
 use crate::demo::pooled_accuracy;
 
 /// What a benchmark reports as it goes.
@@ -186,25 +182,25 @@ pub async fn run_one_mqtt(
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
-    let sources = site_normalised(sources, norm);
-    let per_round = match options.scenario {
-        Scenario::Lodo => None,
-        Scenario::Multi { sample, .. } => Some(sample),
-        Scenario::Sites { .. } => {
-            anyhow::bail!("--scenario sites runs in process only; leave out --transport mqtt")
-        }
+    let (per_round, sites) = match options.scenario {
+        Scenario::Lodo => (None, false),
+        Scenario::Multi { sample, .. } => (Some(sample), false),
+        Scenario::Sites { .. } => (None, true),
     };
     let data = crate::demo::DemoData {
         head: head.clone(),
-        selection: sources.iter().map(|c| Arc::clone(&c.scored_val)).collect(),
+        selection: (sources.iter())
+            .map(|c| Arc::clone(c.data.scored_val(norm)))
+            .collect(),
         clients: sources
             .iter()
             .map(|c| crate::demo::DemoClient {
                 id: c.name.clone(),
-                train: Arc::clone(&c.train),
-                val: Arc::clone(&c.val),
-                views: c.views.clone(),
-                site: None,
+                train: Arc::clone(c.data.train()),
+                val: Arc::clone(c.data.val()),
+                views: c.data.views().cloned(),
+                site: sites.then(|| c.site.clone()),
+                privacy: algorithm.local_privacy_for(seed, &c.name),
             })
             .collect(),
         // The unseen site's agent scores the releases and standardises its own features.
@@ -222,6 +218,10 @@ pub async fn run_one_mqtt(
         federation: format!("bench-{seed}-{target}"),
         round_timeout_s: 600.0,
         privacy: algorithm.privacy.as_ref().map(|p| p.for_run(seed)),
+        sites: match sites {
+            true => crate::demo::sites::members(&data).len(),
+            false => 0,
+        },
         ..crate::demo::DemoOptions::default()
     };
     let result = crate::demo::run(&demo_options, &data, |row| on_round(row.round)).await?;
@@ -241,21 +241,23 @@ pub async fn run_one_mqtt(
     Ok(result)
 }
 
-/// One run in process: `algorithm` with `domains[target]` held out.
+/// One run in process: `algorithm` with `domains[target]` held out, in the deterministic
+/// simulator (`fedge-sim`): the real round machine, the real device agents training with the
+/// deployed round function, and with `--scenario sites` the real site aggregators in relay mode.
+/// A rejected update is counted in the result, as the coordinator counts it.
 pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
-    let sources = site_normalised(sources, norm);
     let held_out = held_out(&domains[target], norm);
     let sites = matches!(options.scenario, Scenario::Sites { .. });
     anyhow::ensure!(
         !(sites && algorithm.objective == Objective::FedDim),
         "{}: {}",
         algorithm.name,
-        fedge_coordinator::site::MergeError::FedDim
+        fedge_coordinator::round::RelayError::FedDim
     );
-    // The round machine's participants: the devices, or with sites the sites.
+    // The global round machine's participants: the devices, or with sites the sites.
     let mut participants: Vec<&str> = (sources.iter())
         .map(|c| {
             if sites {
@@ -279,7 +281,12 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     // `fraction` (Poisson), so a round takes whoever was drawn.
     let privacy = algorithm.privacy.as_ref().map(|p| p.for_run(seed));
     let central = privacy.as_ref().and_then(PrivacySettings::central);
+    let classes = fedge_sim::class_names(head.classes);
+    let federation = format!("bench-{seed}-{target}");
     let config = RoundConfig {
+        federation: federation.clone(),
+        classes: classes.clone(),
+        head: Some(head.clone()),
         rounds: options.rounds,
         fraction,
         // At least `per_round` selected (the machine selects no fewer than `min_clients`): with
@@ -301,168 +308,128 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         }),
         ..RoundConfig::default()
     };
-    let noise = privacy.as_ref().map(PrivacySettings::noise);
-    let strategy =
-        (algorithm.strategy.build_with(central.zip(noise))).map_err(anyhow::Error::msg)?;
+    let strategy_config = algorithm.strategy.clone();
+    let strategy: fedge_sim::StrategyFactory = Arc::new(move || {
+        let noise = privacy.as_ref().map(PrivacySettings::noise);
+        (strategy_config.build_with(central.zip(noise))).map_err(|e| e.to_string())
+    });
     let layout = ModelLayout::new(head.clone(), algorithm.objective.carries_generator());
-    let mut machine = Rounds::new(config, strategy, layout.init_flat(seed));
-    // What each device keeps between rounds (Stable-FedADG's discriminator and memory).
-    let states: Vec<Mutex<LocalState>> = sources.iter().map(|_| Mutex::default()).collect();
-    let mut train_seconds = 0f64;
-    // The first round opens once `per_round` clients are online, with those: they come online
-    // in a seeded random order, so the first round's sample is as random as the later ones.
+    let initial = layout.init_flat(seed);
+    let mut sim = Sim::new(seed);
+    let global = sim.add_coordinator(CoordinatorSpec {
+        config: config.clone(),
+        strategy: Arc::clone(&strategy),
+        initial: initial.clone(),
+        upstream: None,
+    })?;
+    // The participants come online in a seeded random order, so the first round's sample is as
+    // random as the later ones (it opens once `per_round` are online, with those).
     let mut arrival = participants.clone();
     rand::seq::SliceRandom::shuffle(
         &mut arrival[..],
         &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed ^ 0x6f6e_6c69_6e65),
     );
     for participant in &arrival {
-        machine.handle_client_status(participant, true, 0);
+        let (device_federation, devices): (String, Vec<&Client>) = if sites {
+            // The site's aggregator, as `fedge-coordinator run` with `role = "site"` runs it.
+            let members: Vec<&Client> = sources.iter().filter(|c| c.site == *participant).collect();
+            // The site's name is its devices' federation, as in `fedge demo --sites`.
+            let site_federation = participant.to_string();
+            let site_config = RoundConfig {
+                federation: site_federation.clone(),
+                rounds: 0,
+                fraction: 1.0,
+                min_clients: members.len(),
+                min_updates: members.len(),
+                insight: None,
+                privacy: None,
+                relay: Some(RelayConfig {
+                    site: participant.to_string(),
+                    margin_ms: 0,
+                }),
+                ..config.clone()
+            };
+            sim.add_coordinator(CoordinatorSpec {
+                config: site_config,
+                strategy: Arc::new(|| Ok(Box::new(fedge_coordinator::FedAvg) as _)),
+                initial: initial.clone(),
+                upstream: Some(Upstream {
+                    federation: federation.clone(),
+                    key: None,
+                }),
+            })?;
+            (site_federation, members)
+        } else {
+            let one = sources.iter().filter(|c| c.name == *participant).collect();
+            (federation.clone(), one)
+        };
+        for client in devices {
+            let mut device = DeviceSpec::new(
+                &client.name,
+                &device_federation,
+                head.clone(),
+                client.data.clone(),
+            );
+            device.seed = seed;
+            device.privacy = algorithm.local_privacy_for(seed, &client.name);
+            sim.add_device(device)?;
+        }
     }
-    machine.start(0);
-    let val_sets: Vec<Arc<FeatureSet>> =
-        sources.iter().map(|c| Arc::clone(&c.scored_val)).collect();
+    let val_sets: Vec<Arc<FeatureSet>> = (sources.iter())
+        .map(|c| Arc::clone(c.data.scored_val(norm)))
+        .collect();
     let mut scores = Vec::new();
-    let mut now = 0u64;
+    let mut train_seconds = 0f64;
+    let mut rejected = std::collections::BTreeMap::new();
+    let mut final_params = initial;
     loop {
-        let mut task = None;
-        let mut finished = false;
-        while let Some(output) = machine.poll_output() {
-            match output {
-                Output::PublishTask { frame, .. } => task = Some(frame),
-                Output::RoundEnded(report) if report.aggregated => {
-                    let params = layout.head_part(machine.params());
-                    let val = pooled_accuracy(head, params, &val_sets);
-                    let target_accuracy = accuracy(head, params, &held_out)?;
+        let moved = sim.run_until(u64::MAX / 2, |s| s.has_observed() || s.finished(global));
+        for observed in sim.take_observed() {
+            match observed {
+                Observed::RoundEnded {
+                    coordinator,
+                    report,
+                    params,
+                } if coordinator == global && report.aggregated => {
+                    let params_head = layout.head_part(&params);
+                    let val = pooled_accuracy(head, params_head, &val_sets);
+                    let target_accuracy = accuracy(head, params_head, &held_out)?;
                     scores.push((report.round, val, target_accuracy, report.reported.len()));
+                    final_params = params;
                     on_round(report.round);
                 }
-                Output::Rejected {
-                    client,
-                    reason,
-                    detail,
-                } => {
-                    anyhow::bail!(
-                        "{client}'s update was rejected ({}): {detail}",
-                        reason.name()
-                    )
+                Observed::Rejected { reason, .. } => {
+                    *rejected.entry(reason.name().to_owned()).or_insert(0u64) += 1;
                 }
-                Output::Finished => finished = true,
+                Observed::Refused { reason, .. } => anyhow::bail!("{}: {reason}", algorithm.name),
+                Observed::Trained { seconds, .. } => train_seconds += f64::from(seconds),
                 _ => {}
             }
         }
-        if finished {
+        if sim.finished(global) {
             break;
         }
-        let frame = task.context("the round machine stopped without a task")?;
-        let Ok(Message::RoundTask(task)) = fedge_wire::decode(&frame) else {
-            anyhow::bail!("undecodable round task");
-        };
-        let global = task.params.to_vec();
-        let insight = task.insight.as_ref().map(TensorF32::to_vec);
-        let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
-        // A selected site trains all of its devices.
-        let selected: Vec<(&Client, &Mutex<LocalState>)> = sources
-            .iter()
-            .zip(&states)
-            .filter(|(s, _)| {
-                task.selected
-                    .contains(if sites { &s.site } else { &s.name })
-            })
-            .collect();
-        let frames = in_parallel(&selected, |(source, state)| {
-            let inputs = RoundInputs {
-                insight: insight.as_deref(),
-                prototypes: prototypes.as_deref(),
-                views: source.views.as_deref(),
-            };
-            let mut state = state
-                .lock()
-                .map_err(|_| anyhow::anyhow!("a client state is poisoned"))?;
-            let start = Instant::now();
-            let out = train_local(
-                &TrainJob::new(
-                    head,
-                    &global,
-                    &source.train,
-                    &task.train,
-                    &training_device(Backend::default()),
-                )
-                .with_inputs(inputs)
-                .with_stats(source.stats.as_deref())
-                .with_seed(fedge_edge::train::round_seed(
-                    seed,
-                    task.round,
-                    &source.name,
-                )),
-                &mut state,
-            )?;
-            let seconds = start.elapsed().as_secs_f64();
-            let update = ClientUpdate {
-                run: task.run,
-                round: task.round,
-                client_id: source.name.clone(),
-                seq: task.round,
-                num_samples: source.train.len() as u32,
-                delta: TensorF32::from_slice_with(&out.delta, task.train.update_codec),
-                metrics: LocalMetrics {
-                    train_loss: out.last_epoch_loss,
-                    ..LocalMetrics::default()
-                },
-                class_stats: out
-                    .class_stats
-                    .map(|s| class_stats(s, task.train.update_codec)),
-                prototypes: out
-                    .prototypes
-                    .map(|s| class_stats(s, task.train.update_codec)),
-            };
-            Ok((update, seconds))
-        })?;
-        // Handed over in client order, whichever thread finished first; with sites, each
-        // site's devices merged first, in device order.
-        let mut updates: Vec<(String, Vec<ClientUpdate>)> = Vec::new();
-        for ((source, _), (update, seconds)) in selected.iter().zip(frames) {
-            train_seconds += seconds;
-            let sender = if sites { &source.site } else { &source.name };
-            match updates.last_mut() {
-                Some((last, group)) if sites && last == sender => group.push(update),
-                _ => updates.push((sender.clone(), vec![update])),
-            }
-        }
-        for (sender, group) in updates {
-            let update = match group.as_slice() {
-                [one] if !sites => one.clone(),
-                _ => fedge_coordinator::site::merge(&sender, &group, train.update_codec)?,
-            };
-            now += 1;
-            let frame = fedge_wire::encode(&Message::ClientUpdate(update));
-            machine.handle_packet(&sender, &frame, now);
-        }
+        anyhow::ensure!(
+            moved,
+            "the simulated federation stopped before its last round"
+        );
     }
-    let mut result = RunResult::select(
-        algorithm,
-        &domains[target].name,
-        seed,
-        scores,
-        machine.params().to_vec(),
-    );
+    let mut result =
+        RunResult::select(algorithm, &domains[target].name, seed, scores, final_params);
     result.train_seconds_per_round = train_seconds / options.rounds.max(1) as f64;
-    result.epsilon = machine.privacy_spent().map(|p| p.epsilon);
+    result.epsilon = (sim.coordinator(global))
+        .and_then(|rounds| rounds.privacy_spent())
+        .map(|p| p.epsilon);
+    result.rejected = rejected;
     Ok(result)
 }
 
-/// A client of a run: its id, its site (the source domain), its splits and FedDDL's views of
-/// its training split.
+/// A client of a run: its id, its site (the source domain), and its rows with FedDDL's views
+/// of its training split and its site statistics, as the device holds them.
 struct Client {
     name: String,
     site: String,
-    train: Arc<FeatureSet>,
-    val: Arc<FeatureSet>,
-    views: Option<Arc<DdlViews>>,
-    /// With site normalisation, the statistics of its training and validation rows.
-    stats: Option<Arc<FeatureStats>>,
-    /// What the global head is scored on: `val`, standardised with `stats` when there are.
-    scored_val: Arc<FeatureSet>,
+    data: DeviceData,
 }
 
 /// The clients of a run holding out `domains[target]`, each with FedDDL's views of its own
@@ -484,11 +451,11 @@ fn clients(
                 out.push(Client {
                     name: d.name.clone(),
                     site: d.name.clone(),
-                    train: Arc::clone(&d.train),
-                    val: Arc::clone(&d.val),
-                    views: views(d, &all)?,
-                    stats: None,
-                    scored_val: Arc::clone(&d.val),
+                    data: DeviceData::new(
+                        Arc::clone(&d.train),
+                        Arc::clone(&d.val),
+                        views(d, &all)?,
+                    ),
                 });
             }
         }
@@ -506,43 +473,20 @@ fn clients(
                     if t.is_empty() {
                         continue;
                     }
-                    let val = Arc::new(v);
                     out.push(Client {
                         name: format!("{}-{c:02}", d.name),
                         site: d.name.clone(),
-                        train: Arc::new(d.train.rows(&t)),
-                        scored_val: Arc::clone(&val),
-                        val,
-                        views: views(d, &t)?,
-                        stats: None,
+                        data: DeviceData::new(
+                            Arc::new(d.train.rows(&t)),
+                            Arc::new(v),
+                            views(d, &t)?,
+                        ),
                     });
                 }
             }
         }
     }
     Ok(out)
-}
-
-/// With site normalisation, every client's statistics (over its training and validation rows,
-/// as a device computes them) for its trainer, and its validation rows standardised for
-/// scoring; the trainer standardises the training rows and views itself.
-fn site_normalised(clients: Vec<Client>, norm: FeatureNorm) -> Vec<Client> {
-    if norm == FeatureNorm::None {
-        return clients;
-    }
-    clients
-        .into_iter()
-        .map(|c| {
-            let Some(stats) = site_stats(&c.train, &c.val) else {
-                return c;
-            };
-            Client {
-                scored_val: Arc::new(standardise(&stats, &c.val)),
-                stats: Some(Arc::new(stats)),
-                ..c
-            }
-        })
-        .collect()
 }
 
 /// What the held-out site is scored on: with site normalisation, standardised with its own

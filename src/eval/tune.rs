@@ -148,6 +148,7 @@ mod tests {
             train_seconds_per_round: 0.1,
             final_params: vec![],
             epsilon: None,
+            rejected: Default::default(),
         };
         let results = vec![
             run(&variants[0].name, 0.80, 0.95),

@@ -97,9 +97,10 @@ fn every_algorithm_runs_two_rounds_on_every_held_out_digits_domain() {
     assert_eq!(again_sorted, before_sorted);
 }
 
-/// The benchmark's in-process simulation and a real federation over the embedded MQTT broker
-/// (agents, coordinator driver, chunked frames) pick the same round and end with the same
-/// global head, bit for bit.
+/// The benchmark's simulator (`fedge-sim`) and a real federation over embedded MQTT brokers
+/// (agents, coordinator driver, site aggregators and their links, chunked frames) pick the same
+/// round and end with the same global head, bit for bit, for every objective, with local DP
+/// and across sites.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_and_mqtt_runs_give_identical_results() {
     use fedge::eval::{RunSpec, run_one, run_one_mqtt};
@@ -111,12 +112,26 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
     let domains = prepared.split(seed);
     let head = HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(options.hidden);
     let target = domains.len() - 1;
-    // The last: the agents standardise their own features (site normalisation) as the harness does.
-    for name in [
-        "feddim+fedomg",
-        "stable-fedadg",
-        "fedddl",
-        "feddim/feature_norm=site",
+    let sites = BenchOptions {
+        scenario: Scenario::Sites { devices: 2 },
+        ..options.clone()
+    };
+    // Site normalisation: the agents standardise their own features as the harness does. Local
+    // DP: every device clips and noises its updates (seeded per device). Sites: real site
+    // aggregators in relay mode between the devices and the global coordinator.
+    for (name, options) in [
+        ("fedavg", &options),
+        ("fedomg", &options),
+        ("feddim+fedomg", &options),
+        ("stable-fedadg", &options),
+        ("fedddl", &options),
+        ("feddim/feature_norm=site", &options),
+        (
+            "fedavg/local_noise_multiplier=0.5/local_clip_norm=1",
+            &options,
+        ),
+        ("fedavg", &sites),
+        ("fedddl+fedomg", &sites),
     ] {
         let algorithm = parse_algorithm(name).unwrap();
         let spec = RunSpec {
@@ -125,7 +140,7 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
             target,
             seed,
             head: &head,
-            options: &options,
+            options,
         };
         let simulated = run_one(&spec, |_| {}).unwrap();
         let over_mqtt = tokio::time::timeout(
@@ -138,7 +153,7 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
         assert_eq!(simulated.final_params.len(), over_mqtt.final_params.len());
         assert!(
             simulated.final_params == over_mqtt.final_params,
-            "in-process and MQTT heads differ"
+            "{name}: the simulated and MQTT heads differ"
         );
         let summary = |r: &fedge::eval::RunResult| {
             (

@@ -55,7 +55,7 @@ fn handle_control(
 
 /// Reads a device's retained status: online or not. An empty payload (a cleared retained
 /// message) means offline; an oversized or unreadable one is rejected and changes nothing.
-fn handle_edge_status(rounds: &mut Rounds, client: &str, payload: &[u8], now_ms: u64) {
+pub fn handle_edge_status(rounds: &mut Rounds, client: &str, payload: &[u8], now_ms: u64) {
     if payload.is_empty() {
         rounds.handle_client_status(client, false, now_ms);
     } else if payload.len() > MAX_EDGE_STATUS_BYTES {

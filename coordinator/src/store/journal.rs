@@ -41,7 +41,9 @@ fn io_error(path: &Path, e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
-fn encode(record: &Record) -> Vec<u8> {
+/// One record's bytes as the journal file holds them (length, CRC-32, body); what
+/// [`parse`] reads back.
+pub fn encode(record: &Record) -> Vec<u8> {
     // Room for the length and CRC, then the body serialised straight after them.
     let mut out = postcard::to_extend(record, vec![0u8; 8]).expect("a journal record serialises");
     let body_len = (out.len() - 8) as u32;

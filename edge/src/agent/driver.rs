@@ -9,23 +9,40 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use fedge_models::ModelLayout;
 use fedge_mqtt::{Backoff, REQUEST_QUEUE, publish_frame};
-use fedge_wire::{
-    EdgeStatus, FeatureNorm, ModelRelease, Role, RoundTask, SiteEvaluation, TensorF32, Topics,
-};
+use fedge_wire::{EdgeStatus, ModelRelease, Role, RoundTask, SiteEvaluation, Topics};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
 use super::labels;
-use super::machine::{Agent, AgentError, AgentSummary, Output, Trained};
+use super::machine::{Agent, AgentSummary, InvalidIdentity, Output, Trained};
 use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
 use super::state::RoundState;
 use crate::local_dp::LocalDp;
-use crate::site_norm::{site_stats, standardise};
-use crate::train::{LocalState, RoundInputs, TrainError, TrainJob, accuracy, train_local};
+use crate::train::{DeviceData, LocalState, Trainer, run_round};
+
+/// The agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Invalid client id or federation.
+    #[error(transparent)]
+    Identity(#[from] InvalidIdentity),
+    /// The inference endpoint cannot listen where `[inference] listen` says.
+    #[error(transparent)]
+    Listen(#[from] crate::inference::config::ListenError),
+    /// `metrics_listen` cannot be listened on.
+    #[error(
+        "cannot serve metrics on {addr}: {error} (is metrics_listen taken by another process?)"
+    )]
+    Metrics {
+        /// `metrics_listen`.
+        addr: String,
+        /// Why.
+        error: String,
+    },
+}
 
 /// Runs until `stop` turns true.
 pub async fn run_agent(
@@ -46,7 +63,7 @@ pub async fn run_agent(
     if let Some(reason) = &setup.device.fallback {
         tracing::warn!(client = %setup.client_id, "{reason}");
     }
-    let topics = Topics::new(&setup.federation).map_err(|e| AgentError::Identity(e.to_string()))?;
+    let topics = Topics::new(&setup.federation).map_err(|e| InvalidIdentity(e.to_string()))?;
     let infer_topic = serve::request_topic(&setup, &topics);
     let server = serve::start_http(&setup, stop.clone()).await?;
     let _metrics_server = match setup.serving.metrics_listen {
@@ -72,7 +89,8 @@ pub async fn run_agent(
     // the device is offline.
     options.set_clean_session(false);
     let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Trained, Option<Refreshed>)>();
+    let (done_tx, mut done_rx) =
+        mpsc::unbounded_channel::<(Trained, Option<(Refreshed, DeviceData)>)>();
     let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Result<SiteEvaluation, String>>();
     let done = Done {
         trained: done_tx,
@@ -89,6 +107,12 @@ pub async fn run_agent(
     }
     // Stable-FedADG's discriminator and memory, kept between rounds (one round trains at a time).
     let local_state = Arc::new(std::sync::Mutex::new(LocalState::default()));
+    // The rows with their site statistics, rebuilt when the data change.
+    let mut data = DeviceData::new(
+        Arc::clone(&setup.train),
+        Arc::clone(&setup.val),
+        setup.views.clone(),
+    );
     let origin = Instant::now();
     let mut backoff = Backoff::default();
     let mut connected = false;
@@ -124,23 +148,38 @@ pub async fn run_agent(
                 }
             },
             Some((trained, refreshed)) = done_rx.recv() => {
-                if let Some(data) = refreshed {
-                    (setup.train, setup.val) = (data.train, data.val);
-                    setup.class_names = data.class_names;
+                if let Some((new, device_data)) = refreshed {
+                    (setup.train, setup.val) = (new.train, new.val);
+                    setup.class_names = new.class_names;
+                    data = device_data;
                 }
                 agent.handle_trained(trained);
             }
             Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
             _ = stop.changed() => break,
         }
-        perform(&mut agent, &mut setup, &client, &local_state, &done);
+        perform(
+            &mut agent,
+            &mut setup,
+            &mut data,
+            &client,
+            &local_state,
+            &done,
+        );
         if agent.summary().backbone_moved.is_some() {
             tracing::info!("the federation moved to another backbone: fetching it");
             break;
         }
     }
     agent.handle_stop();
-    perform(&mut agent, &mut setup, &client, &local_state, &done);
+    perform(
+        &mut agent,
+        &mut setup,
+        &mut data,
+        &client,
+        &local_state,
+        &done,
+    );
     fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
         .await;
     if let Some(server) = server {
@@ -152,7 +191,7 @@ pub async fn run_agent(
 
 /// Where blocking work reports back to the loop.
 struct Done {
-    trained: mpsc::UnboundedSender<(Trained, Option<Refreshed>)>,
+    trained: mpsc::UnboundedSender<(Trained, Option<(Refreshed, DeviceData)>)>,
     scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
 }
 
@@ -160,6 +199,7 @@ struct Done {
 fn perform(
     agent: &mut Agent,
     setup: &mut AgentSetup,
+    data: &mut DeviceData,
     client: &AsyncClient,
     local_state: &Arc<std::sync::Mutex<LocalState>>,
     done: &Done,
@@ -182,22 +222,24 @@ fn perform(
                 let signer = setup.key.as_ref().map(|k| (setup.client_id.as_str(), k));
                 let packet = (seq, setup.broker.max_packet);
                 let sent = publish_frame(client, &topic, frame, packet, false, signer);
-                agent.handle_update_sent(sent);
+                agent.handle_update_sent(sent.map_err(|e| e.to_string()));
             }
             Output::Train(task) => {
                 // The machine refused tasks whose class list lacks one of the device's classes.
                 if let Err(e) = labels::align(setup, &task.classes) {
-                    agent.handle_trained(Trained {
-                        round: task.round,
-                        result: Err(e.into()),
-                        val_accuracy: 0.0,
-                        seconds: 0.0,
-                        peak_memory_mb: None,
-                        data: None,
-                    });
+                    agent.handle_trained(Trained::failed(task.round, e.into()));
                     continue;
                 }
-                spawn_training(setup, *task, Arc::clone(local_state), done.trained.clone());
+                // Site statistics once per data change: renumbered labels or a rescan.
+                if !data.holds(&setup.train, &setup.val) {
+                    *data = DeviceData::new(
+                        Arc::clone(&setup.train),
+                        Arc::clone(&setup.val),
+                        setup.views.clone(),
+                    );
+                }
+                let (state, trained) = (Arc::clone(local_state), done.trained.clone());
+                spawn_training(setup, data.clone(), *task, state, trained);
             }
             Output::Model { release, evaluate } => {
                 serve::keep(setup, &release);
@@ -218,19 +260,18 @@ fn perform(
 
 fn spawn_training(
     setup: &AgentSetup,
+    data: DeviceData,
     task: RoundTask,
     state: Arc<std::sync::Mutex<LocalState>>,
-    done: mpsc::UnboundedSender<(Trained, Option<Refreshed>)>,
+    done: mpsc::UnboundedSender<(Trained, Option<(Refreshed, DeviceData)>)>,
 ) {
     let scan = setup.scan.clone();
-    let (head, train, val, views, device) = (
-        labels::head_for(setup, task.classes.len()),
-        setup.train.clone(),
-        setup.val.clone(),
+    let (head, views, device) = (
+        setup.head.clone(),
         setup.views.clone(),
         setup.device.device.clone(),
     );
-    let seed = crate::train::round_seed(setup.seed, task.round, &setup.client_id);
+    let (seed, client_id) = (setup.seed, setup.client_id.clone());
     let threads = setup.train_threads;
     let metrics = Arc::clone(&setup.serving.metrics);
     // At the round's deadline training stops: its update would arrive after the round closed.
@@ -244,66 +285,38 @@ fn spawn_training(
         })
     };
     tokio::task::spawn_blocking(move || {
-        let start = Instant::now();
-        let failed = |e: TrainError| Trained {
-            round: task.round,
-            result: Err(e),
-            val_accuracy: 0.0,
-            seconds: 0.0,
-            peak_memory_mb: None,
-            data: None,
+        let (data, refreshed) = match scan.as_deref().map(|s| refresh::rescan(s, &task.classes)) {
+            None => (data, None),
+            Some(Ok(new)) => {
+                let data = DeviceData::new(Arc::clone(&new.train), Arc::clone(&new.val), views);
+                (data.clone(), Some((new, data)))
+            }
+            Some(Err(e)) => {
+                let _ = done.send((Trained::failed(task.round, e), None));
+                return;
+            }
         };
-        let (train, val, refreshed) =
-            match scan.as_deref().map(|s| refresh::rescan(s, &task.classes)) {
-                None => (train, val, None),
-                Some(Ok(data)) => (Arc::clone(&data.train), Arc::clone(&data.val), Some(data)),
-                Some(Err(e)) => {
-                    let _ = done.send((failed(e), None));
-                    return;
-                }
-            };
-        let global = task.params.to_vec();
-        let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
-        // With site normalisation, this site's statistics over all of its rows standardise the
-        // validation rows here and the training rows and views in the trainer.
-        let stats = (task.train.feature_norm == FeatureNorm::Site)
-            .then(|| site_stats(&train, &val))
-            .flatten();
-        let scored_val = match &stats {
-            Some(stats) => Arc::new(standardise(stats, &val)),
-            None => Arc::clone(&val),
+        let trainer = Trainer {
+            head: &head,
+            device: &device,
+            seed,
+            client_id: &client_id,
+            threads,
+            cancel: Some(&cancel),
         };
-        let val_accuracy = accuracy(&head, layout.head_part(&global), &scored_val).unwrap_or(0.0);
-        let insight = task.insight.as_ref().map(TensorF32::to_vec);
-        let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
-        let inputs = RoundInputs {
-            insight: insight.as_deref(),
-            prototypes: prototypes.as_deref(),
-            views: views.as_deref(),
-        };
-        let job = TrainJob::new(&head, &global, &train, &task.train, &device)
-            .with_inputs(inputs)
-            .with_stats(stats.as_ref())
-            .with_seed(seed)
-            .with_threads(threads)
-            .with_cancel(&cancel);
         let mut state = state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let result = train_local(&job, &mut state);
-        timer.abort();
+        let start = Instant::now();
+        let outcome = run_round(&data, &task, &trainer, &mut state);
         let seconds = start.elapsed().as_secs_f32();
-        if result.is_ok() {
-            metrics.trained(seconds as f64, train.len() as u64);
+        timer.abort();
+        if outcome.result.is_ok() {
+            metrics.trained(seconds as f64, data.train().len() as u64);
         }
-        let trained = Trained {
-            round: task.round,
-            result,
-            val_accuracy,
-            seconds,
-            peak_memory_mb: crate::resources::peak_rss_mib(),
-            data: refreshed.as_ref().map(|r| r.summary.clone()),
-        };
+        let summary = refreshed.as_ref().map(|(r, _)| r.summary.clone());
+        let trained = Trained::of_round(task.round, outcome, seconds, summary)
+            .with_peak_memory(crate::resources::peak_rss_mib());
         let _ = done.send((trained, refreshed));
     });
 }

@@ -37,7 +37,6 @@
 
 use std::collections::VecDeque;
 
-use fedge_mqtt::PublishError;
 use fedge_wire::{
     ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, LocalMetrics, Message, ModelRelease,
     Reassembler, Role, RoundTask, TensorF32, Topics,
@@ -45,7 +44,7 @@ use fedge_wire::{
 
 use super::state::RoundState;
 use crate::local_dp::LocalDp;
-use crate::train::{TrainError, TrainOutcome};
+use crate::train::{RoundOutcome, TrainError, TrainOutcome};
 
 /// Who the device is and what its status reports; everything the machine needs from the
 /// set-up besides the data and the Burn device.
@@ -82,26 +81,10 @@ pub struct Identity {
     pub classes: Vec<String>,
 }
 
-/// The agent could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// Invalid client id or federation.
-    #[error("invalid agent identity: {0}")]
-    Identity(String),
-    /// The inference endpoint cannot listen where `[inference] listen` says.
-    #[error(transparent)]
-    Listen(#[from] crate::inference::config::ListenError),
-    /// `metrics_listen` cannot be listened on.
-    #[error(
-        "cannot serve metrics on {addr}: {error} (is metrics_listen taken by another process?)"
-    )]
-    Metrics {
-        /// `metrics_listen`.
-        addr: String,
-        /// Why.
-        error: String,
-    },
-}
+/// The device's client id or federation cannot name its topics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid agent identity: {0}")]
+pub struct InvalidIdentity(pub String);
 
 /// What local training reports back to the machine.
 #[derive(Debug)]
@@ -118,6 +101,46 @@ pub struct Trained {
     pub peak_memory_mb: Option<f64>,
     /// What a rescan of the device's folder found before training, when it rescans.
     pub data: Option<DataSummary>,
+}
+
+impl Trained {
+    /// A round that failed before training.
+    pub fn failed(round: u64, error: TrainError) -> Self {
+        Self {
+            round,
+            result: Err(error),
+            val_accuracy: 0.0,
+            seconds: 0.0,
+            peak_memory_mb: None,
+            data: None,
+        }
+    }
+
+    /// What [`crate::train::run_round`] produced for `round` in `seconds`, with what a rescan
+    /// found.
+    pub fn of_round(
+        round: u64,
+        outcome: RoundOutcome,
+        seconds: f32,
+        data: Option<DataSummary>,
+    ) -> Self {
+        Self {
+            round,
+            result: outcome.result,
+            val_accuracy: outcome.val_accuracy,
+            seconds,
+            peak_memory_mb: None,
+            data,
+        }
+    }
+
+    /// The same, with the process's peak memory after training.
+    pub fn with_peak_memory(self, peak_memory_mb: Option<f64>) -> Self {
+        Self {
+            peak_memory_mb,
+            ..self
+        }
+    }
 }
 
 /// The device's data after a rescan.
@@ -216,11 +239,10 @@ pub struct Agent {
 
 impl Agent {
     /// A machine for `id`, remembering `state` from before a restart.
-    pub fn new(id: Identity, state: RoundState) -> Result<Self, AgentError> {
-        let topics =
-            Topics::new(&id.federation).map_err(|e| AgentError::Identity(e.to_string()))?;
+    pub fn new(id: Identity, state: RoundState) -> Result<Self, InvalidIdentity> {
+        let topics = Topics::new(&id.federation).map_err(|e| InvalidIdentity(e.to_string()))?;
         if !fedge_wire::valid_client_id(&id.client_id) {
-            return Err(AgentError::Identity(format!(
+            return Err(InvalidIdentity(format!(
                 "client id {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
                 id.client_id
             )));
@@ -429,7 +451,7 @@ impl Agent {
     }
 
     /// The driver queued the update (`Ok` with the bytes of all chunks) or could not.
-    pub fn handle_update_sent(&mut self, sent: Result<u64, PublishError>) {
+    pub fn handle_update_sent(&mut self, sent: Result<u64, String>) {
         let Some(peak) = self.publishing.take() else {
             return;
         };

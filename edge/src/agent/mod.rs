@@ -12,9 +12,9 @@ pub mod serve;
 pub mod setup;
 pub mod state;
 
-pub use driver::run_agent;
+pub use driver::{AgentError, run_agent};
 pub use machine::{
-    Agent, AgentError, AgentSummary, Identity, Output, TaskError, Trained, class_stats,
+    Agent, AgentSummary, Identity, InvalidIdentity, Output, TaskError, Trained, class_stats,
     decode_task, rejection_of, too_slow_for,
 };
 pub use setup::{AgentSetup, Serving};

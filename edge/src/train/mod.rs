@@ -14,6 +14,7 @@ pub mod feddim;
 mod gradient;
 pub mod job;
 pub mod parallel;
+pub mod round;
 pub mod sgd;
 pub mod stable;
 
@@ -27,6 +28,7 @@ use rand::rngs::StdRng;
 pub use error::TrainError;
 pub use fedddl::DdlViews;
 pub use job::{LocalState, RoundInputs, TrainJob, TrainOutcome, round_seed};
+pub use round::{DeviceData, RoundOutcome, Trainer, run_round};
 
 use crate::features::FeatureSet;
 use crate::site_norm::{FeatureNorm, standardise, stats_of};

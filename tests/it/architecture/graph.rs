@@ -19,13 +19,15 @@ use std::path::{Path, PathBuf};
 pub const MAX_LINES: usize = 600;
 
 /// The workspace's library crates: (folder, source root).
-pub const CRATES: [&str; 7] = [
+pub const CRATES: [&str; 9] = [
     "wire",
     "models",
     "mqtt",
     "daemon",
+    "privacy",
     "edge",
     "coordinator",
+    "sim",
     ".",
 ];
 
@@ -600,8 +602,10 @@ fn components(nodes: usize, graph: &BTreeMap<usize, BTreeSet<usize>>) -> Vec<Vec
 }
 
 /// Names that mean I/O or a clock.
-pub const IO_NAMES: [&str; 9] = [
+pub const IO_NAMES: [&str; 11] = [
     "std::fs",
+    "fedge_mqtt",
+    "axum",
     "std::net",
     "tokio",
     "rumqttc",

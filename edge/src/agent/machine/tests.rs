@@ -352,10 +352,7 @@ fn a_failed_round_or_publish_is_reported_and_still_counts_as_answered() {
     deliver(&mut agent, 2, 0, 2);
     agent.handle_trained(trained(2, 0.1));
     drain(&mut agent);
-    agent.handle_update_sent(Err(PublishError {
-        topic: "t".into(),
-        message: "queue full".into(),
-    }));
+    agent.handle_update_sent(Err("cannot publish on t: queue full".into()));
     assert!(agent.status().last_error.contains("queue full"));
     assert_eq!(agent.summary().rounds_trained, 0);
 }

@@ -1,0 +1,156 @@
+//! The device's round as one library function: what a selected device does with a round task,
+//! whoever drives it. The MQTT agent calls [`run_round`] on its training thread, the simulator
+//! (`fedge-sim`) and `fedge eval` call the same function, so what is measured is what is
+//! deployed.
+//!
+//! [`DeviceData`] holds a device's rows with what is derived from them once per data change
+//! (site statistics and the validation rows standardised with them), not once per round.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use burn::prelude::Device;
+use fedge_models::{HeadConfig, ModelLayout};
+use fedge_wire::{FeatureNorm, FeatureStats, RoundTask, TensorF32};
+
+use super::{DdlViews, LocalState, RoundInputs, TrainError, TrainJob, TrainOutcome};
+use crate::features::FeatureSet;
+use crate::site_norm::{site_stats, standardise};
+
+/// A device's data for training rounds: its training and validation rows (labels on the
+/// federation's class list), FedDDL's views, and the site statistics over both splits.
+#[derive(Debug, Clone)]
+pub struct DeviceData {
+    train: Arc<FeatureSet>,
+    val: Arc<FeatureSet>,
+    views: Option<Arc<DdlViews>>,
+    /// Site statistics over the training and validation rows (none: no rows).
+    stats: Option<Arc<FeatureStats>>,
+    /// The validation rows standardised with `stats`.
+    standardised_val: Option<Arc<FeatureSet>>,
+}
+
+impl DeviceData {
+    /// The data, with the site statistics computed once.
+    pub fn new(train: Arc<FeatureSet>, val: Arc<FeatureSet>, views: Option<Arc<DdlViews>>) -> Self {
+        let stats = site_stats(&train, &val).map(Arc::new);
+        let standardised_val = stats.as_ref().map(|s| Arc::new(standardise(s, &val)));
+        Self {
+            train,
+            val,
+            views,
+            stats,
+            standardised_val,
+        }
+    }
+
+    /// Whether these are the data of `train` and `val` (the same allocations): a driver
+    /// rebuilds [`DeviceData`] only when they changed (renumbered labels, a rescan).
+    pub fn holds(&self, train: &Arc<FeatureSet>, val: &Arc<FeatureSet>) -> bool {
+        Arc::ptr_eq(&self.train, train) && Arc::ptr_eq(&self.val, val)
+    }
+
+    /// Training rows.
+    pub fn train(&self) -> &Arc<FeatureSet> {
+        &self.train
+    }
+
+    /// Validation rows, as stored.
+    pub fn val(&self) -> &Arc<FeatureSet> {
+        &self.val
+    }
+
+    /// FedDDL's views of the training rows, when built.
+    pub fn views(&self) -> Option<&Arc<DdlViews>> {
+        self.views.as_ref()
+    }
+
+    /// The site statistics the trainer standardises with under `norm` (none without).
+    pub fn stats(&self, norm: FeatureNorm) -> Option<&Arc<FeatureStats>> {
+        match norm {
+            FeatureNorm::Site => self.stats.as_ref(),
+            FeatureNorm::None => None,
+        }
+    }
+
+    /// The validation rows a global head is scored on under `norm`: standardised with the
+    /// site's statistics for `site`, as stored otherwise.
+    pub fn scored_val(&self, norm: FeatureNorm) -> &Arc<FeatureSet> {
+        match (norm, &self.standardised_val) {
+            (FeatureNorm::Site, Some(val)) => val,
+            _ => &self.val,
+        }
+    }
+}
+
+/// Who trains a round and how, besides the data and the task.
+#[derive(Clone, Copy)]
+pub struct Trainer<'a> {
+    /// The head's sizes; its class count is replaced by the task's class list's length when
+    /// the task names classes.
+    pub head: &'a HeadConfig,
+    /// Burn device.
+    pub device: &'a Device,
+    /// The device's configured seed (mixed with the round and the client id).
+    pub seed: u64,
+    /// The device's client id.
+    pub client_id: &'a str,
+    /// Threads a large batch may be split across.
+    pub threads: usize,
+    /// Set at the round's deadline: training stops.
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+/// What a round produced: the trained outcome or why not, and the received head's accuracy on
+/// the device's validation rows. (The caller times it: the trainer reads no clock.)
+#[derive(Debug)]
+pub struct RoundOutcome {
+    /// The trained update, or why training failed.
+    pub result: Result<TrainOutcome, TrainError>,
+    /// Accuracy of the task's global head on the validation rows (standardised like training).
+    pub val_accuracy: f32,
+}
+
+/// One device round: score the task's global head on the validation rows, then train from it
+/// (docs/algorithms.md §1, §3–5, §7) with the task's parameters, the device's statistics and
+/// what it keeps between rounds.
+pub fn run_round(
+    data: &DeviceData,
+    task: &RoundTask,
+    trainer: &Trainer,
+    state: &mut LocalState,
+) -> RoundOutcome {
+    let head = match task.classes.len() {
+        0 => trainer.head.clone(),
+        classes => HeadConfig {
+            classes,
+            ..trainer.head.clone()
+        },
+    };
+    let norm = task.train.feature_norm;
+    let global = task.params.to_vec();
+    let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
+    let val_accuracy =
+        super::accuracy(&head, layout.head_part(&global), data.scored_val(norm)).unwrap_or(0.0);
+    let insight = task.insight.as_ref().map(TensorF32::to_vec);
+    let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
+    let inputs = RoundInputs {
+        insight: insight.as_deref(),
+        prototypes: prototypes.as_deref(),
+        views: data.views.as_deref(),
+    };
+    let seed = super::round_seed(trainer.seed, task.round, trainer.client_id);
+    let mut job = TrainJob::new(&head, &global, &data.train, &task.train, trainer.device)
+        .with_inputs(inputs)
+        .with_stats(data.stats(norm).map(Arc::as_ref))
+        .with_seed(seed)
+        .with_threads(trainer.threads);
+    if let Some(cancel) = trainer.cancel {
+        job = job.with_cancel(cancel);
+    }
+    let result = super::train_local(&job, state);
+    RoundOutcome {
+        result,
+        val_accuracy,
+    }
+}

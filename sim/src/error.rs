@@ -1,0 +1,18 @@
+//! Why a node could not be added or restarted.
+
+/// A node could not be added or restarted.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// An invalid federation name.
+    #[error(transparent)]
+    Topics(#[from] fedge_wire::DecodeError),
+    /// A device's identity is invalid.
+    #[error(transparent)]
+    Agent(#[from] fedge_edge::agent::InvalidIdentity),
+    /// A coordinator cannot resume from its checkpoint.
+    #[error(transparent)]
+    Resume(#[from] fedge_coordinator::ResumeError),
+    /// A coordinator's strategy cannot be built.
+    #[error("{0}")]
+    Strategy(String),
+}
