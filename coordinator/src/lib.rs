@@ -16,16 +16,19 @@
 //! - [`updates`]: a round's deltas held compactly (heap or spill file), dot products streamed
 //!   as they arrive, and their norms.
 //! - [`replay`]: one aggregation re-run offline from `.npy` files.
-//! - [`site`]: a site's device updates merged into the one update it sends upstream.
+//! - [`site`]: a site aggregator's link to the global federation.
+//! - [`boot`]: the one way a round machine is made and started (fresh, or from its checkpoint
+//!   and journal), used by the daemon, the demo and the simulator.
 //! - [`export`]: a released head and its backbone as one ONNX file (`fedge-coordinator
 //!   export`); it uses only the wire format and the file writer.
 //! - [`config`]: the coordinator's TOML configuration.
 //!
-//! `io`, `replay`, `export` and `site` may use everything; `store` uses `round`'s plain saved types; `round` uses
+//! `io`, `replay`, `export`, `site` and `boot` may use everything; `store` uses `round`'s plain saved types; `round` uses
 //! `strategy`, `objectives` and `updates`; `strategy` and `objectives` use `updates`; nothing
 //! points back up. Nothing under `round`, `strategy`, `objectives` or `updates` (but the spill
 //! file's creation) touches files, the network or a clock.
 
+pub mod boot;
 pub mod config;
 pub mod export;
 pub mod io;

@@ -4,13 +4,14 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use fedge_coordinator::boot::Start;
 use fedge_coordinator::config::{CoordinatorConfig, Role};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::replay::{self, npy};
 use fedge_coordinator::site::{self, link::LinkOptions};
 use fedge_coordinator::store::{checkpoint, journal, keys};
 use fedge_coordinator::strategy::{SolverKind, StrategyKind};
-use fedge_coordinator::{DriverOptions, Rounds, driver};
+use fedge_coordinator::{DriverOptions, driver};
 use fedge_daemon::{LogArgs, init_logs};
 use fedge_wire::ModelLayout;
 
@@ -331,7 +332,6 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         Some(file) => read_f32_file(file, layout.num_params())?,
         None => layout.init_flat(config.seed),
     };
-    let strategy = config.build_strategy()?;
     if let Some(dp) = config.privacy.central() {
         tracing::info!(
             clip_norm = dp.clip_norm,
@@ -346,13 +346,13 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
             tracing::warn!("[privacy] seed is set: the noise is reproducible, for tests only");
         }
     }
-    let mut round_config = config.round_config();
+    let mut plan = config.plan(initial);
     // A fresh federation's run; a resumed checkpoint brings its own.
-    round_config.run = rand::random();
+    plan.round.run = rand::random();
     match config.device_keys()? {
         Some(keys) => {
             tracing::info!(devices = keys.len(), "device authentication on");
-            round_config.auth = Some(std::sync::Arc::new(keys));
+            plan.round.auth = Some(std::sync::Arc::new(keys));
         }
         None => tracing::warn!(
             "no [auth] keys_file: any client that reaches the broker can take part and nothing \
@@ -361,33 +361,21 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
     }
     let checkpoint_path = config.state_dir.as_ref().map(|d| d.join("checkpoint.bin"));
     let journal_path = config.state_dir.as_ref().map(|d| d.join("journal.bin"));
-    round_config.journal = journal_path.is_some();
+    plan.round.journal = journal_path.is_some();
     if let Some(dir) = &config.state_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create state_dir {}", dir.display()))?;
     }
-    let saved = match &checkpoint_path {
-        Some(path) => checkpoint::load(path)?,
-        None => None,
-    };
-    let mut rounds = match saved {
-        Some(saved) => {
-            tracing::info!(
-                next_round = saved.next_round,
-                "resuming from the checkpoint"
-            );
-            Rounds::resume(round_config, strategy, saved, layout.num_params()).context(
-                "cannot resume from the checkpoint; move the state directory away to start afresh",
-            )?
-        }
-        None => Rounds::new(round_config, strategy, initial),
-    };
+    let mut start = Start::default();
+    if let Some(path) = &checkpoint_path {
+        start.checkpoint = checkpoint::load(path)?;
+    }
     if let Some(dir) = &config.spill_dir {
         let bytes = config.spill_max_mb.saturating_mul(1 << 20);
         let file = fedge_coordinator::updates::spill::SpillFile::create(dir, bytes)
             .with_context(|| format!("cannot create the spill file in {}", dir.display()))?;
         tracing::info!(dir = %dir.display(), mb = config.spill_max_mb, "rounds beyond update_memory_mb spill to a mapped file");
-        rounds.set_spill(file);
+        start.spill = Some(file);
     }
     if let Some(path) = &journal_path {
         // Cuts a torn end off, so the resumed round's appends follow the last good record.
@@ -395,24 +383,23 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         if ignored > 0 {
             tracing::warn!(bytes = ignored, "cut a torn or damaged end off the journal");
         }
-        let logged = log.opened.as_ref().map(|o| o.round);
-        if rounds.is_site() {
-            // Its base is the global task's parameters: restored when that task comes again.
-            rounds.defer_restore(log);
-        } else {
-            match rounds.restore_round(log, 0) {
-                Some((round, accepted)) => {
-                    tracing::info!(round, accepted, "resuming the open round from the journal");
-                }
-                None if logged.is_some() => tracing::warn!(
-                    round = logged,
-                    "the journal belongs to an earlier round or to other parameters (was the \
-                 checkpoint moved away?); ignored, it is replaced when the next round opens"
-                ),
-                None => {}
-            }
-        }
+        start.journal = log;
     }
+    let booted = plan.boot(start)?;
+    if let Some(next_round) = booted.resumed {
+        tracing::info!(next_round, "resumed from the checkpoint");
+    }
+    if let Some((round, accepted)) = booted.restored {
+        tracing::info!(round, accepted, "resuming the open round from the journal");
+    }
+    if let Some(round) = booted.ignored {
+        tracing::warn!(
+            round,
+            "the journal belongs to an earlier round or to other parameters (was the \
+             checkpoint moved away?); ignored, it is replaced when the next round opens"
+        );
+    }
+    let mut rounds = booted.rounds;
     let options = DriverOptions {
         broker: config.broker.clone(),
         federation: config.federation.clone(),

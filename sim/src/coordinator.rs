@@ -2,11 +2,9 @@
 //! site aggregator in relay mode, with what a restart reads back (the checkpoint and the
 //! journal, kept as the bytes the daemon writes to its state folder).
 
-use std::sync::Arc;
-
-use fedge_coordinator::round::OpenRoundLog;
+use fedge_coordinator::Rounds;
+use fedge_coordinator::boot::{Plan, Start};
 use fedge_coordinator::store::{checkpoint, journal};
-use fedge_coordinator::{RoundConfig, Rounds, Strategy};
 use fedge_wire::{DeviceKey, Reassembler, Topics};
 use rand::RngCore;
 use rand::rngs::StdRng;
@@ -14,19 +12,13 @@ use rand::rngs::StdRng;
 use crate::broker::Message;
 use crate::error::SimError;
 
-/// Builds the strategy a coordinator runs (at its first start and at every restart).
-pub type StrategyFactory = Arc<dyn Fn() -> Result<Box<dyn Strategy>, String> + Send + Sync>;
-
 /// What a simulated coordinator is.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct CoordinatorSpec {
-    /// The round machine's settings (`journal` is turned on: a restart reads it back).
-    pub config: RoundConfig,
-    /// Its strategy, built the same way at every start.
-    pub strategy: StrategyFactory,
-    /// The initial parameters of a fresh federation.
-    pub initial: Vec<f32>,
-    /// A site aggregator's link to the global federation (with `config.relay` set).
+    /// Its round machine, made as the daemon makes it (`round.journal` is turned on: a
+    /// restart reads the journal back).
+    pub plan: Plan,
+    /// A site aggregator's link to the global federation (with `plan.round.relay` set).
     pub upstream: Option<Upstream>,
 }
 
@@ -62,8 +54,8 @@ pub(crate) struct CoordinatorNode {
 
 impl CoordinatorNode {
     pub(crate) fn new(mut spec: CoordinatorSpec) -> Result<Self, fedge_wire::DecodeError> {
-        spec.config.journal = true;
-        let topics = Topics::new(&spec.config.federation)?;
+        spec.plan.round.journal = true;
+        let topics = Topics::new(&spec.plan.round.federation)?;
         let upstream_topics = match &spec.upstream {
             Some(up) => Some(Topics::new(&up.federation)?),
             None => None,
@@ -93,23 +85,18 @@ impl CoordinatorNode {
     /// Starts (or restarts) the machine as the daemon does: from the checkpoint when there is
     /// one (else fresh, with a new run after a restart), the open round from the journal.
     pub(crate) fn boot(&mut self, now_ms: u64, rng: &mut StdRng) -> Result<(), SimError> {
-        let mut config = self.spec.config.clone();
-        let strategy = (self.spec.strategy)().map_err(SimError::Strategy)?;
-        let saved = (self.checkpoint.as_deref()).and_then(|b| checkpoint::decode(b).ok());
-        let mut rounds = match saved {
-            Some(saved) => Rounds::resume(config, strategy, saved, self.spec.initial.len())?,
-            None => {
-                // The daemon draws a fresh federation's run at every start.
-                if self.lives > 0 {
-                    config.run = rng.next_u64();
-                }
-                Rounds::new(config, strategy, self.spec.initial.clone())
-            }
+        let mut plan = self.spec.plan.clone();
+        // The daemon draws a fresh federation's run at every start.
+        if self.lives > 0 {
+            plan.round.run = rng.next_u64();
+        }
+        let start = Start {
+            checkpoint: (self.checkpoint.as_deref()).and_then(|b| checkpoint::decode(b).ok()),
+            journal: journal::parse(&self.journal).0,
+            spill: None,
+            now_ms,
         };
-        let (log, _) = journal::parse(&self.journal);
-        restore(&mut rounds, log, now_ms);
-        rounds.start(now_ms);
-        self.rounds = Some(rounds);
+        self.rounds = Some(plan.boot(start)?.rounds);
         self.lives += 1;
         Ok(())
     }
@@ -122,14 +109,5 @@ impl CoordinatorNode {
         } else {
             self.journal.extend_from_slice(&bytes);
         }
-    }
-}
-
-/// The open round a journal holds, restored as `fedge-coordinator run` does.
-fn restore(rounds: &mut Rounds, log: OpenRoundLog, now_ms: u64) {
-    if rounds.is_site() {
-        rounds.defer_restore(log);
-    } else {
-        rounds.restore_round(log, now_ms);
     }
 }

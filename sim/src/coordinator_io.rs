@@ -24,7 +24,7 @@ impl Sim {
             node.topics.edge_status_filter(),
         ];
         let mut status = None;
-        if let (Some(up), Some(relay)) = (&node.upstream_topics, &node.spec.config.relay) {
+        if let (Some(up), Some(relay)) = (&node.upstream_topics, &node.spec.plan.round.relay) {
             for base in [up.round_task(), up.model_current()] {
                 filters.push(format!("{base}/+"));
                 filters.push(base);
@@ -67,7 +67,8 @@ impl Sim {
             rounds.handle_packet(client, &message.payload, now);
         } else if let Some(client) = node.topics.client_of_edge_status(topic) {
             handle_edge_status(rounds, client, &message.payload, now);
-        } else if let (Some(up), Some(relay)) = (&node.upstream_topics, &node.spec.config.relay) {
+        } else if let (Some(up), Some(relay)) = (&node.upstream_topics, &node.spec.plan.round.relay)
+        {
             let key = node.spec.upstream.as_ref().and_then(|u| u.key.as_ref());
             let site = relay.site.as_str();
             if under(topic, &up.round_task()) {
@@ -154,7 +155,8 @@ impl Sim {
                 }
                 Output::Journal(record) => node.write_journal(&record),
                 Output::Upstream(update) => {
-                    let (Some(up), Some(relay)) = (&node.upstream_topics, &node.spec.config.relay)
+                    let (Some(up), Some(relay)) =
+                        (&node.upstream_topics, &node.spec.plan.round.relay)
                     else {
                         continue;
                     };

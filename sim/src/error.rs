@@ -9,10 +9,7 @@ pub enum SimError {
     /// A device's identity is invalid.
     #[error(transparent)]
     Agent(#[from] fedge_edge::agent::InvalidIdentity),
-    /// A coordinator cannot resume from its checkpoint.
+    /// A coordinator cannot start from its plan or its checkpoint.
     #[error(transparent)]
-    Resume(#[from] fedge_coordinator::ResumeError),
-    /// A coordinator's strategy cannot be built.
-    #[error("{0}")]
-    Strategy(String),
+    Boot(#[from] fedge_coordinator::boot::BootError),
 }

@@ -23,7 +23,7 @@ pub mod faults;
 mod world;
 
 pub use broker::NodeId;
-pub use coordinator::{CoordinatorSpec, StrategyFactory, Upstream};
+pub use coordinator::{CoordinatorSpec, Upstream};
 pub use device::{DeviceSpec, class_names};
 pub use error::SimError;
 pub use faults::{Fault, Network, Rule};

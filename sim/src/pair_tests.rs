@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use fedge_coordinator::{FedAvg, Rejection, RoundConfig};
+use fedge_coordinator::boot::Plan;
+use fedge_coordinator::{Rejection, RoundConfig, StrategyConfig};
 use fedge_edge::FeatureSet;
 use fedge_edge::local_dp::LocalPrivacy;
 use fedge_edge::train::DeviceData;
@@ -76,12 +77,15 @@ fn config(federation: &str, rounds: u64, clients: usize) -> RoundConfig {
     }
 }
 
-fn coordinator(config: RoundConfig) -> CoordinatorSpec {
+fn coordinator(round: RoundConfig) -> CoordinatorSpec {
     let layout = ModelLayout::new(head(), false);
     CoordinatorSpec {
-        config,
-        strategy: Arc::new(|| Ok(Box::new(FedAvg) as _)),
-        initial: layout.init_flat(3),
+        plan: Plan {
+            round,
+            strategy: StrategyConfig::default(),
+            noise_seed: None,
+            initial: layout.init_flat(3),
+        },
         upstream: None,
     }
 }

@@ -16,10 +16,10 @@ use std::time::Instant;
 use anyhow::Context;
 use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
+use fedge_coordinator::boot::{Plan, Start};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
-use fedge_coordinator::{
-    DriverEvent, DriverOptions, RoundConfig, RoundReport, Rounds, Strategy, driver,
-};
+use fedge_coordinator::{DriverEvent, DriverOptions, RoundConfig, RoundReport, driver};
+
 use fedge_edge::{AgentSetup, FeatureSet, accuracy};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Accelerator, HeadConfig, ModelLayout};
@@ -212,11 +212,15 @@ pub async fn run(
             fedge_coordinator::config::Role::Global,
         )?;
     }
-    let private = (options.privacy.as_ref()).and_then(|p| p.central().map(|dp| (dp, p.noise())));
-    let strategy = (options.strategy.build_with(private)).map_err(anyhow::Error::msg)?;
-    let strategy_name = strategy.name().to_string();
+    let plan = Plan {
+        round: config,
+        strategy: options.strategy.clone(),
+        noise_seed: options.privacy.as_ref().and_then(|p| p.seed),
+        initial: initial.clone(),
+    };
+    let rounds = plan.boot(Start::default())?.rounds;
+    let strategy_name = rounds.strategy_name().to_string();
     let initial_len = initial.len();
-    let rounds = Rounds::new(config, strategy, initial.clone());
     let (head, selection) = (data.head.clone(), data.selection.clone());
     let scored = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&scored);

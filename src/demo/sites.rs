@@ -7,12 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context;
+use fedge_coordinator::boot::{Plan, Start};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::io::driver::{self, DriverOptions, Relay};
 use fedge_coordinator::objectives::fedddl::PrototypeConfig;
-use fedge_coordinator::round::{DeviceKeys, RelayConfig, RoundConfig, Rounds};
+use fedge_coordinator::round::{DeviceKeys, RelayConfig, RoundConfig};
 use fedge_coordinator::site::link::{self, LinkOptions};
-use fedge_coordinator::strategy::FedAvg;
+use fedge_coordinator::strategy::StrategyConfig;
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::{DeviceKey, Objective};
 use serde::Serialize;
@@ -144,7 +145,14 @@ pub fn start(
             )
             .num_params()
         ];
-        let rounds = Rounds::new(config, Box::new(FedAvg), initial);
+        // A site aggregates its devices with FedAvg.
+        let plan = Plan {
+            round: config,
+            strategy: StrategyConfig::default(),
+            noise_seed: None,
+            initial,
+        };
+        let rounds = plan.boot(Start::default())?.rounds;
         let (inbox_tx, inbox) = mpsc::unbounded_channel();
         let (outbox, outbox_rx) = mpsc::unbounded_channel();
         let key: Option<DeviceKey> = site_keys.and_then(|k| k.get(&name).cloned());

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use fedge_coordinator::InsightConfig;
 use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::RoundConfig;
+use fedge_coordinator::boot::Plan;
 use fedge_coordinator::config::PrivacySettings;
 use fedge_coordinator::round::RelayConfig;
 use fedge_edge::site_norm::{FeatureNorm, standardise, stats_of};
@@ -308,18 +309,16 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         }),
         ..RoundConfig::default()
     };
-    let strategy_config = algorithm.strategy.clone();
-    let strategy: fedge_sim::StrategyFactory = Arc::new(move || {
-        let noise = privacy.as_ref().map(PrivacySettings::noise);
-        (strategy_config.build_with(central.zip(noise))).map_err(|e| e.to_string())
-    });
     let layout = ModelLayout::new(head.clone(), algorithm.objective.carries_generator());
-    let initial = layout.init_flat(seed);
+    let plan = Plan {
+        round: config,
+        strategy: algorithm.strategy.clone(),
+        noise_seed: privacy.as_ref().and_then(|p| p.seed),
+        initial: layout.init_flat(seed),
+    };
     let mut sim = Sim::new(seed);
     let global = sim.add_coordinator(CoordinatorSpec {
-        config: config.clone(),
-        strategy: Arc::clone(&strategy),
-        initial: initial.clone(),
+        plan: plan.clone(),
         upstream: None,
     })?;
     // The participants come online in a seeded random order, so the first round's sample is as
@@ -335,7 +334,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
             let members: Vec<&Client> = sources.iter().filter(|c| c.site == *participant).collect();
             // The site's name is its devices' federation, as in `fedge demo --sites`.
             let site_federation = participant.to_string();
-            let site_config = RoundConfig {
+            let round = RoundConfig {
                 federation: site_federation.clone(),
                 rounds: 0,
                 fraction: 1.0,
@@ -347,12 +346,17 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     site: participant.to_string(),
                     margin_ms: 0,
                 }),
-                ..config.clone()
+                ..plan.round.clone()
+            };
+            // A site aggregates its devices with FedAvg, as `fedge demo --sites` does.
+            let site = Plan {
+                round,
+                strategy: Default::default(),
+                noise_seed: None,
+                initial: plan.initial.clone(),
             };
             sim.add_coordinator(CoordinatorSpec {
-                config: site_config,
-                strategy: Arc::new(|| Ok(Box::new(fedge_coordinator::FedAvg) as _)),
-                initial: initial.clone(),
+                plan: site,
                 upstream: Some(Upstream {
                     federation: federation.clone(),
                     key: None,
@@ -381,7 +385,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let mut scores = Vec::new();
     let mut train_seconds = 0f64;
     let mut rejected = std::collections::BTreeMap::new();
-    let mut final_params = initial;
+    let mut final_params = plan.initial.clone();
     loop {
         let moved = sim.run_until(u64::MAX / 2, |s| s.has_observed() || s.finished(global));
         for observed in sim.take_observed() {

@@ -422,8 +422,18 @@ impl CoordinatorConfig {
     pub fn build_strategy(
         &self,
     ) -> Result<Box<dyn crate::strategy::Strategy>, crate::strategy::BuildError> {
-        let private = self.privacy.central().map(|dp| (dp, self.privacy.noise()));
-        self.strategy.build_with(private)
+        self.plan(Vec::new()).strategy()
+    }
+
+    /// The round machine this configuration makes (`crate::boot`), a fresh federation starting
+    /// from `initial`.
+    pub fn plan(&self, initial: Vec<f32>) -> crate::boot::Plan {
+        crate::boot::Plan {
+            round: self.round_config(),
+            strategy: self.strategy.clone(),
+            noise_seed: self.privacy.seed,
+            initial,
+        }
     }
 
     fn check(&self) -> Result<(), InvalidConfig> {

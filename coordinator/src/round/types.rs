@@ -83,8 +83,7 @@ pub struct RoundConfig {
     /// round, the federation finished before `target_epsilon` would be passed. The norm-ratio
     /// drop and the weight cap are off (clipping bounds every device), and the devices' own
     /// training loss and validation accuracy are left out of the report (they are not noised).
-    /// The strategy must be built with the same settings (`crate::strategy::StrategyConfig::
-    /// build_with`). `None`: off.
+    /// `crate::boot::Plan` builds the strategy with these same settings. `None`: off.
     pub privacy: Option<CentralDp>,
 }
 

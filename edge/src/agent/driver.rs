@@ -93,6 +93,7 @@ pub async fn run_agent(
         mpsc::unbounded_channel::<(Trained, Option<(Refreshed, DeviceData)>)>();
     let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Result<SiteEvaluation, String>>();
     let done = Done {
+        local_state: Arc::new(std::sync::Mutex::new(LocalState::default())),
         trained: done_tx,
         scored: scored_tx,
     };
@@ -105,8 +106,6 @@ pub async fn run_agent(
             spawn_scoring(&mut setup, release, done.scored.clone());
         }
     }
-    // Stable-FedADG's discriminator and memory, kept between rounds (one round trains at a time).
-    let local_state = Arc::new(std::sync::Mutex::new(LocalState::default()));
     // The rows with their site statistics, rebuilt when the data change.
     let mut data = DeviceData::new(
         Arc::clone(&setup.train),
@@ -158,28 +157,14 @@ pub async fn run_agent(
             Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
             _ = stop.changed() => break,
         }
-        perform(
-            &mut agent,
-            &mut setup,
-            &mut data,
-            &client,
-            &local_state,
-            &done,
-        );
+        perform(&mut agent, &mut setup, &mut data, &client, &done);
         if agent.summary().backbone_moved.is_some() {
             tracing::info!("the federation moved to another backbone: fetching it");
             break;
         }
     }
     agent.handle_stop();
-    perform(
-        &mut agent,
-        &mut setup,
-        &mut data,
-        &client,
-        &local_state,
-        &done,
-    );
+    perform(&mut agent, &mut setup, &mut data, &client, &done);
     fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
         .await;
     if let Some(server) = server {
@@ -189,8 +174,10 @@ pub async fn run_agent(
     Ok(agent.summary().clone())
 }
 
-/// Where blocking work reports back to the loop.
+/// Where blocking work reports back to the loop, and what training keeps between rounds.
 struct Done {
+    /// Stable-FedADG's discriminator and memory, kept between rounds (one trains at a time).
+    local_state: Arc<std::sync::Mutex<LocalState>>,
     trained: mpsc::UnboundedSender<(Trained, Option<(Refreshed, DeviceData)>)>,
     scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
 }
@@ -201,7 +188,6 @@ fn perform(
     setup: &mut AgentSetup,
     data: &mut DeviceData,
     client: &AsyncClient,
-    local_state: &Arc<std::sync::Mutex<LocalState>>,
     done: &Done,
 ) {
     while let Some(output) = agent.poll_output() {
@@ -238,7 +224,7 @@ fn perform(
                         setup.views.clone(),
                     );
                 }
-                let (state, trained) = (Arc::clone(local_state), done.trained.clone());
+                let (state, trained) = (Arc::clone(&done.local_state), done.trained.clone());
                 spawn_training(setup, data.clone(), *task, state, trained);
             }
             Output::Model { release, evaluate } => {
