@@ -19,13 +19,14 @@ use std::path::{Path, PathBuf};
 pub const MAX_LINES: usize = 600;
 
 /// The workspace's library crates: (folder, source root).
-pub const CRATES: [&str; 9] = [
+pub const CRATES: [&str; 10] = [
     "wire",
     "models",
     "mqtt",
     "daemon",
     "privacy",
     "edge",
+    "rounds",
     "coordinator",
     "sim",
     ".",

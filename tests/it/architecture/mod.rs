@@ -126,3 +126,42 @@ fn the_checker_sees_a_cycle_and_a_clean_layering() {
     assert!(cycles(&files).is_empty());
     assert_eq!(module_cycles(&files), [": p ↔ q"]);
 }
+
+/// The sans-I/O cores, kept so by Cargo: their dependency trees hold no async runtime, MQTT
+/// client or broker, HTTP server or fedge's MQTT crate.
+const CORES: [&str; 1] = ["fedge-rounds"];
+const NETWORK_CRATES: [&str; 6] = ["tokio", "rumqttc", "rumqttd", "axum", "hyper", "fedge-mqtt"];
+
+#[test]
+fn the_core_crates_depend_on_no_network_crate() {
+    for core in CORES {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "--offline",
+                "-e",
+                "normal",
+                "--prefix",
+                "none",
+                "-p",
+                core,
+            ])
+            .current_dir(workspace())
+            .output()
+            .expect("cargo tree runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tree = String::from_utf8_lossy(&out.stdout);
+        assert!(tree.lines().count() > 5, "{tree}");
+        let found: Vec<&str> = (tree.lines())
+            .filter(|line| {
+                let name = line.split_whitespace().next().unwrap_or_default();
+                NETWORK_CRATES.contains(&name)
+            })
+            .collect();
+        assert!(found.is_empty(), "{core} depends on {found:?}");
+    }
+}
