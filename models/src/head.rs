@@ -11,7 +11,7 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
-pub use fedge_wire::layout::{FlatLayoutError, HeadConfig};
+pub use fedge_wire::layout::{FlatLayoutError, HeadConfig, HeadTensors};
 
 /// Burn modules for a [`HeadConfig`] (the sizes and the flat layout live in `fedge-wire`).
 pub trait HeadModules {
@@ -36,11 +36,8 @@ impl HeadModules for HeadConfig {
     }
 
     fn from_flat(&self, flat: &[f32], device: &Device) -> Result<Head, FlatLayoutError> {
-        FlatLayoutError::check(self.num_params(), flat.len())?;
+        let HeadTensors { w1, b1, w, b } = self.split(flat)?;
         let (f, h, k) = (self.features, self.hidden, self.classes);
-        let (w1, rest) = flat.split_at(f * h);
-        let (b1, rest) = rest.split_at(h);
-        let (w, b) = rest.split_at(h * k);
         Ok(Head {
             projector: linear_from(w1, b1, [f, h], device),
             classifier: linear_from(w, b, [h, k], device),
@@ -111,34 +108,54 @@ pub fn predict_flat(
     flat: &[f32],
     features: &[f32],
 ) -> Result<Vec<usize>, FlatLayoutError> {
-    FlatLayoutError::check(config.num_params(), flat.len())?;
-    let (f, h, k) = (config.features, config.hidden, config.classes);
-    let (w1, rest) = flat.split_at(f * h);
-    let (b1, rest) = rest.split_at(h);
-    let (w, b) = rest.split_at(h * k);
-    let mut z = vec![0f32; h];
-    let mut o = vec![0f32; k];
+    let head = config.split(flat)?;
+    let mut forward = Forward::new(config);
     Ok(features
-        .chunks_exact(f)
-        .map(|x| {
-            z.copy_from_slice(b1);
-            for (xi, row) in x.iter().zip(w1.chunks_exact(h)) {
-                if *xi != 0.0 {
-                    for (zj, wij) in z.iter_mut().zip(row) {
-                        *zj += xi * wij;
-                    }
-                }
-            }
-            o.copy_from_slice(b);
-            for (zj, row) in z.iter().zip(w.chunks_exact(k)) {
-                let zj = zj.max(0.0);
-                for (ok, wjk) in o.iter_mut().zip(row) {
-                    *ok += zj * wjk;
-                }
-            }
-            argmax(&o)
-        })
+        .chunks_exact(config.features)
+        .map(|x| argmax(forward.logits(&head, x)))
         .collect())
+}
+
+/// The head's forward pass in plain f32, `ReLU(x·W1 + b1)·W + b`, with its scratch space:
+/// the one written out, used by evaluation ([`predict_flat`]) and by every prediction a
+/// device serves. Its sums run in a fixed order, so the same input gives the same logits.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    hidden: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl Forward {
+    /// Scratch space for `config`'s head.
+    pub fn new(config: &HeadConfig) -> Self {
+        Self {
+            hidden: vec![0.0; config.hidden],
+            logits: vec![0.0; config.classes],
+        }
+    }
+
+    /// The logits of one feature vector `x` (`F` values) under `head`.
+    pub fn logits(&mut self, head: &HeadTensors<'_, f32>, x: &[f32]) -> &[f32] {
+        let (h, k) = (head.b1.len(), head.b.len());
+        self.hidden.resize(h, 0.0);
+        self.logits.resize(k, 0.0);
+        self.hidden.copy_from_slice(head.b1);
+        for (xi, row) in x.iter().zip(head.w1.chunks_exact(h)) {
+            if *xi != 0.0 {
+                for (zj, wij) in self.hidden.iter_mut().zip(row) {
+                    *zj += xi * wij;
+                }
+            }
+        }
+        self.logits.copy_from_slice(head.b);
+        for (zj, row) in self.hidden.iter().zip(head.w.chunks_exact(k)) {
+            let zj = zj.max(0.0);
+            for (ok, wjk) in self.logits.iter_mut().zip(row) {
+                *ok += zj * wjk;
+            }
+        }
+        &self.logits
+    }
 }
 
 /// Index of the largest value (the first one on ties; 0 for an empty slice).

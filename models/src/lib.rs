@@ -18,7 +18,7 @@
 pub mod adversarial;
 pub mod backbone;
 pub mod bright_box;
-pub mod card;
+pub use fedge_card as card;
 pub mod device;
 pub mod generate;
 pub mod head;
@@ -32,5 +32,5 @@ pub use card::{AdaptError, CardError, InvalidCard, Layout, ModelCard};
 pub use device::{
     Accelerator, Backend, CUDA_BUILT, Device, SelectedDevice, select_device, training_device,
 };
-pub use head::{FlatLayoutError, Head, HeadConfig, HeadModules};
+pub use head::{FlatLayoutError, Forward, Head, HeadConfig, HeadModules, HeadTensors};
 pub use sample::{SampleCheck, check_sample};

@@ -440,7 +440,7 @@ pub fn export(
     dir: &std::path::Path,
 ) -> anyhow::Result<fedge_coordinator::export::Exported> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let card: toml::Table = toml::from_str(&digits_conv_card().to_toml())?;
+    let card = digits_conv_card();
     let stats = match release.feature_norm {
         fedge_wire::FeatureNorm::Site => Some(
             fedge_edge::site_norm::stats_of(&[site])

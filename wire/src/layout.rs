@@ -68,7 +68,32 @@ impl FlatLayoutError {
     }
 }
 
+/// The four tensors of a flat head, row-major: `W1 [F, H]`, `b1 [H]`, `W [H, K]`, `b [K]`.
+/// The one reading of the layout: training, prediction, export and the tests all split a head
+/// through [`HeadConfig::split`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HeadTensors<'a, T> {
+    /// The projector's weight `W1`, `[F, H]`.
+    pub w1: &'a [T],
+    /// The projector's bias `b1`, `[H]`.
+    pub b1: &'a [T],
+    /// The classifier's weight `W`, `[H, K]`.
+    pub w: &'a [T],
+    /// The classifier's bias `b`, `[K]`.
+    pub b: &'a [T],
+}
+
 impl HeadConfig {
+    /// The tensors of the head `flat` (exactly [`HeadConfig::num_params`] values).
+    pub fn split<'a, T>(&self, flat: &'a [T]) -> Result<HeadTensors<'a, T>, FlatLayoutError> {
+        FlatLayoutError::check(self.num_params(), flat.len())?;
+        let (f, h, k) = (self.features, self.hidden, self.classes);
+        let (w1, rest) = flat.split_at(f * h);
+        let (b1, rest) = rest.split_at(h);
+        let (w, b) = rest.split_at(h * k);
+        Ok(HeadTensors { w1, b1, w, b })
+    }
+
     /// A head with `features` inputs, `classes` outputs and the default width.
     pub fn new(features: usize, classes: usize) -> Self {
         Self {

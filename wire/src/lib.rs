@@ -43,7 +43,7 @@ pub use envelope::{
 };
 pub use error::{DecodeError, UnknownName};
 pub use frames::{TaskError, decode_backbone, decode_release, decode_task};
-pub use layout::{HeadConfig, ModelLayout};
+pub use layout::{FlatLayoutError, HeadConfig, HeadTensors, ModelLayout};
 pub use messages::{
     BackboneObject, BackboneRef, Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain,
     LocalMetrics, MAX_BATCH_SIZE, MAX_LOCAL_EPOCHS, MAX_STABLE_BATCHES, Objective, RoundTask,

@@ -110,6 +110,9 @@ pub enum ExportError {
          (feature_norm = \"none\"): leave it out"
     )]
     SiteStatsUnused,
+    /// The release's parameters do not fit its head.
+    #[error("the released parameters do not fit the head: {0}")]
+    Layout(#[from] fedge_wire::FlatLayoutError),
     /// Site statistics that do not fit the head, or cannot be read.
     #[error("site statistics {}: {reason}", path.display())]
     SiteStats {

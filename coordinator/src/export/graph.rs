@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use fedge_wire::FeatureStats;
-use fedge_wire::layout::HeadConfig;
+use fedge_wire::layout::{HeadConfig, HeadTensors};
 use onnx_protobuf::{
     AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto,
     attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto,
@@ -45,9 +45,7 @@ pub fn append_head(
         return Err(ExportError::NameTaken((*name).to_owned()));
     }
     let (f, h, k) = (head.features, head.hidden, head.classes);
-    let (w1, rest) = params.split_at(f * h);
-    let (b1, rest) = rest.split_at(h);
-    let (w, b) = rest.split_at(h * k);
+    let HeadTensors { w1, b1, w, b } = head.split(params)?;
     let name = |s: &str| format!("{PREFIX}{s}");
     graph.initializer.extend([
         tensor(&name("w1"), &[f, h], w1),

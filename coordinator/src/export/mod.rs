@@ -4,8 +4,8 @@
 //! The ONNX file is the backbone's graph, cut to the card's feature output, with the head
 //! appended ([`graph`]): outputs `probabilities` (softmax, `[batch, K]`) and `logits`; the class
 //! names and the release (federation, round, strategy, SHA-256) are in its metadata. The card
-//! is the backbone's card (input name, size, layout, scale, mean, std, copied as they are: this
-//! crate reads only the keys it changes, so it needs neither tract nor the card's type) with
+//! is the backbone's card (input name, size, layout, scale, mean, std; read with fedge-card,
+//! the one card parser, which needs no ML framework) with
 //! `file`, `output_name = "probabilities"`, `feature_size = K`, `logits_name = "logits"`,
 //! `classes` and a `[fedge]` table.
 
@@ -17,6 +17,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 
+use fedge_card::{CardError, ModelCard};
 use fedge_wire::{FeatureNorm, FeatureStats, Message, ModelRelease};
 use onnx_protobuf::{Message as _, ModelProto, StringStringEntryProto};
 
@@ -78,9 +79,12 @@ pub fn export_files(
         path: backbone_card.to_owned(),
         reason,
     };
-    let card: toml::Table = toml::from_str(&card_text).map_err(|e| card_error(e.to_string()))?;
-    let file = string(&card, "file").map_err(card_error)?;
-    let onnx_path = backbone_card.parent().unwrap_or(Path::new(".")).join(file);
+    let card = ModelCard::parse(&card_text, backbone_card).map_err(|e| match e {
+        CardError::Invalid { reason, .. } => card_error(reason.to_string()),
+        CardError::Parse { message, .. } => card_error(message),
+        other => card_error(other.to_string()),
+    })?;
+    let onnx_path = card.onnx_path(backbone_card);
     let onnx = read(&onnx_path)?;
     write_export(release, &card, &onnx, site, out).map_err(|e| match e {
         ExportError::Card { reason, .. } => card_error(reason),
@@ -92,11 +96,11 @@ pub fn export_files(
     })
 }
 
-/// Exports `release` over the backbone `onnx` described by `card` (a card's TOML table) to
-/// `out` and its card beside it, each written atomically.
+/// Exports `release` over the backbone `onnx` described by `card` to `out` and its card
+/// beside it, each written atomically.
 pub fn write_export(
     release: &ModelRelease,
-    card: &toml::Table,
+    card: &ModelCard,
     onnx: &[u8],
     site: Option<&FeatureStats>,
     out: &Path,
@@ -129,7 +133,7 @@ pub fn write_export(
 /// statistics of the site that will run the file (`site`), which become the graph's
 /// input-side standardisation; another release refuses them.
 pub fn export(
-    card: &toml::Table,
+    card: &ModelCard,
     onnx: &[u8],
     release: &ModelRelease,
     site: Option<&FeatureStats>,
@@ -149,24 +153,16 @@ pub fn export(
             Some(stats)
         }
     };
-    let card_error = |reason: String| ExportError::Card {
-        path: PathBuf::new(),
-        reason,
-    };
     let params = release.verify().map_err(|e| ExportError::BadRelease {
         path: PathBuf::from("the release"),
         reason: e.to_string(),
     })?;
-    let features = string(card, "output_name").map_err(card_error)?;
-    let card_features = card
-        .get("feature_size")
-        .and_then(toml::Value::as_integer)
-        .ok_or_else(|| card_error("feature_size is missing or not a whole number".into()))?;
-    let card_name = card.get("name").and_then(toml::Value::as_str).unwrap_or("");
-    if usize::try_from(card_features).ok() != Some(release.head.features) {
+    let features = card.output_name.as_str();
+    let card_name = card.name.as_str();
+    if card.feature_size != release.head.features {
         return Err(ExportError::Features {
             card: card_name.to_owned(),
-            card_features: usize::try_from(card_features).unwrap_or(0),
+            card_features: card.feature_size,
             head: release.head.features,
         });
     }
@@ -215,20 +211,8 @@ pub fn export(
 }
 
 /// The exported model's card: the backbone's with the keys the export changes.
-fn exported_card(card: &toml::Table, release: &ModelRelease, file_name: &str) -> String {
-    let mut card = card.clone();
+fn exported_card(card: &ModelCard, release: &ModelRelease, file_name: &str) -> String {
     let text = |s: &str| toml::Value::String(s.to_owned());
-    card.insert("file".into(), text(file_name));
-    card.insert("output_name".into(), text(graph::PROBABILITIES));
-    card.insert("logits_name".into(), text(graph::LOGITS));
-    card.insert(
-        "feature_size".into(),
-        toml::Value::Integer(release.head.classes as i64),
-    );
-    card.insert(
-        "classes".into(),
-        toml::Value::Array(release.classes.iter().map(|c| text(c)).collect()),
-    );
     let mut fedge = toml::Table::new();
     fedge.insert("federation".into(), text(&release.federation));
     fedge.insert("round".into(), toml::Value::Integer(release.round as i64));
@@ -236,13 +220,21 @@ fn exported_card(card: &toml::Table, release: &ModelRelease, file_name: &str) ->
     fedge.insert("backbone".into(), text(&release.backbone));
     fedge.insert("sha256".into(), text(&release.sha256_hex()));
     fedge.insert("feature_norm".into(), text(release.feature_norm.name()));
-    card.insert("fedge".into(), toml::Value::Table(fedge));
+    let card = ModelCard {
+        file: file_name.into(),
+        output_name: graph::PROBABILITIES.into(),
+        logits_name: Some(graph::LOGITS.into()),
+        feature_size: release.head.classes,
+        classes: release.classes.clone(),
+        fedge: Some(fedge),
+        ..card.clone()
+    };
     format!(
         "# Written by `fedge-coordinator export`: the backbone's card with the federation's head \
          appended.\n# Outputs: {} (softmax over the classes below, in order) and {}.\n{}",
         graph::PROBABILITIES,
         graph::LOGITS,
-        toml::to_string(&card).unwrap_or_default()
+        card.to_toml()
     )
 }
 
@@ -254,11 +246,4 @@ pub fn read_site_stats(path: &Path) -> Result<FeatureStats, ExportError> {
     };
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
-}
-
-/// A string key of the card.
-fn string<'a>(card: &'a toml::Table, key: &str) -> Result<&'a str, String> {
-    card.get(key)
-        .and_then(toml::Value::as_str)
-        .ok_or_else(|| format!("{key} is missing or not a string"))
 }

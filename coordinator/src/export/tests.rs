@@ -37,13 +37,13 @@ fn backbone() -> Vec<u8> {
     model.write_to_bytes().unwrap()
 }
 
-fn card(features: i64) -> toml::Table {
-    toml::from_str(&format!(
+fn card(features: i64) -> ModelCard {
+    let text = format!(
         "name = \"tiny\"\nfile = \"tiny.onnx\"\ninput_name = \"input\"\nlayout = \"nchw\"\n\
          channels = 1\nheight = 2\nwidth = 2\nscale = 0.5\nmean = [0.1]\nstd = [2.0]\n\
          raw_max = 1.0\noutput_name = \"features\"\nfeature_size = {features}\n"
-    ))
-    .unwrap()
+    );
+    ModelCard::parse(&text, std::path::Path::new("tiny.toml")).unwrap()
 }
 
 fn release(backbone: &str) -> ModelRelease {
@@ -113,7 +113,7 @@ fn the_backbone_is_cut_to_its_features_and_the_head_appended() {
 
 #[test]
 fn a_head_that_does_not_fit_is_refused_with_the_reason() {
-    let fails = |card: toml::Table, onnx: &[u8], release: ModelRelease| {
+    let fails = |card: ModelCard, onnx: &[u8], release: ModelRelease| {
         export(&card, onnx, &release, None, "m.onnx")
             .unwrap_err()
             .to_string()
@@ -121,7 +121,7 @@ fn a_head_that_does_not_fit_is_refused_with_the_reason() {
     assert!(fails(card(8), &backbone(), release("tiny")).contains("takes 4 features"));
     assert!(fails(card(4), &backbone(), release("lite0")).contains("trained on backbone"));
     let mut renamed = card(4);
-    renamed.insert("output_name".into(), "feats".into());
+    renamed.output_name = "feats".into();
     let e = fails(renamed, &backbone(), release("tiny"));
     assert!(
         e.contains("\"feats\"") && e.contains("features, unused"),

@@ -7,6 +7,8 @@
 //! operator key lets this command tell a running coordinator (`ctl set-backbone`).
 
 use std::path::Path;
+
+use fedge_card::ModelCard;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -19,24 +21,16 @@ use crate::round::DeviceKeys;
 pub fn object(card_path: &Path) -> anyhow::Result<BackboneObject> {
     let card = std::fs::read_to_string(card_path)
         .with_context(|| format!("cannot read the card {}", card_path.display()))?;
-    let table: toml::Table =
-        toml::from_str(&card).with_context(|| format!("{} is not TOML", card_path.display()))?;
-    let field = |key: &str| {
-        (table.get(key).and_then(toml::Value::as_str)).with_context(|| {
-            format!(
-                "{}: `{key}` is missing or not a string",
-                card_path.display()
-            )
-        })
-    };
-    let name = field("name")?.to_owned();
-    let onnx_path = card_path
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(field("file")?);
+    // Checked with the one card parser before it goes to every device.
+    let parsed = ModelCard::parse(&card, card_path)?;
+    let onnx_path = parsed.onnx_path(card_path);
     let onnx = std::fs::read(&onnx_path)
         .with_context(|| format!("cannot read the backbone {}", onnx_path.display()))?;
-    Ok(BackboneObject { card, name, onnx })
+    Ok(BackboneObject {
+        card,
+        name: parsed.name,
+        onnx,
+    })
 }
 
 /// The frames to publish, retained, topic by topic: the object (sealed for every device in
@@ -106,10 +100,8 @@ pub async fn publish_backbone(config_path: &Path, card_path: &Path) -> anyhow::R
     let keys = config.device_keys()?;
     let object = object(card_path)?;
     // A head is as wide as its backbone's features: another width cannot take over this head.
-    let card: toml::Table = toml::from_str(&object.card)?;
-    if let Some(width) = card.get("feature_size").and_then(toml::Value::as_integer)
-        && usize::try_from(width).ok() != Some(config.head.features)
-    {
+    let width = ModelCard::parse(&object.card, card_path)?.feature_size;
+    if width != config.head.features {
         anyhow::bail!(
             "{}: feature_size = {width}, but [head] features = {} in {}: a head trained on one \
              width cannot run on the other; start a federation with this head size for it",

@@ -316,29 +316,15 @@ impl Predictor {
     }
 }
 
-/// The head's logits for one feature vector, `ReLU(x·W1 + b1)·W + b`, in the order of
-/// `fedge_models::head::predict_flat` (the same sums, so the same winner).
+/// The head's logits for one feature vector, by the one forward pass (`fedge_models::Forward`,
+/// which `fedge_models::head::predict_flat` runs too: the same sums, so the same winner). The
+/// parameters come from a verified release, whose layout matches its head; were they not, every
+/// class would score 0.
 fn logits(config: &HeadConfig, flat: &[f32], x: &[f32]) -> Vec<f32> {
-    let (f, h, k) = (config.features, config.hidden, config.classes);
-    let (w1, rest) = flat.split_at(f * h);
-    let (b1, rest) = rest.split_at(h);
-    let (w, b) = rest.split_at(h * k);
-    let mut z = b1.to_vec();
-    for (xi, row) in x.iter().zip(w1.chunks_exact(h)) {
-        if *xi != 0.0 {
-            for (zj, wij) in z.iter_mut().zip(row) {
-                *zj += xi * wij;
-            }
-        }
+    match config.split(flat) {
+        Ok(head) => fedge_models::Forward::new(config).logits(&head, x).to_vec(),
+        Err(_) => vec![0.0; config.classes],
     }
-    let mut out = b.to_vec();
-    for (zj, row) in z.iter().zip(w.chunks_exact(k)) {
-        let zj = zj.max(0.0);
-        for (ok, wjk) in out.iter_mut().zip(row) {
-            *ok += zj * wjk;
-        }
-    }
-    out
 }
 
 /// Softmax, shifted by the largest logit so that no exponential overflows.

@@ -6,9 +6,7 @@ use fedge_models::{Backend, training_device};
 /// Mean cross-entropy of the head `flat` on `data`, in f64, written out by hand.
 fn loss(config: &HeadConfig, flat: &[f64], data: &FeatureSet) -> f64 {
     let (f, h, k) = (config.features, config.hidden, config.classes);
-    let (w1, rest) = flat.split_at(f * h);
-    let (b1, rest) = rest.split_at(h);
-    let (w, b) = rest.split_at(h * k);
+    let fedge_wire::HeadTensors { w1, b1, w, b } = config.split(flat).unwrap();
     let mut total = 0.0;
     for (x, &y) in data.features.chunks(f).zip(&data.labels) {
         let z: Vec<f64> = (0..h)

@@ -1,4 +1,7 @@
-//! Model cards: the TOML file next to each `.onnx` that says how to feed it.
+//! fedge-card: model cards, the TOML file next to each `.onnx` that says how to feed it, and
+//! the image arithmetic that follows from it (rescale, resize, channels, normalisation). No ML
+//! framework: the device (through fedge-models), the coordinator's export and
+//! `publish-backbone` read cards with this one parser.
 //!
 //! ```toml
 //! name = "digits-conv"
@@ -178,7 +181,12 @@ impl ModelCard {
             path: path.to_owned(),
             source,
         })?;
-        let card: ModelCard = toml::from_str(&text).map_err(|e| CardError::Parse {
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks a card's text (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, CardError> {
+        let card: ModelCard = toml::from_str(text).map_err(|e| CardError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
