@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use crate::attack::craft;
-use crate::attack::ctx::{Beat, Ctx};
+use crate::craft;
+use crate::ctx::{Beat, Ctx};
 
 /// Made-up devices announced.
 const GHOSTS: usize = 3;

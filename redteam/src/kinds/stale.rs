@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::attack::ctx::{Beat, Ctx};
+use crate::ctx::{Beat, Ctx};
 
 /// When a round opens and an older task was captured: wait until the round's real devices
 /// answered it (at most two seconds), then re-publish the old task.

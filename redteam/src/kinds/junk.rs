@@ -2,8 +2,8 @@
 //! topics, the attacker's update and status topics, the metrics and the coordinator's status),
 //! none retained but the attacker's own status.
 
-use crate::attack::craft::{self, MAX_JUNK};
-use crate::attack::ctx::{Beat, Ctx};
+use crate::craft::{self, MAX_JUNK};
+use crate::ctx::{Beat, Ctx};
 
 /// Every beat: one junk payload on each topic.
 pub async fn junk(ctx: &mut Ctx, _beat: &Beat) {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 pub const MAX_LINES: usize = 600;
 
 /// The workspace's library crates: (folder, source root).
-pub const CRATES: [&str; 10] = [
+pub const CRATES: [&str; 11] = [
     "wire",
     "models",
     "mqtt",
@@ -29,7 +29,8 @@ pub const CRATES: [&str; 10] = [
     "rounds",
     "coordinator",
     "sim",
-    ".",
+    "redteam",
+    "front",
 ];
 
 /// One source file: its module path (`["round", "admit"]`) and text.

@@ -1,5 +1,6 @@
-//! `fedge attack`: a red-team tool for a federation. It points hostile participants at a
-//! broker and reports what the federation did about them.
+//! fedge-redteam, `fedge attack`: a red-team tool for a federation. It points hostile
+//! participants at a broker and reports what the federation did about them. It knows the wire
+//! format and a broker only (its manifest names no other fedge crate), as an attacker would.
 //!
 //! An observer subscribes to every topic of the federation (as anyone may on an open broker)
 //! and keeps what it hears in a [`view::ViewState`]: round tasks, genuine updates, statuses,

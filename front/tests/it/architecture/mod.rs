@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use graph::{CRATES, MAX_LINES, SourceFile, cycles, io_names, module_cycles, read_crate};
 
 fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::common::repo_root().to_path_buf()
 }
 
 fn crate_files(folder: &str) -> Vec<SourceFile> {

@@ -4,8 +4,8 @@
 //! genuine one. With an insider key (a compromised device) its statuses, updates and chunks
 //! carry valid tags: only the checks on the values can stop it.
 
-use crate::attack::craft::{self, Poison};
-use crate::attack::ctx::{Beat, Ctx};
+use crate::craft::{self, Poison};
+use crate::ctx::{Beat, Ctx};
 
 /// Announces the device once a round; answers every task that selects it, once.
 pub async fn answer(ctx: &mut Ctx, beat: &Beat, poison: Poison) {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::attack::craft::{self, ABOVE_BROKER_LIMIT, OVERSIZED_BYTES};
-use crate::attack::ctx::{Beat, Ctx};
+use crate::craft::{self, ABOVE_BROKER_LIMIT, OVERSIZED_BYTES};
+use crate::ctx::{Beat, Ctx};
 
 /// Once a round: a retained garbage status under `<id>-garbage`, then the retained ~200 KB
 /// status under `<id>`.

@@ -4,7 +4,7 @@
 //! (the run and everything else kept). An update without tags is not re-dated: changed, it is
 //! no replay but a forgery in the device's name, which only device keys can tell apart.
 
-use crate::attack::ctx::{Beat, Ctx};
+use crate::ctx::{Beat, Ctx};
 
 /// When a round opens, every device's last captured update from an earlier round, verbatim
 /// here and in the other federation, and re-dated when it is sealed.

@@ -7,7 +7,7 @@
 //! code the `fedge-edge` and `fedge-coordinator` binaries run, talking through a real broker.
 //! The command line itself (argument parsing, printing) lives in the binary, not here.
 
-pub mod attack;
+pub use fedge_redteam as attack;
 pub mod bench;
 pub mod demo;
 pub mod eval;

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use rumqttc::{AsyncClient, Event, Packet};
 
-use crate::attack::ctx::{Beat, Ctx};
-use crate::attack::link::attacker_options;
+use crate::ctx::{Beat, Ctx};
+use crate::link::attacker_options;
 
 /// How long a takeover connection stays, unless pushed off first.
 const HOLD: Duration = Duration::from_secs(1);

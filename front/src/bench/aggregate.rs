@@ -208,7 +208,11 @@ pub fn measure_numpy(
     }
 }
 
-/// The default location of the numpy script, next to the sources.
+/// The default location of the numpy script, in the repository's `bench/`.
 pub fn default_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/fedomg_numpy.py")
+    let front = Path::new(env!("CARGO_MANIFEST_DIR"));
+    front
+        .parent()
+        .unwrap_or(front)
+        .join("bench/fedomg_numpy.py")
 }

@@ -5,8 +5,8 @@
 
 use rand::Rng;
 
-use crate::attack::craft;
-use crate::attack::ctx::{Beat, Ctx};
+use crate::craft;
+use crate::ctx::{Beat, Ctx};
 
 /// Partial streams per beat under the attacker's own id.
 const OWN_STREAMS: u64 = 64;

@@ -181,8 +181,7 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
         return;
     };
     // The alerting rules as docs/prometheus.md ships them, checked and loaded.
-    let alerts =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/prometheus-alerts.yml");
+    let alerts = common::repo_root().join("docs/prometheus-alerts.yml");
     let checked = Command::new("promtool")
         .args(["check", "rules"])
         .arg(&alerts)
@@ -243,8 +242,7 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
     )
     .await
     .unwrap();
-    let dashboard = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("docs/grafana-prometheus-dashboard.json");
+    let dashboard = common::repo_root().join("docs/grafana-prometheus-dashboard.json");
     let dashboard: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dashboard).unwrap()).unwrap();
     let exprs: Vec<String> = dashboard["panels"]

@@ -4,9 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-/// The repository's root (the `fedge` package's folder).
+/// The repository's root (the folder above the `fedge` package's `front/`).
 pub fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let front = Path::new(env!("CARGO_MANIFEST_DIR"));
+    front.parent().unwrap_or(front)
 }
 
 /// The folder of the shipped device profiles.
