@@ -98,6 +98,27 @@ pub struct DriverOptions {
     pub previous_protocol: crate::config::PreviousProtocol,
 }
 
+impl DriverOptions {
+    /// A driver of `federation` on `broker` as MQTT client `client_id`, with nothing else:
+    /// no state folder, no Home Assistant discovery, no metrics, no operator key, no keys
+    /// file, no previous protocol. Set the rest with struct update syntax.
+    pub fn new(broker: BrokerConfig, federation: &str, client_id: String) -> Self {
+        Self {
+            broker,
+            federation: federation.to_owned(),
+            client_id,
+            checkpoint: None,
+            model_file: None,
+            journal: None,
+            home_assistant: false,
+            metrics_listen: None,
+            operator_key: None,
+            keys_file: None,
+            previous_protocol: Default::default(),
+        }
+    }
+}
+
 /// The driver could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {

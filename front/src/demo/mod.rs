@@ -293,25 +293,17 @@ pub async fn run(
         };
         agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));
     }
+    // Not the guessable `fedge-coordinator-<federation>`: on a broker that does not bind
+    // client ids to credentials (the embedded one), whoever connects under the coordinator's id
+    // pushes it off (`fedge attack --kind id-takeover`).
+    let client_id = format!(
+        "fedge-coordinator-{}-{:08x}",
+        options.federation,
+        rand::random::<u32>()
+    );
     let driver_options = DriverOptions {
-        broker: broker.clone(),
-        federation: options.federation.clone(),
-        // Not the guessable `fedge-coordinator-<federation>`: on a broker that does not bind
-        // client ids to credentials (the embedded one), whoever connects under the
-        // coordinator's id pushes it off (`fedge attack --kind id-takeover`).
-        client_id: format!(
-            "fedge-coordinator-{}-{:08x}",
-            options.federation,
-            rand::random::<u32>()
-        ),
-        model_file: None,
-        checkpoint: None,
-        journal: None,
         home_assistant: options.home_assistant,
-        metrics_listen: None,
-        operator_key: None,
-        keys_file: None,
-        previous_protocol: Default::default(),
+        ..DriverOptions::new(broker.clone(), &options.federation, client_id)
     };
     let start = Instant::now();
     let coordinator = tokio::spawn(driver::run(

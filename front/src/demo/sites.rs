@@ -165,19 +165,8 @@ pub fn start(
             pending_file: None,
             task_file: None,
         };
-        let driver_options = DriverOptions {
-            broker: broker.clone(),
-            federation: name.clone(),
-            client_id: format!("fedge-site-{name}-{:08x}", rand::random::<u32>()),
-            model_file: None,
-            checkpoint: None,
-            journal: None,
-            home_assistant: false,
-            metrics_listen: None,
-            operator_key: None,
-            keys_file: None,
-            previous_protocol: Default::default(),
-        };
+        let client_id = format!("fedge-site-{name}-{:08x}", rand::random::<u32>());
+        let driver_options = DriverOptions::new(broker.clone(), &name, client_id);
         let link_stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             link::run(link_options, inbox_tx, outbox_rx, link_stop)

@@ -36,19 +36,7 @@ pub fn embedded_broker() -> BrokerConfig {
 /// A coordinator called `coordinator` on `broker`, without checkpoint, journal or Home
 /// Assistant discovery.
 pub fn driver_options(broker: BrokerConfig, federation: &str) -> DriverOptions {
-    DriverOptions {
-        broker,
-        federation: federation.into(),
-        client_id: "coordinator".into(),
-        model_file: None,
-        checkpoint: None,
-        journal: None,
-        home_assistant: false,
-        metrics_listen: None,
-        operator_key: None,
-        keys_file: None,
-        previous_protocol: Default::default(),
-    }
+    DriverOptions::new(broker, federation, "coordinator".into())
 }
 
 /// The coordinator's driver running in a task, with its events and its stop signal. Dropping
