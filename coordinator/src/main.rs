@@ -1,19 +1,12 @@
-//! `fedge-coordinator`: runs a federation against an MQTT broker.
+//! `fedge-coordinator`: runs a federation against an MQTT broker. This file parses the command
+//! line and dispatches; each command's body is its own module under `cmd/`.
+
+mod cmd;
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fedge_coordinator::boot::Start;
-use fedge_coordinator::config::{CoordinatorConfig, Role};
-use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
-use fedge_coordinator::replay::{self, npy};
-use fedge_coordinator::site::{self, link::LinkOptions};
-use fedge_coordinator::store::{checkpoint, journal, keys};
-use fedge_coordinator::strategy::{SolverKind, StrategyKind};
-use fedge_coordinator::{DriverOptions, driver};
 use fedge_daemon::{LogArgs, init_logs};
-use fedge_wire::ModelLayout;
 
 #[derive(Parser)]
 #[command(
@@ -46,7 +39,7 @@ enum Command {
     /// DIR holds one <client>.npy delta per client (f32, 1-D, the length of G.npy) and
     /// counts.json ({"<client>": sample_count}). The report is
     /// {"gamma": {"<client>": weight}, "objective": f, "lambda": λ, "n_clients": N, ...}.
-    Aggregate(AggregateArgs),
+    Aggregate(cmd::aggregate::Args),
     /// Watch a federation live: coordinator status, recent rounds and every device, read from
     /// the same MQTT topics dashboards use.
     Watch {
@@ -58,7 +51,7 @@ enum Command {
         #[arg(long, default_value = "demo")]
         federation: String,
         #[command(flatten)]
-        login: WatchLogin,
+        login: cmd::watch::Login,
         /// Print one snapshot after this many seconds and exit (for scripts).
         #[arg(long, value_name = "SECONDS")]
         once: Option<f64>,
@@ -181,67 +174,19 @@ enum Command {
     },
 }
 
-#[derive(clap::Args)]
-struct AggregateArgs {
-    /// fedavg or fedomg.
-    #[arg(long, value_enum, default_value_t = StrategyKind::Fedomg)]
-    strategy: StrategyKind,
-    /// FedOMG's conflict-averse radius κ.
-    #[arg(long, default_value_t = 0.5)]
-    kappa: f64,
-    /// Server learning rate in FedAvg units (the authors' η is global_lr × N).
-    #[arg(long, default_value_t = 1.0)]
-    global_lr: f64,
-    /// FedOMG's solver: reference or converged.
-    #[arg(long, value_enum, default_value_t = SolverKind::Reference)]
-    solver: SolverKind,
-    /// Global parameters (G.npy, f32, 1-D).
-    #[arg(long, value_name = "G.npy")]
-    global: PathBuf,
-    /// Directory of <client>.npy deltas and counts.json.
-    #[arg(long, value_name = "DIR")]
-    deltas: PathBuf,
-    /// Where to write the new global parameters.
-    #[arg(long, value_name = "NEW.npy")]
-    out: PathBuf,
-    /// Where to write the JSON report.
-    #[arg(long, value_name = "REPORT.json")]
-    report: Option<PathBuf>,
-}
-
-/// How `watch` authenticates to the broker.
-#[derive(Debug, clap::Args)]
-struct WatchLogin {
-    /// CA file for a TLS broker (PEM); turns TLS on.
-    #[arg(long, value_name = "CA.pem")]
-    ca_file: Option<PathBuf>,
-    /// Client certificate (PEM), for brokers that require one (with --key).
-    #[arg(long, value_name = "CERT.pem", requires = "key")]
-    cert: Option<PathBuf>,
-    /// Private key of --cert (PEM).
-    #[arg(long, value_name = "KEY.pem", requires = "cert")]
-    key: Option<PathBuf>,
-    /// User name, for brokers that require a login.
-    #[arg(long)]
-    username: Option<String>,
-    /// File holding the password on one line (mode 600).
-    #[arg(long, value_name = "FILE", requires = "username")]
-    password_file: Option<PathBuf>,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logs(cli.log.log_format, "info,rumqttd=off");
     match cli.command {
-        Command::Run { config } => run(config).await,
-        Command::Aggregate(args) => aggregate(args),
+        Command::Run { config } => cmd::run::run(config).await,
+        Command::Aggregate(args) => cmd::aggregate::run(args),
         Command::Watch {
             broker,
             federation,
             login,
             once,
-        } => watch(&broker, &federation, login, once).await,
+        } => cmd::watch::run(&broker, &federation, login, once).await,
         Command::Export {
             state,
             model,
@@ -250,331 +195,22 @@ async fn main() -> anyhow::Result<()> {
             out,
         } => {
             let path = model.unwrap_or_else(|| state.unwrap_or_default().join("model.bin"));
-            let release = fedge_coordinator::export::read_release(&path)?;
-            let site = site_stats
-                .as_deref()
-                .map(fedge_coordinator::export::read_site_stats)
-                .transpose()?;
-            let written =
-                fedge_coordinator::export::export_files(&release, &backbone, site.as_ref(), &out)?;
-            println!(
-                "round {} of {} ({}, head {}→{}→{}, {} classes) written to {} ({} bytes) and {}",
-                release.round,
-                release.federation,
-                release.strategy,
-                release.head.features,
-                release.head.hidden,
-                release.head.classes,
-                release.classes.len(),
-                written.onnx.display(),
-                written.bytes,
-                written.card.display()
-            );
-            Ok(())
+            cmd::export::run(&path, &backbone, site_stats.as_deref(), &out)
         }
         Command::Ctl {
             config,
             wait,
             command,
         } => fedge_coordinator::io::ctl::run(&config, wait, command).await,
-        Command::Revoke { client, keys } => {
-            keys::revoke(&keys, &client)?;
-            println!("{client}: removed from {}", keys.display());
-            Ok(())
-        }
+        Command::Revoke { client, keys } => cmd::keys::revoke(&client, &keys),
         Command::Enroll {
             client,
             keys,
             valid,
-        } => {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
-            let expires = (now + valid).as_millis() as u64;
-            let token = fedge_coordinator::store::enrolments::issue(&keys, &client, expires)?;
-            let valid = humantime::format_duration(valid);
-            println!("{}", token.to_hex());
-            eprintln!(
-                "{client}: one-time token, valid {valid}; on the device run\n  \
-                 fedge-edge enroll --config <profile> --token {}",
-                token.to_hex()
-            );
-            Ok(())
-        }
+        } => cmd::keys::enroll(&client, &keys, valid),
         Command::PublishBackbone { config, card } => {
             fedge_coordinator::io::backbone::publish_backbone(&config, &card).await
         }
-        Command::Keygen { client, keys, out } => {
-            keys::keygen(&keys, &client, &out)?;
-            println!(
-                "{client}: key written to {}, added to {}",
-                out.display(),
-                keys.display()
-            );
-            Ok(())
-        }
-    }
-}
-
-async fn run(path: PathBuf) -> anyhow::Result<()> {
-    let config = CoordinatorConfig::load(&path)?;
-    if config.embedded_broker {
-        let addr = format!("{}:{}", config.broker.host, config.broker.port)
-            .parse()
-            .context("embedded_broker needs [broker].host to be an IP address")?;
-        let broker = start_embedded(addr, &BrokerLimits::default())?;
-        tracing::info!(addr = %broker.addr, "embedded broker listening");
-    }
-    // Stable-FedADG's generator travels after the head.
-    let layout = ModelLayout::new(
-        config.head.clone(),
-        config.train.objective.carries_generator(),
-    );
-    let initial = match &config.initial_params {
-        Some(file) => read_f32_file(file, layout.num_params())?,
-        None => layout.init_flat(config.seed),
-    };
-    if let Some(dp) = config.privacy.central() {
-        tracing::info!(
-            clip_norm = dp.clip_norm,
-            noise_multiplier = dp.noise_multiplier,
-            delta = dp.delta,
-            target_epsilon = ?dp.target_epsilon,
-            sampling = %dp.sampling,
-            seeded = config.privacy.seed.is_some(),
-            "central differential privacy on (DP-FedAvg)"
-        );
-        if config.privacy.seed.is_some() {
-            tracing::warn!("[privacy] seed is set: the noise is reproducible, for tests only");
-        }
-    }
-    let mut plan = config.plan(initial);
-    // A fresh federation's run; a resumed checkpoint brings its own.
-    plan.round.run = rand::random();
-    match config.device_keys()? {
-        Some(keys) => {
-            tracing::info!(devices = keys.len(), "device authentication on");
-            plan.round.auth = Some(std::sync::Arc::new(keys));
-        }
-        None => tracing::warn!(
-            "no [auth] keys_file: any client that reaches the broker can take part and nothing \
-             is authenticated; see docs/mosquitto.md and `fedge-coordinator keygen`"
-        ),
-    }
-    let checkpoint_path = config.state_dir.as_ref().map(|d| d.join("checkpoint.bin"));
-    let journal_path = config.state_dir.as_ref().map(|d| d.join("journal.bin"));
-    plan.round.journal = journal_path.is_some();
-    if let Some(dir) = &config.state_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create state_dir {}", dir.display()))?;
-    }
-    let mut start = Start::default();
-    if let Some(path) = &checkpoint_path {
-        start.checkpoint = checkpoint::load(path)?;
-    }
-    if let Some(dir) = &config.spill_dir {
-        let bytes = config.spill_max_mb.saturating_mul(1 << 20);
-        let file = fedge_coordinator::updates::spill::SpillFile::create(dir, bytes)
-            .with_context(|| format!("cannot create the spill file in {}", dir.display()))?;
-        tracing::info!(dir = %dir.display(), mb = config.spill_max_mb, "rounds beyond update_memory_mb spill to a mapped file");
-        start.spill = Some(file);
-    }
-    if let Some(path) = &journal_path {
-        // Cuts a torn end off, so the resumed round's appends follow the last good record.
-        let (log, ignored) = journal::recover(path)?;
-        if ignored > 0 {
-            tracing::warn!(bytes = ignored, "cut a torn or damaged end off the journal");
-        }
-        start.journal = log;
-    }
-    let booted = plan.boot(start)?;
-    if let Some(next_round) = booted.resumed {
-        tracing::info!(next_round, "resumed from the checkpoint");
-    }
-    if let Some((round, accepted)) = booted.restored {
-        tracing::info!(round, accepted, "resuming the open round from the journal");
-    }
-    if let Some(round) = booted.ignored {
-        tracing::warn!(
-            round,
-            "the journal belongs to an earlier round or to other parameters (was the \
-             checkpoint moved away?); ignored, it is replaced when the next round opens"
-        );
-    }
-    let mut rounds = booted.rounds;
-    let options = DriverOptions {
-        broker: config.broker.clone(),
-        federation: config.federation.clone(),
-        client_id: format!("fedge-coordinator-{}", config.federation),
-        model_file: config.state_dir.as_ref().map(|d| d.join("model.bin")),
-        checkpoint: checkpoint_path,
-        journal: journal_path,
-        home_assistant: config.home_assistant,
-        metrics_listen: config.metrics_listen,
-        operator_key: (config.auth.operator_key_file.as_deref())
-            .map(keys::load_operator)
-            .transpose()?,
-        keys_file: config.auth.keys_file.clone(),
-        previous_protocol: config.protocol.window().map_err(anyhow::Error::msg)?,
-    };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        fedge_daemon::shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let rounds = match (config.role, &config.site) {
-        (Role::Site, Some(site)) => {
-            let link = LinkOptions {
-                broker: site.upstream_broker(&config.broker).clone(),
-                federation: site.federation.clone(),
-                site: site.name.clone(),
-                key: site.load_key()?,
-                backbone: config.model.backbone.clone(),
-                pending_file: config.state_dir.as_ref().map(|d| d.join("upstream.bin")),
-                task_file: config.state_dir.as_ref().map(|d| d.join("global-task.bin")),
-            };
-            // The global task the site was answering: its open round resumes from the journal
-            // now, before the devices' updates the broker queued meanwhile arrive.
-            if let Some(task) = link.task_file.as_deref().and_then(site::link::load_task) {
-                let round = task.round;
-                match rounds.relay_task(task, 0) {
-                    Ok(true) => {
-                        tracing::info!(
-                            round,
-                            accepted = rounds.reported(),
-                            "resuming the site's round for the global round"
-                        )
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(round, error = %e, "the kept global task does not fit; waiting for the next")
-                    }
-                }
-            }
-            tracing::info!(site = %site.name, federation = %config.federation, upstream = %site.federation, "site aggregator starting");
-            let (inbox_tx, inbox) = tokio::sync::mpsc::unbounded_channel();
-            let (outbox, outbox_rx) = tokio::sync::mpsc::unbounded_channel();
-            let link = tokio::spawn(site::link::run(link, inbox_tx, outbox_rx, stop_rx.clone()));
-            let relay = driver::Relay { inbox, outbox };
-            let rounds = driver::run_site(rounds, options, relay, None, stop_rx).await?;
-            let summary = link.await.context("the upstream link panicked")??;
-            tracing::info!(
-                tasks = summary.tasks,
-                sent = summary.sent,
-                stale = summary.stale,
-                "site link stopped"
-            );
-            rounds
-        }
-        _ => {
-            tracing::info!(federation = %config.federation, strategy = config.strategy.strategy.name(), rounds = config.rounds, "coordinator starting");
-            driver::run(rounds, options, None, None, stop_rx).await?
-        }
-    };
-    tracing::info!(
-        round = rounds.round(),
-        phase = rounds.phase().name(),
-        "coordinator stopped"
-    );
-    Ok(())
-}
-
-fn aggregate(args: AggregateArgs) -> anyhow::Result<()> {
-    let config = fedge_coordinator::strategy::StrategyConfig {
-        strategy: args.strategy,
-        kappa: args.kappa,
-        global_lr: args.global_lr,
-        solver: args.solver,
-        ..Default::default()
-    };
-    let (params, report) = replay::aggregate_files(&config, &args.global, &args.deltas)?;
-    npy::write_f32(&args.out, &params)?;
-    let json = serde_json::to_string_pretty(&report)?;
-    if let Some(path) = &args.report {
-        std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    println!("{json}");
-    Ok(())
-}
-
-fn read_f32_file(path: &std::path::Path, expected: usize) -> anyhow::Result<Vec<f32>> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    anyhow::ensure!(
-        bytes.len() == expected * 4,
-        "{} holds {} bytes; the head needs {} f32 values ({} bytes)",
-        path.display(),
-        bytes.len(),
-        expected,
-        expected * 4
-    );
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
-}
-
-async fn watch(
-    url: &str,
-    federation: &str,
-    login: WatchLogin,
-    once: Option<f64>,
-) -> anyhow::Result<()> {
-    use fedge_coordinator::io::watch::{WatchState, render};
-    use rumqttc::{Event, Packet, QoS};
-    let mut broker = fedge_mqtt::BrokerConfig::parse_url(url)?;
-    if login.ca_file.is_some() || login.cert.is_some() {
-        let mut tls = broker
-            .tls
-            .take()
-            .unwrap_or_else(fedge_mqtt::TlsSettings::system_roots);
-        tls.ca_file = login.ca_file.unwrap_or(tls.ca_file);
-        (tls.client_cert, tls.client_key) = (login.cert, login.key);
-        broker.tls = Some(tls);
-    }
-    broker.username = login.username;
-    broker.password_file = login.password_file;
-    // Paths are relative to the working folder.
-    broker.load(std::path::Path::new(""))?;
-    let topics = fedge_wire::Topics::new(federation)?;
-    let id = format!("fedge-watch-{}", std::process::id());
-    let (client, mut events) = rumqttc::AsyncClient::new(broker.options(&id, None), 64);
-    let mut state = WatchState::default();
-    let mut backoff = fedge_mqtt::Backoff::default();
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
-    let until = once.map(|s| tokio::time::Instant::now() + std::time::Duration::from_secs_f64(s));
-    let mut dirty = true;
-    loop {
-        tokio::select! {
-            event = events.poll() => match event {
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    backoff.reset();
-                    for filter in [topics.coordinator_status(), topics.metrics(), topics.edge_status_filter()] {
-                        let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
-                    }
-                }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    dirty |= state.take(&topics, &p.topic, &p.payload);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    if backoff.is_fresh() {
-                        let e = fedge_mqtt::describe_error(&e);
-                        eprintln!("cannot reach the broker at {url}: {e}; retrying");
-                    }
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-            },
-            _ = tick.tick() => {
-                if let Some(until) = until {
-                    if tokio::time::Instant::now() >= until {
-                        print!("{}", render(&state, federation));
-                        return Ok(());
-                    }
-                } else if dirty {
-                    // Clear the screen and go home, then draw.
-                    print!("\x1b[2J\x1b[H{}", render(&state, federation));
-                    dirty = false;
-                }
-            },
-            _ = fedge_daemon::shutdown_signal() => return Ok(()),
-        }
+        Command::Keygen { client, keys, out } => cmd::keys::keygen(&client, &keys, &out),
     }
 }
