@@ -9,12 +9,14 @@ use std::time::Duration;
 
 mod broker;
 mod credentials;
+mod session;
 mod tls;
 pub use broker::{
     BROKER_MAX_PACKET, BrokerConfig, BrokerSettingsError, InvalidBroker, KEEP_ALIVE_RANGE,
     MAX_INCOMING_PACKET, MAX_PACKET_RANGE, PACKET_OVERHEAD, UrlError, describe_error,
 };
 pub use credentials::{Password, PasswordFileError, read_password_file};
+pub use session::{Session, SessionEvent};
 pub use tls::{TlsError, TlsMaterial, TlsSettings, install_crypto_provider};
 
 use rumqttc::{AsyncClient, QoS};

@@ -31,7 +31,8 @@ pub async fn run(
     once: Option<f64>,
 ) -> anyhow::Result<()> {
     use fedge_coordinator::io::watch::{WatchState, render};
-    use rumqttc::{Event, Packet, QoS};
+    use fedge_mqtt::{Session, SessionEvent};
+    use rumqttc::QoS;
     let mut broker = fedge_mqtt::BrokerConfig::parse_url(url)?;
     if login.ca_file.is_some() || login.cert.is_some() {
         let mut tls = broker
@@ -48,31 +49,28 @@ pub async fn run(
     broker.load(std::path::Path::new(""))?;
     let topics = fedge_wire::Topics::new(federation)?;
     let id = format!("fedge-watch-{}", std::process::id());
-    let (client, mut events) = rumqttc::AsyncClient::new(broker.options(&id, None), 64);
+    let mut session = Session::new(broker.options(&id, None), 64);
+    let client = session.client().clone();
     let mut state = WatchState::default();
-    let mut backoff = fedge_mqtt::Backoff::default();
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
     let until = once.map(|s| tokio::time::Instant::now() + std::time::Duration::from_secs_f64(s));
     let mut dirty = true;
     loop {
         tokio::select! {
-            event = events.poll() => match event {
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    backoff.reset();
+            event = session.next() => match event {
+                SessionEvent::Connected => {
                     for filter in [topics.coordinator_status(), topics.metrics(), topics.edge_status_filter()] {
                         let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
                     }
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                SessionEvent::Publish(p) => {
                     dirty |= state.take(&topics, &p.topic, &p.payload);
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    if backoff.is_fresh() {
-                        let e = fedge_mqtt::describe_error(&e);
-                        eprintln!("cannot reach the broker at {url}: {e}; retrying");
+                SessionEvent::Other => {}
+                SessionEvent::Lost { error, first, .. } => {
+                    if first {
+                        eprintln!("cannot reach the broker at {url}: {error}; retrying");
                     }
-                    tokio::time::sleep(backoff.next_delay()).await;
                 }
             },
             _ = tick.tick() => {

@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fedge_mqtt::{Backoff, REQUEST_QUEUE};
+use fedge_mqtt::{REQUEST_QUEUE, Session, SessionEvent};
 use fedge_wire::control::ControlMessage;
 use fedge_wire::{EdgeStatus, Topics};
-use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
+use rumqttc::{LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
 use super::keys_watch::KeysWatch;
@@ -134,7 +134,8 @@ async fn drive(
     // An update is acknowledged only once its journal record is on disk: a coordinator killed
     // in between gets it again from the broker.
     mqtt.set_manual_acks(true);
-    let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
+    let mut session = Session::new(mqtt, REQUEST_QUEUE);
+    let client = session.client().clone();
     let (metrics, metrics_server) = match options.metrics_listen {
         Some(addr) => {
             let metrics = Arc::new(Metrics::new());
@@ -151,8 +152,6 @@ async fn drive(
     };
     let origin = Instant::now();
     let now_ms = || origin.elapsed().as_millis() as u64;
-    let mut backoff = Backoff::default();
-    let mut connected = false;
     let mut sinks = Sinks {
         outbox: Outbox::new(client),
         options: &options,
@@ -222,10 +221,8 @@ async fn drive(
         };
         let mut ack = None;
         tokio::select! {
-            event = eventloop.poll() => match event {
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    backoff.reset();
-                    connected = true;
+            event = session.next() => match event {
+                SessionEvent::Connected => {
                     tracing::info!(broker = %format!("{}:{}", options.broker.host, options.broker.port), "coordinator connected");
                     let control = options.operator_key.as_ref().map(|_| control_topic.clone());
                     let enrol = options.keys_file.as_ref().map(|_| topics.enrol_request_filter());
@@ -249,7 +246,7 @@ async fn drive(
                     }
                     rounds.touch_status();
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                SessionEvent::Publish(p) => {
                     let started = Instant::now();
                     if let Some(c) = topics.client_of_update(&p.topic) {
                         rounds.handle_packet(c, &p.payload, now_ms());
@@ -267,19 +264,19 @@ async fn drive(
                     }
                     ack = Some(p);
                 }
-                Ok(_) => {}
-                Err(e) => {
+                SessionEvent::Other => {}
+                // The back-off is waited out inside `session.next()`: the round's timer, the
+                // uplink and a stop are taken meanwhile.
+                SessionEvent::Lost { error, was_connected, first } => {
                     // The broker sends unacknowledged messages again on the next session.
                     sinks.outbox.forget_acks();
-                    if connected {
-                        tracing::warn!(error = %fedge_mqtt::describe_error(&e), "lost the broker; reconnecting");
-                    } else if backoff.is_fresh() {
-                        tracing::warn!(error = %fedge_mqtt::describe_error(&e), "cannot connect to the broker; retrying with back-off");
+                    if was_connected {
+                        tracing::warn!(%error, "lost the broker; reconnecting");
+                    } else if first {
+                        tracing::warn!(%error, "cannot connect to the broker; retrying with back-off");
+                    } else {
+                        tracing::debug!(%error, "broker unreachable");
                     }
-                    let delay = backoff.next_delay();
-                    connected = false;
-                    tracing::debug!(error = %e, ?delay, "broker unreachable");
-                    tokio::time::sleep(delay).await;
                 }
             },
             _ = sleep => {
@@ -325,7 +322,7 @@ async fn drive(
     // Let the last publishes (final status, metrics) reach the broker, without a Last Will.
     sinks
         .outbox
-        .close(&mut eventloop, Duration::from_secs(2))
+        .close(session.parts().1, Duration::from_secs(2))
         .await;
     drop(metrics_server);
     Ok(rounds)

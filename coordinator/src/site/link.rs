@@ -16,9 +16,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fedge_mqtt::{Backoff, BrokerConfig, REQUEST_QUEUE};
+use fedge_mqtt::{BrokerConfig, REQUEST_QUEUE, Session, SessionEvent};
 use fedge_wire::{ClientUpdate, DeviceKey, EdgeStatus, Message, Reassembler, Topics};
-use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
+use rumqttc::{AsyncClient, LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
 use crate::io::driver::{FromUpstream, ToUpstream};
@@ -96,15 +96,14 @@ pub async fn run(
     let client_id = format!("fedge-site-{}", link.options.site);
     let mut mqtt = link.options.broker.options(&client_id, Some(will));
     mqtt.set_clean_session(false);
-    let (client, mut eventloop) = AsyncClient::new(mqtt, REQUEST_QUEUE);
+    let mut session = Session::new(mqtt, REQUEST_QUEUE);
+    let client = session.client().clone();
     let origin = Instant::now();
-    let mut backoff = Backoff::default();
     let mut connected = false;
     loop {
         tokio::select! {
-            event = eventloop.poll() => match event {
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    backoff.reset();
+            event = session.next() => match event {
+                SessionEvent::Connected => {
                     connected = true;
                     tracing::info!(site = %link.options.site, "site connected upstream");
                     for base in [link.topics.round_task(), link.topics.model_current()] {
@@ -114,17 +113,18 @@ pub async fn run(
                     }
                     link.publish_status(&client, true);
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                SessionEvent::Publish(p) => {
                     let now = origin.elapsed().as_millis() as u64;
                     link.handle_publish(&client, &inbox, &p.topic, &p.payload, now);
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    if connected || backoff.is_fresh() {
-                        tracing::warn!(error = %fedge_mqtt::describe_error(&e), "site lost the upstream broker; its update waits");
+                SessionEvent::Other => {}
+                // The back-off is waited out inside `session.next()`: the site's answers and a
+                // stop are taken meanwhile.
+                SessionEvent::Lost { error, was_connected, first } => {
+                    if was_connected || first {
+                        tracing::warn!(%error, "site lost the upstream broker; its update waits");
                     }
                     connected = false;
-                    tokio::time::sleep(backoff.next_delay()).await;
                 }
             },
             answer = outbox.recv() => match answer {
@@ -135,7 +135,8 @@ pub async fn run(
         }
     }
     link.publish_status(&client, false);
-    fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, Duration::from_secs(2)).await;
+    let (client, events) = session.parts();
+    fedge_mqtt::flush_and_disconnect(client, events, Duration::from_secs(2)).await;
     Ok(link.summary)
 }
 

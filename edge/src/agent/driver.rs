@@ -9,9 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use fedge_mqtt::{Backoff, REQUEST_QUEUE, publish_frame};
+use fedge_mqtt::{REQUEST_QUEUE, Session, SessionEvent, publish_frame};
 use fedge_wire::{EdgeStatus, ModelRelease, Role, RoundTask, SiteEvaluation, Topics};
-use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
+use rumqttc::{AsyncClient, LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
 use super::labels;
@@ -88,7 +88,8 @@ pub async fn run_agent(
     // A persistent session: the broker keeps the subscription and queues the QoS 1 task while
     // the device is offline.
     options.set_clean_session(false);
-    let (client, mut eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
+    let mut session = Session::new(options, REQUEST_QUEUE);
+    let client = session.client().clone();
     let (done_tx, mut done_rx) =
         mpsc::unbounded_channel::<(Trained, Option<(Refreshed, DeviceData)>)>();
     let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Result<SiteEvaluation, String>>();
@@ -113,21 +114,17 @@ pub async fn run_agent(
         setup.views.clone(),
     );
     let origin = Instant::now();
-    let mut backoff = Backoff::default();
-    let mut connected = false;
     loop {
         tokio::select! {
-            event = eventloop.poll() => match event {
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    backoff.reset();
-                    connected = true;
+            event = session.next() => match event {
+                SessionEvent::Connected => {
                     tracing::info!(client = %setup.client_id, "edge connected");
                     agent.handle_connected();
                     if let Some(topic) = &infer_topic {
                         let _ = client.try_subscribe(topic.as_str(), QoS::AtLeastOnce);
                     }
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                SessionEvent::Publish(p) => {
                     if infer_topic.as_deref() == Some(p.topic.as_str()) {
                         serve::answer_mqtt(&setup, &topics, &client, &p.payload);
                     } else {
@@ -135,15 +132,15 @@ pub async fn run_agent(
                         agent.handle_publish(&p.topic, &p.payload, now_ms);
                     }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    if connected {
-                        tracing::warn!(client = %setup.client_id, error = %fedge_mqtt::describe_error(&e), "lost the broker; reconnecting");
-                    } else if backoff.is_fresh() {
-                        tracing::warn!(client = %setup.client_id, error = %fedge_mqtt::describe_error(&e), "cannot connect to the broker; retrying with back-off");
+                SessionEvent::Other => {}
+                // The back-off is waited out inside `session.next()`: a stop or a training
+                // result is taken meanwhile.
+                SessionEvent::Lost { error, was_connected, first } => {
+                    if was_connected {
+                        tracing::warn!(client = %setup.client_id, %error, "lost the broker; reconnecting");
+                    } else if first {
+                        tracing::warn!(client = %setup.client_id, %error, "cannot connect to the broker; retrying with back-off");
                     }
-                    connected = false;
-                    tokio::time::sleep(backoff.next_delay()).await;
                 }
             },
             Some((trained, refreshed)) = done_rx.recv() => {
@@ -165,8 +162,8 @@ pub async fn run_agent(
     }
     agent.handle_stop();
     perform(&mut agent, &mut setup, &mut data, &client, &done);
-    fedge_mqtt::flush_and_disconnect(&client, &mut eventloop, std::time::Duration::from_secs(2))
-        .await;
+    let (client, events) = session.parts();
+    fedge_mqtt::flush_and_disconnect(client, events, std::time::Duration::from_secs(2)).await;
     if let Some(server) = server {
         // `stop` is true: the endpoint finishes the requests in flight and returns.
         let _ = server.await;
