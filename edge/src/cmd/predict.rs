@@ -1,0 +1,85 @@
+//! `fedge-edge predict`: one JSON line per image, with the release the device keeps.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use fedge_edge::config::EdgeConfig;
+
+/// One line of `fedge-edge predict`'s output.
+#[derive(serde::Serialize)]
+struct Predicted<'a> {
+    file: &'a Path,
+    #[serde(flatten)]
+    prediction: fedge_edge::inference::Prediction,
+}
+
+/// `fedge-edge predict`: one JSON line per image; false when an image could not be predicted.
+pub fn predict(
+    profile: &Path,
+    model: Option<&Path>,
+    top_k: usize,
+    images: &[PathBuf],
+) -> anyhow::Result<bool> {
+    use anyhow::Context;
+    use fedge_edge::inference::{Predictor, store};
+
+    let config = EdgeConfig::load(profile)?;
+    let model_path = match model {
+        Some(path) => path.to_owned(),
+        None => {
+            let Some(cache_dir) = &config.cache_dir else {
+                anyhow::bail!(
+                    "{} has no cache_dir, where the agent keeps the released model: set one and \
+                     run the agent until a round aggregates, or pass --model state/model.bin \
+                     from the coordinator's state folder",
+                    profile.display()
+                );
+            };
+            store::model_path(cache_dir, &config.client_id)
+        }
+    };
+    let Some(release) = store::load(&model_path)? else {
+        anyhow::bail!(
+            "no model at {}: {}",
+            model_path.display(),
+            if model.is_some() {
+                "give the coordinator's state/model.bin (written after each aggregated round)"
+            } else {
+                "no release has been received yet; run the agent (`fedge-edge run`) until a \
+                 round aggregates, or pass --model state/model.bin from the coordinator's state \
+                 folder"
+            }
+        );
+    };
+    let (backbone, _) = fedge_edge::features::load_backbone(&config.backbone)
+        .with_context(|| format!("loading the backbone {}", config.backbone.display()))?;
+    // A site-normalised head needs this site's statistics: from the profile's own data (its
+    // features are cached after the agent's first start).
+    let site = match release.feature_norm {
+        fedge_wire::FeatureNorm::None => None,
+        fedge_wire::FeatureNorm::Site => {
+            let setup = config
+                .setup()
+                .context("loading the site's data for its feature statistics")?;
+            fedge_edge::site_norm::site_stats(&setup.train, &setup.val)
+        }
+    };
+    let predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)
+        .with_context(|| format!("using {}", model_path.display()))?;
+    let mut all_ok = true;
+    let mut out = std::io::stdout().lock();
+    for image in images {
+        let line = match predictor.predict_file(image, top_k) {
+            Ok(prediction) => serde_json::to_string(&Predicted {
+                file: image,
+                prediction,
+            })?,
+            Err(e) => {
+                all_ok = false;
+                serde_json::json!({ "file": image, "error": e.to_string() }).to_string()
+            }
+        };
+        writeln!(out, "{line}")?;
+    }
+    Ok(all_ok)
+}
