@@ -530,19 +530,6 @@ impl CoordinatorConfig {
                 ..self.train.clone()
             },
             seed: self.seed,
-            insight: (self.train.objective == fedge_wire::Objective::FedDim).then_some(
-                crate::objectives::feddim::InsightConfig {
-                    hidden: self.head.hidden,
-                    classes: self.head.classes,
-                    momentum: self.feddim.momentum,
-                },
-            ),
-            prototypes: (self.train.objective == fedge_wire::Objective::FedDdl).then_some(
-                crate::objectives::fedddl::PrototypeConfig {
-                    hidden: self.head.hidden,
-                    classes: self.head.classes,
-                },
-            ),
             update_memory_bytes: self.update_memory_mb.saturating_mul(1 << 20),
             max_update_norm: self.max_update_norm,
             max_norm_ratio: self.max_norm_ratio,
@@ -558,6 +545,7 @@ impl CoordinatorConfig {
                 }),
             ..RoundConfig::default()
         }
+        .with_objective(self.train.objective, &self.head, self.feddim.momentum)
     }
 }
 

@@ -14,8 +14,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use fedge_coordinator::InsightConfig;
-use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::boot::{Plan, Start};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::{DriverEvent, DriverOptions, RoundConfig, RoundReport, driver};
@@ -24,7 +22,6 @@ use fedge_edge::{AgentSetup, FeatureSet, accuracy};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Accelerator, HeadConfig, ModelLayout};
 use fedge_mqtt::BrokerConfig;
-use fedge_wire::Objective;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
@@ -180,15 +177,6 @@ pub async fn run(
         round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
         train: options.train.clone(),
         seed: options.seed,
-        insight: (options.train.objective == Objective::FedDim).then_some(InsightConfig {
-            hidden: data.head.hidden,
-            classes: data.head.classes,
-            momentum: options.insight_momentum,
-        }),
-        prototypes: (options.train.objective == Objective::FedDdl).then_some(PrototypeConfig {
-            hidden: data.head.hidden,
-            classes: data.head.classes,
-        }),
         privacy: options.privacy.as_ref().and_then(|p| p.central()),
         auth: auth.then(|| {
             let keys = (participants.iter())
@@ -200,7 +188,12 @@ pub async fn run(
             Arc::new(keys.chain(insiders).collect())
         }),
         ..RoundConfig::default()
-    };
+    }
+    .with_objective(
+        options.train.objective,
+        &data.head,
+        options.insight_momentum,
+    );
     let keys = config.auth.clone();
     if let Some(privacy) = &options.privacy {
         anyhow::ensure!(

@@ -10,7 +10,6 @@ use anyhow::Context;
 use fedge_coordinator::boot::{Plan, Start};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::io::driver::{self, DriverOptions, Relay};
-use fedge_coordinator::objectives::fedddl::PrototypeConfig;
 use fedge_coordinator::round::{DeviceKeys, RelayConfig, RoundConfig};
 use fedge_coordinator::site::link::{self, LinkOptions};
 use fedge_coordinator::strategy::StrategyConfig;
@@ -126,17 +125,18 @@ pub fn start(
             round_timeout_ms: (options.round_timeout_s * 1000.0) as u64,
             train: options.train.clone(),
             seed: options.seed,
-            prototypes: (options.train.objective == Objective::FedDdl).then_some(PrototypeConfig {
-                hidden: data.head.hidden,
-                classes: data.head.classes,
-            }),
             auth: keys.clone(),
             relay: Some(RelayConfig {
                 site: name.clone(),
                 margin_ms: (options.round_timeout_s * 100.0) as u64,
             }),
             ..RoundConfig::default()
-        };
+        }
+        .with_objective(
+            options.train.objective,
+            &data.head,
+            options.insight_momentum,
+        );
         let initial = vec![
             0.0;
             fedge_wire::ModelLayout::new(

@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use fedge_coordinator::InsightConfig;
-use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::RoundConfig;
 use fedge_coordinator::boot::Plan;
 use fedge_coordinator::config::PrivacySettings;
@@ -298,17 +296,9 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         round_timeout_ms: u64::MAX / 4,
         train: train.clone(),
         seed,
-        insight: (algorithm.objective == Objective::FedDim).then_some(InsightConfig {
-            hidden: head.hidden,
-            classes: head.classes,
-            momentum: 0.5,
-        }),
-        prototypes: (algorithm.objective == Objective::FedDdl).then_some(PrototypeConfig {
-            hidden: head.hidden,
-            classes: head.classes,
-        }),
         ..RoundConfig::default()
-    };
+    }
+    .with_objective(algorithm.objective, head, 0.5);
     let layout = ModelLayout::new(head.clone(), algorithm.objective.carries_generator());
     let plan = Plan {
         round: config,

@@ -87,6 +87,28 @@ pub struct RoundConfig {
     pub privacy: Option<CentralDp>,
 }
 
+impl RoundConfig {
+    /// The same settings with the server sides the devices' `objective` needs, for a head of
+    /// `head`'s sizes: FedDIM's insight matrices (averaged with `insight_momentum`) or FedDDL's
+    /// prototypes; neither for the other objectives.
+    pub fn with_objective(
+        mut self,
+        objective: Objective,
+        head: &HeadConfig,
+        insight_momentum: f32,
+    ) -> Self {
+        let (hidden, classes) = (head.hidden, head.classes);
+        self.insight = (objective == Objective::FedDim).then_some(InsightConfig {
+            hidden,
+            classes,
+            momentum: insight_momentum,
+        });
+        self.prototypes =
+            (objective == Objective::FedDdl).then_some(PrototypeConfig { hidden, classes });
+        self
+    }
+}
+
 /// Central DP's spending, in the status and the round's metrics.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrivacySpent {
