@@ -221,17 +221,7 @@ mod tests {
 
     #[test]
     fn every_command_has_its_own_help_line() {
-        let cli = super::Cli::command();
-        cli.clone().debug_assert();
-        let mut seen = std::collections::BTreeSet::new();
-        for sub in cli.get_subcommands().filter(|s| s.get_name() != "help") {
-            let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
-            assert!(!about.is_empty(), "`{}` has no help line", sub.get_name());
-            assert!(
-                seen.insert(about.clone()),
-                "`{}` repeats another's help: {about}",
-                sub.get_name()
-            );
-        }
+        let problems = fedge_daemon::help::help_problems(&super::Cli::command());
+        assert!(problems.is_empty(), "{problems:?}");
     }
 }

@@ -9,10 +9,12 @@
 //! - [`secret`]: reading a secret only from a file private to its owner.
 //! - [`metrics`]: the `GET /metrics` server for Prometheus and the process's memory.
 //! - [`signals`]: the stop signals (Ctrl-C, SIGTERM) a daemon ends on.
+//! - [`help`]: the command line's help checked the same way for both daemons.
 //!
 //! It knows nothing of rounds, messages, MQTT or ML.
 
 pub mod durable;
+pub mod help;
 pub mod lists;
 pub mod logs;
 pub mod metrics;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fedge_mqtt::{REQUEST_QUEUE, Session, SessionEvent, publish_frame};
-use fedge_wire::{EdgeStatus, ModelRelease, Role, RoundTask, SiteEvaluation, Topics};
+use fedge_wire::{EdgeStatus, FeatureNorm, ModelRelease, Role, RoundTask, SiteEvaluation, Topics};
 use rumqttc::{AsyncClient, LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
@@ -98,21 +98,25 @@ pub async fn run_agent(
         trained: done_tx,
         scored: scored_tx,
     };
-    // The release kept on disk serves (and, on an evaluation-only device, is scored) until a
-    // newer one arrives.
-    if let Some(release) = serve::restore(&setup) {
-        agent.hold_model(release.run, release.round);
-        serve::install(&setup, &release);
-        if setup.role == Role::Evaluate {
-            spawn_scoring(&mut setup, release, done.scored.clone());
-        }
-    }
     // The rows with their site statistics, rebuilt when the data change.
     let mut data = DeviceData::new(
         Arc::clone(&setup.train),
         Arc::clone(&setup.val),
         setup.views.clone(),
     );
+    // The release kept on disk serves (and, on an evaluation-only device, is scored) until a
+    // newer one arrives.
+    if let Some(release) = serve::restore(&setup) {
+        agent.hold_model(release.run, release.round);
+        serve::install(
+            &setup,
+            &release,
+            data.stats(FeatureNorm::Site).map(Arc::as_ref),
+        );
+        if setup.role == Role::Evaluate {
+            spawn_scoring(&mut setup, &data, release, done.scored.clone());
+        }
+    }
     let origin = Instant::now();
     loop {
         tokio::select! {
@@ -225,9 +229,13 @@ fn perform(
                 spawn_training(setup, data.clone(), *task, state, trained);
             }
             Output::Model { release, evaluate } => {
-                serve::keep(setup, &release);
+                serve::keep(
+                    setup,
+                    &release,
+                    data.stats(FeatureNorm::Site).map(Arc::as_ref),
+                );
                 if evaluate {
-                    spawn_scoring(setup, *release, done.scored.clone());
+                    spawn_scoring(setup, data, *release, done.scored.clone());
                 }
             }
             Output::Save(state) => {
@@ -307,6 +315,7 @@ fn spawn_training(
 /// Scores a release on an evaluation-only device's data, away from the network loop.
 fn spawn_scoring(
     setup: &mut AgentSetup,
+    data: &DeviceData,
     release: ModelRelease,
     scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
 ) {
@@ -315,8 +324,9 @@ fn spawn_scoring(
         return;
     }
     let setup = setup.clone();
+    let site = data.stats(FeatureNorm::Site).cloned();
     tokio::task::spawn_blocking(move || {
-        let _ = scored.send(labels::score(&setup, &release));
+        let _ = scored.send(labels::score(&setup, &release, site.as_deref()));
     });
 }
 

@@ -10,7 +10,7 @@ use fedge_wire::{FeatureNorm, ModelRelease, SiteEvaluation};
 use super::setup::AgentSetup;
 use crate::classes::{self, UnknownClasses};
 use crate::features::FeatureSet;
-use crate::site_norm::{site_stats, standardise};
+use crate::site_norm::{FeatureStats, standardise};
 
 /// Renumbers the labels of `setup`'s splits and views onto `federation` (no copy unless a
 /// training or scoring thread still holds the data).
@@ -44,7 +44,11 @@ pub fn head_for(setup: &AgentSetup, classes: usize) -> HeadConfig {
 
 /// Accuracy, overall and per class, of `release`'s head on `setup`'s validation data (all of
 /// an evaluation-only device's samples), already aligned to the release's classes.
-pub fn score(setup: &AgentSetup, release: &ModelRelease) -> Result<SiteEvaluation, String> {
+pub fn score(
+    setup: &AgentSetup,
+    release: &ModelRelease,
+    site: Option<&FeatureStats>,
+) -> Result<SiteEvaluation, String> {
     let params = release.verify().map_err(|e| e.to_string())?;
     let data = &setup.val;
     if release.head.features != data.dim || release.head.hidden != setup.head.hidden {
@@ -59,7 +63,7 @@ pub fn score(setup: &AgentSetup, release: &ModelRelease) -> Result<SiteEvaluatio
     }
     // A site-normalised head: the site's own statistics, from the rows it scores (no label).
     let standardised = match release.feature_norm {
-        FeatureNorm::Site => site_stats(&setup.train, data).map(|s| standardise(&s, data)),
+        FeatureNorm::Site => site.map(|s| standardise(s, data)),
         FeatureNorm::None => None,
     };
     let features = standardised

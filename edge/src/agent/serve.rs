@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::setup::AgentSetup;
 use crate::inference::config::ListenError;
 use crate::inference::{Prediction, Predictor, http, store};
-use crate::site_norm::site_stats;
+use crate::site_norm::FeatureStats;
 
 /// The release kept in the device's model file, if there is one that verifies (a damaged or
 /// altered file is logged and left for the next release to replace).
@@ -45,24 +45,26 @@ pub fn restore(setup: &AgentSetup) -> Option<ModelRelease> {
 
 /// Keeps `release`, newer than any before it: written to the model file (a failure is logged;
 /// the release is still used) and, when the device serves predictions, installed for them.
-pub fn keep(setup: &AgentSetup, release: &ModelRelease) {
+pub fn keep(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureStats>) {
     if let Some(path) = &setup.serving.model_file
         && let Err(e) = store::save(path, release)
     {
         tracing::warn!(client = %setup.client_id, path = %path.display(), error = %e, "released model not kept on disk");
     }
-    install(setup, release);
+    install(setup, release, site);
 }
 
-/// Puts `release` in front of the device's backbone for predictions (when it serves any).
-pub fn install(setup: &AgentSetup, release: &ModelRelease) {
+/// Puts `release` in front of the device's backbone for predictions (when it serves any);
+/// `site` is this site's feature statistics (`crate::train::DeviceData`, computed once per data
+/// change), which a site-normalised head standardises with.
+pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureStats>) {
     let Some(backbone) = &setup.serving.backbone else {
         return;
     };
     // A site-normalised head takes this site's features standardised with its own statistics.
-    let site = (release.feature_norm == FeatureNorm::Site)
-        .then(|| site_stats(&setup.train, &setup.val))
-        .flatten();
+    let site = site
+        .filter(|_| release.feature_norm == FeatureNorm::Site)
+        .cloned();
     match Predictor::new(Arc::clone(backbone), release.clone(), site) {
         Ok(predictor) => {
             tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");

@@ -136,7 +136,35 @@ pub fn markdown(results: &[RunResult]) -> String {
         }
         out.push('\n');
     }
+    out.push_str(&rejections(results));
     out
+}
+
+/// Below the table, when the coordinators rejected updates: per algorithm, the reasons and
+/// their counts summed over its runs (as the coordinator counts them in the field).
+fn rejections(results: &[RunResult]) -> String {
+    let mut by_algorithm: std::collections::BTreeMap<&str, std::collections::BTreeMap<&str, u64>> =
+        Default::default();
+    for r in results {
+        for (reason, n) in &r.rejected {
+            *(by_algorithm.entry(&r.algorithm).or_default())
+                .entry(reason)
+                .or_default() += n;
+        }
+    }
+    let lines: Vec<String> = (by_algorithm.iter())
+        .map(|(algorithm, reasons)| {
+            let counts: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            format!("- {algorithm}: {}", counts.join(", "))
+        })
+        .collect();
+    match lines.is_empty() {
+        true => String::new(),
+        false => format!(
+            "\nUpdates the coordinators rejected (summed over runs):\n{}\n",
+            lines.join("\n")
+        ),
+    }
 }
 
 /// The bars of `fedge eval --plot`.
@@ -347,5 +375,31 @@ mod tests {
         let (m, s) = mean_std(&[1.0, 3.0]);
         assert_eq!(m, 2.0);
         assert!((s - 2f32.sqrt()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rejected_updates_are_listed_under_the_table() {
+        let run = |algorithm: &str, rejected: &[(&str, u64)]| RunResult {
+            algorithm: algorithm.into(),
+            target: "t".into(),
+            seed: 0,
+            best_round: 1,
+            best_source_val: 0.5,
+            target_accuracy: 0.5,
+            final_target_accuracy: 0.5,
+            curve: vec![],
+            train_seconds_per_round: f64::NAN,
+            final_params: vec![],
+            epsilon: None,
+            rejected: rejected.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+        };
+        let clean = [run("fedavg", &[])];
+        assert!(!markdown(&clean).contains("rejected"));
+        let results = [
+            run("fedavg", &[("norm", 2)]),
+            run("fedavg", &[("norm", 1), ("wrong_round", 1)]),
+        ];
+        let text = markdown(&results);
+        assert!(text.contains("- fedavg: norm 3, wrong_round 1"), "{text}");
     }
 }

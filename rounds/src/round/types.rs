@@ -83,7 +83,8 @@ pub struct RoundConfig {
     /// round, the federation finished before `target_epsilon` would be passed. The norm-ratio
     /// drop and the weight cap are off (clipping bounds every device), and the devices' own
     /// training loss and validation accuracy are left out of the report (they are not noised).
-    /// `crate::boot::Plan` builds the strategy with these same settings. `None`: off.
+    /// The composition root builds the strategy with these same settings (its `Plan`). `None`:
+    /// off.
     pub privacy: Option<CentralDp>,
 }
 
