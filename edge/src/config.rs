@@ -13,14 +13,16 @@ use fedge_mqtt::BrokerConfig;
 use fedge_wire::Role;
 use serde::{Deserialize, Serialize};
 
+use fedge_device::DdlViews;
+use fedge_device::local_dp::{InvalidLocalPrivacy, LocalPrivacy};
+
 use crate::agent::{AgentSetup, Serving};
 use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_site};
 use crate::features::{self, LoadBackboneError};
 use crate::inference::{self, InferenceConfig, config::InvalidInference};
-use crate::local_dp::{InvalidLocalPrivacy, LocalPrivacy};
 use crate::rescan::SiteScan;
 use crate::resources::{self, ResourceConfig};
-use crate::train::fedddl::{self, DdlViews, ViewsError};
+use crate::views::{self, ViewsError};
 
 /// Why a device's file does not load.
 #[derive(Debug, thiserror::Error)]
@@ -248,7 +250,7 @@ pub struct EdgeConfig {
     /// address, e.g. `"127.0.0.1:9465"`; none when unset (docs/prometheus.md).
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Local differential privacy (`crate::local_dp`): every update clipped and noised before
+    /// Local differential privacy (`fedge_device::local_dp`): every update clipped and noised before
     /// it leaves the device. Absent: off.
     #[serde(default)]
     pub privacy: Option<LocalPrivacy>,
@@ -279,19 +281,19 @@ impl Default for FedDdlConfig {
     fn default() -> Self {
         Self {
             enabled: false,
-            groups: fedddl::DEFAULT_GROUPS,
-            counterfactuals: fedddl::DEFAULT_POOL,
+            groups: views::DEFAULT_GROUPS,
+            counterfactuals: views::DEFAULT_POOL,
             detector: None,
         }
     }
 }
 
 fn default_groups() -> usize {
-    fedddl::DEFAULT_GROUPS
+    views::DEFAULT_GROUPS
 }
 
 fn default_pool() -> usize {
-    fedddl::DEFAULT_POOL
+    views::DEFAULT_POOL
 }
 
 fn default_profile() -> String {
@@ -510,12 +512,12 @@ impl EdgeConfig {
         };
         let cache = self.cache_dir.as_deref();
         let views = if self.fedddl.enabled {
-            let settings = fedddl::ViewSettings {
+            let settings = views::ViewSettings {
                 groups: self.fedddl.groups.max(1),
-                pool: self.fedddl.counterfactuals.clamp(1, fedddl::MAX_POOL),
+                pool: self.fedddl.counterfactuals.clamp(1, views::MAX_POOL),
                 seed: self.seed,
             };
-            let views = DdlViews::build(backbone, backbone_id, &train, settings, cache)?;
+            let views = crate::views::ddl_views(backbone, backbone_id, &train, settings, cache)?;
             Some(Arc::new(views))
         } else {
             None
@@ -554,8 +556,8 @@ impl EdgeConfig {
 
 /// A device's data as the agent starts with it.
 struct LocalData {
-    train: crate::features::FeatureSet,
-    val: crate::features::FeatureSet,
+    train: fedge_device::FeatureSet,
+    val: fedge_device::FeatureSet,
     class_names: Vec<String>,
     views: Option<Arc<DdlViews>>,
     scan: Option<Arc<std::sync::Mutex<SiteScan>>>,

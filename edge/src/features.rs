@@ -1,5 +1,5 @@
-//! The feature cache: the frozen backbone runs once per sample, and [`FeatureSet`], the cached
-//! features and labels every objective trains on.
+//! The feature cache: the frozen backbone runs once per sample into a [`FeatureSet`] (the
+//! cached features and labels every objective trains on, defined in `fedge-device`).
 //!
 //! Features are computed in batches when a device starts and kept in memory for every round.
 //! With a cache folder they are also written to disk (through the one durable atomic write,
@@ -9,51 +9,10 @@
 use std::path::{Path, PathBuf};
 
 use fedge_daemon::{Visibility, write_atomically};
+use fedge_device::{FeatureSet, Fnv64};
 use fedge_models::{Backbone, BackboneError, CardError, ModelCard, check_sample};
 
 use crate::data::ImageSet;
-
-/// Features and labels of one local split, features already computed by the backbone.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FeatureSet {
-    /// Feature size `F`.
-    pub dim: usize,
-    /// `len × F` values, row-major.
-    pub features: Vec<f32>,
-    /// Class of each row.
-    pub labels: Vec<u32>,
-}
-
-impl FeatureSet {
-    /// Number of samples.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// True when there is no sample.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-
-    /// The rows `indices`, in that order.
-    ///
-    /// # Panics
-    ///
-    /// Panics if an index is out of range.
-    pub fn rows(&self, indices: &[usize]) -> FeatureSet {
-        let mut out = FeatureSet {
-            dim: self.dim,
-            features: Vec::with_capacity(indices.len() * self.dim),
-            labels: Vec::with_capacity(indices.len()),
-        };
-        for &i in indices {
-            out.features
-                .extend_from_slice(&self.features[i * self.dim..(i + 1) * self.dim]);
-            out.labels.push(self.labels[i]);
-        }
-        out
-    }
-}
 
 /// Why a backbone could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -195,33 +154,6 @@ fn read_cache(path: &Path, expected: usize) -> Option<Vec<f32>> {
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
     values.iter().all(|v| v.is_finite()).then_some(values)
-}
-
-/// FNV-1a, 64 bit: a stable, dependency-free content hash for cache keys (not for security).
-#[derive(Debug, Clone, Copy)]
-pub struct Fnv64(pub u64);
-
-impl Default for Fnv64 {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv64 {
-    /// Mixes `bytes` in.
-    pub fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= *b as u64;
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    /// Hash of one byte string.
-    pub fn of(bytes: &[u8]) -> u64 {
-        let mut h = Self::default();
-        h.write(bytes);
-        h.0
-    }
 }
 
 #[cfg(test)]

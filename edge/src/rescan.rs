@@ -15,7 +15,8 @@ use fedge_models::Backbone;
 
 use crate::data::decode::{decode, to_chw};
 use crate::data::{DataError, list_site};
-use crate::features::{BATCH, FeatureSet, Fnv64};
+use crate::features::BATCH;
+use fedge_device::{FeatureSet, Fnv64};
 
 /// One image the device has seen.
 struct Seen {

@@ -14,7 +14,7 @@ use crate::data::ImageSet;
 #[serde(deny_unknown_fields)]
 pub struct ResourceConfig {
     /// Worker threads of the agent's runtime (MQTT, status and the training thread's pool), and
-    /// the threads a large training batch is split across (`crate::train::parallel`; small
+    /// the threads a large training batch is split across (`fedge_device::train::parallel`; small
     /// batches stay on one thread).
     #[serde(default)]
     pub threads: usize,
@@ -132,16 +132,6 @@ fn status_mib(field: &str) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// The message for a peak above the budget, if it is.
-pub fn over_budget(peak_mib: f64, budget_mb: u64) -> Option<String> {
-    (budget_mb > 0 && peak_mib > budget_mb as f64).then(|| {
-        format!(
-            "peak memory {peak_mib:.0} MiB is above the profile's memory_budget_mb = {budget_mb}: \
-             lower [resources] feature_cache_mb or raise the budget"
-        )
-    })
-}
-
 /// The systemd unit for the profile at `config` (an absolute path), from
 /// `deploy/fedge-edge.service` (`deploy/fedge-edge-jetson.service` when the profile trains on
 /// CUDA: that one lets the agent reach the GPU's device nodes), with the memory limits from
@@ -232,9 +222,9 @@ mod tests {
     fn peak_memory_is_read_and_judged_against_the_budget() {
         let peak = peak_rss_mib().expect("Linux reports VmHWM");
         assert!(peak > 1.0, "{peak}");
-        assert!(over_budget(peak, 0).is_none());
-        assert!(over_budget(peak, 1_000_000).is_none());
-        let message = over_budget(300.0, 256).unwrap();
+        assert!(fedge_device::over_budget(peak, 0).is_none());
+        assert!(fedge_device::over_budget(peak, 1_000_000).is_none());
+        let message = fedge_device::over_budget(300.0, 256).unwrap();
         assert!(
             message.contains("300 MiB") && message.contains("256"),
             "{message}"

@@ -1,9 +1,9 @@
-//! A simulated device: the real agent machine (`fedge_edge::agent::Agent`) with its data, the
+//! A simulated device: the real agent machine (`fedge_device::Agent`) with its data, the
 //! state it keeps between rounds and what a restart keeps (its saved round state).
 
-use fedge_edge::agent::{Agent, Identity, InvalidIdentity, RoundState};
-use fedge_edge::local_dp::{LocalDp, LocalPrivacy};
-use fedge_edge::train::{DeviceData, LocalState};
+use fedge_device::local_dp::{LocalDp, LocalPrivacy};
+use fedge_device::train::{DeviceData, LocalState};
+use fedge_device::{Agent, Identity, InvalidIdentity, RoundState};
 use fedge_models::HeadConfig;
 use fedge_wire::{DeviceKey, EdgeStatus, ModelRelease, Role};
 

@@ -1,10 +1,10 @@
 //! A device's outputs carried out in the simulation, as the agent's MQTT driver does
-//! (`fedge_edge::agent::driver`): subscribe, publish the status retained and the update, train,
+//! (`fedge_edge::agent::driver`, around the same `fedge_device` machine): subscribe, publish the status retained and the update, train,
 //! save the round state, keep the release.
 
 use crate::broker::NodeId;
 use crate::world::Sim;
-use fedge_edge::agent::Output;
+use fedge_device::Output;
 
 impl Sim {
     /// Carries out everything device `d`'s machine has queued.

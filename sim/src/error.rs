@@ -8,7 +8,7 @@ pub enum SimError {
     Topics(#[from] fedge_wire::DecodeError),
     /// A device's identity is invalid.
     #[error(transparent)]
-    Agent(#[from] fedge_edge::agent::InvalidIdentity),
+    Agent(#[from] fedge_device::InvalidIdentity),
     /// A coordinator cannot start from its plan or its checkpoint.
     #[error(transparent)]
     Boot(#[from] fedge_coordinator::boot::BootError),

@@ -2,7 +2,7 @@
 //! aggregators in relay mode under it) and the real device agent machines, connected through
 //! an in-memory broker (topics, retained messages, persistent sessions) on a virtual clock.
 //! A selected device trains with the very function the deployed agent runs
-//! (`fedge_edge::train::run_round`); a coordinator checkpoints and journals as the daemon does
+//! (`fedge_device::train::run_round`); a coordinator checkpoints and journals as the daemon does
 //! and restarts from them.
 //!
 //! Faults are first-class: latency, loss, duplication and reordering ([`Network`], [`Rule`]),

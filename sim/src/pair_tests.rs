@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use fedge_coordinator::boot::Plan;
 use fedge_coordinator::{Rejection, RoundConfig, StrategyConfig};
-use fedge_edge::FeatureSet;
-use fedge_edge::local_dp::LocalPrivacy;
-use fedge_edge::train::DeviceData;
+use fedge_device::FeatureSet;
+use fedge_device::local_dp::LocalPrivacy;
+use fedge_device::train::DeviceData;
 use fedge_models::{HeadConfig, ModelLayout};
 use fedge_wire::{Codec, FeatureNorm, TrainParams};
 use rand::rngs::StdRng;

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fedge_coordinator::{Rejection, RoundReport};
-use fedge_edge::agent::Trained;
-use fedge_edge::train::{LocalState, Trainer, run_round};
+use fedge_device::Trained;
+use fedge_device::train::{LocalState, Trainer, run_round};
 use fedge_models::{Backend, training_device};
 use fedge_wire::RoundTask;
 use rand::SeedableRng;
@@ -208,7 +208,7 @@ impl Sim {
     }
 
     /// A device's agent machine.
-    pub fn agent(&self, d: usize) -> &fedge_edge::agent::Agent {
+    pub fn agent(&self, d: usize) -> &fedge_device::Agent {
         &self.devices[d].agent
     }
 

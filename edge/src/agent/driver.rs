@@ -15,13 +15,12 @@ use rumqttc::{AsyncClient, LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
 use super::labels;
-use super::machine::{Agent, AgentSummary, InvalidIdentity, Output, Trained};
 use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
-use super::state::RoundState;
-use crate::local_dp::LocalDp;
-use crate::train::{DeviceData, LocalState, Trainer, run_round};
+use fedge_device::local_dp::LocalDp;
+use fedge_device::machine::{Agent, AgentSummary, InvalidIdentity, Output, Trained};
+use fedge_device::train::{DeviceData, LocalState, Trainer, run_round};
 
 /// The agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +51,7 @@ pub async fn run_agent(
     let remembered = setup
         .state_file
         .as_deref()
-        .map(RoundState::load)
+        .map(super::state::load)
         .unwrap_or_default();
     let mut agent = Agent::new(setup.identity(), remembered)?;
     if let Some(privacy) = &setup.privacy {
@@ -240,7 +239,7 @@ fn perform(
             }
             Output::Save(state) => {
                 if let Some(path) = &setup.state_file
-                    && let Err(e) = state.save(path)
+                    && let Err(e) = super::state::save(&state, path)
                 {
                     tracing::warn!(client = %setup.client_id, error = %e, "round state not saved");
                 }

@@ -1,5 +1,5 @@
 //! What the driver does with the federation's class list: renumber the device's cached labels
-//! onto it before training or scoring (`crate::classes`), and score a released head on an
+//! onto it before training or scoring (`fedge_device::classes`), and score a released head on an
 //! evaluation-only device's data.
 
 use std::sync::Arc;
@@ -8,9 +8,9 @@ use fedge_models::HeadConfig;
 use fedge_wire::{FeatureNorm, ModelRelease, SiteEvaluation};
 
 use super::setup::AgentSetup;
-use crate::classes::{self, UnknownClasses};
-use crate::features::FeatureSet;
-use crate::site_norm::{FeatureStats, standardise};
+use fedge_device::FeatureSet;
+use fedge_device::classes::{self, UnknownClasses};
+use fedge_device::site_norm::{FeatureStats, standardise};
 
 /// Renumbers the labels of `setup`'s splits and views onto `federation` (no copy unless a
 /// training or scoring thread still holds the data).

@@ -1,21 +1,17 @@
-//! The device agent: a sans-IO state machine that takes the decisions ([`machine`]), the tokio
-//! and MQTT loop that feeds it and performs its outputs ([`driver`]), the round state it keeps
-//! across restarts ([`state`]) and what a running agent needs ([`setup`]).
+//! The device agent's I/O: the tokio and MQTT loop that feeds `fedge_device`'s agent machine and
+//! performs its outputs ([`driver`]), the round state file ([`state`]), what a running agent
+//! needs ([`setup`]), the labels and releases it serves with ([`labels`], [`serve`]) and a
+//! growing site folder taken in ([`refresh`]).
 //!
-//! It does not load profiles (the profile loader builds its set-up) and does not train (see `crate::train`).
+//! It takes no decision (the machine in `fedge-device` does) and does not train (see
+//! `fedge_device::train`).
 
 pub mod driver;
 pub mod labels;
-pub mod machine;
 pub mod refresh;
 pub mod serve;
 pub mod setup;
 pub mod state;
 
 pub use driver::{AgentError, run_agent};
-pub use machine::{
-    Agent, AgentSummary, Identity, InvalidIdentity, Output, TaskError, Trained, class_stats,
-    decode_task, rejection_of, too_slow_for,
-};
 pub use setup::{AgentSetup, Serving};
-pub use state::RoundState;

@@ -3,11 +3,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::machine::DataSummary;
-use crate::classes;
-use crate::features::FeatureSet;
 use crate::rescan::SiteScan;
-use crate::train::TrainError;
+use fedge_device::FeatureSet;
+use fedge_device::classes;
+use fedge_device::machine::DataSummary;
+use fedge_device::train::TrainError;
 
 /// The device's data after a rescan, for the driver to keep and the machine to report.
 #[derive(Debug, Clone)]

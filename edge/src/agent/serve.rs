@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::setup::AgentSetup;
 use crate::inference::config::ListenError;
 use crate::inference::{Prediction, Predictor, http, store};
-use crate::site_norm::FeatureStats;
+use fedge_device::site_norm::FeatureStats;
 
 /// The release kept in the device's model file, if there is one that verifies (a damaged or
 /// altered file is logged and left for the next release to replace).
@@ -55,7 +55,7 @@ pub fn keep(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureSta
 }
 
 /// Puts `release` in front of the device's backbone for predictions (when it serves any);
-/// `site` is this site's feature statistics (`crate::train::DeviceData`, computed once per data
+/// `site` is this site's feature statistics (`fedge_device::train::DeviceData`, computed once per data
 /// change), which a site-normalised head standardises with.
 pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureStats>) {
     let Some(backbone) = &setup.serving.backbone else {

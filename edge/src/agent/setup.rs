@@ -10,10 +10,10 @@ use fedge_models::{Backbone, HeadConfig, SelectedDevice};
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::{DeviceKey, Role};
 
-use super::machine::Identity;
-use crate::features::FeatureSet;
 use crate::inference::{InferenceConfig, SharedPredictor};
-use crate::train::DdlViews;
+use fedge_device::FeatureSet;
+use fedge_device::machine::Identity;
+use fedge_device::train::DdlViews;
 
 /// Everything a running agent needs.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub struct AgentSetup {
     /// classes is each task's (its class list's length).
     pub head: HeadConfig,
     /// The class of each label in `train`, `val` and `views`; renumbered onto the
-    /// federation's list (`crate::classes::renumber`) before training or scoring.
+    /// federation's list (`fedge_device::classes::renumber`) before training or scoring.
     pub class_names: Vec<String>,
     /// Train when selected, or only score released models.
     pub role: Role,
@@ -63,7 +63,7 @@ pub struct AgentSetup {
     pub serving: Serving,
     /// Local differential privacy: every update clipped and noised before it leaves (none:
     /// off).
-    pub privacy: Option<crate::local_dp::LocalPrivacy>,
+    pub privacy: Option<fedge_device::local_dp::LocalPrivacy>,
     /// Where the device keeps its round state (last round trained, update sequence, local DP's
     /// accountant) across restarts, so a retained task it already answered is not trained
     /// again and the ε spent keeps counting.

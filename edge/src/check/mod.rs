@@ -225,7 +225,7 @@ fn check_classes(images: &crate::data::ImageSet, file: &Path) -> Check {
         .filter(|(_, n)| **n > 0)
         .map(|(name, _)| name.clone())
         .collect();
-    match crate::classes::check(&used, &federation) {
+    match fedge_device::classes::check(&used, &federation) {
         Ok(()) => {
             let missing = federation.len() - used.len();
             pass(

@@ -61,7 +61,7 @@ pub fn predict(
             let setup = config
                 .setup()
                 .context("loading the site's data for its feature statistics")?;
-            fedge_edge::site_norm::site_stats(&setup.train, &setup.val)
+            fedge_device::site_norm::site_stats(&setup.train, &setup.val)
         }
     };
     let predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)

@@ -37,7 +37,7 @@ pub fn enroll(path: &Path, token: &str, timeout: Duration, replace: bool) -> any
 pub fn site_stats(path: &Path) -> anyhow::Result<()> {
     let profile = EdgeConfig::load(path)?;
     let setup = profile.setup()?;
-    let Some(stats) = fedge_edge::site_norm::site_stats(&setup.train, &setup.val) else {
+    let Some(stats) = fedge_device::site_norm::site_stats(&setup.train, &setup.val) else {
         anyhow::bail!(
             "{}: the site has no data to take statistics from",
             path.display()

@@ -10,7 +10,7 @@ use fedge_wire::{FeatureNorm, InvalidRelease, ModelRelease};
 use serde::Serialize;
 
 use crate::data::decode::{decode_bytes, to_chw};
-use crate::site_norm::FeatureStats;
+use fedge_device::site_norm::FeatureStats;
 
 /// The raw value of a fully-on 8-bit pixel, the scale image files are decoded to (as
 /// ImageFolder training data is).
@@ -161,7 +161,7 @@ impl Predictor {
     /// Verifies `release` and checks that it fits `backbone`: the head's input is the card's
     /// feature size, and the backbone names agree when both are known. A release with
     /// `feature_norm = "site"` needs the predicting site's statistics (`site`, see
-    /// `crate::site_norm`); other releases ignore them.
+    /// `fedge_device::site_norm`); other releases ignore them.
     pub fn new(
         backbone: Arc<Backbone>,
         release: ModelRelease,

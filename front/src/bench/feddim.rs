@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use fedge_edge::{RoundInputs, TrainJob, train_head};
+use fedge_device::{RoundInputs, TrainJob, train_head};
 use fedge_models::{Backend, HeadConfig, training_device};
 use fedge_wire::{ClassStats, Objective, TensorF32, TrainParams};
 use rand::{Rng, SeedableRng};

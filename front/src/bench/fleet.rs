@@ -139,13 +139,8 @@ async fn device(
         };
         let now = origin.elapsed().as_millis() as u64;
         // The agent's own task decoding: reassembly, tag check, kind.
-        let task = fedge_edge::agent::decode_task(
-            &mut reassembler,
-            &publish.payload,
-            now,
-            &id,
-            key.as_ref(),
-        );
+        let task =
+            fedge_device::decode_task(&mut reassembler, &publish.payload, now, &id, key.as_ref());
         let Ok(Some(task)) = task else {
             continue;
         };

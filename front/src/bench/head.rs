@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use fedge_edge::{FeatureSet, TrainJob, train_head};
+use fedge_device::{FeatureSet, TrainJob, train_head};
 use fedge_models::{Backend, HeadConfig, training_device};
 use fedge_wire::TrainParams;
 use rand::{Rng, SeedableRng};
@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 pub struct HeadBench {
     /// Backend name.
     pub backend: &'static str,
-    /// Threads a batch may be split across (`fedge_edge::train::parallel`).
+    /// Threads a batch may be split across (`fedge_device::train::parallel`).
     pub threads: usize,
     /// Training samples processed per second (median of the repeats).
     pub samples_per_s: f64,

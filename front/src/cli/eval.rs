@@ -30,7 +30,7 @@ pub struct EvalArgs {
     pub tune: bool,
     /// FedDDL's counterfactual draws per image, built per client on its own training rows;
     /// every round trains on one of them per image, picked at random.
-    #[arg(long, default_value_t = fedge_edge::train::fedddl::DEFAULT_POOL as u16,
+    #[arg(long, default_value_t = fedge_edge::views::DEFAULT_POOL as u16,
           value_parser = clap::value_parser!(u16).range(1..=16),
           help_heading = "Runs")]
     pub counterfactuals: u16,

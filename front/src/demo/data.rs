@@ -5,10 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
+use fedge_device::{DdlViews, FeatureSet, Fnv64};
 use fedge_edge::data::{DIGITS_ANGLES, Domain, ImageSet, digits_domains};
-use fedge_edge::features::{self, Fnv64};
-use fedge_edge::train::fedddl::{DEFAULT_GROUPS, DEFAULT_POOL, ViewSettings};
-use fedge_edge::{DdlViews, FeatureSet};
+use fedge_edge::features;
+use fedge_edge::views::{DEFAULT_GROUPS, DEFAULT_POOL, ViewSettings};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Backbone, HeadConfig};
 use fedge_wire::Objective;
@@ -29,7 +29,7 @@ pub struct DemoClient {
     /// The site the device is behind (`fedge demo --sites`), if any.
     pub site: Option<String>,
     /// Local DP on the device (a profile's `[privacy]`), if any.
-    pub privacy: Option<fedge_edge::local_dp::LocalPrivacy>,
+    pub privacy: Option<fedge_device::local_dp::LocalPrivacy>,
 }
 
 /// The data of a demo: per-client features and the held-out target.
@@ -98,7 +98,8 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
                 pool: DEFAULT_POOL,
                 seed: options.seed.wrapping_add(c as u64),
             };
-            let views = DdlViews::build(&backbone, backbone_id, &train, settings, None)?;
+            let views =
+                fedge_edge::views::ddl_views(&backbone, backbone_id, &train, settings, None)?;
             Some(Arc::new(views))
         } else {
             None

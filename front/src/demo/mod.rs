@@ -18,7 +18,8 @@ use fedge_coordinator::boot::{Plan, Start};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::{DriverEvent, DriverOptions, RoundConfig, RoundReport, driver};
 
-use fedge_edge::{AgentSetup, FeatureSet, accuracy};
+use fedge_device::{FeatureSet, accuracy};
+use fedge_edge::AgentSetup;
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Accelerator, HeadConfig, ModelLayout};
 use fedge_mqtt::BrokerConfig;
@@ -428,7 +429,7 @@ pub fn export(
     let card = digits_conv_card();
     let stats = match release.feature_norm {
         fedge_wire::FeatureNorm::Site => Some(
-            fedge_edge::site_norm::stats_of(&[site])
+            fedge_device::site_norm::stats_of(&[site])
                 .context("the unseen site has no features to take statistics from")?,
         ),
         fedge_wire::FeatureNorm::None => None,

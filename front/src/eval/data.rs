@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
+use fedge_device::{DdlViews, FeatureSet, Fnv64};
 use fedge_edge::data::{
     BiasedDomain, DIGITS_ANGLES, Domain, ImageSet, background_domains, digits_bg_domains,
     digits_domains, digits_sensor_domains, fashion_mnist, fashion_mnist_domains,
     imagefolder_domains, split_indices,
 };
-use fedge_edge::features::{self, Fnv64};
-use fedge_edge::train::fedddl::{DEFAULT_GROUPS, ViewSettings};
-use fedge_edge::{DdlViews, FeatureSet};
+use fedge_edge::features;
+use fedge_edge::views::{DEFAULT_GROUPS, ViewSettings};
 use fedge_models::Backbone;
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
 
@@ -207,7 +207,7 @@ impl ViewSource {
         let maker = &self.maker;
         let images = self.images.subset(rows);
         let cache = maker.cache_dir.as_deref();
-        let views = Arc::new(DdlViews::build(
+        let views = Arc::new(fedge_edge::views::ddl_views(
             &maker.backbone,
             maker.id,
             &images,
@@ -339,7 +339,7 @@ pub fn prepare(
         anyhow::bail!(
             "domain {}: {}",
             domain.name,
-            fedge_edge::train::fedddl::ViewsError::NoMasks
+            fedge_edge::views::ViewsError::NoMasks
         );
     }
     let mut out = Vec::with_capacity(domains.len());

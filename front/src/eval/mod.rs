@@ -38,8 +38,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use clap::ValueEnum;
 use fedge_coordinator::config::{PrivacySettings, Role};
 use fedge_coordinator::strategy::{StrategyConfig, StrategyKind};
-use fedge_edge::features::Fnv64;
-use fedge_edge::local_dp::LocalPrivacy;
+use fedge_device::Fnv64;
+use fedge_device::local_dp::LocalPrivacy;
 use fedge_wire::{Codec, Objective, TrainParams};
 use serde::Serialize;
 
@@ -216,7 +216,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
                 seed: None,
             };
             privacy.check().map_err(|e| fail(e.into()))?;
-            if fedge_edge::local_dp::refusal(objective, 1).is_some() {
+            if fedge_device::local_dp::refusal(objective, 1).is_some() {
                 return Err(fail(anyhow::anyhow!(
                     "{objective} sends per-class statistics beside the delta, which local DP \
                      does not noise: devices would refuse every round; choose another objective"

@@ -3,9 +3,9 @@
 
 use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{FedAvg, Output, RoundConfig, Rounds};
-use fedge_edge::agent::class_stats;
+use fedge_device::class_stats;
+use fedge_device::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, train_local};
 use fedge_edge::data::digits_bg_domains;
-use fedge_edge::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, train_local};
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Backbone, Backend, HeadConfig, ModelLayout, training_device};
 use fedge_wire::{ClientUpdate, Message, Objective, RoundTask, TensorF32, TrainParams};
@@ -20,7 +20,7 @@ fn sites() -> (HeadConfig, Vec<(String, FeatureSet, DdlViews)>) {
         std::path::Path::new("digits-conv.onnx"),
     )
     .unwrap();
-    let id = fedge_edge::features::Fnv64::of(DIGITS_CONV_ONNX);
+    let id = fedge_device::Fnv64::of(DIGITS_CONV_ONNX);
     let domains = digits_bg_domains(6, 0.9, 0).unwrap();
     let sites = domains
         .iter()
@@ -28,12 +28,13 @@ fn sites() -> (HeadConfig, Vec<(String, FeatureSet, DdlViews)>) {
         .map(|d| {
             // 120 images per site keep the test quick.
             let images = d.domain.data.subset(&(0..120).collect::<Vec<_>>());
-            let settings = fedge_edge::train::fedddl::ViewSettings {
+            let settings = fedge_edge::views::ViewSettings {
                 groups: 3,
                 pool: 2,
                 seed: 7,
             };
-            let views = DdlViews::build(&backbone, id, &images, settings, None).unwrap();
+            let views =
+                fedge_edge::views::ddl_views(&backbone, id, &images, settings, None).unwrap();
             let features = fedge_edge::features::extract(&backbone, id, &images, None).unwrap();
             (d.domain.name.clone(), features, views)
         })

@@ -19,12 +19,14 @@ use std::path::{Path, PathBuf};
 pub const MAX_LINES: usize = 600;
 
 /// The workspace's library crates: (folder, source root).
-pub const CRATES: [&str; 11] = [
+pub const CRATES: [&str; 13] = [
     "wire",
+    "card",
     "models",
     "mqtt",
     "daemon",
     "privacy",
+    "device",
     "edge",
     "rounds",
     "coordinator",

@@ -53,9 +53,10 @@ fn no_source_file_is_longer_than_the_limit_without_its_tests() {
     );
 }
 
-/// The sans-IO parts of the edge: the agent machine and the trainer. (The coordinator's layers
-/// are checked by its own `layering_tests`.)
-const SANS_IO: [(&str, &str); 2] = [("edge", "agent/machine"), ("edge", "train")];
+/// The sans-IO parts of the device core: the agent machine and the trainer. (The coordinator's
+/// layers are checked by `fedge-rounds`' own `layering_tests`; what each core crate may depend
+/// on, by its manifest and [`the_core_crates_depend_on_no_network_crate`].)
+const SANS_IO: [(&str, &str); 2] = [("device", "machine"), ("device", "train")];
 
 #[test]
 fn the_state_machines_do_no_io_and_read_no_clock() {
@@ -129,7 +130,7 @@ fn the_checker_sees_a_cycle_and_a_clean_layering() {
 
 /// The sans-I/O cores, kept so by Cargo: their dependency trees hold no async runtime, MQTT
 /// client or broker, HTTP server or fedge's MQTT crate.
-const CORES: [&str; 1] = ["fedge-rounds"];
+const CORES: [&str; 2] = ["fedge-rounds", "fedge-device"];
 const NETWORK_CRATES: [&str; 6] = ["tokio", "rumqttc", "rumqttd", "axum", "hyper", "fedge-mqtt"];
 
 #[test]

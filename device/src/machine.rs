@@ -42,8 +42,8 @@ use fedge_wire::{
     Reassembler, Role, RoundTask, TensorF32, Topics,
 };
 
-use super::state::RoundState;
 use crate::local_dp::LocalDp;
+use crate::state::RoundState;
 use crate::train::{RoundOutcome, TrainError, TrainOutcome};
 
 /// Who the device is and what its status reports; everything the machine needs from the
@@ -478,8 +478,8 @@ impl Agent {
     /// After a round: memory in status, the state saved, the status published.
     fn finish_round(&mut self, peak_memory_mb: Option<f64>) {
         self.status.peak_memory_mb = peak_memory_mb;
-        if let Some(message) = peak_memory_mb
-            .and_then(|peak| crate::resources::over_budget(peak, self.id.memory_budget_mb))
+        if let Some(message) =
+            peak_memory_mb.and_then(|peak| over_budget(peak, self.id.memory_budget_mb))
         {
             tracing::warn!(client = %self.id.client_id, "{message}");
             if self.status.last_error.is_empty() {
@@ -552,6 +552,16 @@ pub fn class_stats((counts, means): (Vec<u32>, Vec<f32>), codec: Codec) -> Class
         counts,
         means: TensorF32::from_slice_with(&means, codec),
     }
+}
+
+/// The message for a peak above the budget, if it is.
+pub fn over_budget(peak_mib: f64, budget_mb: u64) -> Option<String> {
+    (budget_mb > 0 && peak_mib > budget_mb as f64).then(|| {
+        format!(
+            "peak memory {peak_mib:.0} MiB is above the profile's memory_budget_mb = {budget_mb}: \
+             lower [resources] feature_cache_mb or raise the budget"
+        )
+    })
 }
 
 mod release;
