@@ -9,6 +9,7 @@
 
 pub use fedge_redteam as attack;
 pub mod bench;
+pub mod datasets;
 pub mod demo;
 pub mod eval;
 pub mod plot;

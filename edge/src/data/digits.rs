@@ -1,9 +1,6 @@
 //! Rotated-digits domains built from the UCI optical digits that ship with smartcore.
 
-use super::{
-    BiasedDomain, DataError, Domain, ImageSet, SENSORS, background_domains, rotated_domains,
-    sensor_domains,
-};
+use super::{Domain, ImageSet, rotated_domains};
 
 /// Rotation angles of the built-in digits domains, in degrees.
 pub const DIGITS_ANGLES: [f32; 6] = [0.0, 15.0, 30.0, 45.0, 60.0, 75.0];
@@ -26,25 +23,9 @@ pub fn digits_domains(angles: &[f32], seed: u64) -> Vec<Domain> {
     rotated_domains(&load_digits(), angles, seed)
 }
 
-/// `domains` background-bias domains of the digits (`digits-bg`, see
-/// [`background_domains`]): disjoint parts, unrotated, each with its own background shortcut
-/// of strength `bias`.
-pub fn digits_bg_domains(
-    domains: usize,
-    bias: f32,
-    seed: u64,
-) -> Result<Vec<BiasedDomain>, DataError> {
-    background_domains(&load_digits(), domains, bias, seed)
-}
-
-/// The digits through the six sensors of [`SENSORS`] (`digits-sensor`): disjoint parts,
-/// unrotated, each seen by its own sensor.
-pub fn digits_sensor_domains(seed: u64) -> Vec<Domain> {
-    sensor_domains(&load_digits(), &SENSORS, seed)
-}
-
-/// Loads the unrotated digits as one set in their original order.
-fn load_digits() -> ImageSet {
+/// Loads the unrotated digits as one set in their original order (the benchmark's other
+/// digits shifts, in `fedge`'s `datasets`, start from it too).
+pub fn load_digits() -> ImageSet {
     let dataset = smartcore::dataset::digits::load_dataset();
     debug_assert_eq!(dataset.num_features, SIDE * SIDE);
     debug_assert_eq!(dataset.data.len(), dataset.num_samples * SIDE * SIDE);

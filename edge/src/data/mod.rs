@@ -13,28 +13,23 @@
 //! [`ImageSet::split`] and [`ImageSet::partition`] divide a domain deterministically for a seed,
 //! for example into a training and a validation set or into one shard per simulated device.
 
-mod background;
 pub mod decode;
 mod detector;
 mod digits;
 mod error;
-mod idx;
 mod imagefolder;
 mod rotate;
-mod sensor;
 
-pub use background::{
-    BiasedDomain, DEFAULT_BIAS, OBJECT_THRESHOLD, TEXTURES, background_domains, texture,
-};
 pub use detector::detector_masks;
-pub use digits::{DIGITS_ANGLES, digits_bg_domains, digits_domains, digits_sensor_domains};
+pub use digits::{DIGITS_ANGLES, digits_domains, load_digits};
 pub use error::DataError;
-pub use idx::{FASHION_MNIST_DIR, fashion_mnist, fashion_mnist_domains, read_idx};
 pub use imagefolder::{imagefolder_domains, imagefolder_site, list_site};
 pub use rotate::rotate_chw;
-pub use sensor::{SENSORS, Sensor, sensor_domains};
 
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
+
+/// A pixel belongs to the object when its value exceeds this fraction of the raw maximum.
+pub const OBJECT_THRESHOLD: f32 = 0.25;
 
 /// A labelled set of images, stored as raw values, channel-first and packed.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,13 +13,16 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use fedge_device::{DdlViews, FeatureSet, Fnv64};
 use fedge_edge::data::{
-    BiasedDomain, DIGITS_ANGLES, Domain, ImageSet, background_domains, digits_bg_domains,
-    digits_domains, digits_sensor_domains, fashion_mnist, fashion_mnist_domains,
-    imagefolder_domains, split_indices,
+    DIGITS_ANGLES, Domain, ImageSet, digits_domains, imagefolder_domains, split_indices,
 };
 use fedge_edge::features;
 use fedge_edge::views::{DEFAULT_GROUPS, ViewSettings};
 use fedge_models::Backbone;
+
+use crate::datasets::{
+    BiasedDomain, background_domains, digits_bg_domains, digits_sensor_domains, fashion_mnist,
+    fashion_mnist_domains,
+};
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
 
 /// The seed that partitions and rotates the built-in and IDX data sets into domains.
@@ -45,11 +48,11 @@ pub enum Dataset {
         /// Degrees, counter-clockwise.
         angles: Vec<f32>,
     },
-    /// The digits through six sensors (`fedge_edge::data::SENSORS`): clean, low contrast,
+    /// The digits through six sensors (`crate::datasets::SENSORS`): clean, low contrast,
     /// noisy, blurred, washed out, dark and noisy; one sensor per domain.
     DigitsSensor,
     /// The digits on lying backgrounds: six domains `bg0`..`bg5`, each with its own
-    /// background↔class shortcut of strength `bias` (see `fedge_edge::data::background_domains`).
+    /// background↔class shortcut of strength `bias` (see `crate::datasets::background_domains`).
     DigitsBg {
         /// Probability that a background follows its domain's shortcut.
         bias: f32,
@@ -92,10 +95,10 @@ impl Dataset {
         let dir = || {
             data_dir
                 .map(Path::to_owned)
-                .unwrap_or_else(|| PathBuf::from(fedge_edge::data::FASHION_MNIST_DIR))
+                .unwrap_or_else(|| PathBuf::from(crate::datasets::FASHION_MNIST_DIR))
         };
         let limit = (limit > 0).then_some(limit);
-        let bias = fedge_edge::data::DEFAULT_BIAS;
+        let bias = crate::datasets::DEFAULT_BIAS;
         Ok(match spec {
             "digits" => Dataset::Digits,
             "digits-bg" => Dataset::DigitsBg { bias },

@@ -1,11 +1,11 @@
 //! Stable-FedADG and FedDDL through the coordinator's round machine, inspecting the encoded
 //! messages: what travels, what stays on the device, and how the coordinator combines it.
 
+use fedge::datasets::digits_bg_domains;
 use fedge_coordinator::PrototypeConfig;
 use fedge_coordinator::{FedAvg, Output, RoundConfig, Rounds};
 use fedge_device::class_stats;
 use fedge_device::{DdlViews, FeatureSet, LocalState, RoundInputs, TrainJob, train_local};
-use fedge_edge::data::digits_bg_domains;
 use fedge_models::generate::{DIGITS_CONV_ONNX, digits_conv_card};
 use fedge_models::{Backbone, Backend, HeadConfig, ModelLayout, training_device};
 use fedge_wire::{ClientUpdate, Message, Objective, RoundTask, TensorF32, TrainParams};

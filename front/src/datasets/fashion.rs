@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{DataError, Domain, ImageSet, rotated_domains};
+use fedge_edge::data::{DataError, Domain, ImageSet, rotated_domains};
 
 /// Where Debian's `dataset-fashion-mnist` package puts the files.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";

@@ -6,8 +6,8 @@
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use super::{Domain, ImageSet, OBJECT_THRESHOLD};
 use fedge_device::random::standard_normal;
+use fedge_edge::data::{Domain, ImageSet, OBJECT_THRESHOLD};
 
 /// One sensor: `v ↦ clamp(gain·max·(v/max)^gamma + offset·max + noise·max·N(0,1))` on the
 /// image's raw scale `max`, after an optional 3×3 box blur.

@@ -13,16 +13,13 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{DataError, Domain, ImageSet};
+use fedge_edge::data::{DataError, Domain, ImageSet, OBJECT_THRESHOLD};
 
 /// Number of background textures (and of the shifts between domains' shortcuts).
 pub const TEXTURES: usize = 10;
 
 /// Default probability that a sample's background follows its domain's shortcut.
 pub const DEFAULT_BIAS: f32 = 0.9;
-
-/// A pixel belongs to the object when its value exceeds this fraction of the raw maximum.
-pub const OBJECT_THRESHOLD: f32 = 0.25;
 
 /// A domain with backgrounds, and what the generator knows about every image.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,13 +139,13 @@ pub fn background_domains(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::digits_bg_domains;
+    use crate::datasets::digits_bg_domains;
 
     #[test]
     fn objects_keep_their_pixels_and_backgrounds_are_the_chosen_texture() {
         let domains = digits_bg_domains(6, DEFAULT_BIAS, 3).unwrap();
         assert_eq!(domains.len(), 6);
-        let plain = crate::data::digits_domains(&[0.0; 6], 3);
+        let plain = fedge_edge::data::digits_domains(&[0.0; 6], 3);
         for (biased, plain) in domains.iter().zip(&plain) {
             for (data, textures) in [
                 (&biased.domain.data, &biased.textures),
