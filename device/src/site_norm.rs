@@ -23,11 +23,15 @@ pub fn stats_of(sets: &[&FeatureSet]) -> Option<FeatureStats> {
     )
 }
 
-/// A site's statistics over all of its own rows (training and validation; an evaluation-only
-/// site has only the latter), or `None` without any.
+/// A site's statistics: over its training rows when it has any, so that its validation rows
+/// are standardised as any new image will be (statistics that had seen the scored rows would
+/// flatter the score); an evaluation-only site has only validation rows and uses them. `None`
+/// without any row.
 pub fn site_stats(train: &FeatureSet, val: &FeatureSet) -> Option<FeatureStats> {
-    let sets: Vec<&FeatureSet> = [train, val].into_iter().filter(|s| !s.is_empty()).collect();
-    stats_of(&sets)
+    match train.is_empty() {
+        false => stats_of(&[train]),
+        true => stats_of(&[val]),
+    }
 }
 
 /// `set` standardised with `stats`.

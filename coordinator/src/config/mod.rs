@@ -22,7 +22,7 @@
 //! spill_dir = "spill"           # optional: beyond that, a memory-mapped file here
 //! spill_max_mb = 16384          # the spill file's (sparse) size
 //! max_update_norm = 0.0        # reject deltas longer than this on arrival; 0 = off
-//! max_norm_ratio = 10.0        # drop deltas longer than this × the round's lower median norm
+//! max_norm_ratio = 10.0        # scale down deltas longer than this × the others' median norm
 //! max_weight_ratio = 10.0      # cut sample counts above this × the round's lower median
 //! robust = "none"              # clip, trimmed-mean or median around the strategy
 //! home_assistant = false       # announce sensors through Home Assistant MQTT discovery
@@ -142,8 +142,8 @@ pub struct CoordinatorConfig {
     /// Updates with a longer delta are rejected on arrival (`norm`); 0: no bound.
     #[serde(default)]
     pub max_update_norm: f64,
-    /// Updates longer than this multiple of the round's lower median norm are dropped at its
-    /// end (`norm`, with 2 or more updates); 0: off.
+    /// At the round's end, deltas longer than this multiple of the median norm of the round's
+    /// other updates are scaled down to it (with 2 or more updates); 0: off.
     #[serde(default = "default_norm_ratio")]
     pub max_norm_ratio: f64,
     /// Sample counts above this multiple of the round's lower median count are cut down to it

@@ -220,6 +220,7 @@ mod tests {
                 aggregated: true,
                 abandoned: None,
                 capped: Vec::new(),
+                norm_clipped: Vec::new(),
                 selected: vec!["a".into(), "b".into()],
                 reported: vec!["a".into(), "b".into()],
                 rejected: Default::default(),

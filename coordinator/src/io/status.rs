@@ -114,6 +114,13 @@ pub fn metrics_json(
         "rejected_by_reason": report.rejected,
         "abandoned": report.abandoned,
         "capped": report.capped.len(),
+        // Each delta the norm guard scaled down, with the bound it was held to: max_norm_ratio ×
+        // the median norm of the round's other updates.
+        "norm_clipped": report.norm_clipped.iter().map(|c| serde_json::json!({
+            "client": c.client,
+            "norm": c.norm,
+            "bound": c.bound,
+        })).collect::<Vec<_>>(),
         "bytes_up": report.bytes_up,
         "bytes_down": report.bytes_down,
         "seconds": report.duration_ms as f64 / 1000.0,
@@ -206,6 +213,7 @@ mod tests {
             aggregated: true,
             abandoned: None,
             capped: Vec::new(),
+            norm_clipped: Vec::new(),
             selected: vec!["a".into(), "b".into(), "c".into()],
             reported: vec!["a".into(), "b".into()],
             failures: [("c".to_string(), "bad_tag".to_string())].into(),
@@ -250,6 +258,7 @@ mod tests {
             aggregated: true,
             abandoned: None,
             capped: Vec::new(),
+            norm_clipped: Vec::new(),
             selected: vec!["a".into()],
             reported: vec!["a".into()],
             failures: Default::default(),

@@ -18,13 +18,14 @@ use crate::features::FeatureSet;
 use crate::site_norm::{site_stats, standardise};
 
 /// A device's data for training rounds: its training and validation rows (labels on the
-/// federation's class list), FedDDL's views, and the site statistics over both splits.
+/// federation's class list), FedDDL's views, and the site statistics (over the training rows;
+/// an evaluation-only device's over its validation rows: `site_norm::site_stats`).
 #[derive(Debug, Clone)]
 pub struct DeviceData {
     train: Arc<FeatureSet>,
     val: Arc<FeatureSet>,
     views: Option<Arc<DdlViews>>,
-    /// Site statistics over the training and validation rows (none: no rows).
+    /// Site statistics (none: no rows).
     stats: Option<Arc<FeatureStats>>,
     /// The validation rows standardised with `stats`.
     standardised_val: Option<Arc<FeatureSet>>,

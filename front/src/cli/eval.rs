@@ -3,9 +3,14 @@
 //! turns flags into its options and prints what comes back.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, ValueEnum};
-use fedge::eval::{self, Algorithm, BenchOptions, Prepared, RunResult, Scenario, Transport};
+use fedge::eval::{
+    self, Algorithm, BenchOptions, Calibration, LabelShift, Prepared, RunResult, Scenario,
+    SiteOptions, Transport,
+};
 
 use super::args::{DatasetArgs, FeatureArgs, JsonArgs, write_file};
 
@@ -55,6 +60,22 @@ pub struct EvalArgs {
     /// How tasks and updates travel.
     #[arg(long, value_enum, default_value_t = Transport::InProcess, help_heading = "Runs")]
     pub transport: Transport,
+    /// The held-out site's class mix, drawn per seed: `none` (the domain's own), `dirichlet:ALPHA`,
+    /// `dominant:SHARE` (one class holds SHARE of its images), `classes:K` (only K classes).
+    /// A camera that mostly sees one product is the normal case in the field.
+    #[arg(
+        long,
+        default_value = "none",
+        value_name = "MIX",
+        help_heading = "Held-out site"
+    )]
+    pub label_shift: LabelShift,
+    /// How many unlabelled images of the held-out site its statistics see (`feature_norm =
+    /// "site"`), from one half of its images; the site is scored on the other half, whatever
+    /// the normalisation. `all`: every image, the scored ones included (transductive).
+    /// [default: 128; all with --transport mqtt]
+    #[arg(long, value_name = "N|all", help_heading = "Held-out site")]
+    pub calibration: Option<Calibration>,
     /// Central DP-FedAvg: comma list of noise multipliers σ, each run as its own variant of
     /// every algorithm (0: the algorithm without DP, for reference); prints the
     /// privacy–utility table and, with --plot, draws PATH-privacy.png. Devices are drawn each
@@ -128,6 +149,19 @@ pub const DEFAULT_ALGORITHMS: [&str; 9] = [
 ];
 
 impl EvalArgs {
+    /// The held-out site: with MQTT, an evaluation-only device computes its statistics over
+    /// the rows it scores, so the calibration defaults to `all` there.
+    fn site(&self) -> SiteOptions {
+        let calibration = self.calibration.unwrap_or(match self.transport {
+            Transport::InProcess => Calibration::default(),
+            Transport::Mqtt => Calibration::All,
+        });
+        SiteOptions {
+            label_shift: self.label_shift,
+            calibration,
+        }
+    }
+
     fn scenario(&self) -> anyhow::Result<Scenario> {
         Ok(match self.scenario {
             ScenarioKind::Lodo => Scenario::Lodo,
@@ -231,6 +265,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         seeds: args.seeds,
         local_epochs: args.local_epochs,
         hidden: 64,
+        site: args.site(),
     };
     let start = std::time::Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner();
@@ -275,6 +310,14 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     println!("{table}");
+    let paired = eval::paired(&results);
+    if !paired.is_empty() && options.seeds > 1 {
+        println!(
+            "paired by seed against the first algorithm (held-out site: label shift {}, calibration {}):",
+            options.site.label_shift, options.site.calibration
+        );
+        println!("{}", eval::paired_markdown(&paired));
+    }
     if let Some(path) = &args.markdown {
         write_file(path, &table)?;
     }
@@ -324,8 +367,10 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         rounds: options.rounds,
         seeds: options.seeds,
         local_epochs: options.local_epochs,
+        site: options.site,
     };
     let mut report = eval::report_json(&meta, &results);
+    report["paired"] = serde_json::json!(eval::paired(&results));
     if !privacy.is_empty() {
         report["delta"] = serde_json::json!(args.dp_delta);
         report["privacy"] = serde_json::to_value(&privacy)?;
@@ -347,31 +392,70 @@ async fn run_with_progress(
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    // Ctrl-C: the runs that finished are reported; a second one quits at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn({
+        let (stop, bar) = (Arc::clone(&stop), bar.clone());
+        async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.store(true, Ordering::Relaxed);
+                bar.println("stopping after the current run; Ctrl-C again quits at once");
+                let _ = tokio::signal::ctrl_c().await;
+                std::process::exit(130);
+            }
+        }
+    });
     let mut done = 0u64;
-    let results = eval::run_all(prepared, algorithms, options, transport, |p| match p {
-        eval::Progress::Round {
-            algorithm,
-            target,
-            seed,
-            round,
-        } => {
-            bar.set_message(format!(
-                "run {}/{runs}: {algorithm} on {target} (seed {seed}), round {round}",
-                done + 1
-            ));
-            bar.inc(1);
-        }
-        eval::Progress::Run(r) => {
-            done += 1;
-            // Rounds a run did not aggregate still count as done.
-            bar.set_position(done * options.rounds);
-            bar.set_message(format!(
-                "{} on {}: {:.3}",
-                r.algorithm, r.target, r.target_accuracy
-            ));
-        }
-    })
-    .await?;
+    let mut results = Vec::new();
+    let outcome = eval::run_into(
+        prepared,
+        algorithms,
+        options,
+        transport,
+        &stop,
+        &mut results,
+        |p| match p {
+            eval::Progress::Round {
+                algorithm,
+                target,
+                seed,
+                round,
+            } => {
+                bar.set_message(format!(
+                    "run {}/{runs}: {algorithm} on {target} (seed {seed}), round {round}",
+                    done + 1
+                ));
+                bar.inc(1);
+            }
+            eval::Progress::Run(r) => {
+                done += 1;
+                // Rounds a run did not aggregate still count as done.
+                bar.set_position(done * options.rounds);
+                bar.set_message(format!(
+                    "{} on {}: {:.3}",
+                    r.algorithm, r.target, r.target_accuracy
+                ));
+            }
+        },
+    )
+    .await;
+    watcher.abort();
     bar.finish_and_clear();
+    if let Err(e) = outcome {
+        if !results.is_empty() {
+            println!(
+                "the {} of {runs} runs that finished before the error:",
+                results.len()
+            );
+            println!("{}", eval::markdown(&results));
+        }
+        return Err(e);
+    }
+    if stop.load(Ordering::Relaxed) {
+        println!(
+            "stopped: {} of {runs} runs finished; the tables below hold them",
+            results.len()
+        );
+    }
     Ok(results)
 }

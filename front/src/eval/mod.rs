@@ -18,19 +18,23 @@
 //! - `report`: the summary over seeds, the Markdown table, the JSON report, the plots' data.
 
 mod data;
+mod paired;
 mod report;
 mod run;
+mod site;
 mod tune;
 
 pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
     load_backbone, prepare, rows, split_features,
 };
+pub use paired::{Paired, interval, paired, paired_markdown};
 pub use report::{
     PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,
     privacy_markdown, privacy_rows, report_json, summarise, tradeoff_lines,
 };
-pub use run::{Progress, RunSpec, partition, run_all, run_lodo, run_one, run_one_mqtt};
+pub use run::{Progress, RunSpec, partition, run_all, run_into, run_lodo, run_one, run_one_mqtt};
+pub use site::{Calibration, LabelShift, SiteOptions, TargetSite};
 pub use tune::{Choice, choose, grid};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -321,6 +325,8 @@ pub struct BenchOptions {
     pub local_epochs: u32,
     /// Projector width.
     pub hidden: usize,
+    /// The held-out site's class mix and the rows its statistics see.
+    pub site: SiteOptions,
 }
 
 /// How a run's tasks and updates travel (`--transport`).

@@ -335,6 +335,8 @@ pub struct ReportMeta<'a> {
     pub seeds: u64,
     /// Local epochs.
     pub local_epochs: u32,
+    /// The held-out site's class mix and calibration rows.
+    pub site: super::SiteOptions,
 }
 
 /// The JSON report of DESIGN.md: `dataset`, `scenario`, `backbone`, `rounds`, `results` (one
@@ -360,6 +362,8 @@ pub fn report_json(meta: &ReportMeta, results: &[RunResult]) -> serde_json::Valu
         "rounds": meta.rounds,
         "seeds": meta.seeds,
         "local_epochs": meta.local_epochs,
+        "label_shift": meta.site.label_shift,
+        "calibration": meta.site.calibration,
         "results": results,
         "summary": summary,
     })

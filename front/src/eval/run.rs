@@ -2,6 +2,9 @@
 //! algorithms.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
 
 use fedge_coordinator::RoundConfig;
 use fedge_coordinator::boot::Plan;
@@ -14,7 +17,10 @@ use fedge_models::{HeadConfig, ModelLayout};
 use fedge_sim::{CoordinatorSpec, DeviceSpec, Observed, Sim, Upstream};
 use fedge_wire::Objective;
 
-use super::{Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, Transport};
+use super::{
+    Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, SiteOptions, TargetSite,
+    Transport,
+};
 use crate::demo::pooled_accuracy;
 
 /// What a benchmark reports as it goes.
@@ -96,6 +102,14 @@ impl Case<'_> {
         }
     }
 
+    /// The run, for an error: algorithm, held-out domain, seed.
+    fn what(&self) -> String {
+        format!(
+            "{} with {} held out, seed {}",
+            self.algorithm.name, self.domains[self.target].name, self.seed
+        )
+    }
+
     fn round(&self, round: u64) -> Progress<'_> {
         Progress::Round {
             algorithm: &self.algorithm.name,
@@ -139,7 +153,8 @@ pub fn run_lodo(
     for case in cases(prepared, algorithms, options.seeds) {
         let r = run_one(&case.spec(&head, options), |round| {
             progress(case.round(round))
-        })?;
+        })
+        .with_context(|| case.what())?;
         progress(Progress::Run(&r));
         results.push(r);
     }
@@ -152,20 +167,51 @@ pub async fn run_all(
     algorithms: &[Algorithm],
     options: &BenchOptions,
     transport: Transport,
-    mut progress: impl FnMut(Progress),
+    progress: impl FnMut(Progress),
 ) -> anyhow::Result<Vec<RunResult>> {
-    if transport == Transport::InProcess {
-        return run_lodo(prepared, algorithms, options, progress);
-    }
-    let head = head_of(prepared, options);
     let mut results = Vec::new();
+    let never = AtomicBool::new(false);
+    run_into(
+        prepared,
+        algorithms,
+        options,
+        transport,
+        &never,
+        &mut results,
+        progress,
+    )
+    .await?;
+    Ok(results)
+}
+
+/// Every algorithm with every target and seed over `transport`, each finished run pushed onto
+/// `results` as it ends, so that a caller keeps them when a run fails or when `stop` is set
+/// (checked before each run). An error names the algorithm, the held-out domain and the seed.
+pub async fn run_into(
+    prepared: &Prepared,
+    algorithms: &[Algorithm],
+    options: &BenchOptions,
+    transport: Transport,
+    stop: &AtomicBool,
+    results: &mut Vec<RunResult>,
+    mut progress: impl FnMut(Progress),
+) -> anyhow::Result<()> {
+    let head = head_of(prepared, options);
     for case in cases(prepared, algorithms, options.seeds) {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let spec = case.spec(&head, options);
         let on_round = |round| progress(case.round(round));
-        let r = run_one_mqtt(&case.spec(&head, options), on_round).await?;
+        let r = match transport {
+            Transport::InProcess => run_one(&spec, on_round),
+            Transport::Mqtt => run_one_mqtt(&spec, on_round).await,
+        }
+        .with_context(|| case.what())?;
         progress(Progress::Run(&r));
         results.push(r);
     }
-    Ok(results)
+    Ok(())
 }
 
 fn head_of(prepared: &Prepared, options: &BenchOptions) -> HeadConfig {
@@ -179,6 +225,12 @@ pub async fn run_one_mqtt(
     mut on_round: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
+    anyhow::ensure!(
+        options.site == SiteOptions::transductive(),
+        "--transport mqtt scores the held-out site as an evaluation-only device, which computes \
+         its statistics over the rows it scores: run it with --calibration all and without \
+         --label-shift (the simulator, the default transport, measures both)"
+    );
     let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
     let (per_round, sites) = match options.scenario {
@@ -248,7 +300,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
-    let held_out = held_out(&domains[target], norm);
+    let held_out = held_out(&domains[target], head.classes, norm, options.site, seed);
     let sites = matches!(options.scenario, Scenario::Sites { .. });
     anyhow::ensure!(
         !(sites && algorithm.objective == Objective::FedDim),
@@ -483,12 +535,20 @@ fn clients(
     Ok(out)
 }
 
-/// What the held-out site is scored on: with site normalisation, standardised with its own
-/// statistics (computed from its images alone, no label).
-fn held_out(domain: &DomainData, norm: FeatureNorm) -> Arc<FeatureSet> {
-    match (norm, stats_of(&[&domain.held_out])) {
-        (FeatureNorm::Site, Some(stats)) => Arc::new(standardise(&stats, &domain.held_out)),
-        _ => Arc::clone(&domain.held_out),
+/// What the held-out site is scored on (`eval::site`): its scored rows, with site
+/// normalisation standardised with the statistics of its calibration rows (unlabelled; none
+/// of them scored unless `--calibration all`).
+fn held_out(
+    domain: &DomainData,
+    classes: usize,
+    norm: FeatureNorm,
+    options: SiteOptions,
+    seed: u64,
+) -> Arc<FeatureSet> {
+    let site = TargetSite::new(&domain.held_out, classes, options, seed);
+    match (norm, stats_of(&[&site.calibration])) {
+        (FeatureNorm::Site, Some(stats)) => Arc::new(standardise(&stats, &site.scored)),
+        _ => Arc::new(site.scored),
     }
 }
 

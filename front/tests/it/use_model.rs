@@ -56,7 +56,7 @@ fn write_coordinator(dir: &Path, port: u16) -> PathBuf {
          [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
          [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n\
          [model]\nclasses_file = \"classes.txt\"\nbackbone = \"digits-conv\"\n\n\
-         [train]\nlocal_epochs = 3\n"
+         [train]\nlocal_epochs = 3\nfeature_norm = \"site\"\n"
     );
     let path = dir.join("coordinator.toml");
     std::fs::write(&path, config).unwrap();
@@ -350,7 +350,7 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
 
     // The model exported to ONNX from the coordinator's state folder, run by tract (fedge's own
     // loader, reading the exported card) and by onnxruntime: fedge's answers within 1e-4.
-    // The federation standardises features per site (the default): the file carries the
+    // The federation standardises features per site (`feature_norm = "site"`): the file carries the
     // unseen site's statistics, as `fedge-edge site-stats` prints them there.
     assert_eq!(model.feature_norm, fedge_wire::FeatureNorm::Site);
     let stats = common::succeeded(

@@ -1,16 +1,57 @@
-//! The round-end guards that bound what any one device can do to the model: a cap on the
-//! weight an update claims, and the refusal of an aggregate that is not finite or that moves
+//! The round-end guards that bound what any one device can do to the model: a bound on the
+//! length of each delta relative to the others', a cap on the weight an update claims, and
+//! the refusal of an aggregate that is not finite or that moves
 //! the model far beyond the updates it came from. Pure functions; the machine applies them in
 //! `lifecycle` (the per-update checks on arrival are in `validate`).
 
-use super::types::MAX_ABS_VALUE;
+use super::types::{MAX_ABS_VALUE, NormClip};
 use crate::updates::RoundUpdates;
-use crate::updates::norms::lower_median;
+use crate::updates::norms::{lower_median, median};
 
 /// How far an aggregate may move the model, in multiples of the longest accepted delta.
 /// FedAvg moves at most 1×; server momentum and FedOMG's step size a few times that (β = 0.9
 /// carries up to 10×); an overflowing or poisoned aggregate moves by orders of magnitude more.
 pub const MAX_STEP_RATIO: f64 = 1_000.0;
+
+/// The norm guard: every delta longer than `ratio` × the median norm of the *other* updates
+/// (mean of the middle two for an even count) is scaled down to that length; `(index, clip)`
+/// in the updates' order. Off with `ratio` 0 or fewer than two updates.
+///
+/// Why this rule. Comparing with the others' median means no update sets its own bound, and
+/// with three or more updates an honest majority sets everyone's. Scaling instead of dropping
+/// bounds any one device's pull on the model (its delta is at most `ratio` times the others'
+/// median) without excluding it: a site whose data differ most from the others', or whose
+/// data changed, still moves the model towards them, so its delta shrinks and it comes back
+/// under the bound by itself. (The rule it replaces dropped any delta above `ratio` × the
+/// round's lower median: with two sites the smaller delta set the bound, and a site once
+/// excluded stayed excluded while the model drifted from its data.) The price: with two
+/// updates, a sender of a near-zero delta holds the other one to `ratio` times its own.
+pub(super) fn norm_clips(
+    ratio: f64,
+    accepted: &RoundUpdates,
+    norms: &[f64],
+) -> Vec<(usize, NormClip)> {
+    if ratio <= 0.0 || norms.len() < 2 {
+        return Vec::new();
+    }
+    (0..norms.len())
+        .filter_map(|i| {
+            let others: Vec<f64> = (norms.iter().enumerate())
+                .filter(|(j, _)| *j != i)
+                .map(|(_, n)| *n)
+                .collect();
+            let bound = ratio * median(&others);
+            (norms[i] > bound).then(|| {
+                let clip = NormClip {
+                    client: accepted.client(i).to_owned(),
+                    norm: norms[i],
+                    bound,
+                };
+                (i, clip)
+            })
+        })
+        .collect()
+}
 
 /// The sample count above which an update's weight is cut: `ratio` × the round's lower median
 /// count, rounded up; `None` when off (`ratio` 0), with fewer than two updates, or when no

@@ -157,7 +157,7 @@ fn signed_updates_survive_chunking() {
 }
 
 #[test]
-fn norm_bounds_reject_on_arrival_and_drop_outliers_at_the_close() {
+fn norm_bounds_reject_on_arrival_and_scale_outliers_down_at_the_close() {
     let config = RoundConfig {
         min_clients: 4,
         min_updates: 2,
@@ -175,18 +175,102 @@ fn norm_bounds_reject_on_arrival_and_drop_outliers_at_the_close() {
     // Above the absolute bound: rejected at once.
     m.handle_packet("c", &update("c", 1, [60.0, 0.0, 0.0, 0.0], 1), 3);
     assert_eq!(m.reported(), 2);
-    // Under the absolute bound but 20 × the median (1.5 … 2 … 20): dropped at the close.
+    // Under the absolute bound but 20 against the others' median 1.5: scaled down to 5 × 1.5
+    // at the close, and still counted.
     m.handle_packet("c", &update("c", 1, [0.0, 0.0, 20.0, 0.0], 1), 4);
     m.handle_packet("d", &update("d", 1, [0.0, 0.0, 0.0, 1.5], 1), 5);
     let out = drain(&mut m);
-    assert_eq!(
-        rejected(&out),
-        vec![("c".into(), "norm"), ("c".into(), "norm")]
-    );
+    assert_eq!(rejected(&out), vec![("c".into(), "norm")]);
     let report = &reports(&out)[0];
-    assert_eq!(report.reported, ["a", "b", "d"]);
-    assert_eq!(report.rejected["norm"], 2);
-    assert_eq!(m.params(), &[1.0 / 3.0, 2.0 / 3.0, 0.0, 0.5]);
+    assert_eq!(report.reported, ["a", "b", "c", "d"]);
+    assert_eq!(report.rejected["norm"], 1);
+    assert_eq!(
+        report.norm_clipped,
+        [NormClip {
+            client: "c".into(),
+            norm: 20.0,
+            bound: 7.5
+        }]
+    );
+    assert_eq!(m.params(), &[0.25, 0.5, 7.5 / 4.0, 1.5 / 4.0]);
+}
+
+/// Runs rounds of `deltas` (one per client, each round the same) with the default ratio and
+/// returns the reports.
+fn rounds_of(deltas: &[(&str, [f32; M])], rounds: u64) -> Vec<RoundReport> {
+    let config = RoundConfig {
+        min_clients: deltas.len(),
+        min_updates: deltas.len(),
+        ..config()
+    };
+    let mut m = Rounds::new(config, Box::new(FedAvg), vec![0.0; M]);
+    for (c, _) in deltas {
+        m.handle_client_status(c, true, 0);
+    }
+    drain(&mut m);
+    let mut out = Vec::new();
+    for round in 1..=rounds {
+        for (i, (c, delta)) in deltas.iter().enumerate() {
+            m.handle_packet(c, &update(c, round, *delta, 1), round * 10 + i as u64);
+        }
+        out.extend(reports(&drain(&mut m)));
+    }
+    out
+}
+
+#[test]
+fn two_very_different_honest_sites_both_count() {
+    // Site b's data differ most: its delta is 30 times a's. The rule this replaced dropped it
+    // (above 10 × the lower median, a's own norm) in every round; now it counts, held to
+    // 10 × a's norm, and nothing is rejected.
+    let reports = rounds_of(
+        &[("a", [0.1, 0.0, 0.0, 0.0]), ("b", [0.0, 3.0, 0.0, 0.0])],
+        3,
+    );
+    for report in &reports {
+        assert_eq!(report.reported, ["a", "b"]);
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        assert_eq!(report.norm_clipped.len(), 1);
+        assert_eq!(report.norm_clipped[0].client, "b");
+        assert!((report.norm_clipped[0].bound - 1.0).abs() < 1e-6);
+    }
+    // Within the ratio, nobody is touched.
+    let calm = rounds_of(
+        &[("a", [1.0, 0.0, 0.0, 0.0]), ("b", [0.0, 3.0, 0.0, 0.0])],
+        1,
+    );
+    assert!(calm[0].norm_clipped.is_empty());
+}
+
+#[test]
+fn a_converged_device_does_not_set_the_bound_for_the_others() {
+    // Three devices, one converged (near-zero delta): the lower median was its norm, and the
+    // site whose data changed was dropped round after round. The median of the others is
+    // now what a delta is compared with: c (norm 4) against median(0.001, 1) ≈ 0.5 passes.
+    let reports = rounds_of(
+        &[
+            ("a", [0.001, 0.0, 0.0, 0.0]),
+            ("b", [0.0, 1.0, 0.0, 0.0]),
+            ("c", [0.0, 0.0, 4.0, 0.0]),
+        ],
+        2,
+    );
+    for report in &reports {
+        assert_eq!(report.reported, ["a", "b", "c"]);
+        assert!(report.norm_clipped.is_empty(), "{:?}", report.norm_clipped);
+    }
+    // A hostile delta among honest ones moves the model by at most ratio × their median.
+    let reports = rounds_of(
+        &[
+            ("a", [1.0, 0.0, 0.0, 0.0]),
+            ("b", [0.0, 1.0, 0.0, 0.0]),
+            ("x", [0.0, 0.0, 1e6, 0.0]),
+        ],
+        1,
+    );
+    let clip = &reports[0].norm_clipped;
+    assert_eq!((clip.len(), clip[0].client.as_str()), (1, "x"));
+    assert_eq!(clip[0].bound, 10.0);
 }
 
 mod arbitrary_input {

@@ -10,8 +10,8 @@ use rand::seq::IteratorRandom;
 
 use super::open::{OpenRound, weighted_mean};
 use super::saved::{Record, params_fingerprint};
-use super::types::{Output, Phase, Rejection, RoundReport};
-use super::{Rounds, guard, validate};
+use super::types::{NormClip, Output, Phase, Rejection, RoundReport};
+use super::{Rounds, guard};
 use crate::objectives::fedddl::GlobalPrototypes;
 use crate::objectives::feddim::GlobalInsight;
 use crate::strategy::{Failure, SamplingKind};
@@ -162,9 +162,9 @@ impl Rounds {
         // Under central DP clipping bounds every device; the norm-ratio drop would make one
         // device's fate depend on the others' unclipped norms.
         let private = self.privacy.is_some();
-        let mut longest = match private {
-            false => self.drop_norm_outliers(&mut open),
-            true => 0.0,
+        let (mut longest, norm_clipped) = match private {
+            false => self.clip_norm_outliers(&mut open),
+            true => (0.0, Vec::new()),
         };
         let aggregated =
             !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
@@ -245,6 +245,7 @@ impl Rounds {
             aggregated,
             abandoned,
             capped,
+            norm_clipped,
             failures,
             selected: open.selected.iter().cloned().collect(),
             reported,
@@ -316,28 +317,30 @@ impl Rounds {
         capped.into_iter().map(|(client, _)| client).collect()
     }
 
-    /// Drops updates whose norm passes `max_norm_ratio` × the round's lower median norm.
-    /// Returns the norm of the longest update kept.
-    fn drop_norm_outliers(&mut self, open: &mut OpenRound) -> f64 {
-        let ratio = self.config.max_norm_ratio;
+    /// Scales every delta longer than `max_norm_ratio` × the median norm of the round's other
+    /// updates down to that length (`guard::norm_clips`). Returns the norm of the longest
+    /// delta after it, and the clips.
+    fn clip_norm_outliers(&mut self, open: &mut OpenRound) -> (f64, Vec<NormClip>) {
         let norms = norms(&open.accepted);
-        let Some(outliers) = validate::norm_outliers(ratio, &open.accepted, &norms) else {
-            return norms.into_iter().fold(0.0, f64::max);
-        };
-        let longest = norms
-            .iter()
-            .zip(&outliers.keep)
-            .filter(|(_, keep)| **keep)
-            .fold(0.0_f64, |a, (n, _)| a.max(*n));
-        open.accepted.retain(&outliers.keep);
-        for (client, norm) in outliers.dropped {
-            open.class_stats.remove(&client);
-            open.prototypes.remove(&client);
-            let detail =
-                format!("delta norm {norm:.4} above {ratio} × the round's lower median norm");
-            self.count_rejection(Some(open), &client, Rejection::Norm, detail);
+        let clips = guard::norm_clips(self.config.max_norm_ratio, &open.accepted, &norms);
+        let mut scales = vec![1f32; norms.len()];
+        let mut lengths = norms;
+        for (i, clip) in &clips {
+            scales[*i] = (clip.bound / clip.norm) as f32;
+            lengths[*i] = clip.bound;
+            tracing::warn!(
+                client = %clip.client,
+                norm = clip.norm,
+                bound = clip.bound,
+                ratio = self.config.max_norm_ratio,
+                "update scaled down to max_norm_ratio × the median norm of the round's other updates"
+            );
         }
-        longest
+        if !clips.is_empty() {
+            open.accepted = open.accepted.scaled(&scales);
+        }
+        let longest = lengths.into_iter().fold(0.0, f64::max);
+        (longest, clips.into_iter().map(|(_, c)| c).collect())
     }
 
     /// Counts a rejection of `client`'s message in the open round, if any.

@@ -44,8 +44,8 @@ pub use saved::{
     Checkpoint, OpenRoundLog, OpenedRound, Record, SavedAccountant, params_fingerprint,
 };
 pub use types::{
-    DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DeviceKeys, MAX_ABS_VALUE, Output, Phase,
-    PrivacySpent, Rejection, RelayConfig, RelayError, RoundConfig, RoundReport,
+    DEFAULT_MAX_NORM_RATIO, DEFAULT_MAX_WEIGHT_RATIO, DeviceKeys, MAX_ABS_VALUE, NormClip, Output,
+    Phase, PrivacySpent, Rejection, RelayConfig, RelayError, RoundConfig, RoundReport,
 };
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

@@ -67,8 +67,9 @@ pub struct RoundConfig {
     pub journal: bool,
     /// Updates whose delta norm passes this bound are rejected on arrival (`norm`); 0: no bound.
     pub max_update_norm: f64,
-    /// At the round's end, updates whose norm passes this multiple of the lower median norm
-    /// of the round's accepted updates are dropped (`norm`), when there are at least 2; 0: off.
+    /// At the round's end, a delta longer than this multiple of the median norm of the round's
+    /// other accepted updates is scaled down to that length (the round-end guard), when there
+    /// are at least 2; 0: off.
     pub max_norm_ratio: f64,
     /// At the round's end, a sample count above this multiple of the round's lower median
     /// sample count is cut down to it before aggregation, so that no device weighs more than
@@ -333,6 +334,18 @@ impl Default for Control {
     }
 }
 
+/// An update's delta scaled down at the round's end by the norm guard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NormClip {
+    /// The client.
+    pub client: String,
+    /// Its delta's L2 norm as sent.
+    pub norm: f64,
+    /// What it was scaled down to: `max_norm_ratio` × the median norm of the round's other
+    /// updates.
+    pub bound: f64,
+}
+
 /// What happened to a round that ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoundReport {
@@ -346,6 +359,8 @@ pub struct RoundReport {
     pub abandoned: Option<&'static str>,
     /// Clients whose sample count was cut to the round's weight bound.
     pub capped: Vec<String>,
+    /// Updates whose delta the norm guard scaled down, with what they were compared with.
+    pub norm_clipped: Vec<NormClip>,
     /// Clients selected.
     pub selected: Vec<String>,
     /// Clients whose update was used.

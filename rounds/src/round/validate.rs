@@ -9,8 +9,6 @@ use fedge_wire::{ClassStats, ClientUpdate, TensorF32};
 use super::open::OpenRound;
 use super::types::MAX_ABS_VALUE;
 use super::types::{Rejection, RoundConfig};
-use crate::updates::RoundUpdates;
-use crate::updates::norms::lower_median;
 
 /// Why `client`'s `update` cannot be used in the `open` round of a machine whose head has
 /// `params` parameters; `Ok` when it can.
@@ -101,41 +99,6 @@ pub(super) fn validate(
         )?;
     }
     Ok(())
-}
-
-/// The updates a round drops at its end for their norm.
-pub(super) struct NormOutliers {
-    /// Whether each update stays, in view order.
-    pub(super) keep: Vec<bool>,
-    /// The dropped clients with their norms.
-    pub(super) dropped: Vec<(String, f64)>,
-}
-
-/// The updates to drop at the round's end: those whose norm passes `ratio` × the round's
-/// lower median norm, when there are at least 2; `None` when every update stays.
-///
-/// The lower median (the smaller of two) means one of two senders can never raise the bound:
-/// a huge delta next to an honest one is dropped. The price: a sender of a tiny delta next to
-/// one honest sender gets the honest one dropped, and the round is then abandoned below its
-/// quorum or aggregates the tiny delta; the model never moves far.
-pub(super) fn norm_outliers(
-    ratio: f64,
-    accepted: &RoundUpdates,
-    norms: &[f64],
-) -> Option<NormOutliers> {
-    if ratio <= 0.0 || accepted.len() < 2 {
-        return None;
-    }
-    let bound = ratio * lower_median(norms);
-    if norms.iter().all(|n| *n <= bound) {
-        return None;
-    }
-    let dropped: Vec<(String, f64)> = (0..accepted.len())
-        .filter(|&i| norms[i] > bound)
-        .map(|i| (accepted.client(i).to_owned(), norms[i]))
-        .collect();
-    let keep: Vec<bool> = norms.iter().map(|n| *n <= bound).collect();
-    Some(NormOutliers { keep, dropped })
 }
 
 /// Checks that every value is finite (`non_finite`) and at most [`MAX_ABS_VALUE`] in

@@ -311,6 +311,25 @@ impl RoundUpdates {
         self.finish();
     }
 
+    /// A copy with update `i`'s delta (`i` as in [`RoundUpdates::client`]) scaled by
+    /// `scales[i]`, held on the heap (no budget: this round's arena already held these rows),
+    /// with dot products when the round keeps them. Finished.
+    pub fn scaled(&self, scales: &[f32]) -> RoundUpdates {
+        assert_eq!(scales.len(), self.len(), "one scale per update");
+        let config = UpdatesConfig {
+            budget_bytes: usize::MAX,
+            ..self.config
+        };
+        let mut out = RoundUpdates::new(self.m, self.len(), config);
+        for (i, &scale) in scales.iter().enumerate() {
+            let values = self.delta(i).iter().map(|v| v * scale);
+            let pushed = out.push_values(self.client(i), self.num_samples(i), values);
+            debug_assert!(pushed.is_ok());
+        }
+        out.finish();
+        out
+    }
+
     /// Completes the dot products and the client order; call before reading.
     pub fn finish(&mut self) {
         if self.config.dots {
