@@ -590,3 +590,63 @@ fn the_default_does_not_collapse_at_a_site_that_sees_one_class() {
     assert!(plain > 0.5, "the default at a one-class site: {plain}");
     assert!(site < plain - 0.2, "site {site} against none {plain}");
 }
+
+/// A new user's first cross-source benchmark: three image-folder sites that see the digits very
+/// differently (plain, inverted, washed out), each held out in turn, so two source sites train.
+/// With the defaults it runs to the end (the norm guard scales a long delta down instead of
+/// dropping the site whose data differ most), and prints the paired comparison.
+#[test]
+fn two_very_different_source_sites_run_to_the_end_with_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("sites");
+    let digits = &fedge_edge::data::digits_domains(&[0.0], 5)[0].data;
+    type Look = fn(f32) -> u8;
+    let looks: [(&str, Look); 3] = [
+        ("plain", |v| (v * 15.0) as u8),
+        ("inverted", |v| 255 - (v * 15.0) as u8),
+        ("washed", |v| (120.0 + v * 7.0) as u8),
+    ];
+    for (d, (site, look)) in looks.iter().enumerate() {
+        for i in (d..digits.len()).step_by(3).take(240) {
+            let folder = root.join(site).join(digits.labels[i].to_string());
+            std::fs::create_dir_all(&folder).unwrap();
+            let pixels = digits.image(i);
+            let img = image::GrayImage::from_fn(8, 8, |x, y| {
+                image::Luma([look(pixels[(y * 8 + x) as usize])])
+            });
+            img.save(folder.join(format!("{i}.png"))).unwrap();
+        }
+    }
+    let out = crate::common::succeeded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args(["eval", "--dataset"])
+            .arg(format!("imagefolder:{}", root.display()))
+            .args([
+                "--algorithms",
+                "fedavg,fedomg",
+                "--rounds",
+                "4",
+                "--seeds",
+                "2",
+            ])
+            .args(["--local-epochs", "2", "--cache-dir"])
+            .arg(dir.path().join("cache"))
+            .arg("--json")
+            .arg(dir.path().join("report.json")),
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for site in ["plain", "inverted", "washed"] {
+        assert!(table.contains(site), "{table}");
+    }
+    assert!(table.contains("| fedomg − fedavg |"), "{table}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+    let runs = report["results"].as_array().unwrap();
+    assert_eq!(runs.len(), 2 * 3 * 2);
+    for run in runs {
+        // No update of an honest site was rejected (the field is left out when none was).
+        let rejected = run["rejected"].as_object();
+        assert!(rejected.is_none_or(|r| r.is_empty()), "{run}");
+    }
+    assert_eq!(report["paired"][0]["seeds"], 2);
+}
