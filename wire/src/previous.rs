@@ -39,6 +39,8 @@ mod tests {
             params: TensorF32::from_slice(&[0.5, -1.0]),
             train: TrainParams {
                 objective: Objective::FedProx,
+                // The default of the release that recorded the bytes below.
+                feature_norm: crate::FeatureNorm::Site,
                 ..TrainParams::default()
             },
             deadline_ms: 60_000,

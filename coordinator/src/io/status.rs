@@ -130,6 +130,14 @@ pub fn metrics_json(
     // Central DP: ε spent after this round at δ, and whether the budget finished the federation.
     if let (Some(spent), Some(map)) = (report.privacy, metrics.as_object_mut()) {
         map.insert("epsilon".into(), serde_json::json!(spent.epsilon));
+        map.insert(
+            "epsilon_amplified".into(),
+            serde_json::json!(spent.amplified_epsilon),
+        );
+        map.insert(
+            "most_selected_rounds".into(),
+            serde_json::json!(spent.most_selected),
+        );
         map.insert("delta".into(), serde_json::json!(spent.delta));
         if let Some(target) = spent.target_epsilon {
             map.insert("target_epsilon".into(), serde_json::json!(target));
@@ -276,6 +284,8 @@ mod tests {
             }),
             privacy: Some(crate::round::PrivacySpent {
                 epsilon: 1.25,
+                amplified_epsilon: 0.5,
+                most_selected: 3,
                 delta: 1e-5,
                 target_epsilon: Some(2.0),
                 rounds: 4,
@@ -284,6 +294,8 @@ mod tests {
         };
         let m = metrics_json(&report, None, "dp-fedavg", &Default::default());
         assert_eq!(m["epsilon"], 1.25);
+        assert_eq!(m["epsilon_amplified"], 0.5);
+        assert_eq!(m["most_selected_rounds"], 3);
         assert_eq!(m["delta"], 1e-5);
         assert_eq!(m["target_epsilon"], 2.0);
         assert_eq!(m["privacy_budget_exhausted"], true);

@@ -13,8 +13,11 @@ use crate::strategy::StrategyState;
 
 const MAGIC: &[u8; 4] = b"FDGC";
 /// Version 2 added FedDDL's prototypes, version 3 the federation's run, version 4 central DP's
-/// accountant. Version 3 files are still read (without an accountant).
-const VERSION: u8 = 4;
+/// accountant, version 5 the rounds each device was selected in under central DP. Versions 3
+/// and 4 are still read (without what they lack).
+const VERSION: u8 = 5;
+/// The version before, read as [`CheckpointV4`].
+const V4: u8 = 4;
 /// The oldest version still read.
 const OLDEST: u8 = 3;
 
@@ -32,6 +35,39 @@ struct CheckpointV3 {
     prototypes: Vec<f32>,
 }
 
+/// A version 4 checkpoint: [`Checkpoint`] without the devices' participation.
+#[derive(serde::Deserialize)]
+struct CheckpointV4 {
+    federation: String,
+    run: u64,
+    strategy: String,
+    next_round: u64,
+    aggregated_rounds: u64,
+    params: Vec<f32>,
+    strategy_state: StrategyState,
+    insight: Vec<f32>,
+    prototypes: Vec<f32>,
+    privacy: Option<crate::round::saved::SavedAccountant>,
+}
+
+impl From<CheckpointV4> for Checkpoint {
+    fn from(v4: CheckpointV4) -> Self {
+        Checkpoint {
+            federation: v4.federation,
+            run: v4.run,
+            strategy: v4.strategy,
+            next_round: v4.next_round,
+            aggregated_rounds: v4.aggregated_rounds,
+            params: v4.params,
+            strategy_state: v4.strategy_state,
+            insight: v4.insight,
+            prototypes: v4.prototypes,
+            privacy: v4.privacy,
+            participation: Vec::new(),
+        }
+    }
+}
+
 impl From<CheckpointV3> for Checkpoint {
     fn from(v3: CheckpointV3) -> Self {
         Checkpoint {
@@ -45,6 +81,7 @@ impl From<CheckpointV3> for Checkpoint {
             insight: v3.insight,
             prototypes: v3.prototypes,
             privacy: None,
+            participation: Vec::new(),
         }
     }
 }
@@ -116,6 +153,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, InvalidCheckpoint> {
     }
     let checkpoint: Checkpoint = match body[4] {
         VERSION => postcard::from_bytes(&body[5..])?,
+        V4 => postcard::from_bytes::<CheckpointV4>(&body[5..])?.into(),
         OLDEST => postcard::from_bytes::<CheckpointV3>(&body[5..])?.into(),
         other => return Err(InvalidCheckpoint::Version(other)),
     };
@@ -181,6 +219,7 @@ mod tests {
                     steps: 6,
                 }],
             }),
+            participation: vec![("cam-1".into(), 2), ("cam-2".into(), 4)],
         }
     }
 
@@ -221,6 +260,7 @@ mod tests {
     fn a_version_3_checkpoint_is_read_without_an_accountant() {
         let old = Checkpoint {
             privacy: None,
+            participation: Vec::new(),
             ..sample()
         };
         assert_eq!(decode(&encode_v3(&sample())), Ok(old));
@@ -230,6 +270,22 @@ mod tests {
         let crc = CRC.checksum(&future[..n]);
         future[n..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(decode(&future), Err(InvalidCheckpoint::Version(9)));
+    }
+
+    #[test]
+    fn a_version_4_checkpoint_is_read_without_the_devices_participation() {
+        // Version 4 is version 5 without its last field (an empty list is one zero byte).
+        let without = Checkpoint {
+            participation: Vec::new(),
+            ..sample()
+        };
+        let mut v4 = encode(&without);
+        v4.truncate(v4.len() - 5);
+        v4[4] = 4;
+        let crc = CRC.checksum(&v4);
+        v4.extend(crc.to_le_bytes());
+        assert_eq!(decode(&v4), Ok(without));
+        assert_eq!(decode(&encode(&sample())), Ok(sample()));
     }
 
     #[test]

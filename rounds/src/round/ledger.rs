@@ -3,6 +3,8 @@
 //! is spent; the accountant's saved form for the checkpoint. Plain values and arithmetic; the
 //! machine's use of them is in `privacy`.
 
+use std::collections::BTreeMap;
+
 use fedge_privacy::{Accountant, Sampling, Steps};
 
 use super::saved::{SavedAccountant, SavedSampling, SavedSteps};
@@ -17,6 +19,11 @@ pub(super) struct Ledger {
     pub(super) plan: Option<(Sampling, f64)>,
     /// `target_epsilon` would be passed by one more round: the federation finished.
     pub(super) exhausted: bool,
+    /// The accounted rounds each device was selected in. Round tasks name the selected devices
+    /// and every device can read them, so amplification by subsampling does not hold against
+    /// the audience ε is reported to: a device's ε is that of the Gaussian mechanism, composed
+    /// once per round it was in.
+    pub(super) selected: BTreeMap<String, u64>,
 }
 
 impl Ledger {
@@ -27,18 +34,44 @@ impl Ledger {
             accountant: Accountant::default(),
             plan: None,
             exhausted: false,
+            selected: BTreeMap::new(),
         }
     }
 
-    /// Whether one more round with `sampling` keeps ε within the target (always without one).
+    /// The most rounds any one device was selected in.
+    pub(super) fn most_selected(&self) -> u64 {
+        self.selected.values().copied().max().unwrap_or(0)
+    }
+
+    /// ε at δ of a device selected in `rounds` rounds, with its participation known: the
+    /// Gaussian mechanism composed `rounds` times, no amplification.
+    pub(super) fn device_epsilon(&self, rounds: u64) -> f64 {
+        if rounds == 0 {
+            return 0.0;
+        }
+        let mut alone = Accountant::default();
+        let sigma = self.settings.accounted_noise_multiplier();
+        match alone.compose(Sampling::Poisson { rate: 1.0 }, sigma, rounds) {
+            Ok(()) => alone
+                .epsilon(self.settings.delta)
+                .map_or(f64::INFINITY, |g| g.epsilon),
+            Err(_) => f64::INFINITY,
+        }
+    }
+
+    /// Whether one more round with `sampling` keeps ε within the target (always without one):
+    /// the amplified ε of the federation, and the ε of the most selected device should it be
+    /// selected once more.
     pub(super) fn fits(&self, sampling: Sampling) -> bool {
         let Some(target) = self.settings.target_epsilon else {
             return true;
         };
         let sigma = self.settings.accounted_noise_multiplier();
-        self.accountant
+        let amplified = self
+            .accountant
             .rounds_within(sampling, sigma, self.settings.delta, target, 1)
-            .is_ok_and(|n| n >= 1)
+            .is_ok_and(|n| n >= 1);
+        amplified && self.device_epsilon(self.most_selected() + 1) <= target
     }
 }
 

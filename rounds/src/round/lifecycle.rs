@@ -202,7 +202,7 @@ impl Rounds {
                 .private_step_bound(open.accepted.len(), clip)
                 .unwrap_or(longest);
             // The noisy sum was drawn: the round counts, whether or not the guard applies it.
-            self.account_round();
+            self.account_round(&open.selected);
             match guard::refuse_aggregate(&self.params, &result.params, longest) {
                 Some(reason) => {
                     // The model and the strategy's buffers stay as they were.

@@ -226,6 +226,7 @@ impl Rounds {
         strategy.restore(&checkpoint.strategy_state)?;
         let mut rounds = Self::new(config, strategy, Vec::new());
         rounds.restore_privacy(checkpoint.privacy)?;
+        rounds.restore_participation(checkpoint.participation);
         if !checkpoint.insight.is_empty() {
             match rounds.insight.as_mut() {
                 Some(insight) if insight.fits(&checkpoint.insight) => {
@@ -268,6 +269,7 @@ impl Rounds {
             insight: self.insight().map(<[f32]>::to_vec).unwrap_or_default(),
             prototypes: self.prototypes().map(<[f32]>::to_vec).unwrap_or_default(),
             privacy: self.saved_privacy(),
+            participation: self.saved_participation(),
         }
     }
 

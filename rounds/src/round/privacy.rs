@@ -96,13 +96,16 @@ impl Rounds {
 
     /// The open round's noisy aggregate was computed: composes one step of its sampling, and
     /// marks the budget exhausted when one more such round would pass `target_epsilon`.
-    pub(super) fn account_round(&mut self) {
+    pub(super) fn account_round(&mut self, selected: &std::collections::BTreeSet<String>) {
         let Some(ledger) = self.privacy.as_mut() else {
             return;
         };
         let Some((sampling, _)) = ledger.plan.take() else {
             return;
         };
+        for device in selected {
+            *ledger.selected.entry(device.clone()).or_default() += 1;
+        }
         let sigma = ledger.settings.accounted_noise_multiplier();
         if let Err(e) = ledger.accountant.compose(sampling, sigma, 1) {
             // Cannot happen with checked settings; a round that cannot be counted stops the
@@ -139,18 +142,22 @@ impl Rounds {
         self.outputs.push_back(Output::Finished);
     }
 
-    /// Central DP's spending so far: ε at the configured δ (the improved conversion), the
-    /// rounds composed, the target and whether it stopped the federation. `None` without
-    /// central DP.
+    /// Central DP's spending so far: ε at the configured δ (the improved conversion) against
+    /// an observer who knows who took part (the larger of the amplified ε and the most selected
+    /// device's unamplified one), the amplified ε alone, the rounds composed, the target and
+    /// whether it stopped the federation. `None` without central DP.
     pub fn privacy_spent(&self) -> Option<PrivacySpent> {
         let ledger = self.privacy.as_ref()?;
         let delta = ledger.settings.delta;
-        let epsilon = ledger
+        let amplified = ledger
             .accountant
             .epsilon(delta)
             .map_or(f64::INFINITY, |g| g.epsilon);
+        let most_selected = ledger.most_selected();
         Some(PrivacySpent {
-            epsilon,
+            epsilon: amplified.max(ledger.device_epsilon(most_selected)),
+            amplified_epsilon: amplified,
+            most_selected,
             delta,
             target_epsilon: ledger.settings.target_epsilon,
             rounds: ledger.accountant.steps(),
@@ -158,7 +165,6 @@ impl Rounds {
         })
     }
 
-    /// The accountant, when central DP is on.
     pub fn accountant(&self) -> Option<&Accountant> {
         self.privacy.as_ref().map(|l| &l.accountant)
     }
@@ -171,6 +177,22 @@ impl Rounds {
     /// Restores the accountant from a checkpoint. A checkpoint without one restores nothing
     /// (the strategy's name already refuses a checkpoint of a federation without central DP);
     /// one with an accountant is refused without central DP or with the other sampling.
+    /// The rounds each device was selected in, for the checkpoint (empty without central DP).
+    pub(super) fn saved_participation(&self) -> Vec<(String, u64)> {
+        self.privacy.as_ref().map_or_else(Vec::new, |l| {
+            l.selected.iter().map(|(d, n)| (d.clone(), *n)).collect()
+        })
+    }
+
+    /// The rounds each device was selected in, from the checkpoint. A checkpoint written before
+    /// they were kept has none: the devices' counts start from 0, and the amplified ε, kept
+    /// whole, still bounds what is reported from below.
+    pub(super) fn restore_participation(&mut self, saved: Vec<(String, u64)>) {
+        if let Some(ledger) = self.privacy.as_mut() {
+            ledger.selected = saved.into_iter().collect();
+        }
+    }
+
     pub(super) fn restore_privacy(
         &mut self,
         saved: Option<SavedAccountant>,

@@ -89,14 +89,36 @@ fn the_accountant_after_n_rounds_is_the_direct_composition_and_survives_a_checkp
     }
     assert_eq!(m.accountant(), Some(&direct));
     let spent = m.privacy_spent().unwrap();
-    assert_eq!(spent.epsilon, direct.epsilon(1e-5).unwrap().epsilon);
+    assert_eq!(
+        spent.amplified_epsilon,
+        direct.epsilon(1e-5).unwrap().epsilon
+    );
+    // Reported: at least the most selected device's own, unamplified ε.
+    let own = Accountant::default()
+        .epsilon_after(
+            Sampling::Poisson { rate: 1.0 },
+            1.1,
+            spent.most_selected,
+            1e-5,
+        )
+        .unwrap()
+        .epsilon;
+    assert_eq!(spent.epsilon, own.max(spent.amplified_epsilon));
     assert_eq!(
         (spent.rounds, spent.delta, spent.exhausted),
         (6, 1e-5, false)
     );
-    // Each round's report carries the ε spent after it, growing round by round.
+    // Each round's report carries the ε spent after it, never falling (it stays when no
+    // device's count of selections passes the highest), and the amplified one growing.
     let eps: Vec<f64> = done.iter().map(|r| r.privacy.unwrap().epsilon).collect();
-    assert!(eps.windows(2).all(|w| w[0] < w[1]), "{eps:?}");
+    assert!(
+        eps.windows(2).all(|w| w[0] <= w[1]) && eps[0] < eps[5],
+        "{eps:?}"
+    );
+    let amplified: Vec<f64> = (done.iter())
+        .map(|r| r.privacy.unwrap().amplified_epsilon)
+        .collect();
+    assert!(amplified.windows(2).all(|w| w[0] < w[1]), "{amplified:?}");
     assert_eq!(eps[5], spent.epsilon);
     // The strategy divided by q × online, not by the draw's size.
     for (report, size) in done.iter().zip(&sizes) {
@@ -197,10 +219,26 @@ fn target_epsilon_finishes_the_federation_before_it_would_be_passed() {
     );
     let mut m = private_machine(6, 0.5, 0, dp(SamplingKind::Poisson, Some(target)));
     let (done, _) = run(&mut m, 20, [0.1; M]);
-    assert_eq!(done.len(), k as usize);
+    // The amplified ε allows k rounds; the most selected device's own ε (unamplified: the
+    // tasks name who was drawn) may stop the federation earlier.
+    assert!((1..=k as usize).contains(&done.len()), "{}", done.len());
     assert_eq!(m.phase(), Phase::Finished);
     let spent = m.privacy_spent().unwrap();
     assert!(spent.exhausted && spent.epsilon <= target, "{spent:?}");
+    let once_more = Accountant::default()
+        .epsilon_after(
+            Sampling::Poisson { rate: 1.0 },
+            1.1,
+            spent.most_selected + 1,
+            1e-5,
+        )
+        .unwrap()
+        .epsilon;
+    assert!(
+        done.len() == k as usize || once_more > target,
+        "stopped at {} rounds with {spent:?}",
+        done.len()
+    );
     assert!(done.last().unwrap().privacy.unwrap().exhausted);
     assert!(!done[0].privacy.unwrap().exhausted);
     assert!(eps(k + 1) > target);
@@ -286,4 +324,51 @@ fn a_checkpoint_cannot_switch_the_sampling_it_spent_epsilon_under() {
         err.contains("sampling = \"fixed\" cannot continue it"),
         "{err}"
     );
+}
+
+/// The tasks name the selected devices, so amplification by subsampling does not hold against
+/// a device or a dashboard: a device drawn `k` times has spent at least the Gaussian mechanism
+/// composed `k` times, whatever q says.
+#[test]
+fn a_device_selected_k_times_has_spent_at_least_k_unamplified_gaussian_steps() {
+    let mut m = private_machine(10, 0.1, 10, dp(SamplingKind::Poisson, None));
+    let (done, _) = run(&mut m, 10, [0.1; M]);
+    assert_eq!(done.len(), 10);
+    // Who was drawn, round by round, as every device reads it in the tasks.
+    let mut drawn: std::collections::BTreeMap<String, u64> = Default::default();
+    for report in &done {
+        for device in &report.selected {
+            *drawn.entry(device.clone()).or_default() += 1;
+        }
+    }
+    let k = *drawn.values().max().unwrap();
+    let spent = m.privacy_spent().unwrap();
+    assert_eq!(spent.most_selected, k);
+    let unamplified = |steps: u64| {
+        Accountant::default()
+            .epsilon_after(Sampling::Poisson { rate: 1.0 }, 1.1, steps, 1e-5)
+            .unwrap()
+            .epsilon
+    };
+    assert!(spent.epsilon >= unamplified(k), "{spent:?}");
+    assert_eq!(spent.epsilon, unamplified(k).max(spent.amplified_epsilon));
+    // The amplified figure alone claims far less: what was reported before.
+    assert!(spent.amplified_epsilon < unamplified(k) / 2.0, "{spent:?}");
+    // The counts survive a checkpoint.
+    let saved = m.checkpoint();
+    assert_eq!(saved.participation.iter().map(|(_, n)| *n).max(), Some(k));
+    let config = RoundConfig {
+        fraction: 0.1,
+        min_clients: 10,
+        min_updates: 1,
+        seed: 3,
+        privacy: Some(dp(SamplingKind::Poisson, None)),
+        ..RoundConfig::default()
+    };
+    let strategy = DpFedAvg::new(
+        dp(SamplingKind::Poisson, None),
+        GaussianNoise::from_seed(17),
+    );
+    let back = Rounds::resume(config, Box::new(strategy), saved, M).unwrap();
+    assert_eq!(back.privacy_spent().unwrap().epsilon, spent.epsilon);
 }

@@ -29,6 +29,9 @@ pub struct Checkpoint {
     pub prototypes: Vec<f32>,
     /// Central DP's accountant (docs/algorithms.md §8); `None` without central DP.
     pub privacy: Option<SavedAccountant>,
+    /// Central DP: the accounted rounds each device was selected in (its ε when its
+    /// participation is known, no amplification); empty without central DP.
+    pub participation: Vec<(String, u64)>,
 }
 
 /// A privacy accountant as plain values: its orders, the RDP spent at each (`+∞` kept as

@@ -114,8 +114,15 @@ impl RoundConfig {
 /// Central DP's spending, in the status and the round's metrics.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrivacySpent {
-    /// ε spent so far at [`PrivacySpent::delta`].
+    /// ε spent so far at [`PrivacySpent::delta`], for an observer who knows which devices
+    /// each round selected (round tasks name them): the larger of the amplified ε and the most
+    /// selected device's unamplified one.
     pub epsilon: f64,
+    /// ε with amplification by subsampling: what holds only against an observer who does not
+    /// know whether a device took part.
+    pub amplified_epsilon: f64,
+    /// The most accounted rounds any one device was selected in.
+    pub most_selected: u64,
     /// The configured δ.
     pub delta: f64,
     /// The configured budget, if any.
