@@ -70,6 +70,13 @@ impl Default for PrivacySettings {
 /// and what to change.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum InvalidPrivacy {
+    /// An absolute bound that rejects updates by their norm.
+    #[error(
+        "max_update_norm = {0} with [privacy] mode = \"central\": set it to 0. Every delta is \
+         clipped to clip_norm already, and a rejection by norm names the device and the reason \
+         in the round's metrics: one bit about its data that no noise covers"
+    )]
+    UpdateNorm(f64),
     /// A value outside its domain.
     #[error("[privacy] {field} = {value}: {expected}")]
     Value {
@@ -153,9 +160,13 @@ impl PrivacySettings {
         &self,
         objective: fedge_wire::Objective,
         role: Role,
+        max_update_norm: f64,
     ) -> Result<(), InvalidPrivacy> {
         if self.mode == PrivacyMode::Off {
             return Ok(());
+        }
+        if max_update_norm > 0.0 {
+            return Err(InvalidPrivacy::UpdateNorm(max_update_norm));
         }
         let value = |field, value: f64, ok: bool, expected| match ok {
             true => Ok(()),
@@ -331,6 +342,12 @@ mod tests {
                 CENTRAL,
                 "[site]\nname = \"s\"\nfederation = \"g\"\n",
                 "cannot run on a site aggregator (role = \"site\")",
+            ),
+            (
+                "max_update_norm = 5.0\n",
+                CENTRAL,
+                "",
+                "max_update_norm = 5 with [privacy] mode = \"central\": set it to 0",
             ),
             (
                 "",

@@ -159,6 +159,11 @@ pub fn metrics_json(
         && let Ok(serde_json::Value::Object(extra)) = serde_json::to_value(aggregation)
     {
         map.extend(extra);
+        // Under central DP the exact count of clipped deltas is data about the devices that
+        // no noise covers: kept for the round's report, never published.
+        if report.privacy.is_some() {
+            map.remove("dp_clipped");
+        }
     }
     bound_metrics(&mut metrics, MAX_METRICS_BYTES);
     metrics
@@ -299,7 +304,10 @@ mod tests {
         assert_eq!(m["delta"], 1e-5);
         assert_eq!(m["target_epsilon"], 2.0);
         assert_eq!(m["privacy_budget_exhausted"], true);
-        assert_eq!(m["dp_clipped"], 1);
+        assert!(
+            m.get("dp_clipped").is_none(),
+            "an exact count under central DP: {m}"
+        );
         assert_eq!(m["dp_expected"], 2.5);
     }
 }

@@ -204,6 +204,7 @@ pub async fn run(
         privacy.check(
             options.train.objective,
             fedge_coordinator::config::Role::Global,
+            config.max_update_norm,
         )?;
     }
     let plan = Plan {
