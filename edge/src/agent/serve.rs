@@ -65,8 +65,10 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
     let site = site
         .filter(|_| release.feature_norm == FeatureNorm::Site)
         .cloned();
+    let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
     match Predictor::new(Arc::clone(backbone), release.clone(), site) {
         Ok(predictor) => {
+            let predictor = predictor.with_limits(limits);
             tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
             http::install(&setup.serving.predictor, predictor);
             setup.serving.metrics.serving(release.round);

@@ -11,10 +11,20 @@ use super::DataError;
 
 /// Decodes an image held in memory, guessing the format (PNG or JPEG) from its content.
 pub fn decode_bytes(bytes: &[u8]) -> Result<DynamicImage, image::ImageError> {
-    ImageReader::new(std::io::Cursor::new(bytes))
+    decode_bytes_within(bytes, image::Limits::default())
+}
+
+/// [`decode_bytes`] within `limits` (sides, allocation): what a request from the network is
+/// decoded with.
+pub fn decode_bytes_within(
+    bytes: &[u8],
+    limits: image::Limits,
+) -> Result<DynamicImage, image::ImageError> {
+    let mut reader = ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
-        .map_err(image::ImageError::IoError)?
-        .decode()
+        .map_err(image::ImageError::IoError)?;
+    reader.limits(limits);
+    reader.decode()
 }
 
 /// Reads and decodes one image file, guessing the format from its content.

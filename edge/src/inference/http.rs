@@ -231,7 +231,9 @@ async fn predict(
         Ok(Err(e)) => {
             let status = match e {
                 PredictError::Empty | PredictError::NotAnImage(_) => StatusCode::BAD_REQUEST,
-                PredictError::TooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                PredictError::TooLarge { .. } | PredictError::Depth { .. } => {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                }
                 PredictError::Read { .. } | PredictError::Backbone(_) => {
                     tracing::warn!(error = %e, "prediction failed");
                     StatusCode::INTERNAL_SERVER_ERROR

@@ -9,28 +9,52 @@ use fedge_models::{Backbone, BackboneError, HeadConfig};
 use fedge_wire::{FeatureNorm, InvalidRelease, ModelRelease};
 use serde::Serialize;
 
-use crate::data::decode::{decode_bytes, to_chw};
+use crate::data::decode::{decode_bytes_within, to_chw};
 use fedge_device::site_norm::FeatureStats;
 
 /// The raw value of a fully-on 8-bit pixel, the scale image files are decoded to (as
 /// ImageFolder training data is).
 const RAW_MAX: f32 = 255.0;
 
-/// Largest image a predictor decodes, checked on the header before any pixel is decoded.
+/// Largest image a predictor decodes, checked on the header before any pixel is decoded, and
+/// given to the decoder as its allocation limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageLimits {
     /// Largest width and largest height, in pixels.
     pub max_side: u32,
     /// Largest width × height.
     pub max_pixels: u64,
+    /// Most bytes the decoded image and its 8-bit conversion copy may take together.
+    pub max_bytes: u64,
 }
 
 impl Default for ImageLimits {
-    /// 8192 pixels a side, 64 Mpixel.
+    /// 8192 pixels a side, 16 Mpixel, 64 MiB decoded (a few megapixels is plenty for the
+    /// 224² inputs backbones take).
     fn default() -> Self {
         Self {
             max_side: 8192,
-            max_pixels: 64 << 20,
+            max_pixels: 16 << 20,
+            max_bytes: 64 << 20,
+        }
+    }
+}
+
+impl ImageLimits {
+    /// The limits for a device with `memory_budget_mb` (0: no budget, the defaults): a
+    /// quarter of the budget for one decoded image and its conversion copy (at least 8 MiB,
+    /// at most the default), so that a request cannot take the process past its budget.
+    pub fn for_memory_budget(memory_budget_mb: u64) -> Self {
+        let default = Self::default();
+        if memory_budget_mb == 0 {
+            return default;
+        }
+        let max_bytes = ((memory_budget_mb << 20) / 4).clamp(8 << 20, default.max_bytes);
+        Self {
+            max_bytes,
+            // RGBA decoded, RGB converted: 7 bytes a pixel at most for an accepted image.
+            max_pixels: (max_bytes / 7).min(default.max_pixels),
+            ..default
         }
     }
 }
@@ -91,10 +115,10 @@ pub enum PredictError {
     /// Not a PNG or JPEG, or a damaged one.
     #[error("not a readable PNG or JPEG image ({0}): send the bytes of a PNG or JPEG file")]
     NotAnImage(String),
-    /// The header declares more pixels than the limits allow.
+    /// The header declares more pixels or bytes than the limits allow.
     #[error(
         "the image is {width}x{height} pixels, larger than allowed ({max_side} a side, \
-         {max_pixels} pixels): send a smaller image"
+         {max_pixels} pixels, {max_bytes} bytes decoded): send a smaller image"
     )]
     TooLarge {
         /// Declared width.
@@ -105,6 +129,17 @@ pub enum PredictError {
         max_side: u32,
         /// The limit on width × height.
         max_pixels: u64,
+        /// The limit on the decoded bytes.
+        max_bytes: u64,
+    },
+    /// More than 8 bits a channel.
+    #[error(
+        "the image has {bits} bits a channel: send an 8-bit PNG or JPEG (the backbone takes 8-bit \
+         values, and a 16-bit image doubles what decoding it takes)"
+    )]
+    Depth {
+        /// Bits a channel.
+        bits: u16,
     },
     /// A file cannot be read.
     #[error("cannot read {}: {source}", path.display())]
@@ -223,8 +258,13 @@ impl Predictor {
         if bytes.is_empty() {
             return Err(PredictError::Empty);
         }
-        self.check_dimensions(bytes)?;
-        let image = decode_bytes(bytes).map_err(|e| PredictError::NotAnImage(e.to_string()))?;
+        self.check_header(bytes)?;
+        let mut limits = image::Limits::default();
+        limits.max_image_width = Some(self.limits.max_side);
+        limits.max_image_height = Some(self.limits.max_side);
+        limits.max_alloc = Some(self.limits.max_bytes);
+        let image = decode_bytes_within(bytes, limits)
+            .map_err(|e| PredictError::NotAnImage(e.to_string()))?;
         let card = self.backbone.card();
         let (c, h, w) = (card.channels, card.height, card.width);
         let (Ok(h32), Ok(w32)) = (u32::try_from(h), u32::try_from(w)) else {
@@ -293,23 +333,38 @@ impl Predictor {
         }
     }
 
-    /// Refuses images whose header declares more pixels than the limits, before decoding.
-    fn check_dimensions(&self, bytes: &[u8]) -> Result<(), PredictError> {
-        let (width, height) = image::ImageReader::new(std::io::Cursor::new(bytes))
+    /// Refuses images whose header declares more pixels or decoded bytes than the limits, or
+    /// more than 8 bits a channel, before decoding.
+    fn check_header(&self, bytes: &[u8]) -> Result<(), PredictError> {
+        use image::ImageDecoder;
+        let decoder = image::ImageReader::new(std::io::Cursor::new(bytes))
             .with_guessed_format()
             .map_err(|e| PredictError::NotAnImage(e.to_string()))?
-            .into_dimensions()
+            .into_decoder()
             .map_err(|e| PredictError::NotAnImage(e.to_string()))?;
+        let (width, height) = decoder.dimensions();
+        let color = decoder.color_type();
+        let channels = u16::from(color.channel_count().max(1));
+        let bits = color.bits_per_pixel() / channels;
+        if bits > 8 {
+            return Err(PredictError::Depth { bits });
+        }
         let limits = self.limits;
+        let pixels = u64::from(width) * u64::from(height);
+        // The decoded image, then its conversion to the card's channels.
+        let converted = self.backbone.card().channels.min(3) as u64;
+        let decoded = pixels * (u64::from(color.bytes_per_pixel()) + converted);
         if width > limits.max_side
             || height > limits.max_side
-            || u64::from(width) * u64::from(height) > limits.max_pixels
+            || pixels > limits.max_pixels
+            || decoded > limits.max_bytes
         {
             return Err(PredictError::TooLarge {
                 width,
                 height,
                 max_side: limits.max_side,
                 max_pixels: limits.max_pixels,
+                max_bytes: limits.max_bytes,
             });
         }
         Ok(())
@@ -446,7 +501,7 @@ mod tests {
             let sum: f32 = softmax(&p.logits).iter().sum();
             assert!((sum - 1.0).abs() < 1e-5 && p.probability > 0.0 && p.probability <= 1.0);
             // The same winner as the plain-f32 evaluation the trainer uses.
-            let chw = to_chw(decode_bytes(&png).unwrap(), 1, 8, 8);
+            let chw = to_chw(crate::data::decode::decode_bytes(&png).unwrap(), 1, 8, 8);
             let x = backbone.features_of(&chw, (1, 8, 8), 255.0, 1).unwrap();
             let flat = fedge_models::head::predict_flat(&head, &params, &x).unwrap();
             assert_eq!(flat, vec![p.index]);
@@ -629,12 +684,88 @@ mod tests {
         let small = predictor.with_limits(ImageLimits {
             max_side: 100,
             max_pixels: 63,
+            max_bytes: 1 << 20,
         });
         let digit = encode_digit(&[4.0; 64], ImageFormat::Png);
         assert!(matches!(
             small.predict_bytes(&digit, 3),
             Err(PredictError::TooLarge { .. })
         ));
+    }
+
+    /// A PNG of `width` x `height` pixels of `bit_depth` bits and PNG colour type `colour`
+    /// (6: RGBA), as its header says; the image data that follows is a few zero bytes, as in an
+    /// image bomb whose pixels compress to almost nothing.
+    fn png_header(width: u32, height: u32, bit_depth: u8, colour: u8) -> Vec<u8> {
+        fn crc32(bytes: &[u8]) -> u32 {
+            let mut crc = !0u32;
+            for &b in bytes {
+                crc ^= u32::from(b);
+                for _ in 0..8 {
+                    crc = if crc & 1 == 1 {
+                        (crc >> 1) ^ 0xEDB8_8320
+                    } else {
+                        crc >> 1
+                    };
+                }
+            }
+            !crc
+        }
+        let chunk = |kind: &[u8], data: &[u8]| {
+            let mut out = (data.len() as u32).to_be_bytes().to_vec();
+            let body = [kind, data].concat();
+            out.extend(&body);
+            out.extend(crc32(&body).to_be_bytes());
+            out
+        };
+        let mut ihdr = width.to_be_bytes().to_vec();
+        ihdr.extend(height.to_be_bytes());
+        ihdr.extend([bit_depth, colour, 0, 0, 0]);
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        png.extend(chunk(b"IHDR", &ihdr));
+        png.extend(chunk(
+            b"IDAT",
+            &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01],
+        ));
+        png.extend(chunk(b"IEND", &[]));
+        png
+    }
+
+    #[test]
+    fn an_image_bomb_is_refused_on_its_header_within_the_memory_budget() {
+        let backbone = backbone();
+        let set = digits_domains(&[0.0], 3).remove(0).data;
+        let (head, params) = centroid_head(&backbone, &set);
+        let predictor = Predictor::new(backbone, release_of(head, params, ""), None)
+            .unwrap()
+            .with_limits(ImageLimits::for_memory_budget(320));
+        // 8192 x 8192 RGBA: 256 MiB decoded and a 192 MiB conversion copy, from a few hundred
+        // bytes. The shipped evaluation-site profile runs in 320 MB.
+        let bomb = png_header(8192, 8192, 8, 6);
+        assert!(bomb.len() < 100);
+        match predictor.predict_bytes(&bomb, 1) {
+            Err(e @ PredictError::TooLarge { .. }) => {
+                assert!(e.to_string().contains("8192x8192"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // 4000 x 4000 RGBA passes the side and pixel defaults, not a 320 MB device's bytes.
+        assert!(matches!(
+            predictor.predict_bytes(&png_header(4000, 4000, 8, 6), 1),
+            Err(PredictError::TooLarge { .. })
+        ));
+        // 16 bits a channel: refused, whatever the size.
+        match predictor.predict_bytes(&png_header(64, 64, 16, 2), 1) {
+            Err(e @ PredictError::Depth { bits: 16 }) => assert!(e.to_string().contains("8-bit")),
+            other => panic!("{other:?}"),
+        }
+        // An ordinary image is still answered.
+        let digit = encode_digit(&[4.0; 64], ImageFormat::Png);
+        assert!(predictor.predict_bytes(&digit, 1).is_ok());
+        let limits = ImageLimits::for_memory_budget(320);
+        assert_eq!(limits.max_bytes, 64 << 20);
+        assert_eq!(ImageLimits::for_memory_budget(64).max_bytes, 16 << 20);
+        assert_eq!(ImageLimits::for_memory_budget(0), ImageLimits::default());
     }
 
     #[test]
