@@ -32,6 +32,21 @@ pub struct InferenceConfig {
     /// the agent's driver), for MQTT-native applications such as Node-RED.
     #[serde(default)]
     pub mqtt: bool,
+    /// Predictions answered at once over HTTP; one more is answered 503 at once, so that a
+    /// stream of requests cannot queue without bound or starve the device's training.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Seconds a request's body may take to arrive; a slower one is answered 408.
+    #[serde(default = "default_body_timeout_s")]
+    pub body_timeout_s: u64,
+}
+
+fn default_max_in_flight() -> usize {
+    2
+}
+
+fn default_body_timeout_s() -> u64 {
+    10
 }
 
 fn default_top_k() -> usize {
@@ -49,6 +64,8 @@ impl Default for InferenceConfig {
             top_k: DEFAULT_TOP_K,
             max_body_mb: DEFAULT_MAX_BODY_MB,
             mqtt: false,
+            max_in_flight: default_max_in_flight(),
+            body_timeout_s: default_body_timeout_s(),
         }
     }
 }
@@ -62,6 +79,12 @@ pub enum InvalidInference {
     /// `max_body_mb` out of range.
     #[error("[inference] max_body_mb = {0}: give 1 to {MAX_BODY_MB_LIMIT} (MiB)")]
     MaxBody(usize),
+    /// `max_in_flight = 0`.
+    #[error("[inference] max_in_flight must be at least 1 (2 by default)")]
+    MaxInFlight,
+    /// `body_timeout_s` out of range.
+    #[error("[inference] body_timeout_s = {0}: give 1 to 300 (seconds)")]
+    BodyTimeout(u64),
     /// `listen` is not `HOST:PORT`.
     #[error("[inference] listen = {0:?}: give HOST:PORT, e.g. \"127.0.0.1:8085\"")]
     Listen(String),
@@ -75,6 +98,12 @@ impl InferenceConfig {
         }
         if !(1..=MAX_BODY_MB_LIMIT).contains(&self.max_body_mb) {
             return Err(InvalidInference::MaxBody(self.max_body_mb));
+        }
+        if self.max_in_flight == 0 {
+            return Err(InvalidInference::MaxInFlight);
+        }
+        if !(1..=300).contains(&self.body_timeout_s) {
+            return Err(InvalidInference::BodyTimeout(self.body_timeout_s));
         }
         if let Some(listen) = &self.listen {
             let port = listen

@@ -22,7 +22,6 @@ use std::time::Instant;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -58,6 +57,11 @@ struct AppState {
     predictor: SharedPredictor,
     top_k: usize,
     metrics: Option<Arc<EdgeMetrics>>,
+    /// One permit per prediction answered at once (`[inference] max_in_flight`).
+    in_flight: Arc<tokio::sync::Semaphore>,
+    max_in_flight: usize,
+    body_limit: usize,
+    body_timeout: std::time::Duration,
 }
 
 /// `GET /v1/model`'s answer.
@@ -81,10 +85,15 @@ pub fn router(
     config: &InferenceConfig,
     metrics: Option<Arc<EdgeMetrics>>,
 ) -> Router {
+    let max_in_flight = config.max_in_flight.max(1);
     let app = AppState {
         predictor: state,
         top_k: config.top_k.max(1),
         metrics,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight)),
+        max_in_flight,
+        body_limit: config.max_body_bytes(),
+        body_timeout: std::time::Duration::from_secs(config.body_timeout_s.max(1)),
     };
     Router::new()
         .route(
@@ -196,15 +205,35 @@ async fn refuse_declared_oversize(
 async fn predict(
     State(app): State<AppState>,
     RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return too_large();
-        }
-        Err(rejection) => return error(rejection.status(), rejection.body_text()),
+    // Taken before the body is read: a slow sender holds a permit, never more than
+    // max_in_flight of them.
+    let Ok(_permit) = Arc::clone(&app.in_flight).try_acquire_owned() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "busy: {} predictions in flight ([inference] max_in_flight); retry shortly",
+                app.max_in_flight
+            ),
+        );
     };
+    let body: Bytes =
+        match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, app.body_limit))
+            .await
+        {
+            Ok(Ok(body)) => body,
+            Ok(Err(_)) => return too_large(),
+            Err(_) => {
+                return error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the body did not arrive within {} s ([inference] body_timeout_s)",
+                        app.body_timeout.as_secs()
+                    ),
+                );
+            }
+        };
     let top_k = match top_k_of(query.as_deref(), app.top_k) {
         Ok(k) => k,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
@@ -291,5 +320,63 @@ mod tests {
         assert!(top_k_of(Some("top_k=0"), 3).is_err());
         assert!(top_k_of(Some("top_k=-1"), 3).is_err());
         assert!(top_k_of(Some("top_k"), 3).is_err());
+    }
+
+    /// A request whose body trickles in holds the one permit: the next is answered 503 at once
+    /// and names the setting; the trickling one is answered 408 at its timeout, and the permit
+    /// is free again.
+    #[tokio::test]
+    async fn predictions_in_flight_are_bounded_and_a_slow_body_times_out() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let config = InferenceConfig {
+            max_in_flight: 1,
+            body_timeout_s: 1,
+            ..InferenceConfig::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let server =
+            tokio::spawn(
+                async move { serve_with(listener, shared(None), &config, None, stop).await },
+            );
+        async fn answer(stream: &mut tokio::net::TcpStream) -> String {
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .expect("an answer within 5 s")
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        }
+        let request = |length: usize| {
+            format!("POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n")
+        };
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(request(100).as_bytes()).await.unwrap();
+        slow.write_all(&[0u8; 10]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
+        next.write_all(format!("{}abc", request(3)).as_bytes())
+            .await
+            .unwrap();
+        let busy = answer(&mut next).await;
+        assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+        assert!(busy.contains("max_in_flight"), "{busy}");
+        let timed_out = answer(&mut slow).await;
+        assert!(timed_out.starts_with("HTTP/1.1 408"), "{timed_out}");
+        let mut again = tokio::net::TcpStream::connect(addr).await.unwrap();
+        again
+            .write_all(format!("{}abc", request(3)).as_bytes())
+            .await
+            .unwrap();
+        let free = answer(&mut again).await;
+        // The permit is back: no model yet, not busy.
+        assert!(
+            free.contains("no model") && !free.contains("max_in_flight"),
+            "{free}"
+        );
+        stop_tx.send(true).unwrap();
+        drop((slow, next, again));
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
     }
 }
