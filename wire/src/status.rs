@@ -102,6 +102,10 @@ pub struct CoordinatorStatus {
     /// finished; absent otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub privacy_budget_exhausted: bool,
+    /// The device keys file changed and does not load: no device key is accepted until it
+    /// does (what to fix); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_error: Option<String>,
 }
 
 /// Retained on `fedge/<f>/edge/<client>/status`; the Last Will publishes `online: false`.
@@ -269,6 +273,7 @@ mod tests {
             delta: Some(1e-5),
             target_epsilon: Some(8.0),
             privacy_budget_exhausted: false,
+            keys_error: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"round\":4"));

@@ -300,6 +300,7 @@ async fn drive(
         }
         if let Some(path) = &options.keys_file {
             keys_watch.poll(path, &mut rounds);
+            sinks.context.keys_error.clone_from(&keys_watch.error);
         }
         let window = options.previous_protocol;
         rounds.set_previous_protocol(window.accepted_at(std::time::SystemTime::now()));

@@ -21,6 +21,8 @@ pub struct StatusContext {
     pub last_aggregation: Option<std::time::SystemTime>,
     /// Federation name.
     pub federation: String,
+    /// Why the device keys file does not load, while no key is accepted.
+    pub keys_error: Option<String>,
 }
 
 impl Default for StatusContext {
@@ -30,6 +32,7 @@ impl Default for StatusContext {
             wall: std::time::SystemTime::now(),
             last_aggregation: None,
             federation: String::new(),
+            keys_error: None,
         }
     }
 }
@@ -91,6 +94,7 @@ pub fn status_at(
         delta: privacy.map(|p| p.delta),
         target_epsilon: privacy.and_then(|p| p.target_epsilon),
         privacy_budget_exhausted: privacy.is_some_and(|p| p.exhausted),
+        keys_error: context.keys_error.clone(),
     }
 }
 
