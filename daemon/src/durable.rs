@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 /// Who may read the file written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Visibility {
-    /// The process's umask decides (checkpoints, caches, round state).
+    /// The process's umask decides (the coordinator's checkpoint and release, exports).
     Shared,
-    /// Owner only (mode 0600 on Unix): key files.
+    /// Owner only (mode 0600 on Unix): key files, and what a device keeps of its data (the
+    /// feature cache, its round state, the release it serves, fetched backbones) and the
+    /// coordinator's journal of raw updates.
     Private,
 }
 

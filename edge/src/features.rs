@@ -88,7 +88,7 @@ pub fn extract(
         let bytes: Vec<u8> = features.iter().flat_map(|v| v.to_le_bytes()).collect();
         // The durable write creates the folder; a cache file that cannot be written costs the
         // next start a backbone pass, nothing more.
-        if let Err(e) = write_atomically(path, &bytes, Visibility::Shared) {
+        if let Err(e) = write_atomically(path, &bytes, Visibility::Private) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write feature cache");
         }
     }

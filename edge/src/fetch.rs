@@ -38,7 +38,7 @@ pub fn store(cache_dir: &Path, object: &BackboneObject) -> Result<PathBuf, Strin
     let card_text = toml::to_string(&card).map_err(|e| e.to_string())?;
     let write = |name: String, bytes: &[u8]| {
         let path = folder.join(name);
-        fedge_daemon::write_atomically(&path, bytes, fedge_daemon::Visibility::Shared)
+        fedge_daemon::write_atomically(&path, bytes, fedge_daemon::Visibility::Private)
             .map_err(|e| format!("cannot keep the backbone in {}: {e}", path.display()))
             .map(|()| path)
     };

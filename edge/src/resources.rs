@@ -244,8 +244,13 @@ mod tests {
         assert!(!unit.contains("/etc/fedge/device.toml"));
         assert!(unit.contains("Restart=on-failure") && unit.contains("User=fedge"));
         assert!(unit.contains("PrivateDevices=true"));
+        assert!(
+            unit.contains("UMask=0077"),
+            "the device's files are its own: {unit}"
+        );
         let jetson = systemd_unit(Path::new("/etc/fedge/orin.toml"), &resources, true);
         assert!(jetson.contains("SupplementaryGroups=video"), "{jetson}");
+        assert!(jetson.contains("UMask=0077"), "{jetson}");
         assert!(
             jetson.contains("\nPrivateDevices=false") && !jetson.contains("\nPrivateDevices=true")
         );

@@ -71,7 +71,7 @@ impl Journal {
         let path = self.path.clone();
         if let Record::Opened { .. } = record {
             self.file = None;
-            fedge_daemon::write_atomically(&path, &bytes, fedge_daemon::Visibility::Shared)
+            fedge_daemon::write_atomically(&path, &bytes, fedge_daemon::Visibility::Private)
                 .map_err(|e| io_error(&path, e))?;
         }
         let (file, good_len) = match &mut self.file {

@@ -20,7 +20,7 @@ pub fn load(path: &Path) -> RoundState {
 
 /// Writes the state file atomically and durably.
 pub fn save(state: &RoundState, path: &Path) -> std::io::Result<()> {
-    write_atomically(path, &state.to_json(), Visibility::Shared)
+    write_atomically(path, &state.to_json(), Visibility::Private)
 }
 
 #[cfg(test)]
@@ -40,6 +40,12 @@ mod tests {
         };
         save(&state, &path).unwrap();
         assert_eq!(load(&path), state);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "the round state is the device's own");
+        }
         std::fs::write(&path, b"{not json").unwrap();
         assert_eq!(load(&path), RoundState::default());
     }

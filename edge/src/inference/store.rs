@@ -55,7 +55,7 @@ pub fn model_path(cache_dir: &Path, client_id: &str) -> PathBuf {
 /// when missing).
 pub fn save(path: &Path, release: &ModelRelease) -> io::Result<()> {
     let bytes = fedge_wire::encode(&Message::Model(release.clone()));
-    write_atomically(path, &bytes, Visibility::Shared)
+    write_atomically(path, &bytes, Visibility::Private)
 }
 
 /// Reads the release kept in `path`: `Ok(None)` when there is no file yet, an error when the
