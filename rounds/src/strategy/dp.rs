@@ -193,10 +193,26 @@ impl Strategy for DpFedAvg {
             }
         }
         let std = self.settings.delta_noise_multiplier() * clip_norm;
-        if std > 0.0 && std.is_finite() {
-            for s in &mut sum {
-                *s += std * self.noise.sample();
-            }
+        if !(std > 0.0 && std.is_finite()) {
+            // Fail closed: a noise scale that cannot be drawn (an adaptive clip norm grown to
+            // infinity) must not let an un-noised sum out. The model stays where it was.
+            tracing::error!(
+                std,
+                clip_norm,
+                "central DP: the noise scale is not a finite positive number; the aggregate \
+                 is withheld and the model kept"
+            );
+            return Aggregated {
+                params: global.to_vec(),
+                report: AggregationReport {
+                    dp_expected: None,
+                    dp_clip_norm: Some(clip_norm),
+                    ..AggregationReport::default()
+                },
+            };
+        }
+        for s in &mut sum {
+            *s += std * self.noise.sample();
         }
         let expected = self
             .expected

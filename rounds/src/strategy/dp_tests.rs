@@ -326,3 +326,16 @@ fn adaptive_clipping_follows_the_quantile_of_the_norms_and_survives_a_checkpoint
         "a fixed clip keeps no state"
     );
 }
+
+/// A clip norm whose noise scale is not finite (an adaptive clip grown to the largest f64,
+/// times σ) must not let the un-noised sum out: the model stays where it was.
+#[test]
+fn a_noise_scale_that_cannot_be_drawn_withholds_the_aggregate() {
+    let global = vec![0.5f32; 8];
+    let updates = vec![("a", 1, delta(8, 3.0, 0.1)), ("b", 1, delta(8, 2.0, 0.7))];
+    let out = aggregate(settings(f64::MAX, 2.0), 1, 2.0, &global, &updates);
+    assert_eq!(out.params, global);
+    // A finite scale still moves it.
+    let out = aggregate(settings(1.0, 2.0), 1, 2.0, &global, &updates);
+    assert_ne!(out.params, global);
+}
