@@ -217,6 +217,18 @@ impl Link {
                 return;
             }
             match fedge_wire::decode_task(&mut self.tasks, payload, now_ms, site, key) {
+                Ok(Some(task)) if task.federation != self.options.federation => {
+                    // A task of another federation on this broker's topics (a replay, a
+                    // misconfigured bridge): never relayed to the site's devices.
+                    let error = format!(
+                        "a round task of federation {:?} arrived where the global federation \
+                         {:?} publishes; refused",
+                        task.federation, self.options.federation
+                    );
+                    tracing::warn!("{error}");
+                    self.status.last_error = error;
+                    self.publish_status(client, true);
+                }
                 Ok(Some(task)) => {
                     self.global_round = Some(task.round);
                     self.settle_pending(client, task.round);
@@ -404,8 +416,12 @@ mod tests {
     }
 
     fn task_payload(round: u64) -> Vec<u8> {
+        task_of("demo", round)
+    }
+
+    fn task_of(federation: &str, round: u64) -> Vec<u8> {
         fedge_wire::encode(&Message::RoundTask(fedge_wire::RoundTask {
-            federation: "demo".into(),
+            federation: federation.into(),
             run: 1,
             round,
             selected: vec!["plant-7".into()],
@@ -499,5 +515,26 @@ mod tests {
         // A site round that ends after the global one moved on is stale at once.
         link.handle_answer(&client, update(5), true);
         assert_eq!((link.summary.sent, link.summary.stale), (0, 2));
+    }
+
+    #[test]
+    fn a_task_of_another_federation_is_never_relayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, _events) = client();
+        let mut link = link(dir.path());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let topic = link.topics.round_task();
+        link.handle_publish(&client, &tx, &topic, &task_of("other", 3), 0);
+        assert!(
+            rx.try_recv().is_err(),
+            "relayed a task of another federation"
+        );
+        assert!(
+            link.status.last_error.contains("\"other\""),
+            "{}",
+            link.status.last_error
+        );
+        // The federation's own task still goes through.
+        assert_eq!(task(&mut link, &client, 4).len(), 1);
     }
 }
