@@ -19,6 +19,11 @@ use crate::DeviceKey;
 /// Oldest command the coordinator applies, relative to its clock.
 pub const MAX_AGE_MS: u64 = 5 * 60 * 1000;
 
+/// How far ahead of the coordinator's clock a command may be dated (clock skew between the
+/// operator's machine and the coordinator). A command dated further ahead is refused: applied,
+/// its `seq` would lock out every later command until the clock caught up.
+pub const MAX_AHEAD_MS: u64 = 60 * 1000;
+
 /// What the operator asks. Applied at round boundaries: a round that is open finishes first.
 /// One spelling in JSON and on `fedge-coordinator ctl`'s command line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +95,17 @@ pub enum ControlError {
         /// The last applied.
         last: u64,
     },
+    /// Dated more than [`MAX_AHEAD_MS`] ahead of the coordinator's clock.
+    #[error(
+        "seq {seq} is more than a minute ahead of the coordinator's clock ({now}): check the \
+         operator machine's clock (ctl uses it)"
+    )]
+    Future {
+        /// The command's.
+        seq: u64,
+        /// The coordinator's clock, in ms since the Unix epoch.
+        now: u64,
+    },
     /// Older than [`MAX_AGE_MS`].
     #[error("seq {seq} is more than 5 minutes older than the coordinator's clock ({now})")]
     Stale {
@@ -142,6 +158,10 @@ impl ControlMessage {
             let (seq, last) = (message.seq, last_seq);
             return Err(ControlError::Replay { seq, last });
         }
+        if message.seq > now_ms.saturating_add(MAX_AHEAD_MS) {
+            let seq = message.seq;
+            return Err(ControlError::Future { seq, now: now_ms });
+        }
         if message.seq.saturating_add(MAX_AGE_MS) < now_ms {
             let seq = message.seq;
             return Err(ControlError::Stale { seq, now: now_ms });
@@ -184,6 +204,15 @@ mod tests {
         let later = now + MAX_AGE_MS + 1;
         let stale = ControlMessage::open(&json, "plant-7", &key, 0, later);
         assert!(matches!(stale, Err(ControlError::Stale { .. })));
+        // Dated ten minutes ahead: applied, it would lock out every command until then.
+        let early = now - 10 * 60 * 1000;
+        let ahead = ControlMessage::open(&json, "plant-7", &key, 0, early);
+        assert!(
+            matches!(ahead, Err(ControlError::Future { .. })),
+            "{ahead:?}"
+        );
+        let skewed = ControlMessage::open(&json, "plant-7", &key, 0, now - 30_000);
+        assert!(skewed.is_ok(), "half a minute of skew is tolerated");
         let junk = ControlMessage::open(b"{\"command\":\"pause\"}", "plant-7", &key, 0, now);
         assert!(matches!(junk, Err(ControlError::Malformed(_))));
     }
