@@ -23,6 +23,6 @@ pub mod signals;
 
 pub use durable::{Visibility, write_atomically};
 pub use lists::read_list;
-pub use logs::{LogArgs, LogFormat, init_logs, init_logs_to};
+pub use logs::{LogArgs, LogFormat, colour, init_logs, init_logs_to};
 pub use secret::{SecretError, read_secret};
 pub use signals::shutdown_signal;

@@ -22,12 +22,20 @@ pub struct LogArgs {
 /// Installs the global subscriber, writing to standard output: `RUST_LOG` when set, else
 /// `default_filter` (e.g. `"info"`).
 pub fn init_logs(format: LogFormat, default_filter: &str) {
-    init_logs_to(format, default_filter, std::io::stdout);
+    use std::io::IsTerminal;
+    let colour = colour(std::io::stdout().is_terminal());
+    init_logs_to(format, default_filter, std::io::stdout, colour);
+}
+
+/// Whether text logs are coloured: only on a terminal, and never with `NO_COLOR` set
+/// (no-color.org), so a log file or a journal holds no escape codes.
+pub fn colour(terminal: bool) -> bool {
+    terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// [`init_logs`] with another destination, e.g. `std::io::stderr` for a command whose standard
-/// output is its result.
-pub fn init_logs_to<W>(format: LogFormat, default_filter: &str, writer: W)
+/// output is its result; `colour` as [`colour`] says for that destination.
+pub fn init_logs_to<W>(format: LogFormat, default_filter: &str, writer: W, colour: bool)
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -35,6 +43,7 @@ where
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),

@@ -196,7 +196,9 @@ pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()>
 /// (the embedded broker's own logs off), on standard error, since standard output carries the
 /// command's tables and JSON.
 pub fn init_logs(log: &LogArgs) {
-    fedge_daemon::init_logs_to(log.log_format, "warn,rumqttd=off", std::io::stderr);
+    use std::io::IsTerminal;
+    let colour = fedge_daemon::colour(std::io::stderr().is_terminal());
+    fedge_daemon::init_logs_to(log.log_format, "warn,rumqttd=off", std::io::stderr, colour);
 }
 
 /// Parses a Burn CPU backend by the name [`fedge_models::Backend::name`] gives it (`ndarray`,

@@ -231,3 +231,27 @@ async fn a_revoked_device_is_refused_without_a_restart() {
     );
     devices.abort();
 }
+
+/// Logs written to a file or a pipe hold no terminal colour codes (and `NO_COLOR` is honoured
+/// on a terminal); the demo's info lines were escape-coded in a redirected log before.
+#[test]
+fn a_redirected_log_holds_no_colour_codes() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args(["demo", "--rounds", "1", "--quiet"])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.lines().count() > 3, "info lines expected: {log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a redirected log:\n{log}"
+    );
+    assert!(!fedge_daemon::colour(false));
+}
