@@ -22,7 +22,7 @@ use std::time::Instant;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -105,7 +105,6 @@ pub fn router(
         )
         .route("/v1/model", get(model))
         .route("/healthz", get(healthz))
-        .layer(DefaultBodyLimit::max(config.max_body_bytes()))
         .with_state(app)
 }
 

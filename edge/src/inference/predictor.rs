@@ -697,20 +697,7 @@ mod tests {
     /// (6: RGBA), as its header says; the image data that follows is a few zero bytes, as in an
     /// image bomb whose pixels compress to almost nothing.
     fn png_header(width: u32, height: u32, bit_depth: u8, colour: u8) -> Vec<u8> {
-        fn crc32(bytes: &[u8]) -> u32 {
-            let mut crc = !0u32;
-            for &b in bytes {
-                crc ^= u32::from(b);
-                for _ in 0..8 {
-                    crc = if crc & 1 == 1 {
-                        (crc >> 1) ^ 0xEDB8_8320
-                    } else {
-                        crc >> 1
-                    };
-                }
-            }
-            !crc
-        }
+        let crc32 = |bytes: &[u8]| crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC).checksum(bytes);
         let chunk = |kind: &[u8], data: &[u8]| {
             let mut out = (data.len() as u32).to_be_bytes().to_vec();
             let body = [kind, data].concat();

@@ -267,6 +267,8 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         hidden: 64,
         site: args.site(),
     };
+    // Refused before the features are computed, not at the first run.
+    options.check(args.transport)?;
     let start = std::time::Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner();
     let prepared = eval::prepare(

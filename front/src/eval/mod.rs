@@ -329,6 +329,20 @@ pub struct BenchOptions {
     pub site: SiteOptions,
 }
 
+impl BenchOptions {
+    /// Whether these options can run over `transport`: over MQTT the held-out site is an
+    /// evaluation-only device, which computes its statistics over the rows it scores.
+    pub fn check(&self, transport: Transport) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            transport == Transport::InProcess || self.site == SiteOptions::transductive(),
+            "--transport mqtt scores the held-out site as an evaluation-only device, which \
+             computes its statistics over the rows it scores: run it with --calibration all and \
+             without --label-shift (the simulator, the default transport, measures both)"
+        );
+        Ok(())
+    }
+}
+
 /// How a run's tasks and updates travel (`--transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum Transport {

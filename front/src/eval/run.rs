@@ -146,18 +146,18 @@ pub fn run_lodo(
     prepared: &Prepared,
     algorithms: &[Algorithm],
     options: &BenchOptions,
-    mut progress: impl FnMut(Progress),
+    progress: impl FnMut(Progress),
 ) -> anyhow::Result<Vec<RunResult>> {
-    let head = head_of(prepared, options);
     let mut results = Vec::new();
-    for case in cases(prepared, algorithms, options.seeds) {
-        let r = run_one(&case.spec(&head, options), |round| {
-            progress(case.round(round))
-        })
-        .with_context(|| case.what())?;
-        progress(Progress::Run(&r));
-        results.push(r);
-    }
+    let never = AtomicBool::new(false);
+    in_process(
+        prepared,
+        algorithms,
+        options,
+        &never,
+        &mut results,
+        progress,
+    )?;
     Ok(results)
 }
 
@@ -196,18 +196,39 @@ pub async fn run_into(
     results: &mut Vec<RunResult>,
     mut progress: impl FnMut(Progress),
 ) -> anyhow::Result<()> {
+    if transport == Transport::InProcess {
+        return in_process(prepared, algorithms, options, stop, results, progress);
+    }
     let head = head_of(prepared, options);
     for case in cases(prepared, algorithms, options.seeds) {
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        let spec = case.spec(&head, options);
         let on_round = |round| progress(case.round(round));
-        let r = match transport {
-            Transport::InProcess => run_one(&spec, on_round),
-            Transport::Mqtt => run_one_mqtt(&spec, on_round).await,
+        let r = (run_one_mqtt(&case.spec(&head, options), on_round).await)
+            .with_context(|| case.what())?;
+        progress(Progress::Run(&r));
+        results.push(r);
+    }
+    Ok(())
+}
+
+/// [`run_into`] in process, in the simulator.
+fn in_process(
+    prepared: &Prepared,
+    algorithms: &[Algorithm],
+    options: &BenchOptions,
+    stop: &AtomicBool,
+    results: &mut Vec<RunResult>,
+    mut progress: impl FnMut(Progress),
+) -> anyhow::Result<()> {
+    let head = head_of(prepared, options);
+    for case in cases(prepared, algorithms, options.seeds) {
+        if stop.load(Ordering::Relaxed) {
+            break;
         }
-        .with_context(|| case.what())?;
+        let on_round = |round| progress(case.round(round));
+        let r = run_one(&case.spec(&head, options), on_round).with_context(|| case.what())?;
         progress(Progress::Run(&r));
         results.push(r);
     }
@@ -225,12 +246,7 @@ pub async fn run_one_mqtt(
     mut on_round: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
-    anyhow::ensure!(
-        options.site == SiteOptions::transductive(),
-        "--transport mqtt scores the held-out site as an evaluation-only device, which computes \
-         its statistics over the rows it scores: run it with --calibration all and without \
-         --label-shift (the simulator, the default transport, measures both)"
-    );
+    options.check(Transport::Mqtt)?;
     let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
     let (per_round, sites) = match options.scenario {

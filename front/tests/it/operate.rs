@@ -236,16 +236,11 @@ async fn a_revoked_device_is_refused_without_a_restart() {
 /// on a terminal); the demo's info lines were escape-coded in a redirected log before.
 #[test]
 fn a_redirected_log_holds_no_colour_codes() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
-        .args(["demo", "--rounds", "1", "--quiet"])
-        .env("RUST_LOG", "info")
-        .env_remove("NO_COLOR")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::succeeded(
+        Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args(["demo", "--rounds", "1", "--quiet"])
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR"),
     );
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.lines().count() > 3, "info lines expected: {log}");

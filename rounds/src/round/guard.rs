@@ -6,7 +6,7 @@
 
 use super::types::{MAX_ABS_VALUE, NormClip};
 use crate::updates::RoundUpdates;
-use crate::updates::norms::{lower_median, median};
+use crate::updates::norms::{lower_median, medians_of_the_others};
 
 /// How far an aggregate may move the model, in multiples of the longest accepted delta.
 /// FedAvg moves at most 1×; server momentum and FedOMG's step size a few times that (β = 0.9
@@ -34,13 +34,10 @@ pub(super) fn norm_clips(
     if ratio <= 0.0 || norms.len() < 2 {
         return Vec::new();
     }
+    let medians = medians_of_the_others(norms);
     (0..norms.len())
         .filter_map(|i| {
-            let others: Vec<f64> = (norms.iter().enumerate())
-                .filter(|(j, _)| *j != i)
-                .map(|(_, n)| *n)
-                .collect();
-            let bound = ratio * median(&others);
+            let bound = ratio * medians[i];
             (norms[i] > bound).then(|| {
                 let clip = NormClip {
                     client: accepted.client(i).to_owned(),

@@ -337,7 +337,8 @@ impl Rounds {
             );
         }
         if !clips.is_empty() {
-            open.accepted = open.accepted.scaled(&scales);
+            let dots = open.accepted.keeps_dots();
+            open.accepted = open.accepted.scaled(&scales, dots);
         }
         let longest = lengths.into_iter().fold(0.0, f64::max);
         (longest, clips.into_iter().map(|(_, c)| c).collect())

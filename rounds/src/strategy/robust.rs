@@ -102,49 +102,43 @@ impl RobustRule {
 /// `clip`, per-coordinate bounds for the winsorising rules, and no copy of the round in between.
 pub fn rewrite(rule: RobustRule, updates: &RoundUpdates, dots: bool) -> RoundUpdates {
     let (n, m) = (updates.len(), updates.m());
-    let mut scales = vec![1f32; n];
-    let mut bounds: Option<Vec<(f32, f32)>> = None;
-    match rule {
+    let k = match rule {
         RobustRule::Clip { norm } => {
             let lengths = norms(updates);
             let bound = if norm > 0.0 { norm } else { median(&lengths) };
-            for (scale, length) in scales.iter_mut().zip(lengths) {
-                if length > bound && length > 0.0 {
-                    *scale = (bound / length) as f32;
-                }
-            }
+            let scales: Vec<f32> = (lengths.into_iter())
+                .map(|length| match length > bound && length > 0.0 {
+                    true => (bound / length) as f32,
+                    false => 1.0,
+                })
+                .collect();
+            return updates.scaled(&scales, dots);
         }
-        RobustRule::TrimmedMean { .. } | RobustRule::Median => {
-            let k = match rule {
-                RobustRule::TrimmedMean { fraction } => (fraction * n as f64).floor() as usize,
-                _ => (n.saturating_sub(1)) / 2,
-            };
-            if k > 0 && n > 2 * k {
-                let mut column = vec![0f32; n];
-                let deltas: Vec<Delta<'_>> = (0..n).map(|i| updates.delta(i)).collect();
-                let per_coordinate = (0..m).map(|j| {
-                    for (slot, delta) in column.iter_mut().zip(&deltas) {
-                        *slot = delta.get(j);
-                    }
-                    column.sort_by(f32::total_cmp);
-                    (column[k], column[n - 1 - k])
-                });
-                bounds = Some(per_coordinate.collect());
-            }
-        }
+        RobustRule::TrimmedMean { fraction } => (fraction * n as f64).floor() as usize,
+        RobustRule::Median => (n.saturating_sub(1)) / 2,
+    };
+    if k == 0 || n <= 2 * k {
+        return updates.scaled(&vec![1.0; n], dots);
     }
+    let mut column = vec![0f32; n];
+    let deltas: Vec<Delta<'_>> = (0..n).map(|i| updates.delta(i)).collect();
+    let bounds: Vec<(f32, f32)> = (0..m)
+        .map(|j| {
+            for (slot, delta) in column.iter_mut().zip(&deltas) {
+                *slot = delta.get(j);
+            }
+            column.sort_by(f32::total_cmp);
+            (column[k], column[n - 1 - k])
+        })
+        .collect();
     let config = UpdatesConfig {
         dots,
         budget_bytes: usize::MAX,
         ..UpdatesConfig::default()
     };
     let mut out = RoundUpdates::new(m, n, config);
-    for (i, scale) in scales.into_iter().enumerate() {
-        let row = updates.delta(i).iter().enumerate();
-        let values = row.map(|(j, v)| match &bounds {
-            Some(b) => v.clamp(b[j].0, b[j].1),
-            None => v * scale,
-        });
+    for (i, delta) in deltas.iter().enumerate() {
+        let values = (delta.iter().zip(&bounds)).map(|(v, (low, high))| v.clamp(*low, *high));
         // No budget: the round's own arena already held these rows.
         let pushed = out.push_values(updates.client(i), updates.num_samples(i), values);
         debug_assert!(pushed.is_ok());

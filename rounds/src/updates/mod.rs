@@ -311,13 +311,19 @@ impl RoundUpdates {
         self.finish();
     }
 
+    /// Whether the dot products between deltas are kept (FedOMG needs them).
+    pub fn keeps_dots(&self) -> bool {
+        self.config.dots
+    }
+
     /// A copy with update `i`'s delta (`i` as in [`RoundUpdates::client`]) scaled by
     /// `scales[i]`, held on the heap (no budget: this round's arena already held these rows),
-    /// with dot products when the round keeps them. Finished.
-    pub fn scaled(&self, scales: &[f32]) -> RoundUpdates {
+    /// with dot products when `dots`. Finished.
+    pub fn scaled(&self, scales: &[f32], dots: bool) -> RoundUpdates {
         assert_eq!(scales.len(), self.len(), "one scale per update");
         let config = UpdatesConfig {
             budget_bytes: usize::MAX,
+            dots,
             ..self.config
         };
         let mut out = RoundUpdates::new(self.m, self.len(), config);

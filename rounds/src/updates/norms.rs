@@ -55,6 +55,30 @@ pub fn lower_median(values: &[f64]) -> f64 {
     }
 }
 
+/// For each value, the [`median`] of all the *other* values, from one sort (`O(n log n)`, not
+/// a sort per value); empty below two values.
+pub fn medians_of_the_others(values: &[f64]) -> Vec<f64> {
+    let n = values.len();
+    if n < 2 {
+        return Vec::new();
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let k = n - 1;
+    values
+        .iter()
+        .map(|v| {
+            // Leaving out the first copy of `v` leaves the same multiset as any other copy.
+            let rank = sorted.partition_point(|x| x.total_cmp(v).is_lt());
+            let other = |j: usize| sorted[j + usize::from(rank <= j)];
+            match k % 2 {
+                1 => other(k / 2),
+                _ => 0.5 * (other(k / 2 - 1) + other(k / 2)),
+            }
+        })
+        .collect()
+}
+
 /// The median of `values` (mean of the middle two for an even count); 0 when empty.
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
@@ -69,6 +93,30 @@ pub fn median(values: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_medians_of_the_others_are_those_of_each_value_left_out() {
+        let cases: [&[f64]; 5] = [
+            &[1.0, 2.0],
+            &[3.0, 1.0, 2.0],
+            &[5.0, 1.0, 5.0, 2.0],
+            &[0.001, 1.0, 4.0, 4.0, 9.0, 0.5],
+            &[2.0, 2.0, 2.0],
+        ];
+        for values in cases {
+            let brute: Vec<f64> = (0..values.len())
+                .map(|i| {
+                    let others: Vec<f64> = (values.iter().enumerate())
+                        .filter(|(j, _)| *j != i)
+                        .map(|(_, v)| *v)
+                        .collect();
+                    median(&others)
+                })
+                .collect();
+            assert_eq!(medians_of_the_others(values), brute, "{values:?}");
+        }
+        assert!(medians_of_the_others(&[1.0]).is_empty());
+    }
+
     use super::*;
 
     #[test]
