@@ -213,9 +213,9 @@ impl Default for TrainParams {
             // The paper's LODO rates on OfficeHome (0.005 against 0.001); see docs/algorithms.md.
             adversarial_lr_ratio: 5.0,
             stable_schedule: StableSchedule::Paper,
-            // Site normalisation gains at balanced sites but collapses at a site whose class
-            // mix differs (BENCHMARKS.md, "Site normalisation under label shift").
-            feature_norm: FeatureNorm::None,
+            // One default, on the enum (`none`: site normalisation collapses at a site whose
+            // class mix differs, BENCHMARKS.md "Site normalisation under label shift").
+            feature_norm: FeatureNorm::default(),
             contrastive_weight: 1.0,
             temperature: 0.07,
             // Half the bytes of f32 with no measurable accuracy cost (BENCHMARKS.md).
