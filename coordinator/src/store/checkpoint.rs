@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::round::saved::Checkpoint;
+use crate::round::saved::{Checkpoint, SavedAccountant};
 use crate::strategy::StrategyState;
 
 const MAGIC: &[u8; 4] = b"FDGC";
@@ -35,56 +35,30 @@ struct CheckpointV3 {
     prototypes: Vec<f32>,
 }
 
-/// A version 4 checkpoint: [`Checkpoint`] without the devices' participation.
-#[derive(serde::Deserialize)]
-struct CheckpointV4 {
-    federation: String,
-    run: u64,
-    strategy: String,
-    next_round: u64,
-    aggregated_rounds: u64,
-    params: Vec<f32>,
-    strategy_state: StrategyState,
-    insight: Vec<f32>,
-    prototypes: Vec<f32>,
-    privacy: Option<crate::round::saved::SavedAccountant>,
-}
-
-impl From<CheckpointV4> for Checkpoint {
-    fn from(v4: CheckpointV4) -> Self {
+impl CheckpointV3 {
+    /// This version's checkpoint from an older one's fields: `privacy` as version 4 wrote it
+    /// (`None` for version 3), no devices' participation (it starts from 0).
+    fn upgraded(self, privacy: Option<SavedAccountant>) -> Checkpoint {
         Checkpoint {
-            federation: v4.federation,
-            run: v4.run,
-            strategy: v4.strategy,
-            next_round: v4.next_round,
-            aggregated_rounds: v4.aggregated_rounds,
-            params: v4.params,
-            strategy_state: v4.strategy_state,
-            insight: v4.insight,
-            prototypes: v4.prototypes,
-            privacy: v4.privacy,
+            federation: self.federation,
+            run: self.run,
+            strategy: self.strategy,
+            next_round: self.next_round,
+            aggregated_rounds: self.aggregated_rounds,
+            params: self.params,
+            strategy_state: self.strategy_state,
+            insight: self.insight,
+            prototypes: self.prototypes,
+            privacy,
             participation: Vec::new(),
         }
     }
 }
 
-impl From<CheckpointV3> for Checkpoint {
-    fn from(v3: CheckpointV3) -> Self {
-        Checkpoint {
-            federation: v3.federation,
-            run: v3.run,
-            strategy: v3.strategy,
-            next_round: v3.next_round,
-            aggregated_rounds: v3.aggregated_rounds,
-            params: v3.params,
-            strategy_state: v3.strategy_state,
-            insight: v3.insight,
-            prototypes: v3.prototypes,
-            privacy: None,
-            participation: Vec::new(),
-        }
-    }
-}
+/// A version 4 checkpoint: version 3's fields, then the accountant (postcard writes a struct
+/// as its fields one after the other, so the pair reads the same bytes).
+type CheckpointV4 = (CheckpointV3, Option<SavedAccountant>);
+
 /// Slice-by-16 tables: 2.3 GiB/s against 0.37 GiB/s for the byte-wise table on a 134 KB frame
 /// (`cargo bench --workspace --bench crc`).
 const CRC: crc::Crc<u32, crc::Table<16>> =
@@ -153,8 +127,11 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, InvalidCheckpoint> {
     }
     let checkpoint: Checkpoint = match body[4] {
         VERSION => postcard::from_bytes(&body[5..])?,
-        V4 => postcard::from_bytes::<CheckpointV4>(&body[5..])?.into(),
-        OLDEST => postcard::from_bytes::<CheckpointV3>(&body[5..])?.into(),
+        V4 => {
+            let (v3, privacy) = postcard::from_bytes::<CheckpointV4>(&body[5..])?;
+            v3.upgraded(privacy)
+        }
+        OLDEST => postcard::from_bytes::<CheckpointV3>(&body[5..])?.upgraded(None),
         other => return Err(InvalidCheckpoint::Version(other)),
     };
     let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
@@ -197,7 +174,7 @@ pub fn load(path: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::round::saved::{SavedAccountant, SavedSampling, SavedSteps};
+    use crate::round::saved::{SavedSampling, SavedSteps};
 
     fn sample() -> Checkpoint {
         Checkpoint {
