@@ -430,6 +430,7 @@ impl Agent {
                     },
                     class_stats: outcome.class_stats.map(|s| class_stats(s, codec)),
                     prototypes: outcome.prototypes.map(|s| class_stats(s, codec)),
+                    features: outcome.features,
                 };
                 let mut frame = fedge_wire::encode(&Message::ClientUpdate(update));
                 if let Some(key) = &self.id.key {
@@ -504,8 +505,9 @@ impl Agent {
         dp.account(spent).map_err(TrainError::Privacy)?;
         self.status.epsilon = dp.epsilon(spent);
         tracing::debug!(client = %self.id.client_id, norm = clip.norm, clipped = clip.clipped, epsilon = ?self.status.epsilon, "update privatised");
-        // Refused at the task already; never sent un-noised whatever the trainer returned.
-        (outcome.class_stats, outcome.prototypes) = (None, None);
+        // Refused at the task already; never sent un-noised whatever the trainer returned. A
+        // pooling federation gets no summary from this device (it still uses the pooled one).
+        (outcome.class_stats, outcome.prototypes, outcome.features) = (None, None, None);
         self.outputs.push_back(Output::Save(self.state.clone()));
         Ok(outcome)
     }

@@ -20,6 +20,7 @@ fn release(round: u64) -> ModelRelease {
     let head = HeadConfig::new(512, 10).with_hidden(16);
     let params = head.init_flat(round);
     ModelRelease {
+        pooled: None,
         federation: "demo".into(),
         run: 3,
         round,
@@ -192,5 +193,47 @@ fn fedge_edge_predict_prints_a_line_per_image() {
     assert!(
         help.contains("--model") && help.contains("state/model.bin"),
         "{help}"
+    );
+}
+
+#[test]
+fn a_site_without_data_serves_a_pooled_release_with_the_federations_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    // A profile whose image folder holds nothing: a site that only serves.
+    let empty = dir.path().join("images");
+    std::fs::create_dir(&empty).unwrap();
+    let path = profile(dir.path(), None);
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "kind = \"digits\"\ndomain = \"rot15\"",
+        &format!("kind = \"imagefolder\"\nroot = {empty:?}"),
+    );
+    assert!(text.contains("imagefolder"), "{text}");
+    std::fs::write(&path, text).unwrap();
+    let image = dir.path().join("digit.png");
+    std::fs::write(&image, digit_png(4)).unwrap();
+    // A balanced release with the federation's pooled summary of some digits' features.
+    let card = repo_root().join("models/assets/digits-conv.toml");
+    let backbone = std::sync::Arc::new(fedge_edge::features::load_backbone(&card).unwrap().0);
+    let set = fedge_edge::data::digits_domains(&[0.0], 1).remove(0).data;
+    let features = fedge_edge::features::extract(&backbone, 0, &set, None).unwrap();
+    let pooled = fedge_device::site_norm::summary_of(&features, 10).unwrap();
+    let pooled_release = ModelRelease {
+        feature_norm: fedge_wire::FeatureNorm::Balanced,
+        pooled: Some(pooled.clone()),
+        ..release(8)
+    };
+    let model = dir.path().join("model.bin");
+    store::save(&model, &pooled_release).unwrap();
+    let flag = |s: &str| PathBuf::from(s);
+    let (code, lines, stderr) =
+        run_predict(&[&flag("--config"), &path, &flag("--model"), &model, &image]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("pooled statistics"), "{stderr}");
+    let stats = pooled.balanced_stats();
+    let predictor = Predictor::new(backbone, pooled_release, stats).unwrap();
+    let bytes = std::fs::read(&image).unwrap();
+    assert_same(
+        &json(&lines[0]),
+        &predictor.predict_bytes(&bytes, 3).unwrap(),
     );
 }

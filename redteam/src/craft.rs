@@ -88,6 +88,7 @@ pub fn poisoned_update(task: &TaskSeen, client: &str, seq: u64, poison: Poison) 
     });
     let objective = task.objective;
     ClientUpdate {
+        features: None,
         run: task.run,
         round: task.round,
         client_id: client.to_owned(),
@@ -110,6 +111,7 @@ pub fn poisoned_update(task: &TaskSeen, client: &str, seq: u64, poison: Poison) 
 /// An update frame of about `bytes` bytes (f32 zeros), for `round` of `run`.
 pub fn update_of_size(client: &str, run: u64, round: u64, bytes: usize) -> Vec<u8> {
     let update = ClientUpdate {
+        features: None,
         run,
         round,
         client_id: client.to_owned(),

@@ -454,6 +454,7 @@ mod tests {
     fn a_large_update_is_split_and_reassembled_into_the_same_message() {
         let values: Vec<f32> = (0..100_000).map(|i| i as f32 * 0.5).collect();
         let message = Message::ClientUpdate(ClientUpdate {
+            features: None,
             run: 1,
             round: 3,
             client_id: "cam-01".into(),

@@ -18,11 +18,11 @@ use crate::model::ModelRelease;
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version this crate writes by default.
-pub const PROTOCOL_VERSION: u8 = 8;
+pub const PROTOCOL_VERSION: u8 = 9;
 /// The previous protocol version, which this crate still reads and writes on request
 /// ([`encode_as`]) so that devices of both versions share a federation during an upgrade
 /// (`crate::compat`).
-pub const PREVIOUS_PROTOCOL_VERSION: u8 = 7;
+pub const PREVIOUS_PROTOCOL_VERSION: u8 = 8;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -141,9 +141,9 @@ fn accepted(version: u8) -> bool {
     version == PROTOCOL_VERSION || version == PREVIOUS_PROTOCOL_VERSION
 }
 
-/// Frames a message in protocol `version`: [`PREVIOUS_PROTOCOL_VERSION`] writes a round task
-/// without what protocol 8 added (`crate::compat::v7`); any other value writes
-/// [`PROTOCOL_VERSION`]. The other kinds' bodies are the same in both.
+/// Frames a message in protocol `version`: [`PREVIOUS_PROTOCOL_VERSION`] writes round tasks,
+/// updates and releases without what protocol 9 added (`crate::compat::v8`); any other value
+/// writes [`PROTOCOL_VERSION`]. The other kinds' bodies are the same in both.
 pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
     let version = if accepted(version) {
         version
@@ -163,9 +163,17 @@ pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
     out.extend_from_slice(&MAGIC);
     out.push(version);
     out.push(message.kind() as u8);
+    let previous = version == PREVIOUS_PROTOCOL_VERSION;
+    use crate::compat::v8;
     let body = match message {
-        Message::RoundTask(task) if version == PREVIOUS_PROTOCOL_VERSION => {
-            postcard::to_extend(&crate::compat::v7::RoundTask::from(task.clone()), out)
+        Message::RoundTask(task) if previous => {
+            postcard::to_extend(&v8::RoundTask::from(task.clone()), out)
+        }
+        Message::ClientUpdate(update) if previous => {
+            postcard::to_extend(&v8::ClientUpdate::from(update.clone()), out)
+        }
+        Message::Model(model) if previous => {
+            postcard::to_extend(&v8::ModelRelease::from(model.clone()), out)
         }
         Message::RoundTask(task) => postcard::to_extend(task, out),
         Message::ClientUpdate(update) => postcard::to_extend(update, out),
@@ -180,6 +188,13 @@ pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
     let crc = CRC32.checksum(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
+}
+
+/// A feature summary's tensors hold what their shapes say (its sizes against the head are
+/// the receiver's check: `FeatureSummary::check`).
+fn validate_summary(summary: &crate::FeatureSummary) -> Result<(), DecodeError> {
+    summary.means.validate()?;
+    summary.within.validate()
 }
 
 /// Checks magic, version, kind and CRC, without decoding the body.
@@ -225,10 +240,11 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
 /// Decodes the body of a frame [`decode_frame`] already checked, so a receiver that looks at
 /// the kind first (to refuse a kind without decoding it) checks the CRC only once.
 pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
+    let previous = frame.version == PREVIOUS_PROTOCOL_VERSION;
     match frame.kind {
         Kind::RoundTask => {
-            let task: RoundTask = if frame.version == PREVIOUS_PROTOCOL_VERSION {
-                decode_body::<crate::compat::v7::RoundTask>(frame.body)?.into()
+            let task: RoundTask = if previous {
+                decode_body::<crate::compat::v8::RoundTask>(frame.body)?.into()
             } else {
                 decode_body(frame.body)?
             };
@@ -236,10 +252,17 @@ pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
             for tensor in [&task.insight, &task.prototypes].into_iter().flatten() {
                 tensor.validate()?;
             }
+            if let Some(pooled) = &task.pooled {
+                validate_summary(pooled)?;
+            }
             Ok(Message::RoundTask(task))
         }
         Kind::ClientUpdate => {
-            let update: ClientUpdate = decode_body(frame.body)?;
+            let update: ClientUpdate = if previous {
+                decode_body::<crate::compat::v8::ClientUpdate>(frame.body)?.into()
+            } else {
+                decode_body(frame.body)?
+            };
             update.delta.validate()?;
             for stats in [&update.class_stats, &update.prototypes]
                 .into_iter()
@@ -247,13 +270,23 @@ pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
             {
                 stats.means.validate()?;
             }
+            if let Some(features) = &update.features {
+                validate_summary(features)?;
+            }
             Ok(Message::ClientUpdate(update))
         }
         Kind::Chunk => Ok(Message::Chunk(decode_body(frame.body)?)),
         Kind::Sealed => Ok(Message::Sealed(decode_body(frame.body)?)),
         Kind::Model => {
-            let model: ModelRelease = decode_body(frame.body)?;
+            let model: ModelRelease = if previous {
+                decode_body::<crate::compat::v8::ModelRelease>(frame.body)?.into()
+            } else {
+                decode_body(frame.body)?
+            };
             model.params.validate()?;
+            if let Some(pooled) = &model.pooled {
+                validate_summary(pooled)?;
+            }
             Ok(Message::Model(model))
         }
         Kind::Backbone => Ok(Message::Backbone(decode_body(frame.body)?)),
@@ -283,6 +316,7 @@ mod tests {
 
     fn round_task() -> RoundTask {
         RoundTask {
+            pooled: None,
             federation: "plant-7".into(),
             run: 0x0123_4567_89ab_cdef,
             round: 7,
@@ -305,6 +339,7 @@ mod tests {
 
     fn client_update() -> ClientUpdate {
         ClientUpdate {
+            features: None,
             run: 0x0123_4567_89ab_cdef,
             round: 7,
             client_id: "cam-01".into(),
@@ -552,6 +587,7 @@ mod tests {
         body.extend(postcard::to_allocvec(&update.metrics).unwrap());
         body.extend(postcard::to_allocvec(&update.class_stats).unwrap());
         body.extend(postcard::to_allocvec(&update.prototypes).unwrap());
+        body.extend(postcard::to_allocvec(&update.features).unwrap());
         let bytes = frame_body(Kind::ClientUpdate as u8, &body);
         assert_eq!(
             decode(&bytes),
@@ -644,6 +680,7 @@ mod tests {
             train_loss in any::<f32>(),
         ) {
             let message = Message::ClientUpdate(ClientUpdate {
+                features: None,
                 run: round.rotate_left(7),
                 round,
                 client_id,
@@ -670,6 +707,7 @@ mod tests {
             deadline_ms in any::<u64>(),
         ) {
             let message = Message::RoundTask(RoundTask {
+                pooled: None,
                 federation: selected.first().cloned().unwrap_or_default(),
                 run: round.rotate_left(7),
                 round,

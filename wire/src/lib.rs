@@ -1,4 +1,4 @@
-//! The fedge wire format, protocol version 8 (and 7, the previous one, for rolling upgrades:
+//! The fedge wire format, protocol version 9 (and 8, the previous one, for rolling upgrades:
 //! [`compat`]).
 //!
 //! This crate defines what travels between devices and the coordinator: the binary messages
@@ -53,7 +53,7 @@ pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,
     SiteEvaluation, check_classes, numbered_classes,
 };
-pub use site_stats::FeatureStats;
+pub use site_stats::{FeatureStats, FeatureSummary};
 pub use status::{CoordinatorStatus, EdgeStatus, RejectCounts};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

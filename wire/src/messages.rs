@@ -106,6 +106,18 @@ pub enum FeatureNorm {
     #[serde(rename = "site")]
     #[cfg_attr(feature = "clap", value(name = "site"))]
     Site,
+    /// Every site standardises with the federation's pooled statistics (the devices' class
+    /// sums, aggregated by the coordinator and sent with each task): no per-site adaptation.
+    #[serde(rename = "pooled")]
+    #[cfg_attr(feature = "clap", value(name = "pooled"))]
+    Pooled,
+    /// A site's statistics estimated against the pooled ones: its offset from the pooled class
+    /// means over its (or, unlabelled, the model's) labels, so a site's class mix does not move
+    /// it, shrunk towards the pooled statistics, with a variance floor and the pooled
+    /// statistics below a minimum number of rows.
+    #[serde(rename = "balanced")]
+    #[cfg_attr(feature = "clap", value(name = "balanced"))]
+    Balanced,
 }
 
 impl FeatureNorm {
@@ -114,7 +126,14 @@ impl FeatureNorm {
         match self {
             FeatureNorm::None => "none",
             FeatureNorm::Site => "site",
+            FeatureNorm::Pooled => "pooled",
+            FeatureNorm::Balanced => "balanced",
         }
+    }
+
+    /// Whether devices send their feature summaries and tasks carry the pooled ones.
+    pub fn pools(self) -> bool {
+        matches!(self, FeatureNorm::Pooled | FeatureNorm::Balanced)
     }
 }
 
@@ -122,7 +141,12 @@ impl std::str::FromStr for FeatureNorm {
     type Err = crate::UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let all = [FeatureNorm::None, FeatureNorm::Site];
+        let all = [
+            FeatureNorm::None,
+            FeatureNorm::Site,
+            FeatureNorm::Pooled,
+            FeatureNorm::Balanced,
+        ];
         all.into_iter().find(|n| n.name() == s).ok_or_else(|| {
             crate::UnknownName::new("feature normalisation", s, all.map(FeatureNorm::name))
         })
@@ -185,7 +209,7 @@ pub struct TrainParams {
     pub adversarial_lr_ratio: f32,
     /// How many batches a Stable-FedADG round runs.
     pub stable_schedule: StableSchedule,
-    /// Whether every site standardises its features with its own statistics before the head.
+    /// How a site standardises its features before the head (docs/algorithms.md §7).
     pub feature_norm: FeatureNorm,
     /// FedDDL's `λ`, the weight of the contrastive regulariser `L_CR`.
     pub contrastive_weight: f32,
@@ -382,6 +406,9 @@ pub struct RoundTask {
     /// The backbone the federation trains on (protocol 8), when the coordinator names one: a
     /// device whose backbone file has another digest sits the round out and says why.
     pub backbone: Option<BackboneRef>,
+    /// The federation's pooled feature summary (protocol 9), once devices sent theirs, when
+    /// `train.feature_norm` pools (`FeatureNorm::pools`).
+    pub pooled: Option<crate::FeatureSummary>,
 }
 
 /// A backbone by its model card's name and the SHA-256 of its ONNX file.
@@ -501,6 +528,9 @@ pub struct ClientUpdate {
     /// features of object-only inputs under the round's global head, when the objective is
     /// `FedDdl`.
     pub prototypes: Option<ClassStats>,
+    /// The device's feature summary over its training rows (protocol 9), when the task's
+    /// `feature_norm` pools.
+    pub features: Option<crate::FeatureSummary>,
 }
 
 /// One piece of a larger frame.

@@ -114,12 +114,15 @@ pub struct ModelRelease {
     pub backbone: String,
     /// The head's sizes.
     pub head: HeadConfig,
-    /// Whether the head takes features standardised with the predicting site's own statistics.
+    /// How the head's input features are standardised (docs/algorithms.md §7).
     pub feature_norm: crate::FeatureNorm,
     /// The head's parameters in the flat layout (`crate::layout`), f32.
     pub params: TensorF32,
     /// SHA-256 of the parameters' little-endian f32 bytes ([`ModelRelease::digest`]).
     pub sha256: [u8; 32],
+    /// The federation's pooled feature summary at this round (protocol 9), when
+    /// `feature_norm` pools: what a site without rows of its own standardises with.
+    pub pooled: Option<crate::FeatureSummary>,
 }
 
 /// A release whose contents do not hold together.
@@ -142,6 +145,9 @@ pub enum InvalidRelease {
     /// A parameter is NaN or infinite.
     #[error("a parameter is not finite")]
     NonFinite,
+    /// The pooled feature summary does not fit the head.
+    #[error("the pooled feature statistics: {0}")]
+    Pooled(String),
 }
 
 impl ModelRelease {
@@ -191,6 +197,9 @@ impl ModelRelease {
         if Self::digest(&params) != self.sha256 {
             return Err(InvalidRelease::Digest);
         }
+        if let Some(pooled) = &self.pooled {
+            pooled.check(k, f).map_err(InvalidRelease::Pooled)?;
+        }
         Ok(params)
     }
 }
@@ -237,6 +246,7 @@ mod tests {
         let head = HeadConfig::new(3, 2).with_hidden(2);
         let params = head.init_flat(1);
         ModelRelease {
+            pooled: None,
             federation: "plant".into(),
             run: 9,
             round: 4,

@@ -10,6 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::TensorF32;
+
 /// Added to every variance before its square root.
 pub const EPSILON: f32 = 1e-5;
 
@@ -61,6 +63,19 @@ impl FeatureStats {
         })
     }
 
+    /// The statistics of a mean and a (population) variance per feature, in f64.
+    pub fn from_moments(
+        mean: impl Iterator<Item = f64>,
+        variance: impl Iterator<Item = f64>,
+    ) -> Self {
+        Self {
+            mean: mean.map(|m| m as f32).collect(),
+            inv_std: variance
+                .map(|v| (1.0 / (v.max(0.0) + f64::from(EPSILON)).sqrt()) as f32)
+                .collect(),
+        }
+    }
+
     /// Standardises `features` (rows of `self.mean.len()` values) in place.
     pub fn apply_in_place(&self, features: &mut [f32]) {
         let dim = self.mean.len().max(1);
@@ -85,5 +100,324 @@ impl FeatureStats {
             return Err("a site statistic is not finite".into());
         }
         Ok(())
+    }
+}
+
+/// What the pooled estimators need of a set of labelled rows (docs/algorithms.md §7): rows per
+/// class, class means and the within-class variance per feature. Devices send theirs with an
+/// update when the federation's `feature_norm` pools; the coordinator merges them exactly
+/// ([`FeatureSummary::merge`]) and sends the federation's with every task and release.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeatureSummary {
+    /// Rows per class `n_k` (K); merged summaries carry weights, so not always whole.
+    pub counts: Vec<f64>,
+    /// Class means `μ_k`, shape `[K, F]`; zero rows for absent classes.
+    pub means: TensorF32,
+    /// Within-class variance per feature `w_j = (1/n) Σ_i (x_ij − μ_{y_i j})²` (F).
+    pub within: TensorF32,
+}
+
+impl FeatureSummary {
+    /// The summary of `rows` (each `dim` values) with `labels` below `classes`, or `None`
+    /// without a row, with a row of another length or a label out of range.
+    pub fn of_rows<'a>(
+        dim: usize,
+        classes: usize,
+        rows: impl Iterator<Item = &'a [f32]> + Clone,
+        labels: &[u32],
+    ) -> Option<Self> {
+        if dim == 0 || classes == 0 || labels.iter().any(|&y| y as usize >= classes) {
+            return None;
+        }
+        let mut counts = vec![0f64; classes];
+        let mut sums = vec![0f64; classes * dim];
+        let mut n = 0usize;
+        for (row, &y) in rows.clone().zip(labels) {
+            if row.len() != dim {
+                return None;
+            }
+            n += 1;
+            counts[y as usize] += 1.0;
+            let sum = &mut sums[y as usize * dim..][..dim];
+            for (a, &v) in sum.iter_mut().zip(row) {
+                *a += f64::from(v);
+            }
+        }
+        if n == 0 || n != labels.len() {
+            return None;
+        }
+        for (sum, &c) in sums.chunks_exact_mut(dim).zip(&counts) {
+            sum.iter_mut().for_each(|v| *v /= c.max(1.0));
+        }
+        let mut squares = vec![0f64; dim];
+        for (row, &y) in rows.zip(labels) {
+            let mean = &sums[y as usize * dim..][..dim];
+            for ((a, &v), m) in squares.iter_mut().zip(row).zip(mean) {
+                *a += (f64::from(v) - m).powi(2);
+            }
+        }
+        Some(Self::from_parts(
+            counts,
+            &sums,
+            squares.iter().map(|s| s / n as f64),
+        ))
+    }
+
+    fn from_parts(counts: Vec<f64>, means: &[f64], within: impl Iterator<Item = f64>) -> Self {
+        let means: Vec<f32> = means.iter().map(|&m| m as f32).collect();
+        let within: Vec<f32> = within.map(|w| w as f32).collect();
+        let (k, f) = (counts.len() as u32, within.len() as u32);
+        Self {
+            counts,
+            means: TensorF32::new(vec![k, f], &means).expect("K × F class means"),
+            within: TensorF32::from_slice(&within),
+        }
+    }
+
+    /// Classes `K`.
+    pub fn classes(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Features `F`.
+    pub fn features(&self) -> usize {
+        self.within.len()
+    }
+
+    /// Rows (or weight) in all.
+    pub fn total(&self) -> f64 {
+        self.counts.iter().sum()
+    }
+
+    /// The summary with every count scaled by `factor` (a weight cap, a decay).
+    pub fn scaled(&self, factor: f64) -> Self {
+        Self {
+            counts: self.counts.iter().map(|c| c * factor).collect(),
+            ..self.clone()
+        }
+    }
+
+    /// The summary of all rows of `parts` together, exactly (in f64): per class the
+    /// count-weighted mean, and the within-class variance about the merged class means,
+    /// `W = Σ_d (n_d W_d + Σ_k n_dk ‖μ_dk − μ_k‖²) / N`. `None` without a part, a row, or
+    /// when parts disagree on their sizes.
+    pub fn merge<'a>(parts: impl Iterator<Item = &'a Self> + Clone) -> Option<Self> {
+        let first = parts.clone().next()?;
+        let (k, f) = (first.classes(), first.features());
+        let mut counts = vec![0f64; k];
+        let mut means = vec![0f64; k * f];
+        for part in parts.clone() {
+            if part.classes() != k || part.features() != f || part.means.len() != k * f {
+                return None;
+            }
+            let part_means = part.means.to_vec();
+            for (c, (&n, row)) in part
+                .counts
+                .iter()
+                .zip(part_means.chunks_exact(f))
+                .enumerate()
+            {
+                counts[c] += n;
+                for (a, &m) in means[c * f..][..f].iter_mut().zip(row) {
+                    *a += n * f64::from(m);
+                }
+            }
+        }
+        let total: f64 = counts.iter().sum();
+        if total.is_nan() || total <= 0.0 {
+            return None;
+        }
+        for (row, &n) in means.chunks_exact_mut(f).zip(&counts) {
+            row.iter_mut()
+                .for_each(|v| *v /= if n > 0.0 { n } else { 1.0 });
+        }
+        let mut within = vec![0f64; f];
+        for part in parts {
+            let part_means = part.means.to_vec();
+            let part_within = part.within.to_vec();
+            for (a, &w) in within.iter_mut().zip(&part_within) {
+                *a += part.total() * f64::from(w);
+            }
+            for (c, (&n, row)) in part
+                .counts
+                .iter()
+                .zip(part_means.chunks_exact(f))
+                .enumerate()
+            {
+                let merged = &means[c * f..][..f];
+                for ((a, &m), g) in within.iter_mut().zip(row).zip(merged) {
+                    *a += n * (f64::from(m) - g).powi(2);
+                }
+            }
+        }
+        Some(Self::from_parts(
+            counts,
+            &means,
+            within.iter().map(|w| w / total),
+        ))
+    }
+
+    /// The class-balanced mixture of the summarised classes (every class present counted
+    /// alike, whatever its share of the rows): the mean of the present class means `m`, and
+    /// per feature the between-class variance `(1/K') Σ_k (μ_kj − m_j)²` over the `K'` present
+    /// classes. `None` without a class.
+    pub fn balanced_moments(&self) -> Option<(Vec<f64>, Vec<f64>)> {
+        let f = self.features();
+        let means = self.means.to_vec();
+        let present: Vec<&[f32]> = (self.counts.iter())
+            .zip(means.chunks_exact(f.max(1)))
+            .filter(|(n, _)| **n > 0.0)
+            .map(|(_, row)| row)
+            .collect();
+        if present.is_empty() || f == 0 {
+            return None;
+        }
+        let k = present.len() as f64;
+        let mut mean = vec![0f64; f];
+        for row in &present {
+            for (a, &m) in mean.iter_mut().zip(*row) {
+                *a += f64::from(m) / k;
+            }
+        }
+        let mut between = vec![0f64; f];
+        for row in &present {
+            for ((a, &m), g) in between.iter_mut().zip(*row).zip(&mean) {
+                *a += (f64::from(m) - g).powi(2) / k;
+            }
+        }
+        Some((mean, between))
+    }
+
+    /// The statistics of the class-balanced mixture ([`FeatureSummary::balanced_moments`]):
+    /// mean `m`, variance `w_j + between_j`. `None` without a class.
+    pub fn balanced_stats(&self) -> Option<FeatureStats> {
+        let (mean, between) = self.balanced_moments()?;
+        let within = self.within.to_vec();
+        let variance = within.iter().zip(&between).map(|(&w, b)| f64::from(w) + b);
+        Some(FeatureStats::from_moments(mean.into_iter(), variance))
+    }
+
+    /// Checks the tensors' encodings, the sizes against `classes` × `features`, that every
+    /// value is finite and every count and variance ≥ 0.
+    pub fn check(&self, classes: usize, features: usize) -> Result<(), String> {
+        for tensor in [&self.means, &self.within] {
+            tensor.validate().map_err(|e| e.to_string())?;
+        }
+        if self.classes() != classes
+            || self.features() != features
+            || self.means.len() != classes.saturating_mul(features)
+        {
+            return Err(format!(
+                "a feature summary of {} classes × {} features (with {} means), the head takes                  {classes} × {features}",
+                self.classes(),
+                self.features(),
+                self.means.len()
+            ));
+        }
+        let means = self.means.to_vec();
+        let within = self.within.to_vec();
+        let finite = means.iter().chain(&within).all(|v| v.is_finite());
+        if !finite || !self.counts.iter().all(|c| c.is_finite() && *c >= 0.0) {
+            return Err("a feature summary value is not finite or a count is negative".into());
+        }
+        if within.iter().any(|&w| w < 0.0) {
+            return Err("a within-class variance is negative".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(rows: &[[f32; 2]], labels: &[u32]) -> FeatureSummary {
+        FeatureSummary::of_rows(2, 3, rows.iter().map(|r| &r[..]), labels).unwrap()
+    }
+
+    fn close(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5)
+    }
+
+    #[test]
+    fn summaries_merge_exactly_into_the_summary_of_all_rows() {
+        let rows = [
+            [1.0, 2.0],
+            [3.0, 0.0],
+            [5.0, 4.0],
+            [0.0, 1.0],
+            [2.0, 2.0],
+            [7.0, 3.0],
+        ];
+        let labels = [0, 0, 1, 1, 0, 2];
+        let whole = summary(&rows, &labels);
+        assert_eq!(whole.counts, [3.0, 2.0, 1.0]);
+        // Class 0's mean is (2, 4/3); the within variance of feature 0 is
+        // ((1−2)² + (3−2)² + (2−2)² + (5−2.5)² + (0−2.5)² + 0) / 6.
+        assert!(close(&whole.means.to_vec()[..2], &[2.0, 4.0 / 3.0]));
+        assert!((whole.within.to_vec()[0] - 14.5 / 6.0).abs() < 1e-5);
+        let (a, b) = (
+            summary(&rows[..3], &labels[..3]),
+            summary(&rows[3..], &labels[3..]),
+        );
+        let merged = FeatureSummary::merge([a.clone(), b].iter()).unwrap();
+        assert_eq!(merged.counts, whole.counts);
+        assert!(close(&merged.means.to_vec(), &whole.means.to_vec()));
+        assert!(close(&merged.within.to_vec(), &whole.within.to_vec()));
+        // A scaled summary weighs less in a merge, and other sizes do not merge.
+        let light = FeatureSummary::merge([a.scaled(0.0), summary(&rows, &labels)].iter());
+        assert_eq!(light.unwrap().counts, whole.counts);
+        let wide = FeatureSummary::of_rows(1, 3, [[1.0f32]].iter().map(|r| &r[..]), &[0]);
+        assert_eq!(FeatureSummary::merge([a, wide.unwrap()].iter()), None);
+        assert_eq!(
+            FeatureSummary::of_rows(2, 3, [[1.0f32, 2.0]].iter().map(|r| &r[..]), &[3]),
+            None
+        );
+    }
+
+    #[test]
+    fn balanced_statistics_do_not_move_with_the_class_mix() {
+        // Two classes at (0, 0) and (4, 2); the same rows with class 1 repeated five times.
+        let even = summary(&[[0.0, 0.0], [4.0, 2.0]], &[0, 1]);
+        let skewed = summary(
+            &[
+                [0.0, 0.0],
+                [4.0, 2.0],
+                [4.0, 2.0],
+                [4.0, 2.0],
+                [4.0, 2.0],
+                [4.0, 2.0],
+            ],
+            &[0, 1, 1, 1, 1, 1],
+        );
+        let (a, b) = (
+            even.balanced_stats().unwrap(),
+            skewed.balanced_stats().unwrap(),
+        );
+        assert!(close(&a.mean, &[2.0, 1.0]) && close(&a.mean, &b.mean));
+        assert!(close(&a.inv_std, &b.inv_std));
+        // Between-class variance 4 and 1, no within-class spread.
+        let expected = [1.0 / (4.0 + EPSILON).sqrt(), 1.0 / (1.0 + EPSILON).sqrt()];
+        assert!(close(&a.inv_std, &expected), "{:?}", a.inv_std);
+        // The plain statistics of the skewed rows lean to class 1.
+        let plain = FeatureStats::of_rows(2, [[0.0f32, 0.0], [4.0, 2.0]].iter().map(|r| &r[..]));
+        assert!(close(&plain.unwrap().mean, &a.mean));
+    }
+
+    #[test]
+    fn a_summary_that_does_not_fit_or_is_not_finite_is_refused() {
+        let good = summary(&[[0.0, 1.0], [2.0, 3.0]], &[0, 2]);
+        assert_eq!(good.check(3, 2), Ok(()));
+        assert!(good.check(3, 4).unwrap_err().contains("3 × 4"));
+        let nan = FeatureSummary {
+            within: TensorF32::from_slice(&[f32::NAN, 0.0]),
+            ..good.clone()
+        };
+        assert!(nan.check(3, 2).is_err());
+        let negative = FeatureSummary {
+            counts: vec![-1.0, 0.0, 2.0],
+            ..good
+        };
+        assert!(negative.check(3, 2).is_err());
     }
 }

@@ -191,7 +191,7 @@ impl Default for EdgeStatus {
 impl EdgeStatus {
     /// The protocol version the device speaks: 7 when the status does not say.
     pub fn protocol_version(&self) -> u8 {
-        self.protocol.unwrap_or(crate::compat::v7::VERSION)
+        self.protocol.unwrap_or(7)
     }
 
     /// The bytes a status tag covers.

@@ -439,7 +439,7 @@ impl CoordinatorConfig {
     fn check(&self) -> Result<(), InvalidConfig> {
         fedge_wire::Topics::new(&self.federation).map_err(InvalidConfig::Federation)?;
         self.privacy
-            .check(self.train.objective, self.role, self.max_update_norm)?;
+            .check(&self.train, self.role, self.max_update_norm)?;
         let private = self.privacy.central();
         let noise = || fedge_privacy::GaussianNoise::from_seed(0);
         self.strategy.build_with(private.map(|dp| (dp, noise())))?;

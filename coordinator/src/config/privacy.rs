@@ -96,6 +96,15 @@ pub enum InvalidPrivacy {
          \"cross-entropy\", \"fedprox\" or \"stable-fedadg\""
     )]
     Statistics(fedge_wire::Objective, &'static str),
+    /// Devices' feature summaries for pooled normalisation.
+    #[error(
+        "[privacy] mode = \"central\" cannot run with [train] feature_norm = \"{}\": its updates \
+         carry each device's class counts and class means of its features beside the delta, \
+         un-noised, and every task and release carries the pooled ones; use \"none\" (or \
+         \"site\", whose statistics never leave the device)",
+        .0.name()
+    )]
+    FeatureStatistics(fedge_wire::FeatureNorm),
     /// A site aggregator.
     #[error(
         "[privacy] mode = \"central\" cannot run on a site aggregator (role = \"site\"): its \
@@ -158,7 +167,7 @@ impl PrivacySettings {
     /// FedOMG and robust rules, are `crate::strategy::StrategyConfig::build_with`'s).
     pub fn check(
         &self,
-        objective: fedge_wire::Objective,
+        train: &fedge_wire::TrainParams,
         role: Role,
         max_update_norm: f64,
     ) -> Result<(), InvalidPrivacy> {
@@ -228,6 +237,10 @@ impl PrivacySettings {
             )?;
         }
         use fedge_wire::Objective;
+        let objective = train.objective;
+        if train.feature_norm.pools() {
+            return Err(InvalidPrivacy::FeatureStatistics(train.feature_norm));
+        }
         match objective {
             Objective::FedDim => {
                 return Err(InvalidPrivacy::Statistics(
@@ -336,6 +349,12 @@ mod tests {
                 CENTRAL,
                 "[train]\nobjective = \"fedddl\"\n",
                 "causal prototypes",
+            ),
+            (
+                "",
+                CENTRAL,
+                "[train]\nfeature_norm = \"balanced\"\n",
+                "feature_norm = \"balanced\": its updates carry each device's class counts",
             ),
             (
                 "role = \"site\"\n",

@@ -129,9 +129,11 @@ pub fn write_export(
 }
 
 /// The exported ONNX bytes and card text for `release` over the backbone `onnx` described by
-/// `card`; `file_name` is what the card's `file` will say. A site-normalised release needs the
+/// `card`; `file_name` is what the card's `file` will say. A normalised release takes the
 /// statistics of the site that will run the file (`site`), which become the graph's
-/// input-side standardisation; another release refuses them.
+/// input-side standardisation; without them a `pooled` or `balanced` release writes the
+/// federation's pooled statistics it carries, a `site` release is refused. A release without
+/// normalisation refuses them.
 pub fn export(
     card: &ModelCard,
     onnx: &[u8],
@@ -139,11 +141,13 @@ pub fn export(
     site: Option<&FeatureStats>,
     file_name: &str,
 ) -> Result<(Vec<u8>, String), ExportError> {
-    let site = match (release.feature_norm, site) {
-        (FeatureNorm::Site, None) => return Err(ExportError::NeedsSiteStats),
-        (FeatureNorm::None, Some(_)) => return Err(ExportError::SiteStatsUnused),
-        (FeatureNorm::None, None) => None,
-        (FeatureNorm::Site, Some(stats)) => {
+    // A pooled release carries the federation's statistics: what a site without its own uses.
+    let pooled = (release.pooled.as_ref()).and_then(fedge_wire::FeatureSummary::balanced_stats);
+    let site = match (release.feature_norm, site.or(pooled.as_ref())) {
+        (FeatureNorm::None, Some(_)) if site.is_some() => return Err(ExportError::SiteStatsUnused),
+        (FeatureNorm::None, _) => None,
+        (_, None) => return Err(ExportError::NeedsSiteStats),
+        (_, Some(stats)) => {
             stats
                 .check(release.head.features)
                 .map_err(|reason| ExportError::SiteStats {

@@ -50,6 +50,7 @@ fn release(backbone: &str) -> ModelRelease {
     let head = HeadConfig::new(4, 3).with_hidden(2);
     let params: Vec<f32> = (0..head.num_params()).map(|i| i as f32 * 0.1).collect();
     ModelRelease {
+        pooled: None,
         federation: "plant".into(),
         run: 9,
         round: 4,

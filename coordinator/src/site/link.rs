@@ -421,6 +421,7 @@ mod tests {
 
     fn task_of(federation: &str, round: u64) -> Vec<u8> {
         fedge_wire::encode(&Message::RoundTask(fedge_wire::RoundTask {
+            pooled: None,
             federation: federation.into(),
             run: 1,
             round,
@@ -437,6 +438,7 @@ mod tests {
 
     fn update(round: u64) -> ToUpstream {
         ToUpstream::Update(Box::new(ClientUpdate {
+            features: None,
             run: 1,
             round,
             client_id: "plant-7".into(),

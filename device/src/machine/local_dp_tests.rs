@@ -53,6 +53,7 @@ fn trained_with(round: u64, delta: Vec<f32>) -> Trained {
             steps: 3,
             class_stats: Some((vec![1, 1], vec![0.5; 4])),
             prototypes: None,
+            features: None,
         }),
         val_accuracy: 0.5,
         seconds: 0.1,

@@ -10,6 +10,7 @@ fn release(run: u64, round: u64) -> ModelRelease {
 fn release_of(head: fedge_wire::HeadConfig, run: u64, round: u64) -> ModelRelease {
     let params = head.init_flat(round);
     ModelRelease {
+        pooled: None,
         federation: FED.into(),
         run,
         round,

@@ -31,6 +31,7 @@ fn agent(state: RoundState) -> Agent {
 
 pub(super) fn task(round: u64, selected: &[&str], deadline_ms: u64) -> RoundTask {
     RoundTask {
+        pooled: None,
         federation: FED.into(),
         run: RUN,
         round,
@@ -59,6 +60,7 @@ pub(super) fn trained(round: u64, seconds: f32) -> Trained {
             steps: 3,
             class_stats: None,
             prototypes: None,
+            features: None,
         }),
         val_accuracy: 0.5,
         seconds,

@@ -141,6 +141,9 @@ pub struct TrainOutcome {
     /// FedDDL's local causal prototypes: class counts and class means `[K, H]` of the
     /// object-only features under the global head, when the objective is `FedDdl`.
     pub prototypes: Option<(Vec<u32>, Vec<f32>)>,
+    /// The device's feature summary over its training rows, when the federation pools
+    /// (set by `run_round`).
+    pub features: Option<fedge_wire::FeatureSummary>,
 }
 
 /// The seed of one device's local training in one round: the configured seed, the round and

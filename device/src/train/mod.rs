@@ -144,6 +144,7 @@ fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome
         steps,
         class_stats: class_stats.transpose()?,
         prototypes,
+        features: None,
     })
 }
 

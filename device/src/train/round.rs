@@ -11,11 +11,11 @@ use std::sync::atomic::AtomicBool;
 
 use burn::prelude::Device;
 use fedge_models::{HeadConfig, ModelLayout};
-use fedge_wire::{FeatureNorm, FeatureStats, RoundTask, TensorF32};
+use fedge_wire::{FeatureNorm, FeatureStats, FeatureSummary, RoundTask, TensorF32};
 
 use super::{DdlViews, LocalState, RoundInputs, TrainError, TrainJob, TrainOutcome};
 use crate::features::FeatureSet;
-use crate::site_norm::{site_stats, standardise};
+use crate::site_norm::{SiteNorm, release_stats, site_stats, standardise, summary_of};
 
 /// A device's data for training rounds: its training and validation rows (labels on the
 /// federation's class list), FedDDL's views, and the site statistics (over the training rows;
@@ -66,21 +66,55 @@ impl DeviceData {
         self.views.as_ref()
     }
 
-    /// The site statistics the trainer standardises with under `norm` (none without).
-    pub fn stats(&self, norm: FeatureNorm) -> Option<&Arc<FeatureStats>> {
+    /// The statistics the device standardises with under `norm`, given the task's or
+    /// release's pooled summary (`site_norm::SiteNorm::labelled` over the training rows, or an
+    /// evaluation-only device's labelled validation rows); none for `none` or without rows.
+    /// The site's own statistics are computed once; the pooled estimators per call.
+    pub fn stats(
+        &self,
+        norm: FeatureNorm,
+        pooled: Option<&FeatureSummary>,
+        classes: usize,
+    ) -> Option<Arc<FeatureStats>> {
         match norm {
-            FeatureNorm::Site => self.stats.as_ref(),
             FeatureNorm::None => None,
+            FeatureNorm::Site => self.stats.clone(),
+            FeatureNorm::Pooled | FeatureNorm::Balanced => {
+                let rows = if self.train.is_empty() {
+                    &self.val
+                } else {
+                    &self.train
+                };
+                SiteNorm { norm, pooled }
+                    .labelled(rows, classes)
+                    .map(Arc::new)
+            }
         }
     }
 
-    /// The validation rows a global head is scored on under `norm`: standardised with the
-    /// site's statistics for `site`, as stored otherwise.
-    pub fn scored_val(&self, norm: FeatureNorm) -> &Arc<FeatureSet> {
-        match (norm, &self.standardised_val) {
-            (FeatureNorm::Site, Some(val)) => val,
-            _ => &self.val,
+    /// The validation rows a global head is scored on, standardised with `stats` (the site's
+    /// own statistics' copy is made once).
+    pub fn scored_val(&self, stats: Option<&Arc<FeatureStats>>) -> Arc<FeatureSet> {
+        match (stats, &self.stats, &self.standardised_val) {
+            (None, ..) => Arc::clone(&self.val),
+            (Some(stats), Some(own), Some(val)) if Arc::ptr_eq(stats, own) => Arc::clone(val),
+            (Some(stats), ..) => Arc::new(standardise(stats, &self.val)),
         }
+    }
+
+    /// The statistics this device standardises with to use `release`
+    /// (`site_norm::release_stats`; the site's own statistics are computed once).
+    pub fn serving_stats(&self, release: &fedge_wire::ModelRelease) -> Option<Arc<FeatureStats>> {
+        match release.feature_norm {
+            FeatureNorm::Site => self.stats.clone(),
+            _ => release_stats(release, &self.train, &self.val).map(Arc::new),
+        }
+    }
+
+    /// The device's feature summary for its update (`FeatureNorm::pools`), over its training
+    /// rows.
+    pub fn summary(&self, classes: usize) -> Option<FeatureSummary> {
+        summary_of(&self.train, classes)
     }
 }
 
@@ -131,8 +165,9 @@ pub fn run_round(
     let norm = task.train.feature_norm;
     let global = task.params.to_vec();
     let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
-    let val_accuracy =
-        super::accuracy(&head, layout.head_part(&global), data.scored_val(norm)).unwrap_or(0.0);
+    let stats = data.stats(norm, task.pooled.as_ref(), head.classes);
+    let val = data.scored_val(stats.as_ref());
+    let val_accuracy = super::accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);
     let insight = task.insight.as_ref().map(TensorF32::to_vec);
     let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
     let inputs = RoundInputs {
@@ -143,13 +178,16 @@ pub fn run_round(
     let seed = super::round_seed(trainer.seed, task.round, trainer.client_id);
     let mut job = TrainJob::new(&head, &global, &data.train, &task.train, trainer.device)
         .with_inputs(inputs)
-        .with_stats(data.stats(norm).map(Arc::as_ref))
+        .with_stats(stats.as_deref())
         .with_seed(seed)
         .with_threads(trainer.threads);
     if let Some(cancel) = trainer.cancel {
         job = job.with_cancel(cancel);
     }
-    let result = super::train_local(&job, state);
+    let result = super::train_local(&job, state).map(|mut outcome| {
+        outcome.features = norm.pools().then(|| data.summary(head.classes)).flatten();
+        outcome
+    });
     RoundOutcome {
         result,
         val_accuracy,

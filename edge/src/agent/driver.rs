@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fedge_mqtt::{REQUEST_QUEUE, Session, SessionEvent, publish_frame};
-use fedge_wire::{EdgeStatus, FeatureNorm, ModelRelease, Role, RoundTask, SiteEvaluation, Topics};
+use fedge_wire::{EdgeStatus, ModelRelease, Role, RoundTask, SiteEvaluation, Topics};
 use rumqttc::{AsyncClient, LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
@@ -107,11 +107,7 @@ pub async fn run_agent(
     // newer one arrives.
     if let Some(release) = serve::restore(&setup) {
         agent.hold_model(release.run, release.round);
-        serve::install(
-            &setup,
-            &release,
-            data.stats(FeatureNorm::Site).map(Arc::as_ref),
-        );
+        serve::install(&setup, &release, data.serving_stats(&release).as_deref());
         if setup.role == Role::Evaluate {
             spawn_scoring(&mut setup, &data, release, done.scored.clone());
         }
@@ -228,11 +224,7 @@ fn perform(
                 spawn_training(setup, data.clone(), *task, state, trained);
             }
             Output::Model { release, evaluate } => {
-                serve::keep(
-                    setup,
-                    &release,
-                    data.stats(FeatureNorm::Site).map(Arc::as_ref),
-                );
+                serve::keep(setup, &release, data.serving_stats(&release).as_deref());
                 if evaluate {
                     spawn_scoring(setup, data, *release, done.scored.clone());
                 }
@@ -323,7 +315,7 @@ fn spawn_scoring(
         return;
     }
     let setup = setup.clone();
-    let site = data.stats(FeatureNorm::Site).cloned();
+    let site = data.serving_stats(&release);
     tokio::task::spawn_blocking(move || {
         let _ = scored.send(labels::score(&setup, &release, site.as_deref()));
     });

@@ -61,10 +61,11 @@ pub fn score(
             setup.head.hidden
         ));
     }
-    // A site-normalised head: the site's own statistics, from the rows it scores (no label).
+    // A normalised head: the site's statistics for the release, taken from the rows it
+    // scores without their labels (`DeviceData::serving_stats`).
     let standardised = match release.feature_norm {
-        FeatureNorm::Site => site.map(|s| standardise(s, data)),
         FeatureNorm::None => None,
+        _ => site.map(|s| standardise(s, data)),
     };
     let features = standardised
         .as_ref()

@@ -55,15 +55,16 @@ pub fn keep(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureSta
 }
 
 /// Puts `release` in front of the device's backbone for predictions (when it serves any);
-/// `site` is this site's feature statistics (`fedge_device::train::DeviceData`, computed once per data
-/// change), which a site-normalised head standardises with.
+/// `site` is this site's feature statistics for the release
+/// (`fedge_device::train::DeviceData::serving_stats`), which a normalised head standardises
+/// with.
 pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureStats>) {
     let Some(backbone) = &setup.serving.backbone else {
         return;
     };
-    // A site-normalised head takes this site's features standardised with its own statistics.
+    // A normalised head takes this site's features standardised with the site's statistics.
     let site = site
-        .filter(|_| release.feature_norm == FeatureNorm::Site)
+        .filter(|_| release.feature_norm != FeatureNorm::None)
         .cloned();
     let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
     match Predictor::new(Arc::clone(backbone), release.clone(), site) {

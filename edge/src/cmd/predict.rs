@@ -53,15 +53,28 @@ pub fn predict(
     };
     let (backbone, _) = fedge_edge::features::load_backbone(&config.backbone)
         .with_context(|| format!("loading the backbone {}", config.backbone.display()))?;
-    // A site-normalised head needs this site's statistics: from the profile's own data (its
-    // features are cached after the agent's first start).
-    let site = match release.feature_norm {
-        fedge_wire::FeatureNorm::None => None,
-        fedge_wire::FeatureNorm::Site => {
+    // A normalised head needs this site's statistics: from the profile's own data (its
+    // features are cached after the agent's first start); a pooled release without the
+    // site's data uses the federation's.
+    let site = match (release.feature_norm, &release.pooled) {
+        (fedge_wire::FeatureNorm::None, _) => None,
+        // A site without data of its own serves a pooled release with the federation's
+        // statistics.
+        (norm, Some(pooled)) if norm.pools() => match config.setup() {
+            Ok(setup) => fedge_device::site_norm::release_stats(&release, &setup.train, &setup.val),
+            Err(e) => {
+                eprintln!(
+                    "note: no data of this site ({e:#}); standardising with the federation's \
+                     pooled statistics the release carries"
+                );
+                pooled.balanced_stats()
+            }
+        },
+        _ => {
             let setup = config
                 .setup()
                 .context("loading the site's data for its feature statistics")?;
-            fedge_device::site_norm::site_stats(&setup.train, &setup.val)
+            fedge_device::site_norm::release_stats(&release, &setup.train, &setup.val)
         }
     };
     let predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)

@@ -205,14 +205,14 @@ impl Predictor {
         let params = release.verify()?;
         let site = match (release.feature_norm, site) {
             (FeatureNorm::None, _) => None,
-            (FeatureNorm::Site, None) => return Err(PredictorError::NoSiteStats),
-            (FeatureNorm::Site, Some(stats)) if stats.mean.len() != release.head.features => {
+            (_, None) => return Err(PredictorError::NoSiteStats),
+            (_, Some(stats)) if stats.mean.len() != release.head.features => {
                 return Err(PredictorError::SiteStats {
                     expected: release.head.features,
                     got: stats.mean.len(),
                 });
             }
-            (FeatureNorm::Site, Some(stats)) => Some(stats),
+            (_, Some(stats)) => Some(stats),
         };
         let card = backbone.card();
         if release.head.features != card.feature_size {
@@ -409,6 +409,7 @@ mod tests {
 
     fn release_of(head: HeadConfig, params: Vec<f32>, backbone: &str) -> ModelRelease {
         ModelRelease {
+            pooled: None,
             federation: "digits".into(),
             run: 1,
             round: 7,

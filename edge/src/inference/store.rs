@@ -103,6 +103,7 @@ mod tests {
         let head = HeadConfig::new(4, 2).with_hidden(3);
         let params = head.init_flat(7);
         ModelRelease {
+            pooled: None,
             federation: "plant".into(),
             run: 2,
             round: 5,

@@ -151,6 +151,7 @@ async fn device(
         let m = task.params.len();
         let delta: Vec<f32> = (0..m).map(|i| 1e-3 * ((i % 7) as f32 - 3.0)).collect();
         let mut frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            features: None,
             run: task.run,
             round: task.round,
             client_id: id.clone(),

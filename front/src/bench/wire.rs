@@ -88,6 +88,7 @@ pub fn measure(
     let m = shape.params();
     let (k, h) = (shape.classes, shape.hidden);
     let update = ClientUpdate {
+        features: None,
         run: 0x5eed_0000_0000_0001,
         round: 12,
         client_id: client.into(),
@@ -114,6 +115,7 @@ pub fn measure(
     let raw_bytes = 4 * m + if feddim { 4 * k * k * h } else { 0 };
     let names: Vec<String> = (0..selected).map(|i| format!("gateway-{i:04}")).collect();
     let task = RoundTask {
+        pooled: None,
         federation: "plant-7".into(),
         run: 0x5eed_0000_0000_0001,
         round: 12,

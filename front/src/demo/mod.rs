@@ -202,7 +202,7 @@ pub async fn run(
             "--dp-noise with --sites: a site's aggregate is not a device's update"
         );
         privacy.check(
-            options.train.objective,
+            &options.train,
             fedge_coordinator::config::Role::Global,
             config.max_update_norm,
         )?;
@@ -429,11 +429,11 @@ pub fn export(
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let card = digits_conv_card();
     let stats = match release.feature_norm {
-        fedge_wire::FeatureNorm::Site => Some(
-            fedge_device::site_norm::stats_of(&[site])
+        fedge_wire::FeatureNorm::None => None,
+        _ => Some(
+            fedge_device::site_norm::release_stats(release, &FeatureSet::default(), site)
                 .context("the unseen site has no features to take statistics from")?,
         ),
-        fedge_wire::FeatureNorm::None => None,
     };
     Ok(fedge_coordinator::export::write_export(
         release,

@@ -87,7 +87,7 @@ impl Algorithm {
         let privacy = PrivacySettings::simulated(noise, clip, delta);
         let fail = |e: String| anyhow::anyhow!("{} under --dp-noise: {e}", self.name);
         privacy
-            .check(self.objective, Role::Global, 0.0)
+            .check(&self.train_params(1), Role::Global, 0.0)
             .map_err(|e| fail(e.to_string()))?;
         let noise_source = || privacy.noise();
         (self

@@ -10,7 +10,7 @@ use fedge_coordinator::RoundConfig;
 use fedge_coordinator::boot::Plan;
 use fedge_coordinator::config::PrivacySettings;
 use fedge_coordinator::round::RelayConfig;
-use fedge_device::site_norm::{FeatureNorm, standardise, stats_of};
+use fedge_device::site_norm::{FeatureNorm, FeatureSummary, SiteNorm, standardise};
 use fedge_device::train::DeviceData;
 use fedge_device::{FeatureSet, accuracy};
 use fedge_models::{HeadConfig, ModelLayout};
@@ -18,8 +18,7 @@ use fedge_sim::{CoordinatorSpec, DeviceSpec, Observed, Sim, Upstream};
 use fedge_wire::Objective;
 
 use super::{
-    Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, SiteOptions, TargetSite,
-    Transport,
+    Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, TargetSite, Transport,
 };
 use crate::demo::pooled_accuracy;
 
@@ -247,8 +246,16 @@ pub async fn run_one_mqtt(
 ) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     options.check(Transport::Mqtt)?;
-    let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
+    anyhow::ensure!(
+        !norm.pools(),
+        "{}: feature_norm = \"{}\" runs in process only (the simulator runs the devices' own \
+         code; over MQTT the sources' selection scores would need each round's pooled \
+         statistics): drop --transport mqtt",
+        algorithm.name,
+        norm.name()
+    );
+    let sources = clients(domains, target, options.scenario, seed)?;
     let (per_round, sites) = match options.scenario {
         Scenario::Lodo => (None, false),
         Scenario::Multi { sample, .. } => (Some(sample), false),
@@ -257,7 +264,10 @@ pub async fn run_one_mqtt(
     let data = crate::demo::DemoData {
         head: head.clone(),
         selection: (sources.iter())
-            .map(|c| Arc::clone(c.data.scored_val(norm)))
+            .map(|c| {
+                c.data
+                    .scored_val(c.data.stats(norm, None, head.classes).as_ref())
+            })
             .collect(),
         clients: sources
             .iter()
@@ -316,7 +326,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
-    let held_out = held_out(&domains[target], head.classes, norm, options.site, seed);
+    let held_out = TargetSite::new(&domains[target].held_out, head.classes, options.site, seed);
     let sites = matches!(options.scenario, Scenario::Sites { .. });
     anyhow::ensure!(
         !(sites && algorithm.objective == Objective::FedDim),
@@ -437,9 +447,15 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
             sim.add_device(device)?;
         }
     }
-    let val_sets: Vec<Arc<FeatureSet>> = (sources.iter())
-        .map(|c| Arc::clone(c.data.scored_val(norm)))
-        .collect();
+    // The sources' validation rows as each device standardises them: once for `none` and
+    // `site`, with each round's pooled summary for the pooling estimators.
+    let val_sets = |pooled: Option<&FeatureSummary>| -> Vec<Arc<FeatureSet>> {
+        (sources.iter())
+            .map(|c| (c.data).scored_val(c.data.stats(norm, pooled, head.classes).as_ref()))
+            .collect()
+    };
+    let fixed_val = (!norm.pools()).then(|| val_sets(None));
+    let fixed_target = (!norm.pools()).then(|| scored_site(&held_out, norm, None, head, &[]));
     let mut scores = Vec::new();
     let mut train_seconds = 0f64;
     let mut rejected = std::collections::BTreeMap::new();
@@ -454,8 +470,19 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     params,
                 } if coordinator == global && report.aggregated => {
                     let params_head = layout.head_part(&params);
-                    let val = pooled_accuracy(head, params_head, &val_sets);
-                    let target_accuracy = accuracy(head, params_head, &held_out)?;
+                    let pooled = (sim.coordinator(global)).and_then(|r| r.pooled()).cloned();
+                    let val = match &fixed_val {
+                        Some(sets) => pooled_accuracy(head, params_head, sets),
+                        None => pooled_accuracy(head, params_head, &val_sets(pooled.as_ref())),
+                    };
+                    let target_accuracy = match &fixed_target {
+                        Some(site) => accuracy(head, params_head, site)?,
+                        None => {
+                            let site =
+                                scored_site(&held_out, norm, pooled.as_ref(), head, params_head);
+                            accuracy(head, params_head, &site)?
+                        }
+                    };
                     scores.push((report.round, val, target_accuracy, report.reported.len()));
                     final_params = params;
                     on_round(report.round);
@@ -551,20 +578,21 @@ fn clients(
     Ok(out)
 }
 
-/// What the held-out site is scored on (`eval::site`): its scored rows, with site
-/// normalisation standardised with the statistics of its calibration rows (unlabelled; none
-/// of them scored unless `--calibration all`).
-fn held_out(
-    domain: &DomainData,
-    classes: usize,
+/// What the held-out site is scored on (`eval::site`): its scored rows, standardised with the
+/// statistics its calibration rows give under `norm` (unlabelled, as a serving site holds them:
+/// `SiteNorm::unlabelled`, with the round's `pooled` summary and the head `params` to label
+/// them; none of them scored unless `--calibration all`).
+fn scored_site(
+    site: &TargetSite,
     norm: FeatureNorm,
-    options: SiteOptions,
-    seed: u64,
-) -> Arc<FeatureSet> {
-    let site = TargetSite::new(&domain.held_out, classes, options, seed);
-    match (norm, stats_of(&[&site.calibration])) {
-        (FeatureNorm::Site, Some(stats)) => Arc::new(standardise(&stats, &site.scored)),
-        _ => Arc::new(site.scored),
+    pooled: Option<&FeatureSummary>,
+    head: &HeadConfig,
+    params: &[f32],
+) -> FeatureSet {
+    let stats = SiteNorm { norm, pooled }.unlabelled(&site.calibration, head, params);
+    match stats {
+        Some(stats) => standardise(&stats, &site.scored),
+        None => site.scored.clone(),
     }
 }
 

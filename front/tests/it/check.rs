@@ -216,6 +216,7 @@ fn check_compares_protocol_and_backbone_with_the_federation_s() {
     let head = fedge_models::HeadConfig::new(512, 10).with_hidden(4);
     let params = head.init_flat(1);
     let release = fedge_wire::ModelRelease {
+        pooled: None,
         federation: "demo".into(),
         run: 1,
         round: 4,
@@ -250,6 +251,7 @@ fn check_compares_protocol_and_backbone_with_the_federation_s() {
     assert!(found.detail.contains(&newer), "{found:?}");
     // A task naming another backbone file (same name, another digest): what to change.
     let task = |backbone| fedge_wire::RoundTask {
+        pooled: None,
         federation: "demo".into(),
         run: 1,
         round: 5,
@@ -271,14 +273,13 @@ fn check_compares_protocol_and_backbone_with_the_federation_s() {
     let found = federation(&profile);
     assert!(!found.ok, "{found:?}");
     assert!(found.detail.contains("sha256 090909090909…"), "{found:?}");
-    // This profile's own backbone file, in a task of the previous protocol (which cannot
-    // name it) and of this one.
+    // This profile's own backbone file, in a task of the previous protocol and of this one.
     let onnx = common::repo_root().join("models/assets/digits-conv.onnx");
     let ours = fedge_wire::BackboneRef::of("digits-conv", &std::fs::read(onnx).unwrap());
     let old = fedge_wire::previous::encode(&fedge_wire::Message::RoundTask(task(None)));
     retain(port, &topics.round_task(), old);
     let found = federation(&profile);
-    assert!(found.ok && found.detail.contains("protocol 7"), "{found:?}");
+    assert!(found.ok && found.detail.contains("protocol 8"), "{found:?}");
     let frame = fedge_wire::encode(&fedge_wire::Message::RoundTask(task(Some(ours.clone()))));
     retain(port, &topics.round_task(), frame);
     let found = federation(&profile);

@@ -89,6 +89,7 @@ fn the_exported_model_agrees_with_fedge_in_onnxruntime() {
     let head = fedge_models::HeadConfig::new(1280, 4).with_hidden(32);
     let params = head.init_flat(3);
     let release = fedge_wire::ModelRelease {
+        pooled: None,
         federation: "lite".into(),
         run: 1,
         round: 2,

@@ -24,6 +24,7 @@ fn release(round: u64) -> ModelRelease {
     let head = HeadConfig::new(512, 10).with_hidden(16);
     let params = head.init_flat(round);
     ModelRelease {
+        pooled: None,
         federation: "demo".into(),
         run: 3,
         round,

@@ -62,6 +62,7 @@ fn a_site_normalised_model_predicts_and_exports_with_the_sites_own_statistics() 
     let head = fedge_wire::HeadConfig::new(512, 10).with_hidden(16);
     let params = head.init_flat(7);
     let release = ModelRelease {
+        pooled: None,
         federation: "f".into(),
         run: 1,
         round: 5,

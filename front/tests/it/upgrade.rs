@@ -1,5 +1,5 @@
 //! A rolling upgrade over mosquitto: a coordinator of this release, two devices of this
-//! protocol version and one of the previous (7), driven by that release's frozen encoder and
+//! protocol version and one of the previous (8), driven by that release's frozen encoder and
 //! decoder (`fedge_wire::previous`). While the window is open all three train in the same
 //! rounds and the status counts the versions; once it is closed the old device can no longer
 //! read the tasks, is selected for no round, and its update is rejected as `version`.
@@ -10,19 +10,20 @@ use std::time::{Duration, SystemTime};
 use fedge::bench::fleet::{FleetOptions, run_fleet};
 use fedge_coordinator::config::PreviousProtocol;
 use fedge_mqtt::BrokerConfig;
-use fedge_wire::previous as v7;
+use fedge_wire::previous as v8;
 use fedge_wire::{ClientUpdate, DecodeError, EdgeStatus, LocalMetrics, Message, TensorF32, Topics};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 
 use crate::common;
 
-const OLD: &str = "legacy-7";
+const OLD: &str = "legacy-8";
 
 /// What the old device read on the task topic: a round it could decode, or the error.
 type Seen = Arc<Mutex<Vec<Result<u64, DecodeError>>>>;
 
 fn old_update(run: u64, round: u64, params: usize) -> Vec<u8> {
-    v7::encode(&Message::ClientUpdate(ClientUpdate {
+    v8::encode(&Message::ClientUpdate(ClientUpdate {
+        features: None,
         run,
         round,
         client_id: OLD.into(),
@@ -35,22 +36,21 @@ fn old_update(run: u64, round: u64, params: usize) -> Vec<u8> {
     }))
 }
 
-/// A device of protocol 7: its status has no `protocol`, it reads tasks with the release's
-/// decoder and answers the rounds that select it with that release's encoder.
+/// A device of protocol 8: its status says so, it reads tasks with the release's decoder and
+/// answers the rounds that select it with that release's encoder.
 async fn old_device(broker: BrokerConfig, federation: &str, seen: Seen) {
     let topics = Topics::new(federation).unwrap();
     let options = MqttOptions::new(OLD, broker.host.clone(), broker.port);
     let (client, mut events) = AsyncClient::new(options, 16);
-    let mut status = serde_json::to_value(EdgeStatus {
+    let status = serde_json::to_vec(&EdgeStatus {
         client_id: OLD.into(),
         online: true,
         profile: "previous-release".into(),
         updated_at: fedge_mqtt::now_rfc3339(),
+        protocol: Some(fedge_wire::PREVIOUS_PROTOCOL_VERSION),
         ..EdgeStatus::default()
     })
     .unwrap();
-    status.as_object_mut().unwrap().remove("protocol");
-    let status = serde_json::to_vec(&status).unwrap();
     loop {
         let Ok(event) = events.poll().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -69,7 +69,7 @@ async fn old_device(broker: BrokerConfig, federation: &str, seen: Seen) {
                     .unwrap();
             }
             Event::Incoming(Packet::Publish(p)) if !p.payload.is_empty() => {
-                let task = match v7::decode(&p.payload) {
+                let task = match v8::decode(&p.payload) {
                     Ok(Message::RoundTask(task)) => task,
                     Ok(_) => continue,
                     Err(e) => {
@@ -154,12 +154,12 @@ async fn devices_of_two_protocol_versions_share_rounds_until_the_window_closes()
         .await
         .unwrap();
     let status = common::wait_status(&mut events, &status_topic, |s| {
-        s.device_protocols.get("7") == Some(&1) && s.device_protocols.get("8") == Some(&2)
+        s.device_protocols.get("8") == Some(&1) && s.device_protocols.get("9") == Some(&2)
     })
     .await;
     assert_eq!(
         status.protocol,
-        Some(7),
+        Some(fedge_wire::PREVIOUS_PROTOCOL_VERSION),
         "tasks in the old device's version"
     );
     assert!(status.previous_protocol_accepted);
@@ -202,9 +202,10 @@ async fn devices_of_two_protocol_versions_share_rounds_until_the_window_closes()
     let refusals = seen.lock().unwrap().clone();
     assert!(
         !refusals.is_empty()
-            && refusals
-                .iter()
-                .all(|r| *r == Err(DecodeError::UnsupportedVersion(8))),
+            && refusals.iter().all(|r| *r
+                == Err(DecodeError::UnsupportedVersion(
+                    fedge_wire::PROTOCOL_VERSION
+                ))),
         "{refusals:?}"
     );
     let topic = Topics::new("upgrade-2").unwrap().update(OLD);

@@ -10,6 +10,7 @@ fn topics() -> Topics {
 
 fn task_frame(round: u64, selected: &[&str], params: usize) -> Vec<u8> {
     fedge_wire::encode(&Message::RoundTask(RoundTask {
+        pooled: None,
         federation: "lab".into(),
         run: 77,
         round,
@@ -26,6 +27,7 @@ fn task_frame(round: u64, selected: &[&str], params: usize) -> Vec<u8> {
 
 fn update_frame(client: &str, round: u64, seq: u64, params: usize) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        features: None,
         run: 77,
         round,
         client_id: client.into(),

@@ -97,6 +97,7 @@ fn an_update_from_another_run_is_a_replay() {
     assert_eq!(rejected(&drain(&mut m)), vec![("a".into(), "replay")]);
     let mut m = machine(&["a", "b"], RoundConfig { run: 5, ..config() });
     let mut genuine = ClientUpdate {
+        features: None,
         run: 5,
         round: 1,
         client_id: "a".into(),

@@ -73,6 +73,7 @@ impl Rounds {
         open.accepted.retain(&keep);
         open.class_stats.remove(client);
         open.prototypes.remove(client);
+        open.features.remove(client);
         let detail = format!("journal not written ({error}); send the update again");
         self.reject(client, Rejection::Storage, detail);
     }

@@ -76,15 +76,22 @@ impl Rounds {
         let timeout = self
             .relay_timeout(now_ms)
             .unwrap_or(self.config.round_timeout_ms);
-        let (train, insight, prototypes) = match &self.relayed {
+        let (train, insight, prototypes, pooled) = match &self.relayed {
             // A site passes the global task's settings and tensors on.
-            Some(r) => (r.train.clone(), r.insight.clone(), r.prototypes.clone()),
+            Some(r) => (
+                r.train.clone(),
+                r.insight.clone(),
+                r.prototypes.clone(),
+                r.pooled.clone(),
+            ),
             None => (
                 self.strategy.configure_round(round, &self.config.train),
                 self.insight.as_ref().and_then(GlobalInsight::tensor),
                 self.prototypes.as_ref().and_then(GlobalPrototypes::tensor),
+                self.pooled.clone(),
             ),
         };
+        let pools = train.feature_norm.pools();
         // The task travels in the round's codec (f16 unless updates are lossless); the
         // coordinator keeps its f32 model, so steps below f16's resolution still add up, and
         // rebuilds what devices trained from with `task_params` where it needs it exactly.
@@ -105,6 +112,7 @@ impl Rounds {
                 name: self.config.backbone.clone(),
                 sha256,
             }),
+            pooled: pooled.filter(|_| pools),
         };
         let version = self.downlink_version();
         let mut frame = fedge_wire::encode_as(&Message::RoundTask(task), version);
@@ -129,13 +137,9 @@ impl Rounds {
             held,
         );
         let times = (now_ms, now_ms + timeout);
-        self.open = Some(OpenRound::new(
-            round,
-            selected,
-            accepted,
-            times,
-            frame.clone(),
-        ));
+        let mut open = OpenRound::new(round, selected, accepted, times, frame.clone());
+        open.pools = pools;
+        self.open = Some(open);
         self.phase = Phase::Training;
         if self.config.journal && !self.restoring {
             let selected = self
@@ -220,6 +224,7 @@ impl Rounds {
                     if let Some(prototypes) = self.prototypes.as_mut() {
                         prototypes.fold(&open.accepted, &open.prototypes);
                     }
+                    self.fold_pooled(&open);
                     self.params = result.params;
                     aggregation = Some(result.report);
                 }
@@ -312,6 +317,9 @@ impl Rounds {
                 if let Some((counts, _)) = stats.get_mut(client) {
                     guard::scale_counts(counts, scale);
                 }
+            }
+            if let Some(features) = open.features.get_mut(client) {
+                *features = features.scaled(scale);
             }
         }
         capped.into_iter().map(|(client, _)| client).collect()

@@ -32,6 +32,7 @@ mod journaled;
 mod ledger;
 mod lifecycle;
 mod open;
+mod pooled;
 mod privacy;
 mod relay;
 mod release;
@@ -100,6 +101,9 @@ pub enum ResumeError {
     /// The privacy accountant cannot continue under this configuration.
     #[error("{0}")]
     Privacy(String),
+    /// The pooled feature summary does not fit the configured head.
+    #[error("the checkpoint's pooled feature statistics: {0}")]
+    Pooled(String),
 }
 
 /// The round state machine.
@@ -126,6 +130,8 @@ pub struct Rounds {
     insight: Option<GlobalInsight>,
     /// FedDDL's server side (the global `U_G`), when devices train with FedDDL.
     prototypes: Option<GlobalPrototypes>,
+    /// The federation's pooled feature summary (`pooled`), once devices sent theirs.
+    pooled: Option<fedge_wire::FeatureSummary>,
     /// True while [`Rounds::restore_round`] replays a journal: what it replays is in the
     /// journal already and is not written again.
     restoring: bool,
@@ -166,6 +172,7 @@ impl Rounds {
             spare_arena: Default::default(),
             insight: config.insight.map(GlobalInsight::new),
             prototypes: config.prototypes.map(GlobalPrototypes::new),
+            pooled: None,
             restoring: false,
             status_stamps: BTreeMap::new(),
             site_accuracy: BTreeMap::new(),
@@ -243,6 +250,7 @@ impl Rounds {
                 _ => return Err(ResumeError::Prototypes(checkpoint.prototypes.len())),
             }
         }
+        rounds.restore_pooled(checkpoint.pooled)?;
         rounds.params = checkpoint.params;
         rounds.next_round = checkpoint.next_round.max(1);
         rounds.last_closed = rounds.next_round - 1;
@@ -270,6 +278,7 @@ impl Rounds {
             prototypes: self.prototypes().map(<[f32]>::to_vec).unwrap_or_default(),
             privacy: self.saved_privacy(),
             participation: self.saved_participation(),
+            pooled: self.pooled.clone(),
         }
     }
 
@@ -511,6 +520,11 @@ impl Rounds {
                 (stats.counts.clone(), stats.means.to_vec()),
             );
         }
+        if let Some(features) = &update.features
+            && open.pools
+        {
+            open.features.insert(client.to_owned(), features.clone());
+        }
         open.val
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
@@ -625,5 +639,7 @@ mod control_tests;
 #[cfg(test)]
 mod upgrade_tests;
 
+#[cfg(test)]
+mod pooled_tests;
 #[cfg(test)]
 mod privacy_tests;

@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use fedge_wire::FeatureSummary;
+
 use crate::objectives::ClientStats;
 use crate::strategy::Failure;
 use crate::updates::RoundUpdates;
@@ -18,6 +20,10 @@ pub(super) struct OpenRound {
     pub(super) class_stats: ClientStats,
     /// FedDDL local prototypes by client: counts and `[K, H]` means.
     pub(super) prototypes: ClientStats,
+    /// Whether the round's task pools features: updates must carry a summary.
+    pub(super) pools: bool,
+    /// Feature summaries by client, when the round pools.
+    pub(super) features: BTreeMap<String, FeatureSummary>,
     pub(super) val: Vec<(f32, u32)>,
     pub(super) loss: Vec<(f32, u32)>,
     /// The longest local training an accepted update reports, in seconds.
@@ -45,6 +51,8 @@ impl OpenRound {
             failures: Vec::new(),
             class_stats: BTreeMap::new(),
             prototypes: BTreeMap::new(),
+            pools: false,
+            features: BTreeMap::new(),
             selected: selected.into_iter().collect(),
             val: Vec::new(),
             loss: Vec::new(),
@@ -56,6 +64,13 @@ impl OpenRound {
             bytes_up: 0,
             rejected: BTreeMap::new(),
         }
+    }
+
+    /// The accepted updates' feature summaries as one (exactly merged), if any.
+    pub(super) fn merged_features(&self) -> Option<FeatureSummary> {
+        let accepted = (0..self.accepted.len()).map(|i| self.accepted.client(i));
+        let parts: Vec<&FeatureSummary> = accepted.filter_map(|c| self.features.get(c)).collect();
+        FeatureSummary::merge(parts.iter().copied())
     }
 
     /// Counts a rejection in this round, and as the client's failure when it was selected (one

@@ -71,6 +71,7 @@ impl Rounds {
             train: task.train,
             insight: task.insight,
             prototypes: task.prototypes,
+            pooled: task.pooled,
             received_ms: now_ms,
             budget_ms: budget,
         });
@@ -140,6 +141,7 @@ impl Rounds {
             },
             class_stats: None,
             prototypes: self.merged_prototypes(open, codec),
+            features: open.merged_features(),
         };
         self.outputs.push_back(Output::Upstream(Box::new(update)));
     }

@@ -34,6 +34,7 @@ fn site(clients: &[&str], config: RoundConfig) -> Rounds {
 
 fn global_task(round: u64, params: [f32; M], objective: Objective) -> RoundTask {
     RoundTask {
+        pooled: None,
         federation: "demo".into(),
         run: 9,
         round,
@@ -54,6 +55,7 @@ fn global_task(round: u64, params: [f32; M], objective: Objective) -> RoundTask 
 
 fn device_update(client: &str, round: u64, delta: [f32; M], n: u32) -> ClientUpdate {
     ClientUpdate {
+        features: None,
         run: 77,
         round,
         client_id: client.into(),
@@ -225,6 +227,7 @@ fn the_global_release_reaches_the_site_under_its_own_name() {
     let head = fedge_wire::HeadConfig::new(1, 2).with_hidden(1);
     let params = vec![0.5; head.num_params()];
     let release = ModelRelease {
+        pooled: None,
         federation: "demo".into(),
         run: 9,
         round: 4,

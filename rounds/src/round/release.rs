@@ -29,6 +29,10 @@ impl Rounds {
             params: TensorF32::from_slice(params),
             head,
             feature_norm: self.config.train.feature_norm,
+            pooled: self
+                .pooled
+                .clone()
+                .filter(|_| self.config.train.feature_norm.pools()),
         })
     }
 

@@ -35,6 +35,7 @@ fn every_task_carries_the_class_list_and_every_aggregation_a_verified_release() 
     let six = |v: f32| TensorF32::from_slice(&[v; 6]);
     for (c, v) in [("a", 1.0), ("b", 3.0)] {
         let frame = ClientUpdate {
+            features: None,
             run: 0,
             round: 1,
             client_id: c.into(),

@@ -32,6 +32,9 @@ pub struct Checkpoint {
     /// Central DP: the accounted rounds each device was selected in (its ε when its
     /// participation is known, no amplification); empty without central DP.
     pub participation: Vec<(String, u64)>,
+    /// The federation's pooled feature summary (docs/algorithms.md §7), when it pools and
+    /// devices sent theirs.
+    pub pooled: Option<fedge_wire::FeatureSummary>,
 }
 
 /// A privacy accountant as plain values: its orders, the RDP spent at each (`+∞` kept as

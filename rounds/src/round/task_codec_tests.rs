@@ -127,6 +127,7 @@ fn one_round(
             _ => TensorF32::from_slice(&halves.to_vec()),
         };
         let frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            features: None,
             run: 0,
             round: 1,
             client_id: client.into(),

@@ -29,6 +29,7 @@ pub(super) fn config() -> RoundConfig {
 
 pub(super) fn update(client: &str, round: u64, delta: [f32; M], n: u32) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        features: None,
         run: 0,
         round,
         client_id: client.into(),
@@ -132,6 +133,7 @@ fn bad_updates_are_rejected_counted_and_leave_the_model_untouched() {
     m.handle_packet("a", &update("a", 1, [f32::NAN, 0.0, 0.0, 0.0], 1), 4);
     m.handle_packet("c", &update("c", 1, [1.0; M], 1), 5);
     let short = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        features: None,
         run: 0,
         round: 1,
         client_id: "a".into(),
@@ -225,6 +227,7 @@ fn chunked_update_is_reassembled_in_any_order() {
     m.handle_client_status("a", true, 0);
     m.handle_client_status("b", true, 0);
     let frame = fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        features: None,
         run: 0,
         round: 1,
         client_id: "a".into(),
@@ -462,6 +465,7 @@ pub(super) fn feddim_update(
     means: [f32; 2],
 ) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        features: None,
         run: 0,
         round,
         client_id: client.into(),
@@ -547,6 +551,7 @@ fn feddim_rebuilds_insight_from_class_means_and_sends_it_with_the_next_task() {
 
 fn fedddl_update(client: &str, round: u64, counts: [u32; 2], means: [f32; 2]) -> Vec<u8> {
     fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+        features: None,
         run: 0,
         round,
         client_id: client.into(),

@@ -218,6 +218,9 @@ pub enum Rejection {
     Insight,
     /// FedDDL prototypes missing or misshapen.
     Prototypes,
+    /// A feature summary missing, misshapen or out of range where the federation pools
+    /// (`feature_norm`, docs/algorithms.md §7).
+    Features,
     /// A plain update where authentication is required.
     Unauthenticated,
     /// A device with no key on the coordinator (updates and status).
@@ -267,6 +270,7 @@ impl Rejection {
             Rejection::MemoryBudget => "memory_budget",
             Rejection::Insight => "insight",
             Rejection::Prototypes => "prototypes",
+            Rejection::Features => "features",
             Rejection::Unauthenticated => "unauthenticated",
             Rejection::UnknownDevice => "unknown_device",
             Rejection::BadTag => "bad_tag",
@@ -442,6 +446,8 @@ pub(crate) struct Relayed {
     pub(crate) train: TrainParams,
     pub(crate) insight: Option<TensorF32>,
     pub(crate) prototypes: Option<TensorF32>,
+    /// The federation's pooled feature summary, passed on to the site's devices.
+    pub(crate) pooled: Option<fedge_wire::FeatureSummary>,
     /// When the task arrived and the time the site's round may take from then.
     pub(crate) received_ms: u64,
     pub(crate) budget_ms: u64,

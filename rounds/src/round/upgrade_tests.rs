@@ -1,7 +1,7 @@
 //! Rolling upgrades: a device of the previous protocol version shares rounds with devices of
 //! this one while the window is open, and is turned away once it closed.
 
-use fedge_wire::previous as v7;
+use fedge_wire::previous as v8;
 use fedge_wire::{EdgeStatus, PREVIOUS_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 use super::tests::{config, drain, reports, tasks};
@@ -16,7 +16,7 @@ fn status(client: &str, protocol: Option<u8>) -> EdgeStatus {
     }
 }
 
-/// `update` of `tests`, framed as a device of protocol 7 frames it.
+/// `update` of `tests`, framed as a device of protocol 8 frames it.
 fn old_update(client: &str, round: u64) -> Vec<u8> {
     let Ok(Message::ClientUpdate(update)) = fedge_wire::decode(&super::tests::update(
         client,
@@ -26,7 +26,7 @@ fn old_update(client: &str, round: u64) -> Vec<u8> {
     )) else {
         panic!("an update");
     };
-    v7::encode(&Message::ClientUpdate(update))
+    v8::encode(&Message::ClientUpdate(update))
 }
 
 fn task_frames(outputs: &[Output]) -> Vec<Vec<u8>> {
@@ -51,17 +51,18 @@ fn an_old_device_trains_beside_new_ones_while_the_window_is_open() {
     let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
     m.handle_edge_status("new-a", &status("new-a", Some(PROTOCOL_VERSION)), 0);
     m.handle_edge_status("new-b", &status("new-b", Some(PROTOCOL_VERSION)), 0);
-    m.handle_edge_status("old", &status("old", None), 0);
+    m.handle_edge_status("old", &status("old", Some(PREVIOUS_PROTOCOL_VERSION)), 0);
     let out = drain(&mut m);
     let frame = &task_frames(&out)[0];
-    // Written in protocol 7, which the old device reads, and which names no backbone.
+    // Written in protocol 8, which the old device reads, and which carries no pooled summary.
     assert_eq!(frame[4], PREVIOUS_PROTOCOL_VERSION);
-    assert!(matches!(v7::decode(frame), Ok(Message::RoundTask(_))));
-    assert_eq!(tasks(&out)[0].backbone, None);
+    assert!(matches!(v8::decode(frame), Ok(Message::RoundTask(_))));
+    assert_eq!(tasks(&out)[0].pooled, None);
+    assert_eq!(tasks(&out)[0].selected, ["new-a", "new-b", "old"]);
     assert_eq!(m.downlink_version(), PREVIOUS_PROTOCOL_VERSION);
     let versions = m.device_protocols();
-    assert_eq!(versions.get(&7), Some(&1));
-    assert_eq!(versions.get(&8), Some(&2));
+    assert_eq!(versions.get(&8), Some(&1));
+    assert_eq!(versions.get(&9), Some(&2));
     m.handle_packet("old", &old_update("old", 1), 5);
     for c in ["new-a", "new-b"] {
         let update = super::tests::update(c, 1, [0.5, 0.0, 0.0, 0.0], 5);
@@ -116,7 +117,7 @@ fn a_closed_window_selects_no_old_device_and_writes_this_version() {
     let frame = &task_frames(&out)[0];
     assert_eq!(frame[4], PROTOCOL_VERSION);
     assert_eq!(
-        v7::decode(frame),
+        v8::decode(frame),
         Err(fedge_wire::DecodeError::UnsupportedVersion(
             PROTOCOL_VERSION
         ))

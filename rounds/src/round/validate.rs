@@ -98,7 +98,38 @@ pub(super) fn validate(
             what,
         )?;
     }
+    if open.pools {
+        check_features(config, update)?;
+    }
     Ok(())
+}
+
+/// Checks a feature summary where the round pools, if the update carries one: of the head's
+/// classes and features, counts adding up to at most the update's samples, values finite and bounded.
+fn check_features(config: &RoundConfig, update: &ClientUpdate) -> Result<(), (Rejection, String)> {
+    let reason = Rejection::Features;
+    // A device may keep its summary (local DP): its delta still counts.
+    let Some(features) = &update.features else {
+        return Ok(());
+    };
+    if let Some(head) = &config.head {
+        features
+            .check(head.classes, head.features)
+            .map_err(|e| (reason, e))?;
+    }
+    let total = features.total();
+    if total.is_nan() || total > f64::from(update.num_samples) {
+        return Err((
+            reason,
+            format!(
+                "feature summary counts add up to {total}, above the {} samples",
+                update.num_samples
+            ),
+        ));
+    }
+    check_values(&features.means, "feature summary: mean")
+        .and_then(|()| check_values(&features.within, "feature summary: variance"))
+        .map_err(|(_, detail)| (reason, detail))
 }
 
 /// Checks that every value is finite (`non_finite`) and at most [`MAX_ABS_VALUE`] in

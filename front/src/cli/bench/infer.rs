@@ -54,6 +54,7 @@ pub fn run(args: InferArgs) -> anyhow::Result<()> {
     let head = HeadConfig::new(card.feature_size, args.classes).with_hidden(args.hidden);
     let params = head.init_flat(7);
     let release = ModelRelease {
+        pooled: None,
         federation: "bench".into(),
         run: 1,
         round: 1,

@@ -12,6 +12,7 @@ pub fn client_update(
     delta: &[f32],
 ) -> ClientUpdate {
     ClientUpdate {
+        features: None,
         run: 0,
         round,
         client_id: client.into(),
