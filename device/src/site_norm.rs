@@ -29,7 +29,7 @@ pub const PRIOR_ROWS: f64 = 16.0;
 pub const VARIANCE_FLOOR: f64 = 0.25;
 /// The weight in rows of a class's pooled mean (moved with the site) in `balanced`'s estimate
 /// of that class's mean at the site, `n₁`.
-pub const CLASS_PRIOR_ROWS: f64 = 8.0;
+pub const CLASS_PRIOR_ROWS: f64 = 0.5;
 
 /// The summary of a labelled set's rows over `classes` classes (`None` without rows).
 pub fn summary_of(set: &FeatureSet, classes: usize) -> Option<FeatureSummary> {

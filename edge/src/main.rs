@@ -88,8 +88,8 @@ enum Command {
         replace: bool,
     },
     /// Print this site's feature statistics as JSON (mean and inverse standard deviation per
-    /// backbone feature, over all of its local data, no label used): what a site-normalised
-    /// model (`[train] feature_norm = "site"`) standardises this site's features with, and what
+    /// backbone feature, from its local data): what a normalised model (`[train] feature_norm`
+    /// "site", "pooled" or "balanced") standardises this site's features with, and what
     /// `fedge-coordinator export --site-stats` puts in front of the exported head. Run it again
     /// when the site's camera or light changes, and export again.
     #[command(after_help = "Example: fedge-edge site-stats --config site.toml > site-stats.json")]
@@ -97,6 +97,11 @@ enum Command {
         /// Device profile TOML (its backbone and data are used).
         #[arg(long)]
         config: PathBuf,
+        /// The release to compute them for (a model file such as the coordinator's
+        /// state/model.bin); by default the one the agent keeps in its cache_dir, and without
+        /// any the site's own mean and variance ("site").
+        #[arg(long)]
+        model: Option<PathBuf>,
     },
     /// Print a systemd unit that runs this profile, with the memory limits of its
     /// `[resources] memory_budget_mb` (see deploy/fedge-edge.service and docs/deploy.md).
@@ -130,7 +135,9 @@ fn main() -> anyhow::Result<()> {
             timeout,
             replace,
         } => cmd::profile::enroll(&config, &token, timeout, replace)?,
-        Command::SiteStats { config } => cmd::profile::site_stats(&config)?,
+        Command::SiteStats { config, model } => {
+            cmd::profile::site_stats(&config, model.as_deref())?
+        }
         Command::Unit { config } => cmd::profile::unit(&config)?,
     }
     Ok(())

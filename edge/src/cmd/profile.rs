@@ -33,11 +33,32 @@ pub fn enroll(path: &Path, token: &str, timeout: Duration, replace: bool) -> any
     Ok(())
 }
 
-/// `fedge-edge site-stats`: the site's feature statistics as JSON (for `export --site-stats`).
-pub fn site_stats(path: &Path) -> anyhow::Result<()> {
+/// `fedge-edge site-stats`: the site's feature statistics as JSON (for `export --site-stats`):
+/// those it standardises with for the release `model` (a file, else the one the agent keeps,
+/// `site_norm::release_stats`), or its own mean and variance without a release.
+pub fn site_stats(path: &Path, model: Option<&Path>) -> anyhow::Result<()> {
     let profile = EdgeConfig::load(path)?;
     let setup = profile.setup()?;
-    let Some(stats) = fedge_device::site_norm::site_stats(&setup.train, &setup.val) else {
+    let kept = (profile.cache_dir.as_ref())
+        .map(|dir| fedge_edge::inference::store::model_path(dir, &profile.client_id));
+    let release = match model.map(Path::to_owned).or(kept) {
+        Some(file) => fedge_edge::inference::store::load(&file)?.inspect(|r| {
+            eprintln!(
+                "statistics for the release of round {} ({}, feature_norm = \"{}\")",
+                r.round,
+                file.display(),
+                r.feature_norm.name()
+            );
+        }),
+        None => None,
+    };
+    let stats = match &release {
+        Some(release) if release.feature_norm != fedge_wire::FeatureNorm::None => {
+            fedge_device::site_norm::release_stats(release, &setup.train, &setup.val)
+        }
+        _ => fedge_device::site_norm::site_stats(&setup.train, &setup.val),
+    };
+    let Some(stats) = stats else {
         anyhow::bail!(
             "{}: the site has no data to take statistics from",
             path.display()

@@ -22,6 +22,7 @@ mod paired;
 mod report;
 mod run;
 mod site;
+mod tta;
 mod tune;
 
 pub use data::{
@@ -35,6 +36,7 @@ pub use report::{
 };
 pub use run::{Progress, RunSpec, partition, run_all, run_into, run_lodo, run_one, run_one_mqtt};
 pub use site::{Calibration, LabelShift, SiteOptions, TargetSite};
+pub use tta::{T3A_FILTER, Tta, t3a_accuracy};
 pub use tune::{Choice, choose, grid};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,6 +78,9 @@ pub struct Algorithm {
     /// `[privacy]` keys): each update clipped and noised by the agent before it leaves, the
     /// noise seeded from the run's seed and the device's id.
     pub local_privacy: Option<LocalPrivacy>,
+    /// A test-time adaptation of the held-out site's classifier (`/tta=t3a`), applied when it
+    /// is scored (in process only).
+    pub tta: Tta,
 }
 
 impl Algorithm {
@@ -133,13 +138,15 @@ impl Algorithm {
 /// part spelled as on the command line (an unknown part's error lists the valid names),
 /// optionally followed by `@codec` and by `/key=value` settings of `[train]`, of the strategy
 /// (`kappa`, `global_lr`, `server_momentum`, ...), e.g. `fedavg/feature_norm=site`,
-/// `stable-fedadg/stable_schedule=epochs/adversarial_lr_ratio=50` or `fedomg/kappa=0.9`.
+/// `stable-fedadg/stable_schedule=epochs/adversarial_lr_ratio=50` or `fedomg/kappa=0.9`; and
+/// `/tta=t3a`, the held-out site scored with T3A's prototypes (`tta`).
 pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let mut parts = full_name.split('/');
     let head = parts.next().unwrap_or_default();
     let mut train = TrainParams::default();
     let mut strategy_settings = Vec::new();
     let mut local = (None, None);
+    let mut tta = Tta::None;
     let fail = |e: anyhow::Error| anyhow::anyhow!("{full_name:?}: {e}");
     for setting in parts {
         let (key, value) = setting
@@ -149,7 +156,9 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
             (value.trim().parse::<f64>())
                 .map_err(|_| fail(anyhow::anyhow!("{key}: {value:?} is not a number")))
         };
-        if key.trim() == "local_noise_multiplier" {
+        if key.trim() == "tta" {
+            tta = value.trim().parse().map_err(fail)?;
+        } else if key.trim() == "local_noise_multiplier" {
             local.0 = Some(number()?);
         } else if key.trim() == "local_clip_norm" {
             local.1 = Some(number()?);
@@ -246,6 +255,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         base: train,
         privacy: None,
         local_privacy,
+        tta,
     })
 }
 

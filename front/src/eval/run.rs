@@ -17,6 +17,7 @@ use fedge_models::{HeadConfig, ModelLayout};
 use fedge_sim::{CoordinatorSpec, DeviceSpec, Observed, Sim, Upstream};
 use fedge_wire::Objective;
 
+use super::tta::{Tta, t3a_accuracy};
 use super::{
     Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, TargetSite, Transport,
 };
@@ -248,6 +249,11 @@ pub async fn run_one_mqtt(
     options.check(Transport::Mqtt)?;
     let norm = algorithm.base.feature_norm;
     anyhow::ensure!(
+        algorithm.tta == Tta::None,
+        "{}: /tta runs in process only (drop --transport mqtt)",
+        algorithm.name
+    );
+    anyhow::ensure!(
         !norm.pools(),
         "{}: feature_norm = \"{}\" runs in process only (the simulator runs the devices' own \
          code; over MQTT the sources' selection scores would need each round's pooled \
@@ -455,7 +461,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
             .collect()
     };
     let fixed_val = (!norm.pools()).then(|| val_sets(None));
-    let fixed_target = (!norm.pools()).then(|| scored_site(&held_out, norm, None, head, &[]));
+    let fixed_target = (!norm.pools()).then(|| standardised_site(&held_out, norm, None, head, &[]));
     let mut scores = Vec::new();
     let mut train_seconds = 0f64;
     let mut rejected = std::collections::BTreeMap::new();
@@ -475,13 +481,18 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                         Some(sets) => pooled_accuracy(head, params_head, sets),
                         None => pooled_accuracy(head, params_head, &val_sets(pooled.as_ref())),
                     };
-                    let target_accuracy = match &fixed_target {
-                        Some(site) => accuracy(head, params_head, site)?,
+                    let fresh;
+                    let (calibration, scored) = match &fixed_target {
+                        Some(site) => site,
                         None => {
-                            let site =
-                                scored_site(&held_out, norm, pooled.as_ref(), head, params_head);
-                            accuracy(head, params_head, &site)?
+                            let pooled = pooled.as_ref();
+                            fresh = standardised_site(&held_out, norm, pooled, head, params_head);
+                            &fresh
                         }
+                    };
+                    let target_accuracy = match algorithm.tta {
+                        Tta::None => accuracy(head, params_head, scored)?,
+                        Tta::T3a => t3a_accuracy(head, params_head, calibration, scored),
                     };
                     scores.push((report.round, val, target_accuracy, report.reported.len()));
                     final_params = params;
@@ -578,21 +589,24 @@ fn clients(
     Ok(out)
 }
 
-/// What the held-out site is scored on (`eval::site`): its scored rows, standardised with the
-/// statistics its calibration rows give under `norm` (unlabelled, as a serving site holds them:
-/// `SiteNorm::unlabelled`, with the round's `pooled` summary and the head `params` to label
-/// them; none of them scored unless `--calibration all`).
-fn scored_site(
+/// The held-out site's calibration and scored rows (`eval::site`) as its head takes them:
+/// standardised with the statistics its calibration rows give under `norm` (unlabelled, as a
+/// serving site holds them: `SiteNorm::unlabelled`, with the round's `pooled` summary and the
+/// head `params` to label them; none of the scored rows among them unless `--calibration all`).
+fn standardised_site(
     site: &TargetSite,
     norm: FeatureNorm,
     pooled: Option<&FeatureSummary>,
     head: &HeadConfig,
     params: &[f32],
-) -> FeatureSet {
+) -> (FeatureSet, FeatureSet) {
     let stats = SiteNorm { norm, pooled }.unlabelled(&site.calibration, head, params);
     match stats {
-        Some(stats) => standardise(&stats, &site.scored),
-        None => site.scored.clone(),
+        Some(stats) => (
+            standardise(&stats, &site.calibration),
+            standardise(&stats, &site.scored),
+        ),
+        None => (site.calibration.clone(), site.scored.clone()),
     }
 }
 
