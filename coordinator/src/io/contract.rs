@@ -9,7 +9,7 @@ use crate::round::RoundReport;
 
 /// Evaluates global parameters on data the coordinator holds (demo and bench only; in a
 /// deployment an unseen site evaluates).
-pub type Evaluator = Box<dyn Fn(&[f32]) -> Option<f32> + Send>;
+pub type Evaluator = Box<dyn Fn(&[f32], Option<&fedge_wire::FeatureSummary>) -> Option<f32> + Send>;
 
 /// What the driver tells an embedding program (the demo's progress bar and table).
 #[derive(Debug, Clone, PartialEq)]

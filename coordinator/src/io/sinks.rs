@@ -135,7 +135,9 @@ impl Sinks<'_> {
                     }
                     if report.aggregated {
                         context.last_aggregation = Some(context.wall);
-                        *target_accuracy = evaluator.as_ref().and_then(|e| e(rounds.params()));
+                        *target_accuracy = evaluator
+                            .as_ref()
+                            .and_then(|e| e(rounds.params(), rounds.pooled()));
                         if let Some(path) = &options.checkpoint {
                             let saved = rounds.checkpoint();
                             if let Err(e) = crate::store::checkpoint::save(path, &saved) {

@@ -44,7 +44,7 @@ pub struct DemoData {
     pub target_name: String,
     /// Validation sets scored with every new global head (model selection in `fedge eval`);
     /// empty for the demo.
-    pub selection: Vec<Arc<FeatureSet>>,
+    pub selection: Vec<fedge_device::train::DeviceData>,
 }
 
 /// Splits the built-in digits into client and target features through `digits-conv`.

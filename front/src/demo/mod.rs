@@ -217,18 +217,25 @@ pub async fn run(
     let strategy_name = rounds.strategy_name().to_string();
     let initial_len = initial.len();
     let (head, selection) = (data.head.clone(), data.selection.clone());
+    let norm = options.train.feature_norm;
     let scored = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&scored);
     // Model selection in `fedge eval` scores every new head on the sources' validation sets;
     // the target is scored by the unseen site's agent, as in a deployment.
     let evaluator: Option<fedge_coordinator::Evaluator> = (!selection.is_empty()).then(|| {
-        Box::new(move |params: &[f32]| {
-            let params = layout.head_part(params);
-            if let Ok(mut log) = log.lock() {
-                log.push(pooled_accuracy(&head, params, &selection));
-            }
-            None
-        }) as fedge_coordinator::Evaluator
+        Box::new(
+            move |params: &[f32], pooled: Option<&fedge_wire::FeatureSummary>| {
+                let params = layout.head_part(params);
+                // Each source's validation rows as its device standardises them this round.
+                let sets: Vec<Arc<FeatureSet>> = (selection.iter())
+                    .map(|d| d.scored_val(d.stats(norm, pooled, head.classes).as_ref()))
+                    .collect();
+                if let Ok(mut log) = log.lock() {
+                    log.push(pooled_accuracy(&head, params, &sets));
+                }
+                None
+            },
+        ) as fedge_coordinator::Evaluator
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();

@@ -247,19 +247,10 @@ pub async fn run_one_mqtt(
 ) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
     options.check(Transport::Mqtt)?;
-    let norm = algorithm.base.feature_norm;
     anyhow::ensure!(
         algorithm.tta == Tta::None,
         "{}: /tta runs in process only (drop --transport mqtt)",
         algorithm.name
-    );
-    anyhow::ensure!(
-        !norm.pools(),
-        "{}: feature_norm = \"{}\" runs in process only (the simulator runs the devices' own \
-         code; over MQTT the sources' selection scores would need each round's pooled \
-         statistics): drop --transport mqtt",
-        algorithm.name,
-        norm.name()
     );
     let sources = clients(domains, target, options.scenario, seed)?;
     let (per_round, sites) = match options.scenario {
@@ -269,12 +260,7 @@ pub async fn run_one_mqtt(
     };
     let data = crate::demo::DemoData {
         head: head.clone(),
-        selection: (sources.iter())
-            .map(|c| {
-                c.data
-                    .scored_val(c.data.stats(norm, None, head.classes).as_ref())
-            })
-            .collect(),
+        selection: sources.iter().map(|c| c.data.clone()).collect(),
         clients: sources
             .iter()
             .map(|c| crate::demo::DemoClient {

@@ -117,8 +117,9 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
         scenario: Scenario::Sites { devices: 2 },
         ..options.clone()
     };
-    // Site normalisation: the agents standardise their own features as the harness does. Local
-    // DP: every device clips and noises its updates (seeded per device). Sites: real site
+    // Site normalisation: the agents standardise their own features as the harness does;
+    // balanced: the pooled summary travels with tasks and releases, and the unseen site labels
+    // its rows with each release to take its statistics (the deployed serving path). Local DP: every device clips and noises its updates (seeded per device). Sites: real site
     // aggregators in relay mode between the devices and the global coordinator.
     for (name, options) in [
         ("fedavg", &options),
@@ -127,6 +128,8 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
         ("stable-fedadg", &options),
         ("fedddl", &options),
         ("feddim/feature_norm=site", &options),
+        ("fedavg/feature_norm=balanced", &options),
+        ("fedavg/feature_norm=pooled", &sites),
         (
             "fedavg/local_noise_multiplier=0.5/local_clip_norm=1",
             &options,
