@@ -6,7 +6,9 @@
 //! previous version take part: their updates are read, and while one of them is online the
 //! round tasks and releases are written in the previous version, which devices of this
 //! version read too. Once the window closes they are selected for no round, their updates are
-//! rejected as `version`, and the coordinator writes this version only.
+//! rejected as `version`, and the coordinator writes this version only. A federation whose
+//! `feature_norm` pools (protocol 9's feature summaries) selects no device of the previous
+//! version at all: it could not read the task's setting nor send a summary.
 
 use fedge_wire::{EdgeStatus, PREVIOUS_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
@@ -45,7 +47,7 @@ impl Rounds {
     /// device speaking it is online and the window is open.
     pub fn downlink_version(&self) -> u8 {
         let speakers = &self.control.previous_speakers;
-        if self.control.previous_protocol && self.online.iter().any(|c| speakers.contains(c)) {
+        if self.previous_admitted() && self.online.iter().any(|c| speakers.contains(c)) {
             PREVIOUS_PROTOCOL_VERSION
         } else {
             PROTOCOL_VERSION
@@ -66,7 +68,17 @@ impl Rounds {
     /// Whether a round may select `client`: always, but for a device of the previous version
     /// once the window closed.
     pub(super) fn admits_protocol(&self, client: &str) -> bool {
-        self.control.previous_protocol || !self.control.previous_speakers.contains(client)
+        self.previous_admitted() || !self.control.previous_speakers.contains(client)
+    }
+
+    /// Whether devices of the previous version may train: the window is open and the
+    /// federation does not pool features (a site aggregator: as the global task says).
+    fn previous_admitted(&self) -> bool {
+        let train = match &self.relayed {
+            Some(relayed) => &relayed.train,
+            None => &self.config.train,
+        };
+        self.control.previous_protocol && !train.feature_norm.pools()
     }
 
     /// Rejects a frame of the previous version once the window closed; true when it did.

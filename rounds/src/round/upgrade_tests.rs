@@ -128,3 +128,29 @@ fn a_closed_window_selects_no_old_device_and_writes_this_version() {
     m.set_previous_protocol(true);
     assert_eq!(m.downlink_version(), PREVIOUS_PROTOCOL_VERSION);
 }
+
+#[test]
+fn a_federation_that_pools_features_selects_no_device_of_the_previous_version() {
+    let pooling = RoundConfig {
+        min_clients: 2,
+        min_updates: 2,
+        train: fedge_wire::TrainParams {
+            feature_norm: fedge_wire::FeatureNorm::Balanced,
+            ..fedge_wire::TrainParams::default()
+        },
+        ..config()
+    };
+    let mut m = Rounds::new(pooling, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    assert!(m.previous_protocol_accepted(), "the window is open");
+    m.handle_edge_status("old", &status("old", Some(PREVIOUS_PROTOCOL_VERSION)), 0);
+    m.handle_edge_status("new-a", &status("new-a", Some(PROTOCOL_VERSION)), 0);
+    assert!(
+        tasks(&drain(&mut m)).is_empty(),
+        "the old device does not count"
+    );
+    m.handle_edge_status("new-b", &status("new-b", Some(PROTOCOL_VERSION)), 0);
+    let out = drain(&mut m);
+    assert_eq!(tasks(&out)[0].selected, ["new-a", "new-b"]);
+    assert_eq!(task_frames(&out)[0][4], PROTOCOL_VERSION);
+    assert_eq!(m.downlink_version(), PROTOCOL_VERSION);
+}
