@@ -19,14 +19,17 @@ use crate::features::FeatureSet;
 pub use fedge_wire::site_stats::EPSILON;
 pub use fedge_wire::{FeatureNorm, FeatureStats, FeatureSummary};
 
-/// Below this many rows a site's own statistics are not used: `balanced` falls back to the
-/// pooled statistics (one row has no variance; a handful give a factor of hundreds).
+/// Below this many rows a site's class means and spread are not used: `balanced` takes the
+/// pooled statistics moved by the site's (shrunk) offset (one row has no variance; a handful
+/// give a factor of hundreds).
 pub const MIN_ROWS: usize = 16;
 /// The pooled within-class variance's weight in rows, `n₀`, in `balanced`'s shrinkage
 /// `n / (n + n₀)`.
 pub const PRIOR_ROWS: f64 = 16.0;
 /// `balanced`'s floor on a site's within-class variance, relative to the pooled one.
 pub const VARIANCE_FLOOR: f64 = 0.25;
+/// Below [`MIN_ROWS`], the pooled mean's weight in rows, `n₂`, against the site's offset.
+pub const OFFSET_PRIOR_ROWS: f64 = 8.0;
 /// The weight in rows of a class's pooled mean (moved with the site) in `balanced`'s estimate
 /// of that class's mean at the site, `n₁`.
 pub const CLASS_PRIOR_ROWS: f64 = 0.5;
@@ -70,10 +73,28 @@ pub fn balanced_stats(pooled: &FeatureSummary, set: &FeatureSet) -> Option<Featu
         .filter(|(x, y)| known(**y) && x.len() == f)
         .map(|(x, &y)| (x, y as usize))
         .collect();
-    if rows.len() < MIN_ROWS {
+    if rows.is_empty() {
         return Some(pooled_stats);
     }
     let n = rows.len() as f64;
+    if rows.len() < MIN_ROWS {
+        // Too few rows for class means or a spread: the pooled statistics moved by the
+        // site's offset from the pooled class means, shrunk by `n / (n + n₂)`.
+        let lambda = n / (n + OFFSET_PRIOR_ROWS);
+        let mut offset = vec![0f64; f];
+        for &(x, y) in &rows {
+            let mu = &class_means[y * f..][..f];
+            for ((o, &v), &m) in offset.iter_mut().zip(x).zip(mu) {
+                *o += (f64::from(v) - f64::from(m)) / n;
+            }
+        }
+        let mean = (pooled_stats.mean.iter())
+            .zip(&offset)
+            .map(|(&m, d)| f64::from(m) + lambda * d);
+        let variance =
+            (pooled_stats.inv_std.iter()).map(|&s| 1.0 / f64::from(s).powi(2) - f64::from(EPSILON));
+        return Some(FeatureStats::from_moments(mean, variance));
+    }
     // Per class: rows and the sum of their features; the offset from the pooled class means.
     let mut counts = vec![0f64; k];
     let mut sums = vec![0f64; k * f];
@@ -362,9 +383,19 @@ mod tests {
                 "{ratio} {expected}"
             );
         }
-        // Three rows: the pooled statistics as they are; `pooled` ignores the site.
+        // Three rows: the pooled spread, the mean moved by 3/(3 + n₂) of the rows' offset
+        // (their wiggles +1, −1, +1 leave (1/3, −1/3) of it); `pooled` ignores the site.
         let few = balanced_stats(&pooled, &rows([3, 0, 0], [3.0, -2.0])).unwrap();
-        assert_eq!(few, reference);
+        let lambda = 3.0 / (3.0 + OFFSET_PRIOR_ROWS as f32);
+        for (j, offset) in [3.0 + 1.0 / 3.0, -2.0 - 1.0 / 3.0].into_iter().enumerate() {
+            let expected = reference.mean[j] + lambda * offset;
+            assert!((few.mean[j] - expected).abs() < 1e-4, "{few:?}");
+            assert!((few.inv_std[j] / reference.inv_std[j] - 1.0).abs() < 1e-5);
+        }
+        assert_eq!(
+            balanced_stats(&pooled, &rows([0, 0, 0], [3.0, -2.0])),
+            Some(reference.clone())
+        );
         let norm = SiteNorm {
             norm: FeatureNorm::Pooled,
             pooled: Some(&pooled),

@@ -336,6 +336,14 @@ impl CoordinatorConfig {
             reason,
         };
         let mut config: Self = toml::from_str(&text).map_err(|e| invalid(e.into()))?;
+        // Unwritten, `[train] feature_norm` is `none` under central DP (`default_under`).
+        let written = (text.parse::<toml::Table>().ok())
+            .and_then(|t| t.get("train")?.as_table()?.get("feature_norm").cloned())
+            .is_some();
+        if !written {
+            let central = config.privacy.mode == crate::strategy::PrivacyMode::Central;
+            config.train.feature_norm = fedge_wire::FeatureNorm::default_under(central);
+        }
         config.check().map_err(invalid)?;
         let base = path.parent().unwrap_or(Path::new("."));
         (config.broker.load(base)).map_err(|e| invalid(InvalidConfig::Broker(e)))?;

@@ -165,6 +165,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             prox_mu: local.mu,
             insight_lambda: local.lambda,
             update_codec: local.codec,
+            feature_norm: fedge_wire::FeatureNorm::default_under(args.dp_noise.is_some()),
             ..defaults.train.clone()
         },
         insight_momentum: args.insight_momentum,

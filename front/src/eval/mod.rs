@@ -91,18 +91,27 @@ impl Algorithm {
         // Each run reseeds it from its own seed (`run.rs`): a benchmark repeats.
         let privacy = PrivacySettings::simulated(noise, clip, delta);
         let fail = |e: String| anyhow::anyhow!("{} under --dp-noise: {e}", self.name);
+        // Unnamed, the feature normalisation is central DP's default (`default_under`).
+        let mut base = self.base.clone();
+        if !self.name.contains("feature_norm=") {
+            base.feature_norm = fedge_wire::FeatureNorm::default_under(true);
+        }
+        let this = Self {
+            base,
+            ..self.clone()
+        };
         privacy
-            .check(&self.train_params(1), Role::Global, 0.0)
+            .check(&this.train_params(1), Role::Global, 0.0)
             .map_err(|e| fail(e.to_string()))?;
         let noise_source = || privacy.noise();
-        (self
+        (this
             .strategy
             .build_with(privacy.central().map(|dp| (dp, noise_source()))))
         .map_err(|e| fail(e.to_string()))?;
         Ok(Self {
             name: format!("{} σ={noise}", self.name),
             privacy: Some(privacy),
-            ..self.clone()
+            ..this
         })
     }
 

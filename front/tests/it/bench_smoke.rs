@@ -583,16 +583,17 @@ fn a_site_that_sees_one_class_or_has_three_images_does_not_collapse() {
         ..one_class.clone()
     };
     let names = [
-        "fedavg",
+        "fedavg/feature_norm=none",
         "fedavg/feature_norm=site",
-        "fedavg/feature_norm=balanced",
+        "fedavg",
     ];
     let algorithms: Vec<_> = (names.iter())
         .map(|n| parse_algorithm(n).unwrap())
         .collect();
     assert_eq!(
-        algorithms[0].base.feature_norm,
-        fedge_wire::FeatureNorm::None
+        algorithms[2].base.feature_norm,
+        fedge_wire::FeatureNorm::Balanced,
+        "the default"
     );
     let data = digits();
     // Each algorithm's held-out accuracy averaged over the six held-out domains.

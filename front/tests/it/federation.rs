@@ -56,6 +56,8 @@ async fn three_edges_learn_with_feddim_and_fedomg_over_the_embedded_broker() {
         },
         train: fedge_wire::TrainParams {
             objective: fedge_wire::Objective::FedDim,
+            // Without the pooled feature summary, so that the task grows by Ī alone.
+            feature_norm: fedge_wire::FeatureNorm::None,
             ..base.train.clone()
         },
         ..base

@@ -100,6 +100,11 @@ fn coordinator(broker: BrokerConfig, federation: &str, window: PreviousProtocol)
         round_timeout_ms: 3_000,
         backbone: "digits-conv".into(),
         backbone_sha256: Some([0x42; 32]),
+        // A federation that pools features selects no device of the previous version.
+        train: fedge_wire::TrainParams {
+            feature_norm: fedge_wire::FeatureNorm::None,
+            ..Default::default()
+        },
         ..fedge_coordinator::RoundConfig::default()
     };
     let rounds =

@@ -29,6 +29,18 @@ fn old_update(client: &str, round: u64) -> Vec<u8> {
     v8::encode(&Message::ClientUpdate(update))
 }
 
+/// The tests' configuration without pooled features, which devices of the previous version
+/// cannot take part in.
+fn not_pooling() -> RoundConfig {
+    RoundConfig {
+        train: fedge_wire::TrainParams {
+            feature_norm: fedge_wire::FeatureNorm::None,
+            ..fedge_wire::TrainParams::default()
+        },
+        ..config()
+    }
+}
+
 fn task_frames(outputs: &[Output]) -> Vec<Vec<u8>> {
     (outputs.iter())
         .filter_map(|o| match o {
@@ -46,7 +58,7 @@ fn an_old_device_trains_beside_new_ones_while_the_window_is_open() {
         rounds: 3,
         backbone: "digits-conv".into(),
         backbone_sha256: Some([4; 32]),
-        ..config()
+        ..not_pooling()
     };
     let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
     m.handle_edge_status("new-a", &status("new-a", Some(PROTOCOL_VERSION)), 0);
@@ -99,7 +111,7 @@ fn a_closed_window_selects_no_old_device_and_writes_this_version() {
         min_updates: 2,
         backbone: "digits-conv".into(),
         backbone_sha256: Some([4; 32]),
-        ..config()
+        ..not_pooling()
     };
     let mut m = Rounds::new(two, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
     m.set_previous_protocol(false);
