@@ -430,7 +430,8 @@ impl Agent {
                     },
                     class_stats: outcome.class_stats.map(|s| class_stats(s, codec)),
                     prototypes: outcome.prototypes.map(|s| class_stats(s, codec)),
-                    features: outcome.features,
+                    // Statistics never in int8, whose error follows the largest value.
+                    features: outcome.features.map(|f| f.recoded(codec.for_tasks())),
                 };
                 let mut frame = fedge_wire::encode(&Message::ClientUpdate(update));
                 if let Some(key) = &self.id.key {

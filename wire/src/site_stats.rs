@@ -189,6 +189,16 @@ impl FeatureSummary {
         self.counts.iter().sum()
     }
 
+    /// The same summary with its tensors packed with `codec` (an update's or a task's: f16
+    /// halves its bytes; a value f16 cannot carry keeps its tensor in f32).
+    pub fn recoded(&self, codec: crate::Codec) -> Self {
+        Self {
+            counts: self.counts.clone(),
+            means: self.means.recoded(codec),
+            within: self.within.recoded(codec),
+        }
+    }
+
     /// The summary with every count scaled by `factor` (a weight cap, a decay).
     pub fn scaled(&self, factor: f64) -> Self {
         Self {

@@ -112,7 +112,7 @@ impl Rounds {
                 name: self.config.backbone.clone(),
                 sha256,
             }),
-            pooled: pooled.filter(|_| pools),
+            pooled: pooled.filter(|_| pools).map(|p| p.recoded(codec)),
         };
         let version = self.downlink_version();
         let mut frame = fedge_wire::encode_as(&Message::RoundTask(task), version);

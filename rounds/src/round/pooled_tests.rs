@@ -67,14 +67,19 @@ fn the_devices_summaries_are_pooled_into_the_next_task_and_the_release() {
     m.handle_packet("y", &update("y", 1, Some(summary(&rows_y, &[0, 0]))), 1);
     let out = drain(&mut m);
     let whole = summary(&[rows_x[0], rows_x[1], rows_y[0], rows_y[1]], &[0, 1, 0, 0]);
-    let pooled = tasks(&out)[0]
+    let pooled = releases(&out)[0]
         .pooled
         .clone()
-        .expect("round 2 carries the pool");
+        .expect("the release carries the pool");
     assert_eq!(pooled.counts, whole.counts);
     assert!(close(&pooled.means.to_vec(), &whole.means.to_vec()));
     assert!(close(&pooled.within.to_vec(), &whole.within.to_vec()));
-    assert_eq!(releases(&out)[0].pooled.as_ref(), Some(&pooled));
+    // The task carries it in the task codec (f16 by default), as it does the head.
+    let sent = tasks(&out)[0]
+        .pooled
+        .clone()
+        .expect("round 2 carries the pool");
+    assert_eq!(sent, pooled.recoded(fedge_wire::Codec::F16));
     // Round 2: only `x` sends one; the pool keeps 0.8 of round 1's weight.
     m.handle_packet("x", &update("x", 2, Some(summary(&rows_x, &[0, 1]))), 2);
     m.handle_packet("y", &update("y", 2, None), 2);
@@ -84,7 +89,7 @@ fn the_devices_summaries_are_pooled_into_the_next_task_and_the_release() {
         2,
         "a device without one still counts"
     );
-    let next = tasks(&out)[0].pooled.clone().unwrap();
+    let next = m.pooled().cloned().unwrap();
     let expected: Vec<f64> = (whole.counts.iter())
         .zip([1.0, 1.0])
         .map(|(c, x)| 0.8 * c + x)
