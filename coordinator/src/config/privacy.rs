@@ -322,11 +322,11 @@ mod tests {
             let error = load("", &format!("{CENTRAL}{bad}"), "").unwrap_err();
             assert!(error.contains(said), "{error}");
         }
-        // Unwritten, feature_norm is "none" under central DP and "balanced" without it.
+        // Unwritten, feature_norm is "none" under central DP and "pooled" without it.
         use fedge_wire::FeatureNorm;
         assert_eq!(config.train.feature_norm, FeatureNorm::None);
         let off = load("", "", "").unwrap();
-        assert_eq!(off.train.feature_norm, FeatureNorm::Balanced);
+        assert_eq!(off.train.feature_norm, FeatureNorm::Pooled);
         assert!(off.round_config().privacy.is_none());
         assert_eq!(off.build_strategy().unwrap().name(), "fedavg");
     }

@@ -559,12 +559,13 @@ fn sites_merged_by_sample_count_are_fedavg_over_all_their_devices() {
     );
 }
 
-/// A held-out camera that sees one class: with `feature_norm = "none"` and with `"balanced"`
-/// (its statistics estimated against the federation's pooled class means, from the head's own
-/// labels of 32 unlabelled images) the head still recognises it; standardised with the site's
-/// own statistics (`"site"`), its features are centred on that one class and the head sees an
-/// average image (docs/algorithms.md §7). All are scored on the same images. A site with three
-/// images falls back to the pooled statistics and stays where `none` is.
+/// A held-out camera that sees one class: with `feature_norm = "none"`, with the default
+/// `"pooled"` (the federation's statistics) and with `"balanced"` (its statistics estimated
+/// against the federation's pooled class means, from the head's own labels of 32 unlabelled
+/// images) the head still recognises it; standardised with the site's own statistics
+/// (`"site"`), its features are centred on that one class and the head sees an average image
+/// (docs/algorithms.md §7). All are scored on the same images. A site with three images stays
+/// where `none` is with the pooling estimators.
 #[test]
 fn a_site_that_sees_one_class_or_has_three_images_does_not_collapse() {
     use fedge::eval::{Calibration, LabelShift, SiteOptions};
@@ -585,14 +586,15 @@ fn a_site_that_sees_one_class_or_has_three_images_does_not_collapse() {
     let names = [
         "fedavg/feature_norm=none",
         "fedavg/feature_norm=site",
+        "fedavg/feature_norm=balanced",
         "fedavg",
     ];
     let algorithms: Vec<_> = (names.iter())
         .map(|n| parse_algorithm(n).unwrap())
         .collect();
     assert_eq!(
-        algorithms[2].base.feature_norm,
-        fedge_wire::FeatureNorm::Balanced,
+        algorithms[3].base.feature_norm,
+        fedge_wire::FeatureNorm::Pooled,
         "the default"
     );
     let data = digits();
@@ -607,18 +609,19 @@ fn a_site_that_sees_one_class_or_has_three_images_does_not_collapse() {
             accs.iter().sum::<f32>() / accs.len() as f32
         })
     };
-    let [plain, site, balanced] = run(&one_class);
+    let [plain, site, balanced, pooled] = run(&one_class);
     assert!(plain > 0.5, "none at a one-class site: {plain}");
     assert!(site < plain - 0.2, "site {site} against none {plain}");
-    assert!(
-        balanced > plain - 0.1,
-        "balanced {balanced} against none {plain}"
-    );
-    let [plain, _, balanced] = run(&three);
-    assert!(
-        balanced > plain - 0.1,
-        "balanced with 3 images {balanced} against none {plain}"
-    );
+    for (name, value) in [("balanced", balanced), ("pooled", pooled)] {
+        assert!(value > plain - 0.1, "{name} {value} against none {plain}");
+    }
+    let [plain, _, balanced, pooled] = run(&three);
+    for (name, value) in [("balanced", balanced), ("pooled", pooled)] {
+        assert!(
+            value > plain - 0.1,
+            "{name} with 3 images: {value} against none {plain}"
+        );
+    }
 }
 
 /// A new user's first cross-source benchmark: three image-folder sites that see the digits very
