@@ -140,6 +140,9 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         if let (Ok(images), Some(file)) = (&images, &config.classes_file) {
             checks.push(check_classes(images, file));
         }
+        if let (Ok(images), true) = (&images, config.fedddl.enabled) {
+            checks.push(check_fedddl(&config, images));
+        }
         checks.push(match images {
             Ok(images) if images.len() >= 2 => pass(
                 "data",
@@ -176,6 +179,26 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         }
     }
     checks
+}
+
+/// `[fedddl] enabled`: `run` builds FedDDL's views at start and stops when the images carry
+/// no object masks, so `check` fails the same way.
+fn check_fedddl(config: &EdgeConfig, images: &crate::data::ImageSet) -> Check {
+    match (&config.fedddl.detector, &images.masks) {
+        (Some(card), _) => pass(
+            "fedddl",
+            format!("object masks from the detector {}", card.display()),
+        ),
+        (None, Some(_)) => pass("fedddl", "object masks present for FedDDL's views".into()),
+        (None, None) => fail(
+            "fedddl",
+            format!(
+                "{} (`run` would stop at start); or set [fedddl] enabled = false if the \
+                 coordinator does not run the fedddl objective",
+                crate::views::ViewsError::NoMasks
+            ),
+        ),
+    }
 }
 
 /// `[inference]`: where predictions will be answered, and whether `listen` is free now.
