@@ -68,6 +68,9 @@ impl FlatLayoutError {
     }
 }
 
+/// The widest projector [`ModelLayout::fitting`] tries.
+pub const MAX_FITTED_HIDDEN: usize = 4096;
+
 /// The four tensors of a flat head, row-major: `W1 [F, H]`, `b1 [H]`, `W [H, K]`, `b [K]`.
 /// The one reading of the layout: training, prediction, export and the tests all split a head
 /// through [`HeadConfig::split`].
@@ -217,6 +220,20 @@ impl ModelLayout {
     /// Length of the flat vector.
     pub fn num_params(&self) -> usize {
         self.head.num_params() + self.generator.map_or(0, |g| g.generator_params())
+    }
+
+    /// The layout of `head`'s features and classes whose flat vector holds `len` values: `head`
+    /// itself when it fits, else the same head with the projector width that makes it fit (at
+    /// most [`MAX_FITTED_HIDDEN`]), e.g. the federation's when a device's profile says another.
+    /// `None` when no width fits.
+    pub fn fitting(head: &HeadConfig, with_generator: bool, len: usize) -> Option<Self> {
+        let layout = Self::new(head.clone(), with_generator);
+        if layout.num_params() == len {
+            return Some(layout);
+        }
+        (1..=MAX_FITTED_HIDDEN)
+            .map(|hidden| Self::new(head.clone().with_hidden(hidden), with_generator))
+            .find(|layout| layout.num_params() == len)
     }
 
     /// Seeded initial parameters: the head's [`HeadConfig::init_flat`], then the generator's.

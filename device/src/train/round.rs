@@ -162,9 +162,14 @@ pub fn run_round(
             ..trainer.head.clone()
         },
     };
+    // The federation's projector width, when the profile's `hidden` is another: a task's
+    // parameters say it (with the features and the classes).
+    let generator = task.train.objective.carries_generator();
+    let layout = ModelLayout::fitting(&head, generator, task.params.len())
+        .unwrap_or_else(|| ModelLayout::new(head, generator));
+    let head = layout.head.clone();
     let norm = task.train.feature_norm;
     let global = task.params.to_vec();
-    let layout = ModelLayout::new(head.clone(), task.train.objective.carries_generator());
     let stats = data.stats(norm, task.pooled.as_ref(), head.classes);
     let val = data.scored_val(stats.as_ref());
     let val_accuracy = super::accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);

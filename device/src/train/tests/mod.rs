@@ -569,3 +569,54 @@ fn devices_sharing_a_seed_draw_differently_each_round() {
 
 mod objectives;
 mod parallel;
+
+#[test]
+fn a_device_whose_profile_says_another_width_trains_the_federations_head() {
+    use crate::train::{DeviceData, Trainer, run_round};
+    use std::sync::Arc;
+    let (_, _, data) = tiny();
+    let profile = HeadConfig::new(3, 2).with_hidden(2);
+    let federation = HeadConfig::new(3, 2).with_hidden(5);
+    let device = training_device(Backend::Flex);
+    let trainer = Trainer {
+        head: &profile,
+        device: &device,
+        seed: 1,
+        client_id: "cam-1",
+        threads: 1,
+        cancel: None,
+    };
+    let rows = DeviceData::new(Arc::new(data.clone()), Arc::new(data.rows(&[])), None);
+    let task = |params: Vec<f32>| fedge_wire::RoundTask {
+        federation: "f".into(),
+        run: 1,
+        round: 1,
+        selected: vec!["cam-1".into()],
+        classes: vec!["a".into(), "b".into()],
+        params: fedge_wire::TensorF32::from_slice(&params),
+        train: raw(),
+        deadline_ms: 1_000,
+        insight: None,
+        prototypes: None,
+        backbone: None,
+        pooled: None,
+    };
+    let global = federation.init_flat(3);
+    let outcome = run_round(
+        &rows,
+        &task(global.clone()),
+        &trainer,
+        &mut LocalState::default(),
+    );
+    let trained = outcome.result.expect("trains with the federation's width");
+    assert_eq!(trained.delta.len(), global.len());
+    assert!(trained.delta.iter().any(|d| *d != 0.0));
+    // A vector no width fits is still refused by its length.
+    let odd = run_round(
+        &rows,
+        &task(vec![0.1; 7]),
+        &trainer,
+        &mut LocalState::default(),
+    );
+    assert!(odd.result.is_err());
+}
