@@ -187,9 +187,11 @@ impl JsonArgs {
     }
 }
 
-/// Writes `contents` to `path`, naming the file when it cannot.
+/// Writes `contents` to `path` and says so on standard error, naming the file when it cannot.
 pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()> {
-    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
+    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 /// Installs the global subscriber for a front-end command: `RUST_LOG` when set, else warnings

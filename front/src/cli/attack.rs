@@ -144,9 +144,6 @@ pub async fn run(args: AttackArgs) -> anyhow::Result<()> {
     let outcome = attack::run(config, stop).await?;
     print!("{}", outcome.report);
     args.json.write(&outcome.report)?;
-    if let Some(path) = &args.json.json {
-        eprintln!("wrote {}", path.display());
-    }
     Ok(())
 }
 

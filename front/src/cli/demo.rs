@@ -244,9 +244,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     print_table(&result, options.rounds);
     args.json.write(&result)?;
-    if let Some(path) = &args.json.json {
-        eprintln!("wrote {}", path.display());
-    }
     Ok(())
 }
 

@@ -302,13 +302,18 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     }
     let table = eval::markdown(&results);
     println!(
-        "{}, {} backbone, {}, {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round, mean ± std over seeds; {:.0} s",
+        "{}, {} backbone, {}, {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round{}; {:.0} s",
         args.data.dataset,
         prepared.backbone,
         options.scenario,
         options.rounds,
         options.local_epochs,
         options.seeds,
+        if options.seeds > 1 {
+            ", mean ± std over seeds"
+        } else {
+            " (one seed: no spread)"
+        },
         start.elapsed().as_secs_f64()
     );
     println!("{table}");
@@ -338,6 +343,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         let bars_path = path.with_file_name(format!("{stem}-bars.png"));
         let title = format!("{what}: held-out accuracy at the best source-validation round");
         fedge::plot::write(&bars_path, &title, &eval::plot_bars(&results))?;
+        eprintln!("wrote {} and {}", path.display(), bars_path.display());
     }
     let privacy = eval::privacy_rows(&results);
     if !privacy.is_empty() {
@@ -360,6 +366,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             );
             let lines = eval::tradeoff_lines(&privacy);
             fedge::plot::write_tradeoff(&privacy_path, &title, &lines)?;
+            eprintln!("wrote {}", privacy_path.display());
         }
     }
     let meta = eval::ReportMeta {

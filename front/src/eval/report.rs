@@ -96,7 +96,8 @@ pub fn summarise(results: &[RunResult]) -> Summary {
 }
 
 /// The results as a Markdown table: rows are algorithms, columns target domains and the
-/// average, cells `mean ± std` over seeds of the target accuracy (percent); when the runs were
+/// average, cells `mean ± std` over seeds of the target accuracy (percent; the mean alone
+/// from one seed, which has no spread to show); when the runs were
 /// timed, a last column with the local training time per round and its ratio to plain
 /// cross-entropy ([`COST_REFERENCE`]).
 pub fn markdown(results: &[RunResult]) -> String {
@@ -118,13 +119,18 @@ pub fn markdown(results: &[RunResult]) -> String {
     );
     out.push_str(&"---|".repeat(summary.targets.len() + 1 + usize::from(timed)));
     out.push('\n');
+    let seeds: std::collections::BTreeSet<u64> = results.iter().map(|r| r.seed).collect();
+    let cell = |m: f32, s: f32| match seeds.len() {
+        0 | 1 => format!("{m:.1}"),
+        _ => format!("{m:.1} ± {s:.1}"),
+    };
     for row in &summary.rows {
         let (a, (m, s)) = (&row.algorithm, row.average);
         out.push_str(&format!("| {a} |"));
         for (cm, cs) in &row.cells {
-            out.push_str(&format!(" {cm:.1} ± {cs:.1} |"));
+            out.push_str(&format!(" {} |", cell(*cm, *cs)));
         }
-        out.push_str(&format!(" **{m:.1} ± {s:.1}** |"));
+        out.push_str(&format!(" **{}** |", cell(m, s)));
         if timed {
             match (row.train_seconds, reference) {
                 (Some(t), Some(r)) if r > 0.0 => {
@@ -399,6 +405,12 @@ mod tests {
         };
         let clean = [run("fedavg", &[])];
         assert!(!markdown(&clean).contains("rejected"));
+        // One seed has no spread: the mean alone, not "± 0.0".
+        assert!(
+            markdown(&clean).contains("| 50.0 | **50.0** |"),
+            "{}",
+            markdown(&clean)
+        );
         let results = [
             run("fedavg", &[("norm", 2)]),
             run("fedavg", &[("norm", 1), ("wrong_round", 1)]),
