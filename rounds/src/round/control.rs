@@ -15,6 +15,19 @@ impl Rounds {
             Command::Pause => self.control.paused = true,
             Command::Resume => self.control.paused = false,
             Command::Ban { client } => {
+                // With keys, a device is one of them: a ban of any other id is a typo.
+                if let Some(keys) = &self.config.auth
+                    && !keys.contains_key(client)
+                {
+                    let detail = format!(
+                        "ban {client:?}: no device of that id in [auth] keys_file; a device's id \
+                         is its client_id"
+                    );
+                    return self.reject_control(detail);
+                }
+                if !self.online.contains(client) {
+                    tracing::warn!(%client, "banned a device that is not online: it will be selected for no round when it comes");
+                }
                 self.control.banned.insert(client.clone());
             }
             Command::Unban { client } => {

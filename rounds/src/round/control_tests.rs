@@ -139,6 +139,22 @@ fn new_keys_take_a_revoked_device_offline_and_refuse_its_next_update() {
     let mut open = machine(&["a", "b"], config());
     open.set_device_keys(keys(&["a"]));
     assert!(open.online().contains("b"));
+    // With keys, a ban names a device of the keys file: a typo is refused, not kept.
+    m.apply_control(
+        &Command::Ban {
+            client: "no-such-device".into(),
+        },
+        20,
+    );
+    assert_eq!(m.rejected_total().get("bad_control"), Some(&1));
+    assert!(m.control().banned.is_empty());
+    m.apply_control(
+        &Command::Ban {
+            client: "ccc".into(),
+        },
+        21,
+    );
+    assert!(m.control().banned.contains("ccc"));
 }
 
 #[test]
