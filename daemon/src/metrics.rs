@@ -61,6 +61,30 @@ pub fn memory() -> Option<(u64, u64)> {
     Some((kib("VmRSS:")? * 1024, kib("VmHWM:")? * 1024))
 }
 
+/// `metrics_listen` as a configuration gives it: `host:port` with an IP address or a name the
+/// machine resolves (`"localhost:9465"`), its first address; `None` when unset.
+pub fn deserialize_listen<'de, D>(deserializer: D) -> Result<Option<std::net::SocketAddr>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::Deserialize;
+    let text: Option<String> = Option::deserialize(deserializer)?;
+    text.map(|t| resolve_listen(&t).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// The first address `text` (`host:port`) resolves to, or what to write instead.
+pub fn resolve_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let hint = "give host:port, e.g. \"127.0.0.1:9464\" or \"localhost:9464\"";
+    let mut addrs = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?}: {e}; {hint}"))?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("{text:?} resolves to no address; {hint}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -248,7 +248,10 @@ pub struct EdgeConfig {
     pub inference: InferenceConfig,
     /// Serve the device's metrics for Prometheus (OpenMetrics on `GET /metrics`) at this
     /// address, e.g. `"127.0.0.1:9465"`; none when unset (docs/prometheus.md).
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "fedge_daemon::metrics::deserialize_listen"
+    )]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Local differential privacy (`fedge_device::local_dp`): every update clipped and noised before
     /// it leaves the device. Absent: off.

@@ -155,7 +155,10 @@ pub struct CoordinatorConfig {
     pub home_assistant: bool,
     /// Serve metrics for Prometheus (OpenMetrics text on `GET /metrics`) at this address, e.g.
     /// `"127.0.0.1:9464"`; none when unset. docs/prometheus.md lists them.
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "fedge_daemon::metrics::deserialize_listen"
+    )]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Broker.
     #[serde(default)]

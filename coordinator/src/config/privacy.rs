@@ -327,6 +327,12 @@ mod tests {
         assert_eq!(config.train.feature_norm, FeatureNorm::None);
         let off = load("", "", "").unwrap();
         assert_eq!(off.train.feature_norm, FeatureNorm::Pooled);
+        // metrics_listen takes a host name as well as an address.
+        let named = load("metrics_listen = \"localhost:9465\"\n", "", "").unwrap();
+        let addr = named.metrics_listen.unwrap();
+        assert!(addr.ip().is_loopback() && addr.port() == 9465, "{addr}");
+        let error = load("metrics_listen = \"9465\"\n", "", "").unwrap_err();
+        assert!(error.contains("host:port"), "{error}");
         assert!(off.round_config().privacy.is_none());
         assert_eq!(off.build_strategy().unwrap().name(), "fedavg");
     }
