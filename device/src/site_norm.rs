@@ -60,8 +60,9 @@ pub fn summary_of(set: &FeatureSet, classes: usize) -> Option<FeatureSummary> {
 ///
 /// A site that sees mostly one class therefore keeps the other classes where the pool has them
 /// (moved with the site), while a site whose contrast or light changes every class moves all
-/// of its class means and spreads. Below [`MIN_ROWS`] rows the pooled statistics are used as
-/// they are. `None` when the pool has no class.
+/// of its class means and spreads. Below [`MIN_ROWS`] rows: the pooled statistics with their
+/// mean moved by `n / (n + n₂) · δ` ([`OFFSET_PRIOR_ROWS`]); without a row, as they are.
+/// `None` when the pool has no class.
 pub fn balanced_stats(pooled: &FeatureSummary, set: &FeatureSet) -> Option<FeatureStats> {
     let pooled_stats = pooled.balanced_stats()?;
     let (k, f) = (pooled.classes(), pooled.features());
@@ -77,24 +78,6 @@ pub fn balanced_stats(pooled: &FeatureSummary, set: &FeatureSet) -> Option<Featu
         return Some(pooled_stats);
     }
     let n = rows.len() as f64;
-    if rows.len() < MIN_ROWS {
-        // Too few rows for class means or a spread: the pooled statistics moved by the
-        // site's offset from the pooled class means, shrunk by `n / (n + n₂)`.
-        let lambda = n / (n + OFFSET_PRIOR_ROWS);
-        let mut offset = vec![0f64; f];
-        for &(x, y) in &rows {
-            let mu = &class_means[y * f..][..f];
-            for ((o, &v), &m) in offset.iter_mut().zip(x).zip(mu) {
-                *o += (f64::from(v) - f64::from(m)) / n;
-            }
-        }
-        let mean = (pooled_stats.mean.iter())
-            .zip(&offset)
-            .map(|(&m, d)| f64::from(m) + lambda * d);
-        let variance =
-            (pooled_stats.inv_std.iter()).map(|&s| 1.0 / f64::from(s).powi(2) - f64::from(EPSILON));
-        return Some(FeatureStats::from_moments(mean, variance));
-    }
     // Per class: rows and the sum of their features; the offset from the pooled class means.
     let mut counts = vec![0f64; k];
     let mut sums = vec![0f64; k * f];
@@ -102,15 +85,20 @@ pub fn balanced_stats(pooled: &FeatureSummary, set: &FeatureSet) -> Option<Featu
     for &(x, y) in &rows {
         counts[y] += 1.0;
         let mu = &class_means[y * f..][..f];
-        for (((s, o), &v), &m) in sums[y * f..][..f]
-            .iter_mut()
-            .zip(&mut offset)
-            .zip(x)
-            .zip(mu)
-        {
+        let sum = &mut sums[y * f..][..f];
+        for (((s, o), &v), &m) in sum.iter_mut().zip(&mut offset).zip(x).zip(mu) {
             *s += f64::from(v);
             *o += (f64::from(v) - f64::from(m)) / n;
         }
+    }
+    if rows.len() < MIN_ROWS {
+        // Too few rows for class means or a spread: the pooled statistics moved by the
+        // site's offset from the pooled class means, shrunk by `n / (n + n₂)`.
+        let lambda = n / (n + OFFSET_PRIOR_ROWS);
+        let (mean, between) = pooled.balanced_moments()?;
+        let mean = mean.iter().zip(&offset).map(|(m, d)| m + lambda * d);
+        let variance = within.iter().zip(&between).map(|(&w, b)| f64::from(w) + b);
+        return Some(FeatureStats::from_moments(mean, variance));
     }
     // The site's own class means `c_k`, and its within-class variance about them.
     let own: Vec<f64> = (sums.chunks_exact(f))

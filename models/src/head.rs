@@ -156,6 +156,11 @@ impl Forward {
         }
         &self.logits
     }
+
+    /// The projector's output `ReLU(x·W1 + b1)` of the last [`Forward::logits`] call.
+    pub fn projected(&self) -> impl Iterator<Item = f32> + '_ {
+        self.hidden.iter().map(|z| z.max(0.0))
+    }
 }
 
 /// Index of the largest value (the first one on ties; 0 for an empty slice).

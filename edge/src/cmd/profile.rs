@@ -41,6 +41,15 @@ pub fn site_stats(path: &Path, model: Option<&Path>) -> anyhow::Result<()> {
     let setup = profile.setup()?;
     let kept = (profile.cache_dir.as_ref())
         .map(|dir| fedge_edge::inference::store::model_path(dir, &profile.client_id));
+    if let Some(file) = model
+        && !file.exists()
+    {
+        anyhow::bail!(
+            "no model at {}: give a release file (the coordinator's state/model.bin, or the \
+             agent's <client_id>.model.bin in its cache_dir)",
+            file.display()
+        );
+    }
     let release = match model.map(Path::to_owned).or(kept) {
         Some(file) => fedge_edge::inference::store::load(&file)?.inspect(|r| {
             eprintln!(

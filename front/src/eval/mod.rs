@@ -17,6 +17,7 @@
 //! - `run`: one run in process or over MQTT; clients of a round train in parallel.
 //! - `report`: the summary over seeds, the Markdown table, the JSON report, the plots' data.
 
+mod clients;
 mod data;
 mod paired;
 mod report;
@@ -25,6 +26,7 @@ mod site;
 mod tta;
 mod tune;
 
+pub use clients::partition;
 pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
     load_backbone, prepare, rows, split_features,
@@ -34,7 +36,7 @@ pub use report::{
     PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,
     privacy_markdown, privacy_rows, report_json, summarise, tradeoff_lines,
 };
-pub use run::{Progress, RunSpec, partition, run_all, run_into, run_lodo, run_one, run_one_mqtt};
+pub use run::{Progress, RunSpec, run_all, run_into, run_lodo, run_one, run_one_mqtt};
 pub use site::{Calibration, LabelShift, SiteOptions, TargetSite};
 pub use tta::{T3A_FILTER, Tta, t3a_accuracy};
 pub use tune::{Choice, choose, grid};

@@ -15,6 +15,7 @@
 
 use fedge_device::FeatureSet;
 use fedge_models::HeadConfig;
+use fedge_models::head::{Forward, argmax};
 
 /// Supports kept per class (the paper's `M`; it reports 1 to 100 and "all").
 pub const T3A_FILTER: usize = 20;
@@ -50,20 +51,7 @@ impl std::str::FromStr for Tta {
     }
 }
 
-/// The projector's output `z` and the head's logits for row `x`.
-fn forward(head: &HeadConfig, params: &[f32], x: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let t = head.split(params).expect("the head's parameters");
-    let (h, k) = (head.hidden, head.classes);
-    let mut z = t.b1.to_vec();
-    for (xi, row) in x.iter().zip(t.w1.chunks_exact(h)) {
-        for (zj, w) in z.iter_mut().zip(row) {
-            *zj += xi * w;
-        }
-    }
-    z.iter_mut().for_each(|v| *v = v.max(0.0));
-    (z.clone(), linear(t.w, t.b, &z, k))
-}
-
+/// The classifier's logits `z·W + b` of a projector output `z` (T3A's warm-up supports).
 fn linear(w: &[f32], b: &[f32], z: &[f32], k: usize) -> Vec<f32> {
     let mut logits = b.to_vec();
     for (zj, row) in z.iter().zip(w.chunks_exact(k)) {
@@ -90,10 +78,6 @@ fn normalised(v: &[f32]) -> Vec<f32> {
     v.iter().map(|x| x / norm).collect()
 }
 
-fn argmax(v: &[f32]) -> usize {
-    (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best })
-}
-
 /// T3A's accuracy on `scored` with prototypes from the unlabelled rows `support` (both as the
 /// head takes them, standardised if the federation standardises).
 pub fn t3a_accuracy(
@@ -112,8 +96,13 @@ pub fn t3a_accuracy(
             vec![(ent, normalised(&column))]
         })
         .collect();
+    let mut pass = Forward::new(head);
+    let mut forward = |x: &[f32]| {
+        let logits = pass.logits(&t, x).to_vec();
+        (pass.projected().collect::<Vec<f32>>(), logits)
+    };
     for x in support.features.chunks_exact(support.dim.max(1)) {
-        let (z, logits) = forward(head, params, x);
+        let (z, logits) = forward(x);
         supports[argmax(&logits)].push((entropy(&logits), normalised(&z)));
     }
     let prototypes: Vec<Vec<f32>> = (supports.iter_mut())
@@ -133,7 +122,7 @@ pub fn t3a_accuracy(
     let right = (scored.features.chunks_exact(scored.dim.max(1)))
         .zip(&scored.labels)
         .filter(|(x, y)| {
-            let (z, _) = forward(head, params, x);
+            let (z, _) = forward(x);
             let scores: Vec<f32> = (prototypes.iter())
                 .map(|p| p.iter().zip(&z).map(|(a, b)| a * b).sum())
                 .collect();

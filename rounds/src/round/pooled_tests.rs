@@ -1,10 +1,9 @@
 //! The federation's pooled feature summary: devices' summaries merged exactly into the next
 //! task and the release, decayed across rounds, kept in the checkpoint, a bad one refused.
 
-use fedge_wire::{
-    ClientUpdate, FeatureNorm, FeatureSummary, HeadConfig, ModelRelease, TensorF32, TrainParams,
-};
+use fedge_wire::{ClientUpdate, FeatureNorm, FeatureSummary, HeadConfig, TensorF32, TrainParams};
 
+use super::release_tests::releases;
 use super::tests::{config, drain, reports, tasks};
 use super::*;
 
@@ -39,15 +38,6 @@ fn update(client: &str, round: u64, features: Option<FeatureSummary>) -> Vec<u8>
         prototypes: None,
         features,
     }))
-}
-
-fn releases(outputs: &[Output]) -> Vec<ModelRelease> {
-    (outputs.iter())
-        .filter_map(|o| match o {
-            Output::Release(r) => Some(r.as_ref().clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn close(a: &[f32], b: &[f32]) -> bool {

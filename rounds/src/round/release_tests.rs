@@ -5,7 +5,7 @@ use fedge_wire::{EdgeStatus, HeadConfig, ModelRelease, Role, SiteEvaluation, Ten
 use super::tests::{M, config, drain, machine, tasks, update};
 use super::*;
 
-fn releases(outputs: &[Output]) -> Vec<ModelRelease> {
+pub(super) fn releases(outputs: &[Output]) -> Vec<ModelRelease> {
     (outputs.iter())
         .filter_map(|o| match o {
             Output::Release(r) => Some(r.as_ref().clone()),
