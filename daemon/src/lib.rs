@@ -21,7 +21,7 @@ pub mod metrics;
 pub mod secret;
 pub mod signals;
 
-pub use durable::{Visibility, write_atomically};
+pub use durable::{FileLock, Visibility, lock, write_atomically};
 pub use lists::read_list;
 pub use logs::{LogArgs, LogFormat, colour, init_logs, init_logs_to};
 pub use secret::{SecretError, read_secret};

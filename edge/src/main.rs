@@ -72,14 +72,22 @@ enum Command {
     ///
     /// The key is sealed for this device (an X25519 exchange bound to the token); the token
     /// works once. The coordinator must run with [auth] keys_file.
-    #[command(after_help = "Example: fedge-edge enroll --config site.toml --token 3f9a…")]
+    #[command(after_help = "Example: fedge-edge enroll --config site.toml --token-file token.txt")]
     Enroll {
         /// The device profile (broker, federation, client_id, key_file).
         #[arg(long)]
         config: PathBuf,
-        /// The token `fedge-coordinator enroll` printed (32 hex digits, dashes allowed).
-        #[arg(long)]
-        token: String,
+        /// The token `fedge-coordinator enroll` printed (32 hex digits, dashes allowed). Other
+        /// users of the machine can read a command line: prefer --token-file.
+        #[arg(
+            long,
+            required_unless_present = "token_file",
+            conflicts_with = "token_file"
+        )]
+        token: Option<String>,
+        /// A file holding the token, or `-` to read it from standard input.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
         /// How long to wait for the coordinator's answer (e.g. 30s, 2m).
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
@@ -132,9 +140,13 @@ fn main() -> anyhow::Result<()> {
         Command::Enroll {
             config,
             token,
+            token_file,
             timeout,
             replace,
-        } => cmd::profile::enroll(&config, &token, timeout, replace)?,
+        } => {
+            let token = cmd::profile::token(token, token_file.as_deref())?;
+            cmd::profile::enroll(&config, &token, timeout, replace)?
+        }
         Command::SiteStats { config, model } => {
             cmd::profile::site_stats(&config, model.as_deref())?
         }

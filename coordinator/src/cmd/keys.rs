@@ -33,7 +33,7 @@ pub fn enroll(client: &str, keys_file: &Path, valid: Duration) -> anyhow::Result
     println!("{}", token.to_hex());
     eprintln!(
         "{client}: one-time token, valid {valid}; on the device run\n  \
-         fedge-edge enroll --config <profile> --token {}",
+         fedge-edge enroll --config <profile> --token-file <file holding {}>",
         token.to_hex()
     );
     Ok(())

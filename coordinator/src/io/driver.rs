@@ -47,7 +47,6 @@ fn handle_control(
             rounds.apply_control(&message.command, now_ms);
         }
         Err(e) => {
-            tracing::warn!(error = %e, "operator command refused");
             rounds.reject_control(e.to_string());
         }
     }

@@ -2,19 +2,20 @@
 //! `fedge/<f>/edge/<client>/enrol/request`, answered with the key sealed for it
 //! (`fedge_wire::enrol`), once per token.
 //!
-//! The answer's order keeps a token from being spent twice or a key from being lost: the key
-//! goes into the keys file first, then the token is forgotten, then the machine takes the new
-//! keys and the answer is published. A refused request is counted as `bad_enrolment` and
+//! The answer's order keeps a token from being spent twice or a key from being lost: under the
+//! keys file's lock the key goes into the keys file first, then the token is marked spent by
+//! this request, then the machine takes the new keys and the answer is published. The same
+//! request again (its answer lost) gets the same key sealed again. A refused request is counted as `bad_enrolment` and
 //! answered with the reason (a hint: the device trusts only a key that opens).
 
 use std::path::Path;
 
-use fedge_wire::enrol::{EnrolRequest, EnrolResponse};
+use fedge_wire::enrol::{EnrolRequest, EnrolResponse, EnrolToken};
 use rand::RngCore;
 
 use super::outbox::Outbox;
 use crate::round::Rounds;
-use crate::store::{enrolments, keys};
+use crate::store::enrolments::{self, Refusal};
 
 /// Largest request read (a real one is about 250 bytes).
 const MAX_REQUEST_BYTES: usize = 2048;
@@ -46,8 +47,8 @@ pub(super) fn handle_request(
             rounds.set_device_keys(devices);
             response
         }
+        // Logged by the machine's rejection log, which rate-limits a flood of requests.
         Err(reason) => {
-            tracing::warn!(client, %reason, "enrolment refused");
             rounds.reject_enrolment(client, reason.clone());
             EnrolResponse::refusal(&request, reason)
         }
@@ -60,7 +61,8 @@ pub(super) fn handle_request(
     outbox.publish(topic, false, json);
 }
 
-/// The sealed key and the keys now in force, or why not.
+/// The sealed key and the keys now in force, or why not (in words for the device: a storage
+/// failure is logged in full here and answered without the file's path).
 fn answer(
     request: &EnrolRequest,
     federation: &str,
@@ -68,20 +70,21 @@ fn answer(
     client: &str,
     wall_ms: u64,
 ) -> Result<(EnrolResponse, crate::round::DeviceKeys), String> {
-    let token = enrolments::pending(keys_file, client, wall_ms)
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    request
-        .verify(federation, client, &token)
-        .map_err(|e| e.to_string())?;
-    let key = keys::generate();
-    let mut secret = [0u8; fedge_wire::enrol::X25519_LEN];
-    // The thread generator is a CSPRNG seeded from the operating system.
-    rand::rng().fill_bytes(&mut secret);
-    let response = request
-        .seal(&token, secret, &key)
-        .map_err(|e| e.to_string())?;
-    let devices = keys::add(keys_file, client, key).map_err(|e| format!("storage: {e}"))?;
-    enrolments::spend(keys_file, client, wall_ms).map_err(|e| format!("storage: {e}"))?;
-    Ok((response, devices))
+    let seal = |token: &EnrolToken, key: &fedge_wire::DeviceKey| {
+        request
+            .verify(federation, client, token)
+            .map_err(|e| e.to_string())?;
+        let mut secret = [0u8; fedge_wire::enrol::X25519_LEN];
+        // The thread generator is a CSPRNG seeded from the operating system.
+        rand::rng().fill_bytes(&mut secret);
+        request.seal(token, secret, key).map_err(|e| e.to_string())
+    };
+    let public = &request.device_public;
+    enrolments::redeem(keys_file, client, public, wall_ms, seal).map_err(|e| match e {
+        Refusal::Storage(e) => {
+            tracing::error!(client, error = %e, "enrolment records unusable");
+            "the coordinator cannot read or write its enrolment records; ask its operator".into()
+        }
+        other => other.to_string(),
+    })
 }

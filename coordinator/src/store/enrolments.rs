@@ -9,7 +9,11 @@
 //! ```
 //!
 //! The running coordinator reads the file when a request arrives (`io/enrol.rs`), so a token
-//! issued while it runs works at once; spending a token removes its entry.
+//! issued while it runs works at once. A token spent stays until it expires, marked with the
+//! request that spent it (`spent_by`, the device's X25519 public value): the same request
+//! again (its answer was lost) is answered again with the same key, any other is refused.
+//! Every change takes the keys file's lock ([`super::keys::lock`]), so an `enroll`, a
+//! `revoke` and the coordinator's redemption never undo each other.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +22,10 @@ use fedge_wire::enrol::{EnrolToken, TOKEN_LEN};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-use super::keys::{InvalidKeys, KeysError, write_private};
+use fedge_wire::DeviceKey;
+
+use super::keys::{self, InvalidKeys, KeysError, write_private};
+use crate::round::DeviceKeys;
 
 /// One pending enrolment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,6 +33,9 @@ use super::keys::{InvalidKeys, KeysError, write_private};
 struct Pending {
     token: String,
     expires_ms: u64,
+    /// The device public value of the request that spent the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    spent_by: Option<String>,
 }
 
 /// Where the pending enrolments of a keys file are kept.
@@ -68,6 +78,7 @@ pub fn issue(keys_file: &Path, client: &str, expires_ms: u64) -> Result<EnrolTok
             reason: InvalidKeys::ClientId(client.to_owned()),
         });
     }
+    let _held = keys::lock(keys_file)?;
     let path = path_for(keys_file);
     let mut pending = load(&path)?;
     let mut bytes = [0u8; TOKEN_LEN];
@@ -77,6 +88,7 @@ pub fn issue(keys_file: &Path, client: &str, expires_ms: u64) -> Result<EnrolTok
     let entry = Pending {
         token: token.to_hex(),
         expires_ms,
+        spent_by: None,
     };
     pending.insert(client.to_owned(), entry);
     store(&path, &pending)?;
@@ -98,34 +110,72 @@ pub enum NoToken {
     Expired(String),
 }
 
-/// The token pending for `client` at `now_ms`.
-pub fn pending(
-    keys_file: &Path,
-    client: &str,
-    now_ms: u64,
-) -> Result<Result<EnrolToken, NoToken>, KeysError> {
-    let path = path_for(keys_file);
-    let Some(entry) = load(&path)?.remove(client) else {
-        return Ok(Err(NoToken::None(client.to_owned())));
-    };
-    if entry.expires_ms < now_ms {
-        return Ok(Err(NoToken::Expired(client.to_owned())));
-    }
-    EnrolToken::from_hex(&entry.token)
-        .map(Ok)
-        .map_err(|e| KeysError::Invalid {
-            path: path.display().to_string(),
-            reason: InvalidKeys::ClientId(format!("{client}: {e}")),
-        })
+/// Why a request cannot be answered with a key.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// No token to spend.
+    #[error(transparent)]
+    NoToken(#[from] NoToken),
+    /// The request does not check against the token (or cannot be sealed): its text.
+    #[error("{0}")]
+    Request(String),
+    /// The keys or enrolments file: logged in full, answered without its path.
+    #[error(transparent)]
+    Storage(#[from] KeysError),
 }
 
-/// Forgets `client`'s token (spent) and any expired one at `now_ms`.
-pub fn spend(keys_file: &Path, client: &str, now_ms: u64) -> Result<(), KeysError> {
+/// Redeems `client`'s token for the request whose device public value is `device_public`:
+/// `answer` checks the request against the token and seals the key for it; the key goes into
+/// the keys file and the token is marked spent by this request, all under the keys file's
+/// lock. The same request again (an answer lost on the way) is answered with the key it got;
+/// another request with a spent token is refused. Returns the answer and every key in force.
+pub fn redeem<R>(
+    keys_file: &Path,
+    client: &str,
+    device_public: &str,
+    now_ms: u64,
+    answer: impl FnOnce(&EnrolToken, &DeviceKey) -> Result<R, String>,
+) -> Result<(R, DeviceKeys), Refusal> {
+    let held = keys::lock(keys_file)?;
     let path = path_for(keys_file);
     let mut pending = load(&path)?;
-    pending.remove(client);
-    pending.retain(|_, p| p.expires_ms >= now_ms);
-    store(&path, &pending)
+    let Some(entry) = pending.get(client).cloned() else {
+        return Err(NoToken::None(client.to_owned()).into());
+    };
+    if entry.expires_ms < now_ms {
+        return Err(NoToken::Expired(client.to_owned()).into());
+    }
+    let token = EnrolToken::from_hex(&entry.token).map_err(|e| KeysError::Invalid {
+        path: path.display().to_string(),
+        reason: InvalidKeys::ClientId(format!("{client}: {e}")),
+    })?;
+    let mut devices = if keys_file.exists() {
+        keys::load(keys_file)?
+    } else {
+        DeviceKeys::new()
+    };
+    let again = match &entry.spent_by {
+        None => None,
+        Some(by) if by == device_public => devices.get(client).cloned(),
+        Some(_) => return Err(NoToken::None(client.to_owned()).into()),
+    };
+    let Some(key) = again.or_else(|| entry.spent_by.is_none().then(keys::generate)) else {
+        // Spent by this request, but the key has been revoked since.
+        return Err(NoToken::None(client.to_owned()).into());
+    };
+    let response = answer(&token, &key).map_err(Refusal::Request)?;
+    if entry.spent_by.is_none() {
+        devices.insert(client.to_owned(), key);
+        keys::store_locked(&held, keys_file, &devices)?;
+        let spent = Pending {
+            spent_by: Some(device_public.to_owned()),
+            ..entry
+        };
+        pending.insert(client.to_owned(), spent);
+        pending.retain(|_, p| p.expires_ms >= now_ms);
+        store(&path, &pending)?;
+    }
+    Ok((response, devices))
 }
 
 #[cfg(test)]
@@ -140,19 +190,62 @@ mod tests {
         let token = issue(&keys, "cam-09", 2_000).unwrap();
         let other = issue(&keys, "cam-10", 500).unwrap();
         assert_ne!(token, other);
-        assert_eq!(pending(&keys, "cam-09", 1_000).unwrap(), Ok(token));
+        let seen = |t: &EnrolToken, k: &DeviceKey| Ok((t.clone(), k.clone()));
         assert!(matches!(
-            pending(&keys, "cam-10", 1_000).unwrap(),
-            Err(NoToken::Expired(_))
+            redeem(&keys, "cam-10", "pub-b", 1_000, seen),
+            Err(Refusal::NoToken(NoToken::Expired(_)))
         ));
-        spend(&keys, "cam-09", 1_000).unwrap();
+        let ((used, key), devices) = redeem(&keys, "cam-09", "pub-a", 1_000, seen).unwrap();
+        assert_eq!(used, token);
+        assert_eq!(devices["cam-09"], key);
+        // The same request again (its answer was lost): the same key, nothing new written.
+        let ((_, again), _) = redeem(&keys, "cam-09", "pub-a", 1_500, seen).unwrap();
+        assert_eq!(again, key);
+        // Another request with the spent token: refused.
         assert!(matches!(
-            pending(&keys, "cam-09", 1_000).unwrap(),
-            Err(NoToken::None(_))
+            redeem(&keys, "cam-09", "pub-c", 1_500, seen),
+            Err(Refusal::NoToken(NoToken::None(_)))
         ));
-        // The expired one went with it.
+        // The expired one went when the token was spent; the spent one goes when it expires.
         let text = std::fs::read_to_string(path_for(&keys)).unwrap();
         assert!(!text.contains("cam-10"), "{text}");
+        // A request that does not check spends nothing.
+        let third = issue(&keys, "cam-11", 2_000).unwrap();
+        let refused = redeem(&keys, "cam-11", "pub-d", 1_000, |_, _| {
+            Err::<(), _>("tag".into())
+        });
+        assert!(matches!(refused, Err(Refusal::Request(_))));
+        let ((used, _), _) = redeem(&keys, "cam-11", "pub-d", 1_000, seen).unwrap();
+        assert_eq!(used, third);
         assert!(issue(&keys, "bad id", 1).is_err());
+    }
+
+    #[test]
+    fn a_revoke_while_tokens_are_issued_and_spent_is_never_undone() {
+        // Each read-modify-write under the keys file's lock: without it, an issue or a
+        // redemption that read the file before the revoke wrote it back with the revoked key.
+        let dir = tempfile::tempdir().unwrap();
+        let keys_file = dir.path().join("devices.toml");
+        for i in 0..20 {
+            keys::keygen(&keys_file, &format!("old-{i}"), &dir.path().join("k")).unwrap();
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..20 {
+                    keys::revoke(&keys_file, &format!("old-{i}")).unwrap();
+                }
+            });
+            s.spawn(|| {
+                for i in 0..20 {
+                    let client = format!("new-{i}");
+                    issue(&keys_file, &client, u64::MAX).unwrap();
+                    let pub_ = format!("p{i}");
+                    redeem(&keys_file, &client, &pub_, 0, |_, _| Ok(())).unwrap();
+                }
+            });
+        });
+        let left = keys::load(&keys_file).unwrap();
+        assert_eq!(left.len(), 20, "{:?}", left.keys().collect::<Vec<_>>());
+        assert!(left.keys().all(|c| c.starts_with("new-")));
     }
 }

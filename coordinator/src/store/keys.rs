@@ -91,8 +91,27 @@ pub fn parse(text: &str) -> Result<DeviceKeys, InvalidKeys> {
     Ok(keys)
 }
 
-/// Writes a keys file (all devices, sorted by id).
+/// Takes the lock every read-modify-write of `keys_file` and of its pending enrolments
+/// takes (`fedge_daemon::lock`), held until dropped.
+pub fn lock(keys_file: &Path) -> Result<fedge_daemon::FileLock, KeysError> {
+    fedge_daemon::lock(keys_file).map_err(|source| KeysError::Io {
+        path: keys_file.display().to_string(),
+        source,
+    })
+}
+
+/// Writes a keys file (all devices, sorted by id), under its lock.
 pub fn store(path: &Path, keys: &DeviceKeys) -> Result<(), KeysError> {
+    let held = lock(path)?;
+    store_locked(&held, path, keys)
+}
+
+/// Writes a keys file whose lock the caller holds.
+pub(super) fn store_locked(
+    _held: &fedge_daemon::FileLock,
+    path: &Path,
+    keys: &DeviceKeys,
+) -> Result<(), KeysError> {
     let mut text = String::from("# fedge device keys: client id = HMAC-SHA256 key (hex)\n");
     for (client, key) in keys {
         text.push_str(&format!("{client} = \"{}\"\n", key.to_hex()));
@@ -100,22 +119,10 @@ pub fn store(path: &Path, keys: &DeviceKeys) -> Result<(), KeysError> {
     write_private(path, text.as_bytes())
 }
 
-/// Adds `client` with `key` to the keys file (created when missing, a line for the client
-/// replaced) and returns every key the file now holds.
-pub fn add(keys_file: &Path, client: &str, key: DeviceKey) -> Result<DeviceKeys, KeysError> {
-    let mut keys = if keys_file.exists() {
-        load(keys_file)?
-    } else {
-        DeviceKeys::new()
-    };
-    keys.insert(client.to_owned(), key);
-    store(keys_file, &keys)?;
-    Ok(keys)
-}
-
 /// Removes `client` from the keys file: a running coordinator reloads the file and rejects the
 /// device's next update or status as `unknown_device`.
 pub fn revoke(keys_file: &Path, client: &str) -> Result<(), KeysError> {
+    let held = lock(keys_file)?;
     let mut keys = load(keys_file)?;
     if keys.remove(client).is_none() {
         return Err(KeysError::Invalid {
@@ -123,7 +130,7 @@ pub fn revoke(keys_file: &Path, client: &str) -> Result<(), KeysError> {
             reason: InvalidKeys::ClientId(format!("{client} (not in this file)")),
         });
     }
-    store(keys_file, &keys)
+    store_locked(&held, keys_file, &keys)
 }
 
 /// The operator's key (`[auth] operator_key_file`: 64 hex digits on one line, private to its
@@ -173,6 +180,7 @@ pub fn keygen(keys_file: &Path, client: &str, device_file: &Path) -> Result<(), 
             reason: InvalidKeys::ClientId(client.to_owned()),
         });
     }
+    let held = lock(keys_file)?;
     let mut keys = if keys_file.exists() {
         load(keys_file)?
     } else {
@@ -181,7 +189,7 @@ pub fn keygen(keys_file: &Path, client: &str, device_file: &Path) -> Result<(), 
     let key = generate();
     write_private(device_file, format!("{}\n", key.to_hex()).as_bytes())?;
     keys.insert(client.to_owned(), key);
-    store(keys_file, &keys)
+    store_locked(&held, keys_file, &keys)
 }
 
 /// Writes a file readable by its owner only (on Unix), replacing it atomically.

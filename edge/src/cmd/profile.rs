@@ -3,6 +3,8 @@
 //! and `unit` (the systemd unit).
 
 use std::path::Path;
+
+use anyhow::Context;
 use std::time::Duration;
 
 use fedge_edge::config::EdgeConfig;
@@ -17,6 +19,23 @@ pub fn check(path: &Path, dry_run: bool) {
         std::process::exit(1);
     }
     println!("{}: ready", path.display());
+}
+
+/// The enrolment token: given on the command line, or read from a file (`-`: standard input).
+pub fn token(given: Option<String>, file: Option<&Path>) -> anyhow::Result<String> {
+    match (given, file) {
+        (Some(token), _) => Ok(token),
+        (None, Some(path)) if path == Path::new("-") => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
+            Ok(text.trim().to_owned())
+        }
+        (None, Some(path)) => Ok(std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token from {}", path.display()))?
+            .trim()
+            .to_owned()),
+        (None, None) => anyhow::bail!("give the token with --token-file FILE (or - for stdin)"),
+    }
 }
 
 /// `fedge-edge enroll`: the device's key from the running coordinator, with a one-time token.

@@ -77,10 +77,13 @@ async fn a_device_enrols_into_a_running_federation_once_per_token() {
             .replace("federation = \"demo\"", "federation = \"enrol\"");
         format!("key_file = \"fleet-00002.key\"\n{text}")
     });
+    let token_file = dir.path().join("token.txt");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let token_file = token_file.display().to_string();
     let enrol = |extra: &[&str]| {
         let edge = edge_binary();
         let profile = profile.clone();
-        let args: Vec<String> = ["enroll", "--timeout", "20s", "--token", token.as_str()]
+        let args: Vec<String> = ["enroll", "--timeout", "20s"]
             .iter()
             .chain(extra)
             .map(|s| s.to_string())
@@ -98,11 +101,19 @@ async fn a_device_enrols_into_a_running_federation_once_per_token() {
             .unwrap()
         }
     };
-    let out = enrol(&[]).await;
+    // The request's secret as an earlier attempt whose answer was lost would have kept it.
+    let request_file = dir.path().join("fleet-00002.key.request");
+    let kept = format!("{token} {}\n", "5a".repeat(32));
+    common::write_private(&request_file, &kept);
+    let out = enrol(&["--token-file", &token_file]).await;
     let said =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
     assert!(said.contains("enrolled in enrol"), "{said}");
+    assert!(
+        !request_file.exists(),
+        "the request is forgotten once its key is written"
+    );
 
     // The key the device wrote is the one the coordinator now holds, private to its owner.
     let device_file = dir.path().join("fleet-00002.key");
@@ -121,8 +132,16 @@ async fn a_device_enrols_into_a_running_federation_once_per_token() {
         assert_eq!(mode & 0o777, 0o600);
     }
 
-    // The same token again: refused, counted, and the key in force stays.
-    let out = enrol(&["--replace"]).await;
+    // The same request again (its answer lost on the way): the same key, sealed again.
+    common::write_private(&request_file, &kept);
+    let out = enrol(&["--replace", "--token", &token]).await;
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{said}");
+    let again = std::fs::read_to_string(&device_file).unwrap();
+    assert_eq!(fedge_wire::DeviceKey::from_hex(&again).unwrap(), key);
+
+    // The same token in a new request: refused, counted, and the key in force stays.
+    let out = enrol(&["--replace", "--token", &token]).await;
     let said = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success());
     assert!(said.contains("no enrolment is pending"), "{said}");
@@ -137,7 +156,9 @@ async fn a_device_enrols_into_a_running_federation_once_per_token() {
     let three = fleet(3, held);
     let devices = tokio::spawn(async move { run_fleet(&three).await });
     let mut seen = None;
-    for _ in 0..20 {
+    // Rounds of the two-device fleet that ended during the enrolments are still queued.
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < until {
         let report = coordinator.round_ended(Duration::from_secs(30)).await;
         if report.selected.len() == 3 && report.reported.len() == 3 {
             seen = Some(report);
