@@ -105,6 +105,7 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         model_file: config.state_dir.as_ref().map(|d| d.join("model.bin")),
         checkpoint: checkpoint_path,
         journal: journal_path,
+        control_file: config.state_dir.as_ref().map(|d| d.join("control.json")),
         home_assistant: config.home_assistant,
         metrics_listen: config.metrics_listen,
         operator_key: (config.auth.operator_key_file.as_deref())

@@ -96,6 +96,9 @@ pub struct DriverOptions {
     pub keys_file: Option<std::path::PathBuf>,
     /// When devices of the previous protocol version take part (`[protocol]`).
     pub previous_protocol: crate::config::PreviousProtocol,
+    /// Where operator commands' settings are kept across a restart (`control.json` in the
+    /// state folder, `store::control`).
+    pub control_file: Option<std::path::PathBuf>,
 }
 
 impl DriverOptions {
@@ -115,6 +118,7 @@ impl DriverOptions {
             operator_key: None,
             keys_file: None,
             previous_protocol: Default::default(),
+            control_file: None,
         }
     }
 }
@@ -134,5 +138,16 @@ pub enum DriverError {
         addr: std::net::SocketAddr,
         /// Why.
         error: std::io::Error,
+    },
+    /// The operator settings kept in the state folder cannot be used.
+    #[error(transparent)]
+    Control(#[from] crate::store::control::ControlFileError),
+    /// The operator settings kept in the state folder name a bad value.
+    #[error("{path}: {reason}; fix it, or remove it to go back to the configuration's settings")]
+    ControlSettings {
+        /// File.
+        path: String,
+        /// What is wrong.
+        reason: String,
     },
 }

@@ -29,12 +29,14 @@ pub use super::contract::{
 pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
 
 /// An operator command: applied when its tag, federation and number check, else counted as
-/// `bad_control` (`fedge_wire::control`).
+/// `bad_control` (`fedge_wire::control`). What a command sets is kept in `control_file` at once,
+/// with its number, so that a restart forgets nothing and takes no captured command again.
 fn handle_control(
     rounds: &mut Rounds,
     federation: &str,
     key: &fedge_wire::DeviceKey,
     last_seq: &mut u64,
+    control_file: Option<&std::path::Path>,
     payload: &[u8],
     now_ms: u64,
 ) {
@@ -45,11 +47,45 @@ fn handle_control(
         Ok(message) => {
             *last_seq = message.seq;
             rounds.apply_control(&message.command, now_ms);
+            if let Some(path) = control_file {
+                let settings = rounds.operator_settings(*last_seq);
+                if let Err(e) = crate::store::control::store(path, &settings) {
+                    tracing::error!(error = %e, "operator settings not kept: a restart would forget them");
+                }
+            }
         }
-        Err(e) => {
-            rounds.reject_control(e.to_string());
-        }
+        // Logged by the machine's rate-limited rejection log.
+        Err(e) => rounds.reject_control(e.to_string()),
     }
+}
+
+/// Puts back the operator settings kept in `control_file`; returns the last command's number.
+fn restore_control(
+    rounds: &mut Rounds,
+    control_file: Option<&std::path::Path>,
+) -> Result<u64, DriverError> {
+    let Some(path) = control_file else {
+        return Ok(0);
+    };
+    let Some(saved) = crate::store::control::load(path)? else {
+        return Ok(0);
+    };
+    rounds
+        .restore_operator_settings(&saved)
+        .map_err(|reason| DriverError::ControlSettings {
+            path: path.display().to_string(),
+            reason,
+        })?;
+    if saved != Default::default() {
+        tracing::info!(
+            paused = saved.paused,
+            banned = saved.banned.len(),
+            rounds = ?saved.rounds,
+            backbone = ?saved.backbone.as_ref().map(|b| &b.0),
+            "operator settings restored from {}", path.display()
+        );
+    }
+    Ok(saved.last_seq)
 }
 
 /// Reads a device's retained status: online or not. An empty payload (a cleared retained
@@ -149,6 +185,7 @@ async fn drive(
         }
         None => (None, None),
     };
+    let control_seq = restore_control(&mut rounds, options.control_file.as_deref())?;
     let origin = Instant::now();
     let now_ms = || origin.elapsed().as_millis() as u64;
     let mut sinks = Sinks {
@@ -187,7 +224,7 @@ async fn drive(
         upstream,
         metrics,
         handling: Duration::ZERO,
-        control_seq: 0,
+        control_seq,
     };
     let control_topic = topics.control();
     let mut keys_watch = KeysWatch::new(options.keys_file.as_deref());
@@ -253,7 +290,8 @@ async fn drive(
                         handle_edge_status(&mut rounds, c, &p.payload, now_ms());
                     } else if let (true, Some(key)) = (p.topic == control_topic, &options.operator_key) {
                         let seq = &mut sinks.control_seq;
-                        handle_control(&mut rounds, &options.federation, key, seq, &p.payload, now_ms());
+                        let file = options.control_file.as_deref();
+                        handle_control(&mut rounds, &options.federation, key, seq, file, &p.payload, now_ms());
                     } else if let (Some(c), Some(keys)) = (topics.client_of_enrol_request(&p.topic), &options.keys_file) {
                         super::enrol::handle_request(&mut rounds, &mut sinks.outbox, &options.federation, keys, c, &p.payload);
                     }

@@ -1,10 +1,11 @@
 //! The coordinator's files: the checkpoint after each aggregation ([`checkpoint`]), the open
-//! round's journal ([`journal`]) the device keys ([`keys`]) and the pending enrolments'
-//! one-time tokens ([`enrolments`]). Each file format is defined
+//! round's journal ([`journal`]), what operator commands set ([`control`]), the device keys
+//! ([`keys`]) and the pending enrolments' one-time tokens ([`enrolments`]). Each file format is defined
 //! here and written through `fedge_daemon::write_atomically`; the values stored are the round
 //! machine's plain saved types, which never see a file.
 
 pub mod checkpoint;
+pub mod control;
 pub mod enrolments;
 pub mod journal;
 pub mod keys;

@@ -250,3 +250,96 @@ fn a_redirected_log_holds_no_colour_codes() {
     );
     assert!(!fedge_daemon::colour(false));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_settings_survive_a_restart_and_a_captured_command_is_not_taken_again() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "coordinator.toml",
+        mosquitto.port(),
+        "operator.key",
+    );
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text = text.replacen("rounds = 10\n", "rounds = 10\nstate_dir = \"state\"\n", 1);
+    std::fs::write(&config, text).unwrap();
+    ctl_ok(&config, &["keygen"]);
+    let start = || {
+        KillOnDrop(
+            Command::new(common::coordinator_binary())
+                .current_dir(dir.path())
+                .args(["run", "--config"])
+                .arg(&config)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut coordinator = start();
+    std::thread::sleep(Duration::from_millis(500));
+    ctl_ok(&config, &["pause"]);
+    ctl_ok(&config, &["ban", "fleet-00002"]);
+    ctl_ok(&config, &["set-rounds", "7"]);
+    // A command as an eavesdropper captured it off the broker: tagged, numbered, taken once.
+    let key = std::fs::read_to_string(dir.path().join("operator.key")).unwrap();
+    let key = fedge_wire::DeviceKey::from_hex(&key).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let unban = fedge_wire::control::Command::Unban {
+        client: "fleet-00003".into(),
+    };
+    let captured = fedge_wire::control::ControlMessage::signed("ops", now + 1, unban, &key);
+    let captured = serde_json::to_string(&captured).unwrap();
+    let topic = fedge_wire::Topics::new("ops").unwrap().control();
+    let publish = |payload: &str| {
+        let port = mosquitto.port().to_string();
+        let args = [
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-q",
+            "1",
+            "-t",
+            &topic,
+            "-m",
+            payload,
+        ];
+        common::succeeded(Command::new("mosquitto_pub").args(args));
+    };
+    publish(&captured);
+    let status = ctl_ok(&config, &["status"]);
+    assert_eq!(
+        status["rejected_updates"]["bad_control"],
+        serde_json::Value::Null,
+        "{status}"
+    );
+
+    // Killed, not stopped: what the commands set was kept as each was taken.
+    coordinator.0.kill().unwrap();
+    coordinator.0.wait().unwrap();
+    let _restarted = start();
+    std::thread::sleep(Duration::from_millis(500));
+    publish(&captured);
+    let status = ctl_ok(&config, &["status"]);
+    assert_eq!(status["paused"], true, "{status}");
+    assert_eq!(
+        status["banned"],
+        serde_json::json!(["fleet-00002"]),
+        "{status}"
+    );
+    assert_eq!(status["total_rounds"], 7, "{status}");
+    assert_eq!(
+        status["rejected_updates"]["bad_control"], 1,
+        "the captured command replayed after the restart is refused: {status}"
+    );
+    let kept = std::fs::read(dir.path().join("state/control.json")).unwrap();
+    let kept: serde_json::Value = serde_json::from_slice(&kept).unwrap();
+    assert!(kept["last_seq"].as_u64().unwrap() > now, "{kept}");
+}

@@ -3,7 +3,10 @@
 //! machine applies it here, at round boundaries: a round that is open finishes as it started,
 //! the next round opens (or not) under the new settings. The retained status says what holds.
 
+use std::collections::BTreeSet;
+
 use fedge_wire::control::Command;
+use serde::{Deserialize, Serialize};
 
 use super::Rounds;
 use super::types::{Control, Output, Phase, Rejection};
@@ -33,11 +36,15 @@ impl Rounds {
             Command::Unban { client } => {
                 self.control.banned.remove(client);
             }
-            Command::SetRounds { rounds } => self.config.rounds = *rounds,
+            Command::SetRounds { rounds } => {
+                self.config.rounds = *rounds;
+                self.control.rounds = Some(*rounds);
+            }
             Command::SetBackbone { name, sha256 } => match fedge_wire::hex::decode_array(sha256) {
                 Some(digest) => {
                     self.config.backbone = name.clone();
                     self.config.backbone_sha256 = Some(digest);
+                    self.control.backbone = Some((name.clone(), digest));
                 }
                 None => {
                     let detail = format!("set-backbone {sha256:?}: not 64 hex digits");
@@ -91,6 +98,44 @@ impl Rounds {
         &self.control
     }
 
+    /// What the operator's commands set, as kept across a restart (with `last_seq`, the
+    /// number of the last command taken).
+    pub fn operator_settings(&self, last_seq: u64) -> OperatorSettings {
+        OperatorSettings {
+            last_seq,
+            paused: self.control.paused,
+            banned: self.control.banned.clone(),
+            rounds: self.control.rounds,
+            backbone: (self.control.backbone.as_ref())
+                .map(|(name, digest)| (name.clone(), fedge_wire::hex::encode(digest))),
+        }
+    }
+
+    /// Puts back what the operator had set before a restart; called before [`Rounds::start`].
+    /// The settings override the configuration's rounds and backbone. Refuses a backbone
+    /// digest that is not 64 hex digits (a damaged file), changing nothing.
+    pub fn restore_operator_settings(&mut self, saved: &OperatorSettings) -> Result<(), String> {
+        let backbone = match &saved.backbone {
+            Some((name, hex)) => match fedge_wire::hex::decode_array(hex) {
+                Some(digest) => Some((name.clone(), digest)),
+                None => return Err(format!("backbone sha256 {hex:?} is not 64 hex digits")),
+            },
+            None => None,
+        };
+        self.control.paused = saved.paused;
+        self.control.banned = saved.banned.clone();
+        if let Some(rounds) = saved.rounds {
+            self.config.rounds = rounds;
+            self.control.rounds = Some(rounds);
+        }
+        if let Some((name, digest)) = backbone {
+            self.config.backbone = name.clone();
+            self.config.backbone_sha256 = Some(digest);
+            self.control.backbone = Some((name, digest));
+        }
+        Ok(())
+    }
+
     /// The online devices a round may select: not banned.
     pub(super) fn eligible(&self) -> Vec<String> {
         let banned = &self.control.banned;
@@ -100,4 +145,25 @@ impl Rounds {
             .cloned()
             .collect()
     }
+}
+
+/// What operator commands set, kept in the state folder across a restart so that a restart
+/// neither unbans a device, nor resumes a paused federation, nor forgets `set-rounds` and
+/// `set-backbone`, nor lets a captured command be applied a second time.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorSettings {
+    /// Number of the last command taken: a command must be numbered above it.
+    pub last_seq: u64,
+    /// No new round opens.
+    pub paused: bool,
+    /// Devices no round selects.
+    #[serde(default)]
+    pub banned: BTreeSet<String>,
+    /// `set-rounds`, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<u64>,
+    /// `set-backbone`, if given: the card's name and its SHA-256 in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backbone: Option<(String, String)>,
 }

@@ -61,6 +61,7 @@ use crate::objectives::feddim::GlobalInsight;
 use crate::strategy::Strategy;
 use crate::updates::Arena;
 use crate::updates::spill::SpillFile;
+pub use control::OperatorSettings;
 use open::OpenRound;
 pub use resume::ResumeError;
 

@@ -331,6 +331,10 @@ pub struct Control {
     pub previous_protocol: bool,
     /// Devices whose status says they speak the previous protocol version.
     pub previous_speakers: std::collections::BTreeSet<String>,
+    /// The total of rounds `set-rounds` set (over the configuration's), if it did.
+    pub rounds: Option<u64>,
+    /// The backbone `set-backbone` named (over the configuration's), if it did.
+    pub backbone: Option<(String, [u8; 32])>,
 }
 
 impl Default for Control {
@@ -341,6 +345,8 @@ impl Default for Control {
             banned: Default::default(),
             previous_protocol: true,
             previous_speakers: Default::default(),
+            rounds: None,
+            backbone: None,
         }
     }
 }
