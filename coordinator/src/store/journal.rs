@@ -172,12 +172,14 @@ fn parse_from(mut reader: impl Read) -> std::io::Result<(OpenRoundLog, u64, u64)
                 round,
                 selected,
                 base,
+                run,
             }) => {
                 log = OpenRoundLog {
                     opened: Some(OpenedRound {
                         round,
                         selected,
                         base,
+                        run,
                     }),
                     accepted: Vec::new(),
                 };
@@ -234,12 +236,14 @@ mod tests {
             round,
             selected: selected.iter().map(|s| s.to_string()).collect(),
             base: 7,
+            run: 9,
         };
         let opened_log = |round, selected: &[&str]| {
             Some(OpenedRound {
                 round,
                 selected: selected.iter().map(|s| s.to_string()).collect(),
                 base: 7,
+                run: 9,
             })
         };
         journal.write(&opened(4, &["a", "b"])).unwrap();
@@ -294,6 +298,7 @@ mod tests {
             round: 2,
             selected: vec!["a".into(), "b".into(), "c".into()],
             base: 1,
+            run: 2,
         };
         journal.write(&opened).unwrap();
         journal.write(&accepted("a")).unwrap();

@@ -203,3 +203,117 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
         "the killed and resumed federation must end with the uninterrupted run's parameters"
     );
 }
+
+/// Largest file the coordinator may write in `an_update_is_acknowledged_only_once_journaled`:
+/// the journal's round-opened record fits, an accepted update's record does not.
+const JOURNAL_LIMIT_BYTES: u64 = 160;
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_is_acknowledged_only_once_journaled() {
+    // The coordinator dies (SIGXFSZ, from the file-size limit `prlimit` sets) in the write of
+    // the first update's journal record: after the update arrived, before it is on disk. The
+    // broker must still hold every update of the round, since none was acknowledged, and give
+    // them to the restarted coordinator; acknowledged on arrival, they would be lost and the
+    // round would wait for devices that answered already.
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("FEDGE_REQUIRE_MOSQUITTO").is_none(),
+            "prlimit (util-linux) is needed"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), mosquitto.port());
+    let topics = Topics::new(FEDERATION).unwrap();
+    let mut options = MqttOptions::new("devices", "127.0.0.1", mosquitto.port());
+    options.set_keep_alive(Duration::from_secs(5));
+    let (client, mut events) = AsyncClient::new(options, 64);
+    let status_topic = topics.coordinator_status();
+    client
+        .subscribe(&status_topic, QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    for d in DEVICES {
+        let json = common::signed_status_json(FEDERATION, d, true, &key(d));
+        client
+            .publish(topics.edge_status(d), QoS::AtLeastOnce, true, json)
+            .await
+            .unwrap();
+    }
+    let limited = Command::new("prlimit")
+        .arg(format!("--fsize={JOURNAL_LIMIT_BYTES}"))
+        .arg(common::coordinator_binary())
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut coordinator = KillOnDrop(limited);
+    common::wait_status(&mut events, &status_topic, |s| {
+        s.state == "training" && s.round == 1
+    })
+    .await;
+    client
+        .subscribe(topics.round_task(), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let run = common::wait_task(&mut events, &topics.round_task())
+        .await
+        .run;
+    for d in DEVICES {
+        client
+            .publish(topics.update(d), QoS::AtLeastOnce, false, sealed(d, 1, run))
+            .await
+            .unwrap();
+    }
+    // The test's own event loop sends the updates: polled while waiting for the death.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let died = loop {
+        if let Some(status) = coordinator.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the coordinator outlived its file-size limit"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(20), events.poll()).await;
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        died.signal(),
+        Some(25),
+        "SIGXFSZ in the journal write: {died}"
+    );
+    let journal = std::fs::metadata(dir.path().join("state/journal.bin")).unwrap();
+    assert!(journal.len() <= JOURNAL_LIMIT_BYTES);
+
+    // Restarted without the limit: round 1 resumes from the journal's opened record and the
+    // broker delivers the three updates again; round 2 then completes as usual.
+    let mut coordinator = start_coordinator(&config);
+    common::wait_status(&mut events, &status_topic, |s| {
+        s.state == "training" && s.round == 2
+    })
+    .await;
+    for d in DEVICES {
+        client
+            .publish(topics.update(d), QoS::AtLeastOnce, false, sealed(d, 2, run))
+            .await
+            .unwrap();
+    }
+    common::wait_status(&mut events, &status_topic, |s| s.state == "finished").await;
+    let _ = tokio::task::spawn_blocking(move || coordinator.wait()).await;
+    let saved = checkpoint::load(&dir.path().join("state/checkpoint.bin"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        saved.params,
+        uninterrupted(),
+        "no update of round 1 was lost"
+    );
+}

@@ -14,7 +14,8 @@ impl Rounds {
     /// nothing (`None`) unless the machine is waiting, the journal's round is not older than
     /// the next round (a journal left from before the last checkpoint is stale) and it started
     /// from the parameters the machine holds (not a journal left beside a checkpoint that was
-    /// moved away). Writes nothing to the journal: what it restores is there already.
+    /// moved away). Writes nothing to the journal: what it restores is there already. Before
+    /// the federation's first checkpoint, the journal's run replaces the one drawn at start.
     ///
     /// Under central DP nothing is restored (`None`): the journal does not say how many devices
     /// could have been drawn, which the round's expected participants and its accounting need,
@@ -30,6 +31,15 @@ impl Rounds {
         }
         if opened.base != params_fingerprint(&self.params) {
             return None;
+        }
+        if opened.run != self.config.run {
+            // Killed before its first checkpoint, the federation drew a new run at restart:
+            // it takes back the one its devices answered. After a checkpoint, the run is the
+            // checkpoint's, and a journal of another is not this federation's.
+            if self.aggregated_rounds > 0 {
+                return None;
+            }
+            self.config.run = opened.run;
         }
         let (round, mut selected) = (opened.round, opened.selected);
         selected.sort();

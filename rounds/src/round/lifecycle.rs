@@ -150,6 +150,7 @@ impl Rounds {
                 round,
                 selected: selected.unwrap_or_default(),
                 base: params_fingerprint(&self.params),
+                run: self.config.run,
             }));
         }
         self.outputs.push_back(Output::PublishTask { round, frame });

@@ -296,6 +296,7 @@ fn a_journaled_round_is_drawn_afresh_under_central_dp() {
             round: task.round,
             selected: task.selected.clone(),
             base: params_fingerprint(m.params()),
+            run: 0,
         }),
         accepted: Vec::new(),
     };

@@ -53,11 +53,13 @@ fn log_of(journal: &[Record]) -> OpenRoundLog {
                 round,
                 selected,
                 base,
+                run,
             } => {
                 log.opened = Some(OpenedRound {
                     round: *round,
                     selected: selected.clone(),
                     base: *base,
+                    run: *run,
                 })
             }
             Record::Accepted { client, frame, .. } => {
@@ -131,10 +133,45 @@ fn a_stale_journal_is_ignored() {
             round: 4,
             selected: vec!["a".into()],
             base: params_fingerprint(&[0.0; M]),
+            run: 0,
         }),
         accepted: vec![("a".into(), update("a", 4, [1.0; M], 1))],
     };
     assert_eq!(m2.restore_round(log, 0), None);
     assert_eq!(m2.phase(), Phase::Waiting);
     assert_eq!(m.restore_round(OpenRoundLog::default(), 0), None);
+}
+
+#[test]
+fn a_journal_beside_a_missing_checkpoint_resumes_only_onto_its_own_parameters() {
+    // Killed in round 1, before any checkpoint: the journal holds the round and two updates.
+    let (mut journal, mut checkpoint) = (Vec::new(), None);
+    let mut m = Rounds::new(journaled(), strategy(), vec![0.0; M]);
+    online(&mut m);
+    for c in ["a", "b"] {
+        m.handle_packet(c, &update(c, 1, delta(c, 1), 2), 10);
+    }
+    keep(&mut m, &mut journal, &mut checkpoint);
+    assert!(checkpoint.is_none());
+    drop(m);
+
+    // Started again with other initial parameters (another seed or head): not its journal.
+    let mut other = Rounds::new(journaled(), strategy(), vec![0.5; M]);
+    assert_eq!(other.restore_round(log_of(&journal), 0), None);
+    assert_eq!(other.phase(), Phase::Waiting);
+
+    // Started again as it was, with the new run a fresh start draws: the journal's run is
+    // taken back, so the two journaled updates and the third device's update (all answering
+    // the task of the killed process) count.
+    let fresh = RoundConfig {
+        run: 0x77,
+        ..journaled()
+    };
+    let mut m = Rounds::new(fresh, strategy(), vec![0.0; M]);
+    assert_eq!(m.restore_round(log_of(&journal), 0), Some((1, 2)));
+    online(&mut m);
+    assert_eq!(m.config().run, 0, "the killed process's run");
+    m.handle_packet("c", &update("c", 1, delta("c", 1), 2), 20);
+    assert_eq!((m.round(), m.aggregated_rounds()), (2, 1));
+    assert!(m.rejected_total().is_empty(), "{:?}", m.rejected_total());
 }

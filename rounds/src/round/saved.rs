@@ -90,6 +90,9 @@ pub enum Record {
         /// is resumed only onto the same parameters (not onto a fresh start after the
         /// checkpoint was moved away, say).
         base: u64,
+        /// The federation's run the round's task named: a coordinator killed before its first
+        /// checkpoint takes it back, so that the updates answering it still count.
+        run: u64,
     },
     /// An update was accepted in `round`: its plain frame (tag already checked).
     Accepted {
@@ -112,6 +115,8 @@ pub struct OpenedRound {
     pub selected: Vec<String>,
     /// Fingerprint of the parameters it started from.
     pub base: u64,
+    /// The federation's run its task named.
+    pub run: u64,
 }
 
 /// A fingerprint of global parameters: FNV-1a (64 bits) over their bit patterns. Tells a
