@@ -126,7 +126,7 @@ enum Command {
     /// fedge/<federation>/backbone/<sha256>, and backbone/current pointing at it. Devices whose
     /// profile says backbone = "federation" fetch, verify and cache it.
     #[command(
-        after_help = "Example: fedge-coordinator publish-backbone --config configs/coordinator.toml --card models/assets/digits-conv.toml"
+        after_help = "Example: fedge-coordinator publish-backbone --config configs/coordinator.toml --card models/assets/digits-conv.toml\n\nBehind a broker that takes client ids from certificates (docs/mosquitto.md), give it a copy of the configuration whose [broker.tls] names the publisher's certificate (fedge-publisher): with the coordinator's own, it would push the running coordinator off the broker."
     )]
     PublishBackbone {
         /// The coordinator's TOML file: its broker, federation and keys file.

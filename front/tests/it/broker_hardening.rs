@@ -230,6 +230,7 @@ async fn the_broker_login_is_sent_and_a_wrong_one_is_refused_with_an_error_that_
 /// The identities of the documented set-up: certificate common names.
 const COORDINATOR: &str = "fedge-coordinator-site-1";
 const DASHBOARD: &str = "fedge-dashboard";
+const PUBLISHER: &str = "fedge-publisher";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_lane() {
@@ -238,7 +239,7 @@ async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_la
     }
     let dir = tempfile::tempdir().unwrap();
     crate::tls::make_certificates(dir.path());
-    for cn in [COORDINATOR, DASHBOARD, "cam-01", "cam-02", "observer"] {
+    for cn in [COORDINATOR, DASHBOARD, PUBLISHER, "cam-01", "cam-02", "observer"] {
         crate::tls::client_certificate(dir.path(), cn);
     }
     let Some(broker) = Broker::documented(dir.path()) else {
@@ -401,6 +402,49 @@ async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_la
         seen.iter()
             .all(|(_, payload)| payload != b"from the dashboard"),
         "a dashboard's publish got through: {seen:?}"
+    );
+
+    // (d) `publish-backbone` with the publisher's certificate, as documented, while the
+    // coordinator runs: the backbone is retained where devices read it, and the coordinator
+    // keeps its connection and its messages (with the coordinator's certificate, the broker
+    // gives the publisher the coordinator's client id and the coordinator is pushed off).
+    let config = dir.path().join("publisher.toml");
+    let tls = |file: &str| dir.path().join(file).display().to_string();
+    let text = format!(
+        "federation = \"site-1\"\n[broker]\nhost = \"127.0.0.1\"\nport = {}\n\
+         [broker.tls]\nca_file = {:?}\nclient_cert = {:?}\nclient_key = {:?}\n\
+         [head]\nfeatures = 512\nhidden = 8\nclasses = 10\n",
+        broker.port(),
+        tls("ca.pem"),
+        tls(&format!("{PUBLISHER}.pem")),
+        tls(&format!("{PUBLISHER}.key")),
+    );
+    std::fs::write(&config, text).unwrap();
+    let card = common::repo_root().join("models/assets/digits-conv.toml");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(common::coordinator_binary())
+            .args(["publish-backbone", "--config"])
+            .arg(&config)
+            .arg("--card")
+            .arg(&card)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = messages_until(&mut observer_seen, &t.backbone_current(), Duration::ZERO).await;
+    assert!(seen.iter().any(|(topic, _)| topic.starts_with(&t.backbone(""))));
+    publish(&cam, &mut cam_events, &t.update("cam-01"), b"after", false).await;
+    let seen = messages_until(&mut coordinator_seen, &t.update("cam-01"), Duration::ZERO).await;
+    assert_eq!(
+        seen,
+        vec![(t.update("cam-01"), b"after".to_vec())],
+        "the coordinator lost its connection or a message while the backbone was published"
     );
 
     // The operator's terminal view, with the dashboard's certificate.
