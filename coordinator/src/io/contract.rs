@@ -139,6 +139,9 @@ pub enum DriverError {
         /// Why.
         error: std::io::Error,
     },
+    /// The driver stopped rather than release a model it cannot account for.
+    #[error("{0}; fix the state folder and start again (the round is drawn afresh)")]
+    Withheld(String),
     /// The operator settings kept in the state folder cannot be used.
     #[error(transparent)]
     Control(#[from] crate::store::control::ControlFileError),

@@ -225,6 +225,7 @@ async fn drive(
         metrics,
         handling: Duration::ZERO,
         control_seq,
+        fatal: None,
     };
     let control_topic = topics.control();
     let mut keys_watch = KeysWatch::new(options.keys_file.as_deref());
@@ -353,6 +354,13 @@ async fn drive(
             sinks.outbox.ack(publish);
         }
         sinks.outbox.flush();
+        if let Some(reason) = sinks.fatal.take() {
+            sinks
+                .outbox
+                .close(session.parts().1, Duration::from_secs(2))
+                .await;
+            return Err(DriverError::Withheld(reason));
+        }
         if finished {
             break;
         }

@@ -48,6 +48,9 @@ pub(super) struct Sinks<'a> {
     pub(super) handling: Duration,
     /// The number of the last operator command applied.
     pub(super) control_seq: u64,
+    /// Why the driver must stop now, publishing nothing more of the model (a checkpoint that
+    /// could not be saved under central DP).
+    pub(super) fatal: Option<String>,
 }
 
 /// Least time between two status publishes: a flood of junk packets, each a rejection and a
@@ -112,12 +115,16 @@ impl Sinks<'_> {
             metrics,
             handling,
             control_seq: _,
+            fatal,
         } = self;
         let (options, topics) = (*options, *topics);
         let mut status_dirty = false;
         let mut finished = false;
         while let Some(output) = rounds.poll_output() {
             match output {
+                // Under central DP with its accountant not on disk, nothing of the new model
+                // leaves: neither the release nor the next round's task.
+                Output::PublishTask { .. } | Output::Release(_) if fatal.is_some() => {}
                 Output::PublishTask { round, frame } => {
                     if let Some(m) = metrics {
                         m.task_published(round);
@@ -142,6 +149,15 @@ impl Sinks<'_> {
                             let saved = rounds.checkpoint();
                             if let Err(e) = crate::store::checkpoint::save(path, &saved) {
                                 tracing::error!(error = %e, "checkpoint not saved");
+                                // A restart would resume from the checkpoint before, with the
+                                // privacy spent on this round forgotten: release nothing.
+                                if rounds.privacy_spent().is_some() {
+                                    *fatal = Some(format!(
+                                        "checkpoint not saved under central DP ({e}); the \
+                                         model of round {} was not released",
+                                        report.round
+                                    ));
+                                }
                             }
                         }
                     }
@@ -219,8 +235,12 @@ impl Sinks<'_> {
                     }
                 }
                 Output::Finished => {
-                    // A finished federation leaves no retained task for devices that join later.
+                    // A finished federation leaves no retained task for devices that join later,
+                    // and no raw updates on disk.
                     clear_task(outbox, task_topics);
+                    if let Some(Err(e)) = journal.as_mut().map(Journal::remove) {
+                        tracing::warn!(error = %e, "the finished federation's journal not removed");
+                    }
                     finished = true;
                 }
             }

@@ -54,6 +54,16 @@ pub fn encode(record: &Record) -> Vec<u8> {
 }
 
 impl Journal {
+    /// Removes the journal file (the federation finished: the raw updates it holds are no
+    /// longer needed by anyone).
+    pub fn remove(&mut self) -> std::io::Result<()> {
+        self.file = None;
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_error(&self.path, e)),
+            _ => Ok(()),
+        }
+    }
+
     /// A journal at `path`; nothing is written until a round opens or an update is accepted
     /// (appended after what the file holds: call [`recover`] first after a restart).
     pub fn new(path: impl Into<PathBuf>) -> Self {

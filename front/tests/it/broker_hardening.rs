@@ -239,7 +239,14 @@ async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_la
     }
     let dir = tempfile::tempdir().unwrap();
     crate::tls::make_certificates(dir.path());
-    for cn in [COORDINATOR, DASHBOARD, PUBLISHER, "cam-01", "cam-02", "observer"] {
+    for cn in [
+        COORDINATOR,
+        DASHBOARD,
+        PUBLISHER,
+        "cam-01",
+        "cam-02",
+        "observer",
+    ] {
         crate::tls::client_certificate(dir.path(), cn);
     }
     let Some(broker) = Broker::documented(dir.path()) else {
@@ -438,7 +445,10 @@ async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_la
         String::from_utf8_lossy(&out.stderr)
     );
     let seen = messages_until(&mut observer_seen, &t.backbone_current(), Duration::ZERO).await;
-    assert!(seen.iter().any(|(topic, _)| topic.starts_with(&t.backbone(""))));
+    assert!(
+        seen.iter()
+            .any(|(topic, _)| topic.starts_with(&t.backbone("")))
+    );
     publish(&cam, &mut cam_events, &t.update("cam-01"), b"after", false).await;
     let seen = messages_until(&mut coordinator_seen, &t.update("cam-01"), Duration::ZERO).await;
     assert_eq!(

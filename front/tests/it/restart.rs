@@ -317,3 +317,97 @@ async fn an_update_is_acknowledged_only_once_journaled() {
         "no update of round 1 was lost"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_central_dp_a_checkpoint_that_cannot_be_saved_releases_nothing() {
+    // The checkpoint holds the privacy accountant: a release whose ε is not on disk would be
+    // forgotten by a restart, which then reports less ε than was spent.
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = mosquitto.port();
+    let config = dir.path().join("coordinator.toml");
+    let text = format!(
+        "federation = \"dp-save\"\nstrategy = \"fedavg\"\nrounds = 3\nfraction = 1.0\n\
+         min_clients = 3\nmin_updates = 3\nround_timeout_s = 30\nstate_dir = \"state\"\n\n\
+         [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n[head]\nfeatures = 8\nhidden = 4\n\
+         classes = 2\n\n[train]\nfeature_norm = \"none\"\n\n[privacy]\nmode = \"central\"\n\
+         clip_norm = 1.0\nnoise_multiplier = 1.0\ndelta = 1e-5\n"
+    );
+    std::fs::write(&config, text).unwrap();
+    let coordinator = Command::new(common::coordinator_binary())
+        .current_dir(dir.path())
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "error")
+        .stdout(std::fs::File::create(dir.path().join("log.txt")).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("err.txt")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut coordinator = KillOnDrop(coordinator);
+    // Folders where the process's first temporary files go (`fedge_daemon::write_atomically`
+    // names them `<file>.<pid>.<n>.tmp`): every checkpoint save fails.
+    for n in 0..8 {
+        let name = format!("state/checkpoint.bin.{}.{n}.tmp/blocked", coordinator.id());
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+    }
+    let fleet = fedge::bench::fleet::FleetOptions {
+        broker: mosquitto.broker(),
+        federation: "dp-save".into(),
+        devices: 3,
+        rounds: 1,
+        timeout: Duration::from_secs(60),
+        keys: Default::default(),
+    };
+    let report = fedge::bench::fleet::run_fleet(&fleet).await.unwrap();
+    assert_eq!(report.rounds.len(), 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = coordinator.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the coordinator went on after its checkpoint failed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    let said = read("log.txt") + &read("err.txt");
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("was not released"), "{said}");
+    // Nothing of the new model on the broker: no release, and the task is still round 1's.
+    let topics = Topics::new("dp-save").unwrap();
+    let retained = |topic: String| {
+        let port = port.to_string();
+        let args = [
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            &topic,
+            "-C",
+            "1",
+            "-W",
+            "2",
+        ];
+        Command::new("mosquitto_sub").args(args).output().unwrap()
+    };
+    let release = retained(topics.model_current());
+    assert!(release.stdout.is_empty(), "a release went out");
+    let mut options = MqttOptions::new("observer", "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(5));
+    let (client, mut events) = AsyncClient::new(options, 16);
+    client
+        .subscribe(topics.round_task(), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    assert_eq!(
+        common::wait_task(&mut events, &topics.round_task())
+            .await
+            .round,
+        1
+    );
+}

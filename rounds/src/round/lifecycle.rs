@@ -141,7 +141,7 @@ impl Rounds {
         open.pools = pools;
         self.open = Some(open);
         self.phase = Phase::Training;
-        if self.config.journal && !self.restoring {
+        if self.journaling() {
             let selected = self
                 .open
                 .as_ref()

@@ -368,6 +368,13 @@ impl Rounds {
         }
     }
 
+    /// Whether the open round's records go to the journal: asked for, not replaying it, and not
+    /// under central DP (a journaled round is drawn afresh there, so the journal would only keep
+    /// raw, un-noised updates on disk).
+    fn journaling(&self) -> bool {
+        self.config.journal && !self.restoring && self.privacy.is_none()
+    }
+
     fn handle_update(&mut self, client: &str, update: ClientUpdate, now_ms: u64) {
         let open = self.open.as_ref();
         let checked = validate::validate(&self.config, open, self.params.len(), client, &update);
@@ -375,6 +382,7 @@ impl Rounds {
             self.reject(client, reason, detail);
             return;
         }
+        let journaling = self.journaling();
         let Some(open) = self.open.as_mut() else {
             return;
         };
@@ -408,7 +416,7 @@ impl Rounds {
             .push((update.metrics.val_accuracy, update.metrics.val_samples));
         open.loss.push((update.metrics.train_loss, n));
         open.train_seconds = open.train_seconds.max(update.metrics.train_seconds);
-        if self.config.journal && !self.restoring {
+        if journaling {
             let round = open.round;
             let frame = fedge_wire::encode(&Message::ClientUpdate(update));
             let client = client.to_owned();

@@ -373,3 +373,40 @@ fn a_device_selected_k_times_has_spent_at_least_k_unamplified_gaussian_steps() {
     let back = Rounds::resume(config, Box::new(strategy), saved, M).unwrap();
     assert_eq!(back.privacy_spent().unwrap().epsilon, spent.epsilon);
 }
+
+#[test]
+fn no_raw_update_is_journaled_under_central_dp() {
+    // The journal is not restored under central DP (a round is drawn afresh), so writing it
+    // would only keep un-noised updates on disk.
+    let settings = dp(SamplingKind::Poisson, None);
+    let config = RoundConfig {
+        journal: true,
+        rounds: 0,
+        fraction: 1.0,
+        min_clients: 4,
+        min_updates: 1,
+        privacy: Some(settings),
+        ..RoundConfig::default()
+    };
+    let strategy = DpFedAvg::new(settings, GaussianNoise::from_seed(17));
+    let mut m = Rounds::new(config, Box::new(strategy), vec![0.0; M]);
+    let mut outputs = Vec::new();
+    for c in clients(4) {
+        m.handle_client_status(&c, true, 0);
+    }
+    let task = tasks(&drain_into(&mut m, &mut outputs)).pop().unwrap();
+    for c in &task.selected {
+        m.handle_packet(c, &update(c, task.round, [0.1; M], 5), 10);
+    }
+    drain_into(&mut m, &mut outputs);
+    assert!(reports(&outputs).iter().any(|r| r.aggregated));
+    let journaled = outputs.iter().filter(|o| matches!(o, Output::Journal(_)));
+    assert_eq!(journaled.count(), 0);
+}
+
+/// Drains the machine's outputs, keeping a copy of each in `all`.
+fn drain_into(m: &mut Rounds, all: &mut Vec<Output>) -> Vec<Output> {
+    let out = drain(m);
+    all.extend(out.iter().cloned());
+    out
+}
