@@ -95,6 +95,14 @@ pub enum TlsError {
         /// The PEM block expected.
         marker: &'static str,
     },
+    /// The client key is unreadable or readable by others than its owner.
+    #[error("[broker.tls] client_key {}: {source}", path.display())]
+    Secret {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: fedge_daemon::SecretError,
+    },
     /// A client certificate without its key or the other way round.
     #[error("[broker.tls] client_cert and client_key go together")]
     HalfClientIdentity,
@@ -121,6 +129,24 @@ fn read_pem(path: &Path, what: &'static str, marker: &'static str) -> Result<Vec
         path: path.to_owned(),
         source,
     })?;
+    check_pem(path, bytes, what, marker)
+}
+
+/// The client key, read as every secret is: refused when its group or others may read it.
+fn read_key(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let text = fedge_daemon::read_secret(path).map_err(|source| TlsError::Secret {
+        path: path.to_owned(),
+        source,
+    })?;
+    check_pem(path, text.into_bytes(), "client_key", "PRIVATE KEY")
+}
+
+fn check_pem(
+    path: &Path,
+    bytes: Vec<u8>,
+    what: &'static str,
+    marker: &'static str,
+) -> Result<Vec<u8>, TlsError> {
     let text = String::from_utf8_lossy(&bytes);
     if !(text.contains("-----BEGIN ") && text.contains(marker)) {
         return Err(TlsError::NotPem {
@@ -223,7 +249,7 @@ impl TlsSettings {
                 *key = base.join(&*key);
                 Some((
                     read_pem(cert, "client_cert", "CERTIFICATE")?,
-                    read_pem(key, "client_key", "PRIVATE KEY")?,
+                    read_key(key)?,
                 ))
             }
             _ => return Err(TlsError::HalfClientIdentity),
@@ -306,6 +332,28 @@ mod tests {
         };
         let err = half.load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("go together"), "{err}");
+        // The client key is a secret: refused while others may read it.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let key = dir.path().join("client.key");
+            std::fs::write(
+                &key,
+                "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n",
+            )
+            .unwrap();
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let mut exposed = TlsSettings {
+                client_cert: Some("ca.pem".into()),
+                client_key: Some("client.key".into()),
+                ..base.clone()
+            };
+            let err = exposed.load(dir.path()).unwrap_err().to_string();
+            assert!(
+                err.contains("client_key") && err.contains("chmod 600"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

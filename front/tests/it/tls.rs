@@ -157,15 +157,18 @@ pub(crate) fn client_certificate(dir: &Path, cn: &str) {
     open_to_mosquitto(dir);
 }
 
-/// mosquitto started as root drops to its own user, which must read these test-only files.
+/// mosquitto started as root drops to its own user, which must read these test-only files;
+/// the clients' keys stay private to their owner, as fedge requires of a secret.
 fn open_to_mosquitto(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let open = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
     open(dir, 0o755).unwrap();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let client_key = name.ends_with(".key") && name != "server.key";
         if path.is_file() {
-            open(&path, 0o644).unwrap();
+            open(&path, if client_key { 0o600 } else { 0o644 }).unwrap();
         }
     }
 }
