@@ -63,6 +63,16 @@ pub enum ConfigError {
         client_id: String,
     },
     /// The validation fraction is outside `(0, 1)`.
+    #[error(
+        "{}: backbone = \"federation\" needs a key_file: without a device key nothing tells \
+         the federation's backbone from one anyone on the broker publishes (enrol the device \
+         with `fedge-edge enroll`, or name a model card file as backbone)",
+        path.display()
+    )]
+    FederationBackboneWithoutKey {
+        /// The profile.
+        path: PathBuf,
+    },
     #[error("{}: val_fraction must be in (0, 1)", path.display())]
     ValFraction {
         /// The file.
@@ -355,6 +365,11 @@ impl EdgeConfig {
                 client_id: config.client_id,
             });
         }
+        if config.backbone_from_federation() && config.key_file.is_none() {
+            return Err(ConfigError::FederationBackboneWithoutKey {
+                path: path.to_owned(),
+            });
+        }
         if !(config.val_fraction > 0.0 && config.val_fraction < 1.0) {
             return Err(ConfigError::ValFraction {
                 path: path.to_owned(),
@@ -579,6 +594,23 @@ mod tests {
         );
         std::fs::write(&path, text).unwrap();
         EdgeConfig::load(&path)
+    }
+
+    #[test]
+    fn the_federation_s_backbone_needs_a_device_key() {
+        let text = |extra: &str| {
+            format!(
+                "client_id = \"cam-1\"\nfederation = \"lab\"\nbackbone = \"federation\"\n\
+                 cache_dir = \"cache\"\n{extra}[data]\nkind = \"digits\"\ndomain = \"rot0\"\n"
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device.toml");
+        std::fs::write(&path, text("")).unwrap();
+        let err = EdgeConfig::load(&path).unwrap_err().to_string();
+        assert!(err.contains("needs a key_file"), "{err}");
+        std::fs::write(&path, text("key_file = \"cam-1.key\"\n")).unwrap();
+        assert!(EdgeConfig::load(&path).unwrap().backbone_from_federation());
     }
 
     #[test]

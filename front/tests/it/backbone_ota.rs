@@ -17,8 +17,12 @@ fn write_coordinator(dir: &Path, port: u16, sha256: &str) -> std::path::PathBuf 
          round_timeout_s = 60\nstate_dir = \"state\"\n\n\
          [broker]\nhost = \"127.0.0.1\"\nport = {port}\nmax_packet = 8192\n\n\
          [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n\
-         [model]\nbackbone = \"digits-conv\"\nbackbone_sha256 = \"{sha256}\"\n"
+         [model]\nbackbone = \"digits-conv\"\nbackbone_sha256 = \"{sha256}\"\n\n\
+         [auth]\nkeys_file = \"devices.toml\"\n"
     );
+    // The device's key: a profile that takes the federation's backbone must have one.
+    let (keys, device) = (dir.join("devices.toml"), dir.join("device.key"));
+    fedge_coordinator::store::keys::keygen(&keys, "site-rot15", &device).unwrap();
     let path = dir.join("coordinator.toml");
     std::fs::write(&path, config).unwrap();
     path
@@ -105,7 +109,7 @@ fn a_device_takes_the_federation_s_backbone_over_mqtt() {
                 false => format!("{l}\n"),
             })
             .collect();
-        format!("cache_dir = {cache:?}\n{text}")
+        format!("cache_dir = {cache:?}\nkey_file = \"device.key\"\n{text}")
     });
     // `check` knows where the backbone will come from.
     let profile_arg = profile.to_str().unwrap();
