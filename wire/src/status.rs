@@ -148,7 +148,8 @@ pub struct EdgeStatus {
     #[serde(default)]
     pub updated_at: String,
     /// With a device key: HMAC-SHA256 (hex) of the federation, the client id, `online`,
-    /// `updated_at` and `evaluation` ([`EdgeStatus::sign`]), so that the coordinator can tell the device's own
+    /// `updated_at`, `evaluation`, `protocol` and (from protocol 9) `role`
+    /// ([`EdgeStatus::sign`]), so that the coordinator can tell the device's own
     /// status from one anybody else wrote on its topic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
@@ -210,6 +211,12 @@ impl EdgeStatus {
         // Protocol 7's statuses have no version, and sign as they did.
         if let Some(version) = self.protocol {
             bytes.extend_from_slice(&[0, version]);
+            // From protocol 9 the role is signed too: a forged `evaluate` would keep a
+            // training device out of every round. Protocol 8's statuses sign as they did.
+            if version >= 9 {
+                bytes.push(0);
+                bytes.extend_from_slice(self.role.name().as_bytes());
+            }
         }
         bytes
     }
@@ -302,6 +309,18 @@ mod tests {
         let mut downgraded = new.clone();
         downgraded.protocol = None;
         assert!(!downgraded.verify("plant-7", "cam-01", &key));
+        // The role is signed: a training device cannot be made to look evaluation-only.
+        let mut demoted = new.clone();
+        demoted.role = Role::Evaluate;
+        assert!(!demoted.verify("plant-7", "cam-01", &key));
+        // Protocol 8 signed no role, and its statuses still verify.
+        let mut eight = EdgeStatus {
+            protocol: Some(8),
+            ..new.clone()
+        };
+        eight.sign("plant-7", &key);
+        eight.role = Role::Evaluate;
+        assert!(eight.verify("plant-7", "cam-01", &key));
     }
 
     #[test]
