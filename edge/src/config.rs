@@ -469,6 +469,7 @@ impl EdgeConfig {
                 .map(|dir| inference::store::model_path(dir, &self.client_id)),
             inference: self.inference.clone(),
             predictor: inference::http::shared(None),
+            gate: inference::http::Gate::new(self.inference.max_in_flight),
             metrics: Default::default(),
             metrics_listen: self.metrics_listen,
         };

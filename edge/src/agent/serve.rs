@@ -93,8 +93,9 @@ pub async fn start_http(
     let predictor = setup.serving.predictor.clone();
     let client = setup.client_id.clone();
     let metrics = Some(Arc::clone(&setup.serving.metrics));
+    let gate = setup.serving.gate.clone();
     Ok(Some(tokio::spawn(async move {
-        if let Err(e) = http::serve_with(listener, predictor, &config, metrics, stop).await {
+        if let Err(e) = http::serve_with(listener, predictor, &config, metrics, gate, stop).await {
             tracing::error!(client = %client, error = %e, "the inference endpoint stopped");
         }
     })))
@@ -146,9 +147,24 @@ pub fn answer_mqtt(setup: &AgentSetup, topics: &Topics, client: &AsyncClient, pa
     let max_bytes = setup.serving.inference.max_body_bytes();
     let predictor = http::current(&setup.serving.predictor);
     let client = client.clone();
-    let request = payload_request(payload, max_bytes);
     let metrics = Arc::clone(&setup.serving.metrics);
+    // Bounded with the HTTP endpoint's predictions: one more is answered busy at once,
+    // before its image is decoded.
+    let Some(permit) = setup.serving.gate.try_enter() else {
+        let busy = Response {
+            id: payload_id(payload),
+            answer: Answer::Error {
+                error: setup.serving.gate.busy_message(),
+            },
+        };
+        metrics.prediction("mqtt", false, 0.0);
+        let body = serde_json::to_vec(&busy).unwrap_or_default();
+        let _ = client.try_publish(topic, QoS::AtLeastOnce, false, body);
+        return;
+    };
+    let request = payload_request(payload, max_bytes);
     tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let started = std::time::Instant::now();
         let response = respond(request, predictor, default_top_k);
         let ok = matches!(response.answer, Answer::Prediction(_));
@@ -156,6 +172,14 @@ pub fn answer_mqtt(setup: &AgentSetup, topics: &Topics, client: &AsyncClient, pa
         let body = serde_json::to_vec(&response).unwrap_or_default();
         let _ = client.try_publish(topic, QoS::AtLeastOnce, false, body);
     });
+}
+
+/// The `id` of a request, when it can be read (null otherwise).
+fn payload_id(payload: &[u8]) -> serde_json::Value {
+    serde_json::from_slice::<serde_json::Value>(payload)
+        .ok()
+        .and_then(|v| v.get("id").cloned())
+        .unwrap_or_default()
 }
 
 /// The request in a payload, or the error to answer with (and the id, when it could be read).
@@ -173,12 +197,8 @@ fn payload_request(
         ));
     }
     serde_json::from_slice::<Request>(payload).map_err(|e| {
-        let id = serde_json::from_slice::<serde_json::Value>(payload)
-            .ok()
-            .and_then(|v| v.get("id").cloned())
-            .unwrap_or_default();
         (
-            id,
+            payload_id(payload),
             format!(
                 "not a prediction request ({e}): send JSON {{\"id\": ..., \"image\": \
                  \"<base64 PNG or JPEG>\", \"top_k\": 3}}"

@@ -81,6 +81,8 @@ pub struct Serving {
     pub inference: InferenceConfig,
     /// The predictor requests use, replaced by each new release.
     pub predictor: SharedPredictor,
+    /// Predictions answered at once, over HTTP and MQTT together.
+    pub gate: crate::inference::http::Gate,
     /// The device's metrics (fed whether or not they are served).
     pub metrics: Arc<crate::metrics::EdgeMetrics>,
     /// Serve them for Prometheus on `GET /metrics` at this address.

@@ -222,10 +222,21 @@ fn check_inference(config: &EdgeConfig) -> Check {
     let Some(listen) = &inference.listen else {
         return pass("inference", format!("no HTTP endpoint{mqtt}; {kept}"));
     };
+    // Anyone who reaches the endpoint can ask for predictions: say so when that is more than
+    // this machine.
+    let loopback = std::net::ToSocketAddrs::to_socket_addrs(listen.as_str())
+        .is_ok_and(|mut addrs| addrs.all(|a| a.ip().is_loopback()));
+    let open = match loopback {
+        true => String::new(),
+        false => "; WARNING: it listens beyond loopback, and it has no authentication and no TLS: \
+              anyone who reaches it can ask for predictions (keep it on 127.0.0.1 or put an \
+              authenticating proxy in front)"
+            .into(),
+    };
     match std::net::TcpListener::bind(listen.as_str()) {
         Ok(_) => pass(
             "inference",
-            format!("HTTP endpoint on {listen} (free now){mqtt}; {kept}"),
+            format!("HTTP endpoint on {listen} (free now){mqtt}; {kept}{open}"),
         ),
         Err(e) => fail(
             "inference",

@@ -39,6 +39,20 @@ pub struct InferenceConfig {
     /// Seconds a request's body may take to arrive; a slower one is answered 408.
     #[serde(default = "default_body_timeout_s")]
     pub body_timeout_s: u64,
+    /// Connections open at once; one more is answered 503 and closed at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Seconds a request's headers may take to arrive; a slower connection is closed.
+    #[serde(default = "default_header_timeout_s")]
+    pub header_timeout_s: u64,
+}
+
+fn default_max_connections() -> usize {
+    16
+}
+
+fn default_header_timeout_s() -> u64 {
+    10
 }
 
 fn default_max_in_flight() -> usize {
@@ -66,6 +80,8 @@ impl Default for InferenceConfig {
             mqtt: false,
             max_in_flight: default_max_in_flight(),
             body_timeout_s: default_body_timeout_s(),
+            max_connections: default_max_connections(),
+            header_timeout_s: default_header_timeout_s(),
         }
     }
 }
@@ -85,6 +101,12 @@ pub enum InvalidInference {
     /// `body_timeout_s` out of range.
     #[error("[inference] body_timeout_s = {0}: give 1 to 300 (seconds)")]
     BodyTimeout(u64),
+    /// `max_connections` out of range.
+    #[error("[inference] max_connections = {0}: give 1 to 1024 (16 by default)")]
+    MaxConnections(usize),
+    /// `header_timeout_s` out of range.
+    #[error("[inference] header_timeout_s = {0}: give 1 to 300 (seconds)")]
+    HeaderTimeout(u64),
     /// `listen` is not `HOST:PORT`.
     #[error("[inference] listen = {0:?}: give HOST:PORT, e.g. \"127.0.0.1:8085\"")]
     Listen(String),
@@ -104,6 +126,12 @@ impl InferenceConfig {
         }
         if !(1..=300).contains(&self.body_timeout_s) {
             return Err(InvalidInference::BodyTimeout(self.body_timeout_s));
+        }
+        if !(1..=1024).contains(&self.max_connections) {
+            return Err(InvalidInference::MaxConnections(self.max_connections));
+        }
+        if !(1..=300).contains(&self.header_timeout_s) {
+            return Err(InvalidInference::HeaderTimeout(self.header_timeout_s));
         }
         if let Some(listen) = &self.listen {
             let port = listen

@@ -11,13 +11,18 @@
 //! over the limit, 503 until the first release has been received.
 //!
 //! There is no authentication and no TLS: listen on loopback unless the network in front of
-//! the device is trusted. Predictions run on tokio's blocking pool, never on the runtime's
-//! workers; a new release replaces the predictor atomically ([`install`]), and a request
-//! already running finishes with the one it started with.
+//! the device is trusted. What a stream of requests can take is bounded: `max_connections`
+//! connections (one more is answered 503 and closed), `header_timeout_s` for a request's
+//! headers and `body_timeout_s` for its body, and `max_in_flight` predictions at once over
+//! HTTP and MQTT together ([`Gate`]; one more is answered 503 before its body is read), so the
+//! device's training keeps its CPU. Predictions run on tokio's blocking pool, never on the
+//! runtime's workers; a new release replaces the predictor atomically ([`install`]), and a
+//! request already running finishes with the one it started with. At shutdown the server
+//! stops accepting and gives requests in flight [`SHUTDOWN_GRACE`] to finish.
 
 use std::io;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::Router;
@@ -52,16 +57,56 @@ pub fn current(state: &SharedPredictor) -> Option<Arc<Predictor>> {
     state.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// How long requests in flight may take to finish once the server is asked to stop.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The predictions a device answers at once, over HTTP and MQTT together
+/// (`[inference] max_in_flight`): one permit each.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    permits: Arc<tokio::sync::Semaphore>,
+    max: usize,
+}
+
+impl Default for Gate {
+    /// The default `[inference] max_in_flight`.
+    fn default() -> Self {
+        Self::new(InferenceConfig::default().max_in_flight)
+    }
+}
+
+impl Gate {
+    /// A gate letting `max` (at least one) predictions through at once.
+    pub fn new(max: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            permits: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// A permit for one prediction, held until dropped; none while `max` are in flight.
+    pub fn try_enter(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.permits).try_acquire_owned().ok()
+    }
+
+    /// The answer to a request the gate turned away.
+    pub fn busy_message(&self) -> String {
+        format!(
+            "busy: {} predictions in flight ([inference] max_in_flight); retry shortly",
+            self.max
+        )
+    }
+}
+
 #[derive(Clone)]
 struct AppState {
     predictor: SharedPredictor,
     top_k: usize,
     metrics: Option<Arc<EdgeMetrics>>,
-    /// One permit per prediction answered at once (`[inference] max_in_flight`).
-    in_flight: Arc<tokio::sync::Semaphore>,
-    max_in_flight: usize,
+    gate: Gate,
     body_limit: usize,
-    body_timeout: std::time::Duration,
+    body_timeout: Duration,
 }
 
 /// `GET /v1/model`'s answer.
@@ -78,22 +123,21 @@ struct ModelInfo<'a> {
     hidden: usize,
 }
 
-/// The endpoint's routes over `state`, with `config`'s default `top_k` and body limit.
-/// Predictions are counted in `metrics` when given.
+/// The endpoint's routes over `state`, with `config`'s default `top_k` and body limit and
+/// `gate`'s bound on predictions in flight. Predictions are counted in `metrics` when given.
 pub fn router(
     state: SharedPredictor,
     config: &InferenceConfig,
     metrics: Option<Arc<EdgeMetrics>>,
+    gate: Gate,
 ) -> Router {
-    let max_in_flight = config.max_in_flight.max(1);
     let app = AppState {
         predictor: state,
         top_k: config.top_k.max(1),
         metrics,
-        in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight)),
-        max_in_flight,
+        gate,
         body_limit: config.max_body_bytes(),
-        body_timeout: std::time::Duration::from_secs(config.body_timeout_s.max(1)),
+        body_timeout: Duration::from_secs(config.body_timeout_s.max(1)),
     };
     Router::new()
         .route(
@@ -115,27 +159,92 @@ pub async fn serve(
     state: SharedPredictor,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> io::Result<()> {
-    serve_with(listener, state, &InferenceConfig::default(), None, stop).await
+    let config = InferenceConfig::default();
+    let gate = Gate::new(config.max_in_flight);
+    serve_with(listener, state, &config, None, gate, stop).await
 }
 
-/// [`serve`] with `config`'s default `top_k` and body limit (`listen` is the caller's), counting
-/// predictions in `metrics` when given.
+/// [`serve`] with `config`'s settings (`listen` is the caller's) and `gate` (shared with MQTT
+/// requests), counting predictions in `metrics` when given.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     state: SharedPredictor,
     config: &InferenceConfig,
     metrics: Option<Arc<EdgeMetrics>>,
+    gate: Gate,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "inference endpoint listening");
     }
-    axum::serve(listener, router(state, config, metrics))
-        .with_graceful_shutdown(async move {
+    let app = router(state, config, metrics, gate);
+    let connections = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(config.header_timeout_s.max(1)));
+    let (drain_tx, drain) = tokio::sync::watch::channel(false);
+    let mut open = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             // A dropped sender stops the server too: nothing could stop it later.
-            let _ = stop.wait_for(|stopped| *stopped).await;
-        })
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        };
+        while open.try_join_next().is_some() {}
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors, say: wait a little rather than spin.
+                tracing::warn!(error = %e, "inference endpoint cannot accept");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            tracing::debug!(%peer, "connection refused: [inference] max_connections open");
+            refuse_connection(&stream, config.max_connections);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let mut drain = drain.clone();
+        open.spawn(async move {
+            let _permit = permit;
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = drain.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    let _ = drain_tx.send(true);
+    let finished = async { while open.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, finished)
         .await
+        .is_err()
+    {
+        tracing::debug!("inference connections still open at shutdown closed");
+    }
+    open.abort_all();
+    Ok(())
+}
+
+/// Answers a connection beyond `max_connections` with a 503 as far as the socket takes it
+/// without waiting, then closes it.
+fn refuse_connection(stream: &tokio::net::TcpStream, max_connections: usize) {
+    let body = format!(
+        "{{\"error\":\"busy: {max_connections} connections open ([inference] max_connections); \
+         retry shortly\"}}"
+    );
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.try_write(answer.as_bytes());
 }
 
 /// `{"error": message}` with `status`.
@@ -208,14 +317,8 @@ async fn predict(
 ) -> Response {
     // Taken before the body is read: a slow sender holds a permit, never more than
     // max_in_flight of them.
-    let Ok(_permit) = Arc::clone(&app.in_flight).try_acquire_owned() else {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "busy: {} predictions in flight ([inference] max_in_flight); retry shortly",
-                app.max_in_flight
-            ),
-        );
+    let Some(_permit) = app.gate.try_enter() else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, app.gate.busy_message());
     };
     let body: Bytes =
         match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, app.body_limit))
@@ -335,10 +438,10 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
-        let server =
-            tokio::spawn(
-                async move { serve_with(listener, shared(None), &config, None, stop).await },
-            );
+        let gate = Gate::new(config.max_in_flight);
+        let server = tokio::spawn(async move {
+            serve_with(listener, shared(None), &config, None, gate, stop).await
+        });
         async fn answer(stream: &mut tokio::net::TcpStream) -> String {
             let mut buf = vec![0u8; 4096];
             let n = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buf))
@@ -377,5 +480,53 @@ mod tests {
         stop_tx.send(true).unwrap();
         drop((slow, next, again));
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
+    }
+
+    /// A connection that sends no request holds the one connection allowed: the next is
+    /// answered 503 and closed at once; the idle one is closed at the header timeout, and a
+    /// new connection is served.
+    #[tokio::test]
+    async fn connections_are_capped_and_a_silent_one_is_closed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let config = InferenceConfig {
+            max_connections: 1,
+            header_timeout_s: 1,
+            ..InferenceConfig::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let gate = Gate::new(config.max_in_flight);
+        let server = tokio::spawn(async move {
+            serve_with(listener, shared(None), &config, None, gate, stop).await
+        });
+        async fn read_all(stream: &mut tokio::net::TcpStream) -> String {
+            let mut all = Vec::new();
+            let read = stream.read_to_end(&mut all);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+                .await
+                .expect("closed within 5 s");
+            String::from_utf8_lossy(&all).into_owned()
+        }
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let mut refused = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let busy = read_all(&mut refused).await;
+        assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+        assert!(busy.contains("max_connections"), "{busy}");
+        let started = Instant::now();
+        let closed = read_all(&mut silent).await;
+        assert!(closed.is_empty() || closed.contains("408"), "{closed}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(4));
+        let mut served = tokio::net::TcpStream::connect(addr).await.unwrap();
+        served
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let ok = read_all(&mut served).await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        stop_tx.send(true).unwrap();
+        let stopped = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
+        assert!(stopped.is_ok(), "the server did not stop");
     }
 }
