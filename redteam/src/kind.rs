@@ -32,11 +32,18 @@ pub enum AttackKind {
     Junk,
     /// Connects with the coordinator's MQTT client id to push it off the broker.
     IdTakeover,
+    /// Operator commands captured on the control topic published again at every round (a
+    /// forged one when none was seen), the way a replay after a coordinator restart would.
+    ControlReplay,
+    /// Prediction requests on every device's MQTT inference topic, many at once.
+    InferenceFlood,
+    /// A prediction request whose PNG says 8192 × 8192 RGBA (256 MiB decoded) in 65 bytes.
+    ImageBomb,
 }
 
 impl AttackKind {
     /// Every attack, in the order reports list them.
-    pub const ALL: [AttackKind; 11] = [
+    pub const ALL: [AttackKind; 14] = [
         AttackKind::OversizedStatus,
         AttackKind::OversizedUpdate,
         AttackKind::PoisonWeight,
@@ -48,6 +55,9 @@ impl AttackKind {
         AttackKind::StaleTask,
         AttackKind::Junk,
         AttackKind::IdTakeover,
+        AttackKind::ControlReplay,
+        AttackKind::InferenceFlood,
+        AttackKind::ImageBomb,
     ];
 
     /// The name on the command line and in JSON.
@@ -64,6 +74,9 @@ impl AttackKind {
             AttackKind::StaleTask => "stale-task",
             AttackKind::Junk => "junk",
             AttackKind::IdTakeover => "id-takeover",
+            AttackKind::ControlReplay => "control-replay",
+            AttackKind::InferenceFlood => "inference-flood",
+            AttackKind::ImageBomb => "image-bomb",
         }
     }
 
@@ -93,6 +106,13 @@ impl AttackKind {
             AttackKind::StaleTask => "a captured round task re-published (retained) later",
             AttackKind::Junk => "random bytes (up to 64 KiB) on every fedge topic",
             AttackKind::IdTakeover => "connects with the coordinator's client id to kick it off",
+            AttackKind::ControlReplay => {
+                "captured operator commands published again every round (forged when none seen)"
+            }
+            AttackKind::InferenceFlood => {
+                "bursts of prediction requests on every device's MQTT inference topic"
+            }
+            AttackKind::ImageBomb => "a 65-byte PNG that decodes to 256 MiB, to every device",
         }
     }
 
@@ -103,7 +123,11 @@ impl AttackKind {
     pub fn coordinator_sees(self) -> bool {
         !matches!(
             self,
-            AttackKind::ForgedStatus | AttackKind::StaleTask | AttackKind::IdTakeover
+            AttackKind::ForgedStatus
+                | AttackKind::StaleTask
+                | AttackKind::IdTakeover
+                | AttackKind::InferenceFlood
+                | AttackKind::ImageBomb
         )
     }
 
@@ -116,6 +140,7 @@ impl AttackKind {
                 | AttackKind::Replay
                 | AttackKind::StaleTask
                 | AttackKind::IdTakeover
+                | AttackKind::ControlReplay
         )
     }
 
@@ -152,6 +177,7 @@ impl AttackKind {
             ],
             AttackKind::StaleTask => &["wrong_round", "replay"],
             AttackKind::ForgedStatus => &["bad_status_tag", "unauthenticated"],
+            AttackKind::ControlReplay => &["bad_control"],
             _ => &[],
         };
         reasons.contains(&reason)
@@ -202,7 +228,7 @@ pub enum KindChoice {
     One(AttackKind),
 }
 
-const CHOICES: [KindChoice; 12] = [
+const CHOICES: [KindChoice; 15] = [
     KindChoice::All,
     KindChoice::One(AttackKind::OversizedStatus),
     KindChoice::One(AttackKind::OversizedUpdate),
@@ -215,6 +241,9 @@ const CHOICES: [KindChoice; 12] = [
     KindChoice::One(AttackKind::StaleTask),
     KindChoice::One(AttackKind::Junk),
     KindChoice::One(AttackKind::IdTakeover),
+    KindChoice::One(AttackKind::ControlReplay),
+    KindChoice::One(AttackKind::InferenceFlood),
+    KindChoice::One(AttackKind::ImageBomb),
 ];
 
 impl clap::ValueEnum for KindChoice {

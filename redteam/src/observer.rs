@@ -101,6 +101,8 @@ impl Observer {
             topics.edge_status_filter(),
             topics.metrics(),
             topics.coordinator_status(),
+            topics.control(),
+            topics.infer_response("+"),
         ];
         let view = View {
             state: Arc::clone(&state),

@@ -150,8 +150,32 @@ pub struct ViewState {
     pub forged: BTreeMap<String, u64>,
     /// Forged statuses a device overturned with a genuine online one.
     pub forged_overturned: u64,
+    /// Operator commands seen on the control topic (the newest [`KEPT_TASKS`]), as published.
+    pub controls: Vec<Vec<u8>>,
+    /// Devices' answers to prediction requests: the request's id and what it was
+    /// ([`answer_outcome`]), until an attack takes them.
+    pub infer_answers: Vec<(String, &'static str)>,
     last_errors: BTreeMap<String, String>,
     own: HashSet<u64>,
+}
+
+/// What a device's answer to a prediction request says: `prediction` when it predicted, else
+/// the kind of refusal (`device_busy`, `device_refused_size`, `device_refused_input`,
+/// `device_error`).
+pub fn answer_outcome(answer: &serde_json::Value) -> &'static str {
+    if answer.get("class").is_some() {
+        return "prediction";
+    }
+    let error = answer.get("error").and_then(|e| e.as_str()).unwrap_or("");
+    if error.contains("busy") {
+        "device_busy"
+    } else if error.contains("limit") || error.contains("larger") || error.contains("pixels") {
+        "device_refused_size"
+    } else if error.contains("not a") || error.contains("image") {
+        "device_refused_input"
+    } else {
+        "device_error"
+    }
 }
 
 fn fingerprint(bytes: &[u8]) -> u64 {
@@ -185,6 +209,8 @@ impl ViewState {
             stale_refusals: 0,
             forged: BTreeMap::new(),
             forged_overturned: 0,
+            controls: Vec::new(),
+            infer_answers: Vec::new(),
             last_errors: BTreeMap::new(),
             own: HashSet::new(),
         }
@@ -265,6 +291,22 @@ impl ViewState {
             if !self.is_own(client) {
                 self.raw_statuses
                     .insert(client.to_owned(), payload.to_vec());
+            }
+        } else if topic == self.topics.control() {
+            if !self.own.contains(&fingerprint(payload)) {
+                self.controls.push(payload.to_vec());
+                if self.controls.len() > KEPT_TASKS {
+                    self.controls.remove(0);
+                }
+            }
+        } else if topic.ends_with("/infer/response") {
+            if let Ok(answer) = serde_json::from_slice::<serde_json::Value>(payload)
+                && let Some(id) = answer.get("id").and_then(|id| id.as_str())
+                && self.is_own(id)
+                && self.infer_answers.len() < 100_000
+            {
+                self.infer_answers
+                    .push((id.to_owned(), answer_outcome(&answer)));
             }
         } else if topic == self.topics.metrics() {
             self.absorb_metrics(payload, now_ms);

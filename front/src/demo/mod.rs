@@ -303,8 +303,12 @@ pub async fn run(
         options.federation,
         rand::random::<u32>()
     );
+    // Under attack, the coordinator takes operator commands (with a key nobody has), so that
+    // replayed and forged ones meet the checks a deployment's would.
+    let operator_key = (!options.attack.is_empty()).then(fedge_coordinator::store::keys::generate);
     let driver_options = DriverOptions {
         home_assistant: options.home_assistant,
+        operator_key,
         ..DriverOptions::new(broker.clone(), &options.federation, client_id)
     };
     let start = Instant::now();

@@ -490,6 +490,75 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
         error["error"].as_str().unwrap().contains("base64"),
         "{error}"
     );
+
+    // `fedge attack` at the device's MQTT inference topic: a 65-byte PNG that decodes to
+    // 256 MiB is refused on its header, a flood is answered (busy, or the junk refused)
+    // without a prediction, and the device answers a real request afterwards.
+    let json = root.join("attack.json");
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let out = tokio::task::spawn_blocking({
+        let json = json.clone();
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_fedge"))
+                .args(["attack", "--broker", &url, "--federation", FEDERATION])
+                .args(["--kind", "image-bomb", "--kind", "inference-flood"])
+                .args(["--duration", "4", "--json"])
+                .arg(&json)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let bomb = &report["kinds"]["image-bomb"];
+    assert!(
+        bomb["reasons"]["device_refused_size"].as_u64() > Some(0),
+        "{report:#}"
+    );
+    assert!(
+        bomb["effects"].get("predictions_answered").is_none(),
+        "{report:#}"
+    );
+    let flood = &report["kinds"]["inference-flood"];
+    assert!(flood["rejected"].as_u64() > Some(0), "{report:#}");
+    assert!(
+        flood["effects"].get("predictions_answered").is_none(),
+        "{report:#}"
+    );
+    let sub = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-C",
+            "1",
+            "-W",
+            "30",
+        ])
+        .args(["-t", &topics.infer_response("unseen")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let request = format!("{{\"id\": \"after\", \"image\": \"{image}\", \"top_k\": 1}}");
+    let published = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1"])
+        .args(["-t", &topics.infer_request("unseen"), "-m", &request])
+        .status()
+        .unwrap();
+    assert!(published.success());
+    let out = tokio::task::spawn_blocking(move || sub.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let answers = common::json_lines(&out.stdout);
+    assert_eq!(answers[0]["class"], lines[4]["class"], "{answers:?}");
 }
 
 /// A restarted agent whose broker is gone serves the release it kept on disk.

@@ -2,6 +2,8 @@
 //! function of its working set and the beat, called at every beat by the runner.
 
 pub mod chunks;
+pub mod control;
+pub mod inference;
 pub mod junk;
 pub mod oversized;
 pub mod poison;
@@ -28,5 +30,8 @@ pub async fn act(ctx: &mut Ctx, beat: &Beat) {
         AttackKind::StaleTask => stale::republish(ctx, beat).await,
         AttackKind::Junk => junk::junk(ctx, beat).await,
         AttackKind::IdTakeover => takeover::take_over(ctx, beat).await,
+        AttackKind::ControlReplay => control::replay(ctx, beat).await,
+        AttackKind::InferenceFlood => inference::flood(ctx, beat).await,
+        AttackKind::ImageBomb => inference::bomb(ctx, beat).await,
     }
 }
