@@ -125,6 +125,7 @@ fn fetch(
     let mut tasks = Reassembler::new(timeout.as_millis() as u64, fedge_wire::MAX_MESSAGE_BYTES);
     let mut objects = Reassembler::new(timeout.as_millis() as u64, limit);
     let mut fetching: Option<String> = None;
+    let mut refused: Option<String> = None;
     let start = Instant::now();
     loop {
         // Once per backbone named (reading the cache hashes the whole file), not per message.
@@ -145,9 +146,10 @@ fn fetch(
                          publish-backbone)"
                     .into(),
                 Some(r) => format!(
-                    "backbone {:?} (sha256 {}…) did not arrive",
+                    "backbone {:?} (sha256 {}…) did not arrive{}",
                     r.name,
-                    r.short()
+                    r.short(),
+                    refused.map_or(String::new(), |e| format!(" (a piece was refused: {e})"))
                 ),
             });
         };
@@ -164,7 +166,7 @@ fn fetch(
         if p.topic == topics.backbone_current() {
             // A round task's word comes first; the pointer only when no task named one.
             if wanted.is_none() {
-                wanted = BackboneRef::from_pointer(&p.payload);
+                wanted = fedge_wire::decode_pointer(&p.payload, client_id, key);
             }
         } else if p.topic.starts_with(&topics.round_task()) {
             let task = fedge_wire::decode_task(&mut tasks, &p.payload, now, client_id, key);
@@ -184,15 +186,18 @@ fn fetch(
                 key,
                 reference,
             );
-            let got = got.map_err(|e| match e.contains("too large") {
-                true => format!(
-                    "{e}: larger than half this device's memory_budget_mb ({} MiB) allows",
-                    config.resources.memory_budget_mb
-                ),
-                false => e,
-            })?;
-            if let Some(object) = got {
-                return store(&cache_dir, &object);
+            match got {
+                Ok(Some(object)) => return store(&cache_dir, &object),
+                Ok(None) => {}
+                Err(e) if e.contains("too large") => {
+                    return Err(format!(
+                        "{e}: larger than half this device's memory_budget_mb ({} MiB) allows",
+                        config.resources.memory_budget_mb
+                    ));
+                }
+                // A junk piece (anyone may publish on the topic) is no reason to stop: the
+                // genuine object may still complete; the last refusal is said at the timeout.
+                Err(e) => refused = Some(e),
             }
         }
     }

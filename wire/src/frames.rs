@@ -118,6 +118,24 @@ pub fn decode_release(
     }
 }
 
+/// The backbone a `backbone/current` payload points at: with a key, only a pointer sealed for
+/// this device by the coordinator (anyone on the broker could write a plain one); without, a
+/// plain JSON pointer (or the inside of a sealed one).
+pub fn decode_pointer(
+    payload: &[u8],
+    client_id: &str,
+    key: Option<&DeviceKey>,
+) -> Option<crate::BackboneRef> {
+    match (crate::decode(payload), key) {
+        (Ok(Message::Sealed(sealed)), Some(key)) => {
+            crate::BackboneRef::from_pointer(sealed.open(client_id, key).ok()?)
+        }
+        (Ok(Message::Sealed(sealed)), None) => crate::BackboneRef::from_pointer(&sealed.inner),
+        (_, Some(_)) => None,
+        (_, None) => crate::BackboneRef::from_pointer(payload),
+    }
+}
+
 /// The backbone in a payload of `fedge/<f>/backbone/<sha256>`: `Ok(None)` while chunks are
 /// missing; `Err` for a backbone whose ONNX digest is not `expected`'s, or, with a key, that
 /// lacks the coordinator's seal.
@@ -151,5 +169,31 @@ pub fn decode_backbone(
             other.kind()
         )),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_with_a_key_believes_only_a_pointer_sealed_for_it() {
+        let reference = crate::BackboneRef::of("digits-conv", b"onnx bytes");
+        let plain = reference.to_pointer();
+        let key = DeviceKey::from_bytes([7; 32]);
+        let other = DeviceKey::from_bytes([8; 32]);
+        let sealed = crate::seal(plain.clone(), &[("cam-01", &key)]);
+        assert_eq!(
+            decode_pointer(&sealed, "cam-01", Some(&key)),
+            Some(reference.clone())
+        );
+        assert_eq!(
+            decode_pointer(&plain, "cam-01", Some(&key)),
+            None,
+            "anyone can write it"
+        );
+        assert_eq!(decode_pointer(&sealed, "cam-01", Some(&other)), None);
+        assert_eq!(decode_pointer(&sealed, "cam-02", Some(&key)), None);
+        assert_eq!(decode_pointer(&plain, "cam-01", None), Some(reference));
     }
 }

@@ -42,7 +42,7 @@ pub use envelope::{
     decode, decode_checked, decode_frame, encode, encode_as, frame_version,
 };
 pub use error::{DecodeError, UnknownName};
-pub use frames::{TaskError, decode_backbone, decode_release, decode_task};
+pub use frames::{TaskError, decode_backbone, decode_pointer, decode_release, decode_task};
 pub use layout::{FlatLayoutError, HeadConfig, HeadTensors, ModelLayout};
 pub use messages::{
     BackboneObject, BackboneRef, Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain,

@@ -44,9 +44,12 @@ pub fn frames(
     let reference = object.reference();
     let hex = reference.sha256_hex();
     let mut frame = fedge_wire::encode(&Message::Backbone(object));
+    let mut pointer = reference.to_pointer();
     if let Some(keys) = keys {
         let signers: Vec<(&str, &DeviceKey)> = keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
         frame = fedge_wire::seal(frame, &signers);
+        // The pointer too: a device with a key believes no pointer anyone else wrote.
+        pointer = fedge_wire::seal(pointer, &signers);
     }
     let base = topics.backbone(&hex);
     // The digest's first bytes number the chunks, so two backbones never mix theirs.
@@ -58,7 +61,7 @@ pub fn frames(
             .map(|(i, piece)| (format!("{base}/{i}"), piece))
             .collect(),
     };
-    out.push((topics.backbone_current(), reference.to_pointer()));
+    out.push((topics.backbone_current(), pointer));
     (reference, out)
 }
 

@@ -120,6 +120,27 @@ fn a_device_takes_the_federation_s_backbone_over_mqtt() {
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(said.contains("the federation's"), "{said}");
 
+    // Junk retained beside the genuine pieces (anyone may publish there) delays nothing.
+    let junk_topic = format!("fedge/ota/backbone/{hex}/junk");
+    let port_arg = port.to_string();
+    let junk = [
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port_arg,
+        "-r",
+        "-t",
+        &junk_topic,
+        "-m",
+        "junk",
+    ];
+    assert!(
+        Command::new("mosquitto_pub")
+            .args(junk)
+            .status()
+            .unwrap()
+            .success()
+    );
     federate(&coordinator, &profile);
     let kept = cache.join("backbones").join(format!("{hex}.onnx"));
     assert_eq!(
