@@ -62,6 +62,10 @@ pub struct CoordinatorStatus {
     /// The operator paused the federation: no new round opens (`fedge-coordinator ctl`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// Why no round opens while the coordinator waits (paused, too few devices that can be
+    /// selected and why); absent while a round is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// Devices the operator banned: no round selects them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub banned: Vec<String>,
@@ -267,6 +271,7 @@ mod tests {
             target_accuracy: Some(0.5),
             site_accuracy: BTreeMap::from([("site-75".into(), 0.5)]),
             paused: true,
+            waiting_for: Some("paused by the operator".into()),
             banned: vec!["cam-07".into()],
             protocol: Some(7),
             device_protocols: BTreeMap::from([("7".into(), 1), ("8".into(), 2)]),

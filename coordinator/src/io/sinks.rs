@@ -192,8 +192,11 @@ impl Sinks<'_> {
                         m.rejected(reason.name());
                     }
                     if logs.admit(reason.name(), Instant::now()) {
-                        // Debug formatting escapes control characters a device put in its id.
-                        tracing::warn!(client = ?who, reason = reason.name(), detail = ?detail, "update rejected");
+                        // Escaped, so that control characters a device put in its id or a payload
+                        // put in the detail cannot forge log lines; not Debug-quoted, so a JSON
+                        // log holds the plain value.
+                        let (who, detail) = (who.escape_debug(), detail.escape_debug());
+                        tracing::warn!(client = %who, reason = reason.name(), detail = %detail, "update rejected");
                     }
                     if let Some(tx) = events {
                         let _ = tx.send(DriverEvent::Rejected {

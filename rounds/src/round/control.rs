@@ -53,7 +53,9 @@ impl Rounds {
             },
             Command::Status => {}
         }
-        tracing::info!(?command, "operator command applied");
+        // As it travels (JSON), not in Rust's Debug syntax.
+        let command = serde_json::to_string(command).unwrap_or_default();
+        tracing::info!(%command, "operator command applied");
         if self.phase == Phase::Waiting {
             let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;
             if done {
@@ -134,6 +136,43 @@ impl Rounds {
             self.control.backbone = Some((name, digest));
         }
         Ok(())
+    }
+
+    /// Why no round is open while the machine waits, in words for the status; `None` while a
+    /// round is open or the federation finished.
+    pub fn waiting_reason(&self) -> Option<String> {
+        if self.phase != Phase::Waiting {
+            return None;
+        }
+        if self.control.paused {
+            return Some("paused by the operator (fedge-coordinator ctl resume)".into());
+        }
+        if self.config.relay.is_some() {
+            return Some("waiting for the global coordinator's next task".into());
+        }
+        let eligible = self.eligible().len();
+        let needed = self.config.min_clients.max(1);
+        if eligible >= needed {
+            return None;
+        }
+        let banned = (self.online.iter())
+            .filter(|c| self.control.banned.contains(*c))
+            .count();
+        let old = self.online.len() - banned - eligible;
+        let mut why = format!(
+            "{eligible} device(s) can be selected, min_clients is {needed} ({} online",
+            self.online.len()
+        );
+        if banned > 0 {
+            why.push_str(&format!(", {banned} of them banned"));
+        }
+        if old > 0 {
+            why.push_str(&format!(
+                ", {old} on the previous protocol after its window closed"
+            ));
+        }
+        why.push(')');
+        Some(why)
     }
 
     /// The online devices a round may select: not banned.

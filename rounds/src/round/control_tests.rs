@@ -191,3 +191,31 @@ fn set_backbone_names_the_backbone_in_the_next_task_and_bad_hex_is_refused() {
         Some([0x8b; 32])
     );
 }
+
+#[test]
+fn a_ban_below_min_clients_says_why_no_round_opens() {
+    let two = RoundConfig {
+        rounds: 3,
+        min_clients: 2,
+        ..config()
+    };
+    let mut m = Rounds::new(two, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    m.apply_control(&Command::Pause, 0);
+    assert!(m.waiting_reason().unwrap().contains("paused"));
+    m.handle_client_status("a", true, 0);
+    m.handle_client_status("b", true, 0);
+    m.apply_control(&Command::Resume, 1);
+    assert_eq!(m.phase(), Phase::Training);
+    assert_eq!(m.waiting_reason(), None);
+    answer(&mut m, 1, &["a", "b"], 2);
+    m.apply_control(&Command::Ban { client: "b".into() }, 3);
+    // Round 1 ended, round 2 opened before the ban; it ends, and no round 3 can open.
+    answer(&mut m, 2, &["a", "b"], 4);
+    assert_eq!(m.phase(), Phase::Waiting);
+    let why = m.waiting_reason().unwrap();
+    assert!(
+        why.contains("1 device(s) can be selected") && why.contains("min_clients is 2"),
+        "{why}"
+    );
+    assert!(why.contains("2 online, 1 of them banned"), "{why}");
+}

@@ -276,8 +276,12 @@ impl Rounds {
         let auth = self.config.auth.as_deref();
         let last = self.status_stamps.get(client).map(String::as_str);
         let federation = self.config.federation.as_str();
+        // The very status believed last, again: the broker hands a reconnecting coordinator
+        // every retained status once more. Nothing new, and no replay to count.
+        let again = status.online && last == Some(status.updated_at.as_str());
         if let Err((reason, detail)) = admit::status(auth, federation, client, status, last) {
-            if reason != Rejection::UnknownDevice || status.online {
+            let repeated = again && reason == Rejection::Replay;
+            if !repeated && (reason != Rejection::UnknownDevice || status.online) {
                 self.reject(client, reason, detail);
             }
             return;
