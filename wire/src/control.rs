@@ -57,6 +57,12 @@ pub enum Command {
         /// SHA-256 of its ONNX file, 64 hex digits.
         sha256: String,
     },
+    /// Once the federation has run its rounds, start a new run of `rounds` more rounds from
+    /// the model as it stands (a coordinator with `stay_up = true` waits for this).
+    NewRun {
+        /// Rounds in the new run.
+        rounds: u64,
+    },
     /// Change nothing; print the coordinator's status.
     Status,
 }

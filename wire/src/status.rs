@@ -110,6 +110,23 @@ pub struct CoordinatorStatus {
     /// does (what to fix); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys_error: Option<String>,
+    /// The federation's earlier runs, oldest first (`fedge-coordinator ctl new-run`); absent
+    /// before the first has ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunSummary>,
+}
+
+/// A run that ended: what `ctl new-run` left behind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The run's number as round tasks carried it (hex).
+    pub run: String,
+    /// Its first and last round.
+    pub first_round: u64,
+    /// Its last round.
+    pub last_round: u64,
+    /// Rounds it aggregated.
+    pub aggregated: u64,
 }
 
 /// Retained on `fedge/<f>/edge/<client>/status`; the Last Will publishes `online: false`.
@@ -286,6 +303,7 @@ mod tests {
             target_epsilon: Some(8.0),
             privacy_budget_exhausted: false,
             keys_error: None,
+            runs: Vec::new(),
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"round\":4"));

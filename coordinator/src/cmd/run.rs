@@ -44,6 +44,12 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
             tracing::warn!("[privacy] seed is set: the noise is reproducible, for tests only");
         }
     }
+    if config.stay_up && config.auth.operator_key_file.is_none() {
+        anyhow::bail!(
+            "stay_up = true needs [auth] operator_key_file: only an operator command \
+             (fedge-coordinator ctl new-run) starts the next run"
+        );
+    }
     let mut plan = config.plan(initial);
     // A fresh federation's run; a resumed checkpoint brings its own.
     plan.round.run = rand::random();
@@ -106,6 +112,7 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         checkpoint: checkpoint_path,
         journal: journal_path,
         control_file: config.state_dir.as_ref().map(|d| d.join("control.json")),
+        stay_up: config.stay_up,
         home_assistant: config.home_assistant,
         metrics_listen: config.metrics_listen,
         operator_key: (config.auth.operator_key_file.as_deref())

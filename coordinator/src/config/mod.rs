@@ -125,6 +125,11 @@ pub struct CoordinatorConfig {
     /// after every aggregation and resumed from at start; none keeps no state.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
+    /// Stay up when the rounds are done, as a service: the status says `finished` until an
+    /// operator starts another run (`fedge-coordinator ctl new-run N`, which needs
+    /// `[auth] operator_key_file`). Off: the coordinator exits when its rounds are done.
+    #[serde(default)]
+    pub stay_up: bool,
     /// Most MiB of deltas one round holds in RAM (N·M·2 bytes for N f16 updates of M
     /// parameters, N·M·4 in f32 or int8). A round whose selected clients need more goes to
     /// the spill file when `spill_dir` is set; otherwise later updates are rejected with

@@ -99,6 +99,8 @@ pub struct DriverOptions {
     /// Where operator commands' settings are kept across a restart (`control.json` in the
     /// state folder, `store::control`).
     pub control_file: Option<std::path::PathBuf>,
+    /// Stay connected when the rounds are done, waiting for `ctl new-run`.
+    pub stay_up: bool,
 }
 
 impl DriverOptions {
@@ -119,6 +121,7 @@ impl DriverOptions {
             keys_file: None,
             previous_protocol: Default::default(),
             control_file: None,
+            stay_up: false,
         }
     }
 }

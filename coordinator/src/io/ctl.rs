@@ -20,6 +20,7 @@ fn shows(status: &CoordinatorStatus, command: &Command) -> bool {
         Command::SetBackbone { sha256, .. } => {
             status.backbone_sha256.as_deref() == Some(sha256.to_lowercase().as_str())
         }
+        Command::NewRun { .. } => status.state != "finished",
         Command::Status => true,
     }
 }

@@ -361,8 +361,11 @@ async fn drive(
                 .await;
             return Err(DriverError::Withheld(reason));
         }
-        if finished {
+        if finished && !options.stay_up {
             break;
+        }
+        if finished {
+            tracing::info!("the run is done; staying up for `ctl new-run`");
         }
     }
     // Let the last publishes (final status, metrics) reach the broker, without a Last Will.

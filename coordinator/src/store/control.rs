@@ -83,6 +83,13 @@ mod tests {
             banned: ["cam-07".to_string()].into(),
             rounds: Some(500),
             backbone: Some(("mobilenet".into(), "ab".repeat(32))),
+            runs: vec![fedge_wire::RunSummary {
+                run: "00000000000000ff".into(),
+                first_round: 1,
+                last_round: 10,
+                aggregated: 10,
+            }],
+            run_start: Some((11, 10)),
         };
         store(&path, &settings).unwrap();
         assert_eq!(load(&path).unwrap(), Some(settings));

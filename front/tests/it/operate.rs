@@ -343,3 +343,95 @@ async fn operator_settings_survive_a_restart_and_a_captured_command_is_not_taken
     let kept: serde_json::Value = serde_json::from_slice(&kept).unwrap();
     assert!(kept["last_seq"].as_u64().unwrap() > now, "{kept}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_that_stays_up_runs_a_second_run_started_with_ctl() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "coordinator.toml",
+        mosquitto.port(),
+        "operator.key",
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replacen("rounds = 10\n", "rounds = 2\nstay_up = true\n", 1);
+    std::fs::write(&config, text).unwrap();
+    ctl_ok(&config, &["keygen"]);
+    let mut coordinator = KillOnDrop(
+        Command::new(common::coordinator_binary())
+            .args(["run", "--config"])
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let fleet = FleetOptions {
+        broker: mosquitto.broker(),
+        federation: "ops".into(),
+        devices: 2,
+        rounds: 4,
+        timeout: Duration::from_secs(60),
+        keys: Default::default(),
+    };
+    let devices = tokio::spawn(async move { run_fleet(&fleet).await });
+    // The first run's two rounds end; the coordinator stays.
+    let config_path = config.clone();
+    let finished = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = ctl_ok(&config_path, &["status"]);
+            if status["state"] == "finished" {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "{status}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(finished["round"], 2, "{finished}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        coordinator.0.try_wait().unwrap().is_none(),
+        "the coordinator exited"
+    );
+    let config_path = config.clone();
+    let started = tokio::task::spawn_blocking(move || ctl_ok(&config_path, &["new-run", "2"]))
+        .await
+        .unwrap();
+    assert_ne!(started["state"], "finished", "{started}");
+    let report = devices.await.unwrap().unwrap();
+    assert_eq!(report.rounds.len(), 4, "{report:?}");
+    let config_path = config.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = ctl_ok(&config_path, &["status"]);
+            if status["state"] == "finished" {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "{status}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(status["round"], 4, "{status}");
+    let runs = status["runs"].as_array().expect("the run history");
+    assert_eq!(runs.len(), 1, "{status}");
+    assert_eq!(
+        (
+            runs[0]["first_round"].as_u64(),
+            runs[0]["last_round"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+    assert!(
+        coordinator.0.try_wait().unwrap().is_none(),
+        "still up after the second run"
+    );
+}

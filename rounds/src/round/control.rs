@@ -51,6 +51,11 @@ impl Rounds {
                     return self.reject_control(detail);
                 }
             },
+            Command::NewRun { rounds } => {
+                if let Err(detail) = self.new_run(*rounds) {
+                    return self.reject_control(detail);
+                }
+            }
             Command::Status => {}
         }
         // As it travels (JSON), not in Rust's Debug syntax.
@@ -95,6 +100,45 @@ impl Rounds {
         self.outputs.push_back(Output::StatusChanged);
     }
 
+    /// Starts a new run of `rounds` rounds from the model as it stands, once the federation
+    /// has finished: a new run number (updates answering the old run are replays), the ended
+    /// run kept in the history. The rounds' numbers, the strategy's state and the privacy
+    /// accountant carry on.
+    fn new_run(&mut self, rounds: u64) -> Result<(), String> {
+        if self.phase != Phase::Finished {
+            return Err(format!(
+                "new-run: the run is not over ({} of {} rounds aggregated); set-rounds changes \
+                 its length",
+                self.aggregated_rounds, self.config.rounds
+            ));
+        }
+        if rounds == 0 {
+            return Err("new-run 0: give the number of rounds to run".into());
+        }
+        if self.privacy.is_some() && self.privacy_exhausted() {
+            return Err("new-run: the privacy budget (target_epsilon) is spent".into());
+        }
+        let (first_round, before) = self.control.run_start;
+        self.control.runs.push(fedge_wire::RunSummary {
+            run: format!("{:016x}", self.config.run),
+            first_round,
+            last_round: self.last_closed,
+            aggregated: self.aggregated_rounds - before,
+        });
+        // Any value but the old one does: the run tells runs apart, it guards no secret.
+        let mut run = rand::RngCore::next_u64(&mut self.rng) ^ self.config.run;
+        if run == self.config.run {
+            run = run.wrapping_add(1);
+        }
+        self.config.run = run;
+        self.control.run_start = (self.next_round, self.aggregated_rounds);
+        self.config.rounds = self.aggregated_rounds + rounds;
+        self.control.rounds = Some(self.config.rounds);
+        self.phase = Phase::Waiting;
+        tracing::info!(run = %format!("{run:016x}"), rounds, "new run");
+        Ok(())
+    }
+
     /// What the operator has set.
     pub fn control(&self) -> &Control {
         &self.control
@@ -110,6 +154,8 @@ impl Rounds {
             rounds: self.control.rounds,
             backbone: (self.control.backbone.as_ref())
                 .map(|(name, digest)| (name.clone(), fedge_wire::hex::encode(digest))),
+            runs: self.control.runs.clone(),
+            run_start: Some(self.control.run_start),
         }
     }
 
@@ -134,6 +180,17 @@ impl Rounds {
             self.config.backbone = name.clone();
             self.config.backbone_sha256 = Some(digest);
             self.control.backbone = Some((name, digest));
+        }
+        self.control.runs = saved.runs.clone();
+        if let Some(start) = saved.run_start {
+            self.control.run_start = start;
+        }
+        // A checkpoint past the configuration's rounds but short of the operator's (set-rounds,
+        // new-run) is not finished.
+        let short = self.aggregated_rounds < self.config.rounds || self.config.rounds == 0;
+        if self.phase == Phase::Finished && short && !self.privacy_exhausted() {
+            self.phase = Phase::Waiting;
+            self.outputs.retain(|o| !matches!(o, Output::Finished));
         }
         Ok(())
     }
@@ -205,4 +262,10 @@ pub struct OperatorSettings {
     /// `set-backbone`, if given: the card's name and its SHA-256 in hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backbone: Option<(String, String)>,
+    /// Runs that ended (`new-run`), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<fedge_wire::RunSummary>,
+    /// Where the current run began: its first round and the rounds aggregated before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_start: Option<(u64, u64)>,
 }

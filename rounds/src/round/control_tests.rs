@@ -219,3 +219,57 @@ fn a_ban_below_min_clients_says_why_no_round_opens() {
     );
     assert!(why.contains("2 online, 1 of them banned"), "{why}");
 }
+
+#[test]
+fn a_finished_federation_runs_again_under_a_new_run_when_the_operator_says() {
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 1,
+            ..config()
+        },
+    );
+    let first = tasks(&drain(&mut m)).pop().unwrap();
+    // Not while a run is on.
+    m.apply_control(&Command::NewRun { rounds: 2 }, 1);
+    assert_eq!(rejected_reasons(&drain(&mut m)), ["bad_control"]);
+    let out = answer(&mut m, 1, &["a", "b"], 2);
+    assert!(out.iter().any(|o| matches!(o, Output::Finished)));
+    assert_eq!(m.phase(), Phase::Finished);
+    m.apply_control(&Command::NewRun { rounds: 2 }, 3);
+    let task = tasks(&drain(&mut m))
+        .pop()
+        .expect("the new run's first task");
+    assert_eq!(task.round, 2, "round numbers carry on");
+    assert_ne!(task.run, first.run, "a new run");
+    // An update answering the old run is a replay of it.
+    let mut old = update("a", 2, [0.1, 0.0, 0.0, 0.0], 5);
+    old = {
+        let mut u = match fedge_wire::decode(&old).unwrap() {
+            fedge_wire::Message::ClientUpdate(u) => u,
+            _ => unreachable!(),
+        };
+        u.run = first.run;
+        fedge_wire::encode(&fedge_wire::Message::ClientUpdate(u))
+    };
+    m.handle_packet("a", &old, 4);
+    assert_eq!(rejected_reasons(&drain(&mut m)), ["replay"]);
+    let runs = &m.control().runs;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        (runs[0].first_round, runs[0].last_round, runs[0].aggregated),
+        (1, 1, 1)
+    );
+    let settings = m.operator_settings(0);
+    assert_eq!(settings.rounds, Some(3));
+    assert_eq!(settings.run_start, Some((2, 1)));
+}
+
+fn rejected_reasons(out: &[Output]) -> Vec<&'static str> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Rejected { reason, .. } => Some(reason.name()),
+            _ => None,
+        })
+        .collect()
+}

@@ -335,6 +335,10 @@ pub struct Control {
     pub rounds: Option<u64>,
     /// The backbone `set-backbone` named (over the configuration's), if it did.
     pub backbone: Option<(String, [u8; 32])>,
+    /// Runs that ended before the current one (`new-run`), oldest first.
+    pub runs: Vec<fedge_wire::RunSummary>,
+    /// Where the current run began: its first round and the rounds aggregated before it.
+    pub run_start: (u64, u64),
 }
 
 impl Default for Control {
@@ -347,6 +351,8 @@ impl Default for Control {
             previous_speakers: Default::default(),
             rounds: None,
             backbone: None,
+            runs: Vec::new(),
+            run_start: (1, 0),
         }
     }
 }
