@@ -65,7 +65,7 @@ impl Default for EdgeMetrics {
         r.register("samples", "Samples the device trains on", samples.clone());
         r.register(
             "model_round",
-            "Round of the global model the device serves",
+            "Round of the global model the device holds (and serves, when it answers predictions)",
             model_round.clone(),
         );
         r.register(
@@ -116,8 +116,8 @@ impl EdgeMetrics {
         self.samples.set(samples as i64);
     }
 
-    /// The device serves the model of `round`.
-    pub fn serving(&self, round: u64) {
+    /// The device holds (and serves, when it answers predictions) the model of `round`.
+    pub fn model_round(&self, round: u64) {
         self.model_round.set(round as i64);
     }
 
@@ -152,7 +152,7 @@ mod tests {
     fn training_serving_and_predictions_read_back_in_the_exposition() {
         let m = EdgeMetrics::default();
         m.trained(0.25, 270);
-        m.serving(3);
+        m.model_round(3);
         m.prediction("http", true, 0.001);
         m.prediction("http", false, 0.000_2);
         m.prediction("mqtt", true, 0.002);

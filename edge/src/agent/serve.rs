@@ -59,6 +59,8 @@ pub fn keep(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureSta
 /// (`fedge_device::train::DeviceData::serving_stats`), which a normalised head standardises
 /// with.
 pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureStats>) {
+    // The round of the model the device holds, whether or not it serves predictions.
+    setup.serving.metrics.model_round(release.round);
     let Some(backbone) = &setup.serving.backbone else {
         return;
     };
@@ -72,7 +74,6 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
             let predictor = predictor.with_limits(limits);
             tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
             http::install(&setup.serving.predictor, predictor);
-            setup.serving.metrics.serving(release.round);
         }
         Err(e) => {
             tracing::warn!(client = %setup.client_id, round = release.round, "cannot serve the released model: {e}");

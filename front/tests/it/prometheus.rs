@@ -315,6 +315,8 @@ pub async fn check_edge_metrics(training: SocketAddr, evaluating: SocketAddr, ro
         rounds as f64
     );
     assert!(number(&a, "fedge_edge_samples ") > 100.0, "{a}");
+    // A training device that serves no predictions still says which model it holds.
+    assert_eq!(number(&a, "fedge_edge_model_round "), rounds as f64, "{a}");
     assert!(
         number(&a, "fedge_edge_peak_resident_memory_bytes ") > 1e6,
         "{a}"
