@@ -78,7 +78,12 @@ pub fn issue(keys_file: &Path, client: &str, expires_ms: u64) -> Result<EnrolTok
             reason: InvalidKeys::ClientId(client.to_owned()),
         });
     }
-    let _held = keys::lock(keys_file)?;
+    let held = keys::lock(keys_file)?;
+    // The coordinator needs the keys file to start with device keys: an empty one until the
+    // first device enrols.
+    if !keys_file.exists() {
+        keys::store_locked(&held, keys_file, &DeviceKeys::new())?;
+    }
     let path = path_for(keys_file);
     let mut pending = load(&path)?;
     let mut bytes = [0u8; TOKEN_LEN];
@@ -188,6 +193,8 @@ mod tests {
         let keys = dir.path().join("devices.toml");
         assert_eq!(path_for(&keys), dir.path().join("devices.enrolments.toml"));
         let token = issue(&keys, "cam-09", 2_000).unwrap();
+        // The keys file the coordinator needs to start exists from the first token on.
+        assert!(super::keys::load(&keys).unwrap().is_empty());
         let other = issue(&keys, "cam-10", 500).unwrap();
         assert_ne!(token, other);
         let seen = |t: &EnrolToken, k: &DeviceKey| Ok((t.clone(), k.clone()));

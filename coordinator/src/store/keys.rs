@@ -16,6 +16,24 @@ use crate::round::DeviceKeys;
 /// A keys file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum KeysError {
+    /// `[auth] keys_file` names a file that does not exist.
+    #[error(
+        "[auth] keys_file {path} does not exist: `fedge-coordinator keygen --keys {path} …` or \
+         `fedge-coordinator enroll --keys {path} …` creates it"
+    )]
+    MissingKeys {
+        /// File.
+        path: String,
+    },
+    /// `[auth] operator_key_file` names a file that does not exist.
+    #[error(
+        "[auth] operator_key_file {path} does not exist: `fedge-coordinator ctl --config <this \
+         configuration> keygen` creates it"
+    )]
+    MissingOperatorKey {
+        /// File.
+        path: String,
+    },
     /// Unreadable or unwritable file.
     #[error("{path}: {source}")]
     Io {
@@ -64,6 +82,9 @@ pub enum InvalidKeys {
 /// Reads a keys file.
 pub fn load(path: &Path) -> Result<DeviceKeys, KeysError> {
     let shown = path.display().to_string();
+    if !path.exists() {
+        return Err(KeysError::MissingKeys { path: shown });
+    }
     let text = fedge_daemon::read_secret(path).map_err(|source| KeysError::Secret {
         path: shown.clone(),
         source,
@@ -136,6 +157,10 @@ pub fn revoke(keys_file: &Path, client: &str) -> Result<(), KeysError> {
 /// The operator's key (`[auth] operator_key_file`: 64 hex digits on one line, private to its
 /// owner), which tags `fedge-coordinator ctl` commands.
 pub fn load_operator(path: &Path) -> Result<DeviceKey, KeysError> {
+    if !path.exists() {
+        let path = path.display().to_string();
+        return Err(KeysError::MissingOperatorKey { path });
+    }
     let text = fedge_daemon::read_secret(path).map_err(|source| KeysError::Secret {
         path: path.display().to_string(),
         source,
@@ -236,6 +261,22 @@ mod tests {
 
     #[test]
     fn bad_keys_files_say_what_to_fix() {
+        // A missing file names the setting and the command that makes it.
+        let dir = tempfile::tempdir().unwrap();
+        let missing = load(&dir.path().join("devices.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("[auth] keys_file") && missing.contains("keygen"),
+            "{missing}"
+        );
+        let missing = load_operator(&dir.path().join("op.key"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("operator_key_file") && missing.contains("ctl"),
+            "{missing}"
+        );
         assert!(
             parse("cam = \"abc\"")
                 .unwrap_err()
