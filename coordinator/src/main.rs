@@ -90,6 +90,13 @@ enum Command {
         /// Seconds to wait for the coordinator's status to show the change.
         #[arg(long, default_value_t = 10.0)]
         wait: f64,
+        /// Connect to this broker (mqtt://HOST:PORT or mqtts://HOST:PORT) with the login below
+        /// instead of the configuration's [broker]: behind a broker that takes client ids from
+        /// certificates, the operator's own (fedge-operator), never the coordinator's.
+        #[arg(long, global = true)]
+        broker: Option<String>,
+        #[command(flatten)]
+        login: cmd::watch::Login,
         #[command(subcommand)]
         command: fedge_coordinator::io::ctl::CtlCommand,
     },
@@ -200,8 +207,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Ctl {
             config,
             wait,
+            broker,
+            login,
             command,
-        } => fedge_coordinator::io::ctl::run(&config, wait, command).await,
+        } => {
+            let broker = match broker {
+                Some(url) => Some(cmd::watch::broker_of(&url, login)?),
+                None if login.ca_file.is_some() || login.cert.is_some() => {
+                    anyhow::bail!("--ca-file, --cert and --key go with --broker URL")
+                }
+                None => None,
+            };
+            fedge_coordinator::io::ctl::run(&config, wait, broker, command).await
+        }
         Command::Revoke { client, keys } => cmd::keys::revoke(&client, &keys),
         Command::Enroll {
             client,

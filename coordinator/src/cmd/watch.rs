@@ -23,16 +23,8 @@ pub struct Login {
     pub password_file: Option<PathBuf>,
 }
 
-/// Watches until stopped, or prints once after `once` seconds.
-pub async fn run(
-    url: &str,
-    federation: &str,
-    login: Login,
-    once: Option<f64>,
-) -> anyhow::Result<()> {
-    use fedge_coordinator::io::watch::{WatchState, render};
-    use fedge_mqtt::{Session, SessionEvent};
-    use rumqttc::QoS;
+/// The broker at `url` with `login`'s credentials, files read relative to the working folder.
+pub fn broker_of(url: &str, login: Login) -> anyhow::Result<fedge_mqtt::BrokerConfig> {
     let mut broker = fedge_mqtt::BrokerConfig::parse_url(url)?;
     if login.ca_file.is_some() || login.cert.is_some() {
         let mut tls = broker
@@ -45,8 +37,21 @@ pub async fn run(
     }
     broker.username = login.username;
     broker.password_file = login.password_file;
-    // Paths are relative to the working folder.
     broker.load(std::path::Path::new(""))?;
+    Ok(broker)
+}
+
+/// Watches until stopped, or prints once after `once` seconds.
+pub async fn run(
+    url: &str,
+    federation: &str,
+    login: Login,
+    once: Option<f64>,
+) -> anyhow::Result<()> {
+    use fedge_coordinator::io::watch::{WatchState, render};
+    use fedge_mqtt::{Session, SessionEvent};
+    use rumqttc::QoS;
+    let broker = broker_of(url, login)?;
     let topics = fedge_wire::Topics::new(federation)?;
     let id = format!("fedge-watch-{}", std::process::id());
     let mut session = Session::new(broker.options(&id, None), 64);

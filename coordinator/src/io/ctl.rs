@@ -106,8 +106,15 @@ pub enum CtlCommand {
 
 /// `fedge-coordinator ctl --config PATH`: makes an operator key, or sends `command` and prints
 /// the status that shows it applied (within `wait` seconds).
-pub async fn run(path: &std::path::Path, wait: f64, command: CtlCommand) -> anyhow::Result<()> {
+/// With `broker`, that broker and login instead of the configuration's.
+pub async fn run(
+    path: &std::path::Path,
+    wait: f64,
+    broker: Option<fedge_mqtt::BrokerConfig>,
+    command: CtlCommand,
+) -> anyhow::Result<()> {
     let config = crate::CoordinatorConfig::load(path)?;
+    let broker = broker.unwrap_or_else(|| config.broker.clone());
     let key_file = config.auth.operator_key_file.as_deref().with_context(|| {
         format!(
             "{}: set [auth] operator_key_file (then `ctl keygen` writes the key)",
@@ -127,7 +134,7 @@ pub async fn run(path: &std::path::Path, wait: f64, command: CtlCommand) -> anyh
     };
     let key = crate::store::keys::load_operator(key_file)?;
     let within = std::time::Duration::from_secs_f64(wait.max(0.1));
-    let status = send(&config.broker, &config.federation, &key, op, within).await?;
+    let status = send(&broker, &config.federation, &key, op, within).await?;
     println!("{}", serde_json::to_string_pretty(&status)?);
     Ok(())
 }

@@ -231,6 +231,7 @@ async fn the_broker_login_is_sent_and_a_wrong_one_is_refused_with_an_error_that_
 const COORDINATOR: &str = "fedge-coordinator-site-1";
 const DASHBOARD: &str = "fedge-dashboard";
 const PUBLISHER: &str = "fedge-publisher";
+const OPERATOR: &str = "fedge-operator";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_lane() {
@@ -243,6 +244,7 @@ async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_la
         COORDINATOR,
         DASHBOARD,
         PUBLISHER,
+        OPERATOR,
         "cam-01",
         "cam-02",
         "observer",
@@ -286,7 +288,7 @@ async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_la
         &identity(COORDINATOR),
         COORDINATOR,
         false,
-        &[&t.update_filter(), &t.edge_status_filter()],
+        &[&t.update_filter(), &t.edge_status_filter(), &t.control()],
     )
     .await;
     let mut coordinator_seen = listen(coordinator_events);
@@ -455,6 +457,60 @@ async fn the_documented_mosquitto_setup_keeps_devices_and_dashboards_in_their_la
         seen,
         vec![(t.update("cam-01"), b"after".to_vec())],
         "the coordinator lost its connection or a message while the backbone was published"
+    );
+
+    // (e) `ctl` with the operator's own certificate (--broker, --cert, --key) and the
+    // coordinator's configuration file: the command reaches the coordinator, which keeps its
+    // connection. (No coordinator answers here, so ctl gives up waiting for the status.)
+    let config = dir.path().join("coordinator-view.toml");
+    std::fs::write(
+        &config,
+        "federation = \"site-1\"\n[head]\nfeatures = 8\nhidden = 4\nclasses = 2\n\
+         [auth]\noperator_key_file = \"operator.key\"\n",
+    )
+    .unwrap();
+    let ctl = move |args: &[&str]| {
+        std::process::Command::new(common::coordinator_binary())
+            .arg("ctl")
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(ctl(&["keygen"]).status.success());
+    let url = format!("mqtts://127.0.0.1:{}", broker.port());
+    let (ca, cert, key) = (
+        tls("ca.pem"),
+        tls(&format!("{OPERATOR}.pem")),
+        tls(&format!("{OPERATOR}.key")),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        let login = [
+            "--broker",
+            &url,
+            "--ca-file",
+            &ca,
+            "--cert",
+            &cert,
+            "--key",
+            &key,
+        ];
+        let args: Vec<&str> = ["--wait", "1"]
+            .into_iter()
+            .chain(login)
+            .chain(["pause"])
+            .collect();
+        ctl(&args)
+    })
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!said.contains("cannot connect"), "{said}");
+    let seen = messages_until(&mut coordinator_seen, &t.control(), Duration::ZERO).await;
+    assert!(
+        seen.iter().any(|(topic, _)| *topic == t.control()),
+        "{seen:?}"
     );
 
     // The operator's terminal view, with the dashboard's certificate.
