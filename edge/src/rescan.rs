@@ -59,6 +59,9 @@ pub struct Scanned {
     pub removed: usize,
     /// New images left out because the features would pass the budget.
     pub deferred: usize,
+    /// New files that could not be decoded (half-written, corrupt), with the reason: left out
+    /// of this scan and tried again at the next, so one bad file fails nothing.
+    pub skipped: Vec<(PathBuf, String)>,
 }
 
 /// Why a scan failed (the last scan's data stay in use).
@@ -115,11 +118,23 @@ impl SiteScan {
         let deferred = new.len().saturating_sub(room);
         let card = self.backbone.card();
         let (c, h, w) = (card.channels, card.height as u32, card.width as u32);
+        let mut skipped = Vec::new();
         for batch in new[..new.len() - deferred].chunks(BATCH) {
             let mut pixels = Vec::new();
-            for (path, _) in batch {
-                pixels.extend(to_chw(decode(path)?, c, h, w));
+            let mut kept = Vec::with_capacity(batch.len());
+            for &(path, class) in batch {
+                match decode(path) {
+                    Ok(image) => {
+                        pixels.extend(to_chw(image, c, h, w));
+                        kept.push((path, class));
+                    }
+                    Err(e) => skipped.push((path.clone(), e.to_string())),
+                }
             }
+            if kept.is_empty() {
+                continue;
+            }
+            let batch = kept;
             let shape = (c, h as usize, w as usize);
             let features = self.backbone.features_of(&pixels, shape, 255.0, BATCH)?;
             for ((path, class), row) in batch.iter().zip(features.chunks_exact(dim)) {
@@ -140,13 +155,17 @@ impl SiteScan {
             set.features.extend_from_slice(&seen.features);
             set.labels.push(label);
         }
+        for (path, reason) in &skipped {
+            tracing::warn!(file = %path.display(), %reason, "image skipped (tried again at the next scan)");
+        }
         Ok(Scanned {
             train,
             val,
             class_names,
-            added: new.len() - deferred,
+            added: new.len() - deferred - skipped.len(),
             removed,
             deferred,
+            skipped,
         })
     }
 
@@ -218,5 +237,25 @@ mod tests {
         scan.budget_bytes = 2 * 512 * 4;
         let scanned = scan.scan().unwrap();
         assert_eq!((scanned.added, scanned.deferred), (2, 1));
+    }
+
+    #[test]
+    fn a_half_written_image_is_skipped_and_taken_once_it_is_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..4 {
+            write_png(&dir.path().join(format!("a/{i}.png")), 10 * i);
+        }
+        let partial = dir.path().join("a/9.png");
+        std::fs::write(&partial, b"\x89PNG\r\n\x1a\n half of a file").unwrap();
+        let mut scan = SiteScan::new(dir.path(), backbone(), 0.3, 0, 0);
+        let first = scan.scan().expect("one bad file fails no scan");
+        assert_eq!(first.added, 4);
+        assert_eq!(first.skipped.len(), 1);
+        assert_eq!(first.skipped[0].0, partial);
+        assert_eq!(first.train.len() + first.val.len(), 4);
+        write_png(&partial, 90);
+        let second = scan.scan().unwrap();
+        assert_eq!((second.added, second.skipped.len()), (1, 0));
+        assert_eq!(second.train.len() + second.val.len(), 5);
     }
 }
