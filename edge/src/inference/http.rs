@@ -113,7 +113,8 @@ struct AppState {
 #[derive(Debug, Serialize)]
 struct ModelInfo<'a> {
     federation: &'a str,
-    run: u64,
+    /// Hex: a 64-bit number is past what a JavaScript client reads exactly.
+    run: String,
     round: u64,
     strategy: &'a str,
     backbone: &'a str,
@@ -389,7 +390,7 @@ async fn model(State(app): State<AppState>) -> Response {
     let release = predictor.release();
     Json(ModelInfo {
         federation: &release.federation,
-        run: release.run,
+        run: format!("{:016x}", release.run),
         round: release.round,
         strategy: &release.strategy,
         backbone: &release.backbone,

@@ -177,6 +177,8 @@ fn the_endpoint_answers_what_the_predictor_answers() {
     let model = json(&body);
     assert_eq!(model["round"], 4);
     assert_eq!(model["federation"], "demo");
+    // Hex: the 64-bit run is past JavaScript's safe integers.
+    assert_eq!(model["run"], format!("{:016x}", release(4).run));
     assert_eq!(model["backbone"], "digits-conv");
     assert_eq!(model["sha256"], release(4).sha256_hex());
     assert_eq!(model["classes"].as_array().unwrap().len(), 10);
