@@ -62,6 +62,10 @@ pub struct CoordinatorStatus {
     /// The operator paused the federation: no new round opens (`fedge-coordinator ctl`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// Devices resting after failing `max_missed_rounds` selected rounds in a row: no round
+    /// selects them until they report healthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resting: Vec<String>,
     /// Why no round opens while the coordinator waits (paused, too few devices that can be
     /// selected and why); absent while a round is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -289,6 +293,7 @@ mod tests {
             site_accuracy: BTreeMap::from([("site-75".into(), 0.5)]),
             paused: true,
             waiting_for: Some("paused by the operator".into()),
+            resting: vec!["cam-09".into()],
             banned: vec!["cam-07".into()],
             protocol: Some(7),
             device_protocols: BTreeMap::from([("7".into(), 1), ("8".into(), 2)]),

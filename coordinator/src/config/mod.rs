@@ -24,6 +24,7 @@
 //! max_update_norm = 0.0        # reject deltas longer than this on arrival; 0 = off
 //! max_norm_ratio = 10.0        # scale down deltas longer than this × the others' median norm
 //! max_weight_ratio = 10.0      # cut sample counts above this × the round's lower median
+//! max_missed_rounds = 3        # a device failing this many rounds in a row rests; 0 = off
 //! robust = "none"              # clip, trimmed-mean or median around the strategy
 //! home_assistant = false       # announce sensors through Home Assistant MQTT discovery
 //! metrics_listen = "127.0.0.1:9464"  # optional: metrics for Prometheus on /metrics
@@ -155,6 +156,10 @@ pub struct CoordinatorConfig {
     /// before aggregation; 0: off.
     #[serde(default = "default_weight_ratio")]
     pub max_weight_ratio: f64,
+    /// A device that fails this many selected rounds in a row rests (selected for no round)
+    /// until it reports healthy; 0: off.
+    #[serde(default = "default_max_missed_rounds")]
+    pub max_missed_rounds: u32,
     /// Announce Home Assistant sensors (MQTT discovery under `homeassistant/`).
     #[serde(default)]
     pub home_assistant: bool,
@@ -195,6 +200,9 @@ fn default_norm_ratio() -> f64 {
 }
 fn default_weight_ratio() -> f64 {
     crate::round::DEFAULT_MAX_WEIGHT_RATIO
+}
+fn default_max_missed_rounds() -> u32 {
+    crate::round::types::DEFAULT_MAX_MISSED_ROUNDS
 }
 fn default_spill_max_mb() -> usize {
     16 * 1024
@@ -551,6 +559,7 @@ impl CoordinatorConfig {
             max_update_norm: self.max_update_norm,
             max_norm_ratio: self.max_norm_ratio,
             max_weight_ratio: self.max_weight_ratio,
+            max_missed_rounds: self.max_missed_rounds,
             privacy: self.privacy.central(),
             relay: self
                 .site

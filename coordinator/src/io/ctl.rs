@@ -9,8 +9,12 @@ use fedge_wire::control::{Command, ControlMessage};
 use fedge_wire::{CoordinatorStatus, DeviceKey, Topics};
 use rumqttc::{AsyncClient, Event, Packet, QoS};
 
-/// Whether `status` shows `command` applied.
-fn shows(status: &CoordinatorStatus, command: &Command) -> bool {
+/// Whether `status` shows `command` applied; `before` is the retained status from before it.
+fn shows(
+    status: &CoordinatorStatus,
+    command: &Command,
+    before: Option<&CoordinatorStatus>,
+) -> bool {
     match command {
         Command::Pause => status.paused,
         Command::Resume => !status.paused,
@@ -20,7 +24,8 @@ fn shows(status: &CoordinatorStatus, command: &Command) -> bool {
         Command::SetBackbone { sha256, .. } => {
             status.backbone_sha256.as_deref() == Some(sha256.to_lowercase().as_str())
         }
-        Command::NewRun { .. } => status.state != "finished",
+        // A short run may be over again before the next status: the history says it began.
+        Command::NewRun { .. } => status.runs.len() > before.map_or(0, |b| b.runs.len()),
         Command::Status => true,
     }
 }
@@ -59,6 +64,7 @@ pub async fn send(
         .context("cannot publish the command")?;
     let deadline = Instant::now() + within;
     let mut last: Option<CoordinatorStatus> = None;
+    let mut before: Option<CoordinatorStatus> = None;
     let mut sent_at = None;
     while Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -74,7 +80,9 @@ pub async fn send(
                     continue;
                 };
                 // The retained status from before the command does not confirm it.
-                if sent_at.is_some() && !p.retain && shows(&status, &command) {
+                if p.retain {
+                    before = Some(status.clone());
+                } else if sent_at.is_some() && shows(&status, &command, before.as_ref()) {
                     let _ = client.disconnect().await;
                     return Ok(status);
                 }

@@ -80,6 +80,7 @@ pub fn status_at(
         site_accuracy: rounds.site_accuracy().clone(),
         paused: rounds.control().paused,
         waiting_for: rounds.waiting_reason(),
+        resting: rounds.resting(),
         runs: rounds.control().runs.clone(),
         banned: rounds.control().banned.iter().cloned().collect(),
         protocol: Some(rounds.downlink_version()),

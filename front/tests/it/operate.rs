@@ -403,7 +403,11 @@ async fn a_coordinator_that_stays_up_runs_a_second_run_started_with_ctl() {
     let started = tokio::task::spawn_blocking(move || ctl_ok(&config_path, &["new-run", "2"]))
         .await
         .unwrap();
-    assert_ne!(started["state"], "finished", "{started}");
+    assert_eq!(
+        started["runs"].as_array().map(Vec::len),
+        Some(1),
+        "{started}"
+    );
     let report = devices.await.unwrap().unwrap();
     assert_eq!(report.rounds.len(), 4, "{report:?}");
     let config_path = config.clone();

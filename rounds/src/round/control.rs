@@ -215,13 +215,21 @@ impl Rounds {
         let banned = (self.online.iter())
             .filter(|c| self.control.banned.contains(*c))
             .count();
-        let old = self.online.len() - banned - eligible;
+        let resting = (self.online.iter())
+            .filter(|c| !self.control.banned.contains(*c) && self.rests(c))
+            .count();
+        let old = self.online.len() - banned - resting - eligible;
         let mut why = format!(
             "{eligible} device(s) can be selected, min_clients is {needed} ({} online",
             self.online.len()
         );
         if banned > 0 {
             why.push_str(&format!(", {banned} of them banned"));
+        }
+        if resting > 0 {
+            why.push_str(&format!(
+                ", {resting} resting after failing max_missed_rounds rounds in a row"
+            ));
         }
         if old > 0 {
             why.push_str(&format!(
@@ -232,14 +240,36 @@ impl Rounds {
         Some(why)
     }
 
-    /// The online devices a round may select: not banned.
+    /// The online devices a round may select: not banned, not resting.
     pub(super) fn eligible(&self) -> Vec<String> {
         let banned = &self.control.banned;
         self.online
             .iter()
-            .filter(|c| !banned.contains(*c) && self.admits_protocol(c))
+            .filter(|c| !banned.contains(*c) && !self.rests(c) && self.admits_protocol(c))
             .cloned()
             .collect()
+    }
+
+    /// Whether `client` failed `max_missed_rounds` rounds in a row and has not reported
+    /// healthy since.
+    pub fn rests(&self, client: &str) -> bool {
+        let limit = self.config.max_missed_rounds;
+        limit > 0 && self.control.missed.get(client).is_some_and(|&n| n >= limit)
+    }
+
+    /// The devices resting now.
+    pub fn resting(&self) -> Vec<String> {
+        (self.control.missed.keys())
+            .filter(|c| self.rests(c))
+            .cloned()
+            .collect()
+    }
+
+    /// `client` reported healthy: it may be selected again.
+    pub(super) fn healthy(&mut self, client: &str) {
+        if self.control.missed.remove(client).is_some() && self.phase == Phase::Waiting {
+            self.outputs.push_back(Output::StatusChanged);
+        }
     }
 }
 

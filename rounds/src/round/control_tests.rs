@@ -273,3 +273,45 @@ fn rejected_reasons(out: &[Output]) -> Vec<&'static str> {
         })
         .collect()
 }
+
+#[test]
+fn a_device_failing_rounds_in_a_row_rests_until_it_reports_healthy() {
+    let three = RoundConfig {
+        rounds: 0,
+        min_clients: 2,
+        min_updates: 2,
+        fraction: 1.0,
+        max_missed_rounds: 2,
+        ..config()
+    };
+    let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    m.apply_control(&Command::Pause, 0);
+    for c in ["a", "b", "c"] {
+        m.handle_client_status(c, true, 0);
+    }
+    m.apply_control(&Command::Resume, 0);
+    let mut t = 0;
+    // c never answers: each round waits out its deadline for it.
+    for round in 1..=2 {
+        let task = tasks(&drain(&mut m)).pop().unwrap();
+        assert_eq!(task.selected.len(), 3, "round {round} selects c");
+        answer(&mut m, round, &["a", "b"], t + 1);
+        t += 100_000;
+        m.handle_timeout(t);
+    }
+    let task = tasks(&drain(&mut m)).pop().unwrap();
+    assert_eq!(task.selected, ["a", "b"], "c rests");
+    assert_eq!(m.resting(), ["c"]);
+    // Its answer closes the round at once: nobody waits for c.
+    let out = answer(&mut m, 3, &["a", "b"], t + 1);
+    assert!(reports(&out)[0].aggregated);
+    assert!(reports(&out)[0].failures.is_empty());
+    // Back online after being away: selected again.
+    m.handle_client_status("c", false, t + 2);
+    m.handle_client_status("c", true, t + 3);
+    assert!(m.resting().is_empty());
+    // Round 4 was drawn before c came back; round 5 selects it again.
+    let out = answer(&mut m, 4, &["a", "b"], t + 4);
+    let task = tasks(&out).pop().unwrap();
+    assert_eq!((task.round, task.selected.len()), (5, 3));
+}

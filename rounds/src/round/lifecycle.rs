@@ -246,6 +246,17 @@ impl Rounds {
                 reason.clone_from(&failure.reason);
             }
         }
+        for client in &open.selected {
+            if failures.contains_key(client) {
+                let missed = self.control.missed.entry(client.clone()).or_insert(0);
+                *missed += 1;
+                if *missed == self.config.max_missed_rounds {
+                    tracing::warn!(%client, missed = *missed, "device rests: selected for no round until it reports healthy");
+                }
+            } else {
+                self.control.missed.remove(client);
+            }
+        }
         let report = RoundReport {
             round: open.round,
             aggregated,

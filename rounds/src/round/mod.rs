@@ -256,6 +256,10 @@ impl Rounds {
         } else {
             self.online.remove(client)
         };
+        // Back after being away: it may be selected again.
+        if changed && online {
+            self.healthy(client);
+        }
         if changed {
             self.outputs.push_back(Output::StatusChanged);
         }
@@ -291,6 +295,10 @@ impl Rounds {
                 .insert(client.to_owned(), status.updated_at.clone());
         }
         self.note_protocol(client, status);
+        // A fresh status without an error: a resting device may be selected again.
+        if status.online && status.last_error.is_empty() && !again {
+            self.healthy(client);
+        }
         if let Some(evaluation) = &status.evaluation {
             self.record_site_accuracy(client, evaluation.accuracy);
         }

@@ -75,6 +75,11 @@ pub struct RoundConfig {
     /// sample count is cut down to it before aggregation, so that no device weighs more than
     /// that multiple of a typical one whatever count it claims; 0: off.
     pub max_weight_ratio: f64,
+    /// A device selected and failing (no update, or a refused one) this many rounds in a row
+    /// rests: no round selects it until it reports healthy (a status without an error, or
+    /// back online after being away), so that one broken device does not make every round
+    /// wait out its deadline; 0: off.
+    pub max_missed_rounds: u32,
     /// A site aggregator's settings: rounds open only when the global federation's task
     /// arrives (`super::Rounds::relay_task`), and each aggregate goes upstream as one update
     /// ([`Output::Upstream`]) instead of becoming a release. `None`: a global coordinator.
@@ -143,6 +148,9 @@ pub struct RelayConfig {
     pub margin_ms: u64,
 }
 
+/// Default [`RoundConfig::max_missed_rounds`].
+pub const DEFAULT_MAX_MISSED_ROUNDS: u32 = 3;
+
 /// Default [`RoundConfig::max_norm_ratio`]: room for honest heterogeneity (`fedge demo --rounds
 /// 10` drops no update with it), while a poisoned delta is longer by orders of magnitude.
 pub const DEFAULT_MAX_NORM_RATIO: f64 = 10.0;
@@ -180,6 +188,7 @@ impl Default for RoundConfig {
             journal: false,
             max_update_norm: 0.0,
             max_norm_ratio: DEFAULT_MAX_NORM_RATIO,
+            max_missed_rounds: DEFAULT_MAX_MISSED_ROUNDS,
             max_weight_ratio: DEFAULT_MAX_WEIGHT_RATIO,
             relay: None,
             privacy: None,
@@ -339,6 +348,9 @@ pub struct Control {
     pub runs: Vec<fedge_wire::RunSummary>,
     /// Where the current run began: its first round and the rounds aggregated before it.
     pub run_start: (u64, u64),
+    /// Rounds in a row each device was selected in and failed; at `max_missed_rounds` it
+    /// rests until it reports healthy.
+    pub missed: std::collections::BTreeMap<String, u32>,
 }
 
 impl Default for Control {
@@ -353,6 +365,7 @@ impl Default for Control {
             backbone: None,
             runs: Vec::new(),
             run_start: (1, 0),
+            missed: Default::default(),
         }
     }
 }
