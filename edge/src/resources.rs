@@ -243,6 +243,10 @@ mod tests {
         assert!(unit.contains("check --dry-run --config /etc/fedge/gw-7.toml"));
         assert!(!unit.contains("/etc/fedge/device.toml"));
         assert!(unit.contains("Restart=on-failure") && unit.contains("User=fedge"));
+        assert!(
+            unit.contains("StartLimitBurst=5"),
+            "a unit that fails at once stops restarting"
+        );
         assert!(unit.contains("PrivateDevices=true"));
         assert!(
             unit.contains("UMask=0077"),

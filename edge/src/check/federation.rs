@@ -28,6 +28,8 @@ struct Seen {
     task_backbone: Option<BackboneRef>,
     /// The released model's round and backbone.
     release: Option<(u64, String)>,
+    /// The released head's projector width.
+    hidden: Option<usize>,
 }
 
 /// The federation check: what matches (`Ok`) or what to fix (`Err`); `backbone` is this
@@ -62,6 +64,15 @@ pub fn check_federation(config: &EdgeConfig, backbone: &BackboneRef) -> Result<S
     };
     if let Some(theirs) = &seen.task_backbone {
         found += &format!(", backbone sha256 {}… as the round task", theirs.short());
+    }
+    // The device trains the federation's head whatever its profile says; say so when they
+    // differ, so the profile can be put right.
+    if let Some(theirs) = seen.hidden.filter(|h| *h != config.hidden) {
+        found += &format!(
+            "; the federation's head has hidden = {theirs}, this profile says {}: the device \
+             follows the federation's (set hidden = {theirs} to agree)",
+            config.hidden
+        );
     }
     match seen.release {
         Some((round, theirs)) if theirs != backbone.name => Err(format!(
@@ -144,6 +155,7 @@ fn listen(config: &EdgeConfig) -> Result<Seen, String> {
                 key.as_ref(),
             );
             if let Ok(Some(release)) = release {
+                seen.hidden = Some(release.head.hidden);
                 seen.release = Some((release.round, release.backbone));
             }
         }

@@ -262,6 +262,8 @@ fn check_compares_protocol_and_backbone_with_the_federation_s() {
     retain(port, &topics.model_current(), frame.clone());
     let found = federation(&profile);
     assert!(found.ok && found.detail.contains("round 4"), "{found:?}");
+    // Its head is 4 wide, the profile says 64: said, with what to set.
+    assert!(found.detail.contains("hidden = 4"), "{found:?}");
     // A round task of a newer protocol: named, with what to do.
     frame[fedge_wire::MAGIC.len()] = fedge_wire::PROTOCOL_VERSION + 1;
     retain(port, &topics.round_task(), frame);
