@@ -58,38 +58,41 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
     let backbone_id = Fnv64::of(DIGITS_CONV_ONNX);
     let mut domains = digits_domains(&DIGITS_ANGLES, options.seed);
     let target: Domain = domains.pop().context("no digits domains")?;
-    // With sites, site s holds source domain s: the domain is the site.
-    let sources = match options.sites {
-        0 => domains.len(),
-        sites => {
-            anyhow::ensure!(
-                sites <= domains.len() && sites <= options.clients,
-                "--sites {sites} needs at most {} sites (the source domains) and at least as \
-                 many --clients",
-                domains.len()
-            );
-            sites
-        }
-    };
-    let mut shares: Vec<Vec<ImageSet>> = Vec::new();
-    for (d, domain) in domains.iter().enumerate() {
-        let owners = (0..options.clients).filter(|c| c % sources == d).count();
-        shares.push(if owners > 0 {
-            domain.data.partition(owners, options.seed ^ d as u64)
-        } else {
-            Vec::new()
-        });
+    if options.sites > 0 {
+        let sites = options.sites;
+        anyhow::ensure!(
+            sites <= domains.len() && sites <= options.clients,
+            "--sites {sites} needs at most {} sites (the source domains) and at least as many \
+             --clients",
+            domains.len()
+        );
     }
+    // Every source domain is held by someone: with fewer devices than domains a device holds
+    // several, with more a domain is split among its devices. With sites, site s holds the
+    // domains d with d % sites == s and the devices c with c % sites == s.
+    let holdings = holdings(domains.len(), options.clients, options.sites);
+    let mut shares: Vec<Vec<ImageSet>> = (0..domains.len())
+        .map(|d| {
+            let owners = holdings.iter().filter(|h| h.domains == [d]).count();
+            match owners {
+                0 => Vec::new(),
+                n => domains[d].data.partition(n, options.seed ^ d as u64),
+            }
+        })
+        .collect();
     let mut clients = Vec::new();
-    for c in 0..options.clients {
-        let d = c % sources;
-        let part = shares[d].remove(0);
+    for (c, holding) in holdings.iter().enumerate() {
+        let part = match holding.domains.as_slice() {
+            [d] => shares[*d].remove(0),
+            several => union(several.iter().map(|&d| domains[d].data.clone()).collect()),
+        };
         let (train, val) = part.split(0.1, options.seed.wrapping_add(c as u64));
+        let first = &domains[holding.domains[0]].name;
         let (id, site) = match options.sites {
-            0 => (format!("site-{c}-{}", domains[d].name), None),
+            0 => (format!("site-{c}-{first}"), None),
             _ => (
-                format!("cam-{c}-{}", domains[d].name),
-                Some(format!("site-{}", domains[d].name)),
+                format!("cam-{c}-{first}"),
+                Some(format!("site-{}", domains[holding.site_domain].name)),
             ),
         };
         let views = if options.train.objective == Objective::FedDdl {
@@ -127,5 +130,94 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
     })
 }
 
+/// What one demo device holds: one domain (shared with the other devices that hold it) or
+/// several whole ones, and the domain its site is named after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Holding {
+    domains: Vec<usize>,
+    site_domain: usize,
+}
+
+/// Deals `domains` source domains to `clients` devices (in `sites` groups, 0: one group), so
+/// that every domain is held: within a group of k devices and m domains, device j holds domain
+/// j % m when k ≥ m, else the domains i with i % k == j.
+fn holdings(domains: usize, clients: usize, sites: usize) -> Vec<Holding> {
+    let groups = sites.max(1);
+    (0..clients)
+        .map(|c| {
+            let g = c % groups;
+            let mine: Vec<usize> = (0..domains).filter(|d| d % groups == g).collect();
+            let devices: Vec<usize> = (0..clients).filter(|k| k % groups == g).collect();
+            let j = devices.iter().position(|&k| k == c).unwrap_or(0);
+            let held = if devices.len() >= mine.len() {
+                vec![mine[j % mine.len()]]
+            } else {
+                (0..mine.len())
+                    .filter(|i| i % devices.len() == j)
+                    .map(|i| mine[i])
+                    .collect()
+            };
+            Holding {
+                domains: held,
+                site_domain: mine[0],
+            }
+        })
+        .collect()
+}
+
+/// The images of `sets` (same shape and classes) as one set.
+fn union(sets: Vec<ImageSet>) -> ImageSet {
+    let mut sets = sets.into_iter();
+    let mut all = sets.next().expect("at least one set");
+    for set in sets {
+        all.images.extend(set.images);
+        all.labels.extend(set.labels);
+        all.masks = match (all.masks.take(), set.masks) {
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
+            }
+            _ => None,
+        };
+    }
+    all
+}
+
 /// The name of the demo's backbone, written into its releases.
 pub const DIGITS_CONV: &str = "digits-conv";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_source_domain_is_held_whatever_the_counts() {
+        for (domains, clients, sites) in [
+            (5, 3, 0),
+            (5, 5, 0),
+            (5, 12, 0),
+            (5, 3, 3),
+            (5, 5, 3),
+            (5, 7, 2),
+            (5, 1, 0),
+        ] {
+            let held = holdings(domains, clients, sites);
+            assert_eq!(held.len(), clients);
+            let mut seen: Vec<usize> = held.iter().flat_map(|h| h.domains.clone()).collect();
+            seen.sort();
+            seen.dedup();
+            assert_eq!(
+                seen,
+                (0..domains).collect::<Vec<_>>(),
+                "{domains} {clients} {sites}: {held:?}"
+            );
+            if sites > 0 {
+                // A device's domains belong to its site.
+                for (c, h) in held.iter().enumerate() {
+                    assert!(h.domains.iter().all(|d| d % sites == c % sites), "{held:?}");
+                    assert_eq!(h.site_domain, c % sites, "{held:?}");
+                }
+            }
+        }
+    }
+}
