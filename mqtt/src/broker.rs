@@ -359,6 +359,19 @@ pub fn describe_error(error: &rumqttc::ConnectionError) -> String {
         )) => {
             "the broker sent a packet above fedge's limit; limit the broker's max_packet_size to 1 MiB"
         }
+        // A plain MQTT client at a TLS port reads the TLS alert as MQTT, or is cut off at once.
+        E::MqttState(StateError::Deserialization(_)) | E::NotConnAck(_) => {
+            "the answer is not MQTT: if this port takes TLS, set [broker.tls] (mqtts:// for \
+             watch and ctl)"
+        }
+        E::Io(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            "the broker closed the connection: if this port takes TLS, set [broker.tls] \
+             (mqtts:// for watch and ctl); if it is plain MQTT, remove it"
+        }
+        E::Tls(_) => {
+            "the TLS handshake failed: if this port is plain MQTT, remove [broker.tls]; otherwise \
+             check ca_file and the broker's certificate name"
+        }
         _ => return error.to_string(),
     };
     format!("{error}: {hint}")

@@ -229,4 +229,14 @@ fn a_refused_login_is_explained() {
     );
     let other = rumqttc::ConnectionError::NetworkTimeout;
     assert_eq!(describe_error(&other), other.to_string());
+    // A plain client at a TLS port: cut off, or the TLS alert read as MQTT.
+    let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+    let text = describe_error(&rumqttc::ConnectionError::Io(reset));
+    assert!(text.contains("[broker.tls]"), "{text}");
+    let garbled = rumqttc::StateError::Deserialization(rumqttc::mqttbytes::Error::MalformedPacket);
+    let text = describe_error(&rumqttc::ConnectionError::MqttState(garbled));
+    assert!(
+        text.contains("not MQTT") && text.contains("[broker.tls]"),
+        "{text}"
+    );
 }
