@@ -20,9 +20,11 @@ pub mod logs;
 pub mod metrics;
 pub mod secret;
 pub mod signals;
+pub mod toml_errors;
 
 pub use durable::{FileLock, Visibility, lock, write_atomically};
 pub use lists::read_list;
 pub use logs::{LogArgs, LogFormat, colour, init_logs, init_logs_to};
 pub use secret::{SecretError, read_secret};
 pub use signals::shutdown_signal;
+pub use toml_errors::describe_toml;

@@ -36,12 +36,12 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not a valid profile (syntax, unknown key, a value outside its set).
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {reason}", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
         /// Why, with the line.
-        source: Box<toml::de::Error>,
+        reason: String,
     },
     /// A `[broker]` value is out of range, or a file it names (TLS, password) is unusable.
     #[error("{}: {source}", path.display())]
@@ -331,7 +331,7 @@ impl EdgeConfig {
         })?;
         let mut config: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
-            source: Box::new(e),
+            reason: fedge_daemon::describe_toml(&e, &text),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         if !config.backbone_from_federation() {

@@ -253,7 +253,7 @@ pub enum ConfigError {
 pub enum InvalidConfig {
     /// Not TOML of this shape, or a value outside its set (the message lists the valid ones).
     #[error("{0}")]
-    Toml(#[from] toml::de::Error),
+    Toml(String),
     /// A federation name that cannot be a topic level.
     #[error("federation: {0}")]
     Federation(fedge_wire::DecodeError),
@@ -351,7 +351,8 @@ impl CoordinatorConfig {
             path: path.into(),
             reason,
         };
-        let mut config: Self = toml::from_str(&text).map_err(|e| invalid(e.into()))?;
+        let mut config: Self = toml::from_str(&text)
+            .map_err(|e| invalid(InvalidConfig::Toml(fedge_daemon::describe_toml(&e, &text))))?;
         // Unwritten, `[train] feature_norm` is `none` under central DP (`default_under`).
         let written = (text.parse::<toml::Table>().ok())
             .and_then(|t| t.get("train")?.as_table()?.get("feature_norm").cloned())

@@ -147,7 +147,8 @@ mod tests {
 
     fn checked(extra: &str, site: &str) -> Result<CoordinatorConfig, InvalidConfig> {
         let text = format!("{extra}\n{BASE}\n{site}");
-        let config: CoordinatorConfig = toml::from_str(&text)?;
+        let config: CoordinatorConfig = toml::from_str(&text)
+            .map_err(|e| InvalidConfig::Toml(fedge_daemon::describe_toml(&e, &text)))?;
         config.check()?;
         Ok(config)
     }
