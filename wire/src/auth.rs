@@ -172,10 +172,16 @@ impl DeviceKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
     /// No tag for this device.
-    #[error("no tag for this device")]
+    #[error(
+        "no tag for this device: the coordinator does not hold its key (revoked, or not enrolled \
+         yet); enrol it (fedge-edge enroll) or ask the operator"
+    )]
     NoTag,
     /// The tag does not match the key.
-    #[error("the tag does not match this device's key")]
+    #[error(
+        "the tag does not match this device's key: the coordinator holds another one for it \
+         (enrolled again elsewhere, or a stale key_file); enrol it again"
+    )]
     BadTag,
 }
 
