@@ -161,12 +161,19 @@ impl Sinks<'_> {
                             }
                         }
                     }
+                    // One line a person can follow a federation by: accuracies as plain
+                    // numbers (absent ones left out), the sites' scores as `site=acc` pairs.
+                    let sites: Vec<String> = (rounds.site_accuracy().iter())
+                        .map(|(site, acc)| format!("{site}={acc:.3}"))
+                        .collect();
                     tracing::info!(
                         round = report.round,
                         aggregated = report.aggregated,
                         reported = report.reported.len(),
                         selected = report.selected.len(),
-                        target_accuracy = ?target_accuracy,
+                        target_accuracy = target_accuracy.map(three_places),
+                        source_val_accuracy = report.source_val_accuracy.map(three_places),
+                        site_accuracy = %sites.join(" "),
                         "round ended"
                     );
                     let metrics = metrics_json(
@@ -269,6 +276,11 @@ impl Sinks<'_> {
         }
         finished
     }
+}
+
+/// An accuracy for the log: three decimals, without f32's tail in f64.
+fn three_places(accuracy: f32) -> f64 {
+    (f64::from(accuracy) * 1000.0).round() / 1000.0
 }
 
 fn clear_task(outbox: &mut Outbox, topics: &mut TaskTopics) {

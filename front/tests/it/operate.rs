@@ -249,6 +249,13 @@ fn a_redirected_log_holds_no_colour_codes() {
         "escape codes in a redirected log:\n{log}"
     );
     assert!(!fedge_daemon::colour(false));
+    // A federation can be followed by its log: devices coming and the round's accuracy.
+    assert!(log.contains("device online client=site-0-rot0"), "{log}");
+    let ended = log
+        .lines()
+        .find(|l| l.contains("round ended"))
+        .expect("a round line");
+    assert!(ended.contains("source_val_accuracy=0."), "{ended}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

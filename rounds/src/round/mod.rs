@@ -261,6 +261,11 @@ impl Rounds {
             self.healthy(client);
         }
         if changed {
+            let online = self.online.len();
+            match self.online.contains(client) {
+                true => tracing::info!(client = %client.escape_debug(), online, "device online"),
+                false => tracing::info!(client = %client.escape_debug(), online, "device offline"),
+            }
             self.outputs.push_back(Output::StatusChanged);
         }
         if self.phase == Phase::Waiting {
