@@ -148,7 +148,7 @@ impl Sim {
                     reason,
                     detail,
                 }),
-                Output::StatusChanged => {}
+                Output::StatusChanged | Output::ClearDeviceStatus(_) => {}
                 Output::Finished => {
                     node.finished = true;
                     self.observe(Observed::Finished { coordinator: c });

@@ -233,6 +233,9 @@ impl Sinks<'_> {
                     }
                 }
                 Output::StatusChanged => status_dirty = true,
+                Output::ClearDeviceStatus(client) => {
+                    outbox.publish(topics.edge_status(&client), true, Vec::new());
+                }
                 Output::Journal(record) => {
                     let Some(journal) = journal.as_mut() else {
                         continue;

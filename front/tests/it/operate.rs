@@ -199,8 +199,20 @@ async fn a_revoked_device_is_refused_without_a_restart() {
             rounds_after += 1;
         }
     }
-    // The device announces itself again, tagged with its old key: unknown now.
+    // Its retained status is cleared: dashboards show it no more.
     let topics = fedge_wire::Topics::new("revoke").unwrap();
+    let port = mosquitto.port().to_string();
+    let retained = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &port, "-C", "1", "-W", "2"])
+        .args(["-t", &topics.edge_status("fleet-00002")])
+        .output()
+        .unwrap();
+    assert!(
+        retained.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&retained.stdout)
+    );
+    // The device announces itself again, tagged with its old key: unknown now.
     let mut status = fedge_wire::EdgeStatus {
         client_id: "fleet-00002".into(),
         online: true,

@@ -93,6 +93,12 @@ impl Rounds {
         if self.config.auth.is_none() {
             return;
         }
+        if let Some(old) = &self.config.auth {
+            for gone in old.keys().filter(|c| !keys.contains_key(*c)) {
+                self.outputs
+                    .push_back(Output::ClearDeviceStatus(gone.clone()));
+            }
+        }
         self.online.retain(|c| keys.contains_key(c));
         self.status_stamps.retain(|c, _| keys.contains_key(c));
         tracing::info!(devices = keys.len(), "device keys reloaded");

@@ -451,6 +451,9 @@ pub enum Output {
     },
     /// The status changed; publish a fresh status document.
     StatusChanged,
+    /// A device left the federation (its key revoked): clear its retained status, so that
+    /// dashboards stop showing it.
+    ClearDeviceStatus(String),
     /// All rounds are done.
     Finished,
     /// Write this record to the journal before acting on later outputs (only with
