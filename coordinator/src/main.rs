@@ -34,6 +34,18 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Check a configuration before running it: the keys and operator key files, the state
+    /// folder and what it holds, the metrics address and the broker. Prints one line per check
+    /// and exits 1 when one failed.
+    #[command(after_help = "Example: fedge-coordinator check --config configs/coordinator.toml")]
+    Check {
+        /// Coordinator TOML file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Skip the broker (a machine that cannot reach it yet).
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Re-run one aggregation offline from .npy files and print the new parameters' summary.
     ///
     /// DIR holds one <client>.npy delta per client (f32, 1-D, the length of G.npy) and
@@ -187,6 +199,10 @@ async fn main() -> anyhow::Result<()> {
     init_logs(cli.log.log_format, "info,rumqttd=off");
     match cli.command {
         Command::Run { config } => cmd::run::run(config).await,
+        Command::Check { config, dry_run } => {
+            cmd::check::run(&config, dry_run);
+            Ok(())
+        }
         Command::Aggregate(args) => cmd::aggregate::run(args),
         Command::Watch {
             broker,
