@@ -315,9 +315,13 @@ fn print_attacks(result: &DemoResult, asked: u64) {
             parts.join(" ")
         }
     };
+    // "traced" counts the coordinator's rejections traced to each attack: its own packets, and
+    // for the attacks acting under real devices' names (chunk-hijack, replay, stale-task,
+    // control-replay) the genuine packets they spoiled, which is why it can pass "sent".
     println!(
-        "{:<17} {:>7} {:>8}  rejections by reason",
-        "attack", "sent", "rejected"
+        "{:<17} {:>7} {:>8}  rejections traced to it, by reason (its own packets and, for \
+         attacks acting as real devices, the genuine ones they spoiled)",
+        "attack", "sent", "traced"
     );
     for (kind, report) in &result.attacks {
         println!(
