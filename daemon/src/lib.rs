@@ -13,6 +13,7 @@
 //!
 //! It knows nothing of rounds, messages, MQTT or ML.
 
+pub mod checks;
 pub mod durable;
 pub mod help;
 pub mod lists;

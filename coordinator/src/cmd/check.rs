@@ -3,51 +3,15 @@
 //! metrics address and (unless `--dry-run`) the broker. One line per check, `ok` or `FAIL` with
 //! what to fix; exits 1 when one failed.
 
-use std::net::ToSocketAddrs;
 use std::path::Path;
-use std::time::Duration;
 
 use fedge_coordinator::CoordinatorConfig;
 use fedge_coordinator::store::{checkpoint, control, keys};
-
-/// One check's outcome.
-struct Check {
-    name: &'static str,
-    ok: bool,
-    detail: String,
-}
-
-fn pass(name: &'static str, detail: impl Into<String>) -> Check {
-    let detail = detail.into();
-    Check {
-        name,
-        ok: true,
-        detail,
-    }
-}
-
-fn fail(name: &'static str, detail: impl Into<String>) -> Check {
-    let detail = detail.into();
-    Check {
-        name,
-        ok: false,
-        detail,
-    }
-}
+use fedge_daemon::checks::{self, Check, fail, pass};
 
 /// Runs the checks of the configuration at `path` and prints them; exits 1 when one failed.
 pub fn run(path: &Path, dry_run: bool) {
-    let checks = checks(path, dry_run);
-    for c in &checks {
-        let verdict = if c.ok { "ok  " } else { "FAIL" };
-        println!("{verdict} {:<11} {}", c.name, c.detail);
-    }
-    let failed = checks.iter().filter(|c| !c.ok).count();
-    if failed > 0 {
-        eprintln!("{failed} check(s) failed");
-        std::process::exit(1);
-    }
-    println!("{}: ready", path.display());
+    checks::finish(path, &checks(path, dry_run));
 }
 
 fn checks(path: &Path, dry_run: bool) -> Vec<Check> {
@@ -102,7 +66,7 @@ fn checks(path: &Path, dry_run: bool) -> Vec<Check> {
         });
     }
     if !dry_run {
-        checks.push(check_broker(&config.broker.host, config.broker.port));
+        checks.push(checks::broker(&config.broker.host, config.broker.port));
     }
     checks
 }
@@ -154,30 +118,6 @@ fn check_state(dir: Option<&Path>) -> Check {
         Ok(None) => pass("state", format!("{}; {resumed}", dir.display())),
         Err(e) => fail("state", e.to_string()),
     }
-}
-
-/// Something accepts connections at the broker's address.
-fn check_broker(host: &str, port: u16) -> Check {
-    let addrs: Vec<_> = match (host, port).to_socket_addrs() {
-        Ok(addrs) => addrs.collect(),
-        Err(e) => {
-            return fail(
-                "broker",
-                format!("cannot resolve {host}: {e}; check [broker].host"),
-            );
-        }
-    };
-    if (addrs.iter())
-        .any(|a| std::net::TcpStream::connect_timeout(a, Duration::from_secs(5)).is_ok())
-    {
-        return pass("broker", format!("{host}:{port} accepts connections"));
-    }
-    fail(
-        "broker",
-        format!(
-            "nothing accepts connections at {host}:{port}: is the broker running, the port open?"
-        ),
-    )
 }
 
 #[cfg(test)]

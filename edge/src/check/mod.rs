@@ -3,9 +3,7 @@
 //! With the broker reachable, `federation.rs` compares the protocol version and the backbone
 //! with what the federation's coordinator has published.
 
-use std::net::ToSocketAddrs;
 use std::path::Path;
-use std::time::Duration;
 
 use fedge_models::HeadConfig;
 
@@ -14,31 +12,14 @@ use crate::resources;
 
 mod federation;
 
-/// One check's outcome.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Check {
-    /// What was checked.
-    pub name: &'static str,
-    /// Passed.
-    pub ok: bool,
-    /// What was found, or what to fix.
-    pub detail: String,
-}
+pub use fedge_daemon::checks::{Check, report};
 
 fn pass(name: &'static str, detail: String) -> Check {
-    Check {
-        name,
-        ok: true,
-        detail,
-    }
+    fedge_daemon::checks::pass(name, detail)
 }
 
 fn fail(name: &'static str, detail: String) -> Check {
-    Check {
-        name,
-        ok: false,
-        detail,
-    }
+    fedge_daemon::checks::fail(name, detail)
 }
 
 /// Runs every check of the profile at `path`; the broker is skipped when `dry_run`.
@@ -167,7 +148,7 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
     if dry_run {
         checks.push(pass("broker", "skipped (--dry-run)".into()));
     } else {
-        let broker = check_broker(&config.broker.host, config.broker.port);
+        let broker = fedge_daemon::checks::broker(&config.broker.host, config.broker.port);
         let reachable = broker.ok;
         checks.push(broker);
         if let (true, Some(backbone)) = (reachable, &backbone) {
@@ -359,42 +340,4 @@ fn check_cache(dir: Option<&Path>) -> Check {
             ),
         ),
     }
-}
-
-fn check_broker(host: &str, port: u16) -> Check {
-    let addrs: Vec<_> = match (host, port).to_socket_addrs() {
-        Ok(addrs) => addrs.collect(),
-        Err(e) => {
-            return fail(
-                "broker",
-                format!("cannot resolve {host}: {e}; check [broker].host"),
-            );
-        }
-    };
-    for addr in &addrs {
-        if std::net::TcpStream::connect_timeout(addr, Duration::from_secs(5)).is_ok() {
-            return pass("broker", format!("{host}:{port} accepts connections"));
-        }
-    }
-    fail(
-        "broker",
-        format!(
-            "nothing accepts connections at {host}:{port}: is the broker running, is the port open in the firewall?"
-        ),
-    )
-}
-
-/// The report as printed by `fedge-edge check`.
-pub fn report(checks: &[Check]) -> String {
-    checks
-        .iter()
-        .map(|c| {
-            format!(
-                "{} {:<9} {}\n",
-                if c.ok { "ok  " } else { "FAIL" },
-                c.name,
-                c.detail
-            )
-        })
-        .collect()
 }

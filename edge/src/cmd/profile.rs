@@ -11,14 +11,7 @@ use fedge_edge::config::EdgeConfig;
 
 /// `fedge-edge check`: the checks' report; exits 1 when one failed.
 pub fn check(path: &Path, dry_run: bool) {
-    let checks = fedge_edge::check::run_checks(path, dry_run);
-    print!("{}", fedge_edge::check::report(&checks));
-    let failed = checks.iter().filter(|c| !c.ok).count();
-    if failed > 0 {
-        eprintln!("{failed} check(s) failed");
-        std::process::exit(1);
-    }
-    println!("{}: ready", path.display());
+    fedge_daemon::checks::finish(path, &fedge_edge::check::run_checks(path, dry_run));
 }
 
 /// The enrolment token: given on the command line, or read from a file (`-`: standard input).
