@@ -21,6 +21,24 @@ fn ctl(config: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The coordinator's status, asked with `ctl status` until it says `finished` (30 s at most).
+async fn finished_status(config: &Path) -> serde_json::Value {
+    let config = config.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = ctl_ok(&config, &["status"]);
+            if status["state"] == "finished" {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "{status}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap()
+}
+
 /// `ctl` that must succeed; its printed status.
 fn ctl_ok(config: &Path, args: &[&str]) -> serde_json::Value {
     let out = ctl(config, args);
@@ -398,20 +416,7 @@ async fn a_coordinator_that_stays_up_runs_a_second_run_started_with_ctl() {
     };
     let devices = tokio::spawn(async move { run_fleet(&fleet).await });
     // The first run's two rounds end; the coordinator stays.
-    let config_path = config.clone();
-    let finished = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let status = ctl_ok(&config_path, &["status"]);
-            if status["state"] == "finished" {
-                return status;
-            }
-            assert!(std::time::Instant::now() < deadline, "{status}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    })
-    .await
-    .unwrap();
+    let finished = finished_status(&config).await;
     assert_eq!(finished["round"], 2, "{finished}");
     std::thread::sleep(Duration::from_millis(500));
     assert!(
@@ -429,20 +434,7 @@ async fn a_coordinator_that_stays_up_runs_a_second_run_started_with_ctl() {
     );
     let report = devices.await.unwrap().unwrap();
     assert_eq!(report.rounds.len(), 4, "{report:?}");
-    let config_path = config.clone();
-    let status = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let status = ctl_ok(&config_path, &["status"]);
-            if status["state"] == "finished" {
-                return status;
-            }
-            assert!(std::time::Instant::now() < deadline, "{status}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    })
-    .await
-    .unwrap();
+    let status = finished_status(&config).await;
     assert_eq!(status["round"], 4, "{status}");
     let runs = status["runs"].as_array().expect("the run history");
     assert_eq!(runs.len(), 1, "{status}");

@@ -71,6 +71,27 @@ fn start_coordinator(config: &Path) -> KillOnDrop {
     KillOnDrop(child)
 }
 
+/// The test's devices: one connection subscribed to `topics`, each device's signed online
+/// status retained.
+async fn devices_online(port: u16, topics: &[&str]) -> (AsyncClient, rumqttc::EventLoop) {
+    let mut options = MqttOptions::new("devices", "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(5));
+    let (client, events) = AsyncClient::new(options, 64);
+    for topic in topics {
+        client.subscribe(*topic, QoS::AtLeastOnce).await.unwrap();
+    }
+    let federation = Topics::new(FEDERATION).unwrap();
+    for d in DEVICES {
+        let json = common::signed_status_json(FEDERATION, d, true, &key(d));
+        let topic = federation.edge_status(d);
+        client
+            .publish(topic, QoS::AtLeastOnce, true, json)
+            .await
+            .unwrap();
+    }
+    (client, events)
+}
+
 /// The same inputs through an in-process machine that is never interrupted.
 fn uninterrupted() -> Vec<f32> {
     let strategy = StrategyConfig {
@@ -106,21 +127,8 @@ async fn a_coordinator_killed_mid_round_resumes_it_and_ends_like_an_uninterrupte
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), mosquitto.port());
     let topics = Topics::new(FEDERATION).unwrap();
-    let mut options = MqttOptions::new("devices", "127.0.0.1", mosquitto.port());
-    options.set_keep_alive(Duration::from_secs(5));
-    let (client, mut events) = AsyncClient::new(options, 64);
-    client
-        .subscribe(topics.coordinator_status(), QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    for d in DEVICES {
-        let json = common::signed_status_json(FEDERATION, d, true, &key(d));
-        client
-            .publish(topics.edge_status(d), QoS::AtLeastOnce, true, json)
-            .await
-            .unwrap();
-    }
     let status_topic = topics.coordinator_status();
+    let (client, mut events) = devices_online(mosquitto.port(), &[&status_topic]).await;
     let send = |d: &'static str, payload: Vec<u8>| {
         let client = client.clone();
         let topic = topics.update(d);
@@ -229,21 +237,8 @@ async fn an_update_is_acknowledged_only_once_journaled() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), mosquitto.port());
     let topics = Topics::new(FEDERATION).unwrap();
-    let mut options = MqttOptions::new("devices", "127.0.0.1", mosquitto.port());
-    options.set_keep_alive(Duration::from_secs(5));
-    let (client, mut events) = AsyncClient::new(options, 64);
     let status_topic = topics.coordinator_status();
-    client
-        .subscribe(&status_topic, QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    for d in DEVICES {
-        let json = common::signed_status_json(FEDERATION, d, true, &key(d));
-        client
-            .publish(topics.edge_status(d), QoS::AtLeastOnce, true, json)
-            .await
-            .unwrap();
-    }
+    let (client, mut events) = devices_online(mosquitto.port(), &[&status_topic]).await;
     let limited = Command::new("prlimit")
         .arg(format!("--fsize={JOURNAL_LIMIT_BYTES}"))
         .arg(common::coordinator_binary())

@@ -17,7 +17,7 @@ pub async fn replay(ctx: &mut Ctx, beat: &Beat) {
     if commands.is_empty() {
         let mut tag = [0u8; 32];
         ctx.rng.fill_bytes(&mut tag);
-        let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+        let tag = fedge_wire::hex::encode(&tag);
         let seq = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);

@@ -15,8 +15,8 @@ use super::types::{DeviceKeys, Rejection};
 
 /// Whether a device status on `client`'s topic may be believed: without keys, any status;
 /// with keys, only one carrying `client`'s tag for this federation, and an `online` one only
-/// when newer than the last believed (`last`), so an old genuine status replayed cannot bring
-/// a vanished device back. (An `offline` status is not held to that: the broker publishes the
+/// when newer than the last believed (`last`; the same one again changes nothing), so an old
+/// genuine status replayed cannot bring a vanished device back. (An `offline` status is not held to that: the broker publishes the
 /// Last Will a device registered when it connected, older than what it said since.)
 pub(super) fn status(
     auth: Option<&DeviceKeys>,
@@ -24,9 +24,9 @@ pub(super) fn status(
     client: &str,
     status: &fedge_wire::EdgeStatus,
     last: Option<&str>,
-) -> Result<(), (Rejection, String)> {
+) -> Result<Believed, (Rejection, String)> {
     let Some(keys) = auth else {
-        return Ok(());
+        return Ok(Believed::Fresh);
     };
     let Some(key) = keys.get(client) else {
         return Err((
@@ -42,12 +42,23 @@ pub(super) fn status(
         return Err((Rejection::BadStatusTag, "status tag does not verify".into()));
     }
     match last {
-        Some(last) if status.online && status.updated_at.as_str() <= last => Err((
+        // The broker hands a reconnecting coordinator every retained status once more.
+        Some(last) if status.online && status.updated_at.as_str() == last => Ok(Believed::Again),
+        Some(last) if status.online && status.updated_at.as_str() < last => Err((
             Rejection::Replay,
             format!("status of {} is not newer than {last}", status.updated_at),
         )),
-        _ => Ok(()),
+        _ => Ok(Believed::Fresh),
     }
+}
+
+/// A device status that may be believed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Believed {
+    /// News: act on it.
+    Fresh,
+    /// The very status believed last, again: nothing new, and no replay to count.
+    Again,
 }
 
 /// Whether a chunk from `client` may enter reassembly: a round is open, `client` is selected

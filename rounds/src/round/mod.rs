@@ -285,15 +285,15 @@ impl Rounds {
         let auth = self.config.auth.as_deref();
         let last = self.status_stamps.get(client).map(String::as_str);
         let federation = self.config.federation.as_str();
-        // The very status believed last, again: the broker hands a reconnecting coordinator
-        // every retained status once more. Nothing new, and no replay to count.
-        let again = status.online && last == Some(status.updated_at.as_str());
-        if let Err((reason, detail)) = admit::status(auth, federation, client, status, last) {
-            let repeated = again && reason == Rejection::Replay;
-            if !repeated && (reason != Rejection::UnknownDevice || status.online) {
-                self.reject(client, reason, detail);
+        match admit::status(auth, federation, client, status, last) {
+            Ok(admit::Believed::Fresh) => {}
+            Ok(admit::Believed::Again) => return,
+            Err((reason, detail)) => {
+                if reason != Rejection::UnknownDevice || status.online {
+                    self.reject(client, reason, detail);
+                }
+                return;
             }
-            return;
         }
         if auth.is_some() && status.online {
             self.status_stamps
@@ -301,7 +301,7 @@ impl Rounds {
         }
         self.note_protocol(client, status);
         // A fresh status without an error: a resting device may be selected again.
-        if status.online && status.last_error.is_empty() && !again {
+        if status.online && status.last_error.is_empty() {
             self.healthy(client);
         }
         if let Some(evaluation) = &status.evaluation {
