@@ -229,8 +229,14 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let broker = match broker {
                 Some(url) => Some(cmd::watch::broker_of(&url, login)?),
-                None if login.ca_file.is_some() || login.cert.is_some() => {
-                    anyhow::bail!("--ca-file, --cert and --key go with --broker URL")
+                None if login.ca_file.is_some()
+                    || login.cert.is_some()
+                    || login.username.is_some() =>
+                {
+                    anyhow::bail!(
+                        "--ca-file, --cert, --key and --username go with --broker URL (without \
+                         it, ctl uses the configuration's [broker])"
+                    )
                 }
                 None => None,
             };
