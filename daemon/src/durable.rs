@@ -116,6 +116,38 @@ impl Drop for FileLock {
     }
 }
 
+/// Who holds a file in use (see [`hold_in_use`] and [`hold_alone`]).
+#[derive(Debug)]
+pub enum Hold {
+    /// Held, until the value is dropped.
+    Held(FileLock),
+    /// Someone else holds it the other way.
+    Taken,
+}
+
+/// A shared hold on `path` itself (no lock file beside it, so a read-only folder does): what
+/// a process that keeps using the file takes, several at once. [`Hold::Taken`] while someone
+/// holds it alone.
+pub fn hold_in_use(path: &Path) -> std::io::Result<Hold> {
+    let file = std::fs::File::open(path)?;
+    match file.try_lock_shared() {
+        Ok(()) => Ok(Hold::Held(FileLock(file))),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(Hold::Taken),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// An exclusive hold on `path` itself: what a process about to replace the file takes, so
+/// that it does not while another process uses it. [`Hold::Taken`] while anyone holds it.
+pub fn hold_alone(path: &Path) -> std::io::Result<Hold> {
+    let file = std::fs::File::open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Hold::Held(FileLock(file))),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(Hold::Taken),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +235,20 @@ mod tests {
         write_atomically(&path, b"k", Visibility::Private).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_file_in_use_cannot_be_held_alone_and_can_once_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device.key");
+        std::fs::write(&path, b"key").unwrap();
+        let first = hold_in_use(&path).unwrap();
+        let second = hold_in_use(&path).unwrap();
+        assert!(matches!(first, Hold::Held(_)) && matches!(second, Hold::Held(_)));
+        assert!(matches!(hold_alone(&path).unwrap(), Hold::Taken));
+        drop((first, second));
+        let alone = hold_alone(&path).unwrap();
+        assert!(matches!(alone, Hold::Held(_)));
+        assert!(matches!(hold_in_use(&path).unwrap(), Hold::Taken));
     }
 }

@@ -23,7 +23,7 @@ pub mod secret;
 pub mod signals;
 pub mod toml_errors;
 
-pub use durable::{FileLock, Visibility, lock, write_atomically};
+pub use durable::{FileLock, Hold, Visibility, hold_alone, hold_in_use, lock, write_atomically};
 pub use lists::read_list;
 pub use logs::{LogArgs, LogFormat, colour, init_logs, init_logs_to};
 pub use secret::{SecretError, read_secret};

@@ -35,6 +35,20 @@ pub fn enrol(
             key_file.display()
         );
     }
+    // Held until the key is written: an agent running with the old key would not take the
+    // new one, and would fight this command for the device's client id on the broker.
+    let _alone = match key_file.exists() {
+        true => match fedge_daemon::hold_alone(&key_file)? {
+            fedge_daemon::Hold::Held(lock) => Some(lock),
+            fedge_daemon::Hold::Taken => anyhow::bail!(
+                "the agent of {} is running with {}: stop it first (e.g. `systemctl stop \
+                 fedge-edge`), enrol, then start it again; the token was not used",
+                config.client_id,
+                key_file.display()
+            ),
+        },
+        false => None,
+    };
     let topics = Topics::new(&config.federation)?;
     let request_file = request_file(&key_file);
     let secret = request_secret(&request_file, token)?;

@@ -19,6 +19,7 @@ pub fn run(path: &Path) -> anyhow::Result<()> {
 /// The agent until Ctrl-C or SIGTERM (which also end the set-up: the features of a large
 /// folder can take minutes).
 async fn agent(config: EdgeConfig) -> anyhow::Result<()> {
+    let _key_in_use = hold_key(&config)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         fedge_daemon::shutdown_signal().await;
@@ -36,6 +37,23 @@ async fn agent(config: EdgeConfig) -> anyhow::Result<()> {
             Some(reference) => wanted = Some(reference),
             None => return Ok(()),
         }
+    }
+}
+
+/// Holds the device's key file for as long as the agent runs, so that `fedge-edge enroll`
+/// does not replace it under a running agent (which would keep the old key while the
+/// coordinator holds the new one). A missing key file is the set-up's to report.
+fn hold_key(config: &EdgeConfig) -> anyhow::Result<Option<fedge_daemon::FileLock>> {
+    let Some(path) = config.key_file.as_deref().filter(|p| p.exists()) else {
+        return Ok(None);
+    };
+    match fedge_daemon::hold_in_use(path) {
+        Ok(fedge_daemon::Hold::Held(lock)) => Ok(Some(lock)),
+        Ok(fedge_daemon::Hold::Taken) => anyhow::bail!(
+            "key_file {}: `fedge-edge enroll` is replacing it; start the agent once it is done",
+            path.display()
+        ),
+        Err(e) => anyhow::bail!("key_file {}: {e}", path.display()),
     }
 }
 

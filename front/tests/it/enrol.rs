@@ -169,3 +169,83 @@ async fn a_device_enrols_into_a_running_federation_once_per_token() {
     assert!(report.reported.contains(&"fleet-00002".to_string()));
     devices.abort();
 }
+
+/// Re-enrolling a device while its agent runs is refused before anything is sent: the
+/// agent would keep its old key while the coordinator stored the new one, and on a broker
+/// that takes client ids from certificates the two would push each other off. Once the agent
+/// stopped, the same command goes ahead (here to the broker, where no coordinator answers).
+#[test]
+fn enrolling_under_a_running_agent_is_refused_and_spends_nothing() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = mosquitto.port();
+    let profile = common::profile_copy("generic-x86_64.toml", dir.path(), |text| {
+        let text = text
+            .replace("port = 1883", &format!("port = {port}"))
+            .replace("federation = \"demo\"", "federation = \"re-enrol\"")
+            .replace("enabled = true", "enabled = false");
+        format!("key_file = \"device.key\"\n{text}")
+    });
+    let key_file = dir.path().join("device.key");
+    let key = keys::generate();
+    common::write_private(&key_file, format!("{}\n", key.to_hex()));
+    let mut agent = common::KillOnDrop(
+        Command::new(edge_binary())
+            .args(["run", "--config"])
+            .arg(&profile)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // The agent holds its key from its first step; its first log line comes after that.
+    let logs = agent.0.stdout.take().unwrap();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(logs).lines().map_while(Result::ok) {
+            let _ = started_tx.send(line);
+        }
+    });
+    let first = started
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the agent said nothing");
+    assert!(!first.contains("ERROR"), "{first}");
+
+    let token = "ab".repeat(16);
+    let enrol = || {
+        Command::new(edge_binary())
+            .args([
+                "enroll",
+                "--replace",
+                "--timeout",
+                "2s",
+                "--token",
+                &token,
+                "--config",
+            ])
+            .arg(&profile)
+            .output()
+            .unwrap()
+    };
+    let out = enrol();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("is running"), "{said}");
+    assert!(said.contains("stop it first"), "{said}");
+    assert!(
+        !dir.path().join("device.key.request").exists(),
+        "nothing of a request is made while the agent runs"
+    );
+    let kept = std::fs::read_to_string(&key_file).unwrap();
+    assert_eq!(fedge_wire::DeviceKey::from_hex(&kept).unwrap(), key);
+
+    // Stopped (killed: a crash lets go as well), the agent lets go; the command then asks (and nobody answers here).
+    agent.0.kill().unwrap();
+    agent.0.wait().unwrap();
+    let out = enrol();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success());
+    assert!(said.contains("no answer from the coordinator"), "{said}");
+}
