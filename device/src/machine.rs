@@ -447,6 +447,7 @@ impl Agent {
             Err(e) => {
                 tracing::error!(client = %self.id.client_id, round = done.round, error = %e, "local training failed");
                 self.status.last_error = e.to_string();
+                self.status.declined = Some(declined(run, done.round, &self.status.last_error));
                 self.finish_round(done.peak_memory_mb);
             }
         }
@@ -462,6 +463,7 @@ impl Agent {
                 self.summary.bytes_up += bytes;
                 self.summary.rounds_trained += 1;
                 self.status.last_error.clear();
+                self.status.declined = None;
             }
             Err(e) => {
                 tracing::error!(client = %self.id.client_id, error = %e, "cannot publish update");
@@ -518,6 +520,15 @@ impl Agent {
             topic: self.status_topic.clone(),
             status: self.status.clone(),
         });
+    }
+}
+
+/// A declined round as the status says it.
+fn declined(run: u64, round: u64, reason: &str) -> fedge_wire::Declined {
+    fedge_wire::Declined {
+        run: format!("{run:016x}"),
+        round,
+        reason: reason.to_owned(),
     }
 }
 

@@ -186,6 +186,22 @@ pub struct EdgeStatus {
     /// updates have spent so far, at the profile's δ; absent when local DP is off. Not signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
+    /// The round the device was selected for and cannot train, with the reason, so that the
+    /// round need not wait for it; signed with the rest when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declined: Option<Declined>,
+}
+
+/// A selected round the device declined at once (see [`EdgeStatus::declined`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Declined {
+    /// The run of the round, in hex as round tasks carry it.
+    pub run: String,
+    /// The round.
+    pub round: u64,
+    /// Why, for the operator.
+    pub reason: String,
 }
 
 impl Default for EdgeStatus {
@@ -210,6 +226,7 @@ impl Default for EdgeStatus {
             tag: None,
             protocol: Some(crate::PROTOCOL_VERSION),
             epsilon: None,
+            declined: None,
         }
     }
 }
@@ -242,6 +259,14 @@ impl EdgeStatus {
                 bytes.push(0);
                 bytes.extend_from_slice(self.role.name().as_bytes());
             }
+        }
+        // A declined round is signed when there is one, so a status without it signs as
+        // before: a forged decline would keep a device out of the round it was selected for.
+        if let Some(declined) = &self.declined
+            && let Ok(encoded) = postcard::to_allocvec(declined)
+        {
+            bytes.extend_from_slice(b"\0declined");
+            bytes.extend_from_slice(&encoded);
         }
         bytes
     }
@@ -349,6 +374,19 @@ mod tests {
         eight.sign("plant-7", &key);
         eight.role = Role::Evaluate;
         assert!(eight.verify("plant-7", "cam-01", &key));
+        // A declined round is signed: neither added to a genuine status nor moved.
+        let mut added = new.clone();
+        added.declined = Some(Declined {
+            run: "0000000000000007".into(),
+            round: 3,
+            reason: "no".into(),
+        });
+        assert!(!added.verify("plant-7", "cam-01", &key));
+        added.sign("plant-7", &key);
+        assert!(added.verify("plant-7", "cam-01", &key));
+        let mut moved = added.clone();
+        moved.declined.as_mut().unwrap().round = 4;
+        assert!(!moved.verify("plant-7", "cam-01", &key));
     }
 
     #[test]
@@ -376,10 +414,19 @@ mod tests {
             tag: None,
             protocol: Some(8),
             epsilon: Some(2.5),
+            declined: Some(Declined {
+                run: "00000000000000ff".into(),
+                round: 4,
+                reason: "cannot".into(),
+            }),
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));
-        assert!(json.ends_with(",\"epsilon\":2.5}"), "{json}");
+        assert!(json.contains(",\"epsilon\":2.5,"), "{json}");
+        assert!(
+            json.ends_with(r#""declined":{"run":"00000000000000ff","round":4,"reason":"cannot"}}"#),
+            "{json}"
+        );
         assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), status);
         // Without local DP the field is absent, and a document without it reads as off.
         let off = EdgeStatus {

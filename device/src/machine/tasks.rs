@@ -40,6 +40,7 @@ impl Agent {
             {
                 self.summary.backbone_moved = Some(theirs.clone());
             }
+            self.decline(&task, &refusal);
             self.status.last_error = refusal;
             self.publish_status();
             return;
@@ -56,12 +57,27 @@ impl Agent {
                 task.deadline_ms as f64 / 1000.0
             );
             tracing::warn!(client = %client_id, "{}", self.status.last_error);
+            let reason = self.status.last_error.clone();
+            self.decline(&task, &reason);
             // Skip it once; the next round is tried again.
             self.state.last_train_seconds = 0.0;
             self.publish_status();
         } else if wanted {
             self.training = Some((task.run, task.round, task.train.update_codec));
             self.outputs.push_back(Output::Train(Box::new(task)));
+        }
+    }
+
+    /// Says in the status that a round this device was selected for, of its federation and
+    /// not answered yet, will get no update, so that the coordinator need not wait for it.
+    fn decline(&mut self, task: &RoundTask, reason: &str) {
+        let selected = task.selected.iter().any(|c| c == &self.id.client_id);
+        if selected
+            && self.id.role == Role::Train
+            && task.federation == self.id.federation
+            && self.state.is_fresh(task.run, task.round)
+        {
+            self.status.declined = Some(super::declined(task.run, task.round, reason));
         }
     }
 

@@ -246,6 +246,18 @@ fn a_task_naming_another_backbone_is_sat_out_and_one_of_the_previous_version_is_
         "{said}"
     );
     assert_eq!(agent.status().protocol, Some(fedge_wire::PROTOCOL_VERSION));
+    assert_eq!(agent.status().declined.as_ref().map(|d| d.round), Some(1));
+    // Not selected: nothing to decline.
+    let mut bystander = self::agent(RoundState::default());
+    let other = RoundTask {
+        backbone: Some(fedge_wire::BackboneRef {
+            name: "efficientnet-lite0".into(),
+            sha256: [2; 32],
+        }),
+        ..task(1, &["cam-2"], 10_000)
+    };
+    send(&mut bystander, other, 0);
+    assert_eq!(bystander.status().declined, None);
     let same = RoundTask {
         backbone: Some(fedge_wire::BackboneRef {
             name: "digits-conv".into(),
@@ -289,10 +301,12 @@ fn training_that_outlasts_the_deadline_skips_the_next_task_once_then_tries_again
         status.last_error
     );
     assert_eq!(agent.state().last_train_seconds, 0.0);
+    assert_eq!(status.declined.as_ref().map(|d| d.round), Some(2));
     // The next round is tried again, and a good round clears the error.
     assert_eq!(trains(&deliver(&mut agent, 3, 2_000, 10_000)), vec![3]);
     answer(&mut agent, 3, 1.0);
     assert_eq!(agent.status().last_error, "");
+    assert_eq!(agent.status().declined, None);
 }
 
 #[test]
@@ -350,6 +364,10 @@ fn a_failed_round_or_publish_is_reported_and_still_counts_as_answered() {
         })
     ));
     assert_eq!(agent.status().last_error, "no training samples");
+    // The coordinator is told at once that round 1 gets no update from this device.
+    let declined = agent.status().declined.clone().expect("declined");
+    assert_eq!((declined.run, declined.round), (format!("{RUN:016x}"), 1));
+    assert_eq!(declined.reason, "no training samples");
     assert!(trains(&deliver(&mut agent, 1, 0, 1)).is_empty());
     deliver(&mut agent, 2, 0, 2);
     agent.handle_trained(trained(2, 0.1));

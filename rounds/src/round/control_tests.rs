@@ -315,3 +315,64 @@ fn a_device_failing_rounds_in_a_row_rests_until_it_reports_healthy() {
     let task = tasks(&out).pop().unwrap();
     assert_eq!((task.round, task.selected.len()), (5, 3));
 }
+
+fn declining(client: &str, run: u64, round: u64, at: &str) -> fedge_wire::EdgeStatus {
+    fedge_wire::EdgeStatus {
+        client_id: client.into(),
+        online: true,
+        last_error: "flat parameter vector has 8 values, the layout needs 4".into(),
+        updated_at: at.into(),
+        declined: Some(fedge_wire::Declined {
+            run: format!("{run:016x}"),
+            round,
+            reason: "flat parameter vector has 8 values, the layout needs 4".into(),
+        }),
+        ..fedge_wire::EdgeStatus::default()
+    }
+}
+
+#[test]
+fn a_device_that_declines_is_not_waited_for_and_rests_after_declining_in_a_row() {
+    let three = RoundConfig {
+        rounds: 0,
+        min_clients: 2,
+        min_updates: 2,
+        fraction: 1.0,
+        max_missed_rounds: 2,
+        ..config()
+    };
+    let run = three.run;
+    let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    m.apply_control(&Command::Pause, 0);
+    for c in ["a", "b", "c"] {
+        m.handle_client_status(c, true, 0);
+    }
+    m.apply_control(&Command::Resume, 0);
+    let task = tasks(&drain(&mut m)).pop().unwrap();
+    assert_eq!((task.round, task.selected.len()), (1, 3));
+    // Another run's round, or another round, changes nothing: the round still waits for c.
+    m.handle_edge_status("c", &declining("c", run ^ 1, 1, "t1"), 5);
+    m.handle_edge_status("c", &declining("c", run, 2, "t2"), 5);
+    let out = answer(&mut m, 1, &["a", "b"], 10);
+    assert!(
+        reports(&out).is_empty(),
+        "c has neither reported nor declined"
+    );
+    // Its decline of this round closes it before its deadline, c's failure `declined`.
+    m.handle_edge_status("c", &declining("c", run, 1, "t3"), 20);
+    let out = drain(&mut m);
+    let report = reports(&out).pop().expect("closed at once");
+    assert!(report.aggregated);
+    assert_eq!(report.failures["c"], "declined");
+    assert!(report.duration_ms < 1_000);
+    // Declining first, then the others' updates: closed by the last update.
+    let task = tasks(&out).pop().unwrap();
+    assert_eq!(task.round, 2);
+    m.handle_edge_status("c", &declining("c", run, 2, "t4"), 30);
+    assert!(reports(&drain(&mut m)).is_empty());
+    let out = answer(&mut m, 2, &["a", "b"], 40);
+    assert_eq!(reports(&out)[0].failures["c"], "declined");
+    // Two declines in a row: c rests.
+    assert_eq!(m.resting(), ["c"]);
+    assert_eq!(tasks(&out).pop().unwrap().selected, ["a", "b"]);
+}

@@ -307,6 +307,9 @@ impl Rounds {
         if let Some(evaluation) = &status.evaluation {
             self.record_site_accuracy(client, evaluation.accuracy);
         }
+        if let (true, Some(declined)) = (status.online, &status.declined) {
+            self.handle_declined(client, declined, now_ms);
+        }
         // An evaluation-only device watches the model; it is never selected to train.
         let trains = status.online && status.role == fedge_wire::Role::Train;
         self.handle_client_status(client, trains, now_ms);
@@ -444,7 +447,30 @@ impl Rounds {
             }));
         }
         self.outputs.push_back(Output::StatusChanged);
-        if open.accepted.len() == open.selected.len() {
+        if open.all_answered() {
+            self.close_round(now_ms);
+        }
+    }
+
+    /// A selected device said it cannot train the open round: it counts as that round's
+    /// failure `declined` (towards `max_missed_rounds`), and the round closes as soon as every
+    /// other selected device has reported, instead of at its deadline.
+    fn handle_declined(&mut self, client: &str, declined: &fedge_wire::Declined, now_ms: u64) {
+        let run = format!("{:016x}", self.config.run);
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
+        if declined.run != run || declined.round != open.round || !open.decline(client) {
+            return;
+        }
+        tracing::warn!(
+            client = %client.escape_debug(),
+            round = open.round,
+            reason = %declined.reason.escape_debug(),
+            "device declined the round"
+        );
+        self.outputs.push_back(Output::StatusChanged);
+        if open.all_answered() {
             self.close_round(now_ms);
         }
     }

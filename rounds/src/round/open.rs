@@ -16,6 +16,8 @@ pub(super) struct OpenRound {
     pub(super) selected: BTreeSet<String>,
     pub(super) accepted: RoundUpdates,
     pub(super) failures: Vec<Failure>,
+    /// Selected clients that said they cannot train this round (their status's `declined`).
+    pub(super) declined: BTreeSet<String>,
     /// FedDIM class statistics by client: counts and `[K, H]` means.
     pub(super) class_stats: ClientStats,
     /// FedDDL local prototypes by client: counts and `[K, H]` means.
@@ -49,6 +51,7 @@ impl OpenRound {
             round,
             accepted,
             failures: Vec::new(),
+            declined: BTreeSet::new(),
             class_stats: BTreeMap::new(),
             prototypes: BTreeMap::new(),
             pools: false,
@@ -71,6 +74,30 @@ impl OpenRound {
         let accepted = (0..self.accepted.len()).map(|i| self.accepted.client(i));
         let parts: Vec<&FeatureSummary> = accepted.filter_map(|c| self.features.get(c)).collect();
         FeatureSummary::merge(parts.iter().copied())
+    }
+
+    /// `client` declined the round: true when that is news (it was selected, has not reported
+    /// and had not declined), then counted as its failure `declined`.
+    pub(super) fn decline(&mut self, client: &str) -> bool {
+        if !self.selected.contains(client)
+            || self.accepted.contains(client)
+            || !self.declined.insert(client.to_owned())
+        {
+            return false;
+        }
+        match self.failures.iter_mut().find(|f| f.client == client) {
+            Some(failure) => "declined".clone_into(&mut failure.reason),
+            None => self.failures.push(Failure {
+                client: client.to_owned(),
+                reason: "declined".to_owned(),
+            }),
+        }
+        true
+    }
+
+    /// Whether every selected client either reported or declined: nothing left to wait for.
+    pub(super) fn all_answered(&self) -> bool {
+        self.accepted.len() + self.declined.len() >= self.selected.len()
     }
 
     /// Counts a rejection in this round, and as the client's failure when it was selected (one
