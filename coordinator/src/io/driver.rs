@@ -226,6 +226,7 @@ async fn drive(
         handling: Duration::ZERO,
         control_seq,
         fatal: None,
+        announced: Default::default(),
     };
     let control_topic = topics.control();
     let mut keys_watch = KeysWatch::new(options.keys_file.as_deref());
@@ -280,6 +281,9 @@ async fn drive(
                         for (topic, config) in super::discovery::discovery_messages(&topics, &options.federation) {
                             sinks.outbox.publish(topic, true, config);
                         }
+                        // A new broker session (perhaps a broker that lost its retained
+                        // messages): every device's entities are announced again.
+                        sinks.announced.clear();
                     }
                     rounds.touch_status();
                 }

@@ -51,6 +51,8 @@ pub(super) struct Sinks<'a> {
     /// Why the driver must stop now, publishing nothing more of the model (a checkpoint that
     /// could not be saved under central DP).
     pub(super) fatal: Option<String>,
+    /// With `home_assistant`: the devices whose entities were announced on this connection.
+    pub(super) announced: std::collections::BTreeSet<String>,
 }
 
 /// Least time between two status publishes: a flood of junk packets, each a rejection and a
@@ -116,6 +118,7 @@ impl Sinks<'_> {
             handling,
             control_seq: _,
             fatal,
+            announced,
         } = self;
         let (options, topics) = (*options, *topics);
         let mut status_dirty = false;
@@ -235,6 +238,14 @@ impl Sinks<'_> {
                 Output::StatusChanged => status_dirty = true,
                 Output::ClearDeviceStatus(client) => {
                     outbox.publish(topics.edge_status(&client), true, Vec::new());
+                    if options.home_assistant {
+                        let federation = &options.federation;
+                        for topic in super::discovery::device_discovery_topics(federation, &client)
+                        {
+                            outbox.publish(topic, true, Vec::new());
+                        }
+                        announced.remove(&client);
+                    }
                 }
                 Output::Journal(record) => {
                     let Some(journal) = journal.as_mut() else {
@@ -258,6 +269,9 @@ impl Sinks<'_> {
                 }
             }
         }
+        if options.home_assistant {
+            announce_devices(outbox, options, topics, rounds, announced);
+        }
         if let Some(m) = metrics {
             m.devices(rounds.online().len(), rounds.selected());
             if let Some(spent) = rounds.privacy_spent() {
@@ -278,6 +292,28 @@ impl Sinks<'_> {
             *status_due = None;
         }
         finished
+    }
+}
+
+/// Announces the Home Assistant entities of every device heard from (online to train, or an
+/// evaluation-only site that scored a release) not announced yet on this connection.
+fn announce_devices(
+    outbox: &mut Outbox,
+    options: &DriverOptions,
+    topics: &Topics,
+    rounds: &Rounds,
+    announced: &mut std::collections::BTreeSet<String>,
+) {
+    let heard = rounds.online().iter().chain(rounds.site_accuracy().keys());
+    let new: Vec<String> = heard.filter(|c| !announced.contains(*c)).cloned().collect();
+    for client in new {
+        let federation = &options.federation;
+        for (topic, config) in
+            super::discovery::device_discovery_messages(topics, federation, &client)
+        {
+            outbox.publish(topic, true, config);
+        }
+        announced.insert(client);
     }
 }
 

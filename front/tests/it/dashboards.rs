@@ -109,7 +109,13 @@ fn topic_exists(topic: &str) -> bool {
         ["fedge", f, "backbone", sha] => level(f) && level(sha),
         ["fedge", f, "backbone", sha, i] => level(f) && level(sha) && level(i),
         ["homeassistant", "#"] => true,
-        ["homeassistant", "sensor", node, key, "config"] => level(node) && level(key),
+        [
+            "homeassistant",
+            "sensor" | "binary_sensor",
+            node,
+            key,
+            "config",
+        ] => level(node) && level(key),
         _ => false,
     }
 }
@@ -321,15 +327,34 @@ async fn a_federation_s_topics_read_with_mosquitto_sub_match_the_schemas_and_agr
         .iter()
         .filter(|(t, _)| t.starts_with("homeassistant/"))
         .collect();
-    assert_eq!(discovery.len(), 7, "{discovery:?}");
+    // The coordinator's 7 sensors, and 6 entities for each of the 3 devices and the
+    // evaluation-only site, each read from the topic its node names.
+    assert_eq!(discovery.len(), 7 + 4 * 6, "{discovery:?}");
     let mut ids = std::collections::BTreeSet::new();
+    let mut by_state = std::collections::BTreeMap::<String, usize>::new();
     for (topic, config) in discovery {
         assert!(topic_exists(topic), "{topic}");
         assert!(ids.insert(config["unique_id"].as_str().unwrap().to_owned()));
-        assert_eq!(config["state_topic"], "fedge/dash/coordinator/status");
+        *by_state
+            .entry(config["state_topic"].as_str().unwrap().to_owned())
+            .or_default() += 1;
         assert_eq!(
             config["availability_topic"],
             "fedge/dash/coordinator/status"
         );
     }
+    let mut expected =
+        std::collections::BTreeMap::from([("fedge/dash/coordinator/status".to_owned(), 7)]);
+    for (topic, _) in retained
+        .iter()
+        .filter(|(t, _)| t.starts_with("fedge/dash/edge/"))
+    {
+        expected.insert(topic.clone(), 6);
+    }
+    assert_eq!(by_state, expected);
+    let site = "homeassistant/sensor/fedge_dash/unseen-rot75_site_accuracy/config";
+    assert!(
+        find(site).is_some(),
+        "the evaluation-only site's accuracy entity"
+    );
 }
