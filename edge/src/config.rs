@@ -17,7 +17,7 @@ use fedge_device::DdlViews;
 use fedge_device::local_dp::{InvalidLocalPrivacy, LocalPrivacy};
 
 use crate::agent::{AgentSetup, Serving};
-use crate::data::{DIGITS_ANGLES, DataError, ImageSet, digits_domains, imagefolder_site};
+use crate::data::{DIGITS_ANGLES, DataError, SiteImages, digits_domains, imagefolder_site};
 use crate::features::{self, LoadBackboneError};
 use crate::inference::{self, InferenceConfig, config::InvalidInference};
 use crate::rescan::SiteScan;
@@ -398,8 +398,8 @@ impl EdgeConfig {
 
     /// Loads the local images (raw values; ImageFolder images at the backbone's input size,
     /// the built-in digits at their own): the profile's digits domain, or its own site folder
-    /// alone.
-    pub fn load_images(&self, backbone: &Backbone) -> Result<ImageSet, SetupError> {
+    /// alone, without the files that do not decode (listed, and logged one by one).
+    pub fn load_images(&self, backbone: &Backbone) -> Result<SiteImages, SetupError> {
         let card = backbone.card();
         let (seed, wanted) = match &self.data {
             DataConfig::Digits { seed, domain } => (*seed, domain),
@@ -407,12 +407,11 @@ impl EdgeConfig {
                 let site = self.data.site_folder().unwrap_or_default();
                 // Images of another size or channel count are adapted to the card when
                 // features are computed (`ModelCard::adapt_chw`).
-                return Ok(imagefolder_site(
-                    &site,
-                    card.channels,
-                    card.height,
-                    card.width,
-                )?);
+                let loaded = imagefolder_site(&site, card.channels, card.height, card.width)?;
+                for (file, reason) in &loaded.skipped {
+                    tracing::warn!(file = %file.display(), %reason, "image skipped");
+                }
+                return Ok(loaded);
             }
         };
         let domains = digits_domains(&DIGITS_ANGLES, seed);
@@ -424,7 +423,10 @@ impl EdgeConfig {
                 wanted: wanted.clone(),
                 available: names,
             })?;
-        Ok(domain.data)
+        Ok(SiteImages {
+            images: domain.data,
+            skipped: Vec::new(),
+        })
     }
 
     /// `backbone = "federation"`: the device takes the backbone the federation distributes
@@ -504,7 +506,7 @@ impl EdgeConfig {
 
     /// The data read once, cut to the feature cache, split, featurised (cached on disk).
     fn loaded(&self, backbone: &Backbone, backbone_id: u64) -> Result<LocalData, SetupError> {
-        let images = self.load_images(backbone)?;
+        let images = self.load_images(backbone)?.images;
         let (mut images, left_out) = resources::fit_feature_cache(
             images,
             resources::feature_bytes_per_image(backbone.card().feature_size, self.fedddl.enabled),

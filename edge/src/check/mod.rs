@@ -114,7 +114,13 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
     };
     checks.push(check_device(&config));
     if let Some(backbone) = &backbone {
-        let images = config.load_images(backbone);
+        let loaded = config.load_images(backbone);
+        if let Ok(loaded) = &loaded
+            && !loaded.skipped.is_empty()
+        {
+            checks.push(check_unreadable(&loaded.skipped));
+        }
+        let images = loaded.map(|l| l.images);
         if let Ok(images) = &images {
             checks.push(check_resources(&config, backbone, images));
         }
@@ -160,6 +166,24 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         }
     }
     checks
+}
+
+/// Image files that do not decode: listed every one (the device leaves them out and starts).
+fn check_unreadable(skipped: &[(std::path::PathBuf, String)]) -> Check {
+    let files: Vec<String> = skipped
+        .iter()
+        .map(|(file, _)| format!("  {}", file.display()))
+        .collect();
+    let first = &skipped[0].1;
+    fail(
+        "images",
+        format!(
+            "{} image file(s) do not decode and are left out (replace or remove them; the first: \
+             {first}):\n{}",
+            skipped.len(),
+            files.join("\n")
+        ),
+    )
 }
 
 /// `[fedddl] enabled`: `run` builds FedDDL's views at start and stops when the images carry

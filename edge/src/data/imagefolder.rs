@@ -77,15 +77,27 @@ pub fn imagefolder_domains(
     // Second pass: decode the images.
     let mut domains = Vec::with_capacity(listings.len());
     for (name, dir, classes) in listings {
-        let data = load_site(&dir, classes, &class_names, channels, (h, w))?;
+        let data = load_site(&dir, classes, &class_names, channels, (h, w), None)?;
         domains.push(Domain { name, data });
     }
     Ok(domains)
 }
 
+/// A device's site folder as loaded: the images, and the files left out because they did not
+/// decode (a half-written upload, a corrupt file), each with the reason.
+#[derive(Debug, Clone)]
+pub struct SiteImages {
+    /// The images that decoded.
+    pub images: ImageSet,
+    /// The files that did not, with why.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
 /// Loads one site folder `dir/<class>/*.png` alone, as a device holds it: its classes are its
 /// own class folders, sorted (a device renumbers them onto the federation's list by name).
-/// Decoding, resizing and `boxes.csv` are as in [`imagefolder_domains`].
+/// Decoding, resizing and `boxes.csv` are as in [`imagefolder_domains`], except that a file
+/// that does not decode is left out and listed in [`SiteImages::skipped`]: one bad file in a
+/// live folder must not keep a device from starting.
 ///
 /// # Errors
 ///
@@ -95,7 +107,7 @@ pub fn imagefolder_site(
     channels: usize,
     height: usize,
     width: usize,
-) -> Result<ImageSet, DataError> {
+) -> Result<SiteImages, DataError> {
     if channels != 1 && channels != 3 {
         return Err(DataError::UnsupportedChannels { channels });
     }
@@ -115,7 +127,21 @@ pub fn imagefolder_site(
     }
     let classes = list_site(dir)?;
     let class_names: Vec<String> = classes.iter().map(|(name, _)| name.clone()).collect();
-    load_site(dir, classes, &class_names, channels, (h, w))
+    let mut skipped = Vec::new();
+    let images = load_site(
+        dir,
+        classes,
+        &class_names,
+        channels,
+        (h, w),
+        Some(&mut skipped),
+    )?;
+    if images.is_empty() {
+        return Err(DataError::EmptyDomain {
+            path: dir.to_path_buf(),
+        });
+    }
+    Ok(SiteImages { images, skipped })
 }
 
 /// A site's class folders (sorted) with their image files (sorted); an error when there is no
@@ -138,13 +164,15 @@ pub fn list_site(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>, DataError> {
     Ok(classes)
 }
 
-/// Decodes a listed site, labelling each class folder by its place in `class_names`.
+/// Decodes a listed site, labelling each class folder by its place in `class_names`. A file
+/// that does not decode is an error, or, given `skipped`, left out and listed there.
 fn load_site(
     dir: &Path,
     classes: Vec<(String, Vec<PathBuf>)>,
     class_names: &[String],
     channels: usize,
     (h, w): (u32, u32),
+    mut skipped: Option<&mut Vec<(PathBuf, String)>>,
 ) -> Result<ImageSet, DataError> {
     let (height, width) = (h as usize, w as usize);
     let image_len = channels * height * width;
@@ -161,7 +189,14 @@ fn load_site(
             .expect("every class folder name is in the class list");
         let label = u32::try_from(label).expect("fewer than 2^32 classes");
         for path in files {
-            let decoded = decode(&path)?;
+            let decoded = match (decode(&path), skipped.as_deref_mut()) {
+                (Ok(decoded), _) => decoded,
+                (Err(e), Some(skipped)) => {
+                    skipped.push((path, e.to_string()));
+                    continue;
+                }
+                (Err(e), None) => return Err(e),
+            };
             if let (Some(boxes), Some(masks)) = (&boxes, masks.as_mut()) {
                 let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
                 let key = format!("{class_name}/{}", file.unwrap_or_default());
@@ -406,6 +441,31 @@ mod tests {
         let err = imagefolder_domains(dir.path(), 3, 2, 2).unwrap_err();
         assert!(matches!(err, DataError::Decode { .. }), "{err:?}");
         assert!(err.to_string().contains("y.png"), "{err}");
+    }
+
+    #[test]
+    fn a_site_leaves_out_and_lists_the_files_that_do_not_decode() {
+        let dir = tree();
+        let site = dir.path().join("a");
+        let whole = imagefolder_site(&site, 3, 2, 2).unwrap();
+        assert!(whole.skipped.is_empty());
+        std::fs::write(site.join("cat/3.png"), b"half a png").unwrap();
+        std::fs::write(site.join("dog/0.jpg"), [0xff, 0xd8, 0xff]).unwrap();
+        let loaded = imagefolder_site(&site, 3, 2, 2).unwrap();
+        assert_eq!(loaded.images.labels, whole.images.labels);
+        assert_eq!(loaded.images.images, whole.images.images);
+        let files: Vec<&Path> = loaded.skipped.iter().map(|(f, _)| f.as_path()).collect();
+        assert_eq!(files, [site.join("cat/3.png"), site.join("dog/0.jpg")]);
+        assert!(
+            loaded.skipped[0].1.contains("replace or remove"),
+            "{:?}",
+            loaded.skipped
+        );
+        // Nothing that decodes: still an error.
+        let broken = dir.path().join("b");
+        std::fs::write(broken.join("dog/x.png"), b"gone").unwrap();
+        let err = imagefolder_site(&broken, 3, 2, 2).unwrap_err();
+        assert!(matches!(err, DataError::EmptyDomain { .. }), "{err:?}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod rotate;
 pub use detector::detector_masks;
 pub use digits::{DIGITS_ANGLES, digits_domains, load_digits};
 pub use error::DataError;
-pub use imagefolder::{imagefolder_domains, imagefolder_site, list_site};
+pub use imagefolder::{SiteImages, imagefolder_domains, imagefolder_site, list_site};
 pub use rotate::rotate_chw;
 
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};

@@ -76,7 +76,29 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
         img.save(folder.join(format!("{i}.png"))).unwrap();
     }
     let folder = format!("kind = \"imagefolder\"\nroot = {site:?}");
+    // The same folder with a half-written upload: listed, while the rest still loads.
+    let live = d.join("live");
+    for entry in std::fs::read_dir(&site).unwrap() {
+        let class = entry.unwrap().path();
+        let to = live.join(class.file_name().unwrap());
+        std::fs::create_dir_all(&to).unwrap();
+        for file in std::fs::read_dir(&class).unwrap() {
+            let file = file.unwrap().path();
+            std::fs::copy(&file, to.join(file.file_name().unwrap())).unwrap();
+        }
+    }
+    let first_class = std::fs::read_dir(&live).unwrap().next().unwrap().unwrap().path();
+    std::fs::write(first_class.join("upload.png"), b"\x89PNG\r\n").unwrap();
+    let live_folder = format!("kind = \"imagefolder\"\nroot = {live:?}");
     let cases: Vec<(Edit, &str, &str)> = vec![
+        (
+            Box::new(move |t| {
+                t.replace("kind = \"digits\"\ndomain = \"rot15\"", &live_folder)
+                    .replace("enabled = true", "enabled = false")
+            }),
+            "images",
+            "upload.png",
+        ),
         (
             Box::new(move |t| t.replace("kind = \"digits\"\ndomain = \"rot15\"", &folder)),
             "fedddl",
@@ -181,7 +203,7 @@ fn a_feature_cache_limit_cuts_the_data_and_check_says_how_much() {
     assert!(!resources.detail.contains("left out"), "{resources:?}");
     let config = fedge_edge::config::EdgeConfig::load(&path).unwrap();
     let (backbone, _) = fedge_edge::features::load_backbone(&config.backbone).unwrap();
-    let images = config.load_images(&backbone).unwrap();
+    let images = config.load_images(&backbone).unwrap().images;
     let n = images.len();
     // As if each image had 8 KiB of features: 1 MiB keeps 128 of them.
     assert!(n > 128, "{n}");
