@@ -53,7 +53,7 @@ pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,
     SiteEvaluation, check_classes, numbered_classes,
 };
-pub use site_stats::{FeatureStats, FeatureSummary};
+pub use site_stats::{Familiarity, FeatureStats, FeatureSummary};
 pub use status::{CoordinatorStatus, Declined, EdgeStatus, RejectCounts, RunSummary};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

@@ -199,6 +199,31 @@ impl FeatureSummary {
         }
     }
 
+    /// How far features may be from the pool's classes before they are unfamiliar: the
+    /// pool's class means and inverse within-class variances, ready for [`Familiarity::distance`].
+    /// `None` without a class that has rows.
+    pub fn familiarity(&self) -> Option<Familiarity> {
+        let f = self.features();
+        let means = self.means.to_vec();
+        let within = self.within.to_vec();
+        let present: Vec<f32> = (self.counts.iter().enumerate())
+            .filter(|(_, n)| **n > 0.0)
+            .flat_map(|(k, _)| means[k * f..(k + 1) * f].iter().copied())
+            .collect();
+        if f == 0 || present.is_empty() || means.len() != self.classes() * f {
+            return None;
+        }
+        // A feature the pool never saw vary (a dead unit) is held to a thousandth of the
+        // average spread instead of dividing by zero.
+        let floor =
+            (within.iter().map(|w| f64::from(*w)).sum::<f64>() / f as f64 * 1e-3).max(1e-12) as f32;
+        let inverse = within.iter().map(|w| 1.0 / w.max(floor)).collect();
+        Some(Familiarity {
+            means: present,
+            inverse,
+        })
+    }
+
     /// The summary with every count scaled by `factor` (a weight cap, a decay).
     pub fn scaled(&self, factor: f64) -> Self {
         Self {
@@ -337,6 +362,38 @@ impl FeatureSummary {
     }
 }
 
+/// The pool's class means and inverse within-class variances (see
+/// [`FeatureSummary::familiarity`]): how unlike everything the federation trained on a row of
+/// backbone features is (docs/algorithms.md §7, "Unfamiliar inputs").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Familiarity {
+    /// The means of the classes with rows, `[K', F]`.
+    means: Vec<f32>,
+    /// `1 / w_j` per feature.
+    inverse: Vec<f32>,
+}
+
+impl Familiarity {
+    /// The distance of `x` (one row of `F` raw features) to the nearest class mean, in
+    /// within-class standard deviations averaged over the features:
+    /// `d(x) = min_k √((1/F) Σ_j (x_j − μ_kj)² / w_j)`. A row of the pool's own classes
+    /// measures about 1; `None` when `x` is not `F` values long.
+    pub fn distance(&self, x: &[f32]) -> Option<f32> {
+        let f = self.inverse.len();
+        if x.len() != f {
+            return None;
+        }
+        let nearest = (self.means.chunks_exact(f))
+            .map(|mean| {
+                (x.iter().zip(mean).zip(&self.inverse))
+                    .map(|((x, m), inv)| f64::from((x - m) * (x - m) * inv))
+                    .sum::<f64>()
+            })
+            .fold(f64::INFINITY, f64::min);
+        Some((nearest / f as f64).sqrt() as f32)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +404,31 @@ mod tests {
 
     fn close(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5)
+    }
+
+    #[test]
+    fn familiarity_is_the_distance_to_the_nearest_class_in_within_class_deviations() {
+        // Class 0 around (0, 0), class 1 around (10, 0); within-class variance 1 and 4;
+        // class 2 has no row and is never the nearest.
+        let rows = [[-1.0, -2.0], [1.0, 2.0], [9.0, -2.0], [11.0, 2.0]];
+        let s = summary(&rows, &[0, 0, 1, 1]);
+        let near = s.familiarity().unwrap();
+        assert_eq!(near.distance(&[0.0, 0.0]), Some(0.0));
+        // From class 1's mean: (1/2)(1²/1 + 2²/4) = 1.
+        assert!((near.distance(&[11.0, 2.0]).unwrap() - 1.0).abs() < 1e-6);
+        // Far from both: (1/2)(5²/1 + 20²/4) = 62.5 from either.
+        let far = near.distance(&[5.0, 20.0]).unwrap();
+        assert!((far - 62.5f32.sqrt()).abs() < 1e-4, "{far}");
+        assert_eq!(near.distance(&[1.0]), None);
+        // A feature that never varied does not divide by zero.
+        let flat = summary(&[[0.0, 3.0], [2.0, 3.0]], &[0, 0]);
+        assert!(
+            flat.familiarity()
+                .unwrap()
+                .distance(&[1.0, 4.0])
+                .unwrap()
+                .is_finite()
+        );
     }
 
     #[test]

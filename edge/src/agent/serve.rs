@@ -71,7 +71,10 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
     let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
     match Predictor::new(Arc::clone(backbone), release.clone(), site) {
         Ok(predictor) => {
-            let predictor = predictor.with_limits(limits);
+            let distance = setup.serving.inference.unfamiliar_distance;
+            let predictor = predictor
+                .with_limits(limits)
+                .with_unfamiliar_distance(distance);
             tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
             http::install(&setup.serving.predictor, predictor);
         }

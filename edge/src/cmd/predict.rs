@@ -78,7 +78,8 @@ pub fn predict(
         }
     };
     let predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)
-        .with_context(|| format!("using {}", model_path.display()))?;
+        .with_context(|| format!("using {}", model_path.display()))?
+        .with_unfamiliar_distance(config.inference.unfamiliar_distance);
     let mut all_ok = true;
     let mut out = std::io::stdout().lock();
     for image in images {

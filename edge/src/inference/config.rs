@@ -15,7 +15,7 @@ pub const MAX_BODY_MB_LIMIT: usize = 1024;
 /// The endpoint has no authentication and no TLS: anyone who can reach `listen` can ask for
 /// predictions and read the model's class list. Keep it on loopback (`127.0.0.1:PORT`) unless
 /// the network in front of the device is trusted, or put an authenticating proxy before it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InferenceConfig {
     /// Address to listen on, e.g. `"127.0.0.1:8085"`; none (the default) runs no server.
@@ -45,6 +45,16 @@ pub struct InferenceConfig {
     /// Seconds a request's headers may take to arrive; a slower connection is closed.
     #[serde(default = "default_header_timeout_s")]
     pub header_timeout_s: u64,
+    /// A prediction whose features lie further than this from every class the federation
+    /// trained on (in within-class standard deviations; an image like the training ones
+    /// measures about 1) says `"unfamiliar": true`; 0 flags none. Needs a release with the
+    /// pooled summary (`feature_norm = "pooled"` or `"balanced"`).
+    #[serde(default = "default_unfamiliar_distance")]
+    pub unfamiliar_distance: f32,
+}
+
+fn default_unfamiliar_distance() -> f32 {
+    crate::inference::predictor::DEFAULT_UNFAMILIAR_DISTANCE
 }
 
 fn default_max_connections() -> usize {
@@ -82,12 +92,13 @@ impl Default for InferenceConfig {
             body_timeout_s: default_body_timeout_s(),
             max_connections: default_max_connections(),
             header_timeout_s: default_header_timeout_s(),
+            unfamiliar_distance: default_unfamiliar_distance(),
         }
     }
 }
 
 /// An `[inference]` section that cannot be served.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum InvalidInference {
     /// `top_k = 0`.
     #[error("[inference] top_k must be at least 1")]
@@ -107,6 +118,11 @@ pub enum InvalidInference {
     /// `header_timeout_s` out of range.
     #[error("[inference] header_timeout_s = {0}: give 1 to 300 (seconds)")]
     HeaderTimeout(u64),
+    /// `unfamiliar_distance` negative or not finite.
+    #[error(
+        "[inference] unfamiliar_distance = {0}: give 0 (off) or a positive number (3 by default)"
+    )]
+    UnfamiliarDistance(f32),
     /// `listen` is not `HOST:PORT`.
     #[error("[inference] listen = {0:?}: give HOST:PORT, e.g. \"127.0.0.1:8085\"")]
     Listen(String),
@@ -123,6 +139,11 @@ impl InferenceConfig {
         }
         if self.max_in_flight == 0 {
             return Err(InvalidInference::MaxInFlight);
+        }
+        if !(self.unfamiliar_distance.is_finite() && self.unfamiliar_distance >= 0.0) {
+            return Err(InvalidInference::UnfamiliarDistance(
+                self.unfamiliar_distance,
+            ));
         }
         if !(1..=300).contains(&self.body_timeout_s) {
             return Err(InvalidInference::BodyTimeout(self.body_timeout_s));

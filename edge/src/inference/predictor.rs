@@ -178,7 +178,22 @@ pub struct Prediction {
     pub logits: Vec<f32>,
     /// The round of the release that answered.
     pub model_round: u64,
+    /// How far the image's features are from the nearest class the federation trained on, in
+    /// within-class standard deviations (about 1 for an image like the training ones;
+    /// docs/algorithms.md §7, "Unfamiliar inputs"); absent when the release carries no pooled
+    /// summary (`feature_norm = "none"` or `"site"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub distance: Option<f32>,
+    /// Whether `distance` is above `[inference] unfamiliar_distance`: the model has seen
+    /// nothing like this image (a blank frame, a covered lens, another kind of object), so its
+    /// class and probability are not to be trusted whatever the probability says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unfamiliar: Option<bool>,
 }
+
+/// Default `[inference] unfamiliar_distance`: on the built-in digits, 99.9 % of the training
+/// sites' images measure below 2.7 and a blank white image 6.6.
+pub const DEFAULT_UNFAMILIAR_DISTANCE: f32 = 3.0;
 
 /// The released head over the device's backbone.
 #[derive(Debug)]
@@ -190,6 +205,10 @@ pub struct Predictor {
     limits: ImageLimits,
     /// The site's feature statistics, applied when the release asks for site normalisation.
     site: Option<FeatureStats>,
+    /// The release's pooled summary, for how unfamiliar an image is.
+    familiarity: Option<fedge_wire::Familiarity>,
+    /// Above this distance an image is unfamiliar; 0: never.
+    unfamiliar_distance: f32,
 }
 
 impl Predictor {
@@ -228,13 +247,22 @@ impl Predictor {
                 release: release.backbone.clone(),
             });
         }
+        let familiarity = release.pooled.as_ref().and_then(|p| p.familiarity());
         Ok(Self {
             backbone,
             release,
             params,
             limits: ImageLimits::default(),
             site,
+            familiarity,
+            unfamiliar_distance: DEFAULT_UNFAMILIAR_DISTANCE,
         })
+    }
+
+    /// The same predictor flagging images above `distance` as unfamiliar (0: never).
+    pub fn with_unfamiliar_distance(mut self, distance: f32) -> Self {
+        self.unfamiliar_distance = distance;
+        self
     }
 
     /// The same predictor with other image limits.
@@ -297,6 +325,9 @@ impl Predictor {
             self.release.head.features,
             "one image's features"
         );
+        let distance = (self.familiarity.as_ref()).and_then(|f| f.distance(features));
+        let unfamiliar =
+            distance.map(|d| self.unfamiliar_distance > 0.0 && d > self.unfamiliar_distance);
         let standardised;
         let features = match &self.site {
             Some(stats) => {
@@ -330,6 +361,8 @@ impl Predictor {
                 .collect(),
             logits,
             model_round: self.release.round,
+            distance,
+            unfamiliar,
         }
     }
 
@@ -471,6 +504,64 @@ mod tests {
             params[w_start + f * k + c] = -0.5 * norm;
         }
         (head, params)
+    }
+
+    #[test]
+    fn a_blank_frame_is_unfamiliar_and_the_training_sites_images_are_not() {
+        let backbone = backbone();
+        let f = backbone.card().feature_size;
+        // The federation trained on the first five rotations; rot75 is a site it never saw.
+        let mut domains = digits_domains(&crate::data::DIGITS_ANGLES, 3);
+        let unseen = domains.pop().unwrap().data;
+        let features: Vec<(Vec<f32>, Vec<u32>)> = (domains.iter())
+            .map(|d| {
+                let x =
+                    (backbone.features_of(&d.data.images, (1, 8, 8), d.data.raw_max, 64)).unwrap();
+                (x, d.data.labels.clone())
+            })
+            .collect();
+        let rows = features.iter().flat_map(|(x, _)| x.chunks_exact(f));
+        let labels: Vec<u32> = features.iter().flat_map(|(_, y)| y.clone()).collect();
+        let pooled = fedge_wire::FeatureSummary::of_rows(f, 10, rows, &labels).unwrap();
+        let set = &domains[0].data;
+        let (head, params) = centroid_head(&backbone, set);
+        let release = ModelRelease {
+            pooled: Some(pooled),
+            ..release_of(head.clone(), params.clone(), "")
+        };
+        let predictor = Predictor::new(Arc::clone(&backbone), release, None).unwrap();
+        let flagged = |set: &crate::data::ImageSet| {
+            let mut flagged = 0;
+            for raw in set.images.chunks_exact(64).take(200) {
+                let p = predictor.predict_bytes(&encode_digit(raw, ImageFormat::Png), 1);
+                let p = p.unwrap();
+                assert!(p.distance.unwrap() > 0.0);
+                flagged += usize::from(p.unfamiliar.unwrap());
+            }
+            flagged
+        };
+        let source = flagged(&domains[2].data);
+        assert!(source <= 2, "{source} of 200 training-site images flagged");
+        // An unseen site is less familiar, but mostly still recognised as digits.
+        let unseen = flagged(&unseen);
+        assert!(unseen > source && unseen < 100, "{unseen} of 200");
+        // A blank white frame of any size still gets a class, and is flagged.
+        let white = GrayImage::from_pixel(640, 480, image::Luma([255]));
+        let mut png = Cursor::new(Vec::new());
+        white.write_to(&mut png, ImageFormat::Png).unwrap();
+        let p = predictor.predict_bytes(&png.into_inner(), 1).unwrap();
+        assert_eq!(p.unfamiliar, Some(true), "{p:?}");
+        // Turned off, nothing is flagged; a release without a pooled summary measures nothing.
+        let off = Predictor::new(Arc::clone(&backbone), predictor.release().clone(), None)
+            .unwrap()
+            .with_unfamiliar_distance(0.0);
+        let white = off.predict_features(&vec![0.0; f], 1);
+        assert_eq!(white.unfamiliar, Some(false));
+        let plain = Predictor::new(backbone, release_of(head, params, ""), None).unwrap();
+        let p = plain.predict_features(&vec![0.0; f], 1);
+        assert_eq!((p.distance, p.unfamiliar), (None, None));
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(!json.contains("unfamiliar"), "{json}");
     }
 
     #[test]
