@@ -105,13 +105,29 @@ pub fn fit_feature_cache(
 }
 
 /// What the agent is expected to hold at its peak, in MiB: the fixed part, the local images
-/// as loaded (f32, all at once while features are computed), the features kept
-/// (`feature_bytes`), and the head's parameters about eight times over (global, local,
-/// gradients, momentum, delta, frames).
-pub fn estimate_mib(images: &ImageSet, feature_bytes: u64, head_params: usize) -> f64 {
+/// twice (f32, as loaded and split into training and validation, all at once while features
+/// are computed), the features kept
+/// (`feature_bytes`) twice (the set, and its bytes while the cache file is written), and the
+/// head's parameters about eight times over (global, local, gradients, momentum, delta,
+/// frames).
+///
+/// `measured`: this process's own peak in MiB after it loaded the backbone, ran it and loaded
+/// the images (what `fedge-edge check` does before it estimates), which then replaces the
+/// fixed part and the images as loaded: the backbone's weights, its optimised plan and its activations
+/// are known only by running it (EfficientNet-Lite0 holds more than 60 MiB of them).
+pub fn estimate_mib(
+    images: &ImageSet,
+    feature_bytes: u64,
+    head_params: usize,
+    measured: Option<f64>,
+) -> f64 {
     let images_bytes = (images.images.len() * 4) as f64;
     let params = (head_params * 4 * 8) as f64;
-    BASE_MIB + (images_bytes + feature_bytes as f64 + params) / MIB
+    let loaded = match measured {
+        Some(peak) => peak.max(BASE_MIB),
+        None => BASE_MIB + images_bytes / MIB,
+    };
+    loaded + (images_bytes + 2.0 * feature_bytes as f64 + params) / MIB
 }
 
 /// This process's peak resident memory in MiB (`VmHWM`), where the system reports it.
@@ -213,9 +229,18 @@ mod tests {
     #[test]
     fn the_estimate_counts_images_features_and_parameters() {
         let set = images(1024, 2); // 16 bytes of pixels each: 16 KiB
-        let estimate = estimate_mib(&set, 1 << 20, 0); // 1 MiB of features
-        assert!((estimate - BASE_MIB - 1.0 - 16.0 / 1024.0).abs() < 1e-9);
-        assert!(estimate_mib(&set, 1 << 20, 1 << 20) > estimate + 31.9);
+        // 1 MiB of features, held twice while the cache file is written.
+        let estimate = estimate_mib(&set, 1 << 20, 0, None);
+        assert!((estimate - BASE_MIB - 2.0 - 32.0 / 1024.0).abs() < 1e-9);
+        assert!(estimate_mib(&set, 1 << 20, 1 << 20, None) > estimate + 31.9);
+        // A measured peak (backbone and images loaded) replaces the fixed part and the images
+        // as loaded; their split copy is still to come.
+        let measured = estimate_mib(&set, 1 << 20, 0, Some(140.0));
+        assert!(
+            (measured - 142.0 - 16.0 / 1024.0).abs() < 1e-9,
+            "{measured}"
+        );
+        assert_eq!(estimate_mib(&set.subset(&[]), 0, 0, Some(1.0)), BASE_MIB);
     }
 
     #[test]

@@ -314,7 +314,10 @@ fn check_resources(
         .num_params();
     // All images are loaded while their features are computed; the cut happens after.
     let feature_bytes = kept as u64 * per_image;
-    let estimate = resources::estimate_mib(images, feature_bytes, params);
+    // By now this process loaded the backbone, ran it on its converter's sample and loaded
+    // the images, as `run` does before it computes features.
+    let estimate =
+        resources::estimate_mib(images, feature_bytes, params, resources::peak_rss_mib());
     let features_mib = feature_bytes as f64 / (1024.0 * 1024.0);
     let cut = if left_out > 0 {
         format!(", {left_out} samples left out to fit feature_cache_mb")
