@@ -1,7 +1,9 @@
 //! The device's inference endpoint (HTTP/1.1, axum):
 //!
-//! - `POST /v1/predict[?top_k=N]`: the body is a PNG or JPEG file's bytes; the answer is the
-//!   prediction as JSON (`class`, `index`, `probability`, `top_k`, `logits`, `model_round`).
+//! - `POST /v1/predict[?top_k=N]`: the body is a PNG or JPEG file's bytes, or a
+//!   `multipart/form-data` form carrying one ([`super::upload`]); the answer is the prediction
+//!   as JSON (`class`, `index`, `probability`, `top_k`, `logits`, `model_round`, `distance`,
+//!   `unfamiliar`).
 //! - `GET /v1/model`: the release in use (federation, run, round, strategy, backbone, sha256,
 //!   classes, head sizes).
 //! - `GET /healthz`: `200 ok`, and whether a model is loaded.
@@ -314,6 +316,7 @@ async fn refuse_declared_oversize(
 async fn predict(
     State(app): State<AppState>,
     RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Response {
     // Taken before the body is read: a slow sender holds a permit, never more than
@@ -337,6 +340,10 @@ async fn predict(
                 );
             }
         };
+    let body = match super::upload::image_of(&headers, body).await {
+        Ok(image) => image,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
     let top_k = match top_k_of(query.as_deref(), app.top_k) {
         Ok(k) => k,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),

@@ -6,12 +6,13 @@
 //! answer over HTTP ([`http`], configured by `[inference]`, [`config`]). `fedge-edge predict`
 //! runs the same predictor on files.
 //!
-//! Modules, leaves first: [`config`], [`store`], [`predictor`], [`http`].
+//! Modules, leaves first: [`config`], [`store`], [`predictor`], [`upload`], [`http`].
 
 pub mod config;
 pub mod http;
 pub mod predictor;
 pub mod store;
+pub mod upload;
 
 pub use config::InferenceConfig;
 pub use http::{SharedPredictor, serve, serve_with};

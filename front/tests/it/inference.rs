@@ -195,6 +195,26 @@ fn the_endpoint_answers_what_the_predictor_answers() {
     assert_same(&json(&body), &direct.predict_bytes(&png, 1).unwrap());
     let (_, body) = post("/v1/predict?top_k=50", &png);
     assert_eq!(json(&body)["top_k"].as_array().unwrap().len(), 10);
+    // The same image as a form upload, as curl sends one (-F), and as an HTML form would.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &png).unwrap();
+    let form = |field: &str| {
+        let part = format!("{field}=@{}", file.path().display());
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-F", "note=from a form", "-F", &part])
+            .arg(url("/v1/predict?top_k=1"))
+            .output()
+            .expect("curl (apt-get install curl)");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_same(
+        &json(&form("image")),
+        &direct.predict_bytes(&png, 1).unwrap(),
+    );
+    assert_same(
+        &json(&form("upload")),
+        &direct.predict_bytes(&png, 1).unwrap(),
+    );
 
     // Bad requests say what to send.
     for (path, body, status, says) in [
