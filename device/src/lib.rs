@@ -5,7 +5,8 @@
 //! FedDIM, FedDDL, Stable-FedADG, and [`train::run_round`], the device's round as one function),
 //! standardising features with a site's statistics ([`site_norm`]), a device's labels on the
 //! federation's class list ([`classes`]), local differential privacy ([`local_dp`]) and the
-//! cached features everything trains on ([`features`]).
+//! cached features everything trains on ([`features`]), and the drift alarm on what a device
+//! serves ([`drift`]).
 //!
 //! Nothing here reads a clock, a file or the network: `fedge-edge` (the daemon: MQTT, the
 //! backbone, the feature cache on disk, inference) and `fedge-sim` (the deterministic
@@ -13,6 +14,7 @@
 //! rumqttc, rumqttd, axum or fedge-mqtt, and the architecture test checks its dependency tree.
 
 pub mod classes;
+pub mod drift;
 pub mod features;
 pub mod local_dp;
 pub mod machine;

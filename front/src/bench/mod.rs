@@ -7,8 +7,10 @@
 //! - `aggregate`: the coordinator's aggregation against a numpy transcription.
 //! - `wire`: bytes per update and per task for each codec.
 //! - `fleet`: many simulated devices against a running coordinator.
+//! - `drift`: the drift alarm's false alarms and detection delay on `digits-sensor`.
 
 pub mod aggregate;
+pub mod drift;
 pub mod feddim;
 pub mod fleet;
 pub mod head;

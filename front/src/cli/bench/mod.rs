@@ -1,9 +1,10 @@
 //! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`, `infer`,
-//! `aggregate`, `wire`, `fleet`, `feddim`). Accuracy is `fedge eval`'s; `fedge bench` without a
+//! `aggregate`, `wire`, `fleet`, `feddim`, `drift`). Accuracy is `fedge eval`'s; `fedge bench` without a
 //! subcommand still takes `fedge eval`'s flags for one release, with a note pointing there.
 
 pub mod aggregate;
 pub mod backbone;
+pub mod drift;
 pub mod feddim;
 pub mod fleet;
 pub mod head;
@@ -44,6 +45,9 @@ pub enum BenchCommand {
     Fleet(fleet::FleetArgs),
     /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
     Feddim(feddim::FeddimArgs),
+    /// The drift alarm: false alarms per 100,000 requests of an unchanged site, and requests
+    /// until the alarm after a switch to another sensor (digits-sensor).
+    Drift(drift::DriftArgs),
 }
 
 impl BenchCommand {
@@ -57,6 +61,7 @@ impl BenchCommand {
             BenchCommand::Wire(args) => wire::run(args),
             BenchCommand::Fleet(args) => fleet::run(args).await,
             BenchCommand::Feddim(args) => feddim::run(args),
+            BenchCommand::Drift(args) => drift::run(args),
         }
     }
 }

@@ -1,0 +1,70 @@
+//! `fedge bench drift`: flags and tables of [`fedge::bench::drift`].
+
+use clap::Args;
+
+/// The flags of `fedge bench drift`.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct DriftArgs {
+    /// Requests of an unchanged site per seed, on which false alarms are counted.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub requests: u64,
+    /// Sensor switches per seed and sensor, on which the detection delay is measured.
+    #[arg(long, default_value_t = 200)]
+    pub trials: usize,
+    /// Seeds: each deals the digits into sites afresh and draws its own requests.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,3,4")]
+    pub seeds: Vec<u64>,
+}
+
+/// Prints false alarms per 100,000 requests per seed, then the delay per sensor switched to.
+pub fn run(args: DriftArgs) -> anyhow::Result<()> {
+    use fedge::bench::drift as b;
+    let (backbone, _) = fedge::eval::load_backbone(None)?;
+    let options = b::DriftOptions {
+        requests: args.requests,
+        trials: args.trials,
+        seeds: args.seeds,
+    };
+    let report = b::run(&backbone, &options)?;
+    println!("drift alarm on digits-sensor (digits-conv), a clean site switching sensor");
+    println!("false alarms on an unchanged site");
+    println!(
+        "{:>6} {:>10} {:>7} {:>10}",
+        "seed", "requests", "alarms", "per 100k"
+    );
+    let (mut requests, mut alarms) = (0, 0);
+    for q in &report.quiet {
+        let rate = q.alarms as f64 * 1e5 / q.requests.max(1) as f64;
+        println!(
+            "{:>6} {:>10} {:>7} {:>10.2}",
+            q.seed, q.requests, q.alarms, rate
+        );
+        requests += q.requests;
+        alarms += q.alarms;
+    }
+    let rate = alarms as f64 * 1e5 / requests.max(1) as f64;
+    println!("{:>6} {:>10} {:>7} {:>10.2}", "all", requests, alarms, rate);
+    println!(
+        "requests from the switch to the alarm ({} trials per seed and sensor; missed: none within {})",
+        options.trials,
+        b::MAX_DELAY
+    );
+    println!(
+        "{:>12} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "switch to", "median", "p95", "max", "caught", "missed", "early"
+    );
+    for c in &report.caught {
+        let show = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+        println!(
+            "{:>12} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}",
+            c.sensor,
+            show(c.quantile(0.5)),
+            show(c.quantile(0.95)),
+            show(c.delays.last().copied()),
+            c.delays.len(),
+            c.missed,
+            c.early
+        );
+    }
+    Ok(())
+}
