@@ -183,7 +183,7 @@ pub enum Output {
         /// The status topic.
         topic: String,
         /// The status, `updated_at` still empty.
-        status: EdgeStatus,
+        status: Box<EdgeStatus>,
     },
     /// Publish an update frame on `topic` in chunks (message id `seq`), not retained, then
     /// report with [`Agent::handle_update_sent`].
@@ -518,7 +518,7 @@ impl Agent {
     fn publish_status(&mut self) {
         self.outputs.push_back(Output::Status {
             topic: self.status_topic.clone(),
-            status: self.status.clone(),
+            status: Box::new(self.status.clone()),
         });
     }
 }

@@ -465,6 +465,7 @@ impl EdgeConfig {
             _ => self.loaded(&backbone, backbone_id)?,
         };
         // The backbone stays in memory only when the device answers predictions.
+        let metrics: Arc<crate::metrics::EdgeMetrics> = Default::default();
         let serving = Serving {
             backbone: self.inference.serves().then_some(backbone),
             model_file: (self.cache_dir.as_deref())
@@ -472,7 +473,8 @@ impl EdgeConfig {
             inference: self.inference.clone(),
             predictor: inference::http::shared(None),
             gate: inference::http::Gate::new(self.inference.max_in_flight),
-            metrics: Default::default(),
+            drift: Arc::new(inference::DriftWatch::new(Some(Arc::clone(&metrics)))),
+            metrics,
             metrics_listen: self.metrics_listen,
         };
         Ok(AgentSetup {

@@ -31,6 +31,8 @@ pub struct EdgeMetrics {
     resident: Gauge<u64, AtomicU64>,
     peak: Gauge<u64, AtomicU64>,
     privacy_epsilon: Gauge<f64, AtomicU64>,
+    drift_level: Gauge<f64, AtomicU64>,
+    drift_alarms: Counter,
 }
 
 impl std::fmt::Debug for EdgeMetrics {
@@ -51,6 +53,8 @@ impl Default for EdgeMetrics {
         let resident = Gauge::default();
         let peak = Gauge::default();
         let privacy_epsilon = Gauge::default();
+        let drift_level = Gauge::default();
+        let drift_alarms = Counter::default();
         let r = &mut registry;
         r.register(
             "rounds_trained",
@@ -93,6 +97,16 @@ impl Default for EdgeMetrics {
             "Local differential privacy: the epsilon this device's updates have spent so far at its [privacy] delta (0 when off)",
             privacy_epsilon.clone(),
         );
+        r.register(
+            "drift_level",
+            "The drift alarm's level on what the device serves: 0 quiet, 1 at an alarm",
+            drift_level.clone(),
+        );
+        r.register(
+            "drift_alarms",
+            "Drift alarms raised on what the device serves",
+            drift_alarms.clone(),
+        );
         Self {
             registry,
             rounds_trained,
@@ -104,6 +118,8 @@ impl Default for EdgeMetrics {
             resident,
             peak,
             privacy_epsilon,
+            drift_level,
+            drift_alarms,
         }
     }
 }
@@ -133,6 +149,16 @@ impl EdgeMetrics {
     /// Local DP: the ε the device's updates have spent so far.
     pub fn privacy_epsilon(&self, epsilon: f64) {
         self.privacy_epsilon.set(epsilon);
+    }
+
+    /// The drift alarm's level now (0 to 1).
+    pub fn drift_level(&self, level: f64) {
+        self.drift_level.set(level);
+    }
+
+    /// A drift alarm was raised.
+    pub fn drift_alarm(&self) {
+        self.drift_alarms.inc();
     }
 
     /// The exposition, in the OpenMetrics text format.

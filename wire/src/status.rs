@@ -190,6 +190,28 @@ pub struct EdgeStatus {
     /// round need not wait for it; signed with the rest when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declined: Option<Declined>,
+    /// The drift alarm on what the device serves (absent until it serves a release with the
+    /// pooled summary). Not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftStatus>,
+}
+
+/// What a serving device's drift alarm says (see `fedge_device::drift`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriftStatus {
+    /// The CUSUM's level now, `max(U, L) / h`: 0 quiet, 1 at an alarm.
+    pub level: f64,
+    /// Alarms since the release in use was installed.
+    pub alarms: u64,
+    /// RFC 3339 time of the last alarm, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_alarm: Option<String>,
+    /// Requests watched since the release in use was installed.
+    pub requests: u64,
+    /// Distances in the reference the stream is compared with (0 while the first requests
+    /// are still being collected as the reference of a site without data of its own).
+    pub reference: u32,
 }
 
 /// A selected round the device declined at once (see [`EdgeStatus::declined`]).
@@ -227,6 +249,7 @@ impl Default for EdgeStatus {
             protocol: Some(crate::PROTOCOL_VERSION),
             epsilon: None,
             declined: None,
+            drift: None,
         }
     }
 }
@@ -419,6 +442,7 @@ mod tests {
                 round: 4,
                 reason: "cannot".into(),
             }),
+            drift: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));

@@ -4,7 +4,8 @@
 //! configuration. Every sensor reads the retained coordinator status JSON; availability comes
 //! from the same topic, whose Last Will says `"state": "offline"`. Every device the coordinator
 //! hears from gets a Home Assistant device of its own (`fedge_<federation>_<client>`: online,
-//! last round, model round, samples, site accuracy, last error, read from its retained status),
+//! last round, model round, samples, site accuracy, drift alarms, last error, read from its
+//! retained status),
 //! removed again when the device is revoked.
 
 use fedge_wire::Topics;
@@ -136,7 +137,7 @@ pub fn discovery_messages(topics: &Topics, federation: &str) -> Vec<(String, Str
 
 /// A device's sensors: (key, component, name, value template, unit, state class). Each reads
 /// the device's own retained status.
-const DEVICE_SENSORS: [DeviceSensor; 6] = [
+const DEVICE_SENSORS: [DeviceSensor; 7] = [
     (
         "online",
         "binary_sensor",
@@ -178,6 +179,14 @@ const DEVICE_SENSORS: [DeviceSensor; 6] = [
         Some("measurement"),
     ),
     (
+        "drift_alarms",
+        "sensor",
+        "drift alarms",
+        "{{ value_json.drift.alarms if value_json.drift is defined else 0 }}",
+        None,
+        Some("total_increasing"),
+    ),
+    (
         "last_error",
         "sensor",
         "last error",
@@ -216,7 +225,8 @@ fn device_node(federation: &str, client: &str) -> String {
 }
 
 /// The retained discovery messages of one device's entities (online, last round trained,
-/// model round served, samples, site accuracy for an evaluation-only site, last error), shown
+/// model round served, samples, site accuracy for an evaluation-only site, drift alarms, last
+/// error), shown
 /// in Home Assistant as a device of its own, linked to the coordinator's.
 pub fn device_discovery_messages(
     topics: &Topics,

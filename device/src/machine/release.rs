@@ -56,6 +56,17 @@ impl Agent {
         }
     }
 
+    /// The serving side's drift alarm says `drift` (after an alarm, or a release installed):
+    /// it goes into the status, which is published at once when an alarm was added.
+    pub fn handle_drift(&mut self, drift: Option<fedge_wire::DriftStatus>) {
+        let alarms = |d: &Option<fedge_wire::DriftStatus>| d.as_ref().map_or(0, |d| d.alarms);
+        let news = alarms(&drift) > alarms(&self.status.drift);
+        self.status.drift = drift;
+        if news {
+            self.publish_status();
+        }
+    }
+
     /// An evaluation-only device scored a release (or could not: the error goes into
     /// `last_error`).
     pub fn handle_evaluated(&mut self, result: Result<SiteEvaluation, String>) {

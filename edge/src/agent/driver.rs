@@ -112,6 +112,7 @@ pub async fn run_agent(
             spawn_scoring(&mut setup, &data, release, done.scored.clone());
         }
     }
+    let drift = Arc::clone(&setup.serving.drift);
     let origin = Instant::now();
     loop {
         tokio::select! {
@@ -151,6 +152,7 @@ pub async fn run_agent(
                 agent.handle_trained(trained);
             }
             Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
+            _ = drift.alarmed() => agent.handle_drift(drift.snapshot()),
             _ = stop.changed() => break,
         }
         perform(&mut agent, &mut setup, &mut data, &client, &done);

@@ -72,9 +72,17 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
     match Predictor::new(Arc::clone(backbone), release.clone(), site) {
         Ok(predictor) => {
             let distance = setup.serving.inference.unfamiliar_distance;
+            // The drift alarm starts over with each release, its reference the device's own
+            // rows measured against the release's pooled summary.
+            let reference = predictor.distances(&setup.train.features).map(|mut d| {
+                d.extend(predictor.distances(&setup.val.features).unwrap_or_default());
+                d
+            });
+            setup.serving.drift.restart(reference);
             let predictor = predictor
                 .with_limits(limits)
-                .with_unfamiliar_distance(distance);
+                .with_unfamiliar_distance(distance)
+                .with_drift(Arc::clone(&setup.serving.drift));
             tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
             http::install(&setup.serving.predictor, predictor);
         }

@@ -83,6 +83,8 @@ pub struct Serving {
     pub predictor: SharedPredictor,
     /// Predictions answered at once, over HTTP and MQTT together.
     pub gate: crate::inference::http::Gate,
+    /// The drift alarm on what the device serves, fed by every prediction.
+    pub drift: Arc<crate::inference::DriftWatch>,
     /// The device's metrics (fed whether or not they are served).
     pub metrics: Arc<crate::metrics::EdgeMetrics>,
     /// Serve them for Prometheus on `GET /metrics` at this address.

@@ -6,15 +6,17 @@
 //! answer over HTTP ([`http`], configured by `[inference]`, [`config`]). `fedge-edge predict`
 //! runs the same predictor on files.
 //!
-//! Modules, leaves first: [`config`], [`store`], [`predictor`], [`upload`], [`http`].
+//! Modules, leaves first: [`config`], [`store`], [`drift`], [`predictor`], [`upload`], [`http`].
 
 pub mod config;
+pub mod drift;
 pub mod http;
 pub mod predictor;
 pub mod store;
 pub mod upload;
 
 pub use config::InferenceConfig;
+pub use drift::DriftWatch;
 pub use http::{SharedPredictor, serve, serve_with};
 pub use predictor::{ClassScore, ImageLimits, PredictError, Prediction, Predictor, PredictorError};
 pub use store::StoreError;

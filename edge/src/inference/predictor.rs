@@ -209,6 +209,8 @@ pub struct Predictor {
     familiarity: Option<fedge_wire::Familiarity>,
     /// Above this distance an image is unfamiliar; 0: never.
     unfamiliar_distance: f32,
+    /// The drift alarm every prediction's distance goes to, when the device watches.
+    drift: Option<Arc<super::DriftWatch>>,
 }
 
 impl Predictor {
@@ -256,7 +258,26 @@ impl Predictor {
             site,
             familiarity,
             unfamiliar_distance: DEFAULT_UNFAMILIAR_DISTANCE,
+            drift: None,
         })
+    }
+
+    /// The same predictor feeding every prediction's distance to `watch`.
+    pub fn with_drift(mut self, watch: Arc<super::DriftWatch>) -> Self {
+        self.drift = Some(watch);
+        self
+    }
+
+    /// The familiarity distance of each row of `features` (`F` values each) under the
+    /// release's pooled summary; `None` without one. What a drift watch's reference is made of.
+    pub fn distances(&self, features: &[f32]) -> Option<Vec<f32>> {
+        let familiarity = self.familiarity.as_ref()?;
+        let f = self.release.head.features;
+        Some(
+            (features.chunks_exact(f))
+                .filter_map(|row| familiarity.distance(row))
+                .collect(),
+        )
     }
 
     /// The same predictor flagging images above `distance` as unfamiliar (0: never).
@@ -328,6 +349,9 @@ impl Predictor {
         let distance = (self.familiarity.as_ref()).and_then(|f| f.distance(features));
         let unfamiliar =
             distance.map(|d| self.unfamiliar_distance > 0.0 && d > self.unfamiliar_distance);
+        if let Some(watch) = &self.drift {
+            watch.observe(distance);
+        }
         let standardised;
         let features = match &self.site {
             Some(stats) => {

@@ -87,7 +87,12 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
             std::fs::copy(&file, to.join(file.file_name().unwrap())).unwrap();
         }
     }
-    let first_class = std::fs::read_dir(&live).unwrap().next().unwrap().unwrap().path();
+    let first_class = std::fs::read_dir(&live)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     std::fs::write(first_class.join("upload.png"), b"\x89PNG\r\n").unwrap();
     let live_folder = format!("kind = \"imagefolder\"\nroot = {live:?}");
     let cases: Vec<(Edit, &str, &str)> = vec![

@@ -293,3 +293,88 @@ fn the_endpoint_answers_what_the_predictor_answers() {
 
     server.stop();
 }
+
+/// An 8-bit grayscale PNG of one 8×8 image on the raw scale `max`.
+fn png_of(raw: &[f32], max: f32) -> Vec<u8> {
+    let pixels = raw
+        .iter()
+        .map(|v| (v * 255.0 / max).round().clamp(0.0, 255.0) as u8)
+        .collect();
+    let mut out = Cursor::new(Vec::new());
+    image::GrayImage::from_raw(8, 8, pixels)
+        .unwrap()
+        .write_to(&mut out, image::ImageFormat::Png)
+        .unwrap();
+    out.into_inner()
+}
+
+/// The drift alarm behind the endpoint: a deployed clean site whose reference is half of its
+/// images serves the other half over HTTP without an alarm, then the same images through a
+/// blurred sensor, and the alarm comes within a few dozen requests, counted in the metrics.
+#[test]
+fn requests_through_a_new_sensor_raise_the_drift_alarm() {
+    use fedge::datasets::SENSORS;
+    let backbone = backbone();
+    let all = fedge_edge::data::load_digits();
+    let mut parts = all.partition(SENSORS.len(), 3);
+    let deployed = parts.pop().unwrap();
+    let features = |set: &fedge_edge::data::ImageSet| {
+        backbone
+            .features_of(&set.images, (1, 8, 8), set.raw_max, 64)
+            .unwrap()
+    };
+    // The federation: five sites, each through its own sensor.
+    let (mut rows, mut labels) = (Vec::new(), Vec::new());
+    for (i, (part, sensor)) in parts.iter().zip(&SENSORS).enumerate() {
+        rows.extend(features(&sensor.apply(part, i as u64)));
+        labels.extend_from_slice(&part.labels);
+    }
+    let pooled = fedge_wire::FeatureSummary::of_rows(512, 10, rows.chunks_exact(512), &labels);
+    let pooled = pooled.unwrap();
+    let site_stats = pooled.balanced_stats();
+    let release = ModelRelease {
+        pooled: Some(pooled),
+        feature_norm: fedge_wire::FeatureNorm::Pooled,
+        ..release(4)
+    };
+    let metrics = Arc::new(fedge_edge::metrics::EdgeMetrics::default());
+    let watch = Arc::new(fedge_edge::inference::DriftWatch::new(Some(Arc::clone(
+        &metrics,
+    ))));
+    let predictor = Predictor::new(Arc::clone(&backbone), release, site_stats).unwrap();
+    let (reference, served) = deployed.split(0.5, 3);
+    watch.restart(predictor.distances(&features(&SENSORS[0].apply(&reference, 9))));
+    let state = shared(None);
+    install(&state, predictor.with_drift(Arc::clone(&watch)));
+    let server = Server::start(Arc::clone(&state));
+    let http = client();
+    let url = format!("{}/v1/predict", server.base);
+    let post = |png: Vec<u8>| {
+        let (status, body) = answer(http.post(&url).send(&png[..]));
+        assert_eq!(status, 200, "{body}");
+        json(&body)
+    };
+    let clean = SENSORS[0].apply(&served, 9);
+    for raw in clean.images.chunks_exact(64) {
+        let p = post(png_of(raw, clean.raw_max));
+        assert!(p["distance"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let quiet = watch.snapshot().unwrap();
+    assert_eq!(quiet.alarms, 0, "{quiet:?}");
+    assert_eq!(quiet.requests as usize, clean.len());
+    let blurred = SENSORS.iter().find(|s| s.name == "blurred").unwrap();
+    let shifted = blurred.apply(&served, 9);
+    let caught = (shifted.images.chunks_exact(64))
+        .position(|raw| {
+            post(png_of(raw, shifted.raw_max));
+            watch.snapshot().unwrap().alarms > 0
+        })
+        .expect("the alarm within the site's images");
+    assert!(caught < 50, "alarm after {} requests", caught + 1);
+    let exposition = metrics.encode();
+    assert!(
+        exposition.contains("fedge_edge_drift_alarms_total 1"),
+        "{exposition}"
+    );
+    server.stop();
+}

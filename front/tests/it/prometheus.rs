@@ -288,7 +288,7 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
     .await
     .unwrap();
     let rules = rules.as_array().expect("the alerting rules are loaded");
-    assert_eq!(rules.len(), 4, "{rules:?}");
+    assert_eq!(rules.len(), 5, "{rules:?}");
     for rule in rules {
         assert_eq!(rule["health"], "ok", "{rule}");
     }

@@ -1,0 +1,204 @@
+//! The serving device's drift alarm: every prediction's familiarity distance goes through the
+//! detector of `fedge_device::drift`, whichever way it was asked (HTTP, MQTT, `predict`).
+//!
+//! Each installed release starts the watch again ([`DriftWatch::restart`]): its reference is
+//! the distances of the device's own rows under the release's pooled summary, or, on a site
+//! without data of its own, the first [`REFERENCE_REQUESTS`] requests it serves. An alarm is
+//! logged, counted in the metrics (`fedge_edge_drift_alarms_total`, with the level in
+//! `fedge_edge_drift_level`) and wakes the agent's loop ([`DriftWatch::alarmed`]), which puts
+//! it in the device's retained status, the event dashboards show.
+
+use std::sync::{Arc, Mutex};
+
+use fedge_device::drift::{DriftDetector, MIN_REFERENCE};
+use fedge_wire::DriftStatus;
+
+use crate::metrics::EdgeMetrics;
+
+/// Requests taken as the reference where the device has no rows of its own.
+pub const REFERENCE_REQUESTS: usize = 500;
+
+/// The drift alarm shared by every way predictions are asked.
+#[derive(Debug)]
+pub struct DriftWatch {
+    state: Mutex<State>,
+    alarm: tokio::sync::Notify,
+    metrics: Option<Arc<EdgeMetrics>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    detector: Option<DriftDetector>,
+    /// The first requests' distances, while they are the reference to be.
+    collecting: Option<Vec<f32>>,
+    alarms: u64,
+    last_alarm: Option<String>,
+    requests: u64,
+    /// Whether a release with a pooled summary is being watched.
+    watching: bool,
+}
+
+impl Default for DriftWatch {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl DriftWatch {
+    /// A watch that watches nothing until [`DriftWatch::restart`]; alarms and the level go to
+    /// `metrics` when given.
+    pub fn new(metrics: Option<Arc<EdgeMetrics>>) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            alarm: tokio::sync::Notify::new(),
+            metrics,
+        }
+    }
+
+    /// Starts over for a newly installed release: compare with `reference` (the device's own
+    /// rows' distances) when it holds enough of them, else with the first requests; `None`:
+    /// the release has no pooled summary, and nothing is watched.
+    pub fn restart(&self, reference: Option<Vec<f32>>) {
+        let mut state = self.lock();
+        *state = State::default();
+        let Some(reference) = reference else {
+            return;
+        };
+        state.watching = true;
+        match DriftDetector::new(reference) {
+            Some(detector) => state.detector = Some(detector),
+            None => state.collecting = Some(Vec::with_capacity(REFERENCE_REQUESTS)),
+        }
+        if let Some(m) = &self.metrics {
+            m.drift_level(0.0);
+        }
+    }
+
+    /// One prediction's distance (none: the release measures none).
+    pub fn observe(&self, distance: Option<f32>) {
+        let Some(distance) = distance else {
+            return;
+        };
+        let mut state = self.lock();
+        if !state.watching {
+            return;
+        }
+        state.requests += 1;
+        if let Some(collecting) = &mut state.collecting {
+            collecting.push(distance);
+            if collecting.len() >= REFERENCE_REQUESTS.max(MIN_REFERENCE) {
+                let reference = std::mem::take(collecting);
+                state.collecting = None;
+                state.detector = DriftDetector::new(reference);
+            }
+            return;
+        }
+        let Some(detector) = &mut state.detector else {
+            return;
+        };
+        let seen = detector.observe(distance);
+        if let Some(m) = &self.metrics {
+            m.drift_level(seen.level.min(1.0));
+        }
+        if seen.alarm {
+            state.alarms += 1;
+            let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+            tracing::warn!(
+                requests = state.requests,
+                alarms = state.alarms,
+                "drift alarm: what this device serves no longer looks like its reference \
+                 (a new sensor, a dirty lens, new light or new objects?)"
+            );
+            state.last_alarm = Some(at);
+            if let Some(m) = &self.metrics {
+                m.drift_alarm();
+            }
+            drop(state);
+            self.alarm.notify_one();
+        }
+    }
+
+    /// What the status says; `None` while no release with a pooled summary is watched.
+    pub fn snapshot(&self) -> Option<DriftStatus> {
+        let state = self.lock();
+        state.watching.then(|| DriftStatus {
+            level: state.detector.as_ref().map_or(0.0, |d| d.level().min(1.0)),
+            alarms: state.alarms,
+            last_alarm: state.last_alarm.clone(),
+            requests: state.requests,
+            reference: (state.detector.as_ref()).map_or(0, |d| d.reference_len() as u32),
+        })
+    }
+
+    /// Resolves at the next alarm (one waiting task is woken per alarm).
+    pub async fn alarmed(&self) {
+        self.alarm.notified().await;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_alarm_is_counted_timed_and_wakes_the_agent() {
+        let metrics = Arc::new(EdgeMetrics::default());
+        let watch = Arc::new(DriftWatch::new(Some(Arc::clone(&metrics))));
+        assert_eq!(watch.snapshot(), None, "nothing watched before a release");
+        let reference: Vec<f32> = (0..400).map(|i| 1.0 + (i % 40) as f32 / 40.0).collect();
+        watch.restart(Some(reference.clone()));
+        let woken = tokio::spawn({
+            let watch = Arc::clone(&watch);
+            async move { watch.alarmed().await }
+        });
+        for i in 0..1_000 {
+            watch.observe(Some(reference[i % reference.len()]));
+        }
+        assert_eq!(watch.snapshot().unwrap().alarms, 0);
+        // The site's images move away from everything it knew.
+        for _ in 0..50 {
+            watch.observe(Some(5.0));
+        }
+        let status = watch.snapshot().unwrap();
+        assert!(status.alarms >= 1, "{status:?}");
+        assert!(status.last_alarm.is_some());
+        assert_eq!((status.requests, status.reference), (1_050, 400));
+        tokio::time::timeout(std::time::Duration::from_secs(5), woken)
+            .await
+            .expect("the agent is woken")
+            .unwrap();
+        let exposition = metrics.encode();
+        assert!(
+            exposition.contains("fedge_edge_drift_alarms_total"),
+            "{exposition}"
+        );
+        // A new release starts again; predictions without a distance change nothing.
+        watch.restart(Some(reference));
+        watch.observe(None);
+        assert_eq!(watch.snapshot().unwrap().requests, 0);
+        watch.restart(None);
+        assert_eq!(watch.snapshot(), None);
+    }
+
+    #[test]
+    fn a_site_without_rows_takes_its_first_requests_as_the_reference() {
+        let watch = DriftWatch::new(None);
+        watch.restart(Some(Vec::new()));
+        assert_eq!(watch.snapshot().unwrap().reference, 0);
+        for i in 0..REFERENCE_REQUESTS {
+            watch.observe(Some(1.0 + (i % 10) as f32 / 10.0));
+        }
+        let status = watch.snapshot().unwrap();
+        assert_eq!(status.reference as usize, REFERENCE_REQUESTS);
+        for _ in 0..40 {
+            watch.observe(Some(9.0));
+        }
+        assert!(watch.snapshot().unwrap().alarms >= 1);
+    }
+}
