@@ -212,6 +212,13 @@ pub struct DriftStatus {
     /// Distances in the reference the stream is compared with (0 while the first requests
     /// are still being collected as the reference of a site without data of its own).
     pub reference: u32,
+    /// Times the site re-estimated its statistics from the requests after an alarm, since
+    /// the release in use was installed.
+    #[serde(default)]
+    pub adaptations: u64,
+    /// RFC 3339 time of the last re-estimation, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_adapted: Option<String>,
 }
 
 /// A selected round the device declined at once (see [`EdgeStatus::declined`]).

@@ -56,11 +56,13 @@ impl Agent {
         }
     }
 
-    /// The serving side's drift alarm says `drift` (after an alarm, or a release installed):
-    /// it goes into the status, which is published at once when an alarm was added.
+    /// The serving side's drift alarm says `drift` (after an alarm or a re-estimation of the
+    /// site's statistics): it goes into the status, published at once when either is new.
     pub fn handle_drift(&mut self, drift: Option<fedge_wire::DriftStatus>) {
-        let alarms = |d: &Option<fedge_wire::DriftStatus>| d.as_ref().map_or(0, |d| d.alarms);
-        let news = alarms(&drift) > alarms(&self.status.drift);
+        let events = |d: &Option<fedge_wire::DriftStatus>| {
+            d.as_ref().map_or(0, |d| d.alarms + d.adaptations)
+        };
+        let news = events(&drift) > events(&self.status.drift);
         self.status.drift = drift;
         if news {
             self.publish_status();

@@ -152,7 +152,12 @@ pub async fn run_agent(
                 agent.handle_trained(trained);
             }
             Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
-            _ = drift.alarmed() => agent.handle_drift(drift.snapshot()),
+            _ = drift.woken() => {
+                if let Some(window) = drift.take_window() {
+                    serve::readapt(&setup, window);
+                }
+                agent.handle_drift(drift.snapshot());
+            }
             _ = stop.changed() => break,
         }
         perform(&mut agent, &mut setup, &mut data, &client, &done);

@@ -92,6 +92,63 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
     }
 }
 
+/// After a drift alarm, the features of the requests since (`window`, flat): a site whose
+/// release standardises with the site's own statistics (`feature_norm = "balanced"` or
+/// `"site"`) re-estimates them from the window without labels (`balanced`: labelled by the
+/// head, `fedge_device::site_norm::SiteNorm::unlabelled`) and serves with them from the next
+/// request on. Other releases keep their statistics. Either way the drift watch takes the
+/// window as its new reference.
+pub fn readapt(setup: &AgentSetup, window: Vec<f32>) {
+    let Some(current) = http::current(&setup.serving.predictor) else {
+        return;
+    };
+    let release = current.release().clone();
+    let f = release.head.features;
+    let rows = window.len() / f.max(1);
+    let set = fedge_device::FeatureSet {
+        dim: f,
+        labels: vec![0; rows],
+        features: window,
+    };
+    let norm = fedge_device::site_norm::SiteNorm {
+        norm: FeatureNorm::Balanced,
+        pooled: release.pooled.as_ref(),
+    };
+    // Only a release whose statistics are the site's own has anything to re-estimate: under
+    // `pooled` every site uses the federation's, which no change at the site makes stale
+    // (and re-estimating them as `balanced` lost 1.6 points on digits-sensor, BENCHMARKS.md).
+    let stats = match release.feature_norm {
+        FeatureNorm::Balanced => norm.unlabelled(&set, &release.head, &release.params.to_vec()),
+        FeatureNorm::Site => fedge_device::site_norm::stats_of(&[&set]),
+        FeatureNorm::Pooled | FeatureNorm::None => None,
+    };
+    let reference = |p: &Predictor| p.distances(&set.features).unwrap_or_default();
+    let Some(stats) = stats else {
+        tracing::info!(client = %setup.client_id, norm = release.feature_norm.name(), "drift: the release's statistics are not the site's own; serving on with them, the requests since the alarm as the new reference");
+        setup.serving.drift.adapted(reference(&current), false);
+        return;
+    };
+    let Some(backbone) = &setup.serving.backbone else {
+        return;
+    };
+    let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
+    match Predictor::new(Arc::clone(backbone), release, Some(stats)) {
+        Ok(predictor) => {
+            let predictor = predictor
+                .with_limits(limits)
+                .with_unfamiliar_distance(setup.serving.inference.unfamiliar_distance)
+                .with_drift(Arc::clone(&setup.serving.drift));
+            setup.serving.drift.adapted(reference(&predictor), true);
+            http::install(&setup.serving.predictor, predictor);
+            tracing::info!(client = %setup.client_id, requests = rows, "drift: the site's statistics re-estimated from the requests after the alarm; serving with them");
+        }
+        Err(e) => {
+            tracing::warn!(client = %setup.client_id, "drift: cannot serve with re-estimated statistics: {e}");
+            setup.serving.drift.adapted(reference(&current), false);
+        }
+    }
+}
+
 /// Binds `[inference] listen` and serves the HTTP endpoint until `stop`; `Ok(None)` when the
 /// profile asks for no server.
 pub async fn start_http(

@@ -5,8 +5,14 @@
 //! the distances of the device's own rows under the release's pooled summary, or, on a site
 //! without data of its own, the first [`REFERENCE_REQUESTS`] requests it serves. An alarm is
 //! logged, counted in the metrics (`fedge_edge_drift_alarms_total`, with the level in
-//! `fedge_edge_drift_level`) and wakes the agent's loop ([`DriftWatch::alarmed`]), which puts
+//! `fedge_edge_drift_level`) and wakes the agent's loop ([`DriftWatch::woken`]), which puts
 //! it in the device's retained status, the event dashboards show.
+//!
+//! After an alarm the watch keeps the features of the next [`RECENT_REQUESTS`] requests (the
+//! site as it is now) and wakes the loop again once it has them ([`DriftWatch::take_window`]):
+//! the agent re-estimates the site's statistics from them and serves with those
+//! (`crate::agent::serve::readapt`), and the watch starts again with that window as its
+//! reference ([`DriftWatch::adapted`]). Meanwhile no other alarm is raised.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,12 +23,14 @@ use crate::metrics::EdgeMetrics;
 
 /// Requests taken as the reference where the device has no rows of its own.
 pub const REFERENCE_REQUESTS: usize = 500;
+/// The requests after an alarm whose features re-estimate the site's statistics.
+pub const RECENT_REQUESTS: usize = 256;
 
 /// The drift alarm shared by every way predictions are asked.
 #[derive(Debug)]
 pub struct DriftWatch {
     state: Mutex<State>,
-    alarm: tokio::sync::Notify,
+    wake: tokio::sync::Notify,
     metrics: Option<Arc<EdgeMetrics>>,
 }
 
@@ -31,8 +39,14 @@ struct State {
     detector: Option<DriftDetector>,
     /// The first requests' distances, while they are the reference to be.
     collecting: Option<Vec<f32>>,
+    /// After an alarm: the features of the requests since, while they are gathered.
+    window: Option<Vec<f32>>,
+    /// A full window, waiting for the agent to take it.
+    ready: Option<Vec<f32>>,
     alarms: u64,
     last_alarm: Option<String>,
+    adaptations: u64,
+    last_adapted: Option<String>,
     requests: u64,
     /// Whether a release with a pooled summary is being watched.
     watching: bool,
@@ -50,7 +64,7 @@ impl DriftWatch {
     pub fn new(metrics: Option<Arc<EdgeMetrics>>) -> Self {
         Self {
             state: Mutex::new(State::default()),
-            alarm: tokio::sync::Notify::new(),
+            wake: tokio::sync::Notify::new(),
             metrics,
         }
     }
@@ -74,8 +88,9 @@ impl DriftWatch {
         }
     }
 
-    /// One prediction's distance (none: the release measures none).
-    pub fn observe(&self, distance: Option<f32>) {
+    /// One prediction: its raw backbone features and their distance (none: the release
+    /// measures none).
+    pub fn observe(&self, features: &[f32], distance: Option<f32>) {
         let Some(distance) = distance else {
             return;
         };
@@ -93,6 +108,18 @@ impl DriftWatch {
             }
             return;
         }
+        if let Some(window) = &mut state.window {
+            window.extend_from_slice(features);
+            if window.len() >= RECENT_REQUESTS * features.len().max(1) {
+                state.ready = state.window.take();
+                drop(state);
+                self.wake.notify_one();
+            }
+            return;
+        }
+        if state.ready.is_some() {
+            return;
+        }
         let Some(detector) = &mut state.detector else {
             return;
         };
@@ -107,14 +134,43 @@ impl DriftWatch {
                 requests = state.requests,
                 alarms = state.alarms,
                 "drift alarm: what this device serves no longer looks like its reference \
-                 (a new sensor, a dirty lens, new light or new objects?)"
+                 (a new sensor, a dirty lens, new light or new objects?); taking the next {} \
+                 requests to re-estimate the site's statistics",
+                RECENT_REQUESTS
             );
             state.last_alarm = Some(at);
+            state.window = Some(Vec::with_capacity(RECENT_REQUESTS * features.len()));
             if let Some(m) = &self.metrics {
                 m.drift_alarm();
             }
             drop(state);
-            self.alarm.notify_one();
+            self.wake.notify_one();
+        }
+    }
+
+    /// The features (`RECENT_REQUESTS` rows, flat) gathered since the last alarm, once there
+    /// are that many; taken once.
+    pub fn take_window(&self) -> Option<Vec<f32>> {
+        self.lock().ready.take()
+    }
+
+    /// The site re-estimated its statistics from the window (`adapted`), or could not, and
+    /// serves on: the watch starts again with `reference`, the window's distances under what
+    /// it serves now, as the site's new normal.
+    pub fn adapted(&self, reference: Vec<f32>, adapted: bool) {
+        let mut state = self.lock();
+        state.window = None;
+        state.ready = None;
+        if let Some(detector) = DriftDetector::new(reference) {
+            state.detector = Some(detector);
+        }
+        if adapted {
+            state.adaptations += 1;
+            let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+            state.last_adapted = Some(at);
+        }
+        if let Some(m) = &self.metrics {
+            m.drift_level(0.0);
         }
     }
 
@@ -127,12 +183,15 @@ impl DriftWatch {
             last_alarm: state.last_alarm.clone(),
             requests: state.requests,
             reference: (state.detector.as_ref()).map_or(0, |d| d.reference_len() as u32),
+            adaptations: state.adaptations,
+            last_adapted: state.last_adapted.clone(),
         })
     }
 
-    /// Resolves at the next alarm (one waiting task is woken per alarm).
-    pub async fn alarmed(&self) {
-        self.alarm.notified().await;
+    /// Resolves at the next alarm, and when a window after one is full (one waiting task is
+    /// woken each time; a wake-up while nobody waits is kept for the next).
+    pub async fn woken(&self) {
+        self.wake.notified().await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -155,15 +214,15 @@ mod tests {
         watch.restart(Some(reference.clone()));
         let woken = tokio::spawn({
             let watch = Arc::clone(&watch);
-            async move { watch.alarmed().await }
+            async move { watch.woken().await }
         });
         for i in 0..1_000 {
-            watch.observe(Some(reference[i % reference.len()]));
+            watch.observe(&[0.0], Some(reference[i % reference.len()]));
         }
         assert_eq!(watch.snapshot().unwrap().alarms, 0);
         // The site's images move away from everything it knew.
         for _ in 0..50 {
-            watch.observe(Some(5.0));
+            watch.observe(&[0.0], Some(5.0));
         }
         let status = watch.snapshot().unwrap();
         assert!(status.alarms >= 1, "{status:?}");
@@ -180,7 +239,7 @@ mod tests {
         );
         // A new release starts again; predictions without a distance change nothing.
         watch.restart(Some(reference));
-        watch.observe(None);
+        watch.observe(&[0.0], None);
         assert_eq!(watch.snapshot().unwrap().requests, 0);
         watch.restart(None);
         assert_eq!(watch.snapshot(), None);
@@ -192,12 +251,12 @@ mod tests {
         watch.restart(Some(Vec::new()));
         assert_eq!(watch.snapshot().unwrap().reference, 0);
         for i in 0..REFERENCE_REQUESTS {
-            watch.observe(Some(1.0 + (i % 10) as f32 / 10.0));
+            watch.observe(&[0.0], Some(1.0 + (i % 10) as f32 / 10.0));
         }
         let status = watch.snapshot().unwrap();
         assert_eq!(status.reference as usize, REFERENCE_REQUESTS);
         for _ in 0..40 {
-            watch.observe(Some(9.0));
+            watch.observe(&[0.0], Some(9.0));
         }
         assert!(watch.snapshot().unwrap().alarms >= 1);
     }

@@ -350,7 +350,7 @@ impl Predictor {
         let unfamiliar =
             distance.map(|d| self.unfamiliar_distance > 0.0 && d > self.unfamiliar_distance);
         if let Some(watch) = &self.drift {
-            watch.observe(distance);
+            watch.observe(features, distance);
         }
         let standardised;
         let features = match &self.site {

@@ -371,6 +371,25 @@ fn requests_through_a_new_sensor_raise_the_drift_alarm() {
         })
         .expect("the alarm within the site's images");
     assert!(caught < 50, "alarm after {} requests", caught + 1);
+    // The requests after the alarm are kept for the site to re-estimate its statistics from,
+    // without another alarm meanwhile.
+    let mut sent = 0;
+    let window = loop {
+        if let Some(window) = watch.take_window() {
+            break window;
+        }
+        let raw = shifted
+            .images
+            .chunks_exact(64)
+            .nth(sent % shifted.len())
+            .unwrap();
+        post(png_of(raw, shifted.raw_max));
+        sent += 1;
+        assert!(sent <= 300, "no window after {sent} requests");
+    };
+    let recent = fedge_edge::inference::drift::RECENT_REQUESTS;
+    assert_eq!((sent, window.len()), (recent, recent * 512));
+    assert_eq!(watch.snapshot().unwrap().alarms, 1);
     let exposition = metrics.encode();
     assert!(
         exposition.contains("fedge_edge_drift_alarms_total 1"),

@@ -14,6 +14,17 @@ pub struct DriftArgs {
     /// Seeds: each deals the digits into sites afresh and draws its own requests.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,3,4")]
     pub seeds: Vec<u64>,
+    /// Seeds of the re-adaptation table (a deployed site holds about 150 images to score).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19"
+    )]
+    pub adapt_seeds: Vec<u64>,
+    /// Requests after a switch that the site re-estimates its statistics from (the
+    /// re-adaptation table).
+    #[arg(long, default_value_t = fedge_edge::inference::drift::RECENT_REQUESTS)]
+    pub window: usize,
 }
 
 /// Prints false alarms per 100,000 requests per seed, then the delay per sensor switched to.
@@ -66,5 +77,46 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
             c.early
         );
     }
+    let adapted = b::adaptation(&backbone, &args.adapt_seeds, args.window)?;
+    println!(
+        "accuracy (%) of a deployed site's stream after a switch to the blurred sensor: clean \
+         (before, balanced statistics of its own images), stale (after, the same statistics), \
+         pooled (the federation's, the default), adapted (balanced, re-estimated from the first \
+         {} requests after the switch or half the stream, the rest scored)",
+        args.window
+    );
+    println!(
+        "{:>6} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "seed", "clean", "stale", "pooled", "adapted", "gain"
+    );
+    let gains: Vec<f64> = adapted
+        .iter()
+        .map(|a| f64::from(a.adapted - a.stale) * 100.0)
+        .collect();
+    for (a, gain) in adapted.iter().zip(&gains) {
+        println!(
+            "{:>6} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>+8.1}",
+            a.seed,
+            a.clean * 100.0,
+            a.stale * 100.0,
+            a.pooled * 100.0,
+            a.adapted * 100.0,
+            gain
+        );
+    }
+    let mean = |f: fn(&b::Adapted) -> f32| {
+        adapted.iter().map(|a| f64::from(f(a))).sum::<f64>() * 100.0 / adapted.len().max(1) as f64
+    };
+    let (gain, half) = fedge::eval::interval(&gains).unwrap_or((0.0, 0.0));
+    println!(
+        "{:>6} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>+8.1}  (adapted - stale, paired 95% interval ±{:.1})",
+        "mean",
+        mean(|a| a.clean),
+        mean(|a| a.stale),
+        mean(|a| a.pooled),
+        mean(|a| a.adapted),
+        gain,
+        half
+    );
     Ok(())
 }
