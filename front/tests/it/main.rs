@@ -26,6 +26,7 @@ mod fleet;
 mod hostile;
 mod inference;
 mod local_dp;
+mod no_images;
 mod objectives;
 mod operate;
 mod privacy;
