@@ -356,7 +356,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             let stem = path.file_stem().unwrap_or_default().to_string_lossy();
             let privacy_path = path.with_file_name(format!("{stem}-privacy.png"));
             let title = format!(
-                "{}, {}, {} rounds, {} seeds: held-out accuracy against epsilon (delta {:e}, clip {})",
+                "{}, {}, {} rounds, {} seeds: held-out accuracy against ε (δ = {:e}, clip {})",
                 args.data.dataset,
                 args.scenario.name(),
                 options.rounds,

@@ -187,41 +187,59 @@ pub fn plot_bars(results: &[RunResult]) -> Vec<crate::plot::Bar> {
         .collect()
 }
 
-/// The lines of `fedge eval --plot`: per algorithm, the mean over targets and seeds of the
-/// target accuracy after each round (percent), rounds from 1.
+/// The lines of `fedge eval --plot`, one per algorithm (in order of appearance): after each
+/// round (from 1), each seed's target accuracy averaged over its targets (percent), then the
+/// mean over seeds and the lowest and highest seed, drawn as the line's band. A round no run of
+/// a seed scored leaves that seed out of the round; a round no seed scored is NaN (a gap).
 pub fn curves(results: &[RunResult]) -> Vec<crate::plot::Curve> {
-    let mut out: Vec<(crate::plot::Curve, Vec<u32>)> = Vec::new();
+    // Per algorithm, per seed, per round: the sum and count of the targets' accuracies.
+    type PerSeed = std::collections::BTreeMap<u64, Vec<(f32, u32)>>;
+    let mut algorithms: Vec<(&str, PerSeed)> = Vec::new();
     for r in results {
-        let at = match out.iter().position(|(c, _)| c.label == r.algorithm) {
+        let at = match algorithms.iter().position(|(a, _)| *a == r.algorithm) {
             Some(at) => at,
             None => {
-                out.push((
-                    crate::plot::Curve {
-                        label: r.algorithm.clone(),
-                        points: Vec::new(),
-                    },
-                    Vec::new(),
-                ));
-                out.len() - 1
+                algorithms.push((&r.algorithm, PerSeed::new()));
+                algorithms.len() - 1
             }
         };
-        let (curve, counts) = &mut out[at];
+        let rounds = algorithms[at].1.entry(r.seed).or_default();
         for score in &r.curve {
             let i = score.round.saturating_sub(1) as usize;
-            if curve.points.len() <= i {
-                curve.points.resize(i + 1, 0.0);
-                counts.resize(i + 1, 0);
+            if rounds.len() <= i {
+                rounds.resize(i + 1, (0.0, 0));
             }
-            curve.points[i] += score.target_accuracy * 100.0;
-            counts[i] += 1;
+            rounds[i].0 += score.target_accuracy * 100.0;
+            rounds[i].1 += 1;
         }
     }
-    out.into_iter()
-        .map(|(mut curve, counts)| {
-            for (p, n) in curve.points.iter_mut().zip(counts) {
-                *p /= n.max(1) as f32;
+    algorithms
+        .into_iter()
+        .map(|(label, seeds)| {
+            let len = seeds.values().map(Vec::len).max().unwrap_or(0);
+            let (mut points, mut spread) = (Vec::with_capacity(len), Vec::with_capacity(len));
+            for i in 0..len {
+                let values: Vec<f32> = (seeds.values())
+                    .filter_map(|rounds| rounds.get(i))
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(sum, n)| sum / *n as f32)
+                    .collect();
+                if values.is_empty() {
+                    points.push(f32::NAN);
+                    spread.push((f32::NAN, f32::NAN));
+                    continue;
+                }
+                points.push(mean_std(&values).0);
+                let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
+                let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                spread.push((lo, hi));
             }
-            curve
+            crate::plot::Curve {
+                label: label.to_owned(),
+                points,
+                spread,
+                seeds: seeds.len(),
+            }
         })
         .collect()
 }
@@ -417,5 +435,50 @@ mod tests {
         ];
         let text = markdown(&results);
         assert!(text.contains("- fedavg: norm 3, wrong_round 1"), "{text}");
+    }
+
+    #[test]
+    fn curves_carry_the_mean_and_the_spread_over_seeds() {
+        let run = |target: &str, seed: u64, accuracies: &[f32]| RunResult {
+            algorithm: "fedavg".into(),
+            target: target.into(),
+            seed,
+            best_round: 1,
+            best_source_val: 0.5,
+            target_accuracy: 0.5,
+            final_target_accuracy: 0.5,
+            curve: (accuracies.iter().enumerate())
+                .map(|(i, a)| super::super::RoundScore {
+                    round: i as u64 + 1,
+                    source_val: 0.5,
+                    target_accuracy: *a,
+                    clients: 1,
+                })
+                .collect(),
+            train_seconds_per_round: f64::NAN,
+            final_params: vec![],
+            epsilon: None,
+            rejected: Default::default(),
+        };
+        // Seed 0 averages its two targets (0.4 and 0.6 after round 1); seed 1 has one target.
+        let results = [
+            run("a", 0, &[0.4, 0.5]),
+            run("b", 0, &[0.6, 0.7]),
+            run("a", 1, &[0.8, 0.9]),
+        ];
+        let curves = curves(&results);
+        assert_eq!(curves.len(), 1);
+        let c = &curves[0];
+        assert_eq!(c.seeds, 2);
+        let near = |a: f32, b: f32| (a - b).abs() < 1e-4;
+        assert!(near(c.points[0], 65.0) && near(c.points[1], 75.0), "{c:?}");
+        assert!(
+            near(c.spread[0].0, 50.0) && near(c.spread[0].1, 80.0),
+            "{c:?}"
+        );
+        assert!(
+            near(c.spread[1].0, 60.0) && near(c.spread[1].1, 90.0),
+            "{c:?}"
+        );
     }
 }
