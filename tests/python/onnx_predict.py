@@ -4,7 +4,7 @@ outside fedge would: the card (model.toml) says how to prepare an image and what
 Usage: python tests/python/onnx_predict.py MODEL.toml IMAGE...
 Prints one JSON line per image: file, class, index, probability, logits, probabilities.
 Images at the card's size are used as they are; others are resized with Pillow's bilinear
-filter, which is close to, not the same as, fedge's resize.
+filter (the card's fedge.resize), which gives fedge's pixels within one 8-bit level.
 """
 
 import json

@@ -224,6 +224,9 @@ fn exported_card(card: &ModelCard, release: &ModelRelease, file_name: &str) -> S
     fedge.insert("backbone".into(), text(&release.backbone));
     fedge.insert("sha256".into(), text(&release.sha256_hex()));
     fedge.insert("feature_norm".into(), text(release.feature_norm.name()));
+    // How fedge brings an image of another size to the card's: what a runtime outside fedge
+    // must do the same way (see the comment the card is written with).
+    fedge.insert("resize".into(), text(RESIZE));
     let card = ModelCard {
         file: file_name.into(),
         output_name: graph::PROBABILITIES.into(),
@@ -235,12 +238,20 @@ fn exported_card(card: &ModelCard, release: &ModelRelease, file_name: &str) -> S
     };
     format!(
         "# Written by `fedge-coordinator export`: the backbone's card with the federation's head \
-         appended.\n# Outputs: {} (softmax over the classes below, in order) and {}.\n{}",
+         appended.\n# Outputs: {} (softmax over the classes below, in order) and {}.\n\
+         # Images of another size: resize to width x height with an antialiased bilinear \
+         filter\n# (fedge.resize = \"{RESIZE}\": triangle weights whose support widens with the \
+         shrink factor),\n# as Pillow's Image.resize(size, Image.BILINEAR) does: equal to \
+         fedge's within one 8-bit level.\n{}",
         graph::PROBABILITIES,
         graph::LOGITS,
         card.to_toml()
     )
 }
+
+/// The resize filter fedge uses (`edge/src/data/decode.rs`: image-rs `FilterType::Triangle`),
+/// as the exported card names it.
+pub const RESIZE: &str = "bilinear-antialiased";
 
 /// Reads a site's statistics as `fedge-edge site-stats` prints them.
 pub fn read_site_stats(path: &Path) -> Result<FeatureStats, ExportError> {

@@ -110,6 +110,9 @@ fn the_backbone_is_cut_to_its_features_and_the_head_appended() {
     assert_eq!(exported["input_name"].as_str(), Some("input"));
     assert_eq!(exported["classes"].as_array().unwrap().len(), 3);
     assert_eq!(exported["fedge"]["round"].as_integer(), Some(4));
+    // How to resize an image of another size, named for runtimes outside fedge.
+    assert_eq!(exported["fedge"]["resize"].as_str(), Some(RESIZE));
+    assert!(card_text.contains("Image.BILINEAR"), "{card_text}");
 }
 
 #[test]
