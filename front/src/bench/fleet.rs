@@ -199,6 +199,11 @@ pub async fn run_fleet(options: &FleetOptions) -> anyhow::Result<FleetReport> {
     }
     let deadline = tokio::time::Instant::now() + options.timeout;
     let mut rounds = Vec::new();
+    // Drawn on a terminal only (hidden when stderr is not one, as in tests and CI logs).
+    let bar = indicatif::ProgressBar::new(options.rounds).with_style(
+        indicatif::ProgressStyle::with_template("rounds {bar:30} {pos}/{len}, ETA {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     let result = loop {
         if rounds.len() as u64 >= options.rounds {
             break Ok(());
@@ -224,8 +229,10 @@ pub async fn run_fleet(options: &FleetOptions) -> anyhow::Result<FleetReport> {
                 seconds: v["seconds"].as_f64().unwrap_or(f64::NAN),
                 bytes_up: n("bytes_up"),
             });
+            bar.inc(1);
         }
     };
+    bar.finish_and_clear();
     for task in &tasks {
         task.abort();
     }
