@@ -6,11 +6,11 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::axis::{Axis, Ticked};
 use super::canvas::{canvas, left_middle, measure, text};
+use super::data::{Bar, PlotError};
 use super::parts::{
     AXIS, BAR_TINT, DESC_PX, Frame, GRID, INK, LABEL_PX, LEGEND_PX, MARK_W, MUTED, Mark, NOTE_PX,
     PAD, WIDTH, colour, draw_mark, tint, title_height, titled, wrap,
 };
-use super::{Bar, PlotError};
 
 /// A bar chart whose fitted axis would start at or above this accuracy (%) is zoomed instead
 /// of starting at 0.

@@ -13,7 +13,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 // plotters' own `stroke_width` and `color`.
 use plotters_backend::{BackendColor, BackendCoord, DrawingErrorKind};
 
-use super::PlotError;
+use super::data::PlotError;
 /// The family plotters' text styles name. Only their size, colour, anchor and turn are read:
 /// [`Canvas`] sets every text in the bundled font, whatever the family.
 const FAMILY: &str = "sans-serif";

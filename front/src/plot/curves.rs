@@ -5,11 +5,11 @@ use plotters::prelude::*;
 
 use super::axis::{Axis, Ticked, nice_step};
 use super::canvas::{canvas, text};
+use super::data::{Curve, PlotError};
 use super::parts::{
     AXIS, BAND_ALPHA, CHART_H, DESC_PX, Frame, GRID, INK, LABEL_PX, Mark, PAD, WIDTH, colour,
     draw_key, key_width, titled, wrap,
 };
-use super::{Curve, PlotError};
 /// The runs of consecutive items that `keep` accepts, with their indices.
 fn runs<T: Copy>(items: &[T], keep: impl Fn(&T) -> bool) -> Vec<Vec<(usize, T)>> {
     let mut out: Vec<Vec<(usize, T)>> = Vec::new();

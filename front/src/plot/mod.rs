@@ -23,7 +23,7 @@
 //! coverage into the picture. plotters' built-in ab_glyph text drops the side bearings, which
 //! leaves visible gaps after letters such as `r` and `l`.
 //!
-//! - this file: the public types and functions.
+//! - this file: the public functions; `data`: the public types and the error.
 //! - `canvas`: the bundled font, text layout and [`Canvas`](canvas::Canvas).
 //! - `parts`: sizes and colours, the frame of a chart's data, titles, key marks and keys.
 //! - `axis`: accuracy axes fitted to their values.
@@ -34,84 +34,21 @@ mod axis;
 mod bars;
 mod canvas;
 mod curves;
+mod data;
 mod parts;
 #[cfg(test)]
 mod tests;
 mod tradeoff;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use image::RgbImage;
+
+pub use data::{Bar, Curve, PlotError, Tradeoff};
 
 use bars::draw_bars;
 use curves::draw_curves;
 use tradeoff::draw_tradeoff;
-
-/// One row of [`render`]: a label, the mean and std of the average, and per-domain means (all
-/// in %).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Bar {
-    /// Algorithm name.
-    pub label: String,
-    /// Mean over seeds of the average target accuracy.
-    pub mean: f32,
-    /// Its standard deviation.
-    pub std: f32,
-    /// Mean target accuracy per held-out domain.
-    pub domains: Vec<f32>,
-}
-
-/// One line of [`render_curves`]: values (%) per round, rounds from 1.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Curve {
-    /// Algorithm name.
-    pub label: String,
-    /// Mean over seeds after round `i + 1`; NaN where no seed has a value for that round (the
-    /// line is broken there).
-    pub points: Vec<f32>,
-    /// The lowest and the highest seed after round `i + 1`, drawn as a shaded band; empty, or
-    /// equal to the mean, when there is nothing to shade.
-    pub spread: Vec<(f32, f32)>,
-    /// Seeds the values are taken over.
-    pub seeds: usize,
-}
-
-/// One algorithm's privacy–utility line: `(ε, mean, std)` per noise level (accuracy in %),
-/// and its accuracy without DP, if it was run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tradeoff {
-    /// Algorithm name.
-    pub label: String,
-    /// `(ε, mean, std)`, in any order.
-    pub points: Vec<(f64, f32, f32)>,
-    /// The accuracy without differential privacy.
-    pub without_dp: Option<f32>,
-}
-
-/// A chart that could not be drawn or written.
-#[derive(Debug, thiserror::Error)]
-pub enum PlotError {
-    /// Drawing failed (the bundled font did not load, or plotters refused an element).
-    #[error("cannot draw the chart: {0}")]
-    Draw(String),
-    /// The PNG could not be written.
-    #[error("cannot write {}", path.display())]
-    Write {
-        /// Where the chart was to go.
-        path: PathBuf,
-        /// Why it did not.
-        #[source]
-        source: image::ImageError,
-    },
-}
-
-impl<E: std::error::Error + Send + Sync> From<plotters::drawing::DrawingAreaErrorKind<E>>
-    for PlotError
-{
-    fn from(e: plotters::drawing::DrawingAreaErrorKind<E>) -> Self {
-        Self::Draw(e.to_string())
-    }
-}
 
 /// Renders the per-algorithm chart (bars, or dots on a zoomed axis).
 pub fn render(title: &str, bars: &[Bar]) -> Result<RgbImage, PlotError> {

@@ -2,8 +2,8 @@
 
 use plotters::prelude::*;
 
-use super::PlotError;
 use super::canvas::{Area, Canvas, left_middle, measure, text};
+use super::data::PlotError;
 
 pub(super) const WIDTH: u32 = 1100;
 pub(super) const CHART_H: u32 = 640;

@@ -5,11 +5,11 @@ use plotters::prelude::*;
 
 use super::axis::Axis;
 use super::canvas::{canvas, text};
+use super::data::{PlotError, Tradeoff};
 use super::parts::{
     AXIS, CHART_H, DESC_PX, Frame, GRID, INK, LABEL_PX, MUTED, Mark, PAD, WIDTH, colour, draw_key,
     key_width, titled, wrap,
 };
-use super::{PlotError, Tradeoff};
 /// The ε axis: whole decades around the positive ε values, and its ticks (1, 2 and 5 per
 /// decade over at most two decades, decades alone beyond).
 pub(super) fn epsilon_axis(lines: &[Tradeoff]) -> ((f64, f64), Vec<f64>) {
