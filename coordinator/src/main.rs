@@ -83,6 +83,32 @@ enum Command {
         #[arg(long, value_name = "DEVICE.key")]
         out: PathBuf,
     },
+    /// Write a federation's start-up kit: CA, certificates, keys, broker configuration and ACL,
+    /// the coordinator's configuration, and a profile and systemd unit per device.
+    ///
+    /// KIT_DIR gets ca/ (ca.pem, ca.key: keep ca.key offline), broker/ (broker.pem and .key for
+    /// --broker-host and every --broker-ip, ca.pem, fedge.conf and fedge.acl made from
+    /// deploy/mosquitto/ for this federation, README.txt), coordinator/ (its certificate with
+    /// CN fedge-coordinator-<federation>, ca.pem, coordinator.toml: --config with [broker],
+    /// [broker.tls] and [auth] pointing at the files beside it, devices.toml, operator.key),
+    /// operator/, publisher/ and dashboard/ (certificates for fedge-operator, fedge-publisher,
+    /// fedge-dashboard), and devices/<client_id>/ for each device (certificate with CN =
+    /// client id, ca.pem, device.key as in devices.toml, profile.toml: --profile with the
+    /// device's identity, broker, TLS files, key_file and cache_dir = "cache", its backbone
+    /// card and ONNX file under backbone/, and fedge-edge.service for --install-dir). Private
+    /// keys are mode 0600, folders holding them 0700.
+    ///
+    /// Run again on the same KIT_DIR with the same federation, it keeps the CA, the keys file
+    /// and every file already there and adds what is missing: new devices (ca/ca.key must be
+    /// back for that), or any file deleted to have it written again. A folder that is not
+    /// empty and not a kit of this federation is refused.
+    #[command(
+        after_help = "Example:\n  fedge-coordinator provision --config configs/coordinator.toml --out kit \\\n    \
+                            --broker-host broker.example --broker-ip 10.0.0.5 --devices cam-01,cam-02 \\\n    \
+                            --profile firmware-configs/arm64-gateway.toml\n\n\
+                            docs/deploy.md, \"Provisioning\", installs the kit."
+    )]
+    Provision(cmd::provision::Args),
     /// Operate a running coordinator: pause or resume it, ban or unban a device, change its
     /// number of rounds, or make an operator key.
     ///
@@ -191,6 +217,12 @@ enum Command {
         #[arg(long, value_name = "model.onnx", default_value = "model.onnx")]
         out: PathBuf,
     },
+    /// Print the configuration reference: every key of the coordinator's file, as Markdown.
+    ///
+    /// One table per TOML table, each key with its type, default and meaning, generated from
+    /// the code; docs/configuration.md holds it with the device profile's.
+    #[command(after_help = "Example: fedge-coordinator config-reference > coordinator-keys.md")]
+    ConfigReference,
 }
 
 #[tokio::main]
@@ -252,6 +284,16 @@ async fn main() -> anyhow::Result<()> {
             fedge_coordinator::io::backbone::publish_backbone(&config, &card).await
         }
         Command::Keygen { client, keys, out } => cmd::keys::keygen(&client, &keys, &out),
+        Command::Provision(args) => cmd::provision::run(args),
+        Command::ConfigReference => {
+            print!(
+                "{}",
+                fedge_daemon::reference::reference::<fedge_coordinator::CoordinatorConfig>(
+                    fedge_daemon::reference::Daemon::Coordinator,
+                )
+            );
+            Ok(())
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`metrics`]: the `GET /metrics` server for Prometheus and the process's memory.
 //! - [`signals`]: the stop signals (Ctrl-C, SIGTERM) a daemon ends on.
 //! - [`help`]: the command line's help checked the same way for both daemons.
+//! - [`reference`]: the configuration reference (Markdown) made from a configuration type.
 //!
 //! It knows nothing of rounds, messages, MQTT or ML.
 
@@ -19,6 +20,7 @@ pub mod help;
 pub mod lists;
 pub mod logs;
 pub mod metrics;
+pub mod reference;
 pub mod secret;
 pub mod signals;
 pub mod toml_errors;

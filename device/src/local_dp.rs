@@ -27,14 +27,15 @@ use fedge_wire::Objective;
 use serde::{Deserialize, Serialize};
 
 /// `[privacy]` in a device profile: local DP on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LocalPrivacy {
-    /// `σ`: the noise added to every value of the clipped delta has standard deviation `σ × C`.
+    /// `σ`: the noise added to every value of the clipped delta has standard deviation `σ × C`;
+    /// > 0.
     pub local_noise_multiplier: f64,
-    /// `C`: the L2 norm the whole delta is clipped to before the noise.
+    /// `C`: the L2 norm the whole delta is clipped to before the noise, > 0.
     pub local_clip_norm: f64,
-    /// The δ at which the device reports the ε it has spent.
+    /// The δ at which the device reports the ε it has spent, in (0, 1).
     #[serde(default = "default_delta")]
     pub delta: f64,
     /// A fixed seed for the noise: tests and simulations only, since whoever knows it can

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use fedge_models::{Accelerator, Backbone, BackboneError, Backend, HeadConfig};
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::Role;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use fedge_device::DdlViews;
@@ -150,12 +151,13 @@ pub enum SetupError {
 }
 
 /// Where the device's samples come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum DataConfig {
     /// One domain of the built-in rotated digits (`rot0` … `rot75`).
     Digits {
-        /// Domain name.
+        /// Which domain: `rot0`, `rot15`, `rot30`, `rot45`, `rot60` or `rot75` (the digits
+        /// rotated by that many degrees).
         domain: String,
         /// Seed of the split of the digits into domains; must agree across devices.
         #[serde(default)]
@@ -172,7 +174,7 @@ pub enum DataConfig {
         #[serde(default)]
         domain: Option<String>,
         /// Look for new and removed images before each round (the feature cache keeps the
-        /// features of images already seen).
+        /// features of images already seen). Not with `[fedddl] enabled = true`.
         #[serde(default)]
         rescan: bool,
     },
@@ -193,12 +195,12 @@ impl DataConfig {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EdgeConfig {
-    /// Client id, unique in the federation.
+    /// Client id, unique in the federation: 1 to 64 characters of `A-Z a-z 0-9 _ . -`.
     pub client_id: String,
-    /// Federation name.
+    /// Federation name, as the coordinator's `federation`.
     pub federation: String,
     /// Hardware profile name (reported in status).
     #[serde(default = "default_profile")]
@@ -210,26 +212,31 @@ pub struct EdgeConfig {
     /// CPU), `cpu`, or `cuda` (falls back to the CPU, saying why, when there is no GPU).
     #[serde(default)]
     pub device: Accelerator,
-    /// Resource limits of the hardware class.
+    /// Resource limits of the hardware class; 0 in any of them: no limit.
     #[serde(default)]
     pub resources: ResourceConfig,
-    /// Local seed.
+    /// Seed of the device's own random choices: its validation split, the cut of its data to
+    /// `[resources] feature_cache_mb` and local training.
     #[serde(default)]
     pub seed: u64,
     /// Projector width; must match the coordinator's `[head].hidden`.
     #[serde(default = "default_hidden")]
     pub hidden: usize,
-    /// Fraction of local samples kept for validation.
+    /// Fraction of local samples kept for validation, in (0, 1).
     #[serde(default = "default_val_fraction")]
     pub val_fraction: f32,
-    /// Folder for the on-disk feature cache.
+    /// Folder where the device keeps, across restarts, its feature cache, the newest release
+    /// (`<client_id>.model.bin`, which `fedge-edge predict` reads) and a backbone fetched from
+    /// the federation; relative to this file. Unset: features are computed at every start and
+    /// no release is kept.
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
-    /// Broker.
+    /// The federation's MQTT broker.
     #[serde(default)]
     pub broker: BrokerConfig,
     /// Model card of the backbone, or `"federation"`: the one the federation distributes
-    /// (`fedge-coordinator publish-backbone`), fetched into `cache_dir` at start.
+    /// (`fedge-coordinator publish-backbone`), fetched into `cache_dir` at start, which needs
+    /// `key_file`. A card's path is relative to this file.
     pub backbone: PathBuf,
     /// Set once `backbone` is a card fetched from the federation (not read from the file).
     #[serde(skip)]
@@ -243,17 +250,21 @@ pub struct EdgeConfig {
     /// list from the coordinator.
     #[serde(default)]
     pub classes_file: Option<PathBuf>,
-    /// Local data.
+    /// Where the device's samples come from: `kind` picks the built-in digits or the device's
+    /// own folder of images.
     pub data: DataConfig,
     /// FedDDL's counterfactual and object-only views, built once at start when enabled.
     #[serde(default)]
     pub fedddl: FedDdlConfig,
     /// File holding the device's key (64 hex digits), provisioned with the profile
     /// (`fedge-coordinator keygen`). With a key, updates are sealed with HMAC-SHA256 and round
-    /// tasks must carry a tag that verifies; without one, nothing is authenticated.
+    /// tasks must carry a tag that verifies; without one, nothing is authenticated. Relative to
+    /// this file; readable by its owner only.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
-    /// Predictions with the released head: the HTTP endpoint and MQTT requests.
+    /// Predictions with the released head: the HTTP endpoint and MQTT requests. The endpoint
+    /// has no authentication and no TLS: keep `listen` on loopback unless the network in front
+    /// of the device is trusted.
     #[serde(default)]
     pub inference: InferenceConfig,
     /// Serve the device's metrics for Prometheus (OpenMetrics on `GET /metrics`) at this
@@ -262,15 +273,17 @@ pub struct EdgeConfig {
         default,
         deserialize_with = "fedge_daemon::metrics::deserialize_listen"
     )]
+    #[schemars(with = "Option<String>")]
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Local differential privacy (`fedge_device::local_dp`): every update clipped and noised before
-    /// it leaves the device. Absent: off.
+    /// Local differential privacy (docs/privacy.md, "Local DP"): every update clipped and
+    /// noised before it leaves the device; round tasks with the `feddim` or `fedddl` objective
+    /// are refused. Absent: off.
     #[serde(default)]
     pub privacy: Option<LocalPrivacy>,
 }
 
 /// The device side of FedDDL (`[fedddl]` in the file).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FedDdlConfig {
     /// Build the views at start (one extra backbone pass over the training data, cached), so
@@ -284,8 +297,8 @@ pub struct FedDdlConfig {
     /// round trains on one of them per image, picked at random.
     #[serde(default = "default_pool")]
     pub counterfactuals: usize,
-    /// A detector's model card (see `fedge_edge::data::detector_masks`): its boxes give the
-    /// object masks, replacing the data set's own.
+    /// A detector's model card, relative to this file: its boxes give the object masks,
+    /// replacing the data set's own.
     #[serde(default)]
     pub detector: Option<PathBuf>,
 }

@@ -118,6 +118,12 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Print the profile reference: every key of a device profile, as Markdown.
+    ///
+    /// One table per TOML table, each key with its type, default and meaning, generated from
+    /// the code; docs/configuration.md holds it with the coordinator's.
+    #[command(after_help = "Example: fedge-edge config-reference > profile-keys.md")]
+    ConfigReference,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -151,6 +157,12 @@ fn main() -> anyhow::Result<()> {
             cmd::profile::site_stats(&config, model.as_deref())?
         }
         Command::Unit { config } => cmd::profile::unit(&config)?,
+        Command::ConfigReference => print!(
+            "{}",
+            fedge_daemon::reference::reference::<fedge_edge::config::EdgeConfig>(
+                fedge_daemon::reference::Daemon::Edge
+            )
+        ),
     }
     Ok(())
 }

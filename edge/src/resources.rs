@@ -10,21 +10,22 @@ use serde::{Deserialize, Serialize};
 use crate::data::ImageSet;
 
 /// `[resources]` in a profile. Zero means "no limit" (threads: one per core).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceConfig {
     /// Worker threads of the agent's runtime (MQTT, status and the training thread's pool), and
-    /// the threads a large training batch is split across (`fedge_device::train::parallel`; small
-    /// batches stay on one thread).
+    /// the threads a large training batch is split across (small batches stay on one thread);
+    /// 0: one per core.
     #[serde(default)]
     pub threads: usize,
     /// Most MiB of backbone features the device keeps (in memory and in `cache_dir`). A larger
     /// local data set is cut, class-stratified and seeded (the same cut at every start), to fit.
+    /// 0: no limit.
     #[serde(default)]
     pub feature_cache_mb: u64,
     /// Memory the agent may use, in MiB. `check` compares an estimate with it; the agent
     /// reports its peak in status and says so when it is above; `fedge-edge unit` writes it
-    /// into the systemd unit (`MemoryHigh`, and `MemoryMax` a quarter above it).
+    /// into the systemd unit (`MemoryHigh`, and `MemoryMax` a quarter above it). 0: no budget.
     #[serde(default)]
     pub memory_budget_mb: u64,
 }

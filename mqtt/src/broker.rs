@@ -125,32 +125,36 @@ pub enum BrokerSettingsError {
 }
 
 /// Where the broker is and how to talk to it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerConfig {
-    /// Host name or address (an IPv6 address in brackets: `"[::1]"`).
+    /// Host name or address of the broker, not empty (an IPv6 address in brackets: `"[::1]"`,
+    /// and then without TLS).
     #[serde(default = "default_host")]
     pub host: String,
-    /// TCP port.
+    /// TCP port of the broker (0 to 65535).
     #[serde(default = "default_port")]
     pub port: u16,
     /// MQTT keep-alive in seconds (5 to 65535).
     #[serde(default = "default_keep_alive")]
     pub keep_alive_s: u64,
-    /// Largest payload fedge publishes; larger frames are chunked.
+    /// Largest payload fedge publishes, in bytes, 1024 to 1044480; larger frames are sent in
+    /// chunks.
     #[serde(default = "default_max_packet")]
     pub max_packet: usize,
-    /// User name for brokers that require a login.
+    /// User name for brokers that require a login; not empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
-    /// Password, inline (prefer `password_file`). Never serialised nor shown by `Debug`.
+    /// Password, inline (prefer `password_file`, not both); needs `username`. Never serialised
+    /// nor logged.
     #[serde(default, skip_serializing)]
+    #[schemars(with = "Option<String>")]
     pub password: Option<Password>,
     /// File holding the password on one line, relative to the configuration file; readable by
-    /// its owner only (`chmod 600`). Read by [`BrokerConfig::load`] into `password`.
+    /// its owner only (`chmod 600`); needs `username`. Read at load into `password`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
-    /// TLS (`[broker.tls]`); plain TCP when absent.
+    /// TLS to the broker (rustls); plain TCP when the table is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSettings>,
 }

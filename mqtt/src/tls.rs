@@ -24,17 +24,18 @@ pub fn install_crypto_provider() {
 }
 
 /// `[broker.tls]` in both binaries' configuration files.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSettings {
     /// PEM file of the CA certificate(s) that signed the broker's certificate; empty (the key
     /// left out): the system's CA store.
     #[serde(default, skip_serializing_if = "is_empty_path")]
     pub ca_file: PathBuf,
-    /// PEM client certificate, for brokers that require one (with `client_key`).
+    /// PEM client certificate, for brokers that require one (with `client_key`: both or
+    /// neither).
     #[serde(default)]
     pub client_cert: Option<PathBuf>,
-    /// PEM private key of `client_cert`.
+    /// PEM private key of `client_cert`, readable by its owner only (`chmod 600`).
     #[serde(default)]
     pub client_key: Option<PathBuf>,
     /// What the files hold, once [`TlsSettings::load`] read them.

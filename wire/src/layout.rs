@@ -35,15 +35,15 @@ fn default_hidden() -> usize {
 }
 
 /// Sizes of a head: backbone features `F`, projector width `H`, classes `K`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HeadConfig {
-    /// Backbone feature size `F`.
+    /// Backbone feature size `F` (the model card's `feature_size`), > 0.
     pub features: usize,
-    /// Projector width `H`.
+    /// Projector width `H`, > 0; the devices' `hidden` must be the same.
     #[serde(default = "default_hidden")]
     pub hidden: usize,
-    /// Number of classes `K`.
+    /// Number of classes `K`, at least 2.
     pub classes: usize,
 }
 

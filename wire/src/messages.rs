@@ -7,13 +7,14 @@
 //! Stable-FedADG's adversarial learning-rate ratio and schedule and the site feature
 //! normalisation to the training parameters, and the normalisation to the released model).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::tensor::{Codec, TensorF32};
 
 /// The local objective a device optimises; spelled the same on the command line, in TOML and in
 /// JSON (the old spellings `CrossEntropy`, `ce`, `FedProx`, … are read too, for one release).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, JsonSchema)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Objective {
     /// Mean cross-entropy.
@@ -93,11 +94,11 @@ impl std::str::FromStr for Objective {
 
 /// Whether features reach the head as the backbone made them or standardised with each site's
 /// own statistics (docs/algorithms.md §7); spelled the same in TOML, JSON and on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, JsonSchema)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum FeatureNorm {
     /// The backbone's features as they are (the default under central DP, which the pooled
-    /// summaries would bypass: [`FeatureNorm::default_under`]).
+    /// summaries would bypass).
     #[serde(rename = "none")]
     #[cfg_attr(feature = "clap", value(name = "none"))]
     None,
@@ -168,7 +169,7 @@ impl std::str::FromStr for FeatureNorm {
 
 /// How many batches a Stable-FedADG round runs; spelled the same in TOML, JSON and on the
 /// command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, JsonSchema)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum StableSchedule {
     /// Exactly `warmup_batches + adversarial_batches` batches (the paper's `E0 = 3`, `E1 = 5`),
@@ -189,44 +190,48 @@ pub enum StableSchedule {
 /// [`TrainParams::check`] bounds every value: the coordinator checks its `[train]` at load and
 /// a device checks every task, so that no configuration mistake or forged task makes a device
 /// train forever, on NaN, or on batches of zero.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainParams {
     /// Local objective.
     pub objective: Objective,
-    /// Passes over the local training split.
+    /// Passes over the local training split, 1 to 100.
     pub local_epochs: u32,
-    /// Mini-batch size.
+    /// Mini-batch size, 1 to 4096.
     pub batch_size: u32,
-    /// SGD learning rate.
+    /// SGD learning rate, in (0, 10].
     pub learning_rate: f32,
-    /// SGD momentum (PyTorch semantics, no dampening).
+    /// SGD momentum (PyTorch semantics, no dampening), in [0, 1).
     pub momentum: f32,
-    /// L2 weight decay added to the gradient.
+    /// L2 weight decay added to the gradient, in [0, 1].
     pub weight_decay: f32,
-    /// FedProx `mu`; ignored unless `objective` is `FedProx`.
+    /// FedProx `mu`, in [0, 1000]; used only with `objective = "fedprox"`.
     pub prox_mu: f32,
-    /// FedDIM's `lambda`; ignored unless `objective` is `FedDim`.
+    /// FedDIM's `lambda`, in [0, 1000]; used only with `objective = "feddim"`. The coordinator
+    /// sends its `[feddim] lambda` here, so set that one.
     pub insight_lambda: f32,
-    /// Stable-FedADG's `λ0`, the weight of the extractor's adversarial loss `L_f`.
+    /// Stable-FedADG's `λ0`, the weight of the extractor's adversarial loss `L_f`, in [0, 1000].
     pub adversarial_weight: f32,
-    /// Stable-FedADG's `λ1`, the weight of the sample-weighted loss `L_S` in adversarial steps.
+    /// Stable-FedADG's `λ1`, the weight of the sample-weighted loss `L_S` in adversarial steps,
+    /// in [0, 1000].
     pub stable_weight: f32,
-    /// Stable-FedADG's `E0`: batches per round on `L_S` alone before the adversarial ones.
+    /// Stable-FedADG's `E0`: batches per round on `L_S` alone before the adversarial ones; with
+    /// `adversarial_batches`, at most 10000.
     pub warmup_batches: u32,
     /// Stable-FedADG's `E1`: adversarial batches per round (with `stable_schedule = "epochs"`,
-    /// the least).
+    /// the least); with `warmup_batches`, at most 10000.
     pub adversarial_batches: u32,
     /// Stable-FedADG's generator and discriminator learning rate as a multiple of
-    /// `learning_rate` (the paper's `lr_g = lr_d`, 5–50× `lr_f`).
+    /// `learning_rate` (the paper's `lr_g = lr_d`, 5–50× `lr_f`), in (0, 1000].
     pub adversarial_lr_ratio: f32,
     /// How many batches a Stable-FedADG round runs.
     pub stable_schedule: StableSchedule,
-    /// How a site standardises its features before the head (docs/algorithms.md §7).
+    /// How a site standardises its features before the head (docs/algorithms.md §7). A
+    /// coordinator's `[train]` without it takes `"none"` under central DP.
     pub feature_norm: FeatureNorm,
-    /// FedDDL's `λ`, the weight of the contrastive regulariser `L_CR`.
+    /// FedDDL's `λ`, the weight of the contrastive regulariser `L_CR`, in [0, 1000].
     pub contrastive_weight: f32,
-    /// FedDDL's temperature `τ`.
+    /// FedDDL's temperature `τ`, in (0.0001, 1000].
     pub temperature: f32,
     /// How devices pack the tensors of their update (delta, class statistics, prototypes).
     pub update_codec: Codec,

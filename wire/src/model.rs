@@ -75,7 +75,9 @@ pub fn numbered_classes(count: usize) -> Vec<String> {
 }
 
 /// What a device does in a federation; one spelling in TOML and JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Trains when selected, and scores nothing but its validation split.

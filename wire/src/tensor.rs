@@ -12,7 +12,9 @@ use crate::error::DecodeError;
 
 /// How a sender packs the values of a tensor, chosen by the coordinator for a federation's
 /// updates (`TrainParams::update_codec`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Codec {

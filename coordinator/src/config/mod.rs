@@ -78,52 +78,62 @@ use std::path::{Path, PathBuf};
 
 use fedge_mqtt::BrokerConfig;
 use fedge_wire::{HeadConfig, TrainParams};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::round::RoundConfig;
 
 /// The whole file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CoordinatorConfig {
-    /// Federation name.
+    /// Federation name: a level of every MQTT topic (`fedge/<federation>/…`), 1 to 64 bytes
+    /// without `/`, `+`, `#` or NUL. The devices' profiles name the same.
     pub federation: String,
     /// The federation's coordinator, or a site's aggregator (then `[site]` says which).
     #[serde(default)]
     pub role: Role,
-    /// A site aggregator's link to the global federation.
+    /// A site aggregator's link to the global federation (docs/sites.md): needed with
+    /// `role = "site"`, refused with the other role.
     #[serde(default)]
     pub site: Option<SiteSettings>,
     /// Server strategy and its parameters (`strategy`, `kappa`, `global_lr`,
     /// `server_momentum`, `server_learning_rate`).
     #[serde(flatten)]
     pub strategy: crate::strategy::StrategyConfig,
-    /// Rounds to aggregate; 0 runs until stopped.
+    /// Rounds to aggregate; 0 runs until stopped. A site aggregator runs until stopped
+    /// whatever this says.
     #[serde(default = "default_rounds")]
     pub rounds: u64,
-    /// Fraction of online clients per round.
+    /// Fraction of the online devices each round selects (rounded up), in (0, 1], and at least
+    /// `min_clients` of them; under central DP with `[privacy] sampling = "poisson"`, each
+    /// device's probability of selection instead.
     #[serde(default = "default_fraction")]
     pub fraction: f32,
-    /// Clients needed online to start, and least selected.
+    /// Devices needed online before a round opens, and the fewest a round selects.
     #[serde(default = "one")]
     pub min_clients: usize,
-    /// Quorum at the deadline.
+    /// Updates a round needs by its deadline to be aggregated: the quorum. At most
+    /// `min_clients` (or 1 when that is 0), which a round may select alone.
     #[serde(default = "one")]
     pub min_updates: usize,
-    /// Seconds a round stays open.
+    /// Seconds a round stays open at most, from 0.1 to 604800 (7 days).
     #[serde(default = "default_timeout")]
     pub round_timeout_s: f64,
-    /// Sampling and initialisation seed.
+    /// Seed of the devices' selection and of the initial head (without `initial_params`).
     #[serde(default)]
     pub seed: u64,
-    /// Run rumqttd in process, listening on the broker address.
+    /// Run a broker (rumqttd) in process on `[broker] host` and `port` instead of connecting to
+    /// one. It has no authentication or TLS, so `host` must be a loopback address.
     #[serde(default)]
     pub embedded_broker: bool,
-    /// Optional starting parameters (raw little-endian f32, flat layout).
+    /// File of the starting head (raw little-endian f32 values in the flat layout), relative to
+    /// this file; unset: a head initialised from `seed`.
     #[serde(default)]
     pub initial_params: Option<PathBuf>,
     /// Directory of the checkpoint (`checkpoint.bin`: head, round, server momentum), written
-    /// after every aggregation and resumed from at start; none keeps no state.
+    /// after every aggregation and resumed from at start, relative to this file; unset: no
+    /// state is kept.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
     /// Stay up when the rounds are done, as a service: the status says `finished` until an
@@ -134,26 +144,27 @@ pub struct CoordinatorConfig {
     /// Most MiB of deltas one round holds in RAM (N·M·2 bytes for N f16 updates of M
     /// parameters, N·M·4 in f32 or int8). A round whose selected clients need more goes to
     /// the spill file when `spill_dir` is set; otherwise later updates are rejected with
-    /// reason `memory_budget`.
+    /// reason `memory_budget`. At least 1.
     #[serde(default = "default_update_memory_mb")]
     pub update_memory_mb: usize,
     /// Folder of the spill file: an unnamed, sparse, memory-mapped file that holds a round's
     /// deltas when they outgrow `update_memory_mb` (the kernel pages them out under memory
-    /// pressure). Unset: no spilling.
+    /// pressure), relative to this file. Unset: no spilling.
     #[serde(default)]
     pub spill_dir: Option<PathBuf>,
     /// Size of the spill file's mapping in MiB (sparse: only written pages take disk space).
     #[serde(default = "default_spill_max_mb")]
     pub spill_max_mb: usize,
-    /// Updates with a longer delta are rejected on arrival (`norm`); 0: no bound.
+    /// L2 norm above which an update's delta is rejected on arrival (reason `norm`), ≥ 0;
+    /// 0: no bound. Must be 0 with `[privacy] mode = "central"`.
     #[serde(default)]
     pub max_update_norm: f64,
     /// At the round's end, deltas longer than this multiple of the median norm of the round's
-    /// other updates are scaled down to it (with 2 or more updates); 0: off.
+    /// other updates are scaled down to it (with 2 or more updates), ≥ 0; 0: off.
     #[serde(default = "default_norm_ratio")]
     pub max_norm_ratio: f64,
     /// Sample counts above this multiple of the round's lower median count are cut down to it
-    /// before aggregation; 0: off.
+    /// before aggregation, ≥ 0; 0: off.
     #[serde(default = "default_weight_ratio")]
     pub max_weight_ratio: f64,
     /// A device that fails this many selected rounds in a row rests (selected for no round)
@@ -164,33 +175,41 @@ pub struct CoordinatorConfig {
     #[serde(default)]
     pub home_assistant: bool,
     /// Serve metrics for Prometheus (OpenMetrics text on `GET /metrics`) at this address, e.g.
-    /// `"127.0.0.1:9464"`; none when unset. docs/prometheus.md lists them.
+    /// `"127.0.0.1:9464"` (`host:port`; a host name is resolved at load); none when unset.
+    /// docs/prometheus.md lists them.
     #[serde(
         default,
         deserialize_with = "fedge_daemon::metrics::deserialize_listen"
     )]
+    #[schemars(with = "Option<String>")]
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Broker.
+    /// The MQTT broker the coordinator connects to, or runs with `embedded_broker = true`.
     #[serde(default)]
     pub broker: BrokerConfig,
-    /// Head sizes, as in the device profiles (`hidden` defaults to 64).
+    /// The sizes of the head the federation trains: `features` is the backbone's feature size,
+    /// `hidden` the devices' `hidden`.
     pub head: HeadConfig,
     /// What the federation's model is for: its class names and backbone.
     #[serde(default)]
     pub model: ModelSettings,
-    /// Local training sent to devices.
+    /// How devices train, sent with every round task. Every value is checked at load against
+    /// the range its description gives.
     #[serde(default)]
     pub train: TrainParams,
     /// FedDIM settings, used when `[train] objective = "feddim"`.
     #[serde(default)]
     pub feddim: FedDimSettings,
-    /// Device authentication.
+    /// Device keys and the operator's key. Without `keys_file`, any device on the broker takes
+    /// part and nothing is authenticated.
     #[serde(default)]
     pub auth: AuthSettings,
-    /// The rolling-upgrade window.
+    /// The rolling-upgrade window: when devices of the previous protocol version take part.
     #[serde(default)]
     pub protocol: ProtocolSettings,
-    /// Differential privacy (`[privacy]`): off, or central DP-FedAvg with an accountant.
+    /// Differential privacy: off, or central DP-FedAvg with an accountant (docs/privacy.md).
+    /// Central DP is refused with `strategy = "fedomg"`, a `robust` rule, the `feddim` and
+    /// `fedddl` objectives, `feature_norm = "pooled"` or `"balanced"`, `max_update_norm` above
+    /// 0 and `role = "site"`; under it, `[train] feature_norm` defaults to `"none"`.
     #[serde(default)]
     pub privacy: PrivacySettings,
 }

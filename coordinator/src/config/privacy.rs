@@ -21,31 +21,35 @@ use super::Role;
 use crate::strategy::{CentralDp, PrivacyMode, SamplingKind};
 
 /// `[privacy]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrivacySettings {
-    /// `off` or `central`.
+    /// Central differential privacy, or none.
     pub mode: PrivacyMode,
-    /// `C`: the L2 norm every device's whole delta is clipped to.
+    /// `C`: the L2 norm every device's whole delta is clipped to, > 0 under central DP (with
+    /// `adaptive_quantile`, the starting norm).
     pub clip_norm: f64,
-    /// `σ`: the noise added once to the round's sum has standard deviation `σ × C`.
+    /// `σ`: the noise added once to the round's sum has standard deviation `σ × C`; > 0 under
+    /// central DP.
     pub noise_multiplier: f64,
-    /// The δ at which ε is reported and the target is checked.
+    /// The δ at which ε is reported and the target is checked, in (0, 1) and well below
+    /// 1 / the number of devices.
     pub delta: f64,
-    /// Finish the federation before a round would take ε past this; none: run on.
+    /// Finish the federation before a round would take ε past this, > 0; unset: run on.
     pub target_epsilon: Option<f64>,
-    /// `poisson` or `fixed`.
+    /// How devices are chosen for each round under central DP.
     pub sampling: SamplingKind,
     /// A fixed seed for the noise: for tests and simulations only, since anyone who knows it
     /// can remove the noise. Unset: drawn from the operating system.
     pub seed: Option<u64>,
     /// Adaptive clipping: the fraction `γ` of deltas the clip norm should leave unclipped
-    /// (e.g. 0.5); `clip_norm` is then the starting norm. Unset: a fixed clip norm.
+    /// (e.g. 0.5), in (0, 1); `clip_norm` is then the starting norm. Unset: a fixed clip norm.
     pub adaptive_quantile: Option<f64>,
-    /// Adaptive clipping's `η` in `C ← C · exp(−η (b̃ − γ))`.
+    /// Adaptive clipping's `η` in `C ← C · exp(−η (b̃ − γ))`, > 0.
     pub adaptive_learning_rate: f64,
-    /// Adaptive clipping's `σ_b`, the noise on the count of unclipped deltas; above
-    /// `noise_multiplier / 2`, about the expected devices per round / 20 (Andrew et al. 2021).
+    /// Adaptive clipping's `σ_b`, the noise on the count of unclipped deltas: must be above
+    /// `noise_multiplier / 2` with `adaptive_quantile`; about the expected devices per round / 20
+    /// (Andrew et al. 2021).
     pub adaptive_count_noise: f64,
 }
 

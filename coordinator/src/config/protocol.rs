@@ -12,13 +12,14 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 /// `[protocol]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProtocolSettings {
-    /// Devices of the previous protocol version take part.
+    /// Devices of the previous protocol version take part; false: this version only.
     #[serde(default = "yes")]
     pub accept_previous: bool,
-    /// The window closes at this RFC 3339 time; unset: open while `accept_previous`.
+    /// The window closes at this RFC 3339 time (e.g. `"2027-01-31T00:00:00Z"`); unset: open
+    /// while `accept_previous`.
     #[serde(default)]
     pub previous_until: Option<String>,
 }

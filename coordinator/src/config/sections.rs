@@ -2,18 +2,19 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// `[model]`: the federation's class list, sent with every task and in every released model.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSettings {
-    /// Class names in output order (`[head] classes` of them); unset with no `classes_file`:
-    /// `"0"`, `"1"`, ….
+    /// Class names in output order, `[head] classes` of them, each of 1 to 128 bytes without
+    /// `/` or control characters, no name twice; unset with no `classes_file`: `"0"`, `"1"`, ….
     #[serde(default)]
     pub classes: Option<Vec<String>>,
     /// A text file with one class name per line (blank lines and `#` comments skipped),
-    /// instead of `classes`. Relative to the configuration file.
+    /// instead of `classes` (not both). Relative to the configuration file.
     #[serde(default)]
     pub classes_file: Option<PathBuf>,
     /// Name of the backbone devices run (the model card's `name`), written into released
@@ -27,7 +28,7 @@ pub struct ModelSettings {
 }
 
 /// `[auth]`: device keys.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
     /// Keys file (`client = "hex"` lines, made by `fedge-coordinator keygen`), relative to the
@@ -41,12 +42,13 @@ pub struct AuthSettings {
 }
 
 /// `[feddim]`: docs/algorithms.md §3's `λ` and `m`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct FedDimSettings {
-    /// Weight of the insight term in the devices' loss.
+    /// Weight `λ` of the insight term in the devices' loss, ≥ 0; tasks carry it as
+    /// `[train] insight_lambda`.
     pub lambda: f32,
-    /// Momentum of the global insight matrices.
+    /// Momentum `m` of the global insight matrices, in [0, 1]: `Ī ← (1 − m) Ī + m Ī_round`.
     pub momentum: f32,
 }
 

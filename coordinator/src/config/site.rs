@@ -18,11 +18,12 @@
 use std::path::{Path, PathBuf};
 
 use fedge_mqtt::BrokerConfig;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What a coordinator is: the federation's, or one site's aggregator under it. Spelled the
 /// same in TOML and JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Role {
     /// Runs the federation's rounds.
@@ -33,18 +34,21 @@ pub enum Role {
 }
 
 /// A site aggregator's link to the global federation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SiteSettings {
-    /// The site's client id in the global federation.
+    /// The site's client id in the global federation: 1 to 64 characters of
+    /// `A-Z a-z 0-9 _ . -`.
     pub name: String,
-    /// The global federation's name.
+    /// The global federation's name; without `upstream`, another than the site's own
+    /// `federation`, since both are on the same broker.
     pub federation: String,
-    /// The site's key upstream (hex, as `fedge-coordinator keygen --out` writes it).
+    /// The site's key upstream (hex, as `fedge-coordinator keygen --out` writes it), relative
+    /// to the configuration file; readable by its owner only.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
     /// Seconds the site's round ends before the global round's deadline (the site's round
-    /// takes at least half the global round's time whatever this says).
+    /// takes at least half the global round's time whatever this says), ≥ 0.
     #[serde(default = "default_margin")]
     pub margin_s: f64,
     /// The global broker; without it, the site broker (`[broker]`) bridged to it.

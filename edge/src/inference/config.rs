@@ -15,40 +15,43 @@ pub const MAX_BODY_MB_LIMIT: usize = 1024;
 /// The endpoint has no authentication and no TLS: anyone who can reach `listen` can ask for
 /// predictions and read the model's class list. Keep it on loopback (`127.0.0.1:PORT`) unless
 /// the network in front of the device is trusted, or put an authenticating proxy before it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InferenceConfig {
-    /// Address to listen on, e.g. `"127.0.0.1:8085"`; none (the default) runs no server.
+    /// Address to listen on, `HOST:PORT` (e.g. `"127.0.0.1:8085"`); unset: no HTTP server.
     #[serde(default)]
     pub listen: Option<String>,
-    /// Best classes listed in an answer when the request does not say (`?top_k=N`).
+    /// Best classes listed in an answer when the request does not say (`?top_k=N`); at
+    /// least 1.
     #[serde(default = "default_top_k")]
     pub top_k: usize,
-    /// Largest request body (the image), in MiB; a larger one is refused with 413.
+    /// Largest request body (the image), in MiB, 1 to 1024; a larger one is refused with 413.
     #[serde(default = "default_max_body_mb")]
     pub max_body_mb: usize,
     /// Also answer requests on `edge/<client_id>/infer/request` over the federation's broker,
-    /// on `edge/<client_id>/infer/response` (JSON with the request's id; see
-    /// the agent's driver), for MQTT-native applications such as Node-RED.
+    /// on `edge/<client_id>/infer/response` (JSON with the request's id), for MQTT-native
+    /// applications such as Node-RED.
     #[serde(default)]
     pub mqtt: bool,
     /// Predictions answered at once over HTTP; one more is answered 503 at once, so that a
-    /// stream of requests cannot queue without bound or starve the device's training.
+    /// stream of requests cannot queue without bound or starve the device's training. At
+    /// least 1.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
-    /// Seconds a request's body may take to arrive; a slower one is answered 408.
+    /// Seconds a request's body may take to arrive, 1 to 300; a slower one is answered 408.
     #[serde(default = "default_body_timeout_s")]
     pub body_timeout_s: u64,
-    /// Connections open at once; one more is answered 503 and closed at once.
+    /// Connections open at once, 1 to 1024; one more is answered 503 and closed at once.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
-    /// Seconds a request's headers may take to arrive; a slower connection is closed.
+    /// Seconds a request's headers may take to arrive, 1 to 300; a slower connection is
+    /// closed.
     #[serde(default = "default_header_timeout_s")]
     pub header_timeout_s: u64,
     /// A prediction whose features lie further than this from every class the federation
     /// trained on (in within-class standard deviations; an image like the training ones
-    /// measures about 1) says `"unfamiliar": true`; 0 flags none. Needs a release with the
-    /// pooled summary (`feature_norm = "pooled"` or `"balanced"`).
+    /// measures about 1) says `"unfamiliar": true`; ≥ 0, and 0 flags none. Needs a release
+    /// with the pooled summary (`feature_norm = "pooled"` or `"balanced"`).
     #[serde(default = "default_unfamiliar_distance")]
     pub unfamiliar_distance: f32,
 }

@@ -59,27 +59,30 @@ closed_set! {
 }
 
 /// The server side of a configuration: which strategy and its parameters.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct StrategyConfig {
-    /// `fedavg`, `fedavgm` (FedAvg with server momentum 0.9 unless set) or `fedomg`.
+    /// The server strategy: how a round's deltas are combined into the new head.
     pub strategy: StrategyKind,
-    /// FedOMG's `κ`.
+    /// FedOMG's `κ`, ≥ 0: the size of the ball around the FedAvg direction it searches in
+    /// (docs/algorithms.md §2); 0 reduces it to FedAvg. Used with `strategy = "fedomg"`.
     pub kappa: f64,
-    /// FedOMG's server learning rate, in FedAvg units.
+    /// FedOMG's server learning rate, in FedAvg units, > 0. Used with `strategy = "fedomg"`.
     pub global_lr: f64,
-    /// FedOMG's solver: `reference` (the authors' 20 SGD steps) or `converged`.
+    /// FedOMG's solver of its weights. Used with `strategy = "fedomg"`.
     pub solver: SolverKind,
-    /// Server momentum `β` around the strategy; 0 disables it.
+    /// Server momentum `β` around the strategy, in [0, 1); 0 disables it (`fedavgm` then
+    /// takes 0.9).
     pub server_momentum: f32,
-    /// Server learning rate `η_s` of the momentum update.
+    /// Server learning rate `η_s` of the momentum update, > 0; 1 without momentum leaves the
+    /// strategy's step as it is.
     pub server_learning_rate: f32,
-    /// Robust rewrite of the deltas before the strategy: `none`, `clip`, `trimmed-mean` or
-    /// `median` (see [`super::robust`]).
+    /// Robust rewrite of the deltas before the strategy, against broken or hostile updates.
     pub robust: RobustKind,
-    /// `clip`'s norm bound; 0 clips to the round's median norm.
+    /// The L2 norm bound of `robust = "clip"`, ≥ 0; 0 clips to the round's median norm.
     pub clip_norm: f64,
-    /// `trimmed-mean`'s fraction per side.
+    /// The fraction of `robust = "trimmed-mean"`: of every coordinate's values, this fraction
+    /// at each end is pulled in to the nearest kept value; in [0, 0.5).
     pub trim_fraction: f64,
 }
 

@@ -1,5 +1,5 @@
 //! Closed sets of names read from TOML and the command line (`strategy`, `solver`, `robust`):
-//! one macro gives each the same derives (serde and clap, kebab-case), a `name()`,
+//! one macro gives each the same derives (serde, clap and a JSON Schema, kebab-case), a `name()`,
 //! `ALL`, `Display` and a `FromStr` whose error lists the valid
 //! names, so every set is spelled one way everywhere. Nothing else lives here.
 
@@ -24,6 +24,7 @@ macro_rules! closed_set {
             serde::Serialize,
             serde::Deserialize,
             clap::ValueEnum,
+            schemars::JsonSchema,
         )]
         #[serde(rename_all = "kebab-case")]
         $vis enum $name {
