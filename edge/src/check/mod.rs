@@ -22,8 +22,21 @@ fn fail(name: &'static str, detail: String) -> Check {
     fedge_daemon::checks::fail(name, detail)
 }
 
-/// Runs every check of the profile at `path`; the broker is skipped when `dry_run`.
+/// Runs every check of the profile at `path`; the broker is skipped when `dry_run`. The memory
+/// estimate is taken from the data's sizes: a caller sharing its process with other work (a
+/// test) has no peak of its own to measure. See [`run_checks_alone`].
 pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
+    checks(path, dry_run, false)
+}
+
+/// As [`run_checks`], in a process that does nothing else (`fedge-edge check`): the memory
+/// estimate starts from the process's own peak once it loaded the backbone, ran it and loaded
+/// the images, which measures what the sizes cannot (the backbone's plan and activations).
+pub fn run_checks_alone(path: &Path, dry_run: bool) -> Vec<Check> {
+    checks(path, dry_run, true)
+}
+
+fn checks(path: &Path, dry_run: bool, alone: bool) -> Vec<Check> {
     let config = match EdgeConfig::load(path) {
         Ok(config) => config,
         Err(e) => return vec![fail("profile", format!("{e:#}"))],
@@ -122,7 +135,8 @@ pub fn run_checks(path: &Path, dry_run: bool) -> Vec<Check> {
         }
         let images = loaded.map(|l| l.images);
         if let Ok(images) = &images {
-            checks.push(check_resources(&config, backbone, images));
+            let measured = alone.then(resources::peak_rss_mib).flatten();
+            checks.push(check_resources(&config, backbone, images, measured));
         }
         if let (Ok(images), Some(file)) = (&images, &config.classes_file) {
             checks.push(check_classes(images, file));
@@ -303,6 +317,7 @@ fn check_resources(
     config: &EdgeConfig,
     backbone: &fedge_models::Backbone,
     images: &crate::data::ImageSet,
+    measured: Option<f64>,
 ) -> Check {
     let limits = &config.resources;
     let card = backbone.card();
@@ -314,10 +329,9 @@ fn check_resources(
         .num_params();
     // All images are loaded while their features are computed; the cut happens after.
     let feature_bytes = kept as u64 * per_image;
-    // By now this process loaded the backbone, ran it on its converter's sample and loaded
-    // the images, as `run` does before it computes features.
-    let estimate =
-        resources::estimate_mib(images, feature_bytes, params, resources::peak_rss_mib());
+    // `measured`: this process's peak now that it loaded the backbone, ran it on its
+    // converter's sample and loaded the images, as `run` does before it computes features.
+    let estimate = resources::estimate_mib(images, feature_bytes, params, measured);
     let features_mib = feature_bytes as f64 / (1024.0 * 1024.0);
     let cut = if left_out > 0 {
         format!(", {left_out} samples left out to fit feature_cache_mb")

@@ -11,7 +11,7 @@ use fedge_edge::config::EdgeConfig;
 
 /// `fedge-edge check`: the checks' report; exits 1 when one failed.
 pub fn check(path: &Path, dry_run: bool) {
-    fedge_daemon::checks::finish(path, &fedge_edge::check::run_checks(path, dry_run));
+    fedge_daemon::checks::finish(path, &fedge_edge::check::run_checks_alone(path, dry_run));
 }
 
 /// The enrolment token: given on the command line, or read from a file (`-`: standard input).
