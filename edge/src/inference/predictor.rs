@@ -297,6 +297,11 @@ impl Predictor {
         &self.release
     }
 
+    /// The site statistics it standardises features with, if the release asks for any.
+    pub fn site_stats(&self) -> Option<&FeatureStats> {
+        self.site.as_ref()
+    }
+
     /// The backbone it runs.
     pub fn backbone(&self) -> &Backbone {
         &self.backbone

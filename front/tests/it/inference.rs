@@ -7,7 +7,7 @@ use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fedge_edge::inference::http::{SharedPredictor, install, serve, shared};
+use fedge_edge::inference::http::{SharedPredictor, current, install, serve, shared};
 use fedge_edge::inference::{Prediction, Predictor};
 use fedge_models::{Backbone, HeadConfig};
 use fedge_wire::{ModelRelease, TensorF32};
@@ -396,4 +396,57 @@ fn requests_through_a_new_sensor_raise_the_drift_alarm() {
         "{exposition}"
     );
     server.stop();
+}
+
+/// After an alarm, the window of requests since it: a `balanced` release is served with
+/// statistics re-estimated from it, a `pooled` one keeps the federation's; either way the
+/// drift watch takes the window as its new reference.
+#[test]
+fn after_an_alarm_a_site_re_estimates_only_statistics_that_are_its_own() {
+    use fedge::datasets::SENSORS;
+    use fedge_edge::agent::serve;
+    let dir = tempfile::tempdir().unwrap();
+    let profile = common::profile_copy("generic-x86_64.toml", dir.path(), |text| {
+        text.replace("enabled = true", "enabled = false").replace(
+            "# [inference]\n# listen = \"127.0.0.1:8085\"\n# mqtt = true",
+            "[inference]\nmqtt = true",
+        )
+    });
+    let setup = fedge_edge::config::EdgeConfig::load(&profile)
+        .unwrap()
+        .setup()
+        .unwrap();
+    let backbone = setup.serving.backbone.clone().expect("kept to serve");
+    let pooled = fedge_device::site_norm::summary_of(&setup.train, 10).unwrap();
+    // The site's window after a switch to the blurred sensor: 256 requests' raw features.
+    let blurred = SENSORS.iter().find(|s| s.name == "blurred").unwrap();
+    let digits = fedge_edge::data::load_digits();
+    let shifted = blurred.apply(&digits.subset(&(0..256).collect::<Vec<_>>()), 1);
+    let window = backbone
+        .features_of(&shifted.images, (1, 8, 8), shifted.raw_max, 64)
+        .unwrap();
+    for (norm, re_estimated) in [
+        (fedge_wire::FeatureNorm::Balanced, true),
+        (fedge_wire::FeatureNorm::Pooled, false),
+    ] {
+        let release = ModelRelease {
+            pooled: Some(pooled.clone()),
+            feature_norm: norm,
+            ..release(4)
+        };
+        let stats = fedge_device::site_norm::release_stats(&release, &setup.train, &setup.val);
+        serve::install(&setup, &release, stats.as_ref());
+        let before = current(&setup.serving.predictor).unwrap();
+        serve::readapt(&setup, window.clone());
+        let after = current(&setup.serving.predictor).unwrap();
+        let drift = setup.serving.drift.snapshot().unwrap();
+        assert_eq!(
+            drift.reference, 256,
+            "{norm:?}: the window is the new reference"
+        );
+        assert_eq!(drift.adaptations, u64::from(re_estimated), "{norm:?}");
+        let moved = after.site_stats().unwrap().mean != before.site_stats().unwrap().mean;
+        assert_eq!(moved, re_estimated, "{norm:?}");
+        assert_eq!(after.release().round, 4);
+    }
 }
