@@ -334,4 +334,11 @@ pub async fn check_edge_metrics(training: SocketAddr, evaluating: SocketAddr, ro
     );
     let mqtt = "fedge_edge_inference_requests_total{via=\"mqtt\",outcome=\"ok\"} ";
     assert!(number(&unseen, mqtt) >= 1.0, "{unseen}");
+    // The site that serves watches what it serves for drift.
+    let level = number(&unseen, "fedge_edge_drift_level ");
+    assert!((0.0..=1.0).contains(&level), "{unseen}");
+    assert!(
+        unseen.contains("fedge_edge_drift_alarms_total "),
+        "{unseen}"
+    );
 }
