@@ -42,3 +42,4 @@ mod tls;
 mod upgrade;
 mod use_model;
 mod vanish;
+mod walkthrough;
