@@ -148,6 +148,17 @@ impl DriftWatch {
         }
     }
 
+    /// The site's own command to re-adapt: the next requests become the window, as after an
+    /// alarm. False when nothing is watched or a window is being gathered or waits already.
+    pub fn start_window(&self) -> bool {
+        let mut state = self.lock();
+        if !state.watching || state.window.is_some() || state.ready.is_some() {
+            return false;
+        }
+        state.window = Some(Vec::new());
+        true
+    }
+
     /// The features (`RECENT_REQUESTS` rows, flat) gathered since the last alarm, once there
     /// are that many; taken once.
     pub fn take_window(&self) -> Option<Vec<f32>> {

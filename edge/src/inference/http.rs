@@ -6,6 +6,8 @@
 //!   `unfamiliar`).
 //! - `GET /v1/model`: the release in use (federation, run, round, strategy, backbone, sha256,
 //!   classes, head sizes).
+//! - `GET /v1/drift`: the drift alarm's state (docs/algorithms.md §9); `POST /v1/drift/readapt`:
+//!   the site's command to re-adapt, as after an alarm (the next requests become the window).
 //! - `GET /healthz`: `200 ok`, and whether a model is loaded.
 //!
 //! Errors are JSON `{"error": "..."}`: 400 for an empty body, something that is not a PNG or
@@ -151,6 +153,8 @@ pub fn router(
             )),
         )
         .route("/v1/model", get(model))
+        .route("/v1/drift", get(drift))
+        .route("/v1/drift/readapt", post(readapt))
         .route("/healthz", get(healthz))
         .with_state(app)
 }
@@ -407,6 +411,48 @@ async fn model(State(app): State<AppState>) -> Response {
         hidden: release.head.hidden,
     })
     .into_response()
+}
+
+/// The drift alarm on what the device serves, as its status says it (404 when the release in
+/// use carries no pooled summary, so nothing is watched).
+async fn drift(State(app): State<AppState>) -> Response {
+    let Some(predictor) = current(&app.predictor) else {
+        return no_model();
+    };
+    match predictor.drift().and_then(|watch| watch.snapshot()) {
+        Some(status) => Json(status).into_response(),
+        None => no_watch(),
+    }
+}
+
+/// The site's own command to re-adapt, as after an alarm: the next requests become the
+/// window the site re-estimates its statistics from (202), unless one is being gathered (409).
+async fn readapt(State(app): State<AppState>) -> Response {
+    let Some(predictor) = current(&app.predictor) else {
+        return no_model();
+    };
+    let Some(watch) = predictor.drift().filter(|w| w.snapshot().is_some()) else {
+        return no_watch();
+    };
+    match watch.start_window() {
+        true => (
+            StatusCode::ACCEPTED,
+            Json(serde_json::json!({ "collecting": super::drift::RECENT_REQUESTS })),
+        )
+            .into_response(),
+        false => error(
+            StatusCode::CONFLICT,
+            "a window of requests is being gathered already (after an alarm or a command)",
+        ),
+    }
+}
+
+fn no_watch() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no drift watch: the model in use carries no pooled feature summary \
+         (feature_norm = \"none\")",
+    )
 }
 
 async fn healthz(State(app): State<AppState>) -> Response {

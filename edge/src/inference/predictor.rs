@@ -297,6 +297,11 @@ impl Predictor {
         &self.release
     }
 
+    /// The drift watch its predictions feed, if any.
+    pub fn drift(&self) -> Option<&Arc<super::DriftWatch>> {
+        self.drift.as_ref()
+    }
+
     /// The site statistics it standardises features with, if the release asks for any.
     pub fn site_stats(&self) -> Option<&FeatureStats> {
         self.site.as_ref()

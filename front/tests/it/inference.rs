@@ -450,3 +450,56 @@ fn after_an_alarm_a_site_re_estimates_only_statistics_that_are_its_own() {
         assert_eq!(after.release().round, 4);
     }
 }
+
+/// The site's own command to re-adapt and the drift state, over HTTP: `POST /v1/drift/readapt`
+/// makes the next requests the window, as an alarm does; `GET /v1/drift` says where the watch
+/// stands; a release without a pooled summary has no watch to ask.
+#[test]
+fn the_drift_watch_answers_over_http_and_takes_the_site_s_command_to_re_adapt() {
+    let backbone = backbone();
+    let digits = fedge_edge::data::load_digits();
+    let features = backbone
+        .features_of(&digits.images, (1, 8, 8), digits.raw_max, 64)
+        .unwrap();
+    let pooled =
+        fedge_wire::FeatureSummary::of_rows(512, 10, features.chunks_exact(512), &digits.labels);
+    let watched = ModelRelease {
+        pooled,
+        feature_norm: fedge_wire::FeatureNorm::Pooled,
+        ..release(4)
+    };
+    let stats = watched.pooled.as_ref().unwrap().balanced_stats();
+    let watch = Arc::new(fedge_edge::inference::DriftWatch::new(None));
+    let predictor = Predictor::new(Arc::clone(&backbone), watched, stats).unwrap();
+    watch.restart(predictor.distances(&features));
+    let state = shared(None);
+    install(&state, predictor.with_drift(Arc::clone(&watch)));
+    let server = Server::start(Arc::clone(&state));
+    let http = client();
+    let url = |path: &str| format!("{}{path}", server.base);
+    let (status, body) = answer(http.get(url("/v1/drift")).call());
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["requests"], 0);
+    assert_eq!(json(&body)["reference"], 1797);
+    let (status, body) = answer(http.post(url("/v1/drift/readapt")).send_empty());
+    assert_eq!(status, 202, "{body}");
+    let (status, _) = answer(http.post(url("/v1/drift/readapt")).send_empty());
+    assert_eq!(status, 409, "one window at a time");
+    let recent = fedge_edge::inference::drift::RECENT_REQUESTS;
+    for index in 0..recent {
+        assert!(
+            watch.take_window().is_none(),
+            "not before {recent} requests"
+        );
+        let (status, body) = answer(http.post(url("/v1/predict")).send(&digit_png(index)[..]));
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(watch.take_window().map(|w| w.len()), Some(recent * 512));
+    let (_, body) = answer(http.get(url("/v1/drift")).call());
+    assert_eq!(json(&body)["requests"], recent);
+    // A release without a pooled summary: nothing watched.
+    install(&state, Predictor::new(backbone, release(5), None).unwrap());
+    let (status, body) = answer(http.get(url("/v1/drift")).call());
+    assert_eq!(status, 404, "{body}");
+    server.stop();
+}
