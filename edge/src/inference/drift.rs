@@ -11,7 +11,7 @@
 //! After an alarm the watch keeps the features of the next [`RECENT_REQUESTS`] requests (the
 //! site as it is now) and wakes the loop again once it has them ([`DriftWatch::take_window`]):
 //! the agent re-estimates the site's statistics from them and serves with those
-//! (`crate::agent::serve::readapt`), and the watch starts again with that window as its
+//! (the agent's `readapt`), and the watch starts again with that window as its
 //! reference ([`DriftWatch::adapted`]). Meanwhile no other alarm is raised.
 
 use std::sync::{Arc, Mutex};
