@@ -129,7 +129,7 @@ impl DriftWatch {
         }
         if seen.alarm {
             state.alarms += 1;
-            let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+            let at = fedge_mqtt::now_rfc3339();
             tracing::warn!(
                 requests = state.requests,
                 alarms = state.alarms,
@@ -177,7 +177,7 @@ impl DriftWatch {
         }
         if adapted {
             state.adaptations += 1;
-            let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+            let at = fedge_mqtt::now_rfc3339();
             state.last_adapted = Some(at);
         }
         if let Some(m) = &self.metrics {

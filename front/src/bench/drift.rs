@@ -69,9 +69,15 @@ impl Caught {
     }
 }
 
+/// The familiarity distances a site's requests measure, over every seed: `(what, values)`
+/// for the reference, what it serves through each sensor, and blank black and white frames.
+pub type Distances = Vec<(String, Vec<f32>)>;
+
 /// The benchmark's results.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DriftReport {
+    /// The distances the detector watches, sorted within each row.
+    pub distances: Distances,
     /// False alarms per seed.
     pub quiet: Vec<Quiet>,
     /// Detection per sensor switched to.
@@ -82,6 +88,8 @@ pub struct DriftReport {
 /// every other sensor, and of its reference images.
 struct Site {
     reference: Vec<f32>,
+    /// A blank black and a blank white frame.
+    blank: [f32; 2],
     /// `served[s][i]`: image `i` of the served half through sensor `s` of [`SENSORS`].
     served: Vec<Vec<f32>>,
 }
@@ -115,7 +123,13 @@ fn site(backbone: &Backbone, all: &ImageSet, seed: u64) -> anyhow::Result<Site> 
     };
     let (reference, served) = deployed.split(0.5, seed);
     let view = |sensor: &Sensor, set: &ImageSet| sensor.apply(set, seed ^ 0xd21f);
+    let mut blank = reference.subset(&[0, 0]);
+    let len = blank.image_len();
+    blank.images[len..].fill(blank.raw_max);
+    blank.images[..len].fill(0.0);
+    let blank = distances(&blank)?;
     Ok(Site {
+        blank: [blank[0], blank[1]],
         reference: distances(&view(&SENSORS[0], &reference))?,
         served: (SENSORS.iter())
             .map(|s| distances(&view(s, &served)))
@@ -135,8 +149,23 @@ pub fn run(backbone: &Backbone, options: &DriftOptions) -> anyhow::Result<DriftR
             early: 0,
         })
         .collect();
+    let mut distances: Distances = std::iter::once("reference (clean)".to_owned())
+        .chain(SENSORS.iter().map(|s| format!("served, {}", s.name)))
+        .chain([
+            "blank black frame".to_owned(),
+            "blank white frame".to_owned(),
+        ])
+        .map(|name| (name, Vec::new()))
+        .collect();
     for &seed in &options.seeds {
         let site = site(backbone, &all, seed)?;
+        let rows = std::iter::once(&site.reference).chain(&site.served);
+        for ((_, values), seen) in distances.iter_mut().zip(rows) {
+            values.extend_from_slice(seen);
+        }
+        let n = distances.len();
+        distances[n - 2].1.push(site.blank[0]);
+        distances[n - 1].1.push(site.blank[1]);
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
         let clean = &site.served[0];
         let mut detector = DriftDetector::new(site.reference.iter().copied())
@@ -168,7 +197,14 @@ pub fn run(backbone: &Backbone, options: &DriftOptions) -> anyhow::Result<DriftR
     for result in &mut caught {
         result.delays.sort_unstable();
     }
-    Ok(DriftReport { quiet, caught })
+    for (_, values) in &mut distances {
+        values.sort_by(f32::total_cmp);
+    }
+    Ok(DriftReport {
+        distances,
+        quiet,
+        caught,
+    })
 }
 
 /// Accuracy of a deployed site's stream through the blurred sensor, for one seed, under three

@@ -41,17 +41,7 @@ fn release(round: u64) -> ModelRelease {
 /// Digit `index` of the built-in set as an 8-bit grayscale PNG.
 fn digit_png(index: usize) -> Vec<u8> {
     let set = fedge_edge::data::digits_domains(&[0.0], 1).remove(0).data;
-    let raw = &set.images[index * 64..(index + 1) * 64];
-    let pixels = raw
-        .iter()
-        .map(|v| (v * 255.0 / 16.0).round() as u8)
-        .collect();
-    let mut out = Cursor::new(Vec::new());
-    image::GrayImage::from_raw(8, 8, pixels)
-        .unwrap()
-        .write_to(&mut out, image::ImageFormat::Png)
-        .unwrap();
-    out.into_inner()
+    png_of(&set.images[index * 64..(index + 1) * 64], set.raw_max)
 }
 
 /// Checks a JSON prediction against the predictor's own, logits within 1e-6.

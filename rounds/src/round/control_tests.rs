@@ -12,6 +12,18 @@ fn answer(m: &mut Rounds, round: u64, clients: &[&str], t: u64) -> Vec<Output> {
     drain(m)
 }
 
+/// A machine of `config` whose round 1 selects all of `a`, `b` and `c`: paused while the
+/// three come online, then resumed.
+fn three_online(config: RoundConfig) -> Rounds {
+    let mut m = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    m.apply_control(&Command::Pause, 0);
+    for c in ["a", "b", "c"] {
+        m.handle_client_status(c, true, 0);
+    }
+    m.apply_control(&Command::Resume, 1);
+    m
+}
+
 #[test]
 fn a_pause_lets_the_open_round_finish_and_opens_no_other_until_resume() {
     let mut m = machine(
@@ -38,17 +50,11 @@ fn a_pause_lets_the_open_round_finish_and_opens_no_other_until_resume() {
 
 #[test]
 fn a_banned_device_is_selected_for_no_round_until_unbanned() {
-    // Paused while the three come online, so round 1 selects all of them.
     let three = RoundConfig {
         rounds: 3,
         ..config()
     };
-    let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
-    m.apply_control(&Command::Pause, 0);
-    for c in ["a", "b", "c"] {
-        m.handle_client_status(c, true, 0);
-    }
-    m.apply_control(&Command::Resume, 1);
+    let mut m = three_online(three);
     assert_eq!(tasks(&drain(&mut m))[0].selected, ["a", "b", "c"]);
     m.apply_control(&Command::Ban { client: "b".into() }, 5);
     let out = answer(&mut m, 1, &["a", "b", "c"], 10);
@@ -284,12 +290,7 @@ fn a_device_failing_rounds_in_a_row_rests_until_it_reports_healthy() {
         max_missed_rounds: 2,
         ..config()
     };
-    let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
-    m.apply_control(&Command::Pause, 0);
-    for c in ["a", "b", "c"] {
-        m.handle_client_status(c, true, 0);
-    }
-    m.apply_control(&Command::Resume, 0);
+    let mut m = three_online(three);
     let mut t = 0;
     // c never answers: each round waits out its deadline for it.
     for round in 1..=2 {
@@ -342,12 +343,7 @@ fn a_device_that_declines_is_not_waited_for_and_rests_after_declining_in_a_row()
         ..config()
     };
     let run = three.run;
-    let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
-    m.apply_control(&Command::Pause, 0);
-    for c in ["a", "b", "c"] {
-        m.handle_client_status(c, true, 0);
-    }
-    m.apply_control(&Command::Resume, 0);
+    let mut m = three_online(three);
     let task = tasks(&drain(&mut m)).pop().unwrap();
     assert_eq!((task.round, task.selected.len()), (1, 3));
     // Another run's round, or another round, changes nothing: the round still waits for c.

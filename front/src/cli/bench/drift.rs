@@ -38,6 +38,26 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
     };
     let report = b::run(&backbone, &options)?;
     println!("drift alarm on digits-sensor (digits-conv), a clean site switching sensor");
+    println!("familiarity distance of what the site sees (over every seed)");
+    println!(
+        "{:>22} {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "", "n", "median", "p99", "p99.9", "max"
+    );
+    for (what, values) in &report.distances {
+        let at = |q: f64| {
+            let n = values.len();
+            values[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
+        };
+        println!(
+            "{:>22} {:>7} {:>7.2} {:>7.2} {:>7.2} {:>7.2}",
+            what,
+            values.len(),
+            at(0.5),
+            at(0.99),
+            at(0.999),
+            at(1.0)
+        );
+    }
     println!("false alarms on an unchanged site");
     println!(
         "{:>6} {:>10} {:>7} {:>10}",
