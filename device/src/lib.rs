@@ -5,8 +5,8 @@
 //! FedDIM, FedDDL, Stable-FedADG, and [`train::run_round`], the device's round as one function),
 //! standardising features with a site's statistics ([`site_norm`]), a device's labels on the
 //! federation's class list ([`classes`]), local differential privacy ([`local_dp`]) and the
-//! cached features everything trains on ([`features`]), and the drift alarm on what a device
-//! serves ([`drift`]).
+//! cached features everything trains on ([`features`]), the drift alarm on what a device
+//! serves ([`drift`]) and which served inputs a site asks a person to label ([`labelling`]).
 //!
 //! Nothing here reads a clock, a file or the network: `fedge-edge` (the daemon: MQTT, the
 //! backbone, the feature cache on disk, inference) and `fedge-sim` (the deterministic
@@ -16,6 +16,7 @@
 pub mod classes;
 pub mod drift;
 pub mod features;
+pub mod labelling;
 pub mod local_dp;
 pub mod machine;
 pub mod random;

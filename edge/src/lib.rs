@@ -11,8 +11,9 @@
 //! site folder), [`resources`], [`config`] (a device profile), [`agent`] (the MQTT driver of
 //! the machine, and the round state file), [`check`] (a profile's pre-flight checks),
 //! [`fetch`] (a backbone published over MQTT), [`enrol`], and [`inference`] (predictions with
-//! the released head: the kept release, the predictor, the HTTP endpoint), with [`metrics`]
-//! (what the device reports to Prometheus).
+//! the released head: the kept release, the predictor, the HTTP endpoint), [`labelling`] (the
+//! site's labelling queue and its page), with [`metrics`] (what the device reports to
+//! Prometheus).
 //!
 //! This crate does not aggregate and does not decide who trains: the coordinator does.
 
@@ -24,6 +25,7 @@ pub mod enrol;
 pub mod features;
 pub mod fetch;
 pub mod inference;
+pub mod labelling;
 pub mod metrics;
 pub mod rescan;
 pub mod resources;

@@ -31,6 +31,9 @@ pub enum AgentError {
     /// The inference endpoint cannot listen where `[inference] listen` says.
     #[error(transparent)]
     Listen(#[from] crate::inference::config::ListenError),
+    /// The labelling page cannot listen where `[labelling] listen` says.
+    #[error(transparent)]
+    LabellingListen(#[from] crate::labelling::config::ListenError),
     /// `metrics_listen` cannot be listened on.
     #[error(
         "cannot serve metrics on {addr}: {error} (is metrics_listen taken by another process?)"
@@ -65,6 +68,7 @@ pub async fn run_agent(
     let topics = Topics::new(&setup.federation).map_err(|e| InvalidIdentity(e.to_string()))?;
     let infer_topic = serve::request_topic(&setup, &topics);
     let server = serve::start_http(&setup, stop.clone()).await?;
+    let labelling_page = serve::start_labelling(&setup, stop.clone()).await?;
     let _metrics_server = match setup.serving.metrics_listen {
         Some(addr) => {
             let metrics = Arc::clone(&setup.serving.metrics);
@@ -173,6 +177,9 @@ pub async fn run_agent(
     if let Some(server) = server {
         // `stop` is true: the endpoint finishes the requests in flight and returns.
         let _ = server.await;
+    }
+    if let Some(page) = labelling_page {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), page).await;
     }
     Ok(agent.summary().clone())
 }

@@ -79,7 +79,7 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
                 d
             });
             setup.serving.drift.restart(reference);
-            let predictor = predictor
+            let predictor = served_by(setup, predictor)
                 .with_limits(limits)
                 .with_unfamiliar_distance(distance)
                 .with_drift(Arc::clone(&setup.serving.drift));
@@ -89,6 +89,15 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
         Err(e) => {
             tracing::warn!(client = %setup.client_id, round = release.round, "cannot serve the released model: {e}");
         }
+    }
+}
+
+/// `predictor` telling the site's labelling queue of every image it answers, when there is
+/// one.
+fn served_by(setup: &AgentSetup, predictor: Predictor) -> Predictor {
+    match &setup.serving.labelling {
+        Some(labelling) => predictor.with_served(Arc::clone(&labelling.queue) as _),
+        None => predictor,
     }
 }
 
@@ -134,7 +143,7 @@ pub fn readapt(setup: &AgentSetup, window: Vec<f32>) {
     let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
     match Predictor::new(Arc::clone(backbone), release, Some(stats)) {
         Ok(predictor) => {
-            let predictor = predictor
+            let predictor = served_by(setup, predictor)
                 .with_limits(limits)
                 .with_unfamiliar_distance(setup.serving.inference.unfamiliar_distance)
                 .with_drift(Arc::clone(&setup.serving.drift));
@@ -166,6 +175,34 @@ pub async fn start_http(
     Ok(Some(tokio::spawn(async move {
         if let Err(e) = http::serve_with(listener, predictor, &config, metrics, gate, stop).await {
             tracing::error!(client = %client, error = %e, "the inference endpoint stopped");
+        }
+    })))
+}
+
+/// Binds `[labelling] listen` and serves the labelling page until `stop`; `Ok(None)` when the
+/// profile keeps no queue.
+pub async fn start_labelling(
+    setup: &AgentSetup,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, crate::labelling::config::ListenError> {
+    let Some(labelling) = &setup.serving.labelling else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(labelling.listen.as_str())
+        .await
+        .map_err(|source| crate::labelling::config::ListenError {
+            listen: labelling.listen.clone(),
+            source,
+        })?;
+    let router = crate::labelling::http::router(
+        Arc::clone(&labelling.queue),
+        setup.serving.predictor.clone(),
+        labelling.login.clone(),
+    );
+    let client = setup.client_id.clone();
+    Ok(Some(tokio::spawn(async move {
+        if let Err(e) = crate::labelling::http::serve(listener, router, stop).await {
+            tracing::error!(client = %client, error = %e, "the labelling page stopped");
         }
     })))
 }

@@ -89,6 +89,8 @@ pub struct Serving {
     pub metrics: Arc<crate::metrics::EdgeMetrics>,
     /// Serve them for Prometheus on `GET /metrics` at this address.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The site's labelling queue, fed by every image served, and its page (`[labelling]`).
+    pub labelling: Option<crate::labelling::Labelling>,
 }
 
 impl AgentSetup {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use fedge_models::HeadConfig;
 
-use crate::config::EdgeConfig;
+use crate::config::{DataConfig, EdgeConfig};
 use crate::resources;
 
 mod federation;
@@ -165,6 +165,9 @@ fn checks(path: &Path, dry_run: bool, alone: bool) -> Vec<Check> {
         });
     }
     checks.push(check_inference(&config));
+    if let Some(labelling) = &config.labelling {
+        checks.push(check_labelling(&config, labelling));
+    }
     if dry_run {
         checks.push(pass("broker", "skipped (--dry-run)".into()));
     } else {
@@ -265,6 +268,61 @@ fn check_inference(config: &EdgeConfig) -> Check {
             ),
         ),
     }
+}
+
+/// `[labelling]`: the queue's folder can be made, the password read, the page's address is
+/// free; and whether labelled images are trained on before a restart (`[data] rescan`).
+fn check_labelling(config: &EdgeConfig, labelling: &crate::labelling::LabellingConfig) -> Check {
+    let dir = labelling.queue_dir(config.cache_dir.as_deref(), &config.client_id);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return fail(
+            "labelling",
+            format!(
+                "[labelling] dir {}: {e}: pick a folder the device may write",
+                dir.display()
+            ),
+        );
+    }
+    if let Some(file) = &labelling.password_file
+        && let Err(e) = fedge_daemon::read_secret(file)
+    {
+        return fail(
+            "labelling",
+            format!("[labelling] password_file {}: {e}", file.display()),
+        );
+    }
+    if let Err(e) = std::net::TcpListener::bind(labelling.listen.as_str()) {
+        return fail(
+            "labelling",
+            format!(
+                "[labelling] listen = {:?} cannot be bound ({e}): pick a free port, or stop \
+                 what uses it",
+                labelling.listen
+            ),
+        );
+    }
+    let rescan = matches!(config.data, DataConfig::ImageFolder { rescan: true, .. });
+    let trained = match rescan {
+        true => "trained on from the next round ([data] rescan)",
+        false => {
+            "WARNING: [data] rescan is off, so labelled images are trained on only after a \
+             restart (set rescan = true)"
+        }
+    };
+    pass(
+        "labelling",
+        format!(
+            "page on http://{}/ ({}), queue in {}, {} places; labelled images go to {}: {trained}",
+            labelling.listen,
+            match labelling.password_file {
+                Some(_) => "login required",
+                None => "no login: loopback only",
+            },
+            dir.display(),
+            labelling.capacity,
+            config.data.site_folder().unwrap_or_default().display(),
+        ),
+    )
 }
 
 /// The device's classes against the federation's list (`classes_file`).

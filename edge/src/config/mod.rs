@@ -86,6 +86,14 @@ pub enum ConfigError {
         /// Which value.
         source: InvalidInference,
     },
+    /// `[labelling]` has a value that cannot be used.
+    #[error("{}: {source}", path.display())]
+    Labelling {
+        /// The file.
+        path: PathBuf,
+        /// Which value.
+        source: crate::labelling::InvalidLabelling,
+    },
     /// `[privacy]` has a value outside its domain.
     #[error("{}: {source}", path.display())]
     Privacy {
@@ -141,6 +149,9 @@ pub enum SetupError {
     /// The first scan of the site folder failed.
     #[error(transparent)]
     Scan(#[from] crate::rescan::ScanError),
+    /// The labelling queue could not be opened.
+    #[error(transparent)]
+    Labelling(#[from] crate::labelling::OpenError),
     /// Rescans with FedDDL, whose views are built once at start.
     #[error(
         "[data] rescan = true does not work with [fedddl] enabled = true (FedDDL's views are \
@@ -266,6 +277,11 @@ pub struct EdgeConfig {
     /// of the device is trusted.
     #[serde(default)]
     pub inference: InferenceConfig,
+    /// The site's labelling queue and its page (README, "When a site changes"): the served
+    /// inputs the model was least sure of wait on the device for a person to label them; the
+    /// labelled images go into the site folder. Absent: off (no image is kept).
+    #[serde(default)]
+    pub labelling: Option<crate::labelling::LabellingConfig>,
     /// Serve the device's metrics for Prometheus (OpenMetrics on `GET /metrics`) at this
     /// address, e.g. `"127.0.0.1:9465"`; none when unset (docs/prometheus.md).
     #[serde(
@@ -394,6 +410,20 @@ impl EdgeConfig {
                 path: path.to_owned(),
                 source,
             })?;
+        if let Some(labelling) = &mut config.labelling {
+            labelling.resolve(base);
+            let invalid = |source| ConfigError::Labelling {
+                path: path.to_owned(),
+                source,
+            };
+            labelling.check().map_err(invalid)?;
+            if config.data.site_folder().is_none() {
+                return Err(invalid(crate::labelling::InvalidLabelling::NoSiteFolder));
+            }
+            if !config.inference.serves() {
+                return Err(invalid(crate::labelling::InvalidLabelling::NotServing));
+            }
+        }
         if let Some(privacy) = &config.privacy {
             privacy.check().map_err(|source| ConfigError::Privacy {
                 path: path.to_owned(),

@@ -99,6 +99,12 @@ impl EdgeConfig {
             drift: Arc::new(inference::DriftWatch::new(Some(Arc::clone(&metrics)))),
             metrics,
             metrics_listen: self.metrics_listen,
+            labelling: match (&self.labelling, self.data.site_folder()) {
+                (Some(labelling), Some(site)) => {
+                    Some(labelling.open(&site, self.cache_dir.as_deref(), &self.client_id)?)
+                }
+                _ => None,
+            },
         };
         Ok(AgentSetup {
             client_id: self.client_id.clone(),

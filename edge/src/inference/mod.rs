@@ -18,5 +18,7 @@ pub mod upload;
 pub use config::InferenceConfig;
 pub use drift::DriftWatch;
 pub use http::{SharedPredictor, serve, serve_with};
-pub use predictor::{ClassScore, ImageLimits, PredictError, Prediction, Predictor, PredictorError};
+pub use predictor::{
+    ClassScore, ImageLimits, PredictError, Prediction, Predictor, PredictorError, Served,
+};
 pub use store::StoreError;

@@ -195,6 +195,14 @@ pub struct Prediction {
 /// sites' images measure below 2.7 and a blank white image 6.6.
 pub const DEFAULT_UNFAMILIAR_DISTANCE: f32 = 3.0;
 
+/// Told of every image a predictor answers over HTTP or MQTT (the site's labelling queue,
+/// `crate::labelling`, keeps some of them), on the thread that predicted.
+pub trait Served: Send + Sync + std::fmt::Debug {
+    /// `image` the file's bytes, `prediction` the answer, `classes` the release's class list
+    /// (the order of `prediction.logits`).
+    fn served(&self, image: &[u8], prediction: &Prediction, classes: &[String]);
+}
+
 /// The released head over the device's backbone.
 #[derive(Debug)]
 pub struct Predictor {
@@ -211,6 +219,8 @@ pub struct Predictor {
     unfamiliar_distance: f32,
     /// The drift alarm every prediction's distance goes to, when the device watches.
     drift: Option<Arc<super::DriftWatch>>,
+    /// Told of every image answered, when the site keeps a labelling queue.
+    served: Option<Arc<dyn Served>>,
 }
 
 impl Predictor {
@@ -259,12 +269,19 @@ impl Predictor {
             familiarity,
             unfamiliar_distance: DEFAULT_UNFAMILIAR_DISTANCE,
             drift: None,
+            served: None,
         })
     }
 
     /// The same predictor feeding every prediction's distance to `watch`.
     pub fn with_drift(mut self, watch: Arc<super::DriftWatch>) -> Self {
         self.drift = Some(watch);
+        self
+    }
+
+    /// The same predictor telling `served` of every image it answers from its bytes.
+    pub fn with_served(mut self, served: Arc<dyn Served>) -> Self {
+        self.served = Some(served);
         self
     }
 
@@ -333,7 +350,11 @@ impl Predictor {
         };
         let chw = to_chw(image, c, h32, w32);
         let features = self.backbone.features_of(&chw, (c, h, w), RAW_MAX, 1)?;
-        Ok(self.predict_features(&features, top_k))
+        let prediction = self.predict_features(&features, top_k);
+        if let Some(served) = &self.served {
+            served.served(bytes, &prediction, &self.release.classes);
+        }
+        Ok(prediction)
     }
 
     /// Reads and predicts an image file.
@@ -450,7 +471,7 @@ fn logits(config: &HeadConfig, flat: &[f32], x: &[f32]) -> Vec<f32> {
 }
 
 /// Softmax, shifted by the largest logit so that no exponential overflows.
-fn softmax(logits: &[f32]) -> Vec<f32> {
+pub(crate) fn softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
     let sum: f32 = exps.iter().sum();

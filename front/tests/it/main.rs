@@ -26,6 +26,7 @@ mod federation;
 mod fleet;
 mod hostile;
 mod inference;
+mod labelling;
 mod local_dp;
 mod no_images;
 mod objectives;

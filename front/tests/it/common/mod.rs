@@ -5,6 +5,7 @@
 //! parallel in this one process. The helpers assert rather than return errors: a failure here is
 //! a failed test.
 
+pub mod browser;
 mod coordinator;
 mod device;
 mod mosquitto;

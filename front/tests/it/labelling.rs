@@ -1,0 +1,375 @@
+//! A site labels what its model was unsure of, and trains on it: the `fedge-coordinator` and
+//! two `fedge-edge` agents over mosquitto (as in `use_model.rs`); site-b serves predictions
+//! and keeps a labelling queue. After the first run, twelve images the federation has not seen
+//! are sent to site-b's endpoint; in headless Chromium a person labels three on the page (a
+//! key, Enter for the top guess, a click), undoes one, and the site folder holds the two
+//! labels under their classes. A second run's first rescan finds exactly those two images and
+//! site-b trains on them. All the while, everything the broker carries is captured: no image
+//! file crosses it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::Locator;
+use serde_json::Value;
+
+use crate::common::browser::Browser;
+use crate::common::{self, KillOnDrop};
+use crate::use_model::{edge_binary, write_site};
+
+const FEDERATION: &str = "labels";
+
+fn write_coordinator(dir: &Path, port: u16, state: &str, rounds: u64) -> PathBuf {
+    let classes: String = (0..10).map(|k| format!("{k}\n")).collect();
+    std::fs::write(dir.join("classes.txt"), classes).unwrap();
+    let config = format!(
+        "federation = \"{FEDERATION}\"\nrounds = {rounds}\nmin_clients = 2\nmin_updates = 2\n\
+         round_timeout_s = 60\nstate_dir = \"{state}\"\n\n\
+         [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n\
+         [model]\nclasses_file = \"classes.txt\"\nbackbone = \"digits-conv\"\n\n\
+         [train]\nlocal_epochs = 3\nfeature_norm = \"site\"\n"
+    );
+    let path = dir.join(format!("{state}.toml"));
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+fn write_device(dir: &Path, id: &str, port: u16, tail: &str) -> PathBuf {
+    let profile = format!(
+        "client_id = \"{id}\"\nfederation = \"{FEDERATION}\"\nhidden = 16\nseed = 1\n\
+         cache_dir = \"cache-{id}\"\nbackbone = {:?}\n\n\
+         [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [data]\nkind = \"imagefolder\"\nroot = \"{id}\"\nrescan = true\n\n{tail}",
+        common::repo_root().join("models/assets/digits-conv.toml")
+    );
+    let path = dir.join(format!("{id}.toml"));
+    std::fs::write(&path, profile).unwrap();
+    path
+}
+
+fn spawn(binary: &Path, config: &Path) -> KillOnDrop {
+    let child = Command::new(binary)
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    KillOnDrop(child)
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+fn get_json(agent: &ureq::Agent, url: &str) -> Option<Value> {
+    let mut response = agent.get(url).call().ok()?;
+    if response.status() != 200 {
+        return None;
+    }
+    serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()
+}
+
+/// Waits until `check` holds, polling every 200 ms, or fails after `within` saying `what`.
+async fn until<T>(within: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(found) = check() {
+            return found;
+        }
+        assert!(Instant::now() < end, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The labelled images in the site folder: `<class>/label-*.png`.
+fn labelled(site: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = (std::fs::read_dir(site).unwrap().flatten())
+        .filter(|e| e.path().is_dir())
+        .flat_map(|class| std::fs::read_dir(class.path()).unwrap().flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("label-")
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The page's `left · labelled` counts, once they read `want`.
+async fn counts_read(browser: &Browser, want: &str) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = browser
+            .client
+            .find(Locator::Id("counts"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text == want {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "the page's counts read {text:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn press(browser: &Browser, key: &str) {
+    let body = browser.client.find(Locator::Css("body")).await.unwrap();
+    body.send_keys(key).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_labels_on_the_page_and_the_site_trains_on_the_labels() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let port = mosquitto.port();
+    let capture = Capture::start(port);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_site(&root.join("site-a"), 0, &[], 150);
+    write_site(&root.join("site-b"), 2, &[], 150);
+    // What site-b's camera sees after the federation trained: the same domain's other images.
+    let unseen: Vec<PathBuf> = write_site(&root.join("incoming"), 2, &[], 162)
+        .into_iter()
+        .filter(|p| {
+            !root
+                .join("site-b")
+                .join(p.strip_prefix(root.join("incoming")).unwrap())
+                .exists()
+        })
+        .collect();
+    assert_eq!(unseen.len(), 12);
+    let free = || fedge_coordinator::io::broker::free_loopback_addr().unwrap();
+    let (infer, page) = (free(), free());
+    let devices = [
+        write_device(root, "site-a", port, ""),
+        write_device(
+            root,
+            "site-b",
+            port,
+            &format!("[inference]\nlisten = \"{infer}\"\n\n[labelling]\nlisten = \"{page}\"\n"),
+        ),
+    ];
+    let agents: Vec<KillOnDrop> = devices.iter().map(|d| spawn(&edge_binary(), d)).collect();
+    let mut first = spawn(
+        &common::coordinator_binary(),
+        &write_coordinator(root, port, "state-1", 2),
+    );
+    let status = first.0.wait().unwrap();
+    assert!(status.success(), "first run: {status}");
+
+    // site-b serves round 2's model; twelve unseen images are asked about.
+    let http = agent();
+    let base = format!("http://{infer}");
+    until(Duration::from_secs(60), "site-b serves round 2", || {
+        get_json(&http, &format!("{base}/v1/model")).filter(|m| m["round"] == 2)
+    })
+    .await;
+    for image in &unseen {
+        let response = http
+            .post(format!("{base}/v1/predict"))
+            .header("content-type", "image/png")
+            .send(std::fs::read(image).unwrap())
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    // The JSON API: every one waits (200 places), most uncertain first.
+    let queue = get_json(&http, &format!("http://{page}/api/queue")).expect("the queue");
+    let items = queue["items"].as_array().unwrap();
+    assert_eq!(items.len(), 12, "{queue}");
+    assert_eq!(queue["classes"].as_array().unwrap().len(), 10);
+    let uncertainty: Vec<f64> = items
+        .iter()
+        .map(|i| i["uncertainty"].as_f64().unwrap())
+        .collect();
+    assert!(
+        uncertainty.windows(2).all(|w| w[0] >= w[1]),
+        "{uncertainty:?}"
+    );
+    assert!(
+        items
+            .iter()
+            .all(|i| i["guesses"].as_array().unwrap().len() == 3)
+    );
+
+    // The page, in a real browser: a key, Enter, a click; then undo.
+    let client = &browser.client;
+    client.goto(&format!("http://{page}/")).await.unwrap();
+    counts_read(&browser, "12 left · 0 labelled").await;
+    press(&browser, "7").await;
+    counts_read(&browser, "11 left · 1 labelled").await;
+    press(&browser, "\u{E007}").await;
+    counts_read(&browser, "10 left · 2 labelled").await;
+    let guess = client.find(Locator::Css("#guesses button")).await.unwrap();
+    guess.click().await.unwrap();
+    counts_read(&browser, "9 left · 3 labelled").await;
+    assert_eq!(labelled(&root.join("site-b")).len(), 3);
+    client
+        .find(Locator::Id("undo"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    counts_read(&browser, "10 left · 2 labelled").await;
+    let screenshot = client.screenshot().await.unwrap();
+    let shot = common::repo_root().join("target/labelling-page.png");
+    std::fs::write(&shot, &screenshot).unwrap();
+    browser.close().await;
+
+    // The site folder: the key's label under class "7" (a class named by a key has that key),
+    // one more.
+    let files = labelled(&root.join("site-b"));
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(
+        files.iter().any(|f| f.parent().unwrap().ends_with("7")),
+        "{files:?}"
+    );
+    for file in &files {
+        assert!(
+            unseen
+                .iter()
+                .any(|u| std::fs::read(u).unwrap() == std::fs::read(file).unwrap())
+        );
+    }
+
+    // A second run: site-b's first rescan finds the two labelled images and it trains on them.
+    let mut second = spawn(
+        &common::coordinator_binary(),
+        &write_coordinator(root, port, "state-2", 1),
+    );
+    let status = second.0.wait().unwrap();
+    assert!(status.success(), "second run: {status}");
+    drop(agents);
+    let seen = capture.stop();
+    let news: Vec<u64> = (seen.statuses("site-b").iter())
+        .filter_map(|s| s["new_samples"].as_u64())
+        .collect();
+    assert!(news.contains(&2), "site-b's rescans found {news:?}");
+    assert!(seen.updates("site-b") >= 3, "site-b trained in both runs");
+    // Nothing of an image crossed the broker: no PNG signature, none of the files' bytes.
+    assert!(seen.messages > 20);
+    assert!(
+        !seen.hex.contains("89504e470d0a1a0a"),
+        "a PNG file on the broker"
+    );
+    for image in unseen.iter().take(3) {
+        let bytes = std::fs::read(image).unwrap();
+        let tail = hex(&bytes[bytes.len() - 40..]);
+        assert!(
+            !seen.hex.contains(&tail),
+            "{} on the broker",
+            image.display()
+        );
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Everything the broker carries, captured with mosquitto_sub on `#`.
+struct Capture {
+    child: KillOnDrop,
+    reader: std::thread::JoinHandle<String>,
+}
+
+struct Captured {
+    messages: usize,
+    hex: String,
+    lines: Vec<(String, String)>,
+}
+
+impl Capture {
+    fn start(port: u16) -> Self {
+        let mut child = Command::new("mosquitto_sub")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                "#",
+                "-F",
+                "%t %x",
+                "-q",
+                "1",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto_sub (apt-get install mosquitto-clients)");
+        let mut stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut all = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut all);
+            all
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        Self {
+            child: KillOnDrop(child),
+            reader,
+        }
+    }
+
+    fn stop(mut self) -> Captured {
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
+        let all = self.reader.join().unwrap();
+        let lines: Vec<(String, String)> = (all.lines())
+            .filter_map(|l| l.split_once(' '))
+            .map(|(t, x)| (t.to_owned(), x.to_owned()))
+            .collect();
+        Captured {
+            messages: lines.len(),
+            hex: all,
+            lines,
+        }
+    }
+}
+
+impl Captured {
+    /// The JSON statuses `client` published.
+    fn statuses(&self, client: &str) -> Vec<Value> {
+        let topic = fedge_wire::Topics::new(FEDERATION)
+            .unwrap()
+            .edge_status(client);
+        (self.lines.iter())
+            .filter(|(t, _)| *t == topic)
+            .filter_map(|(_, x)| {
+                let bytes: Vec<u8> = (0..x.len() / 2)
+                    .filter_map(|i| u8::from_str_radix(&x[2 * i..2 * i + 2], 16).ok())
+                    .collect();
+                serde_json::from_slice(&bytes).ok()
+            })
+            .collect()
+    }
+
+    /// How many update messages (or first chunks) `client` published.
+    fn updates(&self, client: &str) -> usize {
+        let topic = fedge_wire::Topics::new(FEDERATION).unwrap().update(client);
+        (self.lines.iter())
+            .filter(|(t, _)| *t == topic || *t == format!("{topic}/0"))
+            .count()
+    }
+}
