@@ -33,6 +33,8 @@ pub struct EdgeMetrics {
     privacy_epsilon: Gauge<f64, AtomicU64>,
     drift_level: Gauge<f64, AtomicU64>,
     drift_alarms: Counter,
+    labelling_waiting: Gauge,
+    labelling_labelled: Gauge,
 }
 
 impl std::fmt::Debug for EdgeMetrics {
@@ -55,6 +57,8 @@ impl Default for EdgeMetrics {
         let privacy_epsilon = Gauge::default();
         let drift_level = Gauge::default();
         let drift_alarms = Counter::default();
+        let labelling_waiting = Gauge::default();
+        let labelling_labelled = Gauge::default();
         let r = &mut registry;
         r.register(
             "rounds_trained",
@@ -107,6 +111,16 @@ impl Default for EdgeMetrics {
             "Drift alarms raised on what the device serves",
             drift_alarms.clone(),
         );
+        r.register(
+            "labelling_waiting",
+            "Inputs in the site's labelling queue waiting for a label",
+            labelling_waiting.clone(),
+        );
+        r.register(
+            "labelling_labelled",
+            "Labels given in the site's labelling queue (undone ones taken off)",
+            labelling_labelled.clone(),
+        );
         Self {
             registry,
             rounds_trained,
@@ -120,6 +134,8 @@ impl Default for EdgeMetrics {
             privacy_epsilon,
             drift_level,
             drift_alarms,
+            labelling_waiting,
+            labelling_labelled,
         }
     }
 }
@@ -130,6 +146,12 @@ impl EdgeMetrics {
         self.rounds_trained.inc();
         self.train_seconds.observe(seconds);
         self.samples.set(samples as i64);
+    }
+
+    /// The labelling queue holds `waiting` inputs; `labelled` labels were given.
+    pub fn labelling(&self, waiting: u64, labelled: u64) {
+        self.labelling_waiting.set(waiting as i64);
+        self.labelling_labelled.set(labelled as i64);
     }
 
     /// The device holds (and serves, when it answers predictions) the model of `round`.

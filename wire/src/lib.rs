@@ -54,6 +54,8 @@ pub use model::{
     SiteEvaluation, check_classes, numbered_classes,
 };
 pub use site_stats::{Familiarity, FeatureStats, FeatureSummary};
-pub use status::{CoordinatorStatus, Declined, DriftStatus, EdgeStatus, RejectCounts, RunSummary};
+pub use status::{
+    CoordinatorStatus, Declined, DriftStatus, EdgeStatus, LabellingStatus, RejectCounts, RunSummary,
+};
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

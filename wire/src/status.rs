@@ -194,6 +194,19 @@ pub struct EdgeStatus {
     /// pooled summary). Not signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<DriftStatus>,
+    /// The site's labelling queue, in counts only (absent without `[labelling]`). Not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labelling: Option<LabellingStatus>,
+}
+
+/// What a site's labelling queue holds, in counts: nothing of an image or a label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabellingStatus {
+    /// Inputs waiting for a label.
+    pub waiting: u64,
+    /// Labels given on the device (undone ones taken off).
+    pub labelled: u64,
 }
 
 /// What a serving device's drift alarm says (see `fedge_device::drift`).
@@ -257,6 +270,7 @@ impl Default for EdgeStatus {
             epsilon: None,
             declined: None,
             drift: None,
+            labelling: None,
         }
     }
 }
@@ -450,6 +464,7 @@ mod tests {
                 reason: "cannot".into(),
             }),
             drift: None,
+            labelling: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));

@@ -337,8 +337,16 @@ fn spawn_scoring(
 
 /// The status document, stamped with the current time and, with a key, signed.
 fn json(status: &EdgeStatus, setup: &AgentSetup) -> String {
+    let labelling = (setup.serving.labelling.as_ref()).map(|l| {
+        let counts = l.queue.counts();
+        fedge_wire::LabellingStatus {
+            waiting: counts.left as u64,
+            labelled: counts.labelled,
+        }
+    });
     let mut stamped = EdgeStatus {
         updated_at: fedge_mqtt::now_rfc3339(),
+        labelling,
         ..status.clone()
     };
     if let Some(key) = &setup.key {

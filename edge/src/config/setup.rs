@@ -89,6 +89,15 @@ impl EdgeConfig {
         };
         // The backbone stays in memory only when the device answers predictions.
         let metrics: Arc<crate::metrics::EdgeMetrics> = Default::default();
+        let labelling = match (&self.labelling, self.data.site_folder()) {
+            (Some(labelling), Some(site)) => Some(labelling.open(
+                &site,
+                self.cache_dir.as_deref(),
+                &self.client_id,
+                Arc::clone(&metrics),
+            )?),
+            _ => None,
+        };
         let serving = Serving {
             backbone: self.inference.serves().then_some(backbone),
             model_file: (self.cache_dir.as_deref())
@@ -99,12 +108,7 @@ impl EdgeConfig {
             drift: Arc::new(inference::DriftWatch::new(Some(Arc::clone(&metrics)))),
             metrics,
             metrics_listen: self.metrics_listen,
-            labelling: match (&self.labelling, self.data.site_folder()) {
-                (Some(labelling), Some(site)) => {
-                    Some(labelling.open(&site, self.cache_dir.as_deref(), &self.client_id)?)
-                }
-                _ => None,
-            },
+            labelling,
         };
         Ok(AgentSetup {
             client_id: self.client_id.clone(),

@@ -38,12 +38,13 @@ pub enum OpenError {
 
 impl LabellingConfig {
     /// Opens the queue (creating its folder) for `client_id`, whose labelled images go to
-    /// `site`, and reads the page's password.
+    /// `site`, reporting its counts to `metrics`, and reads the page's password.
     pub fn open(
         &self,
         site: &Path,
         cache_dir: Option<&Path>,
         client_id: &str,
+        metrics: Arc<crate::metrics::EdgeMetrics>,
     ) -> Result<Labelling, OpenError> {
         let login = match &self.password_file {
             Some(path) => {
@@ -62,7 +63,8 @@ impl LabellingConfig {
             capacity: self.capacity,
             random_share: self.random_share,
             max_bytes: self.max_mb.saturating_mul(1 << 20),
-        })?;
+        })?
+        .with_metrics(metrics);
         Ok(Labelling {
             queue: Arc::new(queue),
             listen: self.listen.clone(),

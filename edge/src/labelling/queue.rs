@@ -120,6 +120,8 @@ struct Inner {
 pub struct LabelQueue {
     settings: QueueSettings,
     inner: Mutex<Inner>,
+    /// Told the counts at every change, when given.
+    metrics: Option<std::sync::Arc<crate::metrics::EdgeMetrics>>,
 }
 
 impl std::fmt::Debug for LabelQueue {
@@ -179,12 +181,22 @@ impl LabelQueue {
                 too_large: 0,
             }),
             settings,
+            metrics: None,
         };
         // Entries a smaller queue no longer has places for.
         for item in items.iter().filter(|i| !kept.contains(&i.id)) {
             queue.delete_pending(item);
         }
         Ok(queue)
+    }
+
+    /// The same queue reporting its counts to `metrics` at every change.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::EdgeMetrics>) -> Self {
+        let inner = self.lock();
+        metrics.labelling(inner.selector.len() as u64, inner.state.labelled);
+        drop(inner);
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The settings it was opened with.
@@ -210,6 +222,9 @@ impl LabelQueue {
 
     fn save_state(&self, inner: &mut Inner) -> Result<(), QueueError> {
         inner.state.offered = inner.selector.offered();
+        if let Some(metrics) = &self.metrics {
+            metrics.labelling(inner.selector.len() as u64, inner.state.labelled);
+        }
         let path = self.settings.dir.join("state.json");
         let bytes = serde_json::to_vec_pretty(&inner.state).unwrap_or_default();
         fedge_daemon::write_atomically(&path, &bytes, Visibility::Private).map_err(io(&path))

@@ -266,6 +266,12 @@ async fn a_person_labels_on_the_page_and_the_site_trains_on_the_labels() {
         .filter_map(|s| s["new_samples"].as_u64())
         .collect();
     assert!(news.contains(&2), "site-b's rescans found {news:?}");
+    // The broker hears of the queue in counts only.
+    let last = seen.statuses("site-b").pop().unwrap();
+    assert_eq!(
+        last["labelling"],
+        serde_json::json!({"waiting": 10, "labelled": 2})
+    );
     assert!(seen.updates("site-b") >= 3, "site-b trained in both runs");
     // Nothing of an image crossed the broker: no PNG signature, none of the files' bytes.
     assert!(seen.messages > 20);
