@@ -35,6 +35,12 @@ pub struct EdgeMetrics {
     drift_alarms: Counter,
     labelling_waiting: Gauge,
     labelling_labelled: Gauge,
+    serving: Family<ReleaseLabels, Gauge>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReleaseLabels {
+    sha256: String,
 }
 
 impl std::fmt::Debug for EdgeMetrics {
@@ -59,6 +65,7 @@ impl Default for EdgeMetrics {
         let drift_alarms = Counter::default();
         let labelling_waiting = Gauge::default();
         let labelling_labelled = Gauge::default();
+        let serving = Family::default();
         let r = &mut registry;
         r.register(
             "rounds_trained",
@@ -121,6 +128,11 @@ impl Default for EdgeMetrics {
             "Labels given in the site's labelling queue (undone ones taken off)",
             labelling_labelled.clone(),
         );
+        r.register(
+            "serving_release",
+            "1 for the release (its SHA-256) the device serves predictions with",
+            serving.clone(),
+        );
         Self {
             registry,
             rounds_trained,
@@ -136,6 +148,7 @@ impl Default for EdgeMetrics {
             drift_alarms,
             labelling_waiting,
             labelling_labelled,
+            serving,
         }
     }
 }
@@ -146,6 +159,16 @@ impl EdgeMetrics {
         self.rounds_trained.inc();
         self.train_seconds.observe(seconds);
         self.samples.set(samples as i64);
+    }
+
+    /// The device serves the release whose SHA-256 is `sha256` (hex), and no other.
+    pub fn serving(&self, sha256: &str) {
+        self.serving.clear();
+        self.serving
+            .get_or_create(&ReleaseLabels {
+                sha256: sha256.to_owned(),
+            })
+            .set(1);
     }
 
     /// The labelling queue holds `waiting` inputs; `labelled` labels were given.

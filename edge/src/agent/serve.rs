@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::setup::AgentSetup;
 use crate::inference::config::ListenError;
-use crate::inference::{Prediction, Predictor, http, store};
+use crate::inference::{Prediction, Predictor, http, serving_log, store};
 use fedge_device::site_norm::FeatureStats;
 
 /// The release kept in the device's model file, if there is one that verifies (a damaged or
@@ -83,8 +83,14 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
                 .with_limits(limits)
                 .with_unfamiliar_distance(distance)
                 .with_drift(Arc::clone(&setup.serving.drift));
-            tracing::info!(client = %setup.client_id, round = release.round, "serving the released model");
+            tracing::info!(client = %setup.client_id, round = release.round, sha256 = %release.sha256_hex(), "serving the released model");
             http::install(&setup.serving.predictor, predictor);
+            setup.serving.metrics.serving(&release.sha256_hex());
+            if let Some(log) = &setup.serving.serving_log
+                && let Err(e) = serving_log::record(log, release, &fedge_mqtt::now_rfc3339())
+            {
+                tracing::warn!(client = %setup.client_id, path = %log.display(), error = %e, "the serving log was not written");
+            }
         }
         Err(e) => {
             tracing::warn!(client = %setup.client_id, round = release.round, "cannot serve the released model: {e}");

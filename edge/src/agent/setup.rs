@@ -75,6 +75,9 @@ pub struct AgentSetup {
 pub struct Serving {
     /// Where the newest verified release is kept across restarts (none: memory only).
     pub model_file: Option<PathBuf>,
+    /// Where the device notes each release it starts serving (`inference::serving_log`; none:
+    /// not kept).
+    pub serving_log: Option<PathBuf>,
     /// The backbone predictions run, kept when `inference` serves.
     pub backbone: Option<Arc<Backbone>>,
     /// The `[inference]` settings.

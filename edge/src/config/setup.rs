@@ -102,6 +102,8 @@ impl EdgeConfig {
             backbone: self.inference.serves().then_some(backbone),
             model_file: (self.cache_dir.as_deref())
                 .map(|dir| inference::store::model_path(dir, &self.client_id)),
+            serving_log: (self.cache_dir.as_deref())
+                .map(|dir| inference::serving_log::path(dir, &self.client_id)),
             inference: self.inference.clone(),
             predictor: inference::http::shared(None),
             gate: inference::http::Gate::new(self.inference.max_in_flight),

@@ -2,7 +2,7 @@
 //!
 //! - `POST /v1/predict[?top_k=N]`: the body is a PNG or JPEG file's bytes, or a
 //!   `multipart/form-data` form carrying one ([`super::upload`]); the answer is the prediction
-//!   as JSON (`class`, `index`, `probability`, `top_k`, `logits`, `model_round`, `distance`,
+//!   as JSON (`class`, `index`, `probability`, `top_k`, `logits`, `model_round`, `model_sha256`, `distance`,
 //!   `unfamiliar`).
 //! - `GET /v1/model`: the release in use (federation, run, round, strategy, backbone, sha256,
 //!   classes, head sizes).

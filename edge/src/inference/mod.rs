@@ -6,12 +6,14 @@
 //! answer over HTTP ([`http`], configured by `[inference]`, [`config`]). `fedge-edge predict`
 //! runs the same predictor on files.
 //!
-//! Modules, leaves first: [`config`], [`store`], [`drift`], [`predictor`], [`upload`], [`http`].
+//! Modules, leaves first: [`config`], [`store`], [`serving_log`] (which release the device
+//! served, from when), [`drift`], [`predictor`], [`upload`], [`http`].
 
 pub mod config;
 pub mod drift;
 pub mod http;
 pub mod predictor;
+pub mod serving_log;
 pub mod store;
 pub mod upload;
 

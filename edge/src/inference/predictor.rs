@@ -178,6 +178,9 @@ pub struct Prediction {
     pub logits: Vec<f32>,
     /// The round of the release that answered.
     pub model_round: u64,
+    /// The SHA-256 of the release that answered (hex), as `GET /v1/model`, the coordinator's
+    /// `model/current` and the device's serving log name it.
+    pub model_sha256: String,
     /// How far the image's features are from the nearest class the federation trained on, in
     /// within-class standard deviations (about 1 for an image like the training ones;
     /// docs/algorithms.md §7, "Unfamiliar inputs"); absent when the release carries no pooled
@@ -221,6 +224,8 @@ pub struct Predictor {
     drift: Option<Arc<super::DriftWatch>>,
     /// Told of every image answered, when the site keeps a labelling queue.
     served: Option<Arc<dyn Served>>,
+    /// The release's SHA-256 in hex, named in every answer.
+    sha256: String,
 }
 
 impl Predictor {
@@ -260,6 +265,7 @@ impl Predictor {
             });
         }
         let familiarity = release.pooled.as_ref().and_then(|p| p.familiarity());
+        let sha256 = release.sha256_hex();
         Ok(Self {
             backbone,
             release,
@@ -270,6 +276,7 @@ impl Predictor {
             unfamiliar_distance: DEFAULT_UNFAMILIAR_DISTANCE,
             drift: None,
             served: None,
+            sha256,
         })
     }
 
@@ -416,6 +423,7 @@ impl Predictor {
                 .collect(),
             logits,
             model_round: self.release.round,
+            model_sha256: self.sha256.clone(),
             distance,
             unfamiliar,
         }

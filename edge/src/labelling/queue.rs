@@ -441,6 +441,7 @@ mod tests {
             top_k: Vec::new(),
             logits: logits.to_vec(),
             model_round: 4,
+            model_sha256: String::new(),
             distance: None,
             unfamiliar: None,
         }

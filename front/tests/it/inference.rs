@@ -280,6 +280,7 @@ fn the_endpoint_answers_what_the_predictor_answers() {
     assert_eq!(json(&body)["round"], 5);
     let (_, body) = post("/v1/predict", &png);
     assert_eq!(json(&body)["model_round"], 5);
+    assert_eq!(json(&body)["model_sha256"], release(5).sha256_hex());
 
     server.stop();
 }

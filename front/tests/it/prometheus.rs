@@ -323,6 +323,10 @@ pub async fn check_edge_metrics(training: SocketAddr, evaluating: SocketAddr, ro
     );
     assert_eq!(number(&unseen, "fedge_edge_rounds_trained_total "), 0.0);
     assert_eq!(number(&unseen, "fedge_edge_model_round "), rounds as f64);
+    assert!(
+        unseen.contains("fedge_edge_serving_release{sha256=\""),
+        "{unseen}"
+    );
     let http = "fedge_edge_inference_requests_total{via=\"http\",outcome=";
     assert!(
         number(&unseen, &format!("{http}\"ok\"}} ")) >= 1.0,

@@ -426,7 +426,22 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
             .unwrap();
         assert_eq!(answer["class"], line["class"]);
         assert_close(&answer["logits"], &line["logits"], 1e-5);
+        // Every answer names the release that made it.
+        assert_eq!(answer["model_sha256"], model.sha256_hex());
     }
+    // The device's serving log ends with that release; its metrics name it.
+    let log = fedge_edge::inference::serving_log::read(
+        &root.join("cache-unseen").join("unseen.serving.jsonl"),
+    );
+    let last = log.last().expect("a serving log");
+    assert_eq!(
+        (last.sha256.as_str(), last.round),
+        (model.sha256_hex().as_str(), ROUNDS)
+    );
+    assert!(
+        log.len() >= 2 && log.windows(2).all(|w| w[0].round < w[1].round),
+        "{log:?}"
+    );
     let mut refused = agent
         .post(format!("{base}/v1/predict"))
         .send(&b"not an image"[..])
