@@ -11,7 +11,9 @@
 //! - a uniform sample of everything served (reservoir sampling, Vitter's algorithm R), so that
 //!   the labels are not only hard cases and a mistake the model makes confidently can surface.
 //!
-//! An input goes to the uncertain places first; one they do not take is offered to the sample.
+//! Every input is offered to the sample first, so the sample is uniform over everything served;
+//! one the sample does not take, or later gives up for a newer one, is offered to the uncertain
+//! places. So the uncertain places hold the most uncertain of all the inputs not in the sample.
 //! Pure: it sees identifiers, scores and random draws, never images, files or clocks; the
 //! device's on-disk queue (`fedge-edge`'s `labelling`) and the simulator's measurement of what
 //! the labels are worth (`fedge bench labelling`) both run it.
@@ -68,6 +70,9 @@ pub struct Offered {
     pub kept: Option<Pick>,
     /// The inputs it put out of the queue (to delete).
     pub evicted: Vec<u64>,
+    /// Inputs it moved from the sample to the uncertain places (still held, now as
+    /// [`Pick::Uncertain`]).
+    pub moved: Vec<u64>,
 }
 
 /// One input held.
@@ -139,39 +144,66 @@ impl Selector {
             pick,
         };
         let mut out = Offered::default();
-        if self.uncertain_places > 0 {
-            if self.uncertain.len() < self.uncertain_places {
-                self.uncertain.push(held(Pick::Uncertain));
-                out.kept = Some(Pick::Uncertain);
+        // The sample first, so that it is uniform over everything served.
+        if self.random_places > 0 {
+            self.offered += 1;
+            if self.random.len() < self.random_places {
+                self.random.push(held(Pick::Random));
+                out.kept = Some(Pick::Random);
                 return out;
             }
-            let (least, at) = (self.uncertain.iter().enumerate())
-                .map(|(i, h)| (h.uncertainty, i))
-                .fold((f32::INFINITY, 0), |a, b| if b.0 < a.0 { b } else { a });
-            if uncertainty > least {
-                out.evicted.push(self.uncertain[at].id);
-                self.uncertain[at] = held(Pick::Uncertain);
-                out.kept = Some(Pick::Uncertain);
+            // Algorithm R: the n-th input replaces a uniformly chosen place with probability
+            // k/n. The input it displaces competes for the uncertain places.
+            let slot = (draw.clamp(0.0, 1.0 - f64::EPSILON) * self.offered as f64) as u64;
+            if let Some(place) = self.random.get_mut(slot as usize) {
+                let displaced = std::mem::replace(place, held(Pick::Random));
+                out.kept = Some(Pick::Random);
+                let moved = Held {
+                    pick: Pick::Uncertain,
+                    ..displaced
+                };
+                match self.offer_uncertain(moved) {
+                    Some(dropped) if dropped == displaced.id => out.evicted.push(dropped),
+                    Some(dropped) => {
+                        out.evicted.push(dropped);
+                        out.moved.push(displaced.id);
+                    }
+                    None => out.moved.push(displaced.id),
+                }
                 return out;
             }
         }
-        if self.random_places == 0 {
-            return out;
-        }
-        self.offered += 1;
-        if self.random.len() < self.random_places {
-            self.random.push(held(Pick::Random));
-            out.kept = Some(Pick::Random);
-            return out;
-        }
-        // Algorithm R: the n-th input replaces a uniformly chosen place with probability k/n.
-        let slot = (draw.clamp(0.0, 1.0 - f64::EPSILON) * self.offered as f64) as u64;
-        if (slot as usize) < self.random_places {
-            out.evicted.push(self.random[slot as usize].id);
-            self.random[slot as usize] = held(Pick::Random);
-            out.kept = Some(Pick::Random);
+        match self.offer_uncertain(held(Pick::Uncertain)) {
+            Some(dropped) if dropped == id => {}
+            Some(dropped) => {
+                out.evicted.push(dropped);
+                out.kept = Some(Pick::Uncertain);
+            }
+            None => out.kept = Some(Pick::Uncertain),
         }
         out
+    }
+
+    /// Puts `held` in the uncertain places if it is more uncertain than the least uncertain one
+    /// there (or a place is free); returns the id that is no longer held, if any (`held`'s own
+    /// when it was not taken).
+    fn offer_uncertain(&mut self, held: Held) -> Option<u64> {
+        if self.uncertain.len() < self.uncertain_places {
+            self.uncertain.push(held);
+            return None;
+        }
+        let least = (self.uncertain.iter().enumerate())
+            .map(|(i, h)| (h.uncertainty, i))
+            .fold(None, |a: Option<(f32, usize)>, b| match a {
+                Some(a) if a.0 <= b.0 => Some(a),
+                _ => Some(b),
+            });
+        match least {
+            Some((u, at)) if held.uncertainty > u => {
+                Some(std::mem::replace(&mut self.uncertain[at], held).id)
+            }
+            _ => Some(held.id),
+        }
     }
 
     /// Holds `held` again, even over the places (an undone label: the person asked for it
@@ -234,8 +266,8 @@ mod tests {
         assert_eq!(uncertainty(&[]), 0.0);
     }
 
-    /// The uncertain places end up holding exactly the most uncertain inputs of the stream,
-    /// whatever their order; the sample holds its share.
+    /// The uncertain places end up holding exactly the most uncertain inputs of those the
+    /// sample did not take, whatever their order; the sample holds its share.
     #[test]
     fn the_uncertain_places_keep_the_most_uncertain_inputs() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -254,14 +286,21 @@ mod tests {
         let held = selector.held();
         assert_eq!(held.len(), 50);
         assert_eq!(live, held.iter().map(|h| h.id).collect());
-        let mut sorted = scores.clone();
-        sorted.sort_by(|a, b| b.total_cmp(a));
+        let sampled: std::collections::BTreeSet<u64> = (held.iter())
+            .filter(|h| h.pick == Pick::Random)
+            .map(|h| h.id)
+            .collect();
+        let mut rest: Vec<f32> = (scores.iter().enumerate())
+            .filter(|(id, _)| !sampled.contains(&(*id as u64)))
+            .map(|(_, u)| *u)
+            .collect();
+        rest.sort_by(|a, b| b.total_cmp(a));
         let uncertain: Vec<f32> = (held.iter())
             .filter(|h| h.pick == Pick::Uncertain)
             .map(|h| h.uncertainty)
             .collect();
         assert_eq!(uncertain.len(), 40);
-        assert!(uncertain.iter().all(|u| *u >= sorted[39]));
+        assert!(uncertain.iter().all(|u| *u >= rest[39]));
         assert_eq!(held.iter().filter(|h| h.pick == Pick::Random).count(), 10);
     }
 
@@ -291,13 +330,14 @@ mod tests {
     #[test]
     fn removing_frees_a_place_and_restore_keeps_the_bounds() {
         let mut selector = Selector::new(4, 0.5);
+        // Two fill the sample; a late draw keeps the next two out of it.
         for id in 0..4 {
-            selector.offer(id, 0.9, 0.0);
+            selector.offer(id, 0.9, 0.99);
         }
         assert_eq!(selector.len(), 4);
         assert!(selector.remove(0));
         assert!(!selector.remove(0));
-        assert_eq!(selector.offer(9, 0.1, 0.0).kept, Some(Pick::Uncertain));
+        assert_eq!(selector.offer(9, 0.1, 0.0).kept, Some(Pick::Random));
         let again = Selector::new(2, 0.5).restore(selector.held(), 7);
         assert_eq!(again.len(), 2);
         assert_eq!(again.offered(), 7);

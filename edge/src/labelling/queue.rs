@@ -275,6 +275,18 @@ impl LabelQueue {
                 self.delete_pending(&item);
             }
         }
+        for moved in offered.moved {
+            if let Ok(item) = self.read_item(moved) {
+                let meta = self.pending_path(moved, "json");
+                let item = Item {
+                    pick: Pick::Uncertain,
+                    ..item
+                };
+                let bytes = serde_json::to_vec_pretty(&item).unwrap_or_default();
+                fedge_daemon::write_atomically(&meta, &bytes, Visibility::Private)
+                    .map_err(io(&meta))?;
+            }
+        }
         let mut order: Vec<usize> = (0..probabilities.len()).collect();
         order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
         let item = Item {

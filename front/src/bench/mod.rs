@@ -8,10 +8,12 @@
 //! - `wire`: bytes per update and per task for each codec.
 //! - `fleet`: many simulated devices against a running coordinator.
 //! - `drift`: the drift alarm's false alarms and detection delay on `digits-sensor`.
+//! - `labelling`: the labelling queue's labels against random ones on `digits-sensor`.
 
 pub mod aggregate;
 pub mod drift;
 pub mod feddim;
 pub mod fleet;
 pub mod head;
+pub mod labelling;
 pub mod wire;

@@ -1,6 +1,7 @@
 //! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`, `infer`,
-//! `aggregate`, `wire`, `fleet`, `feddim`, `drift`). Accuracy is `fedge eval`'s; `fedge bench` without a
-//! subcommand still takes `fedge eval`'s flags for one release, with a note pointing there.
+//! `aggregate`, `wire`, `fleet`, `feddim`, `drift`, `labelling`). Accuracy is `fedge eval`'s;
+//! `fedge bench` without a subcommand still takes `fedge eval`'s flags for one release, with a
+//! note pointing there.
 
 pub mod aggregate;
 pub mod backbone;
@@ -9,6 +10,7 @@ pub mod feddim;
 pub mod fleet;
 pub mod head;
 pub mod infer;
+pub mod labelling;
 pub mod wire;
 
 use clap::{Args, Subcommand};
@@ -48,6 +50,9 @@ pub enum BenchCommand {
     /// The drift alarm: false alarms per 100,000 requests of an unchanged site, and requests
     /// until the alarm after a switch to another sensor (digits-sensor).
     Drift(drift::DriftArgs),
+    /// The labelling queue: what a blurred site's 50 labels picked by its queue are worth
+    /// after the next federated rounds, against 50 picked at random (digits-sensor).
+    Labelling(labelling::LabellingArgs),
 }
 
 impl BenchCommand {
@@ -62,6 +67,7 @@ impl BenchCommand {
             BenchCommand::Fleet(args) => fleet::run(args).await,
             BenchCommand::Feddim(args) => feddim::run(args),
             BenchCommand::Drift(args) => drift::run(args),
+            BenchCommand::Labelling(args) => labelling::run(args),
         }
     }
 }
