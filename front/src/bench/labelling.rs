@@ -74,6 +74,22 @@ pub struct LabellingOptions {
     pub hidden: usize,
 }
 
+impl Default for LabellingOptions {
+    /// `fedge bench labelling`'s defaults: seeds 0–4, 50 labels, 600 requests, 20 rounds
+    /// before and 10 with the site, 5 local epochs, a 64-wide head.
+    fn default() -> Self {
+        Self {
+            seeds: (0..5).collect(),
+            budget: 50,
+            stream: 600,
+            rounds: 20,
+            after: 10,
+            local_epochs: 5,
+            hidden: 64,
+        }
+    }
+}
+
 /// One labelling arm of one seed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Labelled {

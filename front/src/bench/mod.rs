@@ -9,6 +9,8 @@
 //! - `fleet`: many simulated devices against a running coordinator.
 //! - `drift`: the drift alarm's false alarms and detection delay on `digits-sensor`.
 //! - `labelling`: the labelling queue's labels against random ones on `digits-sensor`.
+//! - `story`: `fedge demo --drift`, the drift, re-adaptation and labelling measurements of one
+//!   seed told as a site lives them.
 
 pub mod aggregate;
 pub mod drift;
@@ -16,4 +18,5 @@ pub mod feddim;
 pub mod fleet;
 pub mod head;
 pub mod labelling;
+pub mod story;
 pub mod wire;

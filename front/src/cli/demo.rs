@@ -26,6 +26,15 @@ pub struct DemoArgs {
     /// coordinator's clients are the sites (docs/sites.md).
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub sites: usize,
+    /// Instead of a federation over MQTT, tell the story of a site that changes after
+    /// deployment (digits-sensor, --seed): the drift alarm when its camera blurs, label-free
+    /// re-adaptation, the labels its queue asks for and what they are worth after the next
+    /// rounds, in one table and one plot (--plot). About ten seconds.
+    #[arg(long)]
+    pub drift: bool,
+    /// With --drift: where to draw the plot (PNG).
+    #[arg(long, value_name = "PATH.png", default_value = "fedge-drift.png")]
+    pub plot: std::path::PathBuf,
     /// Seed for the data split, the initial head and client sampling.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -136,6 +145,9 @@ pub struct LocalArgs {
 
 /// Runs the demo and prints its table.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    if args.drift {
+        return tokio::task::spawn_blocking(move || drift_story(&args)).await?;
+    }
     let defaults = DemoOptions::default();
     let local = &args.local;
     let attack = fedge::attack::expand(&args.attack);
@@ -338,4 +350,34 @@ fn print_attacks(result: &DemoResult, asked: u64) {
         result.rounds.len(),
         list(&result.attacks_untraced)
     );
+}
+
+/// `fedge demo --drift`: the story's table on standard output, its plot in --plot, its numbers
+/// in --json.
+fn drift_story(args: &DemoArgs) -> anyhow::Result<()> {
+    use fedge::bench::story;
+    let (backbone, _) = fedge::eval::load_backbone(None)?;
+    eprintln!(
+        "fedge demo --drift: a site on digits-sensor (seed {}): drift alarm, re-adaptation, \
+         labels",
+        args.seed
+    );
+    let bar = indicatif::ProgressBar::new(3 * 31).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} rounds, {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let told = story::run(&backbone, args.seed, |tick| {
+        bar.set_message(format!("{} arm", tick.arm));
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    let told = told?;
+    print!("{}", story::markdown(&told));
+    fedge::plot::write(
+        &args.plot,
+        "A site that changes: its accuracy (%) step by step",
+        &story::bars(&told),
+    )?;
+    eprintln!("plot: {}", args.plot.display());
+    args.json.write(&told)
 }

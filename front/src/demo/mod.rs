@@ -1,5 +1,6 @@
 //! `fedge demo`: one command, a real federation; with `attack`, a hostile participant next to
-//! it ([`hostile`]).
+//! it ([`hostile`]). (`fedge demo --drift`, the story of a site that changes after deployment,
+//! composes the lab's benchmarks: `bench::story`.)
 
 mod data;
 pub mod hostile;

@@ -6,6 +6,7 @@ use fedge::eval::{
     run_lodo,
 };
 
+use crate::common;
 use std::sync::Arc;
 
 fn digits() -> Prepared {
@@ -682,4 +683,37 @@ fn two_very_different_source_sites_run_to_the_end_with_the_defaults() {
         assert!(rejected.is_none_or(|r| r.is_empty()), "{run}");
     }
     assert_eq!(report["paired"][0]["seeds"], 2);
+}
+
+/// `fedge demo --drift` tells its story: the alarm comes within the bound, the queue's
+/// labels raise the blurred site above where it was, and the plot and the JSON are written.
+#[test]
+fn the_drift_demo_tells_the_story_in_a_table_a_plot_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plot, json) = (dir.path().join("drift.png"), dir.path().join("drift.json"));
+    let out = common::succeeded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args(["demo", "--drift", "--seed", "1", "--plot"])
+            .arg(&plot)
+            .arg("--json")
+            .arg(&json),
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for step in [
+        "1. serving",
+        "2. the camera changes",
+        "3. re-adaptation",
+        "5. labels given",
+    ] {
+        assert!(table.contains(step), "{table}");
+    }
+    let story: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let alarm = story["alarm_after"].as_u64().expect("an alarm");
+    assert!(alarm <= 300, "{story}");
+    assert!(
+        story["queue_labels"].as_f64() > story["before_labels"].as_f64(),
+        "{story}"
+    );
+    assert_eq!(story["budget"], 50);
+    assert!(image::open(&plot).unwrap().width() > 400);
 }
