@@ -217,6 +217,17 @@ enum Command {
         #[arg(long, value_name = "model.onnx", default_value = "model.onnx")]
         out: PathBuf,
     },
+    /// Check the state folder's audit trail (audit.jsonl: hash-chained JSON lines of runs,
+    /// releases, operator commands, enrolments, revocations, backbone publishes and privacy
+    /// steps), or ask it which release a device served at a time.
+    #[command(
+        after_help = "Examples:\n  fedge-coordinator audit verify --state-dir state\n  \
+                      fedge-coordinator audit show --config configs/coordinator.toml --device cam-01 --at 2025-11-26T09:30:00Z"
+    )]
+    Audit {
+        #[command(subcommand)]
+        command: cmd::audit::AuditCommand,
+    },
     /// Print the configuration reference: every key of the coordinator's file, as Markdown.
     ///
     /// One table per TOML table, each key with its type, default and meaning, generated from
@@ -226,10 +237,12 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     init_logs(cli.log.log_format, "info,rumqttd=off");
-    match cli.command {
+    let done: anyhow::Result<()> = match cli.command {
+        // Exits 1 on a trail that does not verify, without an error's backtrace.
+        Command::Audit { command } => return cmd::audit::run(command),
         Command::Run { config } => cmd::run::run(config).await,
         Command::Check { config, dry_run } => {
             cmd::check::run(&config, dry_run);
@@ -294,7 +307,8 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-    }
+    };
+    done.map(|()| std::process::ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -8,9 +8,10 @@ use fedge_coordinator::boot::Start;
 use fedge_coordinator::config::{CoordinatorConfig, Role};
 use fedge_coordinator::io::broker::{BrokerLimits, start_embedded};
 use fedge_coordinator::site::{self, link::LinkOptions};
-use fedge_coordinator::store::{checkpoint, journal, keys};
+use fedge_coordinator::store::{audit, checkpoint, journal, keys};
 use fedge_coordinator::{DriverOptions, driver};
 use fedge_wire::ModelLayout;
+use sha2::{Digest, Sha256};
 
 pub async fn run(path: PathBuf) -> anyhow::Result<()> {
     let config = CoordinatorConfig::load(&path)?;
@@ -104,6 +105,25 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         );
     }
     let mut rounds = booted.rounds;
+    let audit_file = config.state_dir.as_ref().map(|d| d.join(audit::FILE_NAME));
+    if let Some(trail) = &audit_file {
+        // The configuration as run: its bytes' digest, to match against a kept copy.
+        let config_sha256 = std::fs::read(&path)
+            .ok()
+            .map(|b| fedge_wire::hex::encode(&Sha256::digest(&b)));
+        let role = match config.role {
+            Role::Site => "site",
+            _ => "global",
+        };
+        let event = audit::Event::RunStarted {
+            federation: config.federation.clone(),
+            run: format!("{:016x}", rounds.config().run),
+            role: role.into(),
+            config_sha256,
+            resumed_at: booted.resumed,
+        };
+        audit::AuditLog::new(trail).record("coordinator", event);
+    }
     let options = DriverOptions {
         broker: config.broker.clone(),
         federation: config.federation.clone(),
@@ -113,6 +133,7 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         journal: journal_path,
         control_file: config.state_dir.as_ref().map(|d| d.join("control.json")),
         stay_up: config.stay_up,
+        audit_file,
         home_assistant: config.home_assistant,
         metrics_listen: config.metrics_listen,
         operator_key: (config.auth.operator_key_file.as_deref())

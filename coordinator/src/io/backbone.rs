@@ -95,6 +95,29 @@ pub async fn publish(
     Ok(())
 }
 
+/// Puts the publish on the audit trail of the configuration's state folder, when this machine
+/// holds it (`publish-backbone` may run elsewhere, with a copy of the configuration).
+fn record_publish(config: &crate::CoordinatorConfig, name: &str, sha256: &str) {
+    let Some(dir) = config.state_dir.as_ref().filter(|d| d.is_dir()) else {
+        return;
+    };
+    let who = match config.auth.operator_key_file.as_deref() {
+        Some(file) => match crate::store::keys::load_operator(file) {
+            Ok(key) => crate::store::audit::operator(&key),
+            Err(_) => "operator:cli".to_owned(),
+        },
+        None => "operator:cli".to_owned(),
+    };
+    let event = crate::store::audit::Event::BackbonePublished {
+        name: name.to_owned(),
+        sha256: sha256.to_owned(),
+    };
+    let mut trail = crate::store::audit::AuditLog::new(dir.join(crate::store::audit::FILE_NAME));
+    if !trail.record(&who, event) {
+        eprintln!("the publish is not on the audit trail in {}", dir.display());
+    }
+}
+
 /// `fedge-coordinator publish-backbone --config C --card CARD`: distributes the card's backbone
 /// on the federation's broker and says how to make round tasks name it.
 pub async fn publish_backbone(config_path: &Path, card_path: &Path) -> anyhow::Result<()> {
@@ -118,6 +141,7 @@ pub async fn publish_backbone(config_path: &Path, card_path: &Path) -> anyhow::R
     let (reference, frames) = frames(&topics, object, keys.as_ref(), max_packet);
     let count = frames.len() - 1;
     publish(&config.broker, frames, Duration::from_secs(60)).await?;
+    record_publish(&config, &reference.name, &reference.sha256_hex());
     if let Some(key_file) = &config.auth.operator_key_file {
         // A running coordinator names it from its next round on, without a restart.
         let key = crate::store::keys::load_operator(key_file)?;

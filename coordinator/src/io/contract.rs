@@ -101,12 +101,15 @@ pub struct DriverOptions {
     pub control_file: Option<std::path::PathBuf>,
     /// Stay connected when the rounds are done, waiting for `ctl new-run`.
     pub stay_up: bool,
+    /// Where to append the audit trail (`audit.jsonl` in the state folder, `store::audit`):
+    /// releases, privacy steps, operator commands, enrolments and revocations.
+    pub audit_file: Option<std::path::PathBuf>,
 }
 
 impl DriverOptions {
     /// A driver of `federation` on `broker` as MQTT client `client_id`, with nothing else:
     /// no state folder, no Home Assistant discovery, no metrics, no operator key, no keys
-    /// file, no previous protocol. Set the rest with struct update syntax.
+    /// file, no previous protocol, no audit trail. Set the rest with struct update syntax.
     pub fn new(broker: BrokerConfig, federation: &str, client_id: String) -> Self {
         Self {
             broker,
@@ -122,6 +125,7 @@ impl DriverOptions {
             previous_protocol: Default::default(),
             control_file: None,
             stay_up: false,
+            audit_file: None,
         }
     }
 }

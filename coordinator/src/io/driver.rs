@@ -19,6 +19,7 @@ use super::outbox::Outbox;
 use super::sinks::{RejectionLog, Sinks, TaskTopics, publish_task};
 use super::status::StatusContext;
 use crate::round::{Phase, Rejection, Rounds};
+use crate::store::audit::{AuditLog, Event};
 use crate::store::journal::Journal;
 
 pub use super::contract::{
@@ -31,6 +32,7 @@ pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
 /// An operator command: applied when its tag, federation and number check, else counted as
 /// `bad_control` (`fedge_wire::control`). What a command sets is kept in `control_file` at once,
 /// with its number, so that a restart forgets nothing and takes no captured command again.
+/// Returns the command applied.
 fn handle_control(
     rounds: &mut Rounds,
     federation: &str,
@@ -39,7 +41,7 @@ fn handle_control(
     control_file: Option<&std::path::Path>,
     payload: &[u8],
     now_ms: u64,
-) {
+) -> Option<ControlMessage> {
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -47,15 +49,20 @@ fn handle_control(
         Ok(message) => {
             *last_seq = message.seq;
             rounds.apply_control(&message.command, now_ms);
+
             if let Some(path) = control_file {
                 let settings = rounds.operator_settings(*last_seq);
                 if let Err(e) = crate::store::control::store(path, &settings) {
                     tracing::error!(error = %e, "operator settings not kept: a restart would forget them");
                 }
             }
+            Some(message)
         }
         // Logged by the machine's rate-limited rejection log.
-        Err(e) => rounds.reject_control(e.to_string()),
+        Err(e) => {
+            rounds.reject_control(e.to_string());
+            None
+        }
     }
 }
 
@@ -227,6 +234,8 @@ async fn drive(
         control_seq,
         fatal: None,
         announced: Default::default(),
+        audit: options.audit_file.as_ref().map(AuditLog::new),
+        built: None,
     };
     let control_topic = topics.control();
     let mut keys_watch = KeysWatch::new(options.keys_file.as_deref());
@@ -296,9 +305,14 @@ async fn drive(
                     } else if let (true, Some(key)) = (p.topic == control_topic, &options.operator_key) {
                         let seq = &mut sinks.control_seq;
                         let file = options.control_file.as_deref();
-                        handle_control(&mut rounds, &options.federation, key, seq, file, &p.payload, now_ms());
+                        let taken = handle_control(&mut rounds, &options.federation, key, seq, file, &p.payload, now_ms());
+                        if let (Some(message), Some(audit)) = (taken, sinks.audit.as_mut()) {
+                            let event = Event::Control { command_seq: message.seq, command: message.command };
+                            audit.record(&crate::store::audit::operator(key), event);
+                        }
                     } else if let (Some(c), Some(keys)) = (topics.client_of_enrol_request(&p.topic), &options.keys_file) {
-                        super::enrol::handle_request(&mut rounds, &mut sinks.outbox, &options.federation, keys, c, &p.payload);
+                        let audit = sinks.audit.as_mut();
+                        super::enrol::handle_request(&mut rounds, &mut sinks.outbox, audit, &options.federation, keys, c, &p.payload);
                     }
                     sinks.handling = started.elapsed();
                     if let Some(m) = &sinks.metrics {
@@ -341,7 +355,7 @@ async fn drive(
             _ = stop.changed() => break,
         }
         if let Some(path) = &options.keys_file {
-            keys_watch.poll(path, &mut rounds);
+            keys_watch.poll(path, &mut rounds, sinks.audit.as_mut());
             sinks.context.keys_error.clone_from(&keys_watch.error);
         }
         let window = options.previous_protocol;

@@ -15,6 +15,7 @@ use rand::RngCore;
 
 use super::outbox::Outbox;
 use crate::round::Rounds;
+use crate::store::audit::{AuditLog, Event};
 use crate::store::enrolments::{self, Refusal};
 
 /// Largest request read (a real one is about 250 bytes).
@@ -24,6 +25,7 @@ const MAX_REQUEST_BYTES: usize = 2048;
 pub(super) fn handle_request(
     rounds: &mut Rounds,
     outbox: &mut Outbox,
+    audit: Option<&mut AuditLog>,
     federation: &str,
     keys_file: &Path,
     client: &str,
@@ -44,6 +46,14 @@ pub(super) fn handle_request(
     let response = match answer(&request, federation, keys_file, client, wall_ms) {
         Ok((response, devices)) => {
             tracing::info!(client, "device enrolled");
+            if let Some(audit) = audit {
+                let how = "token".to_owned();
+                let event = Event::Enrolled {
+                    client: client.to_owned(),
+                    how,
+                };
+                audit.record(&crate::store::audit::device(client), event);
+            }
             rounds.set_device_keys(devices);
             response
         }

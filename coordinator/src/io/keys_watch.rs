@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::round::{DeviceKeys, Rounds};
+use crate::store::audit::{AuditLog, Event};
 
 /// The device keys file, looked at every [`KEYS_CHECK`].
 pub(super) struct KeysWatch {
@@ -20,6 +21,9 @@ pub(super) struct KeysWatch {
     /// Why the file does not load, while no key is accepted.
     pub(super) error: Option<String>,
     pub(super) next_check: Instant,
+    /// While refused: the keys in force before, which the audit trail compares the fixed
+    /// file with.
+    held: Option<DeviceKeys>,
 }
 
 /// How often the file is looked at.
@@ -37,12 +41,19 @@ impl KeysWatch {
             digest: path.and_then(digest),
             error: None,
             next_check: Instant::now() + KEYS_CHECK,
+            held: None,
         }
     }
 
     /// Reloads the keys into `rounds` when the file's content changed; refuses every key
-    /// when the changed file does not load.
-    pub(super) fn poll(&mut self, path: &std::path::Path, rounds: &mut Rounds) {
+    /// when the changed file does not load. Keys added, replaced or removed go on the audit
+    /// trail as enrolments and revocations by `operator:keys-file`.
+    pub(super) fn poll(
+        &mut self,
+        path: &std::path::Path,
+        rounds: &mut Rounds,
+        audit: Option<&mut AuditLog>,
+    ) {
         if Instant::now() < self.next_check {
             return;
         }
@@ -56,8 +67,16 @@ impl KeysWatch {
         self.digest = now;
         match crate::store::keys::load(path) {
             Ok(keys) => {
-                if self.error.take().is_some() {
-                    tracing::info!("the keys file loads again: device keys accepted");
+                let in_force = rounds.config().auth.as_deref().cloned();
+                let before = match self.error.take() {
+                    Some(_) => {
+                        tracing::info!("the keys file loads again: device keys accepted");
+                        self.held.take()
+                    }
+                    None => in_force,
+                };
+                if let Some(audit) = audit {
+                    record_changes(audit, before.as_ref(), &keys);
                 }
                 rounds.set_device_keys(keys);
             }
@@ -68,11 +87,41 @@ impl KeysWatch {
                 );
                 if self.error.as_ref() != Some(&error) {
                     tracing::error!("{error}");
+                    if self.error.is_none() {
+                        self.held = rounds.config().auth.as_deref().cloned();
+                    }
                     rounds.set_device_keys(DeviceKeys::new());
                     self.error = Some(error);
                 }
             }
         }
+    }
+}
+
+/// The keys that came into force or left between `before` and `after`, on the audit trail.
+fn record_changes(audit: &mut AuditLog, before: Option<&DeviceKeys>, after: &DeviceKeys) {
+    let who = "operator:keys-file";
+    let empty = DeviceKeys::new();
+    let before = before.unwrap_or(&empty);
+    for (client, key) in after.iter() {
+        if before.get(client) != Some(key) {
+            let how = "keys-file".to_owned();
+            audit.record(
+                who,
+                Event::Enrolled {
+                    client: client.clone(),
+                    how,
+                },
+            );
+        }
+    }
+    for client in before.keys().filter(|c| !after.contains_key(*c)) {
+        audit.record(
+            who,
+            Event::Revoked {
+                client: client.clone(),
+            },
+        );
     }
 }
 
@@ -112,7 +161,7 @@ mod tests {
         let mut watch = KeysWatch::new(Some(&path));
         let poll = |w: &mut KeysWatch, r: &mut Rounds| {
             w.next_check = Instant::now();
-            w.poll(&path, r);
+            w.poll(&path, r, None);
         };
         // A revocation saved readable by others: refused by the secret check, so nothing is
         // accepted (the revoked key must not stay in force), and the status says why.

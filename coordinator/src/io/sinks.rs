@@ -13,6 +13,7 @@ use super::metrics::Metrics;
 use super::outbox::Outbox;
 use super::status::{StatusContext, metrics_json, status_at};
 use crate::round::{Output, Record, Rounds};
+use crate::store::audit::{AuditLog, Event};
 use crate::store::journal::Journal;
 
 /// Task topics: one frame on `round/task`, or chunk `i` on `round/task/<i>` (all retained).
@@ -53,6 +54,11 @@ pub(super) struct Sinks<'a> {
     pub(super) fatal: Option<String>,
     /// With `home_assistant`: the devices whose entities were announced on this connection.
     pub(super) announced: std::collections::BTreeSet<String>,
+    /// The audit trail (`DriverOptions::audit_file`).
+    pub(super) audit: Option<AuditLog>,
+    /// The last aggregated round and the clients whose updates it used, for its release's
+    /// audit line.
+    pub(super) built: Option<(u64, Vec<String>)>,
 }
 
 /// Least time between two status publishes: a flood of junk packets, each a rejection and a
@@ -119,6 +125,8 @@ impl Sinks<'_> {
             control_seq: _,
             fatal,
             announced,
+            audit,
+            built,
         } = self;
         let (options, topics) = (*options, *topics);
         let mut status_dirty = false;
@@ -144,6 +152,19 @@ impl Sinks<'_> {
                         m.round_ended(&report, handling.as_secs_f64());
                     }
                     if report.aggregated {
+                        *built = Some((report.round, report.reported.clone()));
+                        if let (Some(audit), Some(p)) = (audit.as_mut(), &report.privacy) {
+                            audit.record(
+                                "coordinator",
+                                Event::PrivacyStep {
+                                    round: report.round,
+                                    epsilon: p.epsilon,
+                                    amplified_epsilon: p.amplified_epsilon,
+                                    delta: p.delta,
+                                    rounds: p.rounds,
+                                },
+                            );
+                        }
                         context.last_aggregation = Some(context.wall);
                         *target_accuracy = evaluator
                             .as_ref()
@@ -229,6 +250,9 @@ impl Sinks<'_> {
                     let frame = frames.published;
                     publish_task(outbox, model_topics, model.round, frame.clone(), max_packet);
                     *release = Some((model.round, frame));
+                    if let Some(audit) = audit.as_mut() {
+                        audit.record("coordinator", released(&model, built, rounds));
+                    }
                 }
                 Output::Upstream(update) => {
                     if let Some(tx) = upstream {
@@ -292,6 +316,27 @@ impl Sinks<'_> {
             *status_due = None;
         }
         finished
+    }
+}
+
+/// The audit line of `model`'s release: who built it is the aggregated round's clients; a site
+/// relaying the global release names none (the global coordinator's trail does).
+fn released(
+    model: &fedge_wire::ModelRelease,
+    built: &Option<(u64, Vec<String>)>,
+    rounds: &Rounds,
+) -> Event {
+    let relayed = rounds.config().relay.is_some();
+    let built_by = match built {
+        Some((round, clients)) if *round == model.round && !relayed => clients.clone(),
+        _ => Vec::new(),
+    };
+    Event::Released {
+        round: model.round,
+        run: format!("{:016x}", model.run),
+        sha256: fedge_wire::hex::encode(&model.sha256),
+        built_by,
+        relayed,
     }
 }
 

@@ -1,9 +1,12 @@
 //! The coordinator's files: the checkpoint after each aggregation ([`checkpoint`]), the open
 //! round's journal ([`journal`]), what operator commands set ([`control`]), the device keys
-//! ([`keys`]) and the pending enrolments' one-time tokens ([`enrolments`]). Each file format is defined
-//! here and written through `fedge_daemon::write_atomically`; the values stored are the round
-//! machine's plain saved types, which never see a file.
+//! ([`keys`]), the pending enrolments' one-time tokens ([`enrolments`]) and the audit trail
+//! ([`audit`]). Each file format is defined here and written through
+//! `fedge_daemon::write_atomically` (the journal and the audit trail are appended, fsynced per
+//! record); the values stored are the round machine's plain saved types, which never see a
+//! file.
 
+pub mod audit;
 pub mod checkpoint;
 pub mod control;
 pub mod enrolments;

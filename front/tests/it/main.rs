@@ -12,6 +12,7 @@ mod common;
 mod architecture;
 mod arm64;
 mod attack;
+mod audit;
 mod backbone_ota;
 mod bad_input;
 mod bench_smoke;

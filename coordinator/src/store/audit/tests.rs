@@ -1,0 +1,323 @@
+use super::*;
+
+fn released(round: u64, sha: char, built_by: &[&str]) -> Event {
+    Event::Released {
+        round,
+        run: "00000000000000ff".into(),
+        sha256: sha.to_string().repeat(64),
+        built_by: built_by.iter().map(|c| c.to_string()).collect(),
+        relayed: false,
+    }
+}
+
+/// A trail of five lines at `dir/audit.jsonl`, dated a minute apart.
+fn five_lines(dir: &Path) -> PathBuf {
+    let path = dir.join(FILE_NAME);
+    let mut log = AuditLog::new(&path);
+    let run = Event::RunStarted {
+        federation: "demo".into(),
+        run: "00000000000000ff".into(),
+        role: "global".into(),
+        config_sha256: Some("c".repeat(64)),
+        resumed_at: None,
+    };
+    let events = [
+        ("coordinator", run),
+        (
+            "device:cam-03",
+            Event::Enrolled {
+                client: "cam-03".into(),
+                how: "token".into(),
+            },
+        ),
+        ("coordinator", released(1, 'a', &["cam-01", "cam-02"])),
+        (
+            "operator:0123456789abcdef",
+            Event::Control {
+                command_seq: 7,
+                command: fedge_wire::control::Command::Ban {
+                    client: "cam-02".into(),
+                },
+            },
+        ),
+        ("coordinator", released(2, 'b', &["cam-01", "cam-03"])),
+    ];
+    for (i, (who, event)) in events.into_iter().enumerate() {
+        let at = format!("2025-11-26T09:0{i}:00.000Z");
+        assert_eq!(log.append(&at, who, &event).unwrap(), i as u64 + 1);
+    }
+    path
+}
+
+fn lines(path: &Path) -> Vec<Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap();
+    bytes
+        .split_inclusive(|&b| b == b'\n')
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+fn broken(bytes: &[u8]) -> Broken {
+    verify_bytes(bytes).unwrap_err()
+}
+
+#[test]
+fn an_untouched_trail_verifies_and_chains_across_writers_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = five_lines(dir.path());
+    let summary = verify(&path).unwrap();
+    assert_eq!(summary.lines, 5);
+    assert_eq!(summary.first.as_deref(), Some("2025-11-26T09:00:00.000Z"));
+    let all = lines(&path);
+    assert_eq!(
+        summary.head,
+        sha256_hex(all[4].strip_suffix(b"\n").unwrap())
+    );
+    // The first line links to the genesis value; each line names its kind in kebab-case.
+    let first: serde_json::Value = serde_json::from_slice(&all[0]).unwrap();
+    assert_eq!(first["prev"], GENESIS);
+    assert_eq!(first["event"], "run-started");
+    let control: serde_json::Value = serde_json::from_slice(&all[3]).unwrap();
+    assert_eq!(control["command"]["command"], "ban");
+    // Two writers (the coordinator and `publish-backbone`) append in turn; a restarted one
+    // goes on from where the file stands.
+    let mut a = AuditLog::new(&path);
+    let mut b = AuditLog::new(&path);
+    let backbone = Event::BackbonePublished {
+        name: "mobilenet".into(),
+        sha256: "d".repeat(64),
+    };
+    assert_eq!(
+        a.append("2025-11-26T10:00:00.000Z", "operator:cli", &backbone)
+            .unwrap(),
+        6
+    );
+    assert_eq!(
+        b.append(
+            "2025-11-26T10:00:01.000Z",
+            "coordinator",
+            &released(3, 'e', &[])
+        )
+        .unwrap(),
+        7
+    );
+    assert_eq!(
+        a.append(
+            "2025-11-26T10:00:02.000Z",
+            "coordinator",
+            &released(4, 'f', &[])
+        )
+        .unwrap(),
+        8
+    );
+    assert!(a.record(
+        "coordinator",
+        Event::Revoked {
+            client: "cam-02".into()
+        }
+    ));
+    assert_eq!(verify(&path).unwrap().lines, 9);
+    let entries = read_verified(&path).unwrap();
+    assert_eq!(entries.len(), 9);
+    assert_eq!(
+        entries[8].event,
+        Event::Revoked {
+            client: "cam-02".into()
+        }
+    );
+}
+
+#[test]
+fn every_one_byte_edit_names_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = five_lines(dir.path());
+    let original = std::fs::read(&path).unwrap();
+    let all = lines(&path);
+    let start = all[0].len() + all[1].len();
+    // Every byte of line 3 but its newline, flipped in turn.
+    for at in start..start + all[2].len() - 1 {
+        let mut bytes = original.clone();
+        bytes[at] ^= 0x01;
+        let e = broken(&bytes);
+        assert_eq!(e.line, 3, "byte {at}: {e}");
+    }
+    // A digit of the model's SHA-256: the hash no longer matches.
+    let text = String::from_utf8(original.clone()).unwrap();
+    let edited = text.replacen(&"a".repeat(64), &format!("b{}", "a".repeat(63)), 1);
+    let e = broken(edited.as_bytes());
+    assert_eq!((e.line, &e.fault), (3, &Fault::Hash));
+    assert!(
+        e.to_string().starts_with("line 3 ") && e.to_string().contains("edited"),
+        "{e}"
+    );
+    // An edit whose hash was recomputed breaks the next line's link.
+    let mut forged = all.clone();
+    let line = String::from_utf8(all[2].clone()).unwrap();
+    let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let event = released(1, 'b', &["cam-01", "cam-02"]);
+    let at = entry["at"].as_str().unwrap();
+    let prev = entry["prev"].as_str().unwrap();
+    forged[2] = [
+        encode_line(3, at, "coordinator", &event, prev),
+        b"\n".to_vec(),
+    ]
+    .concat();
+    let e = broken(&forged.concat());
+    assert_eq!(
+        (e.line, &e.fault),
+        (
+            4,
+            &Fault::Chain {
+                seq: 4,
+                expected: 4
+            }
+        )
+    );
+}
+
+#[test]
+fn a_deleted_line_and_a_swapped_pair_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = five_lines(dir.path());
+    let all = lines(&path);
+    let mut deleted = all.clone();
+    deleted.remove(1);
+    let e = broken(&deleted.concat());
+    assert_eq!(
+        (e.line, &e.fault),
+        (
+            2,
+            &Fault::Chain {
+                seq: 3,
+                expected: 2
+            }
+        )
+    );
+    assert!(e.to_string().contains("deleted"), "{e}");
+    // The first line deleted: the new first line does not start the chain.
+    let e = broken(&all[1..].concat());
+    assert_eq!(
+        (e.line, &e.fault),
+        (
+            1,
+            &Fault::Chain {
+                seq: 2,
+                expected: 1
+            }
+        )
+    );
+    let mut swapped = all.clone();
+    swapped.swap(2, 3);
+    let e = broken(&swapped.concat());
+    assert_eq!(
+        (e.line, &e.fault),
+        (
+            3,
+            &Fault::Chain {
+                seq: 4,
+                expected: 3
+            }
+        )
+    );
+    assert!(e.to_string().contains("reordered"), "{e}");
+    // A line inserted (a copy of an earlier one).
+    let mut inserted = all.clone();
+    inserted.insert(4, all[1].clone());
+    let e = broken(&inserted.concat());
+    assert_eq!(
+        (e.line, &e.fault),
+        (
+            5,
+            &Fault::Chain {
+                seq: 2,
+                expected: 5
+            }
+        )
+    );
+    // A chain rewritten from line 2 on with every link right but the numbers.
+    let mut renumbered = all[..1].to_vec();
+    let mut prev = sha256_hex(all[0].strip_suffix(b"\n").unwrap());
+    for (i, event) in [released(1, 'a', &[]), released(2, 'b', &[])]
+        .iter()
+        .enumerate()
+    {
+        let line = encode_line(
+            i as u64 + 5,
+            "2025-11-26T09:00:00.000Z",
+            "coordinator",
+            event,
+            &prev,
+        );
+        prev = sha256_hex(&line);
+        renumbered.push([line, b"\n".to_vec()].concat());
+    }
+    let e = broken(&renumbered.concat());
+    assert_eq!(
+        (e.line, &e.fault),
+        (
+            2,
+            &Fault::Sequence {
+                seq: 5,
+                expected: 2
+            }
+        )
+    );
+}
+
+#[test]
+fn a_truncated_last_line_fails_and_the_next_append_cuts_it_on_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = five_lines(dir.path());
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = bytes.len() - 20;
+    std::fs::write(&path, &bytes[..cut]).unwrap();
+    let e = verify(&path).unwrap_err();
+    let VerifyError::Broken { broken, .. } = &e else {
+        panic!("{e}");
+    };
+    assert_eq!((broken.line, &broken.fault), (5, &Fault::Torn));
+    // A restarted coordinator cuts the torn line and says so on the trail.
+    let mut log = AuditLog::new(&path);
+    let seq = log
+        .append(
+            "2025-11-26T11:00:00.000Z",
+            "coordinator",
+            &released(3, 'c', &[]),
+        )
+        .unwrap();
+    assert_eq!(seq, 6);
+    let entries = read_verified(&path).unwrap();
+    let torn = bytes.len() - lines(&path)[..4].concat().len() - 20;
+    assert_eq!(entries[4].event, Event::TornTailCut { bytes: torn as u64 });
+    assert_eq!(entries.len(), 6);
+}
+
+#[test]
+fn show_answers_which_release_a_device_served_and_who_built_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = five_lines(dir.path());
+    let entries = read_verified(&path).unwrap();
+    let at = |t: &str| humantime::parse_rfc3339(t).unwrap();
+    // Before the first release: nothing.
+    let served = served_at(&entries, "cam-01", at("2025-11-26T09:01:30Z"));
+    assert_eq!(served.release, None);
+    // Between the releases: round 1 and the clients whose updates built it.
+    let served = served_at(&entries, "cam-03", at("2025-11-26T09:03:59Z"));
+    let release = served.release.unwrap();
+    assert_eq!((release.round, release.sha256), (1, "a".repeat(64)));
+    assert_eq!(release.built_by, ["cam-01", "cam-02"]);
+    assert_eq!(served.device_key, Some("enrolled"));
+    // At the second release's own instant: the second.
+    let served = served_at(&entries, "cam-01", at("2025-11-26T09:04:00Z"));
+    assert_eq!(served.release.unwrap().round, 2);
+    assert_eq!(served.device_key, None);
+}
+
+#[test]
+fn an_operator_key_is_named_without_being_revealed() {
+    let key = fedge_wire::DeviceKey::from_bytes([7; 32]);
+    let id = operator_id(&key);
+    assert_eq!(id.len(), 16);
+    assert!(!key.to_hex().contains(&id));
+    assert_eq!(operator(&key), format!("operator:{id}"));
+}
