@@ -105,7 +105,9 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         );
     }
     let mut rounds = booted.rounds;
-    let audit_file = config.state_dir.as_ref().map(|d| d.join(audit::FILE_NAME));
+    let audit_file = (config.state_dir.as_ref())
+        .filter(|_| config.audit)
+        .map(|d| d.join(audit::FILE_NAME));
     if let Some(trail) = &audit_file {
         // The configuration as run: its bytes' digest, to match against a kept copy.
         let config_sha256 = std::fs::read(&path)

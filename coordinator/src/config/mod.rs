@@ -141,6 +141,12 @@ pub struct CoordinatorConfig {
     /// `[auth] operator_key_file`). Off: the coordinator exits when its rounds are done.
     #[serde(default)]
     pub stay_up: bool,
+    /// Keep the audit trail, `state_dir/audit.jsonl`: hash-chained JSON lines of runs,
+    /// releases and the devices that built them, operator commands, enrolments, revocations,
+    /// backbone publishes and privacy steps (`fedge-coordinator audit verify` and `audit
+    /// show`). Needs `state_dir`.
+    #[serde(default = "default_audit")]
+    pub audit: bool,
     /// Most MiB of deltas one round holds in RAM (N·M·2 bytes for N f16 updates of M
     /// parameters, N·M·4 in f32 or int8). A round whose selected clients need more goes to
     /// the spill file when `spill_dir` is set; otherwise later updates are rejected with
@@ -225,6 +231,10 @@ fn default_max_missed_rounds() -> u32 {
 }
 fn default_spill_max_mb() -> usize {
     16 * 1024
+}
+
+fn default_audit() -> bool {
+    true
 }
 
 fn default_update_memory_mb() -> usize {
