@@ -321,3 +321,11 @@ fn an_operator_key_is_named_without_being_revealed() {
     assert!(!key.to_hex().contains(&id));
     assert_eq!(operator(&key), format!("operator:{id}"));
 }
+
+#[test]
+fn a_missing_trail_says_where_it_was_looked_for_and_why_it_may_be_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = verify(&dir.path().join(FILE_NAME)).unwrap_err();
+    assert!(matches!(err, VerifyError::Missing { .. }), "{err}");
+    assert!(err.to_string().contains("audit = false"), "{err}");
+}

@@ -128,6 +128,15 @@ pub fn verify_bytes(bytes: &[u8]) -> Result<Summary, Broken> {
 /// Why a trail cannot be read or does not hold.
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
+    /// There is no trail at the path.
+    #[error(
+        "{path}: no audit trail here; the coordinator writes it in its state_dir while it runs \
+         (unless its configuration says audit = false): check --state-dir or --config"
+    )]
+    Missing {
+        /// File.
+        path: String,
+    },
     /// The file cannot be read.
     #[error("{path}: {source}")]
     Io {
@@ -147,9 +156,14 @@ pub enum VerifyError {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
-    std::fs::read(path).map_err(|source| VerifyError::Io {
-        path: path.display().to_string(),
-        source,
+    std::fs::read(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => VerifyError::Missing {
+            path: path.display().to_string(),
+        },
+        _ => VerifyError::Io {
+            path: path.display().to_string(),
+            source,
+        },
     })
 }
 
