@@ -137,7 +137,7 @@ pub fn discovery_messages(topics: &Topics, federation: &str) -> Vec<(String, Str
 
 /// A device's sensors: (key, component, name, value template, unit, state class). Each reads
 /// the device's own retained status.
-const DEVICE_SENSORS: [DeviceSensor; 7] = [
+const DEVICE_SENSORS: [DeviceSensor; 8] = [
     (
         "online",
         "binary_sensor",
@@ -185,6 +185,14 @@ const DEVICE_SENSORS: [DeviceSensor; 7] = [
         "{{ value_json.drift.alarms if value_json.drift is defined else 0 }}",
         None,
         Some("total_increasing"),
+    ),
+    (
+        "labels_waiting",
+        "sensor",
+        "images waiting for a label",
+        "{{ value_json.labelling.waiting if value_json.labelling is defined else none }}",
+        None,
+        Some("measurement"),
     ),
     (
         "last_error",

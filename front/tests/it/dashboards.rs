@@ -327,9 +327,9 @@ async fn a_federation_s_topics_read_with_mosquitto_sub_match_the_schemas_and_agr
         .iter()
         .filter(|(t, _)| t.starts_with("homeassistant/"))
         .collect();
-    // The coordinator's 7 sensors, and 7 entities for each of the 3 devices and the
+    // The coordinator's 7 sensors, and 8 entities for each of the 3 devices and the
     // evaluation-only site, each read from the topic its node names.
-    assert_eq!(discovery.len(), 7 + 4 * 7, "{discovery:?}");
+    assert_eq!(discovery.len(), 7 + 4 * 8, "{discovery:?}");
     let mut ids = std::collections::BTreeSet::new();
     let mut by_state = std::collections::BTreeMap::<String, usize>::new();
     for (topic, config) in discovery {
@@ -349,7 +349,7 @@ async fn a_federation_s_topics_read_with_mosquitto_sub_match_the_schemas_and_agr
         .iter()
         .filter(|(t, _)| t.starts_with("fedge/dash/edge/"))
     {
-        expected.insert(topic.clone(), 7);
+        expected.insert(topic.clone(), 8);
     }
     assert_eq!(by_state, expected);
     let site = "homeassistant/sensor/fedge_dash/unseen-rot75_site_accuracy/config";
