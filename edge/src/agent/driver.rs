@@ -337,7 +337,9 @@ fn spawn_scoring(
 
 /// The status document, stamped with the current time and, with a key, signed.
 fn json(status: &EdgeStatus, setup: &AgentSetup) -> String {
-    let labelling = (setup.serving.labelling.as_ref()).map(|l| {
+    // Counts of a device that is online: the Last Will, made at connection, would carry
+    // stale ones.
+    let labelling = (setup.serving.labelling.as_ref().filter(|_| status.online)).map(|l| {
         let counts = l.queue.counts();
         fedge_wire::LabellingStatus {
             waiting: counts.left as u64,

@@ -338,15 +338,38 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     );
     let lines = common::json_lines(&out.stdout);
     assert_eq!(lines.len(), images.len());
-    let mut right = 0;
-    for (line, (k, image)) in lines.iter().zip(images.iter().enumerate()) {
+    for (line, image) in lines.iter().zip(&images) {
         assert_eq!(line["file"], image.to_str().unwrap());
         assert_eq!(line["model_round"], ROUNDS);
         assert_eq!(line["top_k"].as_array().unwrap().len(), 2);
         assert_eq!(line["logits"].as_array().unwrap().len(), 10);
-        right += usize::from(line["class"].as_str() == Some(k.to_string().as_str()));
     }
-    assert!(right >= 3, "{right} of 10 right: {lines:?}");
+    // Better than chance on the unseen domain, which three rounds leave hard (30 % is
+    // typical): on 5 images a class, at least 8 of 50 right where chance is 5. (The former
+    // check, 3 of 10 on one image a class, failed one run in three at 30 %.)
+    let sample: Vec<(usize, PathBuf)> = (0..10)
+        .flat_map(|k| {
+            let mut files: Vec<PathBuf> =
+                (std::fs::read_dir(root.join("unseen").join(k.to_string())))
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect();
+            files.sort();
+            files.into_iter().take(5).map(move |f| (k, f))
+        })
+        .collect();
+    let out = common::succeeded(
+        Command::new(edge_binary())
+            .args(["predict", "--config"])
+            .arg(root.join("unseen.toml"))
+            .args(sample.iter().map(|(_, f)| f)),
+    );
+    let answers = common::json_lines(&out.stdout);
+    assert_eq!(answers.len(), sample.len());
+    let right = (answers.iter().zip(&sample))
+        .filter(|(a, (k, _))| a["class"].as_str() == Some(k.to_string().as_str()))
+        .count();
+    assert!(right >= 8, "{right} of {} right", sample.len());
 
     // The model exported to ONNX from the coordinator's state folder, run by tract (fedge's own
     // loader, reading the exported card) and by onnxruntime: fedge's answers within 1e-4.
