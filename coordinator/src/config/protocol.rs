@@ -24,7 +24,8 @@ pub struct ProtocolSettings {
     pub previous_until: Option<String>,
 }
 
-fn yes() -> bool {
+/// `true`, for settings on by default.
+pub(super) fn yes() -> bool {
     true
 }
 

@@ -198,8 +198,8 @@ pub struct Prediction {
 /// sites' images measure below 2.7 and a blank white image 6.6.
 pub const DEFAULT_UNFAMILIAR_DISTANCE: f32 = 3.0;
 
-/// Told of every image a predictor answers over HTTP or MQTT (the site's labelling queue,
-/// `crate::labelling`, keeps some of them), on the thread that predicted.
+/// Told of every image a predictor answers over HTTP or MQTT (the site's labelling queue
+/// keeps some of them), on the thread that predicted.
 pub trait Served: Send + Sync + std::fmt::Debug {
     /// `image` the file's bytes, `prediction` the answer, `classes` the release's class list
     /// (the order of `prediction.logits`).
