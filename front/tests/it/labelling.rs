@@ -8,13 +8,14 @@
 //! file crosses it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
 use serde_json::Value;
 
 use crate::common::browser::Browser;
+use crate::common::capture::{Capture, Message};
 use crate::common::{self, KillOnDrop};
 use crate::use_model::{edge_binary, write_site};
 
@@ -50,15 +51,7 @@ fn write_device(dir: &Path, id: &str, port: u16, tail: &str) -> PathBuf {
 }
 
 fn spawn(binary: &Path, config: &Path) -> KillOnDrop {
-    let child = Command::new(binary)
-        .args(["run", "--config"])
-        .arg(config)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    KillOnDrop(child)
+    crate::use_model::spawn(binary, &["run", "--config"], config)
 }
 
 fn agent() -> ureq::Agent {
@@ -262,127 +255,58 @@ async fn a_person_labels_on_the_page_and_the_site_trains_on_the_labels() {
     assert!(status.success(), "second run: {status}");
     drop(agents);
     let seen = capture.stop();
-    let news: Vec<u64> = (seen.statuses("site-b").iter())
+    let news: Vec<u64> = (statuses(&seen, "site-b").iter())
         .filter_map(|s| s["new_samples"].as_u64())
         .collect();
     assert!(news.contains(&2), "site-b's rescans found {news:?}");
     // The broker hears of the queue in counts only.
     // The last status of the running device (the Last Will, offline, carries no counts: it
     // was made at connection).
-    let last = (seen.statuses("site-b").into_iter().rev())
+    let last = (statuses(&seen, "site-b").into_iter().rev())
         .find(|s| s["online"] == true)
         .expect("a status of the running device");
     assert!(
-        (seen.statuses("site-b").iter()).all(|s| s["online"] == true || s["labelling"].is_null())
+        (statuses(&seen, "site-b").iter()).all(|s| s["online"] == true || s["labelling"].is_null())
     );
     assert_eq!(
         last["labelling"],
         serde_json::json!({"waiting": 10, "labelled": 2})
     );
-    assert!(seen.updates("site-b") >= 3, "site-b trained in both runs");
+    assert!(updates(&seen, "site-b") >= 3, "site-b trained in both runs");
     // Nothing of an image crossed the broker: no PNG signature, none of the files' bytes.
-    assert!(seen.messages > 20);
-    assert!(
-        !seen.hex.contains("89504e470d0a1a0a"),
-        "a PNG file on the broker"
-    );
+    assert!(seen.len() > 20);
+    let carried: Vec<u8> = seen
+        .iter()
+        .flat_map(|m| m.payload.iter().copied())
+        .collect();
+    let holds = |needle: &[u8]| carried.windows(needle.len()).any(|w| w == needle);
+    assert!(!holds(b"\x89PNG\r\n\x1a\n"), "a PNG file on the broker");
     for image in unseen.iter().take(3) {
         let bytes = std::fs::read(image).unwrap();
-        let tail = hex(&bytes[bytes.len() - 40..]);
         assert!(
-            !seen.hex.contains(&tail),
+            !holds(&bytes[bytes.len() - 40..]),
             "{} on the broker",
             image.display()
         );
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The JSON statuses `client` published.
+fn statuses(seen: &[Message], client: &str) -> Vec<Value> {
+    let topic = fedge_wire::Topics::new(FEDERATION)
+        .unwrap()
+        .edge_status(client);
+    (seen.iter())
+        .filter(|m| m.topic == topic)
+        .filter_map(|m| serde_json::from_slice(&m.payload).ok())
+        .collect()
 }
 
-/// Everything the broker carries, captured with mosquitto_sub on `#`.
-struct Capture {
-    child: KillOnDrop,
-    reader: std::thread::JoinHandle<String>,
-}
-
-struct Captured {
-    messages: usize,
-    hex: String,
-    lines: Vec<(String, String)>,
-}
-
-impl Capture {
-    fn start(port: u16) -> Self {
-        let mut child = Command::new("mosquitto_sub")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-t",
-                "#",
-                "-F",
-                "%t %x",
-                "-q",
-                "1",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("mosquitto_sub (apt-get install mosquitto-clients)");
-        let mut stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut all = String::new();
-            let _ = std::io::Read::read_to_string(&mut stdout, &mut all);
-            all
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        Self {
-            child: KillOnDrop(child),
-            reader,
-        }
-    }
-
-    fn stop(mut self) -> Captured {
-        let _ = self.child.0.kill();
-        let _ = self.child.0.wait();
-        let all = self.reader.join().unwrap();
-        let lines: Vec<(String, String)> = (all.lines())
-            .filter_map(|l| l.split_once(' '))
-            .map(|(t, x)| (t.to_owned(), x.to_owned()))
-            .collect();
-        Captured {
-            messages: lines.len(),
-            hex: all,
-            lines,
-        }
-    }
-}
-
-impl Captured {
-    /// The JSON statuses `client` published.
-    fn statuses(&self, client: &str) -> Vec<Value> {
-        let topic = fedge_wire::Topics::new(FEDERATION)
-            .unwrap()
-            .edge_status(client);
-        (self.lines.iter())
-            .filter(|(t, _)| *t == topic)
-            .filter_map(|(_, x)| {
-                let bytes: Vec<u8> = (0..x.len() / 2)
-                    .filter_map(|i| u8::from_str_radix(&x[2 * i..2 * i + 2], 16).ok())
-                    .collect();
-                serde_json::from_slice(&bytes).ok()
-            })
-            .collect()
-    }
-
-    /// How many update messages (or first chunks) `client` published.
-    fn updates(&self, client: &str) -> usize {
-        let topic = fedge_wire::Topics::new(FEDERATION).unwrap().update(client);
-        (self.lines.iter())
-            .filter(|(t, _)| *t == topic || *t == format!("{topic}/0"))
-            .count()
-    }
+/// How many update messages (or first chunks) `client` published.
+fn updates(seen: &[Message], client: &str) -> usize {
+    let topic = fedge_wire::Topics::new(FEDERATION).unwrap().update(client);
+    let first_chunk = format!("{topic}/0");
+    (seen.iter())
+        .filter(|m| m.topic == topic || m.topic == first_chunk)
+        .count()
 }

@@ -4,7 +4,7 @@
 //! pixels, as f32 values or as 8-bit ones; a digit's pixels published outside the federation
 //! are found the same way, so the search would see them.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::common;
@@ -15,32 +15,7 @@ async fn the_broker_carries_no_image_bytes() {
         return;
     };
     let port = mosquitto.port().to_string();
-    // Every message, its payload in hex, one per line.
-    let capture = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-t",
-            "#",
-            "-F",
-            "%t %x",
-            "-q",
-            "1",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("mosquitto_sub (apt-get install mosquitto-clients)");
-    let mut capture = capture;
-    // Read as it comes: hex payloads fill a pipe's buffer long before the federation ends.
-    let mut stdout = capture.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut all = Vec::new();
-        std::io::Read::read_to_end(&mut stdout, &mut all).map(|_| all)
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let capture = common::capture::Capture::start(mosquitto.port());
     // A control: one digit's pixels (8-bit) published outside the federation must be found.
     let digits = fedge_edge::data::load_digits();
     let control: Vec<u8> = (digits.images[64 * 5..64 * 6].iter())
@@ -66,28 +41,18 @@ async fn the_broker_carries_no_image_bytes() {
     assert!(published.success());
     let options = common::demo_options(Some(mosquitto.broker()), "capture");
     let result = tokio::time::timeout(Duration::from_secs(150), common::run_demo(&options)).await;
-    // Interrupted, not killed: mosquitto_sub then flushes what it printed before it exits.
-    let _ = Command::new("kill")
-        .args(["-INT", &capture.id().to_string()])
-        .status();
+    let captured = capture.stop();
     let result = result.expect("the federation ended");
     assert_eq!(result.rounds.len(), 3);
-    let _ = capture.wait();
-    let captured = reader.join().unwrap().unwrap();
     let mut carried = Vec::new();
     let mut messages = 0;
     let mut found_control = false;
-    for line in String::from_utf8_lossy(&captured).lines() {
-        let Some((topic, hex)) = line.split_once(' ') else {
-            continue;
-        };
-        let bytes = (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16));
-        let bytes: Vec<u8> = bytes.map(Result::unwrap).collect();
-        if topic == "control/pixels" {
-            found_control = bytes.windows(16).any(|w| w == &control[24..40]);
+    for message in captured {
+        if message.topic == "control/pixels" {
+            found_control = message.payload.windows(16).any(|w| w == &control[24..40]);
             continue;
         }
-        carried.extend(bytes);
+        carried.extend(message.payload);
         carried.push(0);
         messages += 1;
     }

@@ -75,7 +75,8 @@ fn write_device(dir: &Path, id: &str, port: u16, extra: &str, data: &str) -> Pat
     path
 }
 
-fn spawn(binary: &Path, args: &[&str], config: &Path) -> KillOnDrop {
+/// `binary args config`, its logs at warn on standard error, killed on drop.
+pub fn spawn(binary: &Path, args: &[&str], config: &Path) -> KillOnDrop {
     let child = Command::new(binary)
         .args(args)
         .arg(config)

@@ -6,6 +6,7 @@
 //! a failed test.
 
 pub mod browser;
+pub mod capture;
 mod coordinator;
 mod device;
 mod mosquitto;
