@@ -254,8 +254,8 @@ fn refuse_connection(stream: &tokio::net::TcpStream, max_connections: usize) {
     let _ = stream.try_write(answer.as_bytes());
 }
 
-/// `{"error": message}` with `status`.
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+/// `{"error": message}` with `status`: every JSON error the device's endpoints answer.
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     #[derive(Serialize)]
     struct Body {
         error: String,

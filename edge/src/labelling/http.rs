@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::queue::{Item, LabelQueue, QueueError};
 use crate::inference::SharedPredictor;
+use crate::inference::http::error;
 
 /// The page, one self-contained file (no scripts or fonts from elsewhere).
 const PAGE: &str = include_str!("page.html");
@@ -109,10 +110,6 @@ pub async fn serve(
             let _ = stop.wait_for(|stopped| *stopped).await;
         })
         .await
-}
-
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
 }
 
 fn queue_error(e: QueueError) -> Response {

@@ -239,6 +239,11 @@ impl LabelQueue {
     fn write_item(&self, item: &Item, image: &[u8]) -> Result<(), QueueError> {
         let path = self.pending_path(item.id, &item.ext);
         fedge_daemon::write_atomically(&path, image, Visibility::Private).map_err(io(&path))?;
+        self.write_note(item)
+    }
+
+    /// What the model said of `item`, beside its image.
+    fn write_note(&self, item: &Item) -> Result<(), QueueError> {
         let meta = self.pending_path(item.id, "json");
         let bytes = serde_json::to_vec_pretty(item).unwrap_or_default();
         fedge_daemon::write_atomically(&meta, &bytes, Visibility::Private).map_err(io(&meta))
@@ -277,14 +282,10 @@ impl LabelQueue {
         }
         for moved in offered.moved {
             if let Ok(item) = self.read_item(moved) {
-                let meta = self.pending_path(moved, "json");
-                let item = Item {
+                self.write_note(&Item {
                     pick: Pick::Uncertain,
                     ..item
-                };
-                let bytes = serde_json::to_vec_pretty(&item).unwrap_or_default();
-                fedge_daemon::write_atomically(&meta, &bytes, Visibility::Private)
-                    .map_err(io(&meta))?;
+                })?;
             }
         }
         let mut order: Vec<usize> = (0..probabilities.len()).collect();
