@@ -31,9 +31,20 @@
 //! refused under local DP, with the reason in `last_error`, since they would leave un-noised.
 //!
 //! A release of the global head on `model/current` is kept when it is the device's
-//! federation's, verifies (digest, layout, and with a key its seal) and is newer than the one
-//! held: a later round of the same run, or another run the device has not left. An
-//! evaluation-only device then scores it and reports the score in its status.
+//! federation's, verifies (digest, layout, and with a key its seal) and is not of a run the
+//! device has left (unless it serves that run): the last [`KEPT_RELEASES`] by arrival, always
+//! with the one served, an older round (a rollback) included. Which one serves follows the
+//! coordinator's pointer on `model/serving` once the device has taken one: a pointer of its
+//! federation (with a key, sealed for the device) whose `seq` is above the last one taken
+//! (an older or equal one is ignored), naming for each device the release it serves (during a
+//! canary stage the listed devices serve the new release, the others the previous one). The
+//! device switches to it when it holds it, or as soon as it arrives; meanwhile it serves on
+//! what it serves. Before any pointer, a release serves when it is newer than the one served:
+//! a later round of the same run, or another run. Each switch is an [`Output::Serve`], and the
+//! status says the release's digest and round. An evaluation-only device also scores, once
+//! per digest, every new release on `model/current` and every candidate on `model/candidate`
+//! (which nobody serves, and a training device does not even subscribe to), and reports the
+//! score in its status with the digest of what it scored.
 
 use std::collections::VecDeque;
 
@@ -44,7 +55,7 @@ use fedge_wire::{
 
 use crate::local_dp::LocalDp;
 use crate::state::RoundState;
-use crate::train::{RoundOutcome, TrainError, TrainOutcome};
+use crate::train::{TrainError, TrainOutcome};
 
 /// Who the device is and what its status reports; everything the machine needs from the
 /// set-up besides the data and the Burn device.
@@ -85,76 +96,6 @@ pub struct Identity {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid agent identity: {0}")]
 pub struct InvalidIdentity(pub String);
-
-/// What local training reports back to the machine.
-#[derive(Debug)]
-pub struct Trained {
-    /// The task's round.
-    pub round: u64,
-    /// The trained update, or why training failed.
-    pub result: Result<TrainOutcome, TrainError>,
-    /// Accuracy of the task's global head on the local validation split.
-    pub val_accuracy: f32,
-    /// Seconds the training took.
-    pub seconds: f32,
-    /// The process's peak memory in MiB after training, when known.
-    pub peak_memory_mb: Option<f64>,
-    /// What a rescan of the device's folder found before training, when it rescans.
-    pub data: Option<DataSummary>,
-}
-
-impl Trained {
-    /// A round that failed before training.
-    pub fn failed(round: u64, error: TrainError) -> Self {
-        Self {
-            round,
-            result: Err(error),
-            val_accuracy: 0.0,
-            seconds: 0.0,
-            peak_memory_mb: None,
-            data: None,
-        }
-    }
-
-    /// What [`crate::train::run_round`] produced for `round` in `seconds`, with what a rescan
-    /// found.
-    pub fn of_round(
-        round: u64,
-        outcome: RoundOutcome,
-        seconds: f32,
-        data: Option<DataSummary>,
-    ) -> Self {
-        Self {
-            round,
-            result: outcome.result,
-            val_accuracy: outcome.val_accuracy,
-            seconds,
-            peak_memory_mb: None,
-            data,
-        }
-    }
-
-    /// The same, with the process's peak memory after training.
-    pub fn with_peak_memory(self, peak_memory_mb: Option<f64>) -> Self {
-        Self {
-            peak_memory_mb,
-            ..self
-        }
-    }
-}
-
-/// The device's data after a rescan.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DataSummary {
-    /// Training samples (the update's weight).
-    pub samples: u32,
-    /// Validation samples.
-    pub val_samples: u32,
-    /// Samples the rescan added.
-    pub new_samples: u32,
-    /// The classes the device now has samples of.
-    pub classes: Vec<String>,
-}
 
 /// What an agent did before it stopped.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -200,14 +141,12 @@ pub enum Output {
     Train(Box<RoundTask>),
     /// Persist the round state (when the device has a state file).
     Save(RoundState),
-    /// A new verified release of the global head: keep it (disk, predictions) and, when
-    /// `evaluate`, score it on the device's data and report with [`Agent::handle_evaluated`].
-    Model {
-        /// The release, verified.
-        release: Box<ModelRelease>,
-        /// Whether to score it (evaluation-only devices).
-        evaluate: bool,
-    },
+    /// Serve this verified release of the global head from now (a newer one, or an older one
+    /// again after a rollback): keep it on disk and install it for predictions.
+    Serve(Box<ModelRelease>),
+    /// Score this verified release or candidate on the device's data (evaluation-only
+    /// devices), then report with [`Agent::handle_evaluated`].
+    Score(Box<ModelRelease>),
 }
 
 /// The agent's decisions; see the module documentation.
@@ -219,11 +158,15 @@ pub struct Agent {
     task_base: String,
     metrics_topic: String,
     model_base: String,
+    candidate_base: String,
+    serving_topic: String,
     reassembler: Reassembler,
     /// `model/current`'s chunks (its message ids are rounds, like the tasks').
     model_reassembler: Reassembler,
-    /// The run and round of the release the device holds.
-    model: Option<(u64, u64)>,
+    /// `model/candidate`'s chunks (evaluation-only devices).
+    candidate_reassembler: Reassembler,
+    /// The releases held, the one served and the last serving pointer taken.
+    releases: serving::Releases,
     status: EdgeStatus,
     state: RoundState,
     /// The round being trained and how its update must be packed.
@@ -269,19 +212,14 @@ impl Agent {
             task_base: topics.round_task(),
             metrics_topic: topics.metrics(),
             model_base: topics.model_current(),
-            model_reassembler: Reassembler::new(
-                fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
-                task_limit_bytes(id.memory_budget_mb),
-            )
-            .with_max_pending(fedge_wire::MAX_PENDING_PER_SENDER),
-            model: None,
-            // One task stream at a time (two while one expires), no larger than the memory
-            // budget allows: the reassembler never holds more than the device can afford.
-            reassembler: Reassembler::new(
-                fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
-                task_limit_bytes(id.memory_budget_mb),
-            )
-            .with_max_pending(fedge_wire::MAX_PENDING_PER_SENDER),
+            candidate_base: topics.model_candidate(),
+            serving_topic: topics.model_serving(),
+            // One stream at a time (two while one expires), no larger than the memory budget
+            // allows: a reassembler never holds more than the device can afford.
+            model_reassembler: reassembler(id.memory_budget_mb),
+            candidate_reassembler: reassembler(id.memory_budget_mb),
+            releases: serving::Releases::default(),
+            reassembler: reassembler(id.memory_budget_mb),
             id,
             status,
             state,
@@ -334,17 +272,25 @@ impl Agent {
         &self.summary
     }
 
-    /// The broker accepted the connection: subscribe to the tasks, the metrics and the device's
-    /// own status topic, and say the device is online.
+    /// The broker accepted the connection: subscribe to the tasks, the metrics, the device's
+    /// own status topic, the releases and the serving pointer (and, evaluation-only devices,
+    /// the candidates), and say the device is online.
     pub fn handle_connected(&mut self) {
-        let filters = vec![
+        let mut filters = vec![
             self.task_base.clone(),
             format!("{}/+", self.task_base),
             self.metrics_topic.clone(),
             self.status_topic.clone(),
             self.model_base.clone(),
             format!("{}/+", self.model_base),
+            self.serving_topic.clone(),
         ];
+        if self.id.role == Role::Evaluate {
+            filters.extend([
+                self.candidate_base.clone(),
+                format!("{}/+", self.candidate_base),
+            ]);
+        }
         self.outputs.push_back(Output::Subscribe(filters));
         self.publish_status();
     }
@@ -359,6 +305,10 @@ impl Agent {
             self.handle_task_bytes(payload, now_ms);
         } else if under(topic, &self.model_base) {
             self.handle_model_bytes(payload, now_ms);
+        } else if topic == self.serving_topic {
+            self.handle_serving_bytes(payload);
+        } else if under(topic, &self.candidate_base) {
+            self.handle_candidate_bytes(payload, now_ms);
         }
     }
 
@@ -539,6 +489,15 @@ fn under(topic: &str, base: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
+/// A reassembler of the coordinator's chunked frames, within [`task_limit_bytes`].
+fn reassembler(memory_budget_mb: u64) -> Reassembler {
+    Reassembler::new(
+        fedge_wire::DEFAULT_REASSEMBLY_TIMEOUT_MS,
+        task_limit_bytes(memory_budget_mb),
+    )
+    .with_max_pending(fedge_wire::MAX_PENDING_PER_SENDER)
+}
+
 /// Largest task a device reassembles: the wire's limit, or a quarter of the memory budget
 /// when the profile sets one (the task, its decoded copy and training need the rest).
 pub fn task_limit_bytes(memory_budget_mb: u64) -> usize {
@@ -579,9 +538,13 @@ pub fn over_budget(peak_mib: f64, budget_mb: u64) -> Option<String> {
 }
 
 mod release;
+mod serving;
 mod tasks;
+mod trained;
 
+pub use serving::{KEPT_RELEASES, SCORED_REMEMBERED, Scored};
 pub use tasks::too_slow_for;
+pub use trained::{DataSummary, Trained};
 
 pub use fedge_wire::{TaskError, decode_task};
 
@@ -590,6 +553,9 @@ mod tests;
 
 #[cfg(test)]
 mod release_tests;
+
+#[cfg(test)]
+mod serving_tests;
 
 #[cfg(test)]
 mod local_dp_tests;

@@ -10,18 +10,21 @@
 //! - [`round`]: the round state machine. It does no I/O and reads no clock: inputs are method
 //!   calls carrying the time, outputs are drained from it. Everything the coordinator decides
 //!   (sampling, admission, validation, deadlines, quorum, aggregation) happens there.
+//! - [`release`]: from aggregate to served model: the evaluation gate, the canary stage,
+//!   rollback (fed by the round machine; it knows only the wire's types).
 //! - [`strategy`]: server strategies behind one trait (FedAvg, FedOMG, server momentum, the
 //!   robust rewrites, central DP-FedAvg) and the configuration that builds them.
 //! - [`objectives`]: the server sides of FedDIM and FedDDL (global tensors the tasks carry).
 //! - [`updates`]: a round's deltas held compactly (heap or spill file), dot products streamed
 //!   as they arrive, and their norms.
 //!
-//! `boot` uses everything; `round` uses `strategy`, `objectives` and `updates`; `strategy` and
+//! `boot` uses everything; `round` uses `release`, `strategy`, `objectives` and `updates`; `strategy` and
 //! `objectives` use `updates`; nothing points back up (`layering_tests`). Nothing but the spill
 //! file's creation touches files; nothing reads a clock.
 
 pub mod boot;
 pub mod objectives;
+pub mod release;
 pub mod round;
 pub mod strategy;
 pub mod updates;

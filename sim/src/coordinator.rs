@@ -50,6 +50,9 @@ pub(crate) struct CoordinatorNode {
     pub(crate) models: Reassembler,
     /// Starts so far.
     pub(crate) lives: u64,
+    /// Serving pointers published so far (their numbers, as the driver's wall clock would
+    /// keep them growing across a crash).
+    pub(crate) pointers: u64,
 }
 
 impl CoordinatorNode {
@@ -76,6 +79,7 @@ impl CoordinatorNode {
             online: false,
             inbox: Vec::new(),
             finished: false,
+            pointers: 0,
             tasks: reassembler(),
             models: reassembler(),
             lives: 0,

@@ -138,6 +138,25 @@ impl Sim {
                     let topic = node.topics.model_current();
                     self.publish(me, topic, frame, true);
                 }
+                Output::Candidate(model) => {
+                    let keys = rounds.config().auth.as_deref();
+                    let frame = frames(&model, keys, rounds.downlink_version()).published;
+                    let topic = node.topics.model_candidate();
+                    self.publish(me, topic, frame, true);
+                }
+                Output::Serving(mut pointer) => {
+                    node.pointers += 1;
+                    pointer.seq = node.pointers;
+                    let mut payload = pointer.to_payload();
+                    if let Some(keys) = rounds.config().auth.as_deref() {
+                        let signers: Vec<(&str, &fedge_wire::DeviceKey)> =
+                            keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
+                        payload = fedge_wire::seal(payload, &signers);
+                    }
+                    let topic = node.topics.model_serving();
+                    self.publish(me, topic, payload, true);
+                }
+                Output::ReleaseEvent(_) => {}
                 Output::Rejected {
                     client,
                     reason,

@@ -120,7 +120,7 @@ pub(crate) struct DeviceNode {
     pub(crate) outbox: Vec<(Message, bool)>,
     /// Incremented at each restart: a training result of an earlier life is dropped.
     pub(crate) life: u64,
-    /// The newest release the agent kept.
+    /// The release the agent serves.
     pub(crate) release: Option<ModelRelease>,
     /// Training rounds whose update was published.
     pub(crate) trained: Vec<u64>,

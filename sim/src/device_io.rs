@@ -1,6 +1,6 @@
 //! A device's outputs carried out in the simulation, as the agent's MQTT driver does
 //! (`fedge_edge::agent::driver`, around the same `fedge_device` machine): subscribe, publish the status retained and the update, train,
-//! save the round state, keep the release.
+//! save the round state, keep the release served.
 
 use crate::broker::NodeId;
 use crate::world::Sim;
@@ -33,7 +33,9 @@ impl Sim {
                 }
                 Output::Train(task) => self.queue_training(d, task),
                 Output::Save(state) => self.devices[d].saved = state,
-                Output::Model { release, .. } => self.devices[d].release = Some(*release),
+                Output::Serve(release) => self.devices[d].release = Some(*release),
+                // The simulated devices train; none scores.
+                Output::Score(_) => {}
             }
         }
     }

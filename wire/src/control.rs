@@ -63,6 +63,17 @@ pub enum Command {
         /// Rounds in the new run.
         rounds: u64,
     },
+    /// Serve an earlier release again, on every device at once, and hold it (no candidate
+    /// is promoted) until `promote`: the release before the one served now, or the one named
+    /// by its round or the start of its SHA-256 (at least 8 hex digits). Taken at once, not at
+    /// a round boundary.
+    Rollback {
+        /// A round number, or the start of a release's SHA-256; absent: the one before.
+        release: Option<String>,
+    },
+    /// Promote the latest candidate now, past the evaluation gate and the canary stage, and
+    /// let the gate promote again after a rollback. Taken at once.
+    Promote,
     /// Change nothing; print the coordinator's status.
     Status,
 }

@@ -27,6 +27,7 @@ pub mod layout;
 mod messages;
 mod model;
 pub mod previous;
+mod serving;
 pub mod site_stats;
 mod status;
 mod tensor;
@@ -53,9 +54,11 @@ pub use model::{
     InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,
     SiteEvaluation, check_classes, numbered_classes,
 };
+pub use serving::{MAX_CANARIES, ServingPointer, Stage, decode_serving};
 pub use site_stats::{Familiarity, FeatureStats, FeatureSummary};
 pub use status::{
-    CoordinatorStatus, Declined, DriftStatus, EdgeStatus, LabellingStatus, RejectCounts, RunSummary,
+    CoordinatorStatus, Declined, DriftStatus, EdgeStatus, GateOutcome, GateVerdict,
+    LabellingStatus, RejectCounts, ReleaseRef, ReleaseStatus, RunSummary,
 };
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

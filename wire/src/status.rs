@@ -118,6 +118,90 @@ pub struct CoordinatorStatus {
     /// before the first has ended.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<RunSummary>,
+    /// What devices serve and how a new release gets there (candidate, gate, canary); absent
+    /// before the first release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<ReleaseStatus>,
+}
+
+/// A release named by its digest and round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRef {
+    /// SHA-256 of its parameters, hex.
+    pub sha256: String,
+    /// The round whose aggregate it is.
+    pub round: u64,
+}
+
+/// The gate's last verdict on a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GateOutcome {
+    /// Waiting for the evaluation-only sites' scores.
+    Waiting,
+    /// Promoted: it passed, or nothing served before, or the operator or a timeout promoted
+    /// it (`reason` says which).
+    Promoted,
+    /// Held: it failed the rule, or its scores did not come in time (`reason` says which).
+    Held,
+}
+
+/// What the gate said of a candidate, with its numbers (accuracy in points, 0–100).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateVerdict {
+    /// The candidate.
+    pub candidate: ReleaseRef,
+    /// The verdict.
+    pub outcome: GateOutcome,
+    /// Evaluation-only sites that scored both the candidate and the release served.
+    pub sites: u32,
+    /// The candidate's mean accuracy over those sites.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_accuracy: Option<f64>,
+    /// The served release's mean accuracy over the same sites.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_accuracy: Option<f64>,
+    /// The class that lost the most, and how many points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_class: Option<String>,
+    /// Points `worst_class` lost (negative: it gained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_class_drop: Option<f64>,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// The release pipeline in the coordinator's status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseStatus {
+    /// `direct` (every aggregate serves at once) or `gated`.
+    pub mode: String,
+    /// What every device serves (outside a canary's devices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ReleaseRef>,
+    /// The latest aggregate not (yet) promoted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<ReleaseRef>,
+    /// A release in its canary stage, served by `canary_devices` devices only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<ReleaseRef>,
+    /// Devices in the canary stage.
+    #[serde(default)]
+    pub canary_devices: u32,
+    /// RFC 3339 end of the canary window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_until: Option<String>,
+    /// An operator's rollback holds the release served: nothing is promoted until `ctl
+    /// promote`.
+    #[serde(default)]
+    pub pinned: bool,
+    /// The gate's last verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateVerdict>,
+    /// Online devices by the release they say they serve (the first 12 hex digits of its
+    /// SHA-256).
+    #[serde(default)]
+    pub devices: BTreeMap<String, u32>,
 }
 
 /// A run that ended: what `ctl new-run` left behind.
@@ -197,6 +281,14 @@ pub struct EdgeStatus {
     /// The site's labelling queue, in counts only (absent without `[labelling]`). Not signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labelling: Option<LabellingStatus>,
+    /// SHA-256 (hex) of the release the device serves, if any; signed with the rest when
+    /// present (the coordinator counts devices per release and watches its canaries by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<String>,
+    /// SHA-256 (hex) of the release `evaluation` scored (a release on `model/current` or a
+    /// candidate on `model/candidate`); signed with the rest when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluated: Option<String>,
 }
 
 /// What a site's labelling queue holds, in counts: nothing of an image or a label.
@@ -271,6 +363,8 @@ impl Default for EdgeStatus {
             declined: None,
             drift: None,
             labelling: None,
+            serving: None,
+            evaluated: None,
         }
     }
 }
@@ -311,6 +405,16 @@ impl EdgeStatus {
         {
             bytes.extend_from_slice(b"\0declined");
             bytes.extend_from_slice(&encoded);
+        }
+        // Present only from the devices that know releases by their digest, so older ones
+        // sign as before.
+        for (name, value) in [("serving", &self.serving), ("evaluated", &self.evaluated)] {
+            if let Some(value) = value {
+                bytes.push(0);
+                bytes.extend_from_slice(name.as_bytes());
+                bytes.push(0);
+                bytes.extend_from_slice(value.as_bytes());
+            }
         }
         bytes
     }
@@ -378,6 +482,7 @@ mod tests {
             privacy_budget_exhausted: false,
             keys_error: None,
             runs: Vec::new(),
+            release: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"round\":4"));
@@ -465,6 +570,8 @@ mod tests {
             }),
             drift: None,
             labelling: None,
+            serving: None,
+            evaluated: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));

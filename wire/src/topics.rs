@@ -45,6 +45,19 @@ impl Topics {
         format!("{}/model/current", self.root)
     }
 
+    /// `fedge/<f>/model/candidate` (binary `ModelRelease`, retained, chunked as
+    /// `model/current`): an aggregate waiting for the evaluation gate, which evaluation-only
+    /// devices score and nobody serves.
+    pub fn model_candidate(&self) -> String {
+        format!("{}/model/candidate", self.root)
+    }
+
+    /// `fedge/<f>/model/serving` (JSON `ServingPointer`, sealed with the device keys
+    /// when the federation has keys, retained): which release each device serves.
+    pub fn model_serving(&self) -> String {
+        format!("{}/model/serving", self.root)
+    }
+
     /// `fedge/<f>/edge/<client>/update` (binary, QoS 1).
     pub fn update(&self, client: &str) -> String {
         format!("{}/edge/{client}/update", self.root)

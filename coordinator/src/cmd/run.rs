@@ -105,6 +105,7 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         );
     }
     let mut rounds = booted.rounds;
+    rounds.set_release_config(config.release.clone());
     let audit_file = (config.state_dir.as_ref())
         .filter(|_| config.audit)
         .map(|d| d.join(audit::FILE_NAME));

@@ -115,4 +115,7 @@ pub enum InvalidConfig {
     /// `[privacy]` out of range, or combined with what central DP cannot protect.
     #[error(transparent)]
     Privacy(#[from] InvalidPrivacy),
+    /// `[release]` out of range.
+    #[error("{0}")]
+    Release(String),
 }

@@ -221,6 +221,10 @@ pub struct CoordinatorConfig {
     /// 0 and `role = "site"`; under it, `[train] feature_norm` defaults to `"none"`.
     #[serde(default)]
     pub privacy: PrivacySettings,
+    /// How aggregates become the model devices serve: at once (`direct`), or through the
+    /// evaluation gate and a canary stage (`gated`); releases kept for `ctl rollback`.
+    #[serde(default)]
+    pub release: crate::release::ReleaseConfig,
 }
 
 fn default_norm_ratio() -> f64 {
@@ -396,6 +400,7 @@ impl CoordinatorConfig {
             });
         }
         self.train.check()?;
+        self.release.check().map_err(InvalidConfig::Release)?;
         if self.embedded_broker {
             let loopback = match self.broker.host.parse::<std::net::IpAddr>() {
                 Ok(ip) => ip.is_loopback(),

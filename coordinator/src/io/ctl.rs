@@ -26,6 +26,16 @@ fn shows(
         }
         // A short run may be over again before the next status: the history says it began.
         Command::NewRun { .. } => status.runs.len() > before.map_or(0, |b| b.runs.len()),
+        Command::Rollback { .. } => {
+            let now = status.release.as_ref();
+            let was = before.and_then(|b| b.release.as_ref());
+            now.is_some_and(|n| n.pinned && was.is_none_or(|w| !w.pinned || w.serving != n.serving))
+        }
+        Command::Promote => {
+            let now = status.release.as_ref();
+            let was = before.and_then(|b| b.release.as_ref());
+            now.is_some_and(|n| !n.pinned && was.is_none_or(|w| w.pinned || w.serving != n.serving))
+        }
         Command::Status => true,
     }
 }

@@ -16,7 +16,8 @@ use tokio::sync::{mpsc, watch};
 use super::keys_watch::KeysWatch;
 use super::metrics::Metrics;
 use super::outbox::Outbox;
-use super::sinks::{RejectionLog, Sinks, TaskTopics, publish_task};
+use super::retained::{TaskTopics, publish_task};
+use super::sinks::{RejectionLog, Sinks};
 use super::status::StatusContext;
 use crate::round::{Phase, Rejection, Rounds};
 use crate::store::audit::{AuditLog, Event};
@@ -215,7 +216,12 @@ async fn drive(
             .map(|r| {
                 let keys = rounds.config().auth.as_deref();
                 let version = rounds.downlink_version();
-                (r.round, super::release::frames(&r, keys, version).published)
+                let frame = super::release::frames(&r, keys, version).published;
+                let round = r.round;
+                // What devices were told to serve last (a rollback's pin comes back with the
+                // operator settings).
+                rounds.restore_served(r);
+                (round, frame)
             }),
         evaluator,
         events,
@@ -236,6 +242,13 @@ async fn drive(
         announced: Default::default(),
         audit: options.audit_file.as_ref().map(AuditLog::new),
         built: None,
+        serving: super::serving::ServingSinks {
+            candidate_topics: Some(TaskTopics {
+                base: topics.model_candidate(),
+                chunk_topics_in_use: 0,
+            }),
+            ..Default::default()
+        },
     };
     let control_topic = topics.control();
     let mut keys_watch = KeysWatch::new(options.keys_file.as_deref());
@@ -286,6 +299,7 @@ async fn drive(
                         let max_packet = options.broker.max_packet;
                         publish_task(&mut sinks.outbox, &mut sinks.model_topics, *round, frame.clone(), max_packet);
                     }
+                    sinks.serving.republish(&mut sinks.outbox, &topics.model_serving(), options.broker.max_packet);
                     if options.home_assistant {
                         for (topic, config) in super::discovery::discovery_messages(&topics, &options.federation) {
                             sinks.outbox.publish(topic, true, config);

@@ -14,6 +14,8 @@ mod keys_watch;
 pub mod metrics;
 mod outbox;
 pub mod release;
+mod retained;
+mod serving;
 mod sinks;
 pub mod status;
 pub mod watch;

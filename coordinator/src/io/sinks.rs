@@ -11,16 +11,11 @@ use tokio::sync::mpsc;
 use super::contract::{DriverEvent, DriverOptions, Evaluator, ToUpstream};
 use super::metrics::Metrics;
 use super::outbox::Outbox;
+use super::retained::{TaskTopics, clear_task, publish_task};
 use super::status::{StatusContext, metrics_json, status_at};
 use crate::round::{Output, Record, Rounds};
 use crate::store::audit::{AuditLog, Event};
 use crate::store::journal::Journal;
-
-/// Task topics: one frame on `round/task`, or chunk `i` on `round/task/<i>` (all retained).
-pub(super) struct TaskTopics {
-    pub(super) base: String,
-    pub(super) chunk_topics_in_use: usize,
-}
 
 /// What the driver keeps to act on the machine's outputs: where to publish, what to write, and
 /// the status document's context.
@@ -59,6 +54,8 @@ pub(super) struct Sinks<'a> {
     /// The last aggregated round and the clients whose updates it used, for its release's
     /// audit line.
     pub(super) built: Option<(u64, Vec<String>)>,
+    /// Candidates and serving pointers (`serving.rs`).
+    pub(super) serving: super::serving::ServingSinks,
 }
 
 /// Least time between two status publishes: a flood of junk packets, each a rejection and a
@@ -127,6 +124,7 @@ impl Sinks<'_> {
             announced,
             audit,
             built,
+            serving,
         } = self;
         let (options, topics) = (*options, *topics);
         let mut status_dirty = false;
@@ -135,7 +133,11 @@ impl Sinks<'_> {
             match output {
                 // Under central DP with its accountant not on disk, nothing of the new model
                 // leaves: neither the release nor the next round's task.
-                Output::PublishTask { .. } | Output::Release(_) if fatal.is_some() => {}
+                Output::PublishTask { .. }
+                | Output::Release(_)
+                | Output::Candidate(_)
+                | Output::Serving(_)
+                    if fatal.is_some() => {}
                 Output::PublishTask { round, frame } => {
                     if let Some(m) = metrics {
                         m.task_published(round);
@@ -254,6 +256,16 @@ impl Sinks<'_> {
                         audit.record("coordinator", released(&model, built, rounds));
                     }
                 }
+                Output::Candidate(model) => {
+                    serving.candidate(outbox, rounds, &model, options.broker.max_packet);
+                }
+                Output::Serving(pointer) => {
+                    let wall = (context.wall.duration_since(std::time::UNIX_EPOCH))
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let topic = topics.model_serving();
+                    serving.pointer(outbox, rounds, &topic, pointer, wall);
+                }
+                Output::ReleaseEvent(event) => super::serving::record(event, audit.as_mut()),
                 Output::Upstream(update) => {
                     if let Some(tx) = upstream {
                         let _ = tx.send(ToUpstream::Update(update));
@@ -365,45 +377,4 @@ fn announce_devices(
 /// An accuracy for the log: three decimals, without f32's tail in f64.
 fn three_places(accuracy: f32) -> f64 {
     (f64::from(accuracy) * 1000.0).round() / 1000.0
-}
-
-fn clear_task(outbox: &mut Outbox, topics: &mut TaskTopics) {
-    let mut stale = vec![topics.base.clone()];
-    stale.extend((0..topics.chunk_topics_in_use).map(|i| format!("{}/{i}", topics.base)));
-    for topic in stale {
-        outbox.publish(topic, true, Vec::new());
-    }
-    topics.chunk_topics_in_use = 0;
-}
-
-pub(super) fn publish_task(
-    outbox: &mut Outbox,
-    topics: &mut TaskTopics,
-    round: u64,
-    frame: Vec<u8>,
-    max_packet: usize,
-) {
-    let pieces = fedge_wire::split_into_chunks(frame, round, max_packet);
-    let count = if pieces.len() == 1 { 0 } else { pieces.len() };
-    let mut publish = |topic: String, payload: Vec<u8>| outbox.publish(topic, true, payload);
-    // Clear retained task topics the new task does not overwrite, so no device reassembles a
-    // mix of old and new pieces.
-    if count == 0 {
-        for i in 0..topics.chunk_topics_in_use {
-            publish(format!("{}/{i}", topics.base), Vec::new());
-        }
-        publish(
-            topics.base.clone(),
-            pieces.into_iter().next().unwrap_or_default(),
-        );
-    } else {
-        publish(topics.base.clone(), Vec::new());
-        for i in count..topics.chunk_topics_in_use {
-            publish(format!("{}/{i}", topics.base), Vec::new());
-        }
-        for (i, piece) in pieces.into_iter().enumerate() {
-            publish(format!("{}/{i}", topics.base), piece);
-        }
-    }
-    topics.chunk_topics_in_use = count;
 }

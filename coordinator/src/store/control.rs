@@ -90,6 +90,7 @@ mod tests {
                 aggregated: 10,
             }],
             run_start: Some((11, 10)),
+            pinned: true,
         };
         store(&path, &settings).unwrap();
         assert_eq!(load(&path).unwrap(), Some(settings));

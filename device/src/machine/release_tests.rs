@@ -3,11 +3,11 @@
 use super::tests::{FED, drain, identity, send, task, trains};
 use super::*;
 
-fn release(run: u64, round: u64) -> ModelRelease {
+pub(super) fn release(run: u64, round: u64) -> ModelRelease {
     release_of(fedge_wire::HeadConfig::new(2, 2).with_hidden(1), run, round)
 }
 
-fn release_of(head: fedge_wire::HeadConfig, run: u64, round: u64) -> ModelRelease {
+pub(super) fn release_of(head: fedge_wire::HeadConfig, run: u64, round: u64) -> ModelRelease {
     let params = head.init_flat(round);
     ModelRelease {
         pooled: None,
@@ -24,22 +24,24 @@ fn release_of(head: fedge_wire::HeadConfig, run: u64, round: u64) -> ModelReleas
     }
 }
 
-fn publish_release(agent: &mut Agent, frame: Vec<u8>) -> Vec<Output> {
+pub(super) fn publish_release(agent: &mut Agent, frame: Vec<u8>) -> Vec<Output> {
     let topic = Topics::new(FED).unwrap().model_current();
     agent.handle_publish(&topic, &frame, 0);
     drain(agent)
 }
 
-fn kept(outputs: &[Output]) -> Vec<(u64, bool)> {
+/// The rounds of the releases the outputs serve (`false`) and score (`true`), in order.
+pub(super) fn kept(outputs: &[Output]) -> Vec<(u64, bool)> {
     (outputs.iter())
         .filter_map(|o| match o {
-            Output::Model { release, evaluate } => Some((release.round, *evaluate)),
+            Output::Serve(release) => Some((release.round, false)),
+            Output::Score(release) => Some((release.round, true)),
             _ => None,
         })
         .collect()
 }
 
-fn plain(release: ModelRelease) -> Vec<u8> {
+pub(super) fn plain(release: ModelRelease) -> Vec<u8> {
     fedge_wire::encode(&Message::Model(release))
 }
 
@@ -68,41 +70,58 @@ fn an_evaluation_only_device_never_trains_and_scores_each_new_release_once() {
     let mut agent = Agent::new(id, RoundState::default()).unwrap();
     assert!(trains(&send(&mut agent, task(1, &["cam-1"], 60_000), 0)).is_empty());
     assert_eq!(agent.status().role, Role::Evaluate);
-    assert_eq!(
-        kept(&publish_release(&mut agent, plain(release(7, 1)))),
-        [(1, true)]
-    );
+    // It serves each new release and scores it, and says so once the score is in.
+    let outputs = publish_release(&mut agent, plain(release(7, 1)));
+    assert_eq!(kept(&outputs), [(1, false), (1, true)]);
+    assert!(!outputs.iter().any(|o| matches!(o, Output::Status { .. })));
     // The same release again (retained, reconnect) and an older one are not scored again.
     assert!(kept(&publish_release(&mut agent, plain(release(7, 1)))).is_empty());
     assert_eq!(
         kept(&publish_release(&mut agent, plain(release(7, 2)))),
-        [(2, true)]
+        [(2, false), (2, true)]
     );
     assert!(kept(&publish_release(&mut agent, plain(release(7, 1)))).is_empty());
-    agent.handle_evaluated(Ok(fedge_wire::SiteEvaluation {
-        model_round: 2,
-        accuracy: 0.75,
-        class_accuracy: vec![Some(1.0), Some(0.5)],
-        samples: 8,
-    }));
+    agent.handle_evaluated(Scored {
+        sha256: release(7, 2).sha256_hex(),
+        result: Ok(fedge_wire::SiteEvaluation {
+            model_round: 2,
+            accuracy: 0.75,
+            class_accuracy: vec![Some(1.0), Some(0.5)],
+            samples: 8,
+        }),
+    });
     let outputs = drain(&mut agent);
     let Some(Output::Status { status, .. }) = outputs.last() else {
         panic!("{outputs:?}");
     };
     let evaluation = status.evaluation.as_ref().unwrap();
     assert_eq!((evaluation.model_round, evaluation.accuracy), (2, 0.75));
+    assert_eq!(status.evaluated, Some(release(7, 2).sha256_hex()));
     assert_eq!(status.model_round, Some(2));
+    assert_eq!(status.serving, Some(release(7, 2).sha256_hex()));
+    // A failed scoring says why and keeps the last score and what it was of.
+    agent.handle_evaluated(Scored {
+        sha256: release(7, 1).sha256_hex(),
+        result: Err("no rows".into()),
+    });
+    assert_eq!(agent.status().last_error, "no rows");
+    assert_eq!(agent.status().evaluated, Some(release(7, 2).sha256_hex()));
 }
 
 #[test]
 fn a_training_device_keeps_new_releases_without_scoring_them() {
     let mut agent = Agent::new(identity("cam-1", None), RoundState::default()).unwrap();
-    agent.hold_model(7, 3);
+    agent.hold_model(release(7, 3));
+    assert!(drain(&mut agent).is_empty());
+    assert_eq!(agent.status().serving, Some(release(7, 3).sha256_hex()));
     assert!(kept(&publish_release(&mut agent, plain(release(7, 3)))).is_empty());
-    assert_eq!(
-        kept(&publish_release(&mut agent, plain(release(7, 4)))),
-        [(4, false)]
-    );
+    let outputs = publish_release(&mut agent, plain(release(7, 4)));
+    assert_eq!(kept(&outputs), [(4, false)]);
+    let Some(Output::Status { status, .. }) = outputs.last() else {
+        panic!("{outputs:?}");
+    };
+    assert_eq!(status.serving, Some(release(7, 4).sha256_hex()));
+    assert_eq!(status.model_round, Some(4));
     // A coordinator started afresh (another run) counts from 1 again.
     assert_eq!(
         kept(&publish_release(&mut agent, plain(release(8, 1)))),

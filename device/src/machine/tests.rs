@@ -133,6 +133,7 @@ fn connecting_subscribes_to_tasks_and_metrics_and_says_the_device_is_online() {
             topics.edge_status("cam-1"),
             topics.model_current(),
             format!("{}/+", topics.model_current()),
+            topics.model_serving(),
         ])
     );
     let Output::Status { topic, status } = &outputs[1] else {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fedge_mqtt::{REQUEST_QUEUE, Session, SessionEvent, publish_frame};
-use fedge_wire::{EdgeStatus, ModelRelease, Role, RoundTask, SiteEvaluation, Topics};
+use fedge_wire::{EdgeStatus, ModelRelease, RoundTask, Topics};
 use rumqttc::{AsyncClient, LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
@@ -19,7 +19,7 @@ use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
 use fedge_device::local_dp::LocalDp;
-use fedge_device::machine::{Agent, AgentSummary, InvalidIdentity, Output, Trained};
+use fedge_device::machine::{Agent, AgentSummary, InvalidIdentity, Output, Scored, Trained};
 use fedge_device::train::{DeviceData, LocalState, Trainer, run_round};
 
 /// The agent could not start.
@@ -95,7 +95,7 @@ pub async fn run_agent(
     let client = session.client().clone();
     let (done_tx, mut done_rx) =
         mpsc::unbounded_channel::<(Trained, Option<(Refreshed, DeviceData)>)>();
-    let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Result<SiteEvaluation, String>>();
+    let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Scored>();
     let done = Done {
         local_state: Arc::new(std::sync::Mutex::new(LocalState::default())),
         trained: done_tx,
@@ -107,14 +107,12 @@ pub async fn run_agent(
         Arc::clone(&setup.val),
         setup.views.clone(),
     );
-    // The release kept on disk serves (and, on an evaluation-only device, is scored) until a
-    // newer one arrives.
+    // The release kept on disk serves until the machine chooses another (an evaluation-only
+    // device's machine asks to score it).
     if let Some(release) = serve::restore(&setup) {
-        agent.hold_model(release.run, release.round);
         serve::install(&setup, &release, data.serving_stats(&release).as_deref());
-        if setup.role == Role::Evaluate {
-            spawn_scoring(&mut setup, &data, release, done.scored.clone());
-        }
+        agent.hold_model(release);
+        perform(&mut agent, &mut setup, &mut data, &client, &done);
     }
     let drift = Arc::clone(&setup.serving.drift);
     let origin = Instant::now();
@@ -189,7 +187,7 @@ struct Done {
     /// Stable-FedADG's discriminator and memory, kept between rounds (one trains at a time).
     local_state: Arc<std::sync::Mutex<LocalState>>,
     trained: mpsc::UnboundedSender<(Trained, Option<(Refreshed, DeviceData)>)>,
-    scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
+    scored: mpsc::UnboundedSender<Scored>,
 }
 
 /// Carries out every output the machine has queued.
@@ -237,12 +235,10 @@ fn perform(
                 let (state, trained) = (Arc::clone(&done.local_state), done.trained.clone());
                 spawn_training(setup, data.clone(), *task, state, trained);
             }
-            Output::Model { release, evaluate } => {
+            Output::Serve(release) => {
                 serve::keep(setup, &release, data.serving_stats(&release).as_deref());
-                if evaluate {
-                    spawn_scoring(setup, data, *release, done.scored.clone());
-                }
             }
+            Output::Score(release) => spawn_scoring(setup, data, *release, done.scored.clone()),
             Output::Save(state) => {
                 if let Some(path) = &setup.state_file
                     && let Err(e) = super::state::save(&state, path)
@@ -317,21 +313,25 @@ fn spawn_training(
     });
 }
 
-/// Scores a release on an evaluation-only device's data, away from the network loop.
+/// Scores a release or candidate on an evaluation-only device's data, away from the network
+/// loop.
 fn spawn_scoring(
     setup: &mut AgentSetup,
     data: &DeviceData,
     release: ModelRelease,
-    scored: mpsc::UnboundedSender<Result<SiteEvaluation, String>>,
+    scored: mpsc::UnboundedSender<Scored>,
 ) {
+    let sha256 = release.sha256_hex();
     if let Err(e) = labels::align(setup, &release.classes) {
-        let _ = scored.send(Err(e.to_string()));
+        let result = Err(e.to_string());
+        let _ = scored.send(Scored { sha256, result });
         return;
     }
     let setup = setup.clone();
     let site = data.serving_stats(&release);
     tokio::task::spawn_blocking(move || {
-        let _ = scored.send(labels::score(&setup, &release, site.as_deref()));
+        let result = labels::score(&setup, &release, site.as_deref());
+        let _ = scored.send(Scored { sha256, result });
     });
 }
 

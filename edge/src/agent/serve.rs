@@ -1,5 +1,6 @@
 //! The driver's side of the released model: the one kept on disk is restored at start, each
-//! newer one is kept and installed for predictions, and prediction requests arrive over HTTP
+//! one the machine chooses to serve (a newer one, or an older one again after a rollback) is
+//! kept and installed for predictions, and prediction requests arrive over HTTP
 //! (`crate::inference::http`) or MQTT (here: `edge/<id>/infer/request`, answered on
 //! `edge/<id>/infer/response`).
 //!
@@ -43,8 +44,9 @@ pub fn restore(setup: &AgentSetup) -> Option<ModelRelease> {
     }
 }
 
-/// Keeps `release`, newer than any before it: written to the model file (a failure is logged;
-/// the release is still used) and, when the device serves predictions, installed for them.
+/// Keeps `release`, which the device serves from now (a newer one, or an older one again after
+/// a rollback): written to the model file (a failure is logged; the release is still used) and,
+/// when the device serves predictions, installed for them.
 pub fn keep(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureStats>) {
     if let Some(path) = &setup.serving.model_file
         && let Err(e) = store::save(path, release)
@@ -61,6 +63,13 @@ pub fn keep(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureSta
 pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&FeatureStats>) {
     // The round of the model the device holds, whether or not it serves predictions.
     setup.serving.metrics.model_round(release.round);
+    // Every switch, whether or not the device answers predictions itself: the release its
+    // status names as served.
+    if let Some(log) = &setup.serving.serving_log
+        && let Err(e) = serving_log::record(log, release, &fedge_mqtt::now_rfc3339())
+    {
+        tracing::warn!(client = %setup.client_id, path = %log.display(), error = %e, "the serving log was not written");
+    }
     let Some(backbone) = &setup.serving.backbone else {
         return;
     };
@@ -86,11 +95,6 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
             tracing::info!(client = %setup.client_id, round = release.round, sha256 = %release.sha256_hex(), "serving the released model");
             http::install(&setup.serving.predictor, predictor);
             setup.serving.metrics.serving(&release.sha256_hex());
-            if let Some(log) = &setup.serving.serving_log
-                && let Err(e) = serving_log::record(log, release, &fedge_mqtt::now_rfc3339())
-            {
-                tracing::warn!(client = %setup.client_id, path = %log.display(), error = %e, "the serving log was not written");
-            }
         }
         Err(e) => {
             tracing::warn!(client = %setup.client_id, round = release.round, "cannot serve the released model: {e}");

@@ -1,6 +1,7 @@
 //! Which release a device served, and from when: `<cache_dir>/<client_id>.serving.jsonl`, one
-//! JSON line per release it started serving, `{"sha256", "round", "run", "from"}`; a release
-//! serves until the next line's `from` (the last one until now). A restart that serves the
+//! JSON line per release it started serving, `{"sha256", "round", "run", "from"}` (an older one
+//! again after a rollback, too); a release serves until the next line's `from` (the last one
+//! until now). A restart that serves the
 //! same release again adds nothing, so the log stays compact; past [`MAX_BYTES`] its older half
 //! is dropped. Private to the device, like its kept model.
 
@@ -117,5 +118,20 @@ mod tests {
         }
         assert!(std::fs::metadata(&log).unwrap().len() <= MAX_BYTES);
         assert_eq!(read(&log).last().unwrap().round, 3999 % 50 + 3);
+    }
+
+    #[test]
+    fn a_rollback_is_a_switch_like_any_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = path(dir.path(), "cam");
+        for (round, now) in [(1, "t1"), (2, "t2"), (1, "t3")] {
+            record(&log, &release(round), now).unwrap();
+        }
+        let rounds: Vec<(u64, String)> =
+            read(&log).into_iter().map(|l| (l.round, l.from)).collect();
+        assert_eq!(
+            rounds,
+            [(1, "t1".into()), (2, "t2".into()), (1, "t3".into())]
+        );
     }
 }

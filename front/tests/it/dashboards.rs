@@ -103,8 +103,10 @@ fn topic_exists(topic: &str) -> bool {
         ] => level(f) && level(c),
         ["fedge", f, "round", "task"] | ["fedge", f, "round", "#"] => level(f),
         ["fedge", f, "round", "task", i] => level(f) && level(i),
-        ["fedge", f, "model", "current"] | ["fedge", f, "model", "#"] => level(f),
-        ["fedge", f, "model", "current", i] => level(f) && level(i),
+        ["fedge", f, "model", "current" | "candidate" | "serving"] | ["fedge", f, "model", "#"] => {
+            level(f)
+        }
+        ["fedge", f, "model", "current" | "candidate", i] => level(f) && level(i),
         ["fedge", f, "backbone", "current"] => level(f),
         ["fedge", f, "backbone", sha] => level(f) && level(sha),
         ["fedge", f, "backbone", sha, i] => level(f) && level(sha) && level(i),

@@ -36,6 +36,7 @@ mod privacy;
 mod profiles;
 mod prometheus;
 mod provision;
+mod releases;
 mod restart;
 mod site_aggregator;
 mod site_norm;

@@ -56,6 +56,16 @@ impl Rounds {
                     return self.reject_control(detail);
                 }
             }
+            Command::Rollback { release } => {
+                if let Err(detail) = self.release_control(Some(release.as_deref()), now_ms) {
+                    return self.reject_control(detail);
+                }
+            }
+            Command::Promote => {
+                if let Err(detail) = self.release_control(None, now_ms) {
+                    return self.reject_control(detail);
+                }
+            }
             Command::Status => {}
         }
         // As it travels (JSON), not in Rust's Debug syntax.
@@ -162,6 +172,7 @@ impl Rounds {
                 .map(|(name, digest)| (name.clone(), fedge_wire::hex::encode(digest))),
             runs: self.control.runs.clone(),
             run_start: Some(self.control.run_start),
+            pinned: self.releases.pinned(),
         }
     }
 
@@ -188,6 +199,7 @@ impl Rounds {
             self.control.backbone = Some((name, digest));
         }
         self.control.runs = saved.runs.clone();
+        self.releases.pin(saved.pinned);
         if let Some(start) = saved.run_start {
             self.control.run_start = start;
         }
@@ -304,4 +316,7 @@ pub struct OperatorSettings {
     /// Where the current run began: its first round and the rounds aggregated before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_start: Option<(u64, u64)>,
+    /// `rollback` pinned the release served, until `promote`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pinned: bool,
 }

@@ -287,7 +287,7 @@ impl Rounds {
             self.aggregated_rounds += 1;
             // A site's aggregate is not the global model: the global release is relayed.
             if self.config.relay.is_none() {
-                self.push_release(open.round);
+                self.push_release(open.round, now_ms);
             }
         }
         let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;

@@ -104,6 +104,8 @@ pub struct Rounds {
     deferred_log: Option<OpenRoundLog>,
     /// Central DP's accountant and the open round's draw (`ledger`, used by `privacy`).
     privacy: Option<ledger::Ledger>,
+    /// From aggregate to served release (`release.rs`).
+    releases: crate::release::ReleaseFlow,
 }
 
 impl Rounds {
@@ -138,6 +140,7 @@ impl Rounds {
             relayed: None,
             deferred_log: None,
             privacy: config.privacy.map(ledger::Ledger::new),
+            releases: crate::release::ReleaseFlow::new(Default::default(), &config.federation),
             config,
         }
     }
@@ -154,6 +157,7 @@ impl Rounds {
     /// first round opens.
     pub fn name_federation(&mut self, federation: &str) {
         federation.clone_into(&mut self.config.federation);
+        self.releases.name_federation(federation);
     }
 
     /// Whether the open round's deltas are in the spill file.
@@ -307,6 +311,7 @@ impl Rounds {
         if let Some(evaluation) = &status.evaluation {
             self.record_site_accuracy(client, evaluation.accuracy);
         }
+        self.release_status(client, status, now_ms);
         if let (true, Some(declined)) = (status.online, &status.declined) {
             self.handle_declined(client, declined, now_ms);
         }
@@ -481,6 +486,7 @@ impl Rounds {
             let detail = "chunk stream did not complete in time".to_owned();
             self.reject(&sender, Rejection::Incomplete, detail);
         }
+        self.release_tick(now_ms);
         let Some(open) = self.open.as_mut() else {
             if self.phase == Phase::Waiting {
                 self.try_start(now_ms);
@@ -520,10 +526,14 @@ impl Rounds {
     /// When `handle_timeout` must be called next, if ever.
     pub fn poll_timeout(&self) -> Option<u64> {
         let deadline = self.open.as_ref().map(|o| o.deadline_ms);
-        match (deadline, self.reassembler.next_expiry()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            deadline,
+            self.reassembler.next_expiry(),
+            self.releases.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The next output, if any.

@@ -36,10 +36,80 @@ impl Rounds {
         })
     }
 
-    /// Queues the release of `round`'s aggregate, if there is one to make.
-    pub(super) fn push_release(&mut self, round: u64) {
+    /// Hands `round`'s aggregate, if there is a release to make, to the release pipeline
+    /// (`crate::release`): released at once, or a candidate.
+    pub(super) fn push_release(&mut self, round: u64, now_ms: u64) {
         if let Some(release) = self.release(round) {
-            self.outputs.push_back(Output::Release(Box::new(release)));
+            self.releases.aggregated(release, now_ms);
+            self.take_release_steps();
+        }
+    }
+
+    /// Sets how aggregates become served releases (`[release]`); call before the first round.
+    pub fn set_release_config(&mut self, config: crate::release::ReleaseConfig) {
+        let federation = self.config.federation.clone();
+        self.releases = crate::release::ReleaseFlow::new(config, &federation);
+    }
+
+    /// The release pipeline: what is served, the candidate, the gate's verdict.
+    pub fn releases(&self) -> &crate::release::ReleaseFlow {
+        &self.releases
+    }
+
+    /// After a restart: `served` (the state folder's model file) is what devices serve (an
+    /// operator's pin comes back with the operator settings).
+    pub fn restore_served(&mut self, served: ModelRelease) {
+        self.releases.restore(served);
+    }
+
+    /// `ctl rollback` (with its target) and `ctl promote` (`None`): taken at once; an error
+    /// says why not, for `bad_control`.
+    pub(super) fn release_control(
+        &mut self,
+        rollback: Option<Option<&str>>,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        match rollback {
+            Some(target) => self.releases.rollback(target)?,
+            None => self.releases.promote_now(now_ms)?,
+        }
+        self.take_release_steps();
+        Ok(())
+    }
+
+    /// A believed device status, for the pipeline: what it serves, its drift alarms and an
+    /// evaluation-only site's score.
+    pub(super) fn release_status(
+        &mut self,
+        client: &str,
+        status: &fedge_wire::EdgeStatus,
+        now_ms: u64,
+    ) {
+        self.releases.device_status(client, status, now_ms);
+        self.take_release_steps();
+    }
+
+    /// Time passed, for the pipeline: a candidate's timeout, a canary's window.
+    pub(super) fn release_tick(&mut self, now_ms: u64) {
+        self.releases.tick(now_ms);
+        self.take_release_steps();
+    }
+
+    /// The pipeline's steps as the machine's outputs.
+    fn take_release_steps(&mut self) {
+        use crate::release::Step;
+        let mut changed = false;
+        while let Some(step) = self.releases.poll_step() {
+            changed = true;
+            self.outputs.push_back(match step {
+                Step::Candidate(release) => Output::Candidate(release),
+                Step::Release(release) => Output::Release(release),
+                Step::Pointer(pointer) => Output::Serving(pointer),
+                Step::Event(event) => Output::ReleaseEvent(event),
+            });
+        }
+        if changed {
+            self.outputs.push_back(Output::StatusChanged);
         }
     }
 

@@ -437,9 +437,18 @@ pub enum Output {
     },
     /// A round ended.
     RoundEnded(Box<RoundReport>),
-    /// A round aggregated: publish this release retained on `model/current` and keep it in
-    /// the state folder (after the round's checkpoint).
+    /// A release to serve (an aggregate in `direct` mode, a promotion, a rollback): publish it
+    /// retained on `model/current` and keep it in the state folder (after the round's
+    /// checkpoint).
     Release(Box<fedge_wire::ModelRelease>),
+    /// An aggregate waiting for the evaluation gate: publish it retained on
+    /// `model/candidate`.
+    Candidate(Box<fedge_wire::ModelRelease>),
+    /// Which release each device serves: number it and publish it retained on
+    /// `model/serving` (sealed with the device keys when there are keys).
+    Serving(fedge_wire::ServingPointer),
+    /// Something happened to a release: log it and write it to the audit trail.
+    ReleaseEvent(crate::release::ReleaseEvent),
     /// An update was rejected.
     Rejected {
         /// Client named by the topic.

@@ -84,35 +84,44 @@ pub enum Event {
         /// Bytes cut.
         bytes: u64,
     },
-    /// Reserved for the release gate to come: a model proposed for release.
+    /// An aggregate proposed for release (`[release] mode = "gated"`, or held by a rollback).
     Candidate {
         /// The round.
         round: u64,
         /// Its SHA-256.
         sha256: String,
     },
-    /// Reserved for the release gate to come: its verdict on a candidate.
+    /// The evaluation gate's verdict on a candidate.
     GateVerdict {
+        /// The candidate's round.
+        #[serde(default)]
+        round: u64,
         /// The candidate's SHA-256.
         sha256: String,
-        /// Passed or not.
+        /// Passed (promoted) or not (held).
         passed: bool,
+        /// The candidate's mean accuracy on the evaluation-only sites, in points.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        candidate_accuracy: Option<f64>,
+        /// The served release's, on the same sites.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        serving_accuracy: Option<f64>,
         /// Why.
         reason: String,
     },
-    /// Reserved for the release gate to come: a candidate promoted to release.
+    /// A candidate promoted: it goes to a canary share first, or to every device.
     Promoted {
         /// Its SHA-256.
         sha256: String,
     },
-    /// Reserved for the release gate to come: a staged rollout's step.
+    /// A staged rollout's step: the canary devices, or `*` for every device.
     Rollout {
         /// The release.
         sha256: String,
         /// The devices it goes to.
         devices: Vec<String>,
     },
-    /// Reserved for the release gate to come: back to an earlier release.
+    /// Back to an earlier release: `ctl rollback`, or a canary that failed.
     Rollback {
         /// The release returned to.
         sha256: String,

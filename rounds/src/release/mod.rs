@@ -1,0 +1,724 @@
+//! From aggregate to served model (docs/algorithms.md §11): which release the fleet serves,
+//! decided without I/O, beside the round machine, which feeds it (`crate::round::releasing`).
+//!
+//! - `direct` mode: every aggregate is released at once, to every device (fedge's behaviour
+//!   before releases were gated).
+//! - `gated` mode: an aggregate becomes a *candidate*, published for the evaluation-only sites
+//!   to score and served by nobody. [`gate::judge`] compares its scores with those of the
+//!   release served; a pass is promoted, a fail held. A promoted release goes first to a canary
+//!   share of the online devices; if none of them raises a drift alarm during the canary
+//!   window it goes to every device, else every device goes back to the previous release.
+//! - Either mode: `ctl rollback` serves an earlier kept release on every device at once and
+//!   holds it (no promotion) until `ctl promote`, which serves the latest candidate at once.
+//!
+//! Training is untouched: round tasks carry the aggregate whatever is served. What devices
+//! serve is said by a [`ServingPointer`] on `model/serving` after each release on
+//! `model/current`; the driver numbers the pointers.
+
+pub mod gate;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use fedge_wire::{
+    GateOutcome, GateVerdict, ModelRelease, ReleaseRef, ReleaseStatus, ServingPointer,
+    SiteEvaluation, Stage,
+};
+use serde::{Deserialize, Serialize};
+
+use gate::GateRules;
+
+/// How aggregates reach the devices that serve.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ReleaseMode {
+    /// Every aggregate is served at once by every device.
+    #[default]
+    Direct,
+    /// Candidates pass the evaluation gate, then a canary stage, before every device serves
+    /// them.
+    Gated,
+}
+
+impl ReleaseMode {
+    /// The name, as TOML and the status spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Gated => "gated",
+        }
+    }
+}
+
+/// What the gate does with a candidate whose scores have not come in time.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    /// Keep serving what is served (the candidate may still be promoted with `ctl promote`).
+    #[default]
+    Hold,
+    /// Promote the candidate unjudged.
+    Promote,
+}
+
+/// `[release]` of the coordinator's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReleaseConfig {
+    /// `direct`: every aggregate is served at once by every device; `gated`: candidates pass
+    /// the evaluation gate and a canary stage first.
+    pub mode: ReleaseMode,
+    /// Gated: the most points (0–100) a candidate's mean accuracy on the evaluation-only sites
+    /// may be below the served release's, ≥ 0.
+    pub margin_points: f64,
+    /// Gated: the most points any class's accuracy may drop, ≥ 0.
+    pub class_drop_points: f64,
+    /// Gated: evaluation-only sites that must score a candidate before the gate judges, ≥ 1.
+    pub min_sites: usize,
+    /// Gated: seconds a candidate waits for its scores, > 0.
+    pub timeout_s: f64,
+    /// Gated: what happens to a candidate whose scores have not come by `timeout_s`.
+    pub on_timeout: OnTimeout,
+    /// Gated: the share of the online devices that serve a promoted release first, in [0, 1]
+    /// (at least one device when above 0); 0: no canary stage.
+    pub canary_share: f64,
+    /// Gated: seconds the canary devices serve a release before every device does, > 0.
+    pub canary_window_s: f64,
+    /// Releases kept for `ctl rollback`, ≥ 2.
+    pub keep: usize,
+}
+
+impl Default for ReleaseConfig {
+    fn default() -> Self {
+        Self {
+            mode: ReleaseMode::Direct,
+            margin_points: 0.5,
+            class_drop_points: 2.0,
+            min_sites: 1,
+            timeout_s: 600.0,
+            on_timeout: OnTimeout::Hold,
+            canary_share: 0.05,
+            canary_window_s: 300.0,
+            keep: 5,
+        }
+    }
+}
+
+impl ReleaseConfig {
+    /// The first setting out of range, named with what to give.
+    pub fn check(&self) -> Result<(), String> {
+        let points = |v: f64| v.is_finite() && (0.0..=100.0).contains(&v);
+        let seconds = |v: f64| v.is_finite() && v > 0.0 && v <= 604_800.0;
+        if !points(self.margin_points) {
+            return Err(format!(
+                "[release] margin_points = {}: give 0 to 100",
+                self.margin_points
+            ));
+        }
+        if !points(self.class_drop_points) {
+            return Err(format!(
+                "[release] class_drop_points = {}: give 0 to 100",
+                self.class_drop_points
+            ));
+        }
+        if self.min_sites == 0 {
+            return Err("[release] min_sites = 0: give 1 or more".into());
+        }
+        if !seconds(self.timeout_s) {
+            return Err(format!(
+                "[release] timeout_s = {}: give seconds above 0, at most 604800",
+                self.timeout_s
+            ));
+        }
+        if !(self.canary_share.is_finite() && (0.0..=1.0).contains(&self.canary_share)) {
+            return Err(format!(
+                "[release] canary_share = {}: give 0 (no canary) to 1",
+                self.canary_share
+            ));
+        }
+        if !seconds(self.canary_window_s) {
+            return Err(format!(
+                "[release] canary_window_s = {}: give seconds above 0, at most 604800",
+                self.canary_window_s
+            ));
+        }
+        if self.keep < 2 {
+            return Err(format!(
+                "[release] keep = {}: give 2 or more (a rollback needs a release before the one \
+                 served)",
+                self.keep
+            ));
+        }
+        Ok(())
+    }
+
+    fn rules(&self) -> GateRules {
+        GateRules {
+            margin_points: self.margin_points,
+            class_drop_points: self.class_drop_points,
+            min_sites: self.min_sites,
+        }
+    }
+}
+
+/// Something that happened to a release, for the log and the audit trail.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReleaseEvent {
+    /// An aggregate became a candidate.
+    Candidate(ReleaseRef),
+    /// The gate's verdict on a candidate.
+    Verdict(GateVerdict),
+    /// A release was promoted; `canary` lists the devices that serve it first (empty: all).
+    Promoted {
+        /// The release.
+        release: ReleaseRef,
+        /// Its canary devices.
+        canary: Vec<String>,
+    },
+    /// A release's canary window passed: every device serves it.
+    RolledOut(ReleaseRef),
+    /// Back to an earlier release: an operator's rollback (`operator`) or a failed canary.
+    RolledBack {
+        /// The release returned to.
+        to: ReleaseRef,
+        /// The release left, if any.
+        from: Option<ReleaseRef>,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Publish this candidate (retained) on `model/candidate`.
+    Candidate(Box<ModelRelease>),
+    /// Publish this release (retained) on `model/current` and keep it as the model file.
+    Release(Box<ModelRelease>),
+    /// Publish this pointer (retained) on `model/serving`, numbered by the driver.
+    Pointer(ServingPointer),
+    /// Log it and write it to the audit trail.
+    Event(ReleaseEvent),
+}
+
+/// A canary stage under way.
+#[derive(Debug, Clone)]
+struct Canary {
+    release: ModelRelease,
+    devices: Vec<String>,
+    until_ms: u64,
+}
+
+/// What a device said of itself that the pipeline watches.
+#[derive(Debug, Clone, Default)]
+struct DeviceView {
+    online: bool,
+    serving: Option<String>,
+    alarms: u64,
+}
+
+/// Most releases a site's scores are kept for.
+const SCORES_PER_SITE: usize = 8;
+
+/// The release pipeline's state; see the module documentation.
+#[derive(Debug)]
+pub struct ReleaseFlow {
+    config: ReleaseConfig,
+    federation: String,
+    /// Releases served, oldest first, the one every device serves (outside a canary) last.
+    history: VecDeque<ModelRelease>,
+    candidate: Option<(ModelRelease, u64)>,
+    canary: Option<Canary>,
+    pinned: bool,
+    verdict: Option<GateVerdict>,
+    scores: BTreeMap<String, VecDeque<(String, SiteEvaluation)>>,
+    devices: BTreeMap<String, DeviceView>,
+    steps: VecDeque<Step>,
+}
+
+fn reference(release: &ModelRelease) -> ReleaseRef {
+    ReleaseRef {
+        sha256: release.sha256_hex(),
+        round: release.round,
+    }
+}
+
+impl ReleaseFlow {
+    /// A pipeline with nothing served yet.
+    pub fn new(config: ReleaseConfig, federation: &str) -> Self {
+        Self {
+            config,
+            federation: federation.to_owned(),
+            history: VecDeque::new(),
+            candidate: None,
+            canary: None,
+            pinned: false,
+            verdict: None,
+            scores: BTreeMap::new(),
+            devices: BTreeMap::new(),
+            steps: VecDeque::new(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ReleaseConfig {
+        &self.config
+    }
+
+    /// Names the federation the pointers are for.
+    pub fn name_federation(&mut self, federation: &str) {
+        federation.clone_into(&mut self.federation);
+    }
+
+    /// The next thing the driver must do.
+    pub fn poll_step(&mut self) -> Option<Step> {
+        self.steps.pop_front()
+    }
+
+    /// The release every device serves (outside a canary stage).
+    pub fn serving(&self) -> Option<&ModelRelease> {
+        self.history.back()
+    }
+
+    /// After a restart: the release kept in the state folder is what is served.
+    pub fn restore(&mut self, served: ModelRelease) {
+        self.history.clear();
+        self.history.push_back(served);
+    }
+
+    /// Pins (or unpins) the release served, as an operator's rollback left it before a
+    /// restart.
+    pub fn pin(&mut self, pinned: bool) {
+        self.pinned = pinned;
+    }
+
+    /// Whether an operator's rollback holds the release served.
+    pub fn pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// A round aggregated into `release`, with `online` devices at `now_ms`.
+    pub fn aggregated(&mut self, release: ModelRelease, now_ms: u64) {
+        let gated = self.config.mode == ReleaseMode::Gated;
+        if !gated && !self.pinned {
+            self.promote(release, now_ms, false);
+            return;
+        }
+        self.steps
+            .push_back(Step::Event(ReleaseEvent::Candidate(reference(&release))));
+        if gated {
+            self.steps
+                .push_back(Step::Candidate(Box::new(release.clone())));
+        }
+        self.candidate = Some((release.clone(), now_ms));
+        if self.pinned {
+            self.set_verdict(&release, GateOutcome::Held, None, "held: an operator's rollback pins the release served (ctl promote lets releases through again)".into());
+            return;
+        }
+        if self.history.is_empty() {
+            let reason = "promoted: nothing served before to compare with".to_owned();
+            self.set_verdict(&release, GateOutcome::Promoted, None, reason);
+            self.candidate = None;
+            self.promote(release, now_ms, false);
+            return;
+        }
+        self.set_verdict(
+            &release,
+            GateOutcome::Waiting,
+            None,
+            "waiting for the evaluation-only sites' scores".into(),
+        );
+        self.judge(now_ms);
+    }
+
+    /// A believed status of `client`: whether it is online, which release it serves, its
+    /// drift alarms, and an evaluation-only site's score of the release `evaluated`.
+    pub fn device_status(&mut self, client: &str, status: &fedge_wire::EdgeStatus, now_ms: u64) {
+        let view = DeviceView {
+            online: status.online,
+            serving: status.serving.clone(),
+            alarms: status.drift.as_ref().map_or(0, |d| d.alarms),
+        };
+        self.devices.insert(client.to_owned(), view);
+        if let (Some(evaluation), Some(sha)) = (&status.evaluation, &status.evaluated) {
+            let scores = self.scores.entry(client.to_owned()).or_default();
+            scores.retain(|(s, _)| s != sha);
+            scores.push_back((sha.clone(), evaluation.clone()));
+            while scores.len() > SCORES_PER_SITE {
+                scores.pop_front();
+            }
+            self.judge(now_ms);
+        }
+        self.watch_canary(now_ms);
+    }
+
+    /// Time passed: a candidate's timeout, a canary's window.
+    pub fn tick(&mut self, now_ms: u64) {
+        if let Some((release, since)) = &self.candidate
+            && self.config.mode == ReleaseMode::Gated
+            && !self.pinned
+            && self
+                .verdict
+                .as_ref()
+                .is_some_and(|v| v.outcome == GateOutcome::Waiting)
+            && now_ms >= since + (self.config.timeout_s * 1000.0) as u64
+        {
+            let release = release.clone();
+            let waited = self.config.timeout_s;
+            match self.config.on_timeout {
+                OnTimeout::Hold => {
+                    let reason = format!("held: no scores within timeout_s = {waited}");
+                    self.set_verdict(&release, GateOutcome::Held, None, reason);
+                }
+                OnTimeout::Promote => {
+                    let reason =
+                        format!("promoted unjudged: no scores within timeout_s = {waited}");
+                    self.set_verdict(&release, GateOutcome::Promoted, None, reason);
+                    self.candidate = None;
+                    self.promote(release, now_ms, true);
+                }
+            }
+        }
+        self.watch_canary(now_ms);
+    }
+
+    /// When [`ReleaseFlow::tick`] has something to do next.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let timeout = self
+            .candidate
+            .as_ref()
+            .filter(|_| {
+                self.config.mode == ReleaseMode::Gated
+                    && !self.pinned
+                    && self
+                        .verdict
+                        .as_ref()
+                        .is_some_and(|v| v.outcome == GateOutcome::Waiting)
+            })
+            .map(|(_, since)| since + (self.config.timeout_s * 1000.0) as u64);
+        let canary = self.canary.as_ref().map(|c| c.until_ms);
+        match (timeout, canary) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// `ctl rollback`: serve the kept release named by `target` (a round number or the start of
+    /// a SHA-256, at least 8 hex digits; `None`: the one before the release served) on every
+    /// device at once, and pin it. An error names what is kept.
+    pub fn rollback(&mut self, target: Option<&str>) -> Result<(), String> {
+        let index = match target {
+            // During a canary stage, the one before is what every other device serves.
+            None if self.canary.is_some() && !self.history.is_empty() => self.history.len() - 1,
+            None if self.history.len() >= 2 => self.history.len() - 2,
+            None => {
+                return Err(format!(
+                    "rollback: {} release(s) kept, none before the one served",
+                    self.history.len()
+                ));
+            }
+            Some(name) => self.find(name)?,
+        };
+        let to = self
+            .history
+            .remove(index)
+            .expect("an index found in the history");
+        let from = self
+            .canary
+            .take()
+            .map(|c| c.release)
+            .or_else(|| self.history.back().cloned());
+        self.history.push_back(to.clone());
+        self.pinned = true;
+        let reason = "operator: ctl rollback".to_owned();
+        self.serve_all(&to);
+        self.steps.push_back(Step::Event(ReleaseEvent::RolledBack {
+            to: reference(&to),
+            from: from.as_ref().map(reference),
+            reason,
+        }));
+        Ok(())
+    }
+
+    /// `ctl promote`: serve the latest candidate on every device at once, past the gate and
+    /// the canary stage, and unpin.
+    pub fn promote_now(&mut self, now_ms: u64) -> Result<(), String> {
+        self.pinned = false;
+        let Some((release, _)) = self.candidate.take() else {
+            return Err(
+                "promote: no candidate waits (releases go through again from the next aggregate)"
+                    .into(),
+            );
+        };
+        let reason = "promoted by the operator: ctl promote".to_owned();
+        self.set_verdict(&release, GateOutcome::Promoted, None, reason);
+        self.promote(release, now_ms, true);
+        Ok(())
+    }
+
+    /// The pipeline in the coordinator's status; `rfc3339` turns a machine time into a
+    /// date.
+    pub fn status(&self, rfc3339: &dyn Fn(u64) -> String) -> Option<ReleaseStatus> {
+        if self.history.is_empty() && self.candidate.is_none() {
+            return None;
+        }
+        let mut devices = BTreeMap::new();
+        for view in self.devices.values().filter(|v| v.online) {
+            if let Some(sha) = &view.serving {
+                let short = sha.get(..12).unwrap_or(sha).to_owned();
+                *devices.entry(short).or_insert(0) += 1;
+            }
+        }
+        Some(ReleaseStatus {
+            mode: self.config.mode.name().to_owned(),
+            serving: self.history.back().map(reference),
+            candidate: self.candidate.as_ref().map(|(r, _)| reference(r)),
+            canary: self.canary.as_ref().map(|c| reference(&c.release)),
+            canary_devices: self.canary.as_ref().map_or(0, |c| c.devices.len() as u32),
+            canary_until: self.canary.as_ref().map(|c| rfc3339(c.until_ms)),
+            pinned: self.pinned,
+            gate: self.verdict.clone(),
+            devices,
+        })
+    }
+
+    fn find(&self, name: &str) -> Result<usize, String> {
+        let kept = || {
+            (self.history.iter())
+                .map(|r| format!("round {} ({})", r.round, &r.sha256_hex()[..12]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let hex = name.len() >= 8 && name.chars().all(|c| c.is_ascii_hexdigit());
+        let by_round = name.parse::<u64>().ok();
+        let found = self.history.iter().rposition(|r| {
+            by_round == Some(r.round)
+                || (hex && r.sha256_hex().starts_with(&name.to_ascii_lowercase()))
+        });
+        found.ok_or_else(|| format!("rollback {name:?}: no such release kept; kept: {}", kept()))
+    }
+
+    /// Judges the waiting candidate on the scores in hand; not while a canary stage is under
+    /// way (the candidate then waits for it to end, so that releases do not replace each
+    /// other's canaries faster than a window).
+    fn judge(&mut self, now_ms: u64) {
+        let Some((candidate, _)) = &self.candidate else {
+            return;
+        };
+        if self.canary.is_some() {
+            return;
+        }
+        let (Some(served), false) = (self.history.back(), self.pinned) else {
+            return;
+        };
+        if self.config.mode != ReleaseMode::Gated
+            || !self
+                .verdict
+                .as_ref()
+                .is_some_and(|v| v.outcome == GateOutcome::Waiting)
+        {
+            return;
+        }
+        let (c_sha, s_sha) = (candidate.sha256_hex(), served.sha256_hex());
+        fn score<'a>(
+            site: &'a VecDeque<(String, SiteEvaluation)>,
+            sha: &str,
+        ) -> Option<&'a SiteEvaluation> {
+            site.iter().find(|(s, _)| s == sha).map(|(_, e)| e)
+        }
+        let pairs: Vec<(&SiteEvaluation, &SiteEvaluation)> = (self.scores.values())
+            .filter_map(|site| Some((score(site, &c_sha)?, score(site, &s_sha)?)))
+            .collect();
+        let Some(judgement) = gate::judge(&pairs, &candidate.classes, &self.config.rules()) else {
+            return;
+        };
+        let candidate = candidate.clone();
+        let outcome = if judgement.pass {
+            GateOutcome::Promoted
+        } else {
+            GateOutcome::Held
+        };
+        let reason = judgement.reason.clone();
+        self.set_verdict(&candidate, outcome, Some(&judgement), reason);
+        if judgement.pass {
+            self.candidate = None;
+            self.promote(candidate, now_ms, true);
+        }
+    }
+
+    fn set_verdict(
+        &mut self,
+        release: &ModelRelease,
+        outcome: GateOutcome,
+        judgement: Option<&gate::Judgement>,
+        reason: String,
+    ) {
+        let verdict = GateVerdict {
+            candidate: reference(release),
+            outcome,
+            sites: judgement.map_or(0, |j| j.sites as u32),
+            candidate_accuracy: judgement.map(|j| j.candidate_points),
+            serving_accuracy: judgement.map(|j| j.serving_points),
+            worst_class: judgement.and_then(|j| j.worst_class.clone()),
+            worst_class_drop: judgement.map(|j| j.worst_class_drop),
+            reason,
+        };
+        if outcome != GateOutcome::Waiting && self.config.mode == ReleaseMode::Gated {
+            self.steps
+                .push_back(Step::Event(ReleaseEvent::Verdict(verdict.clone())));
+        }
+        self.verdict = Some(verdict);
+    }
+
+    /// Serves `release`: through a canary stage when `staged`, the mode is gated, something
+    /// was served before and a canary share is set; else on every device at once.
+    fn promote(&mut self, release: ModelRelease, now_ms: u64, staged: bool) {
+        // A canary under way (only `ctl promote` comes here during one) ends here: its
+        // release never went to every device.
+        self.canary = None;
+        let canary = self.choose_canary(&release);
+        let staged = staged
+            && self.config.mode == ReleaseMode::Gated
+            && !canary.is_empty()
+            && !self.history.is_empty();
+        // Direct mode releases every aggregate: the trail's `released` line says it.
+        if self.config.mode == ReleaseMode::Gated {
+            self.steps.push_back(Step::Event(ReleaseEvent::Promoted {
+                release: reference(&release),
+                canary: if staged { canary.clone() } else { Vec::new() },
+            }));
+        }
+        if !staged {
+            self.keep(release.clone());
+            self.serve_all(&release);
+            return;
+        }
+        let previous = self.history.back().map(ModelRelease::sha256_hex);
+        self.steps
+            .push_back(Step::Release(Box::new(release.clone())));
+        self.steps.push_back(Step::Pointer(ServingPointer {
+            federation: self.federation.clone(),
+            seq: 0,
+            sha256: release.sha256_hex(),
+            round: release.round,
+            stage: Stage::Canary,
+            canary: canary.clone(),
+            previous,
+            pinned: false,
+        }));
+        self.canary = Some(Canary {
+            release,
+            devices: canary,
+            until_ms: now_ms + (self.config.canary_window_s * 1000.0) as u64,
+        });
+    }
+
+    /// The canary devices of `release`: the online devices, in an order drawn from the
+    /// release's digest (another share each release), the first `canary_share` of them (at
+    /// least one when the share is above 0).
+    fn choose_canary(&self, release: &ModelRelease) -> Vec<String> {
+        if self.config.canary_share <= 0.0 {
+            return Vec::new();
+        }
+        let online: Vec<&String> = (self.devices.iter())
+            .filter(|(_, v)| v.online)
+            .map(|(c, _)| c)
+            .collect();
+        let n = ((online.len() as f64 * self.config.canary_share).ceil() as usize).max(1);
+        let mut order: Vec<(u64, &String)> = online
+            .into_iter()
+            .map(|c| (canary_rank(&release.sha256, c), c))
+            .collect();
+        order.sort();
+        order.into_iter().take(n).map(|(_, c)| c.clone()).collect()
+    }
+
+    /// Ends a canary stage whose window passed, or fails one whose devices raised a drift
+    /// alarm while serving its release.
+    fn watch_canary(&mut self, now_ms: u64) {
+        let Some(canary) = &self.canary else {
+            return;
+        };
+        let sha = canary.release.sha256_hex();
+        let alarmed = canary.devices.iter().find(|c| {
+            self.devices
+                .get(*c)
+                .is_some_and(|v| v.serving.as_deref() == Some(sha.as_str()) && v.alarms > 0)
+        });
+        if let Some(device) = alarmed {
+            let reason = format!("canary failed: {device} raised a drift alarm serving it");
+            let canary = self.canary.take().expect("a canary under way");
+            let back = self
+                .history
+                .back()
+                .cloned()
+                .expect("a canary has a release before it");
+            self.serve_all(&back);
+            self.steps.push_back(Step::Event(ReleaseEvent::RolledBack {
+                to: reference(&back),
+                from: Some(reference(&canary.release)),
+                reason,
+            }));
+            self.judge(now_ms);
+            return;
+        }
+        if now_ms >= canary.until_ms {
+            let canary = self.canary.take().expect("a canary under way");
+            let release = canary.release;
+            self.keep(release.clone());
+            self.steps
+                .push_back(Step::Pointer(self.pointer_all(&release)));
+            self.steps
+                .push_back(Step::Event(ReleaseEvent::RolledOut(reference(&release))));
+            // The candidate that waited for the stage to end.
+            self.judge(now_ms);
+        }
+    }
+
+    /// `release` on `model/current` and a pointer sending every device to it.
+    fn serve_all(&mut self, release: &ModelRelease) {
+        self.steps
+            .push_back(Step::Release(Box::new(release.clone())));
+        self.steps
+            .push_back(Step::Pointer(self.pointer_all(release)));
+    }
+
+    fn pointer_all(&self, release: &ModelRelease) -> ServingPointer {
+        ServingPointer {
+            federation: self.federation.clone(),
+            seq: 0,
+            sha256: release.sha256_hex(),
+            round: release.round,
+            stage: Stage::All,
+            canary: Vec::new(),
+            previous: None,
+            pinned: self.pinned,
+        }
+    }
+
+    /// Adds `release` as the newest served, keeping at most `keep`.
+    fn keep(&mut self, release: ModelRelease) {
+        self.history.retain(|r| r.sha256 != release.sha256);
+        self.history.push_back(release);
+        while self.history.len() > self.config.keep {
+            self.history.pop_front();
+        }
+    }
+}
+
+/// A device's place in a release's canary order: the first 8 bytes of SHA-256(release digest,
+/// client id).
+fn canary_rank(release: &[u8; 32], client: &str) -> u64 {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::new()
+        .chain_update(release)
+        .chain_update(client.as_bytes())
+        .finalize();
+    u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}

@@ -1,0 +1,300 @@
+//! The release pipeline's decisions, step by step.
+
+use super::*;
+use fedge_wire::{DriftStatus, EdgeStatus, HeadConfig, TensorF32};
+
+fn release(round: u64) -> ModelRelease {
+    let head = HeadConfig::new(2, 2).with_hidden(1);
+    let params = head.init_flat(round);
+    ModelRelease {
+        pooled: None,
+        federation: "plant".into(),
+        run: 1,
+        round,
+        strategy: "fedavg".into(),
+        classes: vec!["ok".into(), "scratch".into()],
+        backbone: String::new(),
+        sha256: ModelRelease::digest(&params),
+        params: TensorF32::from_slice(&params),
+        head,
+        feature_norm: fedge_wire::FeatureNorm::None,
+    }
+}
+
+fn gated() -> ReleaseConfig {
+    ReleaseConfig {
+        mode: ReleaseMode::Gated,
+        canary_share: 0.25,
+        canary_window_s: 10.0,
+        timeout_s: 60.0,
+        ..ReleaseConfig::default()
+    }
+}
+
+fn steps(flow: &mut ReleaseFlow) -> Vec<Step> {
+    std::iter::from_fn(|| flow.poll_step()).collect()
+}
+
+fn released(steps: &[Step]) -> Vec<u64> {
+    (steps.iter())
+        .filter_map(|s| match s {
+            Step::Release(r) => Some(r.round),
+            _ => None,
+        })
+        .collect()
+}
+
+fn pointers(steps: &[Step]) -> Vec<&ServingPointer> {
+    (steps.iter())
+        .filter_map(|s| match s {
+            Step::Pointer(p) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
+fn online(flow: &mut ReleaseFlow, clients: &[&str]) {
+    for client in clients {
+        let status = EdgeStatus {
+            client_id: (*client).into(),
+            online: true,
+            ..EdgeStatus::default()
+        };
+        flow.device_status(client, &status, 0);
+    }
+}
+
+/// An evaluation-only site's status scoring `scored` at `accuracy` (both classes alike).
+fn scores(flow: &mut ReleaseFlow, site: &str, scored: &ModelRelease, accuracy: f32, now: u64) {
+    let status = EdgeStatus {
+        client_id: site.into(),
+        online: true,
+        role: fedge_wire::Role::Evaluate,
+        evaluation: Some(SiteEvaluation {
+            model_round: scored.round,
+            accuracy,
+            class_accuracy: vec![Some(accuracy), Some(accuracy)],
+            samples: 50,
+        }),
+        evaluated: Some(scored.sha256_hex()),
+        ..EdgeStatus::default()
+    };
+    flow.device_status(site, &status, now);
+}
+
+#[test]
+fn direct_mode_serves_every_aggregate_at_once_on_every_device() {
+    let mut flow = ReleaseFlow::new(ReleaseConfig::default(), "plant");
+    online(&mut flow, &["a", "b"]);
+    flow.aggregated(release(1), 0);
+    flow.aggregated(release(2), 10);
+    let steps = steps(&mut flow);
+    assert_eq!(released(&steps), [1, 2]);
+    let stages: Vec<Stage> = pointers(&steps).iter().map(|p| p.stage).collect();
+    assert_eq!(stages, [Stage::All, Stage::All]);
+    assert!(!steps.iter().any(|s| matches!(s, Step::Candidate(_))));
+    assert_eq!(flow.serving().map(|r| r.round), Some(2));
+}
+
+#[test]
+fn a_regressed_candidate_is_held_and_a_good_one_goes_through_a_canary_to_everyone() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    online(&mut flow, &["a", "b", "c", "d", "e", "f", "g", "h"]);
+    // Nothing served yet: the first aggregate is served by everyone at once.
+    flow.aggregated(release(1), 0);
+    assert_eq!(released(&steps(&mut flow)), [1]);
+    scores(&mut flow, "site", &release(1), 0.80, 1);
+
+    // A candidate 10 points worse: published for scoring, held.
+    flow.aggregated(release(2), 100);
+    let s = steps(&mut flow);
+    assert!(
+        matches!(&s[..], [Step::Event(ReleaseEvent::Candidate(_)), Step::Candidate(c)] if c.round == 2)
+    );
+    scores(&mut flow, "site", &release(2), 0.70, 200);
+    let s = steps(&mut flow);
+    assert!(released(&s).is_empty() && pointers(&s).is_empty(), "{s:?}");
+    let verdict = flow.status(&|_| String::new()).unwrap().gate.unwrap();
+    assert_eq!(verdict.outcome, GateOutcome::Held);
+    assert_eq!(verdict.candidate_accuracy.map(|a| a.round()), Some(70.0));
+    assert_eq!(verdict.serving_accuracy.map(|a| a.round()), Some(80.0));
+    assert_eq!(flow.serving().map(|r| r.round), Some(1));
+
+    // A good one: promoted to a canary of 3 of the 9 online devices (25 %, rounded up; the
+    // evaluation-only site serves too), the others keep round 1.
+    flow.aggregated(release(3), 300);
+    steps(&mut flow);
+    scores(&mut flow, "site", &release(3), 0.81, 400);
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [3]);
+    let canary = pointers(&s)[0].clone();
+    assert_eq!(canary.stage, Stage::Canary);
+    assert_eq!(canary.canary.len(), 3);
+    assert_eq!(canary.previous, Some(release(1).sha256_hex()));
+    let outside = ["a", "b", "c", "d", "e", "f", "g", "h"]
+        .into_iter()
+        .find(|c| !canary.canary.iter().any(|k| k == c))
+        .unwrap();
+    assert_eq!(canary.release_for(outside), release(1).sha256_hex());
+    assert_eq!(
+        canary.release_for(&canary.canary[0]),
+        release(3).sha256_hex()
+    );
+    // The window passes quietly: every device.
+    assert_eq!(flow.next_deadline(), Some(400 + 10_000));
+    flow.tick(10_399);
+    assert!(pointers(&steps(&mut flow)).is_empty());
+    flow.tick(10_400);
+    let s = steps(&mut flow);
+    assert_eq!(pointers(&s)[0].stage, Stage::All);
+    assert_eq!(pointers(&s)[0].sha256, release(3).sha256_hex());
+    assert_eq!(flow.serving().map(|r| r.round), Some(3));
+}
+
+#[test]
+fn a_canary_that_raises_a_drift_alarm_sends_every_device_back() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    online(&mut flow, &["a", "b", "c", "d"]);
+    flow.aggregated(release(1), 0);
+    scores(&mut flow, "site", &release(1), 0.8, 1);
+    flow.aggregated(release(2), 10);
+    scores(&mut flow, "site", &release(2), 0.8, 20);
+    let s = steps(&mut flow);
+    let canary = pointers(&s).last().unwrap().canary[0].clone();
+    // The canary serves round 2 and its drift alarm goes off.
+    let status = EdgeStatus {
+        client_id: canary.clone(),
+        online: true,
+        serving: Some(release(2).sha256_hex()),
+        drift: Some(DriftStatus {
+            level: 1.2,
+            alarms: 1,
+            last_alarm: None,
+            requests: 40,
+            reference: 100,
+            adaptations: 0,
+            last_adapted: None,
+        }),
+        ..EdgeStatus::default()
+    };
+    flow.device_status(&canary, &status, 30);
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [1]);
+    assert_eq!(pointers(&s)[0].stage, Stage::All);
+    assert_eq!(pointers(&s)[0].sha256, release(1).sha256_hex());
+    assert!(s.iter().any(|e| matches!(e, Step::Event(ReleaseEvent::RolledBack { reason, .. }) if reason.contains(&canary))));
+    assert_eq!(flow.next_deadline(), None);
+}
+
+#[test]
+fn a_rollback_serves_a_kept_release_everywhere_and_holds_it_until_promote() {
+    let mut flow = ReleaseFlow::new(ReleaseConfig::default(), "plant");
+    for round in 1..=3 {
+        flow.aggregated(release(round), round);
+    }
+    steps(&mut flow);
+    // The one before the served one.
+    flow.rollback(None).unwrap();
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [2]);
+    assert!(pointers(&s)[0].pinned);
+    // Pinned: a new aggregate is not served.
+    flow.aggregated(release(4), 10);
+    assert!(released(&steps(&mut flow)).is_empty());
+    // By round, and by a digest's start.
+    flow.rollback(Some("1")).unwrap();
+    assert_eq!(released(&steps(&mut flow)), [1]);
+    let sha = release(3).sha256_hex();
+    flow.rollback(Some(&sha[..8])).unwrap();
+    assert_eq!(released(&steps(&mut flow)), [3]);
+    let err = flow.rollback(Some("99")).unwrap_err();
+    assert!(err.contains("kept: round"), "{err}");
+    // Promote: the latest candidate is served, and releases go through again.
+    flow.promote_now(20).unwrap();
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [4]);
+    assert!(!pointers(&s)[0].pinned);
+    flow.aggregated(release(5), 30);
+    assert_eq!(released(&steps(&mut flow)), [5]);
+    assert!(flow.promote_now(40).is_err());
+}
+
+#[test]
+fn a_candidate_without_scores_is_held_or_promoted_at_its_timeout() {
+    for (on_timeout, expect) in [(OnTimeout::Hold, vec![]), (OnTimeout::Promote, vec![2])] {
+        let config = ReleaseConfig {
+            on_timeout,
+            canary_share: 0.0,
+            ..gated()
+        };
+        let mut flow = ReleaseFlow::new(config, "plant");
+        flow.aggregated(release(1), 0);
+        flow.aggregated(release(2), 1_000);
+        steps(&mut flow);
+        assert_eq!(flow.next_deadline(), Some(61_000));
+        flow.tick(61_000);
+        assert_eq!(released(&steps(&mut flow)), expect);
+        let gate = flow.status(&|_| String::new()).unwrap().gate.unwrap();
+        assert!(gate.reason.contains("timeout_s"), "{}", gate.reason);
+        assert_eq!(flow.next_deadline(), None);
+    }
+}
+
+#[test]
+fn settings_out_of_range_are_named() {
+    let bad = [
+        ReleaseConfig {
+            canary_share: 1.5,
+            ..ReleaseConfig::default()
+        },
+        ReleaseConfig {
+            keep: 1,
+            ..ReleaseConfig::default()
+        },
+        ReleaseConfig {
+            margin_points: -1.0,
+            ..ReleaseConfig::default()
+        },
+        ReleaseConfig {
+            timeout_s: 0.0,
+            ..ReleaseConfig::default()
+        },
+    ];
+    for (config, name) in bad
+        .iter()
+        .zip(["canary_share", "keep", "margin_points", "timeout_s"])
+    {
+        assert!(config.check().unwrap_err().contains(name));
+    }
+    assert_eq!(ReleaseConfig::default().check(), Ok(()));
+}
+
+#[test]
+fn a_candidate_that_comes_during_a_canary_waits_for_its_end() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    online(&mut flow, &["a", "b", "c", "d"]);
+    flow.aggregated(release(1), 0);
+    scores(&mut flow, "site", &release(1), 0.80, 1);
+    flow.aggregated(release(2), 10);
+    scores(&mut flow, "site", &release(2), 0.82, 20);
+    steps(&mut flow);
+    // Round 3 passes on its scores, but round 2's canary is under way: it waits.
+    flow.aggregated(release(3), 30);
+    scores(&mut flow, "site", &release(3), 0.83, 40);
+    let s = steps(&mut flow);
+    assert!(released(&s).is_empty(), "{s:?}");
+    let gate = flow.status(&|_| String::new()).unwrap().gate.unwrap();
+    assert_eq!(
+        (gate.candidate.round, gate.outcome),
+        (3, GateOutcome::Waiting)
+    );
+    // No timeout runs meanwhile: the canary's window is the next deadline.
+    assert_eq!(flow.next_deadline(), Some(20 + 10_000));
+    // The window ends: round 2 goes to everyone, round 3 is judged against it and canaried.
+    flow.tick(20 + 10_000);
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [3]);
+    let stages: Vec<(Stage, u64)> = pointers(&s).iter().map(|p| (p.stage, p.round)).collect();
+    assert_eq!(stages, [(Stage::All, 2), (Stage::Canary, 3)]);
+    assert_eq!(flow.serving().map(|r| r.round), Some(2));
+}
