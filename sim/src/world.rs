@@ -217,7 +217,7 @@ impl Sim {
         &self.devices[d].trained
     }
 
-    /// The newest release a device kept.
+    /// The release a device serves (the newest, or the one the serving pointer names).
     pub fn device_release(&self, d: usize) -> Option<&fedge_wire::ModelRelease> {
         self.devices[d].release.as_ref()
     }

@@ -29,6 +29,12 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+/// A gate verdict's outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
 /// The coordinator's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -45,6 +51,13 @@ pub struct Metrics {
     round: Gauge,
     resident_bytes: Gauge<u64, AtomicU64>,
     privacy_epsilon: Gauge<f64, AtomicU64>,
+    serving_round: Gauge,
+    candidate_round: Gauge,
+    canary_devices: Gauge,
+    gate_verdicts: Family<OutcomeLabel, Counter>,
+    gate_candidate_accuracy: Gauge<f64, AtomicU64>,
+    gate_serving_accuracy: Gauge<f64, AtomicU64>,
+    rollbacks: Counter,
     last_opened: std::sync::atomic::AtomicU64,
 }
 
@@ -74,6 +87,13 @@ impl Metrics {
             round: Gauge::default(),
             resident_bytes: Gauge::default(),
             privacy_epsilon: Gauge::default(),
+            serving_round: Gauge::default(),
+            candidate_round: Gauge::default(),
+            canary_devices: Gauge::default(),
+            gate_verdicts: Family::default(),
+            gate_candidate_accuracy: Gauge::default(),
+            gate_serving_accuracy: Gauge::default(),
+            rollbacks: Counter::default(),
             last_opened: Default::default(),
         };
         let r = &mut m.registry;
@@ -134,7 +154,76 @@ impl Metrics {
             "Central differential privacy: the epsilon spent so far at the configured delta (0 when off)",
             m.privacy_epsilon.clone(),
         );
+        r.register(
+            "release_serving_round",
+            "The round of the release every device serves (outside a canary stage); 0 before one",
+            m.serving_round.clone(),
+        );
+        r.register(
+            "release_candidate_round",
+            "The round of the candidate waiting for the gate; 0 when none",
+            m.candidate_round.clone(),
+        );
+        r.register(
+            "release_canary_devices",
+            "Devices serving a release in its canary stage; 0 when none",
+            m.canary_devices.clone(),
+        );
+        r.register(
+            "gate_verdicts",
+            "The evaluation gate's verdicts by outcome (promoted, held)",
+            m.gate_verdicts.clone(),
+        );
+        r.register(
+            "gate_candidate_accuracy_points",
+            "The last judged candidate's mean accuracy on the evaluation-only sites, in points",
+            m.gate_candidate_accuracy.clone(),
+        );
+        r.register(
+            "gate_serving_accuracy_points",
+            "The served release's mean accuracy on the same sites when the last candidate was judged",
+            m.gate_serving_accuracy.clone(),
+        );
+        r.register(
+            "release_rollbacks",
+            "Rollbacks: ctl rollback, and canaries that failed",
+            m.rollbacks.clone(),
+        );
         m
+    }
+
+    /// The release pipeline: the rounds of the release served and of the candidate, and the
+    /// devices in a canary stage (`ReleaseFlow::rounds`).
+    pub fn releases(&self, (serving, candidate, canary): (Option<u64>, Option<u64>, usize)) {
+        let round = |r: Option<u64>| r.map_or(0, |r| r as i64);
+        self.serving_round.set(round(serving));
+        self.candidate_round.set(round(candidate));
+        self.canary_devices.set(canary as i64);
+    }
+
+    /// A release event: verdicts and rollbacks are counted.
+    pub fn release_event(&self, event: &crate::release::ReleaseEvent) {
+        use crate::release::ReleaseEvent;
+        match event {
+            ReleaseEvent::Verdict(verdict) => {
+                let outcome = match verdict.outcome {
+                    fedge_wire::GateOutcome::Promoted => "promoted",
+                    fedge_wire::GateOutcome::Held => "held",
+                    fedge_wire::GateOutcome::Waiting => return,
+                };
+                self.gate_verdicts
+                    .get_or_create(&OutcomeLabel { outcome })
+                    .inc();
+                if let (Some(c), Some(s)) = (verdict.candidate_accuracy, verdict.serving_accuracy) {
+                    self.gate_candidate_accuracy.set(c);
+                    self.gate_serving_accuracy.set(s);
+                }
+            }
+            ReleaseEvent::RolledBack { .. } => {
+                self.rollbacks.inc();
+            }
+            _ => {}
+        }
     }
 
     /// Central DP's ε spent so far.
@@ -238,8 +327,37 @@ mod tests {
         );
         m.devices(3, 2);
         m.privacy_epsilon(1.5);
+        m.releases((Some(4), Some(6), 2));
+        let reference = |round| fedge_wire::ReleaseRef {
+            sha256: "ab".repeat(32),
+            round,
+        };
+        m.release_event(&crate::release::ReleaseEvent::Verdict(
+            fedge_wire::GateVerdict {
+                candidate: reference(6),
+                outcome: fedge_wire::GateOutcome::Held,
+                sites: 2,
+                candidate_accuracy: Some(61.5),
+                serving_accuracy: Some(74.0),
+                worst_class: None,
+                worst_class_drop: None,
+                reason: String::new(),
+            },
+        ));
+        m.release_event(&crate::release::ReleaseEvent::RolledBack {
+            to: reference(3),
+            from: Some(reference(4)),
+            reason: String::new(),
+        });
         let text = m.encode();
         for line in [
+            "fedge_release_serving_round 4",
+            "fedge_release_candidate_round 6",
+            "fedge_release_canary_devices 2",
+            "fedge_gate_verdicts_total{outcome=\"held\"} 1",
+            "fedge_gate_candidate_accuracy_points 61.5",
+            "fedge_gate_serving_accuracy_points 74.0",
+            "fedge_release_rollbacks_total 1",
             "fedge_rounds_opened_total 1",
             "fedge_rounds_aggregated_total 1",
             "fedge_updates_total{outcome=\"accepted\",reason=\"\"} 2",

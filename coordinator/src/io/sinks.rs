@@ -265,7 +265,12 @@ impl Sinks<'_> {
                     let topic = topics.model_serving();
                     serving.pointer(outbox, rounds, &topic, pointer, wall);
                 }
-                Output::ReleaseEvent(event) => super::serving::record(event, audit.as_mut()),
+                Output::ReleaseEvent(event) => {
+                    if let Some(m) = metrics {
+                        m.release_event(&event);
+                    }
+                    super::serving::record(event, audit.as_mut());
+                }
                 Output::Upstream(update) => {
                     if let Some(tx) = upstream {
                         let _ = tx.send(ToUpstream::Update(update));
@@ -313,6 +318,7 @@ impl Sinks<'_> {
             if let Some(spent) = rounds.privacy_spent() {
                 m.privacy_epsilon(spent.epsilon);
             }
+            m.releases(rounds.releases().rounds());
             m.sent(outbox.take_sent());
         }
         let now = Instant::now();

@@ -15,12 +15,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use fedge_device::machine::{Agent, Identity, Output as AgentOutput};
+use fedge_device::state::RoundState;
 use fedge_mqtt::{BrokerConfig, publish_frame};
 use fedge_wire::{
     ClientUpdate, DeviceKey, EdgeStatus, LocalMetrics, Message, Reassembler, TensorF32, Topics,
 };
 use rumqttc::{AsyncClient, Event, LastWill, Packet, QoS};
 use serde::Serialize;
+use tokio::sync::mpsc;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -88,14 +91,54 @@ fn status(topics: &Topics, id: &str, online: bool, key: Option<&DeviceKey>) -> S
     serde_json::to_string(&status).unwrap_or_default()
 }
 
-/// One simulated device's loop; returns when the task is aborted.
+/// A simulated device started serving a release (`fedge bench rollback`).
+#[derive(Debug, Clone)]
+pub struct Switch {
+    /// The device.
+    pub device: String,
+    /// SHA-256 of the release, hex.
+    pub sha256: String,
+    /// Its round.
+    pub round: u64,
+    /// When.
+    pub at: Instant,
+}
+
+/// The device's own release decisions (`fedge_device::machine::Agent`), fed only the release
+/// topics: which release it serves, as a real device decides it.
+fn follower(id: &str, federation: &str, key: Option<&DeviceKey>) -> Option<Agent> {
+    let identity = Identity {
+        client_id: id.to_owned(),
+        federation: federation.to_owned(),
+        key: key.cloned(),
+        samples: 10,
+        val_samples: 0,
+        profile: "simulated".into(),
+        backbone: String::new(),
+        backbone_sha256: None,
+        follows_federation_backbone: false,
+        device: String::new(),
+        memory_budget_mb: 0,
+        role: fedge_wire::Role::Train,
+        classes: Vec::new(),
+    };
+    Agent::new(identity, RoundState::default()).ok()
+}
+
+/// One simulated device's loop; returns when the task is aborted. With `follow`, it also
+/// follows the releases and says each switch there.
 async fn device(
     broker: BrokerConfig,
     topics: Topics,
     id: String,
     key: Option<DeviceKey>,
     sent: Arc<AtomicU64>,
+    follow: Option<mpsc::UnboundedSender<Switch>>,
 ) {
+    let mut agent = follow
+        .as_ref()
+        .and_then(|_| follower(&id, topics.federation(), key.as_ref()));
+    let (model_base, serving_topic) = (topics.model_current(), topics.model_serving());
     let status_topic = topics.edge_status(&id);
     let will = LastWill::new(
         &status_topic,
@@ -123,7 +166,12 @@ async fn device(
         let publish = match event {
             Event::Incoming(Packet::ConnAck(_)) => {
                 backoff.reset();
-                for filter in [task_base.clone(), format!("{task_base}/+")] {
+                let mut filters = vec![task_base.clone(), format!("{task_base}/+")];
+                if agent.is_some() {
+                    filters.extend([model_base.clone(), format!("{model_base}/+")]);
+                    filters.push(serving_topic.clone());
+                }
+                for filter in filters {
                     let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
                 }
                 let _ = client.try_publish(
@@ -138,6 +186,22 @@ async fn device(
             _ => continue,
         };
         let now = origin.elapsed().as_millis() as u64;
+        if let (Some(agent), Some(follow)) = (agent.as_mut(), &follow)
+            && (publish.topic.starts_with(&model_base) || publish.topic == serving_topic)
+        {
+            agent.handle_publish(&publish.topic, &publish.payload, now);
+            while let Some(output) = agent.poll_output() {
+                if let AgentOutput::Serve(release) = output {
+                    let _ = follow.send(Switch {
+                        device: id.clone(),
+                        sha256: release.sha256_hex(),
+                        round: release.round,
+                        at: Instant::now(),
+                    });
+                }
+            }
+            continue;
+        }
         // The agent's own task decoding: reassembly, tag check, kind.
         let task =
             fedge_device::decode_task(&mut reassembler, &publish.payload, now, &id, key.as_ref());
@@ -173,16 +237,13 @@ async fn device(
     }
 }
 
-/// Runs the fleet until `rounds` rounds were reported on the metrics topic.
-pub async fn run_fleet(options: &FleetOptions) -> anyhow::Result<FleetReport> {
+/// Starts the fleet's devices (each its own connection), following releases when `follow`
+/// is given; returns their tasks and the count of updates they sent.
+pub async fn spawn_fleet(
+    options: &FleetOptions,
+    follow: Option<mpsc::UnboundedSender<Switch>>,
+) -> anyhow::Result<(Vec<tokio::task::JoinHandle<()>>, Arc<AtomicU64>)> {
     let topics = Topics::new(&options.federation).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let start = Instant::now();
-    let (watcher, mut watch_events) =
-        AsyncClient::new(options.broker.options("fleet-watcher", None), 64);
-    watcher
-        .subscribe(topics.metrics(), QoS::AtLeastOnce)
-        .await
-        .context("cannot subscribe to the metrics topic")?;
     let sent = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for id in device_ids(options.devices) {
@@ -193,10 +254,23 @@ pub async fn run_fleet(options: &FleetOptions) -> anyhow::Result<FleetReport> {
             id,
             key,
             Arc::clone(&sent),
+            follow.clone(),
         )));
         // Spread the connection storm a little, as devices booting at one site would.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    Ok((tasks, sent))
+}
+
+/// Watches the metrics topic until `options.rounds` rounds were reported (or the timeout).
+pub async fn watch_rounds(options: &FleetOptions) -> anyhow::Result<Vec<FleetRound>> {
+    let topics = Topics::new(&options.federation).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (watcher, mut watch_events) =
+        AsyncClient::new(options.broker.options("fleet-watcher", None), 64);
+    watcher
+        .subscribe(topics.metrics(), QoS::AtLeastOnce)
+        .await
+        .context("cannot subscribe to the metrics topic")?;
     let deadline = tokio::time::Instant::now() + options.timeout;
     let mut rounds = Vec::new();
     // Drawn on a terminal only (hidden when stderr is not one, as in tests and CI logs).
@@ -233,13 +307,21 @@ pub async fn run_fleet(options: &FleetOptions) -> anyhow::Result<FleetReport> {
         }
     };
     bar.finish_and_clear();
+    let _ = watcher.disconnect().await;
+    result.map(|()| rounds)
+}
+
+/// Runs the fleet until `rounds` rounds were reported on the metrics topic.
+pub async fn run_fleet(options: &FleetOptions) -> anyhow::Result<FleetReport> {
+    let start = Instant::now();
+    let (tasks, sent) = spawn_fleet(options, None).await?;
+    let rounds = watch_rounds(options).await;
     for task in &tasks {
         task.abort();
     }
-    result?;
     Ok(FleetReport {
         devices: options.devices,
-        rounds,
+        rounds: rounds?,
         updates_sent: sent.load(Ordering::Relaxed),
         seconds: start.elapsed().as_secs_f64(),
     })

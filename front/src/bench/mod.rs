@@ -7,6 +7,7 @@
 //! - `aggregate`: the coordinator's aggregation against a numpy transcription.
 //! - `wire`: bytes per update and per task for each codec.
 //! - `fleet`: many simulated devices against a running coordinator.
+//! - `rollback`: how fast such a fleet goes back to an earlier release.
 //! - `drift`: the drift alarm's false alarms and detection delay on `digits-sensor`.
 //! - `labelling`: the labelling queue's labels against random ones on `digits-sensor`.
 //! - `story`: `fedge demo --drift`, the drift, re-adaptation and labelling measurements of one
@@ -18,5 +19,6 @@ pub mod feddim;
 pub mod fleet;
 pub mod head;
 pub mod labelling;
+pub mod rollback;
 pub mod story;
 pub mod wire;

@@ -160,7 +160,8 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
         }
     }
     // The JSON examples of docs/mqtt-topics.md, in order: status, metrics, a training device,
-    // an evaluation-only device, a prediction request and its response, an operator command,
+    // an evaluation-only device, a serving pointer, a prediction request and its response, an
+    // operator command,
     // an enrolment request and its response, discovery.
     let text = std::fs::read_to_string(docs().join("mqtt-topics.md")).unwrap();
     let blocks: Vec<Value> = text
@@ -173,6 +174,7 @@ fn every_example_in_docs_parses_matches_its_schema_and_names_real_topics() {
         "metrics.schema.json",
         "edge-status.schema.json",
         "edge-status.schema.json",
+        "serving-pointer.schema.json",
         "infer-request.schema.json",
         "infer-response.schema.json",
         "control.schema.json",

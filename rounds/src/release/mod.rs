@@ -298,6 +298,16 @@ impl ReleaseFlow {
         self.pinned = pinned;
     }
 
+    /// The rounds of the release served and of the waiting candidate, and the devices in a
+    /// canary stage (for metrics, without building the status).
+    pub fn rounds(&self) -> (Option<u64>, Option<u64>, usize) {
+        (
+            self.history.back().map(|r| r.round),
+            self.candidate.as_ref().map(|(r, _)| r.round),
+            self.canary.as_ref().map_or(0, |c| c.devices.len()),
+        )
+    }
+
     /// Whether an operator's rollback holds the release served.
     pub fn pinned(&self) -> bool {
         self.pinned

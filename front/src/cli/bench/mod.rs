@@ -1,5 +1,5 @@
 //! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`, `infer`,
-//! `aggregate`, `wire`, `fleet`, `feddim`, `drift`, `labelling`). Accuracy is `fedge eval`'s;
+//! `aggregate`, `wire`, `fleet`, `rollback`, `feddim`, `drift`, `labelling`). Accuracy is `fedge eval`'s;
 //! `fedge bench` without a subcommand still takes `fedge eval`'s flags for one release, with a
 //! note pointing there.
 
@@ -11,6 +11,7 @@ pub mod fleet;
 pub mod head;
 pub mod infer;
 pub mod labelling;
+pub mod rollback;
 pub mod wire;
 
 use clap::{Args, Subcommand};
@@ -45,6 +46,10 @@ pub enum BenchCommand {
     /// Simulate many lightweight devices (each its own MQTT connection, no training) against a
     /// running coordinator, and check that every update is accounted for (see bench/fleet.sh).
     Fleet(fleet::FleetArgs),
+    /// Roll a fleet of simulated devices back to the release before the last, with `ctl
+    /// rollback` against a running coordinator, and time each device's switch (see
+    /// bench/rollback.sh).
+    Rollback(rollback::RollbackArgs),
     /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
     Feddim(feddim::FeddimArgs),
     /// The drift alarm: false alarms per 100,000 requests of an unchanged site, and requests
@@ -65,6 +70,7 @@ impl BenchCommand {
             BenchCommand::Aggregate(args) => aggregate::run(args),
             BenchCommand::Wire(args) => wire::run(args),
             BenchCommand::Fleet(args) => fleet::run(args).await,
+            BenchCommand::Rollback(args) => rollback::run(args).await,
             BenchCommand::Feddim(args) => feddim::run(args),
             BenchCommand::Drift(args) => drift::run(args),
             BenchCommand::Labelling(args) => labelling::run(args),
