@@ -39,6 +39,8 @@ pub enum FromUpstream {
     Task(Box<fedge_wire::RoundTask>),
     /// The global model released upstream.
     Release(Box<fedge_wire::ModelRelease>),
+    /// The global federation's serving pointer (opened with the site's key).
+    Serving(fedge_wire::ServingPointer),
 }
 
 /// What a site aggregator's round machine hands its upstream link.

@@ -365,6 +365,7 @@ async fn drive(
                     }
                 }
                 FromUpstream::Release(release) => rounds.relay_release(*release),
+                FromUpstream::Serving(pointer) => rounds.relay_serving(&pointer),
             },
             _ = stop.changed() => break,
         }

@@ -68,10 +68,20 @@ impl ServingSinks {
         topic: &str,
         mut pointer: ServingPointer,
         wall_ms: u64,
+        max_packet: usize,
     ) {
         self.seq = (self.seq + 1).max(wall_ms);
         pointer.seq = self.seq;
         let payload = sealed(pointer.to_payload(), rounds.config().auth.as_deref());
+        // One packet: sealed for every device key, it grows by about 45 bytes a device.
+        if payload.len() > max_packet {
+            tracing::error!(
+                bytes = payload.len(),
+                max_packet,
+                "the serving pointer, sealed for every device, is larger than the broker's                  packet limit ([broker] max_packet): not published; devices serve the newest                  release they verified, and a rollback or canary does not reach them"
+            );
+            return;
+        }
         outbox.publish(topic.to_owned(), true, payload.clone());
         self.pointer = Some(payload);
     }

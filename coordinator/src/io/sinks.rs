@@ -263,7 +263,14 @@ impl Sinks<'_> {
                     let wall = (context.wall.duration_since(std::time::UNIX_EPOCH))
                         .map_or(0, |d| d.as_millis() as u64);
                     let topic = topics.model_serving();
-                    serving.pointer(outbox, rounds, &topic, pointer, wall);
+                    serving.pointer(
+                        outbox,
+                        rounds,
+                        &topic,
+                        pointer,
+                        wall,
+                        options.broker.max_packet,
+                    );
                 }
                 Output::ReleaseEvent(event) => {
                     if let Some(m) = metrics {

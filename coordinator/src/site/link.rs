@@ -111,6 +111,7 @@ pub async fn run(
                             let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
                         }
                     }
+                    let _ = client.try_subscribe(link.topics.model_serving(), QoS::AtLeastOnce);
                     link.publish_status(&client, true);
                 }
                 SessionEvent::Publish(p) => {
@@ -252,6 +253,15 @@ impl Link {
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "the global model is refused"),
+            }
+        } else if topic == self.topics.model_serving() && !payload.is_empty() {
+            // Which release the global federation serves: a rollback or a rollout reaches the
+            // site's devices too (with a key, only a pointer sealed for the site is believed).
+            match fedge_wire::decode_serving(payload, site, key) {
+                Some(pointer) => {
+                    let _ = inbox.send(FromUpstream::Serving(pointer));
+                }
+                None => tracing::warn!("the global serving pointer is refused"),
             }
         }
     }

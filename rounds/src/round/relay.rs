@@ -101,6 +101,31 @@ impl Rounds {
         self.outputs.push_back(Output::Release(Box::new(release)));
     }
 
+    /// The global federation's serving pointer, for the site's devices: what the site is to
+    /// serve (the release named for it, as a participant, during a canary stage) becomes a
+    /// pointer of the site's federation to every one of its devices; a canary stage the site
+    /// is not in changes nothing (its devices keep the release before). Numbered by the
+    /// site's driver. Without `RoundConfig::relay` nothing happens.
+    pub fn relay_serving(&mut self, pointer: &fedge_wire::ServingPointer) {
+        let Some(relay) = &self.config.relay else {
+            return;
+        };
+        if pointer.release_for(&relay.site) != pointer.sha256 {
+            return;
+        }
+        self.outputs
+            .push_back(Output::Serving(fedge_wire::ServingPointer {
+                federation: self.config.federation.clone(),
+                seq: 0,
+                sha256: pointer.sha256.clone(),
+                round: pointer.round,
+                stage: fedge_wire::Stage::All,
+                canary: Vec::new(),
+                previous: None,
+                pinned: pointer.pinned,
+            }));
+    }
+
     /// For a site: whether its next round may open now (a global task it has not answered).
     pub(super) fn relay_due(&self) -> Option<u64> {
         self.relayed

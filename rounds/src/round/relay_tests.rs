@@ -251,3 +251,49 @@ fn the_global_release_reaches_the_site_under_its_own_name() {
     assert_eq!((&r.params, &r.sha256), (&release.params, &release.sha256));
     assert!(r.verify().is_ok());
 }
+
+#[test]
+fn the_global_serving_pointer_reaches_the_sites_devices_as_one_of_its_own() {
+    let mut m = site(&["cam-1"], site_config());
+    drain(&mut m);
+    let global = |stage, canary: &[&str]| fedge_wire::ServingPointer {
+        federation: "demo".into(),
+        seq: 41,
+        sha256: "ab".repeat(32),
+        round: 6,
+        stage,
+        canary: canary.iter().map(|c| c.to_string()).collect(),
+        previous: Some("cd".repeat(32)),
+        pinned: true,
+    };
+    let relayed = |m: &mut Rounds| -> Vec<fedge_wire::ServingPointer> {
+        (drain(m).into_iter())
+            .filter_map(|o| match o {
+                Output::Serving(p) => Some(p),
+                _ => None,
+            })
+            .collect()
+    };
+    // A rollback (stage all): every device of the site, under the site's federation.
+    m.relay_serving(&global(fedge_wire::Stage::All, &[]));
+    let out = relayed(&mut m);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (
+            out[0].federation.as_str(),
+            out[0].sha256.as_str(),
+            out[0].round
+        ),
+        ("plant-7", "ab".repeat(32).as_str(), 6)
+    );
+    assert_eq!(
+        (out[0].stage, out[0].pinned),
+        (fedge_wire::Stage::All, true)
+    );
+    // A canary stage with the site in it: every device of the site serves the new release.
+    m.relay_serving(&global(fedge_wire::Stage::Canary, &["plant-7"]));
+    assert_eq!(relayed(&mut m)[0].stage, fedge_wire::Stage::All);
+    // One without the site: nothing changes at the site.
+    m.relay_serving(&global(fedge_wire::Stage::Canary, &["elsewhere"]));
+    assert!(relayed(&mut m).is_empty());
+}
