@@ -132,6 +132,7 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         federation: config.federation.clone(),
         client_id: format!("fedge-coordinator-{}", config.federation),
         model_file: config.state_dir.as_ref().map(|d| d.join("model.bin")),
+        releases_dir: config.state_dir.as_ref().map(|d| d.join("releases")),
         checkpoint: checkpoint_path,
         journal: journal_path,
         control_file: config.state_dir.as_ref().map(|d| d.join("control.json")),

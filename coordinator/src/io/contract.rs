@@ -86,6 +86,9 @@ pub struct DriverOptions {
     pub checkpoint: Option<std::path::PathBuf>,
     /// Where to keep the released model (`model.bin` in the state folder).
     pub model_file: Option<std::path::PathBuf>,
+    /// Where to keep the releases a rollback can go back to (`releases/` in the state folder,
+    /// `store::releases`).
+    pub releases_dir: Option<std::path::PathBuf>,
     /// Where to write the open round's journal (`Output::Journal` records).
     pub journal: Option<std::path::PathBuf>,
     /// Announce Home Assistant sensors (retained discovery configs) on connect.
@@ -119,6 +122,7 @@ impl DriverOptions {
             client_id,
             checkpoint: None,
             model_file: None,
+            releases_dir: None,
             journal: None,
             home_assistant: false,
             metrics_listen: None,

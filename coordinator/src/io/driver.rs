@@ -218,9 +218,15 @@ async fn drive(
                 let version = rounds.downlink_version();
                 let frame = super::release::frames(&r, keys, version).published;
                 let round = r.round;
-                // What devices were told to serve last (a rollback's pin comes back with the
-                // operator settings).
-                rounds.restore_served(r);
+                // What devices were told to serve last, and the releases kept before it (a
+                // rollback's pin comes back with the operator settings).
+                let mut kept = (options.releases_dir.as_deref())
+                    .map(crate::store::releases::load)
+                    .unwrap_or_default();
+                if kept.last().is_none_or(|k| k.sha256 != r.sha256) {
+                    kept.push(r);
+                }
+                rounds.restore_served(kept);
                 (round, frame)
             }),
         evaluator,

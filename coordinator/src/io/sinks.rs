@@ -271,6 +271,13 @@ impl Sinks<'_> {
                         wall,
                         options.broker.max_packet,
                     );
+                    // Every change of what is served ends with a pointer: keep the releases a
+                    // rollback can go back to.
+                    if let Some(dir) = &options.releases_dir
+                        && let Err(e) = crate::store::releases::save(dir, rounds.releases().kept())
+                    {
+                        tracing::warn!(dir = %dir.display(), error = %e, "the releases kept for rollback were not written");
+                    }
                 }
                 Output::ReleaseEvent(event) => {
                     if let Some(m) = metrics {

@@ -1,7 +1,7 @@
 //! The coordinator's files: the checkpoint after each aggregation ([`checkpoint`]), the open
 //! round's journal ([`journal`]), what operator commands set ([`control`]), the device keys
-//! ([`keys`]), the pending enrolments' one-time tokens ([`enrolments`]) and the audit trail
-//! ([`audit`]). Each file format is defined here and written through
+//! ([`keys`]), the pending enrolments' one-time tokens ([`enrolments`]), the releases kept for
+//! rollback ([`releases`]) and the audit trail ([`audit`]). Each file format is defined here and written through
 //! `fedge_daemon::write_atomically` (the journal and the audit trail are appended, fsynced per
 //! record); the values stored are the round machine's plain saved types, which never see a
 //! file.
@@ -12,3 +12,4 @@ pub mod control;
 pub mod enrolments;
 pub mod journal;
 pub mod keys;
+pub mod releases;

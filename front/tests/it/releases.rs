@@ -9,7 +9,8 @@
 //! The gate holds candidate 3 and says so with its numbers; no device's serving log ever names
 //! it; a later candidate is promoted, served first by a canary share, then by everyone; `ctl
 //! rollback` brings every device back to the release served before that one, as each device's
-//! own status says; the audit trail verifies and records the verdicts and the rollback.
+//! own status says; after a restart of the coordinator, a rollback to the later release still
+//! finds it; the audit trail verifies and records the verdicts and the rollbacks.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -229,6 +230,47 @@ async fn answer(client: &AsyncClient, topics: &Topics, seen: &mut Seen, task: Ro
     seen.answered.push(task.round);
 }
 
+/// The coordinator binary on `config`, its log (info) appended to `log`, killed on drop.
+fn start_coordinator(config: &Path, log: &Path) -> KillOnDrop {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    KillOnDrop(
+        Command::new(common::coordinator_binary())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// `ctl rollback ROUND`, which must succeed (it waits for the coordinator's status).
+async fn rollback(config: &Path, round: u64) {
+    let config = config.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(common::coordinator_binary())
+            .args(["ctl", "--config"])
+            .arg(&config)
+            .args(["rollback", &round.to_string()])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_regressed_candidate_is_held_a_good_one_canaried_and_a_rollback_reaches_every_device() {
     let Some(mosquitto) = common::Mosquitto::start() else {
@@ -260,19 +302,8 @@ async fn a_regressed_candidate_is_held_a_good_one_canaried_and_a_rollback_reache
         .unwrap();
 
     // The coordinator's log (info: candidates, verdicts, promotions) is printed on a failure.
-    let log = std::fs::File::create(root.join("coordinator.log")).unwrap();
-    let _coordinator = KillOnDrop(
-        Command::new(common::coordinator_binary())
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
     let log = root.join("coordinator.log");
+    let coordinator = start_coordinator(&config, &log);
     let _agents: Vec<KillOnDrop> = (AGENTS.iter())
         .map(|a| {
             spawn(
@@ -341,24 +372,7 @@ async fn a_regressed_candidate_is_held_a_good_one_canaried_and_a_rollback_reache
     assert!(before.round < 3, "{before:?}");
 
     // ctl rollback: every device back to the release before, by its own status.
-    let config_path = config.clone();
-    let before_round = before.round;
-    let rolled = tokio::task::spawn_blocking(move || {
-        Command::new(common::coordinator_binary())
-            .args(["ctl", "--config"])
-            .arg(&config_path)
-            .args(["rollback", &before_round.to_string()])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        rolled.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&rolled.stdout),
-        String::from_utf8_lossy(&rolled.stderr)
-    );
+    rollback(&config, before.round).await;
     let started = Instant::now();
     run_until(
         &log,
@@ -383,6 +397,25 @@ async fn a_regressed_candidate_is_held_a_good_one_canaried_and_a_rollback_reache
         let last = text.lines().last().unwrap();
         assert!(last.contains(&before.sha256), "{agent}: {text}");
     }
+
+    // A restart keeps what a rollback needs: the kept releases come back from the state
+    // folder, and every device goes forward again to the release it left.
+    drop(coordinator);
+    let _coordinator = start_coordinator(&config, &log);
+    rollback(&config, canaried.round).await;
+    run_until(
+        &log,
+        &client,
+        &mut events,
+        &mut seen,
+        Duration::from_secs(60),
+        |s| {
+            let pinned = (s.status.as_ref().and_then(|c| c.release.as_ref()))
+                .is_some_and(|r| r.pinned && r.serving.as_ref() == Some(&canaried));
+            pinned && s.all_serve(&canaried.sha256)
+        },
+    )
+    .await;
 
     // The trail holds the verdicts and the rollback, and verifies.
     let trail = read_trail();

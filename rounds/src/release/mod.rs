@@ -286,10 +286,18 @@ impl ReleaseFlow {
         self.history.back()
     }
 
-    /// After a restart: the release kept in the state folder is what is served.
-    pub fn restore(&mut self, served: ModelRelease) {
-        self.history.clear();
-        self.history.push_back(served);
+    /// After a restart: the releases kept in the state folder, oldest first, the last the one
+    /// served (at most `keep` of them are kept).
+    pub fn restore(&mut self, kept: Vec<ModelRelease>) {
+        self.history = kept.into();
+        while self.history.len() > self.config.keep {
+            self.history.pop_front();
+        }
+    }
+
+    /// The releases kept for a rollback, oldest first, the last the one served.
+    pub fn kept(&self) -> impl Iterator<Item = &ModelRelease> {
+        self.history.iter()
     }
 
     /// Pins (or unpins) the release served, as an operator's rollback left it before a

@@ -56,10 +56,10 @@ impl Rounds {
         &self.releases
     }
 
-    /// After a restart: `served` (the state folder's model file) is what devices serve (an
-    /// operator's pin comes back with the operator settings).
-    pub fn restore_served(&mut self, served: ModelRelease) {
-        self.releases.restore(served);
+    /// After a restart: the releases kept in the state folder, oldest first, the last the one
+    /// devices serve (an operator's pin comes back with the operator settings).
+    pub fn restore_served(&mut self, kept: Vec<ModelRelease>) {
+        self.releases.restore(kept);
     }
 
     /// `ctl rollback` (with its target) and `ctl promote` (`None`): taken at once; an error
