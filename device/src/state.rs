@@ -25,6 +25,15 @@ pub struct RoundState {
     /// written before local DP, or by a device that never had it on).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accountant: Option<fedge_privacy::Accountant>,
+    /// The number of the last serving pointer taken (`fedge_wire::ServingPointer::seq`): after
+    /// a restart no pointer numbered at or below it moves the device, so a captured one
+    /// replayed to it cannot send it back (0 in files written before pointers).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub serving_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How many left runs a device remembers.
@@ -85,6 +94,7 @@ mod tests {
             seq: 9,
             last_train_seconds: 1.5,
             accountant: None,
+            serving_seq: 1_764_115_200_000,
         };
         assert_eq!(RoundState::from_json(&state.to_json()).unwrap(), state);
         // A file of the previous format (no accountant) reads as before.

@@ -83,10 +83,18 @@ impl Agent {
         if pointer.federation != self.id.federation {
             return;
         }
+        let kept = self.state.serving_seq;
+        if pointer.seq <= kept {
+            tracing::debug!(client = %client, seq = pointer.seq, last = kept, "serving pointer ignored: not above the last one taken before a restart");
+            return;
+        }
         if let Err(last) = self.releases.take_pointer(&pointer, client) {
             tracing::debug!(client = %client, seq = pointer.seq, last, "serving pointer ignored: not above the last one taken");
             return;
         }
+        // Kept across a restart with the round state.
+        self.state.serving_seq = pointer.seq;
+        self.outputs.push_back(Output::Save(self.state.clone()));
         if self.follow(None) {
             self.publish_status();
         }

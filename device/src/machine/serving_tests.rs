@@ -45,7 +45,16 @@ fn canary(
     }
 }
 
+/// What a pointer made the agent do, but for saving its round state (every pointer taken is
+/// saved; `the_last_pointer_taken_is_kept_with_the_round_state_across_a_restart` checks it).
 fn point(agent: &mut Agent, payload: Vec<u8>) -> Vec<Output> {
+    let outputs = point_saving(agent, payload);
+    (outputs.into_iter())
+        .filter(|o| !matches!(o, Output::Save(_)))
+        .collect()
+}
+
+fn point_saving(agent: &mut Agent, payload: Vec<u8>) -> Vec<Output> {
     let topic = Topics::new(FED).unwrap().model_serving();
     agent.handle_publish(&topic, &payload, 0);
     drain(agent)
@@ -142,6 +151,31 @@ fn a_pointer_not_above_the_last_one_taken_is_ignored() {
     assert!(point(&mut agent, b"garbage".to_vec()).is_empty());
     assert!(point(&mut agent, Vec::new()).is_empty());
     assert_eq!(agent.status().serving, Some(release(7, 1).sha256_hex()));
+}
+
+#[test]
+fn the_last_pointer_taken_is_kept_with_the_round_state_across_a_restart() {
+    let mut agent = agent("cam-1");
+    publish_release(&mut agent, plain(release(7, 1)));
+    publish_release(&mut agent, plain(release(7, 2)));
+    let outputs = point_saving(&mut agent, all(9, &release(7, 2)).to_payload());
+    let saved = (outputs.iter())
+        .find_map(|o| match o {
+            Output::Save(state) => Some(state.clone()),
+            _ => None,
+        })
+        .expect("the round state saved with the pointer's number");
+    assert_eq!(saved.serving_seq, 9);
+    // Restarted from that state: a captured older pointer replayed to it does not take.
+    let mut restarted = Agent::new(identity("cam-1", None), saved).unwrap();
+    publish_release(&mut restarted, plain(release(7, 1)));
+    publish_release(&mut restarted, plain(release(7, 2)));
+    assert!(point(&mut restarted, all(8, &release(7, 1)).to_payload()).is_empty());
+    assert_eq!(restarted.status().serving, Some(release(7, 2).sha256_hex()));
+    assert_eq!(
+        served(&point(&mut restarted, all(10, &release(7, 1)).to_payload())),
+        [1]
+    );
 }
 
 #[test]
