@@ -2,9 +2,11 @@
 //! `fedge-coordinator` binary in `gated` mode, two training `fedge-edge` agents, one
 //! evaluation-only agent that scores candidates, and an insider (this test) with a valid
 //! identity. In round 3 the insider sends a label flip (the classifier's columns rotated by one
-//! class) strong enough to make the round's aggregate ≥ 10 points worse, with the norm guard
-//! off so that nothing but the gate stands in its way; then it sends nothing that moves the
-//! model, and the honest devices train it back over the next rounds.
+//! class), three times the step that would land the aggregate on the flipped head; the norm
+//! guard (at its default) scales it down to 10 × the honest median, and the round's aggregate
+//! is still ≥ 10 points worse: it passes the update guards, and only the gate stands in its
+//! way. Then the insider sends nothing that moves the model, and the honest devices train it
+//! back over the next rounds.
 //!
 //! The gate holds candidate 3 and says so with its numbers; no device's serving log ever names
 //! it; a later candidate is promoted, served first by a canary share, then by everyone; `ctl
@@ -56,7 +58,7 @@ fn write_configs(root: &Path, port: u16) -> std::path::PathBuf {
     common::write_private(&root.join("operator.key"), format!("{operator}\n"));
     let config = format!(
         "federation = \"{FEDERATION}\"\nrounds = 8\nstay_up = true\nmin_clients = 3\n\
-         min_updates = 3\nround_timeout_s = 60\nstate_dir = \"state\"\nmax_norm_ratio = 0\n\n\
+         min_updates = 3\nround_timeout_s = 60\nstate_dir = \"state\"\n\n\
          [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
          [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n\
          [model]\nclasses_file = \"classes.txt\"\nbackbone = \"digits-conv\"\n\n\
@@ -359,6 +361,7 @@ async fn a_regressed_candidate_is_held_a_good_one_canaried_and_a_rollback_reache
     let reason = held["reason"].as_str().unwrap();
     assert!(reason.contains("mean accuracy"), "{reason}");
     let held_sha = held["sha256"].as_str().unwrap().to_owned();
+    eprintln!("held: {held}");
     if let Some(seen_held) = &seen.held {
         assert_eq!(seen_held.candidate.sha256, held_sha);
     }
