@@ -247,7 +247,7 @@ async fn drive(
         fatal: None,
         announced: Default::default(),
         audit: options.audit_file.as_ref().map(AuditLog::new),
-        built: None,
+        built: Default::default(),
         serving: super::serving::ServingSinks {
             candidate_topics: Some(TaskTopics {
                 base: topics.model_candidate(),

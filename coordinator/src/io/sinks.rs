@@ -53,7 +53,7 @@ pub(super) struct Sinks<'a> {
     pub(super) audit: Option<AuditLog>,
     /// The last aggregated round and the clients whose updates it used, for its release's
     /// audit line.
-    pub(super) built: Option<(u64, Vec<String>)>,
+    pub(super) built: std::collections::VecDeque<(u64, Vec<String>)>,
     /// Candidates and serving pointers (`serving.rs`).
     pub(super) serving: super::serving::ServingSinks,
 }
@@ -154,7 +154,12 @@ impl Sinks<'_> {
                         m.round_ended(&report, handling.as_secs_f64());
                     }
                     if report.aggregated {
-                        *built = Some((report.round, report.reported.clone()));
+                        // A gated release is promoted rounds later, a rollback goes further
+                        // back: the last few rounds' builders are kept.
+                        built.push_back((report.round, report.reported.clone()));
+                        while built.len() > BUILT_KEPT {
+                            built.pop_front();
+                        }
                         if let (Some(audit), Some(p)) = (audit.as_mut(), &report.privacy) {
                             audit.record(
                                 "coordinator",
@@ -351,18 +356,23 @@ impl Sinks<'_> {
     }
 }
 
-/// The audit line of `model`'s release: who built it is the aggregated round's clients; a site
-/// relaying the global release names none (the global coordinator's trail does).
+/// Rounds whose contributors the driver keeps for the audit lines of their releases.
+const BUILT_KEPT: usize = 64;
+
+/// The audit line of `model`'s release: who built it is its round's clients (while that round
+/// is among the last [`BUILT_KEPT`] aggregated); a site relaying the global release names none
+/// (the global coordinator's trail does).
 fn released(
     model: &fedge_wire::ModelRelease,
-    built: &Option<(u64, Vec<String>)>,
+    built: &std::collections::VecDeque<(u64, Vec<String>)>,
     rounds: &Rounds,
 ) -> Event {
     let relayed = rounds.config().relay.is_some();
-    let built_by = match built {
-        Some((round, clients)) if *round == model.round && !relayed => clients.clone(),
-        _ => Vec::new(),
-    };
+    let built_by = (built.iter())
+        .rev()
+        .find(|(round, _)| *round == model.round && !relayed)
+        .map(|(_, clients)| clients.clone())
+        .unwrap_or_default();
     Event::Released {
         round: model.round,
         run: format!("{:016x}", model.run),

@@ -430,6 +430,28 @@ async fn a_regressed_candidate_is_held_a_good_one_canaried_and_a_rollback_reache
     ] {
         assert!(trail.contains(event), "no {event} in the trail:\n{trail}");
     }
+    // Which release site-a serves now, and who built it (a gated release is promoted rounds
+    // after its own: its builders are still named).
+    let now = fedge_mqtt::now_rfc3339();
+    let shown = Command::new(common::coordinator_binary())
+        .args([
+            "audit",
+            "show",
+            "--device",
+            "site-a",
+            "--at",
+            &now,
+            "--json",
+            "--state-dir",
+        ])
+        .arg(&state)
+        .output()
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&shown.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&shown.stderr)));
+    assert_eq!(answer["release"]["sha256"], canaried.sha256, "{answer}");
+    let built_by = answer["release"]["built_by"].as_array().unwrap();
+    assert!(built_by.iter().any(|c| c == "site-a"), "{answer}");
     let verified = Command::new(common::coordinator_binary())
         .args(["audit", "verify", "--state-dir"])
         .arg(&state)

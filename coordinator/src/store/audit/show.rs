@@ -39,9 +39,11 @@ pub struct ServedRelease {
     pub relayed: bool,
 }
 
-/// Which release `device` was served at `at`: devices serve the latest release they verified,
-/// so it is the latest `released` entry at or before `at` (a device that was offline then
-/// may still have served an older one; a revoked device can open no later release).
+/// Which release `device` was served at `at`: the latest `released` entry at or before `at`,
+/// except that a release in its canary stage (`rollout` to a list of devices, written before
+/// its `released` line) is in force for a device outside the list only from its `rollout` to
+/// every device (`*`). A device that was offline then may still have served an older one; a
+/// revoked device can open no later release.
 pub fn served_at(entries: &[Entry], device: &str, at: SystemTime) -> Served {
     let mut served = Served {
         device: device.into(),
@@ -49,6 +51,13 @@ pub fn served_at(entries: &[Entry], device: &str, at: SystemTime) -> Served {
         release: None,
         device_key: None,
     };
+    // A release in its canary stage, and whether this device is one of its canaries.
+    let mut canary: Option<(String, bool)> = None;
+    // That release, released but not yet in force for this device.
+    let mut staged: Option<ServedRelease> = None;
+    // Who built each release, from its first `released` line: a rollback (after a restart
+    // too) publishes it again without them.
+    let mut builders: std::collections::BTreeMap<&str, &[String]> = Default::default();
     for entry in entries {
         match humantime::parse_rfc3339_weak(&entry.at) {
             Ok(when) if when <= at => {}
@@ -62,14 +71,42 @@ pub fn served_at(entries: &[Entry], device: &str, at: SystemTime) -> Served {
                 built_by,
                 relayed,
             } => {
-                served.release = Some(ServedRelease {
+                if !built_by.is_empty() {
+                    builders
+                        .entry(sha256.as_str())
+                        .or_insert(built_by.as_slice());
+                }
+                let built_by = builders.get(sha256.as_str()).copied().unwrap_or(built_by);
+                let release = ServedRelease {
                     round: *round,
                     run: run.clone(),
                     sha256: sha256.clone(),
                     released_at: entry.at.clone(),
-                    built_by: built_by.clone(),
+                    built_by: built_by.to_vec(),
                     relayed: *relayed,
-                })
+                };
+                match &canary {
+                    Some((sha, false)) if sha == sha256 => staged = Some(release),
+                    _ => {
+                        served.release = Some(release);
+                        staged = None;
+                    }
+                }
+            }
+            Event::Rollout { sha256, devices } if devices.iter().any(|d| d == "*") => {
+                if let Some(mut release) = staged.take().filter(|r| &r.sha256 == sha256) {
+                    release.released_at = entry.at.clone();
+                    served.release = Some(release);
+                }
+                canary = None;
+            }
+            Event::Rollout { sha256, devices } => {
+                canary = Some((sha256.clone(), devices.iter().any(|d| d == device)));
+            }
+            // A failed canary or a rollback: the release it returns to comes as `released`.
+            Event::Rollback { .. } => {
+                canary = None;
+                staged = None;
             }
             Event::Enrolled { client, .. } if client == device => {
                 served.device_key = Some("enrolled")

@@ -329,3 +329,53 @@ fn a_missing_trail_says_where_it_was_looked_for_and_why_it_may_be_absent() {
     assert!(matches!(err, VerifyError::Missing { .. }), "{err}");
     assert!(err.to_string().contains("audit = false"), "{err}");
 }
+
+#[test]
+fn show_knows_a_canary_stage_from_a_release_to_every_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(FILE_NAME);
+    let mut log = AuditLog::new(&path);
+    let rollout = |sha: char, devices: &[&str]| Event::Rollout {
+        sha256: sha.to_string().repeat(64),
+        devices: devices.iter().map(|d| d.to_string()).collect(),
+    };
+    let events = [
+        released(1, 'a', &["cam-01"]),
+        rollout('b', &["cam-02"]),
+        released(2, 'b', &["cam-01", "cam-02"]),
+        rollout('b', &["*"]),
+        rollout('c', &["cam-01"]),
+        released(3, 'c', &["cam-02"]),
+        // As the coordinator writes a failed canary: the release returned to, then why.
+        released(2, 'b', &[]),
+        Event::Rollback {
+            sha256: "b".repeat(64),
+            reason: "canary failed".into(),
+        },
+    ];
+    for (i, event) in events.into_iter().enumerate() {
+        let at = format!("2025-11-26T09:0{i}:00.000Z");
+        log.append(&at, "coordinator", &event).unwrap();
+    }
+    let entries = read_verified(&path).unwrap();
+    let at = |t: &str| humantime::parse_rfc3339(t).unwrap();
+    let round = |device: &str, t: &str| served_at(&entries, device, at(t)).release.map(|r| r.round);
+    // During round 2's canary stage: the canary serves it, another device round 1.
+    assert_eq!(round("cam-02", "2025-11-26T09:02:30Z"), Some(2));
+    assert_eq!(round("cam-01", "2025-11-26T09:02:30Z"), Some(1));
+    // After its rollout to every device: both.
+    let after = served_at(&entries, "cam-01", at("2025-11-26T09:03:30Z"));
+    let release = after.release.unwrap();
+    assert_eq!(
+        (release.round, release.released_at.as_str()),
+        (2, "2025-11-26T09:03:00.000Z")
+    );
+    // Round 3's canary (cam-01) fails: only cam-01 served it, then everyone round 2 again.
+    assert_eq!(round("cam-01", "2025-11-26T09:05:30Z"), Some(3));
+    assert_eq!(round("cam-02", "2025-11-26T09:05:30Z"), Some(2));
+    assert_eq!(round("cam-01", "2025-11-26T09:06:30Z"), Some(2));
+    // Published again without its builders: they come from its first release.
+    let again = served_at(&entries, "cam-02", at("2025-11-26T09:06:30Z"));
+    assert_eq!(again.release.unwrap().built_by, ["cam-01", "cam-02"]);
+    assert_eq!(round("cam-01", "2025-11-26T09:07:30Z"), Some(2));
+}
