@@ -4,7 +4,7 @@
 //! aggregation, the journal record by record, a site's aggregate upstream.
 
 use fedge_coordinator::io::driver::handle_edge_status;
-use fedge_coordinator::io::release::frames;
+use fedge_coordinator::io::release::{frames, sealed};
 use fedge_coordinator::io::status::metrics_json;
 use fedge_coordinator::store::checkpoint;
 use fedge_coordinator::{Output, Phase};
@@ -147,12 +147,8 @@ impl Sim {
                 Output::Serving(mut pointer) => {
                     node.pointers += 1;
                     pointer.seq = node.pointers;
-                    let mut payload = pointer.to_payload();
-                    if let Some(keys) = rounds.config().auth.as_deref() {
-                        let signers: Vec<(&str, &fedge_wire::DeviceKey)> =
-                            keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
-                        payload = fedge_wire::seal(payload, &signers);
-                    }
+                    let keys = rounds.config().auth.as_deref();
+                    let payload = sealed(pointer.to_payload(), keys);
                     let topic = node.topics.model_serving();
                     self.publish(me, topic, payload, true);
                 }

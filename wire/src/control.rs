@@ -102,7 +102,10 @@ pub enum ControlError {
     #[error("a command for federation {0:?}")]
     Federation(String),
     /// The tag does not verify with the operator key.
-    #[error("the command's tag does not verify with the operator key")]
+    #[error(
+        "the command's tag does not verify with the operator key (give ctl the key file the \
+         coordinator's [auth] operator_key_file names)"
+    )]
     Tag,
     /// Already applied, or older than the last one applied.
     #[error("seq {seq} is not above {last}, the last command applied (a replay?)")]

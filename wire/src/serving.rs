@@ -161,6 +161,25 @@ mod tests {
     }
 
     #[test]
+    fn a_pointer_sealed_for_a_thousand_fleet_devices_fits_one_default_packet() {
+        let keys: Vec<(String, DeviceKey)> = (0..1000)
+            .map(|i| {
+                (
+                    format!("fleet-{i:05}"),
+                    DeviceKey::from_bytes([i as u8; crate::KEY_LEN]),
+                )
+            })
+            .collect();
+        let signers: Vec<(&str, &DeviceKey)> = keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
+        let plain = pointer(Stage::All).to_payload();
+        let one = crate::seal(plain.clone(), &signers[..1]).len();
+        let all = crate::seal(plain, &signers).len();
+        let per_device = (all - one) as f64 / 999.0;
+        eprintln!("sealed pointer: {all} bytes for 1000 devices, {per_device:.1} per device");
+        assert!(all < crate::DEFAULT_MAX_PACKET, "{all}");
+    }
+
+    #[test]
     fn malformed_pointers_are_refused() {
         let mut bad = pointer(Stage::All);
         bad.sha256 = "xyz".into();

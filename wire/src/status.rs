@@ -118,6 +118,10 @@ pub struct CoordinatorStatus {
     /// before the first has ended.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<RunSummary>,
+    /// Why the last operator command was refused (counted as `bad_control`); absent before
+    /// the first refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_refused: Option<String>,
     /// What devices serve and how a new release gets there (candidate, gate, canary); absent
     /// before the first release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -482,6 +486,7 @@ mod tests {
             privacy_budget_exhausted: false,
             keys_error: None,
             runs: Vec::new(),
+            control_refused: None,
             release: None,
         };
         let json = serde_json::to_string(&status).unwrap();

@@ -40,6 +40,17 @@ fn shows(
     }
 }
 
+/// Why the coordinator refused a command since `before`, when `status` counts more refusals
+/// than it did (a refusal of a command tagged with another key says so too).
+fn refused_since<'a>(
+    status: &'a CoordinatorStatus,
+    before: Option<&CoordinatorStatus>,
+) -> Option<&'a str> {
+    let count = |s: &CoordinatorStatus| s.rejected_updates.get("bad_control").copied().unwrap_or(0);
+    let more = count(status) > before.map_or(0, count);
+    more.then_some(status.control_refused.as_deref()).flatten()
+}
+
 /// Sends `command` to the coordinator of `federation` over `broker` and returns its first
 /// status that shows it applied, within `within`.
 pub async fn send(
@@ -95,6 +106,11 @@ pub async fn send(
                 } else if sent_at.is_some() && shows(&status, &command, before.as_ref()) {
                     let _ = client.disconnect().await;
                     return Ok(status);
+                } else if let (Some(_), Some(reason)) =
+                    (sent_at, refused_since(&status, before.as_ref()))
+                {
+                    let _ = client.disconnect().await;
+                    anyhow::bail!("the coordinator refused the command: {reason}");
                 }
                 last = Some(status);
             }

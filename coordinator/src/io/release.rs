@@ -26,15 +26,21 @@ pub fn frames(release: &ModelRelease, keys: Option<&DeviceKeys>, version: u8) ->
         fedge_wire::PROTOCOL_VERSION => plain.clone(),
         other => fedge_wire::encode_as(&message, other),
     };
-    let published = match keys {
+    let published = sealed(sent, keys);
+    ReleaseFrames { plain, published }
+}
+
+/// `inner` sealed for every device in `keys`, or as it is without keys: what a device with a
+/// key believes of the coordinator's retained frames and pointers.
+pub fn sealed(inner: Vec<u8>, keys: Option<&DeviceKeys>) -> Vec<u8> {
+    match keys {
         Some(keys) => {
             let signers: Vec<(&str, &DeviceKey)> =
                 keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
-            fedge_wire::seal(sent, &signers)
+            fedge_wire::seal(inner, &signers)
         }
-        None => sent,
-    };
-    ReleaseFrames { plain, published }
+        None => inner,
+    }
 }
 
 /// The release kept in a state folder's `model.bin`, if there is a valid one.

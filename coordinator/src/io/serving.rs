@@ -4,11 +4,11 @@
 //! trail.
 
 use fedge_rounds::release::ReleaseEvent;
-use fedge_wire::{Message, ModelRelease, ServingPointer};
+use fedge_wire::{ModelRelease, ServingPointer};
 
 use super::outbox::Outbox;
 use super::retained::{TaskTopics, publish_task};
-use crate::round::{DeviceKeys, Rounds};
+use crate::round::Rounds;
 use crate::store::audit::{AuditLog, Event};
 
 /// What the driver keeps of the pipeline's publishes, to number pointers and to publish them
@@ -25,17 +25,6 @@ pub(super) struct ServingSinks {
     pub(super) seq: u64,
 }
 
-fn sealed(inner: Vec<u8>, keys: Option<&DeviceKeys>) -> Vec<u8> {
-    match keys {
-        Some(keys) => {
-            let signers: Vec<(&str, &fedge_wire::DeviceKey)> =
-                keys.iter().map(|(c, k)| (c.as_str(), k)).collect();
-            fedge_wire::seal(inner, &signers)
-        }
-        None => inner,
-    }
-}
-
 impl ServingSinks {
     /// Publishes `release` as the candidate (retained, chunked like `model/current`).
     pub(super) fn candidate(
@@ -48,12 +37,8 @@ impl ServingSinks {
         let Some(topics) = self.candidate_topics.as_mut() else {
             return;
         };
-        let message = Message::Model(release.clone());
-        let frame = match rounds.downlink_version() {
-            fedge_wire::PROTOCOL_VERSION => fedge_wire::encode(&message),
-            other => fedge_wire::encode_as(&message, other),
-        };
-        let frame = sealed(frame, rounds.config().auth.as_deref());
+        let keys = rounds.config().auth.as_deref();
+        let frame = super::release::frames(release, keys, rounds.downlink_version()).published;
         publish_task(outbox, topics, release.round, frame.clone(), max_packet);
         self.candidate = Some((release.round, frame));
     }
@@ -72,13 +57,16 @@ impl ServingSinks {
     ) {
         self.seq = (self.seq + 1).max(wall_ms);
         pointer.seq = self.seq;
-        let payload = sealed(pointer.to_payload(), rounds.config().auth.as_deref());
-        // One packet: sealed for every device key, it grows by about 45 bytes a device.
+        let payload = super::release::sealed(pointer.to_payload(), rounds.config().auth.as_deref());
+        // One packet: sealed for every device key, it grows by 44 bytes a device (11-character
+        // ids; `wire/src/serving.rs` tests).
         if payload.len() > max_packet {
             tracing::error!(
                 bytes = payload.len(),
                 max_packet,
-                "the serving pointer, sealed for every device, is larger than the broker's                  packet limit ([broker] max_packet): not published; devices serve the newest                  release they verified, and a rollback or canary does not reach them"
+                "the serving pointer, sealed for every device, is larger than the broker's packet \
+                 limit ([broker] max_packet): not published; devices serve the newest release \
+                 they verified, and a rollback or canary does not reach them"
             );
             return;
         }

@@ -78,6 +78,7 @@ pub fn status_at(
         rejected_updates: rejected,
         target_accuracy,
         site_accuracy: rounds.site_accuracy().clone(),
+        control_refused: rounds.control().refused.clone(),
         release: rounds.releases().status(&|ms| {
             rfc3339(context.wall + Duration::from_millis(ms.saturating_sub(context.now_ms)))
         }),

@@ -1,5 +1,5 @@
 //! From aggregate to served model (docs/algorithms.md §11): which release the fleet serves,
-//! decided without I/O, beside the round machine, which feeds it (`crate::round::releasing`).
+//! decided without I/O, beside the round machine, which feeds it (its `release.rs`).
 //!
 //! - `direct` mode: every aggregate is released at once, to every device (fedge's behaviour
 //!   before releases were gated).

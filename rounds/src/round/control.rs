@@ -86,7 +86,9 @@ impl Rounds {
     /// A command on the control topic that cannot be applied: counted and reported as
     /// `bad_control`, nothing else changes.
     pub fn reject_control(&mut self, detail: String) {
+        self.control.refused = Some(detail.clone());
         self.reject("operator", Rejection::BadControl, detail);
+        self.outputs.push_back(Output::StatusChanged);
     }
 
     /// An enrolment request that cannot be answered with a key: counted and reported as

@@ -351,6 +351,9 @@ pub struct Control {
     /// Rounds in a row each device was selected in and failed; at `max_missed_rounds` it
     /// rests until it reports healthy.
     pub missed: std::collections::BTreeMap<String, u32>,
+    /// Why the last operator command was refused (`bad_control`), for the status, so that
+    /// `ctl` can say it.
+    pub refused: Option<String>,
 }
 
 impl Default for Control {
@@ -366,6 +369,7 @@ impl Default for Control {
             runs: Vec::new(),
             run_start: (1, 0),
             missed: Default::default(),
+            refused: None,
         }
     }
 }
