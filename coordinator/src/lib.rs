@@ -24,7 +24,7 @@ pub mod replay;
 pub mod site;
 pub mod store;
 
-pub use fedge_rounds::{boot, objectives, release, round, strategy, updates};
+pub use fedge_rounds::{boot, buffer, objectives, release, round, strategy, updates};
 
 pub use config::CoordinatorConfig;
 pub use fedge_rounds::{

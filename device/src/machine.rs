@@ -172,6 +172,8 @@ pub struct Agent {
     /// The round being trained and how its update must be packed.
     /// The task being trained: its run, round and update codec.
     training: Option<(u64, u64, Codec)>,
+    /// A task without deadline that named this device while it trained: trained next.
+    pending: Option<fedge_wire::RoundTask>,
     /// The peak memory of a round whose update the driver is publishing.
     publishing: Option<Option<f64>>,
     summary: AgentSummary,
@@ -224,6 +226,7 @@ impl Agent {
             status,
             state,
             training: None,
+            pending: None,
             publishing: None,
             summary: AgentSummary::default(),
             outputs: VecDeque::new(),
@@ -401,6 +404,7 @@ impl Agent {
                 self.finish_round(done.peak_memory_mb);
             }
         }
+        self.take_pending();
     }
 
     /// The driver queued the update (`Ok` with the bytes of all chunks) or could not.

@@ -10,6 +10,8 @@
 //! - [`round`]: the round state machine. It does no I/O and reads no clock: inputs are method
 //!   calls carrying the time, outputs are drained from it. Everything the coordinator decides
 //!   (sampling, admission, validation, deadlines, quorum, aggregation) happens there.
+//! - [`buffer`]: buffered asynchronous aggregation's settings, staleness weight and the
+//!   devices in flight (plain values the round machine drives).
 //! - [`release`]: from aggregate to served model: the evaluation gate, the canary stage,
 //!   rollback (fed by the round machine; it knows only the wire's types).
 //! - [`strategy`]: server strategies behind one trait (FedAvg, FedOMG, server momentum, the
@@ -18,11 +20,12 @@
 //! - [`updates`]: a round's deltas held compactly (heap or spill file), dot products streamed
 //!   as they arrive, and their norms.
 //!
-//! `boot` uses everything; `round` uses `release`, `strategy`, `objectives` and `updates`; `strategy` and
+//! `boot` uses everything; `round` uses `buffer`, `release`, `strategy`, `objectives` and `updates`; `strategy` and
 //! `objectives` use `updates`; nothing points back up (`layering_tests`). Nothing but the spill
 //! file's creation touches files; nothing reads a clock.
 
 pub mod boot;
+pub mod buffer;
 pub mod objectives;
 pub mod release;
 pub mod round;

@@ -414,7 +414,9 @@ pub struct RoundTask {
     pub params: TensorF32,
     /// Local training hyper-parameters.
     pub train: TrainParams,
-    /// Milliseconds from publication until the coordinator closes the round.
+    /// Milliseconds from publication until the coordinator closes the round; 0: no deadline
+    /// (buffered aggregation: the device trains to the end, and a device busy with an earlier
+    /// version's task trains this one next).
     pub deadline_ms: u64,
     /// FedDIM's global class-mean insight matrices `Ī`, shape `[K, H, K]` (`Ī[c][j][k]`), once
     /// the coordinator has them.

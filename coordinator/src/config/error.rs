@@ -118,4 +118,7 @@ pub enum InvalidConfig {
     /// `[release]` out of range.
     #[error("{0}")]
     Release(String),
+    /// `[aggregation]` out of range, or buffered with what it cannot define.
+    #[error("{0}")]
+    Aggregation(String),
 }

@@ -65,6 +65,7 @@
 //!
 //! `role = "site"` and a `[site]` section make the coordinator a site aggregator ([`site`]).
 
+mod aggregation;
 mod error;
 mod privacy;
 mod protocol;
@@ -225,6 +226,13 @@ pub struct CoordinatorConfig {
     /// evaluation gate and a canary stage (`gated`); releases kept for `ctl rollback`.
     #[serde(default)]
     pub release: crate::release::ReleaseConfig,
+    /// Synchronous rounds (`mode = "synchronous"`), or buffered asynchronous aggregation
+    /// (`mode = "buffered"`, FedBuff: a new model version every `buffer_size` updates, stale
+    /// ones weighted down; docs/algorithms.md §12). Buffered mode is refused with
+    /// `strategy = "fedomg"`, the `feddim` and `fedddl` objectives, central DP and
+    /// `role = "site"`.
+    #[serde(default)]
+    pub aggregation: crate::buffer::AggregationConfig,
 }
 
 fn default_norm_ratio() -> f64 {
@@ -401,6 +409,13 @@ impl CoordinatorConfig {
         }
         self.train.check()?;
         self.release.check().map_err(InvalidConfig::Release)?;
+        let combined = aggregation::Combined {
+            strategy: self.strategy.strategy,
+            objective: self.train.objective,
+            central_dp: private.is_some(),
+            role: self.role,
+        };
+        aggregation::check(&self.aggregation, combined).map_err(InvalidConfig::Aggregation)?;
         if self.embedded_broker {
             let loopback = match self.broker.host.parse::<std::net::IpAddr>() {
                 Ok(ip) => ip.is_loopback(),
@@ -490,6 +505,7 @@ impl CoordinatorConfig {
                     site: site.name.clone(),
                     margin_ms: (site.margin_s * 1000.0) as u64,
                 }),
+            aggregation: self.aggregation.clone(),
             ..RoundConfig::default()
         }
         .with_objective(self.train.objective, &self.head, self.feddim.momentum)

@@ -305,6 +305,7 @@ mod tests {
         m.rejected("norm");
         m.round_ended(
             &RoundReport {
+                staleness: Vec::new(),
                 round: 1,
                 aggregated: true,
                 abandoned: None,

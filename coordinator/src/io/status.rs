@@ -233,6 +233,7 @@ mod tests {
     #[test]
     fn metrics_carry_gamma_objective_and_momentum_as_flat_keys() {
         let report = RoundReport {
+            staleness: Vec::new(),
             round: 3,
             aggregated: true,
             abandoned: None,
@@ -278,6 +279,7 @@ mod tests {
     #[test]
     fn metrics_carry_the_privacy_spent() {
         let report = RoundReport {
+            staleness: Vec::new(),
             round: 4,
             aggregated: true,
             abandoned: None,

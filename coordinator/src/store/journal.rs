@@ -96,7 +96,7 @@ impl Journal {
                 self.file.insert((file, len))
             }
         };
-        if let Record::Accepted { .. } = record {
+        if let Record::Accepted { .. } | Record::Selected { .. } = record {
             let appended = file.write_all(&bytes).and_then(|()| file.sync_data());
             if let Err(e) = appended {
                 // Cut the torn record off, so that later appends stay readable.
@@ -201,6 +201,12 @@ fn parse_from(mut reader: impl Read) -> std::io::Result<(OpenRoundLog, u64, u64)
             }) => {
                 if log.opened.as_ref().is_some_and(|o| o.round == round) {
                     log.accepted.push((client, frame));
+                }
+            }
+            // Buffered mode: the task went to more devices; they count as selected.
+            Ok(Record::Selected { round, clients }) => {
+                if let Some(opened) = log.opened.as_mut().filter(|o| o.round == round) {
+                    opened.selected.extend(clients);
                 }
             }
             Err(_) => {

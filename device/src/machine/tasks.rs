@@ -32,6 +32,21 @@ impl Agent {
                 return;
             }
         };
+        self.take_task(task);
+    }
+
+    /// A task named for this device that came while it trained (buffered aggregation: a
+    /// task without deadline), trained as soon as the training ends.
+    pub(super) fn take_pending(&mut self) {
+        if let Some(task) = self.pending.take() {
+            self.take_task(task);
+        }
+    }
+
+    /// A decoded task: refused with the reason, kept for after the training under way
+    /// (buffered aggregation), trained, or skipped.
+    fn take_task(&mut self, task: RoundTask) {
+        let client_id = self.id.client_id.as_str();
         if let Some(refusal) = self.refusal(&task) {
             tracing::warn!(client = %client_id, "{refusal}");
             if self.id.follows_federation_backbone
@@ -45,10 +60,16 @@ impl Agent {
             self.publish_status();
             return;
         }
-        let wanted = self.id.role == Role::Train
+        let named = self.id.role == Role::Train
             && task.selected.iter().any(|c| c == client_id)
-            && self.state.is_fresh(task.run, task.round)
-            && self.training.is_none();
+            && self.state.is_fresh(task.run, task.round);
+        // Buffered aggregation names a busy device only when its last version fell out of
+        // `max_staleness`: it trains the newer one next, from the newest model it was given.
+        if named && self.training.is_some() && task.deadline_ms == 0 {
+            self.pending = Some(task);
+            return;
+        }
+        let wanted = named && self.training.is_none();
         if wanted && too_slow_for(task.deadline_ms, self.state.last_train_seconds) {
             self.status.last_error = format!(
                 "skipped round {}: the last local training took {:.1} s, longer than the round's {:.1} s deadline",

@@ -532,3 +532,21 @@ fn a_device_puts_its_own_status_back_over_a_forged_one() {
     agent.handle_publish(&topic, &serde_json::to_vec(&offline).unwrap(), 3);
     assert!(drain(&mut agent).is_empty());
 }
+
+#[test]
+fn a_busy_device_trains_a_buffered_task_naming_it_as_soon_as_it_is_done() {
+    let mut busy = agent(RoundState::default());
+    assert_eq!(trains(&deliver(&mut busy, 1, 0, 0)), vec![1]);
+    // Buffered aggregation (no deadline) named it again while it trained version 1.
+    assert!(trains(&deliver(&mut busy, 3, 0, 1)).is_empty(), "busy");
+    busy.handle_trained(trained(1, 1.0));
+    let outputs = drain(&mut busy);
+    assert!(matches!(outputs[0], Output::Update { .. }));
+    assert_eq!(trains(&outputs), vec![3], "the newer version next");
+    // A synchronous round's task (with a deadline) that came while busy is not kept.
+    let mut rounds = agent(RoundState::default());
+    assert_eq!(trains(&deliver(&mut rounds, 1, 5_000, 0)), vec![1]);
+    assert!(trains(&deliver(&mut rounds, 2, 5_000, 1)).is_empty());
+    rounds.handle_trained(trained(1, 1.0));
+    assert!(trains(&drain(&mut rounds)).is_empty());
+}

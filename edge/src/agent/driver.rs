@@ -268,14 +268,16 @@ fn spawn_training(
     let metrics = Arc::clone(&setup.serving.metrics);
     // At the round's deadline training stops: its update would arrive after the round closed.
     let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let deadline = std::time::Duration::from_millis(task.deadline_ms);
-    let timer = {
+    // A task without deadline (buffered aggregation) is trained to the end.
+    let deadline =
+        (task.deadline_ms > 0).then(|| std::time::Duration::from_millis(task.deadline_ms));
+    let timer = deadline.map(|deadline| {
         let cancel = Arc::clone(&cancel);
         tokio::spawn(async move {
             tokio::time::sleep(deadline).await;
             cancel.store(true, std::sync::atomic::Ordering::Relaxed);
         })
-    };
+    });
     tokio::task::spawn_blocking(move || {
         let (data, refreshed) = match scan.as_deref().map(|s| refresh::rescan(s, &task.classes)) {
             None => (data, None),
@@ -302,7 +304,9 @@ fn spawn_training(
         let start = Instant::now();
         let outcome = run_round(&data, &task, &trainer, &mut state);
         let seconds = start.elapsed().as_secs_f32();
-        timer.abort();
+        if let Some(timer) = timer {
+            timer.abort();
+        }
         if outcome.result.is_ok() {
             metrics.trained(seconds as f64, data.train().len() as u64);
         }

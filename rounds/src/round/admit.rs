@@ -12,6 +12,7 @@ use fedge_wire::{Chunk, ClientUpdate, DecodeError, Message};
 
 use super::open::OpenRound;
 use super::types::{DeviceKeys, Rejection};
+use crate::buffer::InFlight;
 
 /// Whether a device status on `client`'s topic may be believed: without keys, any status;
 /// with keys, only one carrying `client`'s tag for this federation, and an `online` one only
@@ -62,17 +63,23 @@ pub(super) enum Believed {
 }
 
 /// Whether a chunk from `client` may enter reassembly: a round is open, `client` is selected
-/// in it and has not reported, and with keys the chunk carries `client`'s valid tag.
+/// in it (buffered mode: is in flight) and has not reported, and with keys the chunk carries `client`'s valid tag.
 pub(super) fn chunk(
     auth: Option<&DeviceKeys>,
     open: Option<&OpenRound>,
+    in_flight: Option<&InFlight>,
     client: &str,
     chunk: &Chunk,
 ) -> Result<(), (Rejection, String)> {
     let Some(open) = open else {
         return Err((Rejection::WrongRound, "chunk while no round is open".into()));
     };
-    if !open.selected.contains(client) {
+    // Buffered mode: from a device given a task of this version or an earlier one.
+    let expected = match in_flight {
+        Some(in_flight) => in_flight.contains(client),
+        None => open.selected.contains(client),
+    };
+    if !expected {
         let detail = format!("chunk from a client not selected in round {}", open.round);
         return Err((Rejection::NotSelected, detail));
     }

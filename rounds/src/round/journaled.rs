@@ -25,7 +25,9 @@ impl Rounds {
             return None;
         }
         let opened = log.opened?;
-        let fresh = opened.round >= self.next_round && !opened.selected.is_empty();
+        // A buffered version may open with every device still busy on an earlier one.
+        let named = !opened.selected.is_empty() || self.buffered();
+        let fresh = opened.round >= self.next_round && named;
         if self.phase != Phase::Waiting || !fresh {
             return None;
         }

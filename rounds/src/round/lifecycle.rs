@@ -36,6 +36,11 @@ impl Rounds {
     }
 
     fn open_round(&mut self, now_ms: u64) {
+        if self.buffered() {
+            let picks = self.buffer_picks(self.next_round, now_ms);
+            self.open_with(picks, now_ms);
+            return;
+        }
         let eligible = self.eligible();
         let online = eligible.len();
         // The epsilon keeps 0.3 × 10 at 3 despite f32 rounding.
@@ -69,7 +74,9 @@ impl Rounds {
         // Every selected client may be halfway through a chunked update at the same moment (a
         // fleet answering one task); with room for fewer, the oldest partial updates would be
         // evicted and time out as `incomplete` (seen with 1,000 devices and the journal on).
-        let room = (2 * selected.len()).max(fedge_wire::DEFAULT_MAX_PENDING);
+        // Buffered: devices given earlier versions' tasks may be sending too.
+        let senders = selected.len().max(self.in_flight.len() + selected.len());
+        let room = (2 * senders).max(fedge_wire::DEFAULT_MAX_PENDING);
         self.reassembler.set_max_pending(room);
         let round = self.next_round;
         self.next_round += 1;
@@ -97,6 +104,7 @@ impl Rounds {
         // rebuilds what devices trained from with `task_params` where it needs it exactly.
         let update_codec = train.update_codec;
         let codec = update_codec.for_tasks();
+        let buffered = self.buffered();
         let task = RoundTask {
             federation: self.config.federation.clone(),
             run: self.config.run,
@@ -105,7 +113,8 @@ impl Rounds {
             classes: self.config.classes.clone(),
             params: TensorF32::from_slice_with(&self.params, codec),
             train,
-            deadline_ms: timeout,
+            // Buffered: a device trains to the end, however long it takes.
+            deadline_ms: if buffered { 0 } else { timeout },
             insight: insight.map(|t| t.recoded(codec)),
             prototypes: prototypes.map(|t| t.recoded(codec)),
             backbone: self.config.backbone_sha256.map(|sha256| BackboneRef {
@@ -114,16 +123,8 @@ impl Rounds {
             }),
             pooled: pooled.filter(|_| pools).map(|p| p.recoded(codec)),
         };
-        let version = self.downlink_version();
-        let mut frame = fedge_wire::encode_as(&Message::RoundTask(task), version);
-        if let Some(keys) = &self.config.auth {
-            // Selected clients are online, and only devices with keys go online.
-            let signers: Vec<(&str, &DeviceKey)> = selected
-                .iter()
-                .filter_map(|c| keys.get(c).map(|k| (c.as_str(), k)))
-                .collect();
-            frame = fedge_wire::seal(frame, &signers);
-        }
+        let kept = buffered.then(|| task.clone());
+        let frame = self.task_frame(task);
         let held = UpdatesConfig {
             dots: self.strategy.needs_dots(),
             budget_bytes: self.config.update_memory_bytes,
@@ -137,10 +138,19 @@ impl Rounds {
             held,
         );
         let times = (now_ms, now_ms + timeout);
+        if buffered {
+            for client in &selected {
+                self.in_flight.start(client, round, now_ms);
+            }
+        }
         let mut open = OpenRound::new(round, selected, accepted, times, frame.clone());
         open.pools = pools;
+        open.task = kept;
         self.open = Some(open);
         self.phase = Phase::Training;
+        if buffered {
+            self.schedule_buffer_tick(now_ms);
+        }
         if self.journaling() {
             let selected = self
                 .open
@@ -157,6 +167,22 @@ impl Rounds {
         self.outputs.push_back(Output::StatusChanged);
     }
 
+    /// A task framed for its selected devices (sealed with their keys when there are keys).
+    pub(super) fn task_frame(&self, task: RoundTask) -> Vec<u8> {
+        let version = self.downlink_version();
+        let selected = task.selected.clone();
+        let frame = fedge_wire::encode_as(&Message::RoundTask(task), version);
+        let Some(keys) = &self.config.auth else {
+            return frame;
+        };
+        // Selected clients are online, and only devices with keys go online.
+        let signers: Vec<(&str, &DeviceKey)> = selected
+            .iter()
+            .filter_map(|c| keys.get(c).map(|k| (c.as_str(), k)))
+            .collect();
+        fedge_wire::seal(frame, &signers)
+    }
+
     pub(super) fn close_round(&mut self, now_ms: u64) {
         let Some(mut open) = self.open.take() else {
             return;
@@ -171,8 +197,15 @@ impl Rounds {
             false => self.clip_norm_outliers(&mut open),
             true => (0.0, Vec::new()),
         };
-        let aggregated =
-            !open.accepted.is_empty() && open.accepted.len() >= self.config.min_updates.max(1);
+        // A buffer closes full: its size is the quorum.
+        let buffered = self.buffered();
+        let quorum = if buffered {
+            1
+        } else {
+            self.config.min_updates.max(1)
+        };
+        let aggregated = !open.accepted.is_empty() && open.accepted.len() >= quorum;
+        let mut staleness = Vec::new();
         let reported: Vec<String> = (0..open.accepted.len())
             .map(|i| open.accepted.client(i).to_owned())
             .collect();
@@ -182,7 +215,8 @@ impl Rounds {
         // A site's answer is the aggregate's step from the global parameters.
         let before = self.config.relay.is_some().then(|| self.params.clone());
         if aggregated {
-            for client in &open.selected {
+            // Buffered: a device that has not reported is still in flight, not a failure.
+            for client in open.selected.iter().filter(|_| !buffered) {
                 let failed = open.failures.iter().any(|f| &f.client == client);
                 if !failed && !open.accepted.contains(client) {
                     open.failures.push(Failure {
@@ -193,6 +227,9 @@ impl Rounds {
             }
             if !private {
                 capped = self.cap_weights(&mut open);
+            }
+            if buffered {
+                staleness = self.weigh_staleness(&mut open);
             }
             if let Some(expected) = self.private_expected() {
                 self.strategy.expect_participants(expected);
@@ -238,7 +275,7 @@ impl Rounds {
         let mut failures: BTreeMap<String, String> = open
             .selected
             .iter()
-            .filter(|c| !reported.contains(c))
+            .filter(|c| !buffered && !reported.contains(c))
             .map(|c| (c.clone(), "no_report".to_owned()))
             .collect();
         for failure in &open.failures {
@@ -246,7 +283,7 @@ impl Rounds {
                 reason.clone_from(&failure.reason);
             }
         }
-        for client in &open.selected {
+        for client in open.selected.iter().filter(|_| !buffered) {
             if failures.contains_key(client) {
                 let missed = self.control.missed.entry(client.clone()).or_insert(0);
                 *missed += 1;
@@ -276,7 +313,13 @@ impl Rounds {
             params_norm: l2_norm(&self.params),
             aggregation,
             privacy: self.privacy_spent(),
+            staleness,
         };
+        if buffered {
+            // The next version takes updates from `max_staleness` versions back, no older.
+            let oldest = (open.round + 1).saturating_sub(self.config.aggregation.max_staleness);
+            self.in_flight.drop_before(oldest);
+        }
         if before.is_some() {
             self.relayed = None;
         }

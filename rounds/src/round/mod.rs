@@ -26,6 +26,7 @@
 //! that come from the journal (a round restored at start, a record that could not be written).
 
 mod admit;
+mod buffered;
 mod control;
 mod guard;
 mod journaled;
@@ -61,6 +62,7 @@ use crate::objectives::feddim::GlobalInsight;
 use crate::strategy::Strategy;
 use crate::updates::Arena;
 use crate::updates::spill::SpillFile;
+pub use buffered::TOP_UP_DELAY_MS;
 pub use control::OperatorSettings;
 use open::OpenRound;
 pub use resume::ResumeError;
@@ -106,6 +108,12 @@ pub struct Rounds {
     privacy: Option<ledger::Ledger>,
     /// From aggregate to served release (`release.rs`).
     releases: crate::release::ReleaseFlow,
+    /// Buffered mode: the devices training a version (`buffered.rs`).
+    in_flight: crate::buffer::InFlight,
+    /// Buffered mode: accepted updates since start by staleness.
+    staleness_total: Vec<u64>,
+    /// Buffered mode: when the open round's task goes to the devices that came online.
+    top_up_at: Option<u64>,
 }
 
 impl Rounds {
@@ -141,6 +149,9 @@ impl Rounds {
             deferred_log: None,
             privacy: config.privacy.map(ledger::Ledger::new),
             releases: crate::release::ReleaseFlow::new(Default::default(), &config.federation),
+            in_flight: Default::default(),
+            staleness_total: Vec::new(),
+            top_up_at: None,
             config,
         }
     }
@@ -271,6 +282,9 @@ impl Rounds {
                 false => tracing::info!(client = %client.escape_debug(), online, "device offline"),
             }
             self.outputs.push_back(Output::StatusChanged);
+            if self.buffered() {
+                self.buffer_status_changed(now_ms);
+            }
         }
         if self.phase == Phase::Waiting {
             self.try_start(now_ms);
@@ -351,8 +365,9 @@ impl Rounds {
             Ok(Message::Chunk(chunk)) => {
                 // Checked before the chunk takes reassembly memory or displaces another.
                 let auth = self.config.auth.as_deref();
+                let in_flight = self.buffered().then_some(&self.in_flight);
                 if let Err((reason, detail)) =
-                    admit::chunk(auth, self.open.as_ref(), client, &chunk)
+                    admit::chunk(auth, self.open.as_ref(), in_flight, client, &chunk)
                 {
                     self.reject(client, reason, detail);
                     return;
@@ -402,10 +417,32 @@ impl Rounds {
 
     fn handle_update(&mut self, client: &str, update: ClientUpdate, now_ms: u64) {
         let open = self.open.as_ref();
-        let checked = validate::validate(&self.config, open, self.params.len(), client, &update);
-        if let Err((reason, detail)) = checked {
-            self.reject(client, reason, detail);
-            return;
+        let buffered = self.buffered();
+        let staleness = match (buffered, open) {
+            (true, Some(open)) => self.buffer_admit(open, client, update.round).map(Some),
+            _ => Ok(None),
+        };
+        let checked = staleness.and_then(|s| {
+            let params = self.params.len();
+            validate::validate(&self.config, open, params, client, &update, buffered).map(|()| s)
+        });
+        let staleness = match checked {
+            Ok(staleness) => staleness,
+            Err((reason, detail)) => {
+                // A device in flight that answered with something unusable is free again.
+                if buffered && self.in_flight.round_of(client) == Some(update.round) {
+                    self.in_flight.finish(client);
+                    self.buffer_status_changed(now_ms);
+                }
+                self.reject(client, reason, detail);
+                return;
+            }
+        };
+        if let Some(s) = staleness {
+            self.in_flight.finish(client);
+            if let Some(open) = self.open.as_mut() {
+                open.staleness.insert(client.to_owned(), s);
+            }
         }
         let journaling = self.journaling();
         let Some(open) = self.open.as_mut() else {
@@ -452,8 +489,14 @@ impl Rounds {
             }));
         }
         self.outputs.push_back(Output::StatusChanged);
-        if open.all_answered() {
+        let full = match buffered {
+            true => open.accepted.len() >= self.config.aggregation.buffer_size.max(1),
+            false => open.all_answered(),
+        };
+        if full {
             self.close_round(now_ms);
+        } else if buffered {
+            self.buffer_status_changed(now_ms);
         }
     }
 
@@ -462,6 +505,14 @@ impl Rounds {
     /// other selected device has reported, instead of at its deadline.
     fn handle_declined(&mut self, client: &str, declined: &fedge_wire::Declined, now_ms: u64) {
         let run = format!("{:016x}", self.config.run);
+        if self.buffered() {
+            if declined.run == run && self.in_flight.round_of(client) == Some(declined.round) {
+                self.in_flight.finish(client);
+                self.buffer_status_changed(now_ms);
+                self.outputs.push_back(Output::StatusChanged);
+            }
+            return;
+        }
         let Some(open) = self.open.as_mut() else {
             return;
         };
@@ -487,6 +538,7 @@ impl Rounds {
             self.reject(&sender, Rejection::Incomplete, detail);
         }
         self.release_tick(now_ms);
+        let buffered = self.buffered();
         let Some(open) = self.open.as_mut() else {
             if self.phase == Phase::Waiting {
                 self.try_start(now_ms);
@@ -494,6 +546,10 @@ impl Rounds {
             return;
         };
         if now_ms < open.deadline_ms {
+            return;
+        }
+        if buffered {
+            self.top_up(now_ms);
             return;
         }
         if open.accepted.len() >= self.config.min_updates.max(1) {
@@ -579,6 +635,8 @@ mod control_tests;
 #[cfg(test)]
 mod upgrade_tests;
 
+#[cfg(test)]
+mod buffered_tests;
 #[cfg(test)]
 mod pooled_tests;
 #[cfg(test)]

@@ -36,6 +36,10 @@ pub(super) struct OpenRound {
     pub(super) task_frame: Vec<u8>,
     pub(super) bytes_up: u64,
     pub(super) rejected: BTreeMap<&'static str, u64>,
+    /// Buffered mode: each accepted update's staleness (versions behind this round).
+    pub(super) staleness: BTreeMap<String, u64>,
+    /// Buffered mode: the task as sent, re-sealed when more devices are given it.
+    pub(super) task: Option<fedge_wire::RoundTask>,
 }
 
 impl OpenRound {
@@ -66,6 +70,8 @@ impl OpenRound {
             task_frame,
             bytes_up: 0,
             rejected: BTreeMap::new(),
+            staleness: BTreeMap::new(),
+            task: None,
         }
     }
 

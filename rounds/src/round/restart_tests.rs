@@ -65,6 +65,11 @@ fn log_of(journal: &[Record]) -> OpenRoundLog {
             Record::Accepted { client, frame, .. } => {
                 log.accepted.push((client.clone(), frame.clone()))
             }
+            Record::Selected { clients, .. } => {
+                if let Some(opened) = log.opened.as_mut() {
+                    opened.selected.extend(clients.iter().cloned());
+                }
+            }
         }
     }
     log

@@ -101,6 +101,7 @@ impl Rounds {
             }
         }
         rounds.restore_pooled(checkpoint.pooled)?;
+        rounds.in_flight = crate::buffer::InFlight::restored(checkpoint.in_flight, 0);
         rounds.params = checkpoint.params;
         rounds.next_round = checkpoint.next_round.max(1);
         rounds.last_closed = rounds.next_round - 1;
@@ -129,6 +130,7 @@ impl Rounds {
             privacy: self.saved_privacy(),
             participation: self.saved_participation(),
             pooled: self.pooled.clone(),
+            in_flight: self.in_flight.saved(self.last_closed + 1),
         }
     }
 }

@@ -35,6 +35,9 @@ pub struct Checkpoint {
     /// The federation's pooled feature summary (docs/algorithms.md §7), when it pools and
     /// devices sent theirs.
     pub pooled: Option<fedge_wire::FeatureSummary>,
+    /// Buffered mode: the devices training a version before `next_round`, with that version
+    /// (the open round's are in its journal); empty in synchronous mode.
+    pub in_flight: Vec<(String, u64)>,
 }
 
 /// A privacy accountant as plain values: its orders, the RDP spent at each (`+∞` kept as
@@ -103,6 +106,13 @@ pub enum Record {
         /// The framed `ClientUpdate`.
         #[serde(with = "serde_bytes")]
         frame: Vec<u8>,
+    },
+    /// Buffered mode: the open round's task was published again naming these clients too.
+    Selected {
+        /// Round number.
+        round: u64,
+        /// The clients added, sorted.
+        clients: Vec<String>,
     },
 }
 

@@ -92,6 +92,8 @@ pub struct RoundConfig {
     /// The composition root builds the strategy with these same settings (its `Plan`). `None`:
     /// off.
     pub privacy: Option<CentralDp>,
+    /// Synchronous rounds, or buffered asynchronous aggregation (FedBuff; `crate::buffer`).
+    pub aggregation: crate::buffer::AggregationConfig,
 }
 
 impl RoundConfig {
@@ -192,6 +194,7 @@ impl Default for RoundConfig {
             max_weight_ratio: DEFAULT_MAX_WEIGHT_RATIO,
             relay: None,
             privacy: None,
+            aggregation: Default::default(),
         }
     }
 }
@@ -259,6 +262,8 @@ pub enum Rejection {
     /// Accepted, but the journal could not be written: the update does not count (a restart
     /// would not have it).
     Storage,
+    /// Buffered mode: started from a model version more than `max_staleness` versions old.
+    Stale,
 }
 
 impl Rejection {
@@ -292,6 +297,7 @@ impl Rejection {
             Rejection::Oversized => "oversized",
             Rejection::Replay => "replay",
             Rejection::Storage => "storage",
+            Rejection::Stale => "stale",
         }
     }
 
@@ -427,6 +433,9 @@ pub struct RoundReport {
     pub failures: BTreeMap<String, String>,
     /// Central DP's spending after the round; `None` without central DP.
     pub privacy: Option<PrivacySpent>,
+    /// Buffered mode: the accepted updates by staleness (index `s`: started `s` versions
+    /// before this one); empty in synchronous mode.
+    pub staleness: Vec<u64>,
 }
 
 /// Something the driver must do or may show.

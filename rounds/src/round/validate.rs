@@ -11,13 +11,15 @@ use super::types::MAX_ABS_VALUE;
 use super::types::{Rejection, RoundConfig};
 
 /// Why `client`'s `update` cannot be used in the `open` round of a machine whose head has
-/// `params` parameters; `Ok` when it can.
+/// `params` parameters; `Ok` when it can. `buffered`: the round and sender were checked
+/// against the devices in flight already.
 pub(super) fn validate(
     config: &RoundConfig,
     open: Option<&OpenRound>,
     params: usize,
     client: &str,
     update: &ClientUpdate,
+    buffered: bool,
 ) -> Result<(), (Rejection, String)> {
     if update.client_id != client {
         return Err((
@@ -40,6 +42,19 @@ pub(super) fn validate(
             format!("round {} but no round is open", update.round),
         ));
     };
+    // Buffered mode checks the round and the sender against the devices in flight instead.
+    if !buffered {
+        in_round(open, client, update)?;
+    }
+    check_body(config, open, params, update)
+}
+
+/// The synchronous round's checks: the open round, a selected client, its first update.
+fn in_round(
+    open: &OpenRound,
+    client: &str,
+    update: &ClientUpdate,
+) -> Result<(), (Rejection, String)> {
     if update.round != open.round {
         return Err((
             Rejection::WrongRound,
@@ -58,6 +73,16 @@ pub(super) fn validate(
             format!("second update for round {}", open.round),
         ));
     }
+    Ok(())
+}
+
+/// The checks of what an update carries: shape, values, samples, norm, statistics.
+fn check_body(
+    config: &RoundConfig,
+    open: &OpenRound,
+    params: usize,
+    update: &ClientUpdate,
+) -> Result<(), (Rejection, String)> {
     if update.delta.len() != params {
         return Err((
             Rejection::Shape,

@@ -1,0 +1,152 @@
+//! Buffered asynchronous aggregation (FedBuff; docs/algorithms.md §12): `[aggregation]` of the
+//! coordinator's configuration, the staleness weighting and the devices in flight. Plain values
+//! and pure functions; the round machine (`crate::round`) drives them.
+//!
+//! In buffered mode devices train on the newest model version they were given and the
+//! coordinator publishes a new version every `buffer_size` accepted updates, whatever version
+//! each update started from. An update that started `s` versions ago is scaled by the
+//! staleness weight `w(s)` before aggregation and refused (`stale`) beyond `max_staleness`.
+
+mod in_flight;
+
+pub use in_flight::InFlight;
+
+use serde::{Deserialize, Serialize};
+
+/// How updates become model versions.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum AggregationMode {
+    /// Rounds: each round waits for its selected devices (or its deadline and quorum).
+    #[default]
+    Synchronous,
+    /// FedBuff: a new version every `buffer_size` updates; nobody waits for the slowest.
+    Buffered,
+}
+
+impl AggregationMode {
+    /// The name, as TOML, the CLI and the status spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Synchronous => "synchronous",
+            Self::Buffered => "buffered",
+        }
+    }
+}
+
+/// How much a stale update counts.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum StalenessWeight {
+    /// `1/√(1+s)`: FedBuff's choice (Nguyen et al., AISTATS 2022, §5, after FedAsync's
+    /// polynomial staleness function with exponent ½).
+    #[default]
+    InverseSqrt,
+    /// `1`: every update within `max_staleness` counts fully.
+    Constant,
+}
+
+impl StalenessWeight {
+    /// The weight of an update `staleness` versions old.
+    pub fn weight(self, staleness: u64) -> f32 {
+        match self {
+            Self::InverseSqrt => (1.0 / (1.0 + staleness as f64).sqrt()) as f32,
+            Self::Constant => 1.0,
+        }
+    }
+}
+
+/// `[aggregation]` of the coordinator's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct AggregationConfig {
+    /// `synchronous`: rounds (`fraction`, `min_updates`, `round_timeout_s`); `buffered`:
+    /// FedBuff, a new model version every `buffer_size` updates (then `rounds` counts versions
+    /// and `round_timeout_s` is how long a device may train before its slot goes to another).
+    pub mode: AggregationMode,
+    /// Buffered: accepted updates per model version, ≥ 1.
+    pub buffer_size: usize,
+    /// Buffered: devices training at once, ≥ 1; 0: every online device.
+    pub concurrency: usize,
+    /// Buffered: versions an update may lag behind the model it is folded into; an older one
+    /// is refused with reason `stale`.
+    pub max_staleness: u64,
+    /// Buffered: the weight of an update `s` versions old, `inverse-sqrt` (`1/√(1+s)`,
+    /// FedBuff's) or `constant`.
+    pub staleness: StalenessWeight,
+}
+
+impl Default for AggregationConfig {
+    fn default() -> Self {
+        Self {
+            mode: AggregationMode::Synchronous,
+            buffer_size: 10,
+            concurrency: 0,
+            max_staleness: 10,
+            staleness: StalenessWeight::InverseSqrt,
+        }
+    }
+}
+
+impl AggregationConfig {
+    /// Buffered aggregation with these settings.
+    pub fn buffered(buffer_size: usize, concurrency: usize, max_staleness: u64) -> Self {
+        Self {
+            mode: AggregationMode::Buffered,
+            buffer_size,
+            concurrency,
+            max_staleness,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the mode is buffered.
+    pub fn is_buffered(&self) -> bool {
+        self.mode == AggregationMode::Buffered
+    }
+
+    /// The first setting out of range, named with what to give.
+    pub fn check(&self) -> Result<(), String> {
+        if self.buffer_size == 0 || self.buffer_size > 100_000 {
+            return Err(format!(
+                "[aggregation] buffer_size = {}: give 1 to 100000",
+                self.buffer_size
+            ));
+        }
+        if self.max_staleness > 1_000_000 {
+            return Err(format!(
+                "[aggregation] max_staleness = {}: give 0 to 1000000",
+                self.max_staleness
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fedbuffs_weight_halves_at_three_versions_and_constant_never_moves() {
+        let w = StalenessWeight::InverseSqrt;
+        assert_eq!(w.weight(0), 1.0);
+        assert_eq!(w.weight(3), 0.5);
+        assert!((w.weight(1) - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-7);
+        assert_eq!(StalenessWeight::Constant.weight(7), 1.0);
+    }
+
+    #[test]
+    fn names_are_spelled_one_way_in_toml() {
+        let config: AggregationConfig =
+            toml::from_str("mode = \"buffered\"\nstaleness = \"constant\"\n").unwrap();
+        assert!(config.is_buffered());
+        assert_eq!(config.staleness, StalenessWeight::Constant);
+        assert_eq!(AggregationMode::Buffered.name(), "buffered");
+        assert!(AggregationConfig::buffered(0, 0, 1).check().is_err());
+    }
+}
