@@ -7,6 +7,8 @@
 //! - `aggregate`: the coordinator's aggregation against a numpy transcription.
 //! - `wire`: bytes per update and per task for each codec.
 //! - `fleet`: many simulated devices against a running coordinator.
+//! - `buffered`: buffered asynchronous aggregation against synchronous rounds under
+//!   stragglers, in the simulator.
 //! - `rollback`: how fast such a fleet goes back to an earlier release.
 //! - `drift`: the drift alarm's false alarms and detection delay on `digits-sensor`.
 //! - `labelling`: the labelling queue's labels against random ones on `digits-sensor`.
@@ -14,6 +16,7 @@
 //!   seed told as a site lives them.
 
 pub mod aggregate;
+pub mod buffered;
 pub mod drift;
 pub mod feddim;
 pub mod fleet;

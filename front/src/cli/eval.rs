@@ -266,6 +266,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         local_epochs: args.local_epochs,
         hidden: 64,
         site: args.site(),
+        pace: Default::default(),
     };
     // Refused before the features are computed, not at the first run.
     options.check(args.transport)?;

@@ -19,6 +19,7 @@
 
 mod clients;
 mod data;
+mod pace;
 mod paired;
 mod report;
 mod run;
@@ -31,6 +32,7 @@ pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
     load_backbone, prepare, rows, split_features,
 };
+pub use pace::{NOMINAL_TRAIN_MS, Pace, Window};
 pub use paired::{Paired, interval, paired, paired_markdown};
 pub use report::{
     PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,
@@ -348,6 +350,8 @@ pub struct BenchOptions {
     pub hidden: usize,
     /// The held-out site's class mix and the rows its statistics see.
     pub site: SiteOptions,
+    /// The devices' pace and how the coordinator aggregates (in process only).
+    pub pace: Pace,
 }
 
 impl BenchOptions {
@@ -387,6 +391,13 @@ pub struct RoundScore {
     pub target_accuracy: f32,
     /// Participants whose updates the round aggregated (clients, or sites with `sites`).
     pub clients: usize,
+    /// Virtual milliseconds from the start when the round aggregated (in process; 0 over MQTT).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub at_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// One federated run: an algorithm, a held-out target, a seed.
@@ -446,6 +457,7 @@ impl RunResult {
                 source_val: val,
                 target_accuracy: acc,
                 clients,
+                at_ms: 0,
             });
         }
         Self {

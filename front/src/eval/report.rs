@@ -453,6 +453,7 @@ mod tests {
                     source_val: 0.5,
                     target_accuracy: *a,
                     clients: 1,
+                    at_ms: 0,
                 })
                 .collect(),
             train_seconds_per_round: f64::NAN,

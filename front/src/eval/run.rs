@@ -13,7 +13,7 @@ use fedge_coordinator::round::RelayConfig;
 use fedge_device::site_norm::FeatureSummary;
 use fedge_device::{FeatureSet, accuracy};
 use fedge_models::{HeadConfig, ModelLayout};
-use fedge_sim::{CoordinatorSpec, DeviceSpec, Observed, Sim, Upstream};
+use fedge_sim::{Action, CoordinatorSpec, DeviceSpec, NodeId, Observed, Sim, Upstream};
 use fedge_wire::Objective;
 
 use super::clients::{Client, clients, standardised_site};
@@ -22,6 +22,9 @@ use super::{
     Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, TargetSite, Transport,
 };
 use crate::demo::pooled_accuracy;
+
+/// How far ahead devices' absences are scheduled (virtual ms): past any run's end.
+const AWAY_HORIZON_MS: u64 = 6 * 3600 * 1000;
 
 /// What a benchmark reports as it goes.
 #[derive(Debug, Clone, Copy)]
@@ -361,11 +364,18 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         // At least `per_round` selected (the machine selects no fewer than `min_clients`): with
         // every client as the floor, `multi` trained all of them each round, whatever its sample.
         min_clients: per_round,
-        min_updates: if central.is_some() { 1 } else { per_round },
+        // With a deadline, the quorum is half the sample: the round closes without its
+        // stragglers.
+        min_updates: match (central, options.pace.round_timeout_ms) {
+            (Some(_), _) => 1,
+            (None, Some(_)) => per_round.div_ceil(2),
+            (None, None) => per_round,
+        },
         privacy: central,
-        round_timeout_ms: u64::MAX / 4,
+        round_timeout_ms: options.pace.round_timeout_ms.unwrap_or(u64::MAX / 4),
         train: train.clone(),
         seed,
+        aggregation: options.pace.aggregation.clone(),
         ..RoundConfig::default()
     }
     .with_objective(algorithm.objective, head, 0.5);
@@ -436,7 +446,12 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
             );
             device.seed = seed;
             device.privacy = algorithm.local_privacy_for(seed, &client.name);
-            sim.add_device(device)?;
+            device.train_ms = options.pace.train_ms(seed, &client.name);
+            let d = sim.add_device(device)?;
+            for (leave, back) in options.pace.windows(seed, &client.name, AWAY_HORIZON_MS) {
+                sim.schedule(leave, Action::Disconnect(NodeId::Device(d)));
+                sim.schedule(back, Action::Connect(NodeId::Device(d)));
+            }
         }
     }
     // The sources' validation rows as each device standardises them: once for `none` and
@@ -452,6 +467,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let mut train_seconds = 0f64;
     let mut rejected = std::collections::BTreeMap::new();
     let mut final_params = plan.initial.clone();
+    let mut times = Vec::new();
     loop {
         let moved = sim.run_until(u64::MAX / 2, |s| s.has_observed() || s.finished(global));
         for observed in sim.take_observed() {
@@ -481,6 +497,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                         Tta::T3a => t3a_accuracy(head, params_head, calibration, scored),
                     };
                     scores.push((report.round, val, target_accuracy, report.reported.len()));
+                    times.push(sim.now_ms());
                     final_params = params;
                     on_round(report.round);
                 }
@@ -502,6 +519,9 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     }
     let mut result =
         RunResult::select(algorithm, &domains[target].name, seed, scores, final_params);
+    for (score, at_ms) in result.curve.iter_mut().zip(times) {
+        score.at_ms = at_ms;
+    }
     result.train_seconds_per_round = train_seconds / options.rounds.max(1) as f64;
     result.epsilon = (sim.coordinator(global))
         .and_then(|rounds| rounds.privacy_spent())

@@ -22,6 +22,7 @@ fn lodo(rounds: u64, local_epochs: u32, hidden: usize) -> BenchOptions {
         local_epochs,
         hidden,
         site: fedge::eval::SiteOptions::transductive(),
+        pace: Default::default(),
     }
 }
 

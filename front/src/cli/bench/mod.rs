@@ -1,10 +1,11 @@
 //! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`, `infer`,
-//! `aggregate`, `wire`, `fleet`, `rollback`, `feddim`, `drift`, `labelling`). Accuracy is `fedge eval`'s;
+//! `aggregate`, `wire`, `fleet`, `rollback`, `buffered`, `feddim`, `drift`, `labelling`). Accuracy is `fedge eval`'s;
 //! `fedge bench` without a subcommand still takes `fedge eval`'s flags for one release, with a
 //! note pointing there.
 
 pub mod aggregate;
 pub mod backbone;
+pub mod buffered;
 pub mod drift;
 pub mod feddim;
 pub mod fleet;
@@ -50,6 +51,9 @@ pub enum BenchCommand {
     /// rollback` against a running coordinator, and time each device's switch (see
     /// bench/rollback.sh).
     Rollback(rollback::RollbackArgs),
+    /// Buffered asynchronous aggregation (FedBuff) against synchronous rounds in the
+    /// simulator, under stragglers and absences: time to accuracy, final accuracy, updates.
+    Buffered(buffered::BufferedArgs),
     /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
     Feddim(feddim::FeddimArgs),
     /// The drift alarm: false alarms per 100,000 requests of an unchanged site, and requests
@@ -71,6 +75,7 @@ impl BenchCommand {
             BenchCommand::Wire(args) => wire::run(args),
             BenchCommand::Fleet(args) => fleet::run(args).await,
             BenchCommand::Rollback(args) => rollback::run(args).await,
+            BenchCommand::Buffered(args) => buffered::run(args),
             BenchCommand::Feddim(args) => feddim::run(args),
             BenchCommand::Drift(args) => drift::run(args),
             BenchCommand::Labelling(args) => labelling::run(args),
