@@ -57,7 +57,7 @@ pub use model::{
 pub use serving::{MAX_CANARIES, ServingPointer, Stage, decode_serving};
 pub use site_stats::{Familiarity, FeatureStats, FeatureSummary};
 pub use status::{
-    CoordinatorStatus, Declined, DriftStatus, EdgeStatus, GateOutcome, GateVerdict,
+    BufferStatus, CoordinatorStatus, Declined, DriftStatus, EdgeStatus, GateOutcome, GateVerdict,
     LabellingStatus, RejectCounts, ReleaseRef, ReleaseStatus, RunSummary,
 };
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};

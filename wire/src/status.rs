@@ -126,6 +126,36 @@ pub struct CoordinatorStatus {
     /// before the first release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<ReleaseStatus>,
+    /// Buffered asynchronous aggregation (`[aggregation] mode = "buffered"`): the model version,
+    /// the open buffer and the updates' staleness; absent in synchronous mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<BufferStatus>,
+}
+
+/// Buffered aggregation (FedBuff) in the coordinator's status. A round is one model version,
+/// built from the next `size` accepted updates whatever version each device started from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferStatus {
+    /// Model versions published so far (rounds aggregated).
+    pub version: u64,
+    /// Accepted updates in the open buffer, towards the next version.
+    pub fill: u64,
+    /// Accepted updates a version takes (`buffer_size`).
+    pub size: u64,
+    /// Devices given a task whose update has not come in yet.
+    pub in_flight: u32,
+    /// Devices that may train at once (`concurrency`); 0: every online device.
+    pub concurrency: u64,
+    /// Versions an update may lag behind the one it is folded into; an older one is refused
+    /// as `stale`.
+    pub max_staleness: u64,
+    /// Updates folded into a version since the coordinator started, by staleness: entry `s`
+    /// counts those that started `s` versions before the version they went into.
+    #[serde(default)]
+    pub staleness: Vec<u64>,
+    /// Updates refused as `stale` since the coordinator started (also counted in
+    /// `rejected_updates`).
+    pub stale: u64,
 }
 
 /// A release named by its digest and round.
@@ -488,13 +518,41 @@ mod tests {
             runs: Vec::new(),
             control_refused: None,
             release: None,
+            buffer: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"round\":4"));
+        assert!(
+            !json.contains("buffer"),
+            "synchronous mode has no buffer section: {json}"
+        );
         assert!(json.contains("\"rejected_updates\":{\"stale_round\":2}"));
         assert_eq!(
             serde_json::from_str::<CoordinatorStatus>(&json).unwrap(),
             status
+        );
+        // Buffered mode adds its section, and it reads back.
+        let buffered = CoordinatorStatus {
+            buffer: Some(BufferStatus {
+                version: 41,
+                fill: 3,
+                size: 10,
+                in_flight: 8,
+                concurrency: 8,
+                max_staleness: 10,
+                staleness: vec![250, 110, 38, 12],
+                stale: 2,
+            }),
+            ..status
+        };
+        let json = serde_json::to_string(&buffered).unwrap();
+        assert!(
+            json.ends_with(r#""buffer":{"version":41,"fill":3,"size":10,"in_flight":8,"concurrency":8,"max_staleness":10,"staleness":[250,110,38,12],"stale":2}}"#),
+            "{json}"
+        );
+        assert_eq!(
+            serde_json::from_str::<CoordinatorStatus>(&json).unwrap(),
+            buffered
         );
     }
 

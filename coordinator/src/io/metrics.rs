@@ -14,7 +14,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::round::RoundReport;
+use crate::round::{RoundReport, Rounds};
+
+/// Buckets of the staleness histogram, in versions: one per value up to 10 (the default
+/// `max_staleness`), coarser beyond.
+const STALENESS_BUCKETS: [f64; 15] = [
+    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 20.0, 50.0, 100.0, 1000.0,
+];
 
 /// `outcome` (and `reason`) of an update.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,6 +64,11 @@ pub struct Metrics {
     gate_candidate_accuracy: Gauge<f64, AtomicU64>,
     gate_serving_accuracy: Gauge<f64, AtomicU64>,
     rollbacks: Counter,
+    model_version: Gauge,
+    buffer_fill: Gauge,
+    buffer_size: Gauge,
+    in_flight: Gauge,
+    staleness: Histogram,
     last_opened: std::sync::atomic::AtomicU64,
 }
 
@@ -94,6 +105,11 @@ impl Metrics {
             gate_candidate_accuracy: Gauge::default(),
             gate_serving_accuracy: Gauge::default(),
             rollbacks: Counter::default(),
+            model_version: Gauge::default(),
+            buffer_fill: Gauge::default(),
+            buffer_size: Gauge::default(),
+            in_flight: Gauge::default(),
+            staleness: Histogram::new(STALENESS_BUCKETS),
             last_opened: Default::default(),
         };
         let r = &mut m.registry;
@@ -189,7 +205,46 @@ impl Metrics {
             "Rollbacks: ctl rollback, and canaries that failed",
             m.rollbacks.clone(),
         );
+        r.register(
+            "model_version",
+            "Buffered aggregation: model versions published (rounds aggregated); 0 in synchronous mode",
+            m.model_version.clone(),
+        );
+        r.register(
+            "buffer_fill_updates",
+            "Buffered aggregation: accepted updates in the open buffer",
+            m.buffer_fill.clone(),
+        );
+        r.register(
+            "buffer_size_updates",
+            "Buffered aggregation: accepted updates a model version takes (buffer_size); 0 in synchronous mode",
+            m.buffer_size.clone(),
+        );
+        r.register(
+            "in_flight_devices",
+            "Buffered aggregation: devices given a task whose update has not come in yet",
+            m.in_flight.clone(),
+        );
+        r.register(
+            "update_staleness_versions",
+            "Buffered aggregation: updates folded into a model version, by how many versions behind it they started",
+            m.staleness.clone(),
+        );
         m
+    }
+
+    /// Buffered aggregation (FedBuff): the model version, the open buffer's fill and size and
+    /// the devices in flight, as the status's `buffer` section says them; all 0 in synchronous
+    /// mode.
+    pub fn buffer(&self, rounds: &Rounds) {
+        if !super::status::buffered(rounds) {
+            return;
+        }
+        let config = &rounds.config().aggregation;
+        self.model_version.set(rounds.aggregated_rounds() as i64);
+        self.buffer_fill.set(rounds.reported() as i64);
+        self.buffer_size.set(config.buffer_size as i64);
+        self.in_flight.set(rounds.in_flight().len() as i64);
     }
 
     /// The release pipeline: the rounds of the release served and of the candidate, and the
@@ -258,6 +313,12 @@ impl Metrics {
         };
         let n = report.reported.len() as u64;
         self.updates.get_or_create(&accepted).inc_by(n);
+        // Buffered mode: each update the version took, at its staleness (empty otherwise).
+        for (versions, &count) in report.staleness.iter().enumerate() {
+            for _ in 0..count {
+                self.staleness.observe(versions as f64);
+            }
+        }
     }
 
     /// An update (or status, or chunk) was rejected.
@@ -305,7 +366,8 @@ mod tests {
         m.rejected("norm");
         m.round_ended(
             &RoundReport {
-                staleness: Vec::new(),
+                // One update as fresh as the version, one a version behind.
+                staleness: vec![1, 1],
                 round: 1,
                 aggregated: true,
                 abandoned: None,
@@ -367,9 +429,52 @@ mod tests {
             "fedge_round 1",
             "fedge_round_duration_seconds_count 1",
             "fedge_privacy_epsilon 1.5",
+            "fedge_update_staleness_versions_bucket{le=\"0.0\"} 1",
+            "fedge_update_staleness_versions_bucket{le=\"1.0\"} 2",
+            "fedge_update_staleness_versions_count 2",
+            "fedge_update_staleness_versions_sum 1.0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn buffered_mode_shows_its_version_buffer_and_devices_in_flight() {
+        use crate::buffer::AggregationConfig;
+        use crate::round::RoundConfig;
+        let machine = |aggregation| {
+            let config = RoundConfig {
+                rounds: 0,
+                min_clients: 3,
+                aggregation,
+                ..RoundConfig::default()
+            };
+            let mut rounds = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+            for client in ["d1", "d2", "d3"] {
+                rounds.handle_client_status(client, true, 0);
+            }
+            rounds
+        };
+        let m = Metrics::new();
+        m.buffer(&machine(AggregationConfig::default()));
+        let text = m.encode();
+        for line in [
+            "fedge_model_version 0",
+            "fedge_buffer_size_updates 0",
+            "fedge_in_flight_devices 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        m.buffer(&machine(AggregationConfig::buffered(5, 2, 3)));
+        let text = m.encode();
+        for line in [
+            "fedge_model_version 0",
+            "fedge_buffer_fill_updates 0",
+            "fedge_buffer_size_updates 5",
+            "fedge_in_flight_devices 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
     }
 }

@@ -334,6 +334,7 @@ impl Sinks<'_> {
         }
         if let Some(m) = metrics {
             m.devices(rounds.online().len(), rounds.selected());
+            m.buffer(rounds);
             if let Some(spent) = rounds.privacy_spent() {
                 m.privacy_epsilon(spent.epsilon);
             }

@@ -56,7 +56,7 @@ pub fn status_at(
         .deadline_ms()
         .map(|ms| rfc3339(context.wall + Duration::from_millis(ms.saturating_sub(context.now_ms))));
     let privacy = rounds.privacy_spent();
-    CoordinatorStatus {
+    let mut status = CoordinatorStatus {
         federation: context.federation.clone(),
         state: rounds.phase().name().into(),
         phase: rounds.phase_detail().into(),
@@ -102,7 +102,29 @@ pub fn status_at(
         target_epsilon: privacy.and_then(|p| p.target_epsilon),
         privacy_budget_exhausted: privacy.is_some_and(|p| p.exhausted),
         keys_error: context.keys_error.clone(),
+        buffer: None,
+    };
+    if buffered(rounds) {
+        let config = &rounds.config().aggregation;
+        let stale = crate::round::Rejection::Stale.name();
+        status.buffer = Some(fedge_wire::BufferStatus {
+            version: rounds.aggregated_rounds(),
+            fill: rounds.reported() as u64,
+            size: config.buffer_size as u64,
+            in_flight: rounds.in_flight().len() as u32,
+            concurrency: config.concurrency as u64,
+            max_staleness: config.max_staleness,
+            staleness: rounds.staleness_histogram().to_vec(),
+            stale: rounds.rejected_total().get(stale).copied().unwrap_or(0),
+        });
     }
+    status
+}
+
+/// Whether the machine aggregates buffered (FedBuff): `[aggregation] mode = "buffered"`, except
+/// at a site aggregator, which always runs rounds.
+pub fn buffered(rounds: &Rounds) -> bool {
+    rounds.config().aggregation.is_buffered() && rounds.config().relay.is_none()
 }
 
 /// The per-round metrics document.
@@ -229,6 +251,72 @@ fn bound_metrics(metrics: &mut serde_json::Value, limit: usize) {
 mod tests {
     use super::*;
     use crate::strategy::AggregationReport;
+
+    /// An update of `client` to `round` (a small delta).
+    fn update(client: &str, round: u64) -> Vec<u8> {
+        use fedge_wire::{ClientUpdate, LocalMetrics, Message, TensorF32};
+        fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
+            features: None,
+            run: 0,
+            round,
+            client_id: client.into(),
+            seq: round,
+            num_samples: 10,
+            delta: TensorF32::from_slice(&[0.1, -0.2, 0.3, 0.0]),
+            metrics: LocalMetrics {
+                val_accuracy: 0.5,
+                val_samples: 10,
+                ..LocalMetrics::default()
+            },
+            class_stats: None,
+            prototypes: None,
+        }))
+    }
+
+    #[test]
+    fn the_buffer_section_appears_in_buffered_mode_only() {
+        use crate::buffer::AggregationConfig;
+        use crate::round::RoundConfig;
+        let machine = |aggregation| {
+            let config = RoundConfig {
+                rounds: 0,
+                min_clients: 3,
+                aggregation,
+                ..RoundConfig::default()
+            };
+            let mut rounds = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+            for client in ["d1", "d2", "d3"] {
+                rounds.handle_client_status(client, true, 0);
+            }
+            rounds
+        };
+        let context = StatusContext::default();
+        let synchronous = status_at(&machine(AggregationConfig::default()), None, &context);
+        assert_eq!(synchronous.buffer, None);
+        let json = serde_json::to_string(&synchronous).unwrap();
+        assert!(!json.contains("buffer"), "{json}");
+
+        let mut rounds = machine(AggregationConfig::buffered(2, 0, 0));
+        let buffer = status_at(&rounds, None, &context).buffer.unwrap();
+        assert_eq!(
+            (buffer.version, buffer.fill, buffer.size, buffer.in_flight),
+            (0, 0, 2, 3)
+        );
+        assert_eq!((buffer.concurrency, buffer.max_staleness), (0, 0));
+        rounds.handle_packet("d1", &update("d1", 1), 10);
+        let buffer = status_at(&rounds, None, &context).buffer.unwrap();
+        assert_eq!((buffer.version, buffer.fill, buffer.in_flight), (0, 1, 2));
+        // The second update publishes version 1; d3's task is now a version behind.
+        rounds.handle_packet("d2", &update("d2", 1), 20);
+        rounds.handle_packet("d3", &update("d3", 1), 30);
+        let status = status_at(&rounds, None, &context);
+        let buffer = status.buffer.clone().unwrap();
+        assert_eq!((buffer.version, buffer.fill), (1, 0));
+        assert_eq!((buffer.staleness, buffer.stale), (vec![2], 1));
+        assert_eq!(status.rejected_updates["stale"], 1);
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["buffer"]["size"], 2, "{json}");
+    }
 
     #[test]
     fn metrics_carry_gamma_objective_and_momentum_as_flat_keys() {

@@ -83,6 +83,19 @@ fn pct(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
 }
 
+/// A staleness histogram as `s:count` pairs (`-` before the first version).
+fn staleness(histogram: &[u64]) -> String {
+    let pairs: Vec<String> = (histogram.iter().enumerate())
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| format!("{s}:{n}"))
+        .collect();
+    if pairs.is_empty() {
+        "-".into()
+    } else {
+        pairs.join(" ")
+    }
+}
+
 /// The view as text (no terminal control codes).
 pub fn render(state: &WatchState, federation: &str) -> String {
     let mut out = String::new();
@@ -116,6 +129,18 @@ pub fn render(state: &WatchState, federation: &str) -> String {
                 clean(s.deadline.as_deref().unwrap_or("-")),
                 clean(s.last_aggregation.as_deref().unwrap_or("-")),
             );
+            if let Some(b) = &s.buffer {
+                let _ = writeln!(
+                    out,
+                    "buffered: version {} · buffer {}/{} · in flight {} · stale {} · staleness {}",
+                    b.version,
+                    b.fill,
+                    b.size,
+                    b.in_flight,
+                    b.stale,
+                    staleness(&b.staleness)
+                );
+            }
             let _ = writeln!(
                 out,
                 "accuracy: target {}, source validation {}; parameter norm {:.3}",
@@ -218,6 +243,21 @@ mod tests {
         ));
         assert!(!state.take(&topics, "other/topic", b"{}"));
         let text = render(&state, "plant");
+        assert!(!text.contains("buffered"), "synchronous: {text}");
+        let buffered = br#"{"state":"training","round":8,"total_rounds":0,"strategy":"fedavg","clients_online":5,"clients_selected":5,"clients_reported":3,"rejected_updates":{"stale":1},"rejected_total":1,"target_accuracy":null,"source_val_accuracy":null,"params_norm":1.0,"updated_at":"x","buffer":{"version":7,"fill":3,"size":10,"in_flight":4,"concurrency":0,"max_staleness":4,"staleness":[40,0,22],"stale":1}}"#;
+        state.take(&topics, &topics.coordinator_status(), buffered);
+        let view = render(&state, "plant");
+        assert!(
+            view.contains(
+                "buffered: version 7 · buffer 3/10 · in flight 4 · stale 1 · staleness 0:40 2:22"
+            ),
+            "{view}"
+        );
+        state.take(
+            &topics,
+            &topics.coordinator_status(),
+            &serde_json::to_vec(&status).unwrap(),
+        );
         for needle in [
             "round 3/10",
             "fedomg",

@@ -75,6 +75,9 @@ struct Link {
     status: EdgeStatus,
     /// The newest global round whose task the link saw, and whether it names the site.
     global_round: Option<u64>,
+    /// Whether the global coordinator aggregates buffered (its tasks have no deadline): an
+    /// update for an earlier version still counts there, with its staleness.
+    global_buffered: bool,
     pending: Option<Pending>,
     tasks: Reassembler,
     models: Reassembler,
@@ -162,6 +165,7 @@ impl Link {
             topics,
             status,
             global_round: None,
+            global_buffered: false,
             pending: pending.map(|update| Pending {
                 update,
                 sent: false,
@@ -232,6 +236,7 @@ impl Link {
                 }
                 Ok(Some(task)) => {
                     self.global_round = Some(task.round);
+                    self.global_buffered = task.deadline_ms == 0;
                     self.settle_pending(client, task.round);
                     if task.selected.iter().any(|c| c == site) {
                         self.summary.tasks += 1;
@@ -272,7 +277,9 @@ impl Link {
         let Some((answered, sent)) = self.pending.as_ref().map(|p| (p.update.round, p.sent)) else {
             return;
         };
-        if answered == round {
+        if answered == round || (answered < round && self.global_buffered) {
+            // Buffered upstream: a late update is applied with its staleness, or refused
+            // there as `stale` by name; it is sent once either way.
             if !sent {
                 self.send(client);
             }
@@ -301,7 +308,7 @@ impl Link {
                 });
                 self.save_pending();
                 let round = self.pending.as_ref().map(|p| p.update.round);
-                if connected && self.global_round == round {
+                if connected && (self.global_round == round || self.global_buffered) {
                     self.send(client);
                 } else if connected && self.global_round > round {
                     // The global round closed before the site's did.
@@ -527,6 +534,29 @@ mod tests {
         // A site round that ends after the global one moved on is stale at once.
         link.handle_answer(&client, update(5), true);
         assert_eq!((link.summary.sent, link.summary.stale), (0, 2));
+    }
+
+    #[test]
+    fn under_a_buffered_global_coordinator_a_late_update_still_goes_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, _events) = client();
+        let mut link = link(dir.path());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let topic = link.topics.round_task();
+        let buffered = |round| {
+            let Ok(Message::RoundTask(mut task)) = fedge_wire::decode(&task_payload(round)) else {
+                unreachable!()
+            };
+            task.deadline_ms = 0;
+            fedge_wire::encode(&Message::RoundTask(task))
+        };
+        link.handle_publish(&client, &tx, &topic, &buffered(5), 0);
+        // The uplink was down for versions 6 and 7: the update goes when it is back, once.
+        link.handle_answer(&client, update(5), false);
+        link.handle_publish(&client, &tx, &topic, &buffered(7), 0);
+        assert_eq!((link.summary.sent, link.summary.stale), (1, 0));
+        link.handle_publish(&client, &tx, &topic, &buffered(8), 0);
+        assert_eq!((link.summary.sent, link.summary.stale), (1, 0));
     }
 
     #[test]

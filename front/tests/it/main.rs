@@ -17,6 +17,7 @@ mod backbone_ota;
 mod bad_input;
 mod bench_smoke;
 mod broker_hardening;
+mod buffered;
 mod check;
 mod config_reference;
 mod containers;

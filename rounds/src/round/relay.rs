@@ -60,10 +60,15 @@ impl Rounds {
             self.close_round(now_ms);
         }
         let deadline = task.deadline_ms;
-        let budget = deadline
-            .saturating_sub(margin_ms)
-            .max(deadline / 2)
-            .min(self.config.round_timeout_ms);
+        // A global coordinator aggregating buffered gives no deadline: the site's round takes
+        // its own `round_timeout_ms`, and its update counts with its staleness upstream.
+        let budget = match deadline {
+            0 => self.config.round_timeout_ms,
+            _ => deadline
+                .saturating_sub(margin_ms)
+                .max(deadline / 2)
+                .min(self.config.round_timeout_ms),
+        };
         self.params = task.params.to_vec();
         self.relayed = Some(Relayed {
             round: task.round,

@@ -297,3 +297,17 @@ fn the_global_serving_pointer_reaches_the_sites_devices_as_one_of_its_own() {
     m.relay_serving(&global(fedge_wire::Stage::Canary, &["elsewhere"]));
     assert!(relayed(&mut m).is_empty());
 }
+
+#[test]
+fn a_buffered_global_task_without_deadline_gives_the_site_its_own_round_timeout() {
+    let mut m = site(&["cam-1", "cam-2"], site_config());
+    let task = RoundTask {
+        deadline_ms: 0,
+        ..global_task(4, [0.0; M], Objective::CrossEntropy)
+    };
+    assert_eq!(m.relay_task(task, 100), Ok(true));
+    let sent = tasks(&drain(&mut m));
+    assert_eq!(sent[0].round, 4);
+    assert_eq!(sent[0].deadline_ms, 10_000, "the site's own round_timeout_ms");
+    assert_eq!(m.deadline_ms(), Some(10_100));
+}

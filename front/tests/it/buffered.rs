@@ -1,0 +1,327 @@
+//! Buffered asynchronous aggregation (FedBuff) in the real coordinator binary, against
+//! mosquitto: killed with SIGKILL while a version's buffer is half full, started again, it
+//! resumes that buffer (journal) and the devices still training an older version (checkpoint),
+//! takes an update sent while it was down through its persistent session, refuses late and
+//! replayed answers by name, and ends with the parameters of an in-process machine fed the same
+//! updates in the same order, bit for bit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fedge_coordinator::buffer::AggregationConfig;
+use fedge_coordinator::{Rounds, StrategyConfig, store::checkpoint};
+use fedge_models::{HeadConfig, ModelLayout};
+use fedge_wire::{CoordinatorStatus, DeviceKey, Topics};
+use rumqttc::{AsyncClient, EventLoop, MqttOptions, QoS};
+
+use crate::common::{self, KillOnDrop};
+
+const DEVICES: [&str; 4] = ["d1", "d2", "d3", "d4"];
+const FEDERATION: &str = "buffered";
+
+/// The whole scenario, both coordinator runs included, must end within this.
+const BUDGET: Duration = Duration::from_secs(60);
+
+/// The updates as they arrive, in order: (device, version it trained). Version 1 is d1, d2
+/// and d3's; version 2 takes d4's answer to version 1 (one version late) and d1 and d2's to
+/// version 2 (the coordinator is killed between d1's and d2's); version 3 takes d3's answer to
+/// version 2 (late) and d1 and d2's to version 3. In between, d4 sends a replay of its answer
+/// to version 1 and an answer to a version 0 that never was: both refused, counting nothing.
+const ARRIVALS: [(&str, u64); 11] = [
+    ("d1", 1),
+    ("d2", 1),
+    ("d3", 1),
+    ("d4", 1),
+    ("d1", 2),
+    ("d2", 2),
+    ("d3", 2),
+    ("d4", 1),
+    ("d4", 0),
+    ("d1", 3),
+    ("d2", 3),
+];
+
+fn head() -> ModelLayout {
+    ModelLayout::new(HeadConfig::new(4, 2).with_hidden(3), false)
+}
+
+fn key(device: &str) -> DeviceKey {
+    DeviceKey::from_bytes([device.as_bytes()[1]; 32])
+}
+
+/// `device`'s update to version `round`: a synthetic delta that differs by device and version.
+fn frame(device: &str, round: u64, run: u64) -> Vec<u8> {
+    let m = head().num_params();
+    let base = device.as_bytes()[1] as f32 * 0.01;
+    let delta: Vec<f32> = (0..m)
+        .map(|i| (base + round as f32 * 0.03) * ((i % 5) as f32 - 2.0))
+        .collect();
+    let num_samples = 10 + device.as_bytes()[1] as u32;
+    common::update_frame(fedge_wire::ClientUpdate {
+        run,
+        ..common::client_update(round, device, round, num_samples, &delta)
+    })
+}
+
+fn sealed(device: &str, round: u64, run: u64) -> Vec<u8> {
+    fedge_wire::seal(frame(device, round, run), &[(device, &key(device))])
+}
+
+fn write_config(dir: &Path, port: u16) -> PathBuf {
+    let keys: String = DEVICES
+        .iter()
+        .map(|d| format!("{d} = \"{}\"\n", key(d).to_hex()))
+        .collect();
+    common::write_private(&dir.join("devices.toml"), keys);
+    let config = format!(
+        "federation = \"{FEDERATION}\"\nstrategy = \"fedavg\"\nserver_momentum = 0.5\n\
+         rounds = 3\nmin_clients = 4\nround_timeout_s = 120\nseed = 7\n\
+         state_dir = \"state\"\n\n[broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+         [head]\nfeatures = 4\nhidden = 3\nclasses = 2\n\n[auth]\nkeys_file = \"devices.toml\"\n\n\
+         [aggregation]\nmode = \"buffered\"\nbuffer_size = 3\nconcurrency = 0\n\
+         max_staleness = 2\nstaleness = \"inverse-sqrt\"\n"
+    );
+    let path = dir.join("coordinator.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+fn start_coordinator(config: &Path) -> KillOnDrop {
+    let child = Command::new(common::coordinator_binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    KillOnDrop(child)
+}
+
+/// The test's devices: one connection subscribed to the coordinator's status, each device's
+/// signed online status retained.
+async fn devices_online(port: u16, status_topic: &str) -> (AsyncClient, EventLoop) {
+    let mut options = MqttOptions::new("devices", "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(5));
+    let (client, events) = AsyncClient::new(options, 64);
+    client
+        .subscribe(status_topic, QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let federation = Topics::new(FEDERATION).unwrap();
+    for d in DEVICES {
+        let json = common::signed_status_json(FEDERATION, d, true, &key(d));
+        client
+            .publish(federation.edge_status(d), QoS::AtLeastOnce, true, json)
+            .await
+            .unwrap();
+    }
+    (client, events)
+}
+
+/// The retained task of version `round`: subscribing again makes the broker hand over the
+/// retained task, and a newer publication is awaited if that one is older.
+async fn task_of(
+    client: &AsyncClient,
+    events: &mut EventLoop,
+    topic: &str,
+    round: u64,
+) -> fedge_wire::RoundTask {
+    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
+    loop {
+        let task = common::wait_task(events, topic).await;
+        assert!(
+            task.round <= round,
+            "task of {} while awaiting {round}",
+            task.round
+        );
+        if task.round == round {
+            return task;
+        }
+    }
+}
+
+fn no_rejections(status: &CoordinatorStatus) {
+    assert_eq!(
+        status.rejected_total, 0,
+        "nothing refused so far: {:?}",
+        status.rejected_updates
+    );
+}
+
+/// The same arrivals through an in-process machine that is never interrupted: its final
+/// parameters, its staleness histogram and its rejections by reason.
+fn uninterrupted() -> (Vec<f32>, Vec<u64>, Vec<(String, u64)>) {
+    let strategy = StrategyConfig {
+        strategy: fedge_coordinator::strategy::StrategyKind::Fedavg,
+        server_momentum: 0.5,
+        ..Default::default()
+    };
+    let config = fedge_coordinator::RoundConfig {
+        rounds: 3,
+        min_clients: 4,
+        round_timeout_ms: 120_000,
+        seed: 7,
+        aggregation: AggregationConfig::buffered(3, 0, 2),
+        ..Default::default()
+    };
+    let mut m = Rounds::new(config, strategy.build().unwrap(), head().init_flat(7));
+    for d in DEVICES {
+        m.handle_client_status(d, true, 0);
+    }
+    m.start(0);
+    for (i, (d, round)) in ARRIVALS.into_iter().enumerate() {
+        m.handle_packet(d, &frame(d, round, 0), 10 * (i as u64 + 1));
+    }
+    assert_eq!(
+        m.phase(),
+        fedge_coordinator::Phase::Finished,
+        "round {}, rejected {:?}",
+        m.round(),
+        m.rejected_total()
+    );
+    let rejected = (m.rejected_total().iter())
+        .map(|(reason, n)| (reason.to_string(), *n))
+        .collect();
+    (
+        m.params().to_vec(),
+        m.staleness_histogram().to_vec(),
+        rejected,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffered_coordinator_killed_with_a_half_full_buffer_ends_like_an_uninterrupted_run() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    tokio::time::timeout(BUDGET, scenario(dir.path(), mosquitto.port()))
+        .await
+        .unwrap_or_else(|_| panic!("the scenario took more than {BUDGET:?}"));
+    assert!(started.elapsed() < BUDGET);
+}
+
+async fn scenario(dir: &Path, port: u16) {
+    let config = write_config(dir, port);
+    let topics = Topics::new(FEDERATION).unwrap();
+    let status_topic = topics.coordinator_status();
+    let task_topic = topics.round_task();
+    let (client, mut events) = devices_online(port, &status_topic).await;
+    let send = |d: &'static str, payload: Vec<u8>| {
+        let client = client.clone();
+        let topic = topics.update(d);
+        async move {
+            client
+                .publish(topic, QoS::AtLeastOnce, false, payload)
+                .await
+                .unwrap()
+        }
+    };
+    let checkpoint_path = dir.join("state/checkpoint.bin");
+
+    let mut coordinator = start_coordinator(&config);
+    common::wait_status(&mut events, &status_topic, |s| {
+        s.state == "training" && s.round == 1
+    })
+    .await;
+    // Version 1 goes to every online device; updates answer the run the task names.
+    let first = task_of(&client, &mut events, &task_topic, 1).await;
+    assert_eq!(first.selected, DEVICES);
+    assert_eq!(first.deadline_ms, 0, "a buffered task has no deadline");
+    let run = first.run;
+    for d in ["d1", "d2", "d3"] {
+        send(d, sealed(d, 1, run)).await;
+    }
+    // Three updates fill version 1's buffer; version 2 goes to the free devices only, as d4
+    // still trains version 1.
+    common::wait_status(&mut events, &status_topic, |s| s.round == 2).await;
+    let second = task_of(&client, &mut events, &task_topic, 2).await;
+    assert_eq!(second.selected, ["d1", "d2", "d3"]);
+    assert_eq!(second.run, run);
+    send("d4", sealed("d4", 1, run)).await; // one version late
+    send("d1", sealed("d1", 2, run)).await;
+    let half_full = common::wait_status(&mut events, &status_topic, |s| {
+        s.round == 2 && s.clients_reported == 2
+    })
+    .await;
+    assert_eq!(half_full.state, "training");
+    no_rejections(&half_full);
+
+    coordinator.kill().unwrap(); // SIGKILL with version 2's buffer holding d4's and d1's
+    coordinator.wait().unwrap();
+    let saved = checkpoint::load(&checkpoint_path).unwrap().unwrap();
+    assert_eq!(
+        (saved.next_round, saved.aggregated_rounds),
+        (2, 1),
+        "the checkpoint holds version 1"
+    );
+    // Version 2's devices come back from the journal; the checkpoint keeps the older version's
+    // device that was still training when version 1 closed.
+    assert_eq!(saved.in_flight, [("d4".to_owned(), 1)]);
+    // Sent while the coordinator is down: the broker keeps it for the persistent session.
+    send("d2", sealed("d2", 2, run)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut coordinator = start_coordinator(&config);
+    // d2's update completes the resumed buffer: version 3 opens, for the devices free then
+    // (d3 still trains version 2).
+    let third_opened = common::wait_status(&mut events, &status_topic, |s| {
+        s.state == "training" && s.round == 3
+    })
+    .await;
+    no_rejections(&third_opened);
+    let third = task_of(&client, &mut events, &task_topic, 3).await;
+    assert_eq!(third.selected, ["d1", "d2", "d4"]);
+    assert_eq!(third.run, run, "a restart keeps the run");
+    send("d3", sealed("d3", 2, run)).await; // one version late
+    let late = common::wait_status(&mut events, &status_topic, |s| {
+        s.round == 3 && s.clients_reported == 1
+    })
+    .await;
+    no_rejections(&late);
+    // d4 now trains version 3: its answer to version 1 again is from no task it holds, and an
+    // answer to version 0 is three versions behind, past max_staleness.
+    send("d4", sealed("d4", 1, run)).await;
+    send("d4", sealed("d4", 0, run)).await;
+    let refused = common::wait_status(&mut events, &status_topic, |s| s.rejected_total == 2).await;
+    assert_eq!(refused.rejected_updates.get("not_selected"), Some(&1));
+    assert_eq!(refused.rejected_updates.get("stale"), Some(&1));
+    assert_eq!(
+        (refused.round, refused.clients_reported),
+        (3, 1),
+        "refused updates count nothing"
+    );
+    send("d1", sealed("d1", 3, run)).await;
+    send("d2", sealed("d2", 3, run)).await;
+    let finished = common::wait_status(&mut events, &status_topic, |s| s.state == "finished").await;
+    assert_eq!(finished.round, 3);
+
+    // The test's own connection is polled while the coordinator exits.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let exit = loop {
+        if let Some(status) = coordinator.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the coordinator did not exit");
+        let _ = tokio::time::timeout(Duration::from_millis(20), events.poll()).await;
+    };
+    assert!(exit.success(), "coordinator exited with {exit}");
+
+    let saved = checkpoint::load(&checkpoint_path).unwrap().unwrap();
+    assert_eq!((saved.next_round, saved.aggregated_rounds), (4, 3));
+    let (params, staleness, rejected) = uninterrupted();
+    assert_eq!(staleness, [7, 2], "two updates arrived a version late");
+    let counted: Vec<(String, u64)> = (finished.rejected_updates.iter())
+        .map(|(reason, n)| (reason.to_string(), *n))
+        .collect();
+    assert_eq!(counted, rejected, "the same refusals as in-process");
+    let bits = |p: &[f32]| p.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&saved.params),
+        bits(&params),
+        "the killed and resumed federation must end with the uninterrupted run's parameters"
+    );
+}
