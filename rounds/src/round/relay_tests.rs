@@ -308,6 +308,9 @@ fn a_buffered_global_task_without_deadline_gives_the_site_its_own_round_timeout(
     assert_eq!(m.relay_task(task, 100), Ok(true));
     let sent = tasks(&drain(&mut m));
     assert_eq!(sent[0].round, 4);
-    assert_eq!(sent[0].deadline_ms, 10_000, "the site's own round_timeout_ms");
+    assert_eq!(
+        sent[0].deadline_ms, 10_000,
+        "the site's own round_timeout_ms"
+    );
     assert_eq!(m.deadline_ms(), Some(10_100));
 }
