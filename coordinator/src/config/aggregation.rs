@@ -7,15 +7,20 @@ use crate::strategy::StrategyKind;
 use fedge_wire::Objective;
 
 /// What the coordinator's configuration combines with `[aggregation]`.
-pub(super) struct Combined {
-    pub(super) strategy: StrategyKind,
-    pub(super) objective: Objective,
-    pub(super) central_dp: bool,
-    pub(super) role: Role,
+pub struct Combined {
+    /// The server strategy.
+    pub strategy: StrategyKind,
+    /// The devices' objective.
+    pub objective: Objective,
+    /// Whether central DP is on.
+    pub central_dp: bool,
+    /// Global coordinator or site aggregator.
+    pub role: Role,
 }
 
-/// Why a configuration cannot aggregate buffered; `Ok` when it can (or runs rounds).
-pub(super) fn check(aggregation: &AggregationConfig, config: Combined) -> Result<(), String> {
+/// Why a configuration cannot aggregate buffered; `Ok` when it can (or runs rounds). The
+/// coordinator's configuration and `fedge demo` ask it.
+pub fn check(aggregation: &AggregationConfig, config: Combined) -> Result<(), String> {
     aggregation.check()?;
     if !aggregation.is_buffered() {
         return Ok(());

@@ -66,6 +66,7 @@
 //! `role = "site"` and a `[site]` section make the coordinator a site aggregator ([`site`]).
 
 mod aggregation;
+pub use aggregation::{Combined, check as check_aggregation};
 mod error;
 mod privacy;
 mod protocol;

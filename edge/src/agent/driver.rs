@@ -265,6 +265,7 @@ fn spawn_training(
     );
     let (seed, client_id) = (setup.seed, setup.client_id.clone());
     let threads = setup.train_threads;
+    let slowdown = setup.slowdown;
     let metrics = Arc::clone(&setup.serving.metrics);
     // At the round's deadline training stops: its update would arrive after the round closed.
     let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -303,6 +304,10 @@ fn spawn_training(
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let start = Instant::now();
         let outcome = run_round(&data, &task, &trainer, &mut state);
+        if slowdown > 1.0 {
+            // A slow device played on a fast machine: idle for the rest of its training.
+            std::thread::sleep(start.elapsed().mul_f32(slowdown - 1.0));
+        }
         let seconds = start.elapsed().as_secs_f32();
         if let Some(timer) = timer {
             timer.abort();

@@ -68,6 +68,10 @@ pub struct AgentSetup {
     /// accountant) across restarts, so a retained task it already answered is not trained
     /// again and the ε spent keeps counting.
     pub state_file: Option<PathBuf>,
+    /// Each local training lasts this many times as long as it took, the device idling for
+    /// the rest before it answers: a slow device played on a fast machine (`fedge demo
+    /// --stragglers`); 1 in a profile.
+    pub slowdown: f32,
 }
 
 /// What an agent does with the released model.

@@ -134,6 +134,7 @@ impl EdgeConfig {
             scan: data.scan,
             serving,
             privacy: self.privacy.clone(),
+            slowdown: 1.0,
             state_file: self
                 .cache_dir
                 .as_ref()

@@ -40,6 +40,10 @@ pub struct BufferedOptions {
     pub local_epochs: u32,
     /// Devices away in random windows.
     pub offline: bool,
+    /// Whole domains slow instead of devices at random ([`Pace::slow_domains`]).
+    pub slow_domains: bool,
+    /// Buffered: the staleness weight.
+    pub staleness: fedge_coordinator::buffer::StalenessWeight,
 }
 
 /// One arm: a name and how it aggregates.
@@ -88,11 +92,13 @@ pub fn arms(options: &BufferedOptions) -> Vec<Arm> {
         round_timeout_ms,
         stragglers: true,
         offline: options.offline,
+        slow_domains: options.slow_domains,
     };
     let sync = AggregationConfig::default;
     let mut buffered =
         AggregationConfig::buffered(options.buffer_size, options.sample, options.max_staleness);
     buffered.concurrency = options.sample;
+    buffered.staleness = options.staleness;
     let updates = options.rounds * options.sample as u64;
     vec![
         Arm {

@@ -5,6 +5,7 @@
 use clap::Args;
 use fedge::attack::KindChoice;
 use fedge::demo::{self, DemoOptions, DemoResult, RoundRow};
+use fedge_coordinator::buffer::{AggregationConfig, AggregationMode};
 use fedge_coordinator::config::PrivacySettings;
 use fedge_models::Backend;
 use fedge_wire::{Codec, Objective};
@@ -55,6 +56,19 @@ pub struct DemoArgs {
     /// [default: 30, or 5 with --attack, whose made-up devices never answer].
     #[arg(long)]
     pub round_timeout: Option<f64>,
+    /// How updates become models: `synchronous` rounds, or `buffered` (FedBuff: a model
+    /// version every --buffer-size updates, nobody waiting for the slowest agent).
+    #[arg(long, default_value = "synchronous", value_parser = mode_parser(), help_heading = "Aggregation")]
+    pub mode: AggregationMode,
+    /// Buffered: updates per model version [default: one less than the agents, so that each
+    /// version waits for all but the slowest; a smaller buffer goes faster but, when speed
+    /// goes with the data (a site all slow), leans towards the fast agents' data].
+    #[arg(long, help_heading = "Aggregation")]
+    pub buffer_size: Option<usize>,
+    /// The straggler mix: the last tenth of the agents train twenty times slower and the
+    /// fifth before them five times slower (each idles for the rest of its training).
+    #[arg(long, help_heading = "Aggregation")]
+    pub stragglers: bool,
     /// Add one hostile participant running these attacks every round (comma-separated, or
     /// `all`; see `fedge attack --help`).
     #[arg(long, value_enum, value_delimiter = ',', help_heading = "Attacks")]
@@ -189,6 +203,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         attack_rate: args.attack_rate,
         attack_keyless: args.attack_keyless,
         sites: args.sites,
+        aggregation: match args.mode {
+            AggregationMode::Buffered => AggregationConfig::buffered(
+                args.buffer_size
+                    .unwrap_or(args.clients.saturating_sub(1))
+                    .max(1),
+                0,
+                AggregationConfig::default().max_staleness,
+            ),
+            AggregationMode::Synchronous => AggregationConfig::default(),
+        },
+        stragglers: args.stragglers,
         // A demo is a simulation: its noise repeats with --seed.
         privacy: args.dp_noise.zip(args.dp_clip).map(|(noise, clip)| {
             PrivacySettings::simulated(noise, clip, args.dp_delta).for_run(args.seed)
@@ -264,9 +289,22 @@ fn fmt_acc(v: Option<f32>) -> String {
 }
 
 fn print_table(result: &DemoResult, asked: u64) {
+    // Buffered: each version's updates by how many versions behind they started.
+    let buffered = result.rounds.iter().any(|r| !r.staleness.is_empty());
     println!(
-        "{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}",
-        "round", "target acc", "source val", "clients", "bytes up", "bytes down", "seconds"
+        "{:>5}  {:>10}  {:>10}  {:>7}  {:>10}  {:>10}  {:>7}{}",
+        if buffered { "ver." } else { "round" },
+        "target acc",
+        "source val",
+        "clients",
+        "bytes up",
+        "bytes down",
+        "seconds",
+        if buffered {
+            "  staleness (versions:updates)"
+        } else {
+            ""
+        }
     );
     for RoundRow {
         round,
@@ -276,13 +314,19 @@ fn print_table(result: &DemoResult, asked: u64) {
         bytes_up,
         bytes_down,
         seconds,
+        staleness,
         ..
     } in &result.rounds
     {
+        let ages: Vec<String> = (staleness.iter().enumerate())
+            .filter(|(_, n)| **n > 0)
+            .map(|(s, n)| format!("{s}:{n}"))
+            .collect();
         println!(
-            "{round:>5}  {:>10}  {:>10}  {clients:>7}  {bytes_up:>10}  {bytes_down:>10}  {seconds:>7.2}",
+            "{round:>5}  {:>10}  {:>10}  {clients:>7}  {bytes_up:>10}  {bytes_down:>10}  {seconds:>7.2}  {}",
             fmt_acc(*target_accuracy),
-            fmt_acc(*source_val_accuracy)
+            fmt_acc(*source_val_accuracy),
+            ages.join(" ")
         );
     }
     println!(
@@ -380,4 +424,16 @@ fn drift_story(args: &DemoArgs) -> anyhow::Result<()> {
     )?;
     eprintln!("plot: {}", args.plot.display());
     args.json.write(&told)
+}
+
+/// `--mode`: the names `[aggregation] mode` takes in TOML.
+fn mode_parser() -> impl clap::builder::TypedValueParser<Value = AggregationMode> {
+    const MODES: [AggregationMode; 2] = [AggregationMode::Synchronous, AggregationMode::Buffered];
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(MODES.map(AggregationMode::name)).map(|name| {
+        MODES
+            .into_iter()
+            .find(|m| m.name() == name)
+            .unwrap_or_default()
+    })
 }

@@ -61,6 +61,9 @@ pub struct RoundRow {
     /// Under central DP: the ε spent so far, at the result's `delta`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
+    /// Buffered mode: the version's updates by staleness (index: versions behind).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub staleness: Vec<u64>,
 }
 
 /// The outcome of a demo.
@@ -152,6 +155,15 @@ pub async fn run(
         options.sites == 0 || !attacked,
         "--attack runs against devices of one broker; leave out --sites"
     );
+    // The coordinator's own refusals (buffered with FedOMG, FedDIM, FedDDL, central DP).
+    let combined = fedge_coordinator::config::Combined {
+        strategy: options.strategy.strategy,
+        objective: options.train.objective,
+        central_dp: options.privacy.as_ref().and_then(|p| p.central()).is_some(),
+        role: fedge_coordinator::config::Role::Global,
+    };
+    fedge_coordinator::config::check_aggregation(&options.aggregation, combined)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     // The global coordinator's clients: the devices, or with sites the sites.
     let participants: Vec<String> = match options.sites {
         0 => data.clients.iter().map(|c| c.id.clone()).collect(),
@@ -189,6 +201,7 @@ pub async fn run(
                 .flat_map(|(ids, key)| ids.iter().map(move |id| (id.clone(), key.clone())));
             Arc::new(keys.chain(insiders).collect())
         }),
+        aggregation: options.aggregation.clone(),
         ..RoundConfig::default()
     }
     .with_objective(
@@ -277,7 +290,8 @@ pub async fn run(
         0 => (Vec::new(), Vec::new()),
         _ => sites::start(options, data, &broker, keys.as_deref(), &stop_rx)?,
     };
-    for client in &data.clients {
+    let devices = data.clients.len();
+    for (i, client) in data.clients.iter().enumerate() {
         // A device behind a site talks to its site's broker, in its site's federation.
         let site = (client.site.as_ref()).and_then(|s| demo_sites.iter().find(|d| &d.name == s));
         let (at, federation, site_keys) = match site {
@@ -292,6 +306,7 @@ pub async fn run(
             views: client.views.clone(),
             key: site_keys.and_then(|k| k.get(&client.id).cloned()),
             privacy: client.privacy.clone(),
+            slowdown: options.slowdown(i, devices),
             ..agent_setup(options, data, at)
         };
         agents.push(tokio::spawn(fedge_edge::run_agent(setup, stop_rx.clone())));
@@ -482,6 +497,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         serving: Default::default(),
         privacy: None,
         state_file: None,
+        slowdown: 1.0,
     }
 }
 
@@ -518,5 +534,6 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
             .map(|a| a.gamma.clone())
             .unwrap_or_default(),
         epsilon: report.privacy.as_ref().map(|p| p.epsilon),
+        staleness: report.staleness.clone(),
     }
 }

@@ -52,6 +52,24 @@ pub struct DemoOptions {
     pub sites: usize,
     /// Central DP-FedAvg (`--dp-noise`, `--dp-clip`): the coordinator's `[privacy]`.
     pub privacy: Option<fedge_coordinator::config::PrivacySettings>,
+    /// Synchronous rounds or buffered aggregation (`--mode`, `--buffer-size`).
+    pub aggregation: fedge_coordinator::buffer::AggregationConfig,
+    /// The straggler mix (`--stragglers`): the last tenth of the agents train twenty times
+    /// slower, the fifth before them five times slower.
+    pub stragglers: bool,
+}
+
+impl DemoOptions {
+    /// How many times slower agent `i` of `n` trains: 20 for the last ⌈n/10⌉, 5 for the
+    /// ⌈n/5⌉ before them, 1 for the others (1 for all without `stragglers`).
+    pub fn slowdown(&self, i: usize, n: usize) -> f32 {
+        let (slowest, slow) = (n.div_ceil(10), n.div_ceil(5));
+        match self.stragglers {
+            true if i + slowest >= n => 20.0,
+            true if i + slowest + slow >= n => 5.0,
+            _ => 1.0,
+        }
+    }
 }
 
 impl Default for DemoOptions {
@@ -80,6 +98,8 @@ impl Default for DemoOptions {
             attack_keyless: false,
             sites: 0,
             privacy: None,
+            aggregation: Default::default(),
+            stragglers: false,
         }
     }
 }

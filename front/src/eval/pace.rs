@@ -26,6 +26,10 @@ pub struct Pace {
     pub stragglers: bool,
     /// 30 % of the devices away in random windows.
     pub offline: bool,
+    /// The straggler class drawn per source domain instead of per device: every device of a
+    /// domain (the part of its name before `-`) is as slow as the others, as when one site's
+    /// gateways are all on a slow link.
+    pub slow_domains: bool,
 }
 
 /// A device's time away: `(leave, back)` in virtual ms.
@@ -38,7 +42,11 @@ impl Pace {
         if !self.stragglers {
             return NOMINAL_TRAIN_MS;
         }
-        let draw: f64 = rng(seed, client, 1).random();
+        let who = match self.slow_domains {
+            true => client.split('-').next().unwrap_or(client),
+            false => client,
+        };
+        let draw: f64 = rng(seed, who, 1).random();
         let slowdown = match draw {
             d if d < 0.7 => 1,
             d if d < 0.9 => 5,

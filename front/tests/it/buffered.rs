@@ -325,3 +325,86 @@ async fn scenario(dir: &Path, port: u16) {
         "the killed and resumed federation must end with the uninterrupted run's parameters"
     );
 }
+
+/// `fedge demo --mode buffered --stragglers`: five agents over the embedded broker, the slowest
+/// twenty times slower; versions go out without waiting for it, and a late update counts with
+/// its staleness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_buffered_demo_does_not_wait_for_its_stragglers() {
+    let options = fedge::demo::DemoOptions {
+        rounds: 12,
+        clients: 5,
+        aggregation: fedge_coordinator::buffer::AggregationConfig::buffered(3, 0, 20),
+        stragglers: true,
+        ..common::demo_options(None, "e2e-buffered")
+    };
+    let result = common::run_demo(&options).await;
+    assert_eq!(result.rounds.len(), 12);
+    for row in &result.rounds {
+        assert_eq!(row.clients, 3, "{row:?}");
+        assert_eq!(row.staleness.iter().sum::<u64>(), 3, "{row:?}");
+    }
+    let late: u64 = (result.rounds.iter())
+        .flat_map(|r| r.staleness.iter().skip(1))
+        .sum();
+    assert!(
+        late > 0,
+        "no straggler's update counted: {:?}",
+        result.rounds
+    );
+    // FedOMG has no buffered form: refused before anything starts.
+    let fedomg = fedge::demo::DemoOptions {
+        strategy: fedge_coordinator::strategy::StrategyConfig {
+            strategy: fedge_coordinator::strategy::StrategyKind::Fedomg,
+            ..Default::default()
+        },
+        ..options
+    };
+    let data = fedge::demo::prepare(&fedomg).unwrap();
+    let error = fedge::demo::run(&fedomg, &data, |_| {}).await.unwrap_err();
+    assert!(error.to_string().contains("FedOMG"), "{error}");
+}
+
+/// `fedge bench buffered` in small: the buffered arm applies as many updates as the
+/// synchronous one in less virtual time under the straggler mix.
+#[test]
+fn buffered_aggregation_beats_synchronous_rounds_on_time_under_stragglers() {
+    use fedge::bench::buffered::{BufferedOptions, Report, run};
+    let prepared =
+        fedge::eval::prepare(&fedge::eval::Dataset::Digits, None, None, None, |_| {}).unwrap();
+    let options = BufferedOptions {
+        seeds: 1,
+        clients_per_domain: 4,
+        sample: 6,
+        rounds: 4,
+        buffer_size: 3,
+        max_staleness: 10,
+        local_epochs: 1,
+        offline: true,
+        slow_domains: false,
+        staleness: Default::default(),
+    };
+    let runs = run(&prepared, &options, |_| {}).unwrap();
+    let arm = |name: &str| runs.iter().find(|r| r.arm == name).unwrap();
+    let (sync, buffered) = (arm("synchronous"), arm("buffered"));
+    assert_eq!(sync.run.curve.len(), 4);
+    assert_eq!(
+        buffered.run.curve.len(),
+        8,
+        "as many updates in all: 4 × 6 / 3 versions"
+    );
+    assert_eq!(buffered.applied(), 24);
+    assert!(
+        buffered.end_ms() < sync.end_ms(),
+        "buffered {} ms, synchronous {} ms",
+        buffered.end_ms(),
+        sync.end_ms()
+    );
+    let report = Report::of(&runs);
+    assert_eq!(report.arms.len(), 3);
+    assert!(
+        report.markdown().contains("| buffered | 1 |"),
+        "{}",
+        report.markdown()
+    );
+}

@@ -51,6 +51,14 @@ pub enum StalenessWeight {
 }
 
 impl StalenessWeight {
+    /// The name, as TOML and the CLI spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::InverseSqrt => "inverse-sqrt",
+            Self::Constant => "constant",
+        }
+    }
+
     /// The weight of an update `staleness` versions old.
     pub fn weight(self, staleness: u64) -> f32 {
         match self {

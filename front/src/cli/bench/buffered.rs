@@ -2,6 +2,8 @@
 
 use clap::Args;
 
+use fedge_coordinator::buffer::StalenessWeight;
+
 use crate::cli::args::FeatureArgs;
 
 /// The flags of `fedge bench buffered`.
@@ -32,6 +34,13 @@ pub struct BufferedArgs {
     /// Every device stays online (no absences; the speeds still differ).
     #[arg(long)]
     pub always_online: bool,
+    /// Draw the speed per rotation instead of per device: a whole domain is slow, as when
+    /// one site's gateways are all on a slow link.
+    #[arg(long)]
+    pub slow_domains: bool,
+    /// Buffered: the staleness weight, `inverse-sqrt` (1/√(1+s)) or `constant`.
+    #[arg(long, default_value = "inverse-sqrt", value_parser = staleness_parser())]
+    pub staleness: StalenessWeight,
     #[command(flatten)]
     pub features: FeatureArgs,
 }
@@ -48,6 +57,8 @@ pub fn run(args: BufferedArgs) -> anyhow::Result<()> {
         max_staleness: args.max_staleness,
         local_epochs: args.local_epochs,
         offline: !args.always_online,
+        slow_domains: args.slow_domains,
+        staleness: args.staleness,
     };
     let spinner = indicatif::ProgressBar::new_spinner();
     let prepared = fedge::eval::prepare(
@@ -72,7 +83,22 @@ pub fn run(args: BufferedArgs) -> anyhow::Result<()> {
             ""
         }
     );
+    if options.slow_domains {
+        println!("speeds drawn per rotation: every device of a rotation is as slow as the others");
+    }
     let report = b::Report::of(&runs);
     print!("{}", report.markdown());
     Ok(())
+}
+
+/// `--staleness`: the names `[aggregation] staleness` takes in TOML.
+fn staleness_parser() -> impl clap::builder::TypedValueParser<Value = StalenessWeight> {
+    use clap::builder::TypedValueParser;
+    const WEIGHTS: [StalenessWeight; 2] = [StalenessWeight::InverseSqrt, StalenessWeight::Constant];
+    clap::builder::PossibleValuesParser::new(WEIGHTS.map(StalenessWeight::name)).map(|name| {
+        WEIGHTS
+            .into_iter()
+            .find(|w| w.name() == name)
+            .unwrap_or_default()
+    })
 }
