@@ -14,7 +14,8 @@ use crate::strategy::StrategyState;
 const MAGIC: &[u8; 4] = b"FDGC";
 /// Version 2 added FedDDL's prototypes, version 3 the federation's run, version 4 central DP's
 /// accountant, version 5 the rounds each device was selected in under central DP, version 6
-/// the federation's pooled feature summary, version 7 the devices in flight in buffered mode.
+/// the federation's pooled feature summary, version 7 the devices in flight in buffered mode
+/// and the version each device's last update counted in.
 /// Versions 3 to 6 are still read (without what they lack).
 const VERSION: u8 = 7;
 /// Read as [`CheckpointV6`].
@@ -63,6 +64,7 @@ impl CheckpointV3 {
             participation,
             pooled: None,
             in_flight: Vec::new(),
+            contributed: Vec::new(),
         }
     }
 }
@@ -239,6 +241,7 @@ mod tests {
             }),
             participation: vec![("cam-1".into(), 2), ("cam-2".into(), 4)],
             in_flight: vec![("cam-3".into(), 6)],
+            contributed: vec![("cam-1".into(), 5)],
         }
     }
 
@@ -282,6 +285,7 @@ mod tests {
             participation: Vec::new(),
             pooled: None,
             in_flight: Vec::new(),
+            contributed: Vec::new(),
             ..sample()
         };
         assert_eq!(decode(&encode_v3(&sample())), Ok(old));
@@ -295,9 +299,9 @@ mod tests {
 
     #[test]
     fn versions_4_to_6_are_read_without_what_they_lack() {
-        // Version 6 is version 7 without its last field (an empty list is one zero byte),
-        // version 5 also without the one before (`None` is one zero byte), version 4 also
-        // without the one before that.
+        // Version 6 is version 7 without its last two fields (an empty list is one zero
+        // byte), version 5 also without the one before (`None` is one zero byte), version 4
+        // also without the one before that.
         let older = |checkpoint: &Checkpoint, version: u8, cut: usize| {
             let mut bytes = encode(checkpoint);
             bytes.truncate(bytes.len() - 4 - cut);
@@ -308,16 +312,17 @@ mod tests {
         };
         let v6 = Checkpoint {
             in_flight: Vec::new(),
+            contributed: Vec::new(),
             ..sample()
         };
-        assert_eq!(decode(&older(&v6, 6, 1)), Ok(v6.clone()));
+        assert_eq!(decode(&older(&v6, 6, 2)), Ok(v6.clone()));
         let v5 = Checkpoint { pooled: None, ..v6 };
-        assert_eq!(decode(&older(&v5, 5, 2)), Ok(v5.clone()));
+        assert_eq!(decode(&older(&v5, 5, 3)), Ok(v5.clone()));
         let v4 = Checkpoint {
             participation: Vec::new(),
             ..v5
         };
-        assert_eq!(decode(&older(&v4, 4, 3)), Ok(v4));
+        assert_eq!(decode(&older(&v4, 4, 4)), Ok(v4));
         assert!(sample().pooled.is_some());
         assert_eq!(decode(&encode(&sample())), Ok(sample()));
     }

@@ -44,6 +44,8 @@ pub struct BufferedOptions {
     pub slow_domains: bool,
     /// Buffered: the staleness weight.
     pub staleness: fedge_coordinator::buffer::StalenessWeight,
+    /// Buffered: the participation weight.
+    pub participation: fedge_coordinator::buffer::ParticipationWeight,
 }
 
 /// One arm: a name and how it aggregates.
@@ -99,6 +101,7 @@ pub fn arms(options: &BufferedOptions) -> Vec<Arm> {
         AggregationConfig::buffered(options.buffer_size, options.sample, options.max_staleness);
     buffered.concurrency = options.sample;
     buffered.staleness = options.staleness;
+    buffered.participation = options.participation;
     let updates = options.rounds * options.sample as u64;
     vec![
         Arm {

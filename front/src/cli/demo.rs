@@ -69,6 +69,11 @@ pub struct DemoArgs {
     /// fifth before them five times slower (each idles for the rest of its training).
     #[arg(long, help_heading = "Aggregation")]
     pub stragglers: bool,
+    /// Buffered: `none` (FedBuff: each update by its samples) or `interval` (its samples
+    /// times the versions since its agent's last update counted, so slow agents' data are
+    /// not outvoted by fast ones').
+    #[arg(long, default_value = "none", value_parser = super::bench::buffered::participation_parser(), help_heading = "Aggregation")]
+    pub participation: fedge_coordinator::buffer::ParticipationWeight,
     /// Add one hostile participant running these attacks every round (comma-separated, or
     /// `all`; see `fedge attack --help`).
     #[arg(long, value_enum, value_delimiter = ',', help_heading = "Attacks")]
@@ -204,13 +209,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         attack_keyless: args.attack_keyless,
         sites: args.sites,
         aggregation: match args.mode {
-            AggregationMode::Buffered => AggregationConfig::buffered(
-                args.buffer_size
-                    .unwrap_or(args.clients.saturating_sub(1))
-                    .max(1),
-                0,
-                AggregationConfig::default().max_staleness,
-            ),
+            AggregationMode::Buffered => AggregationConfig {
+                participation: args.participation,
+                ..AggregationConfig::buffered(
+                    args.buffer_size
+                        .unwrap_or(args.clients.saturating_sub(1))
+                        .max(1),
+                    0,
+                    AggregationConfig::default().max_staleness,
+                )
+            },
             AggregationMode::Synchronous => AggregationConfig::default(),
         },
         stragglers: args.stragglers,

@@ -383,6 +383,7 @@ fn buffered_aggregation_beats_synchronous_rounds_on_time_under_stragglers() {
         offline: true,
         slow_domains: false,
         staleness: Default::default(),
+        participation: Default::default(),
     };
     let runs = run(&prepared, &options, |_| {}).unwrap();
     let arm = |name: &str| runs.iter().find(|r| r.arm == name).unwrap();

@@ -68,6 +68,48 @@ impl StalenessWeight {
     }
 }
 
+/// How much a device's update counts for how often its device answers.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ParticipationWeight {
+    /// Every update by its samples alone (FedBuff): a device's say grows with its speed.
+    None,
+    /// Its samples times the versions since its device's last update counted (at most
+    /// `max_staleness + 1`; the versions its first update took when it has none), so that a
+    /// device answering every fifth version weighs five times one answering every version:
+    /// each device's say follows its data, not its speed (after FedAU's weighting by the
+    /// participation interval, Wang and Ji, ICLR 2024).
+    #[default]
+    Interval,
+}
+
+impl ParticipationWeight {
+    /// The name, as TOML and the CLI spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Interval => "interval",
+        }
+    }
+
+    /// The factor on the samples of an update started from round `base` and accepted in
+    /// version `open`, whose device's last update counted in version `last`.
+    pub fn factor(self, open: u64, base: u64, last: Option<u64>, max_staleness: u64) -> u32 {
+        match self {
+            Self::None => 1,
+            Self::Interval => {
+                let since = last.unwrap_or(base.saturating_sub(1));
+                let interval = open.saturating_sub(since).max(1);
+                interval
+                    .min(max_staleness.saturating_add(1))
+                    .min(u64::from(u16::MAX)) as u32
+            }
+        }
+    }
+}
+
 /// `[aggregation]` of the coordinator's configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -86,6 +128,10 @@ pub struct AggregationConfig {
     /// Buffered: the weight of an update `s` versions old, `inverse-sqrt` (`1/√(1+s)`,
     /// FedBuff's) or `constant`.
     pub staleness: StalenessWeight,
+    /// Buffered: `interval` (the samples times the versions since the device's last update
+    /// counted, at most `max_staleness + 1`, so that slow devices' data are not outvoted by
+    /// fast ones') or `none` (FedBuff as published: the samples alone).
+    pub participation: ParticipationWeight,
 }
 
 impl Default for AggregationConfig {
@@ -96,6 +142,7 @@ impl Default for AggregationConfig {
             concurrency: 0,
             max_staleness: 10,
             staleness: StalenessWeight::InverseSqrt,
+            participation: ParticipationWeight::Interval,
         }
     }
 }
@@ -146,6 +193,24 @@ mod tests {
         assert_eq!(w.weight(3), 0.5);
         assert!((w.weight(1) - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-7);
         assert_eq!(StalenessWeight::Constant.weight(7), 1.0);
+    }
+
+    #[test]
+    fn the_interval_counts_versions_since_the_last_update_and_is_bounded() {
+        let p = ParticipationWeight::Interval;
+        assert_eq!(p.factor(7, 7, Some(6), 10), 1, "every version");
+        assert_eq!(p.factor(12, 8, Some(7), 10), 5, "every fifth version");
+        assert_eq!(
+            p.factor(5, 3, None, 10),
+            3,
+            "a first update: the versions it took"
+        );
+        assert_eq!(
+            p.factor(100, 99, Some(2), 10),
+            11,
+            "at most max_staleness + 1"
+        );
+        assert_eq!(ParticipationWeight::None.factor(12, 8, Some(7), 10), 1);
     }
 
     #[test]

@@ -39,10 +39,12 @@ fn send(m: &mut Rounds, client: &str, round: u64, now_ms: u64) {
 
 #[test]
 fn a_version_every_k_updates_with_stale_ones_weighted_by_one_over_root_one_plus_s() {
-    let config = RoundConfig {
+    let mut config = RoundConfig {
         min_clients: 3,
         ..buffered(2, 0, 4)
     };
+    // FedBuff as published: the samples alone weigh an update.
+    config.aggregation.participation = crate::buffer::ParticipationWeight::None;
     let mut m = Rounds::new(config, Box::new(FedAvg), vec![0.0; M]);
     online(&mut m, &["d1", "d2", "d3"], 0);
     let first = tasks(&drain(&mut m));
@@ -268,5 +270,35 @@ fn killed_with_a_half_full_buffer_the_machine_resumes_it_and_ends_bit_for_bit_li
             bits(&reference.0),
             "killed after arrival {kill_after}"
         );
+    }
+}
+
+#[test]
+fn with_interval_weighting_a_device_answering_every_other_version_weighs_twice() {
+    let config = RoundConfig {
+        min_clients: 3,
+        ..buffered(2, 0, 4)
+    };
+    assert_eq!(
+        config.aggregation.participation,
+        crate::buffer::ParticipationWeight::Interval
+    );
+    let mut m = Rounds::new(config, Box::new(FedAvg), vec![0.0; M]);
+    online(&mut m, &["d1", "d2", "d3"], 0);
+    drain(&mut m);
+    // Version 1: d1 and d2; version 2: d1 again and d3 (its first, one version late).
+    send(&mut m, "d1", 1, 10);
+    send(&mut m, "d2", 1, 20);
+    let v1 = m.params().to_vec();
+    send(&mut m, "d1", 2, 30);
+    send(&mut m, "d3", 1, 40);
+    assert_eq!(m.round(), 3);
+    // d1 counted in version 1 (interval 1: weight 10); d3's first update took two versions
+    // (weight 20) and is one version stale (1/√2).
+    let w = std::f32::consts::FRAC_1_SQRT_2;
+    let (fresh, late) = (delta("d1", 2), delta("d3", 1));
+    for (i, (got, before)) in m.params().iter().zip(&v1).enumerate() {
+        let expected = before + (10.0 * fresh[i] + 20.0 * w * late[i]) / 30.0;
+        assert!((got - expected).abs() < 1e-6, "{i}: {got} vs {expected}");
     }
 }

@@ -114,6 +114,8 @@ pub struct Rounds {
     staleness_total: Vec<u64>,
     /// Buffered mode: when the open round's task goes to the devices that came online.
     top_up_at: Option<u64>,
+    /// Buffered mode: the version in which each device's last update counted.
+    contributed: BTreeMap<String, u64>,
 }
 
 impl Rounds {
@@ -152,6 +154,7 @@ impl Rounds {
             in_flight: Default::default(),
             staleness_total: Vec::new(),
             top_up_at: None,
+            contributed: BTreeMap::new(),
             config,
         }
     }
@@ -438,17 +441,27 @@ impl Rounds {
                 return;
             }
         };
+        // Buffered: the samples times the participation factor weigh the update.
+        let mut n = update.num_samples;
         if let Some(s) = staleness {
             self.in_flight.finish(client);
             if let Some(open) = self.open.as_mut() {
                 open.staleness.insert(client.to_owned(), s);
+                let aggregation = &self.config.aggregation;
+                let last = self.contributed.insert(client.to_owned(), open.round);
+                let factor = (aggregation.participation).factor(
+                    open.round,
+                    update.round,
+                    last,
+                    aggregation.max_staleness,
+                );
+                n = n.saturating_mul(factor);
             }
         }
         let journaling = self.journaling();
         let Some(open) = self.open.as_mut() else {
             return;
         };
-        let n = update.num_samples;
         if let Err(e) = open.accepted.push_tensor(client, n, &update.delta) {
             self.reject(client, Rejection::MemoryBudget, e.to_string());
             return;

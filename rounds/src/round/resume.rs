@@ -102,6 +102,7 @@ impl Rounds {
         }
         rounds.restore_pooled(checkpoint.pooled)?;
         rounds.in_flight = crate::buffer::InFlight::restored(checkpoint.in_flight, 0);
+        rounds.contributed = checkpoint.contributed.into_iter().collect();
         rounds.params = checkpoint.params;
         rounds.next_round = checkpoint.next_round.max(1);
         rounds.last_closed = rounds.next_round - 1;
@@ -131,6 +132,10 @@ impl Rounds {
             participation: self.saved_participation(),
             pooled: self.pooled.clone(),
             in_flight: self.in_flight.saved(self.last_closed + 1),
+            contributed: (self.contributed.iter())
+                .filter(|(_, v)| **v <= self.last_closed)
+                .map(|(c, v)| (c.clone(), *v))
+                .collect(),
         }
     }
 }

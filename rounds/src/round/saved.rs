@@ -38,6 +38,9 @@ pub struct Checkpoint {
     /// Buffered mode: the devices training a version before `next_round`, with that version
     /// (the open round's are in its journal); empty in synchronous mode.
     pub in_flight: Vec<(String, u64)>,
+    /// Buffered mode: the version in which each device's last update counted (its
+    /// participation interval's start); empty in synchronous mode.
+    pub contributed: Vec<(String, u64)>,
 }
 
 /// A privacy accountant as plain values: its orders, the RDP spent at each (`+∞` kept as

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use fedge_coordinator::buffer::StalenessWeight;
+use fedge_coordinator::buffer::{ParticipationWeight, StalenessWeight};
 
 use crate::cli::args::FeatureArgs;
 
@@ -41,6 +41,10 @@ pub struct BufferedArgs {
     /// Buffered: the staleness weight, `inverse-sqrt` (1/√(1+s)) or `constant`.
     #[arg(long, default_value = "inverse-sqrt", value_parser = staleness_parser())]
     pub staleness: StalenessWeight,
+    /// Buffered: the participation weight, `none` (FedBuff) or `interval` (the samples times
+    /// the versions since the device's last update counted).
+    #[arg(long, default_value = "none", value_parser = participation_parser())]
+    pub participation: ParticipationWeight,
     #[command(flatten)]
     pub features: FeatureArgs,
 }
@@ -59,6 +63,7 @@ pub fn run(args: BufferedArgs) -> anyhow::Result<()> {
         offline: !args.always_online,
         slow_domains: args.slow_domains,
         staleness: args.staleness,
+        participation: args.participation,
     };
     let spinner = indicatif::ProgressBar::new_spinner();
     let prepared = fedge::eval::prepare(
@@ -96,6 +101,19 @@ fn staleness_parser() -> impl clap::builder::TypedValueParser<Value = StalenessW
     use clap::builder::TypedValueParser;
     const WEIGHTS: [StalenessWeight; 2] = [StalenessWeight::InverseSqrt, StalenessWeight::Constant];
     clap::builder::PossibleValuesParser::new(WEIGHTS.map(StalenessWeight::name)).map(|name| {
+        WEIGHTS
+            .into_iter()
+            .find(|w| w.name() == name)
+            .unwrap_or_default()
+    })
+}
+
+/// `--participation`: the names `[aggregation] participation` takes in TOML.
+pub fn participation_parser() -> impl clap::builder::TypedValueParser<Value = ParticipationWeight> {
+    use clap::builder::TypedValueParser;
+    const WEIGHTS: [ParticipationWeight; 2] =
+        [ParticipationWeight::None, ParticipationWeight::Interval];
+    clap::builder::PossibleValuesParser::new(WEIGHTS.map(ParticipationWeight::name)).map(|name| {
         WEIGHTS
             .into_iter()
             .find(|w| w.name() == name)
