@@ -409,3 +409,48 @@ fn buffered_aggregation_beats_synchronous_rounds_on_time_under_stragglers() {
         report.markdown()
     );
 }
+
+/// Sites under a buffered global coordinator, in the simulator: each site runs synchronous
+/// rounds for its devices (the relay code `fedge-coordinator run` with `role = "site"` runs)
+/// and answers the deadline-free global task with one update; the global level closes a
+/// version every two site updates, the slowest site's answer counting late.
+#[test]
+fn sites_run_synchronous_rounds_under_a_buffered_global_coordinator() {
+    use fedge::eval::{BenchOptions, Pace, RunSpec, Scenario, SiteOptions};
+    let prepared =
+        fedge::eval::prepare(&fedge::eval::Dataset::Digits, None, None, None, |_| {}).unwrap();
+    let domains = prepared.split(0);
+    let head =
+        fedge_models::HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(16);
+    let algorithm = fedge::eval::parse_algorithm("fedavg").unwrap();
+    let options = BenchOptions {
+        scenario: Scenario::Sites { devices: 2 },
+        rounds: 6,
+        seeds: 1,
+        local_epochs: 1,
+        hidden: 16,
+        site: SiteOptions::transductive(),
+        pace: Pace {
+            aggregation: fedge_coordinator::buffer::AggregationConfig::buffered(2, 0, 10),
+            stragglers: true,
+            ..Pace::default()
+        },
+    };
+    let spec = RunSpec {
+        algorithm: &algorithm,
+        domains: &domains,
+        target: 0,
+        seed: 0,
+        head: &head,
+        options: &options,
+    };
+    let run = fedge::eval::run_one(&spec, |_| {}).unwrap();
+    assert_eq!(run.curve.len(), 6, "{run:?}");
+    assert!(run.curve.iter().all(|s| s.clients == 2), "{:?}", run.curve);
+    assert!(run.rejected.is_empty(), "{:?}", run.rejected);
+    assert!(
+        run.final_target_accuracy > 0.2,
+        "{}",
+        run.final_target_accuracy
+    );
+}
