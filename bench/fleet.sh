@@ -20,8 +20,8 @@
 #                                                  (synchronous rounds' deadline and quorum, and
 #                                                   the devices online a round needs; defaults:
 #                                                   600 s and every device, or 3 nominal
-#                                                   trainings and half the devices with
-#                                                   STRAGGLERS or OFFLINE, see below)
+#                                                   trainings, 40 % and half of the devices
+#                                                   with STRAGGLERS or OFFLINE, see below)
 #
 # The coordinator runs until stopped (rounds = 0): after the fleet's last round the bench
 # waits until it has accounted for every update sent, then stops it (SIGTERM).
@@ -40,28 +40,24 @@ OFFLINE=${OFFLINE:-0}
 TRAIN_MS=${TRAIN_MS:-$( [ "$STRAGGLERS" = 1 ] || [ "$OFFLINE" = 1 ] && echo 1000 || echo 0 )}
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-# Synchronous rounds with stragglers or absences: a deadline of three nominal trainings and
-# half the devices as quorum (and to open a round), so that rounds end without the slowest.
+# Synchronous rounds with stragglers or absences: a deadline of three nominal trainings and 40 %
+# of the devices as quorum, so that rounds end without the slowest (about 10 % of the devices
+# are away at any time; the 30 % of stragglers miss every deadline and rest after
+# max_missed_rounds); half the devices online to open a round (the devices at rest do not count:
+# with more, rounds stop opening once the stragglers rest). Buffered mode ignores the quorum;
+# there min_clients gates every version (below it no version is open and updates are refused
+# as wrong_round).
 if [ "$STRAGGLERS" = 1 ] || [ "$OFFLINE" = 1 ]; then
   default_timeout=$(( (3 * TRAIN_MS + 999) / 1000 ))
-  default_quorum=$(( DEVICES / 2 ))
+  default_quorum=$(( DEVICES * 4 / 10 ))
+  default_min_clients=$(( DEVICES / 2 ))
 else
   default_timeout=600
   default_quorum=$DEVICES
+  default_min_clients=$DEVICES
 fi
 ROUND_TIMEOUT_S=${ROUND_TIMEOUT_S:-$default_timeout}
 MIN_UPDATES=${MIN_UPDATES:-$default_quorum}
-# Devices online before a round opens: the whole fleet, or 80 % of it when 30 % of the devices
-# come and go (about 10 % are away at any time) in synchronous mode, so that the first round
-# does not start with a quorum's worth; half of it in buffered mode, where it gates every
-# version (below it no version is open and updates are refused as wrong_round).
-if [ "$OFFLINE" = 1 ] && [ "$MODE" = buffered ]; then
-  default_min_clients=$(( DEVICES / 2 ))
-elif [ "$OFFLINE" = 1 ]; then
-  default_min_clients=$(( DEVICES * 8 / 10 ))
-else
-  default_min_clients=$DEVICES
-fi
 MIN_CLIENTS=${MIN_CLIENTS:-$default_min_clients}
 
 work=$(mktemp -d)
@@ -124,7 +120,7 @@ end=$(date +%s.%N)
 coordinator=$(pgrep -P "$timed" || true)
 [ -n "$coordinator" ] && kill -TERM "$coordinator" 2>/dev/null || true
 wait "$timed" || true
-[ -n "${FLEET_JSON:-}" ] && cp "$work/fleet.json" "$FLEET_JSON"
+if [ -n "${FLEET_JSON:-}" ] && [ -f "$work/fleet.json" ]; then cp "$work/fleet.json" "$FLEET_JSON"; fi
 hidden=${HIDDEN:-64}
 echo "coordinator (mode $MODE$( [ "$MODE" = buffered ] && echo ", buffer_size ${BUFFER_SIZE:-10}, concurrency ${CONCURRENCY:-0}, max_staleness ${MAX_STALENESS:-10}" || echo ", round_timeout_s $ROUND_TIMEOUT_S, min_updates $MIN_UPDATES"), min_clients $MIN_CLIENTS, stragglers $STRAGGLERS, offline $OFFLINE, train_ms $TRAIN_MS, strategy ${STRATEGY:-fedavg}, journal ${JOURNAL:-0}, $DEVICES devices, $ROUNDS rounds, $((512 * hidden + hidden + hidden * 10 + 10)) parameters, update_memory_mb ${UPDATE_MEMORY_MB:-default}, spill ${SPILL:-0}, memory limit ${MEMORY_LIMIT_MB:-none}):"
 grep -E "User time|System time|Elapsed \(wall|Maximum resident" "$work/coordinator.err" | sed 's/^\s*/  /'

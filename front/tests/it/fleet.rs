@@ -105,8 +105,8 @@ async fn every_update_of_a_buffered_fleet_of_stragglers_and_absentees_is_account
     if devices < WANTED {
         eprintln!("open files limited to {limit}: {devices} devices instead of {WANTED}");
     }
-    // As bench/fleet.sh configures it: mosquitto's default queue of 1,000 QoS 1 messages per
-    // client drops updates when a burst of answers outruns the coordinator.
+    // As bench/fleet.sh configures it: past its default queue of 1,000 QoS 1 messages per
+    // client, mosquitto would drop updates of a burst that outruns the coordinator.
     let Some(mosquitto) = common::Mosquitto::start_with("max_queued_messages 100000") else {
         return;
     };

@@ -302,3 +302,24 @@ fn with_interval_weighting_a_device_answering_every_other_version_weighs_twice()
         assert!((got - expected).abs() < 1e-6, "{i}: {got} vs {expected}");
     }
 }
+
+#[test]
+fn with_every_device_gone_a_version_stays_open_without_a_deadline() {
+    let mut m = Rounds::new(buffered(1, 0, 10), Box::new(FedAvg), vec![0.0; M]);
+    online(&mut m, &["d1"], 0);
+    m.handle_timeout(2_000);
+    m.handle_client_status("d1", false, 3_000);
+    m.handle_timeout(4_000);
+    assert_eq!(
+        (m.deadline_ms(), m.poll_timeout()),
+        (None, None),
+        "nothing to wait for"
+    );
+    // Its update, made while away, still finds version 1 open when it is back.
+    m.handle_client_status("d1", true, 9_000);
+    send(&mut m, "d1", 1, 9_001);
+    assert_eq!((m.round(), m.aggregated_rounds()), (2, 1));
+    // min_clients gates only the first version: version 2 is open with d1 alone.
+    m.handle_client_status("d1", false, 9_002);
+    assert_eq!(m.phase(), Phase::Training);
+}

@@ -30,7 +30,10 @@ impl Rounds {
         if self.control.paused {
             return;
         }
-        if self.eligible().len() >= self.config.min_clients.max(1) {
+        // Buffered: `min_clients` gates the first version; after it a version is always open,
+        // so that an update arriving while few devices are online still finds one.
+        let started = self.buffered() && self.next_round > 1;
+        if started || self.eligible().len() >= self.config.min_clients.max(1) {
             self.open_round(now_ms);
         }
     }

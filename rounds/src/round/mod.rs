@@ -194,8 +194,12 @@ impl Rounds {
         self.phase
     }
 
-    /// The open round's deadline (machine time), if a round is open.
+    /// The open round's deadline (machine time), if a round is open and has one (a buffered
+    /// version has none: it closes when its buffer is full).
     pub fn deadline_ms(&self) -> Option<u64> {
+        if self.buffered() {
+            return None;
+        }
         self.open.as_ref().map(|o| o.deadline_ms)
     }
 
@@ -594,7 +598,8 @@ impl Rounds {
 
     /// When `handle_timeout` must be called next, if ever.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let deadline = self.open.as_ref().map(|o| o.deadline_ms);
+        // `u64::MAX`: a buffered version with nothing to wait for.
+        let deadline = (self.open.as_ref().map(|o| o.deadline_ms)).filter(|&d| d != u64::MAX);
         [
             deadline,
             self.reassembler.next_expiry(),

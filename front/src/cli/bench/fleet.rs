@@ -37,7 +37,9 @@ pub struct FleetArgs {
     /// twenty times slower.
     #[arg(long)]
     pub stragglers: bool,
-    /// 30 % of the devices go away in random windows (their Last Will fires) and come back.
+    /// 30 % of the devices go away in random windows (online for 20–120 nominal trainings,
+    /// away for 10–60, the unit 1 s without --train-ms; their Last Will fires) and come back
+    /// on their persistent session, sending what they finished while away.
     #[arg(long)]
     pub offline: bool,
     /// Seed of the straggler classes and absences.
