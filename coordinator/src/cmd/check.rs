@@ -56,6 +56,26 @@ fn checks(path: &Path, dry_run: bool) -> Vec<Check> {
         },
     });
     checks.push(check_state(config.state_dir.as_deref()));
+    let aggregation = &config.aggregation;
+    if aggregation.is_buffered() {
+        // A mis-sized buffer runs, but refuses most updates as stale: said as a failure so
+        // that it is read before the fleet wastes its training.
+        checks.push(match aggregation.advice() {
+            Some(advice) => fail("aggregation", advice),
+            None => pass(
+                "aggregation",
+                format!(
+                    "buffered: a version every {} updates, {} training at once, max_staleness {}",
+                    aggregation.buffer_size,
+                    match aggregation.concurrency {
+                        0 => "every online device".to_owned(),
+                        n => format!("{n} devices"),
+                    },
+                    aggregation.max_staleness
+                ),
+            ),
+        });
+    }
     if let Some(addr) = config.metrics_listen {
         checks.push(match std::net::TcpListener::bind(addr) {
             Ok(_) => pass("metrics", format!("{addr} is free")),
@@ -123,6 +143,32 @@ fn check_state(dir: Option<&Path>) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_that_versions_would_outrun_fails_with_what_to_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("coordinator.toml");
+        let config = |buffer| {
+            format!(
+                "federation = \"f\"\n[head]\nfeatures = 8\nhidden = 4\nclasses = 2\n\
+                 [aggregation]\nmode = \"buffered\"\nbuffer_size = {buffer}\nconcurrency = 1000\n"
+            )
+        };
+        std::fs::write(&path, config(10)).unwrap();
+        let found = checks(&path, true);
+        let buffer = found.iter().find(|c| c.name == "aggregation").unwrap();
+        assert!(
+            !buffer.ok && buffer.detail.contains("raise buffer_size"),
+            "{buffer:?}"
+        );
+        std::fs::write(&path, config(100)).unwrap();
+        let found = checks(&path, true);
+        let buffer = found.iter().find(|c| c.name == "aggregation").unwrap();
+        assert!(
+            buffer.ok && buffer.detail.contains("every 100 updates"),
+            "{buffer:?}"
+        );
+    }
 
     #[test]
     fn a_configuration_run_would_trip_over_fails_by_name() {

@@ -45,6 +45,9 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
             tracing::warn!("[privacy] seed is set: the noise is reproducible, for tests only");
         }
     }
+    if let Some(advice) = config.aggregation.advice() {
+        tracing::warn!("{advice}");
+    }
     if config.stay_up && config.auth.operator_key_file.is_none() {
         anyhow::bail!(
             "stay_up = true needs [auth] operator_key_file: only an operator command \

@@ -179,6 +179,10 @@ pub fn metrics_json(
             map.insert("privacy_budget_exhausted".into(), true.into());
         }
     }
+    // Buffered: the version's updates by staleness (index: versions behind).
+    if let (false, Some(map)) = (report.staleness.is_empty(), metrics.as_object_mut()) {
+        map.insert("staleness".into(), serde_json::json!(report.staleness));
+    }
     // What evaluation-only sites said of the latest model each scored.
     if let (false, Some(map)) = (site_accuracy.is_empty(), metrics.as_object_mut()) {
         map.insert("site_accuracy".into(), serde_json::json!(site_accuracy));

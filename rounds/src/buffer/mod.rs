@@ -164,6 +164,19 @@ impl AggregationConfig {
         self.mode == AggregationMode::Buffered
     }
 
+    /// Advice when the settings will waste updates: versions move about `concurrency /
+    /// buffer_size` times per typical training, so a ratio above `max_staleness` refuses most
+    /// updates as `stale` (docs/algorithms.md §12).
+    pub fn advice(&self) -> Option<String> {
+        let pace = self.concurrency as f64 / self.buffer_size.max(1) as f64;
+        (self.is_buffered() && pace > self.max_staleness as f64).then(|| {
+            format!(
+                "[aggregation] concurrency = {} over buffer_size = {} moves about {pace:.0}                  versions per training, above max_staleness = {}: most updates will come too                  late and be refused as stale; raise buffer_size or max_staleness, or lower                  concurrency",
+                self.concurrency, self.buffer_size, self.max_staleness
+            )
+        })
+    }
+
     /// The first setting out of range, named with what to give.
     pub fn check(&self) -> Result<(), String> {
         if self.buffer_size == 0 || self.buffer_size > 100_000 {
@@ -211,6 +224,21 @@ mod tests {
             "at most max_staleness + 1"
         );
         assert_eq!(ParticipationWeight::None.factor(12, 8, Some(7), 10), 1);
+    }
+
+    #[test]
+    fn advice_comes_when_versions_would_outrun_max_staleness() {
+        assert!(AggregationConfig::buffered(10, 1000, 10).advice().is_some());
+        assert!(
+            AggregationConfig::buffered(100, 1000, 10)
+                .advice()
+                .is_none()
+        );
+        assert!(
+            AggregationConfig::buffered(10, 0, 10).advice().is_none(),
+            "unknown fleet"
+        );
+        assert!(AggregationConfig::default().advice().is_none());
     }
 
     #[test]
