@@ -323,3 +323,21 @@ fn with_every_device_gone_a_version_stays_open_without_a_deadline() {
     m.handle_client_status("d1", false, 9_002);
     assert_eq!(m.phase(), Phase::Training);
 }
+
+#[test]
+fn a_new_run_frees_every_device_still_training_the_old_one() {
+    let config = RoundConfig {
+        rounds: 1,
+        min_clients: 2,
+        ..buffered(1, 0, 10)
+    };
+    let mut m = Rounds::new(config, Box::new(FedAvg), vec![0.0; M]);
+    online(&mut m, &["d1", "d2"], 0);
+    send(&mut m, "d1", 1, 10);
+    assert_eq!(m.phase(), Phase::Finished);
+    assert!(m.in_flight().contains("d2"), "d2 still trains version 1");
+    m.apply_control(&fedge_wire::control::Command::NewRun { rounds: 2 }, 20);
+    assert_eq!(m.phase(), Phase::Training);
+    let task = tasks(&drain(&mut m)).pop().unwrap();
+    assert_eq!(task.selected, ["d1", "d2"], "both free in the new run");
+}

@@ -149,6 +149,10 @@ impl Rounds {
             run = run.wrapping_add(1);
         }
         self.config.run = run;
+        // Buffered: the old run's tasks are over (their updates would be `replay`); every
+        // device is free, and participation intervals start again.
+        self.in_flight = Default::default();
+        self.contributed.clear();
         self.control.run_start = (self.next_round, self.aggregated_rounds);
         self.config.rounds = self.aggregated_rounds + rounds;
         self.control.rounds = Some(self.config.rounds);
