@@ -11,6 +11,7 @@
 #   MEMORY_LIMIT_MB=160 bash bench/fleet.sh ...    (run the coordinator in a cgroup v1 memory
 #                                                   limit, as root: proves the budget holds)
 #   MODE=buffered BUFFER_SIZE=10 CONCURRENCY=0 MAX_STALENESS=10 bash bench/fleet.sh ...
+#     (STALENESS=constant, PARTICIPATION=none: the other weights)
 #                                                  (FedBuff: ROUNDS counts model versions)
 #   STRAGGLERS=1 TRAIN_MS=1000 bash bench/fleet.sh ...  (devices train TRAIN_MS, 20 % of them
 #                                                   5 times longer, 10 % 20 times longer)
@@ -69,8 +70,8 @@ sleep 0.5
 
 aggregation=
 if [ "$MODE" = buffered ]; then
-  aggregation=$(printf '[aggregation]\nmode = "buffered"\nbuffer_size = %s\nconcurrency = %s\nmax_staleness = %s\n' \
-    "${BUFFER_SIZE:-10}" "${CONCURRENCY:-0}" "${MAX_STALENESS:-10}")
+  aggregation=$(printf '[aggregation]\nmode = "buffered"\nbuffer_size = %s\nconcurrency = %s\nmax_staleness = %s\nstaleness = "%s"\nparticipation = "%s"\n' \
+    "${BUFFER_SIZE:-10}" "${CONCURRENCY:-0}" "${MAX_STALENESS:-10}" "${STALENESS:-inverse-sqrt}" "${PARTICIPATION:-interval}")
 fi
 
 cat > "$work/coordinator.toml" <<TOML

@@ -87,7 +87,11 @@ impl Rounds {
     /// Sets the open buffer's next tick: a pending top-up, or the next slot freed by timeout.
     pub(super) fn schedule_buffer_tick(&mut self, now_ms: u64) {
         let timeout = self.config.round_timeout_ms;
-        let expiry = self.in_flight.next_expiry(&self.online, now_ms, timeout);
+        // Every device may train at once: no slot to free, nothing to look through.
+        let expiry = match self.config.aggregation.concurrency {
+            0 => None,
+            _ => self.in_flight.next_expiry(&self.online, now_ms, timeout),
+        };
         let next = [self.top_up_at, expiry].into_iter().flatten().min();
         if let Some(open) = self.open.as_mut() {
             open.deadline_ms = next.unwrap_or(u64::MAX);

@@ -512,7 +512,8 @@ impl Rounds {
         };
         if full {
             self.close_round(now_ms);
-        } else if buffered {
+        } else if buffered && self.config.aggregation.concurrency > 0 {
+            // A slot freed: another device may take it.
             self.buffer_status_changed(now_ms);
         }
     }
