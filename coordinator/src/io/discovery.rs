@@ -18,7 +18,7 @@ pub const DISCOVERY_PREFIX: &str = "homeassistant";
 pub const SUPPORT_URL: &str = env!("CARGO_PKG_REPOSITORY");
 
 /// (key in the status JSON, sensor name, unit, state class)
-const SENSORS: [(&str, &str, Option<&str>, Option<&str>); 7] = [
+const SENSORS: [(&str, &str, Option<&str>, Option<&str>); 9] = [
     ("state", "state", None, None),
     ("round", "round", None, Some("measurement")),
     (
@@ -51,7 +51,19 @@ const SENSORS: [(&str, &str, Option<&str>, Option<&str>); 7] = [
         None,
         Some("total_increasing"),
     ),
+    // Buffered aggregation (the status's `buffer`); unknown in synchronous mode.
+    ("model_version", "model version", None, Some("measurement")),
+    ("buffer_fill", "buffer fill", None, Some("measurement")),
 ];
+
+/// The status field a buffered-aggregation sensor reads inside `buffer`.
+fn buffer_field(key: &str) -> Option<&'static str> {
+    match key {
+        "model_version" => Some("version"),
+        "buffer_fill" => Some("fill"),
+        _ => None,
+    }
+}
 
 /// A federation name as a Home Assistant object id (`[a-zA-Z0-9_-]`).
 fn object_id(federation: &str) -> String {
@@ -91,10 +103,13 @@ pub fn discovery_messages(topics: &Topics, federation: &str) -> Vec<(String, Str
         .iter()
         .map(|(key, name, unit, class)| {
             let accuracy = *unit == Some("%");
-            let template = if accuracy {
-                format!("{{{{ (value_json.{key} * 100) | round(1) if value_json.{key} is number else none }}}}")
-            } else {
-                format!("{{{{ value_json.{key} }}}}")
+            let template = match (accuracy, buffer_field(key)) {
+                (true, _) => format!("{{{{ (value_json.{key} * 100) | round(1) if value_json.{key} is number else none }}}}"),
+                // Named after the sensor's key, unknown when the coordinator runs rounds.
+                (false, Some(field)) => format!(
+                    "{{% set {key} = value_json.buffer.{field} if value_json.buffer is defined else none %}}{{{{ {key} }}}}"
+                ),
+                (false, None) => format!("{{{{ value_json.{key} }}}}"),
             };
             let mut config = json!({
                 "name": name,
