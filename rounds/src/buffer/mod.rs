@@ -1,6 +1,6 @@
 //! Buffered asynchronous aggregation (FedBuff; docs/algorithms.md §12): `[aggregation]` of the
 //! coordinator's configuration, the staleness weighting and the devices in flight. Plain values
-//! and pure functions; the round machine (`crate::round`) drives them.
+//! and pure functions; the round machine drives them.
 //!
 //! In buffered mode devices train on the newest model version they were given and the
 //! coordinator publishes a new version every `buffer_size` accepted updates, whatever version

@@ -23,8 +23,10 @@
 //! and how far a payload is decoded before its sender is trusted, `validate` the checks of an
 //! update, `guard` the round-end bounds on weights and on the aggregate, `open` the open
 //! round's record, `lifecycle` the opening and closing of rounds, and `journaled` the inputs
-//! that come from the journal (a round restored at start, a record that could not be written).
+//! that come from the journal (a round restored at start, a record that could not be written),
+//! and `accept` an update taken into the open round.
 
+mod accept;
 mod admit;
 mod buffered;
 mod control;
@@ -53,7 +55,7 @@ pub use types::{
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use fedge_wire::{ClientUpdate, DecodeError, Message, Reassembler};
+use fedge_wire::{DecodeError, Message, Reassembler};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -420,102 +422,6 @@ impl Rounds {
     /// raw, un-noised updates on disk).
     fn journaling(&self) -> bool {
         self.config.journal && !self.restoring && self.privacy.is_none()
-    }
-
-    fn handle_update(&mut self, client: &str, update: ClientUpdate, now_ms: u64) {
-        let open = self.open.as_ref();
-        let buffered = self.buffered();
-        let staleness = match (buffered, open) {
-            (true, Some(open)) => self.buffer_admit(open, client, update.round).map(Some),
-            _ => Ok(None),
-        };
-        let checked = staleness.and_then(|s| {
-            let params = self.params.len();
-            validate::validate(&self.config, open, params, client, &update, buffered).map(|()| s)
-        });
-        let staleness = match checked {
-            Ok(staleness) => staleness,
-            Err((reason, detail)) => {
-                // A device in flight that answered with something unusable is free again.
-                if buffered && self.in_flight.round_of(client) == Some(update.round) {
-                    self.in_flight.finish(client);
-                    self.buffer_status_changed(now_ms);
-                }
-                self.reject(client, reason, detail);
-                return;
-            }
-        };
-        // Buffered: the samples times the participation factor weigh the update.
-        let mut n = update.num_samples;
-        if let Some(s) = staleness {
-            self.in_flight.finish(client);
-            if let Some(open) = self.open.as_mut() {
-                open.staleness.insert(client.to_owned(), s);
-                let aggregation = &self.config.aggregation;
-                let last = self.contributed.insert(client.to_owned(), open.round);
-                let factor = (aggregation.participation).factor(
-                    open.round,
-                    update.round,
-                    last,
-                    aggregation.max_staleness,
-                );
-                n = n.saturating_mul(factor);
-            }
-        }
-        let journaling = self.journaling();
-        let Some(open) = self.open.as_mut() else {
-            return;
-        };
-        if let Err(e) = open.accepted.push_tensor(client, n, &update.delta) {
-            self.reject(client, Rejection::MemoryBudget, e.to_string());
-            return;
-        }
-        if let Some(stats) = &update.class_stats
-            && self.config.insight.is_some()
-        {
-            open.class_stats.insert(
-                client.to_owned(),
-                (stats.counts.clone(), stats.means.to_vec()),
-            );
-        }
-        if let Some(stats) = &update.prototypes
-            && self.config.prototypes.is_some()
-        {
-            open.prototypes.insert(
-                client.to_owned(),
-                (stats.counts.clone(), stats.means.to_vec()),
-            );
-        }
-        if let Some(features) = &update.features
-            && open.pools
-        {
-            open.features.insert(client.to_owned(), features.clone());
-        }
-        open.val
-            .push((update.metrics.val_accuracy, update.metrics.val_samples));
-        open.loss.push((update.metrics.train_loss, n));
-        open.train_seconds = open.train_seconds.max(update.metrics.train_seconds);
-        if journaling {
-            let round = open.round;
-            let frame = fedge_wire::encode(&Message::ClientUpdate(update));
-            let client = client.to_owned();
-            self.outputs.push_back(Output::Journal(Record::Accepted {
-                round,
-                client,
-                frame,
-            }));
-        }
-        self.outputs.push_back(Output::StatusChanged);
-        let full = match buffered {
-            true => open.accepted.len() >= self.config.aggregation.buffer_size.max(1),
-            false => open.all_answered(),
-        };
-        if full {
-            self.close_round(now_ms);
-        } else if buffered && self.config.aggregation.concurrency > 0 {
-            // A slot freed: another device may take it.
-            self.buffer_status_changed(now_ms);
-        }
     }
 
     /// A selected device said it cannot train the open round: it counts as that round's

@@ -1,5 +1,6 @@
 //! The machine's releases, class lists and evaluation-only sites.
 
+use fedge_wire::ClientUpdate;
 use fedge_wire::{EdgeStatus, HeadConfig, ModelRelease, Role, SiteEvaluation, TensorF32};
 
 use super::tests::{M, config, drain, machine, tasks, update};

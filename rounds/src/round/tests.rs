@@ -1,6 +1,6 @@
 //! Tests of the round state machine, with simulated time and no broker.
 
-use fedge_wire::{RoundTask, TensorF32};
+use fedge_wire::{ClientUpdate, RoundTask, TensorF32};
 
 use super::*;
 use crate::objectives::feddim::InsightConfig;
