@@ -442,20 +442,7 @@ mod tests {
     #[test]
     fn buffered_mode_shows_its_version_buffer_and_devices_in_flight() {
         use crate::buffer::AggregationConfig;
-        use crate::round::RoundConfig;
-        let machine = |aggregation| {
-            let config = RoundConfig {
-                rounds: 0,
-                min_clients: 3,
-                aggregation,
-                ..RoundConfig::default()
-            };
-            let mut rounds = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
-            for client in ["d1", "d2", "d3"] {
-                rounds.handle_client_status(client, true, 0);
-            }
-            rounds
-        };
+        let machine = super::super::status::three_online;
         let m = Metrics::new();
         m.buffer(&machine(AggregationConfig::default()));
         let text = m.encode();

@@ -251,6 +251,23 @@ fn bound_metrics(metrics: &mut serde_json::Value, limit: usize) {
     }
 }
 
+/// A machine of a 4-parameter head aggregating as `aggregation`, three devices online (its
+/// first round or version open): what the status and metrics tests read.
+#[cfg(test)]
+pub(super) fn three_online(aggregation: crate::buffer::AggregationConfig) -> Rounds {
+    let config = crate::round::RoundConfig {
+        rounds: 0,
+        min_clients: 3,
+        aggregation,
+        ..Default::default()
+    };
+    let mut rounds = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    for client in ["d1", "d2", "d3"] {
+        rounds.handle_client_status(client, true, 0);
+    }
+    rounds
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,20 +297,7 @@ mod tests {
     #[test]
     fn the_buffer_section_appears_in_buffered_mode_only() {
         use crate::buffer::AggregationConfig;
-        use crate::round::RoundConfig;
-        let machine = |aggregation| {
-            let config = RoundConfig {
-                rounds: 0,
-                min_clients: 3,
-                aggregation,
-                ..RoundConfig::default()
-            };
-            let mut rounds = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
-            for client in ["d1", "d2", "d3"] {
-                rounds.handle_client_status(client, true, 0);
-            }
-            rounds
-        };
+        let machine = three_online;
         let context = StatusContext::default();
         let synchronous = status_at(&machine(AggregationConfig::default()), None, &context);
         assert_eq!(synchronous.buffer, None);

@@ -32,7 +32,7 @@ pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
     load_backbone, prepare, rows, split_features,
 };
-pub use pace::{NOMINAL_TRAIN_MS, Pace, Window};
+pub use pace::{NOMINAL_TRAIN_MS, Pace, Window, absences, slowdown};
 pub use paired::{Paired, interval, paired, paired_markdown};
 pub use report::{
     PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,

@@ -46,22 +46,15 @@ impl Pace {
             true => client.split('-').next().unwrap_or(client),
             false => client,
         };
-        let draw: f64 = rng(seed, who, 1).random();
-        let slowdown = match draw {
-            d if d < 0.7 => 1,
-            d if d < 0.9 => 5,
-            _ => 20,
-        };
-        NOMINAL_TRAIN_MS * slowdown
+        NOMINAL_TRAIN_MS * slowdown(seed, who)
     }
 
     /// When `client` is away until `horizon_ms`: for 30 % of the devices, online stretches of
     /// 20–120 s and absences of 10–60 s (virtual); none for the others or without `offline`.
     pub fn windows(&self, seed: u64, client: &str, horizon_ms: u64) -> Vec<Window> {
-        let mut rng = rng(seed, client, 2);
-        if !self.offline || rng.random::<f64>() >= 0.3 {
+        let Some(mut rng) = absences(seed, client).filter(|_| self.offline) else {
             return Vec::new();
-        }
+        };
         let mut windows = Vec::new();
         let mut t = rng.random_range(0..120_000u64);
         while t < horizon_ms {
@@ -71,6 +64,24 @@ impl Pace {
         }
         windows
     }
+}
+
+/// The straggler mix's slowdown of `who` (a device, or a domain), drawn from `seed`: 1 with
+/// probability 70 %, 5 with 20 %, 20 with 10 %. `fedge bench buffered` and `fedge bench
+/// fleet` draw it here.
+pub fn slowdown(seed: u64, who: &str) -> u64 {
+    match rng(seed, who, 1).random::<f64>() {
+        d if d < 0.7 => 1,
+        d if d < 0.9 => 5,
+        _ => 20,
+    }
+}
+
+/// When `who` is one of the 30 % of devices that go away (drawn from `seed`): the generator of
+/// its absences.
+pub fn absences(seed: u64, who: &str) -> Option<StdRng> {
+    let mut rng = rng(seed, who, 2);
+    (rng.random::<f64>() < 0.3).then_some(rng)
 }
 
 /// A generator for one device and purpose, the same in every arm.

@@ -6,16 +6,17 @@
 //! updates in the same order, bit for bit.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fedge_coordinator::buffer::AggregationConfig;
 use fedge_coordinator::{Rounds, StrategyConfig, store::checkpoint};
-use fedge_models::{HeadConfig, ModelLayout};
-use fedge_wire::{CoordinatorStatus, DeviceKey, Topics};
+use fedge_wire::{CoordinatorStatus, Topics};
 use rumqttc::{AsyncClient, EventLoop, MqttOptions, QoS};
 
-use crate::common::{self, KillOnDrop};
+use crate::common;
+// The devices' keys, synthetic updates and the coordinator process, as the synchronous
+// restart test makes them.
+use crate::restart::{frame, head, key, sealed, start_coordinator};
 
 const DEVICES: [&str; 4] = ["d1", "d2", "d3", "d4"];
 const FEDERATION: &str = "buffered";
@@ -42,32 +43,6 @@ const ARRIVALS: [(&str, u64); 11] = [
     ("d2", 3),
 ];
 
-fn head() -> ModelLayout {
-    ModelLayout::new(HeadConfig::new(4, 2).with_hidden(3), false)
-}
-
-fn key(device: &str) -> DeviceKey {
-    DeviceKey::from_bytes([device.as_bytes()[1]; 32])
-}
-
-/// `device`'s update to version `round`: a synthetic delta that differs by device and version.
-fn frame(device: &str, round: u64, run: u64) -> Vec<u8> {
-    let m = head().num_params();
-    let base = device.as_bytes()[1] as f32 * 0.01;
-    let delta: Vec<f32> = (0..m)
-        .map(|i| (base + round as f32 * 0.03) * ((i % 5) as f32 - 2.0))
-        .collect();
-    let num_samples = 10 + device.as_bytes()[1] as u32;
-    common::update_frame(fedge_wire::ClientUpdate {
-        run,
-        ..common::client_update(round, device, round, num_samples, &delta)
-    })
-}
-
-fn sealed(device: &str, round: u64, run: u64) -> Vec<u8> {
-    fedge_wire::seal(frame(device, round, run), &[(device, &key(device))])
-}
-
 fn write_config(dir: &Path, port: u16) -> PathBuf {
     let keys: String = DEVICES
         .iter()
@@ -85,18 +60,6 @@ fn write_config(dir: &Path, port: u16) -> PathBuf {
     let path = dir.join("coordinator.toml");
     std::fs::write(&path, config).unwrap();
     path
-}
-
-fn start_coordinator(config: &Path) -> KillOnDrop {
-    let child = Command::new(common::coordinator_binary())
-        .args(["run", "--config"])
-        .arg(config)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    KillOnDrop(child)
 }
 
 /// The test's devices: one connection subscribed to the coordinator's status, each device's

@@ -17,15 +17,15 @@ use crate::common::{self, KillOnDrop};
 const DEVICES: [&str; 3] = ["d1", "d2", "d3"];
 const FEDERATION: &str = "restart";
 
-fn head() -> ModelLayout {
+pub(crate) fn head() -> ModelLayout {
     ModelLayout::new(HeadConfig::new(4, 2).with_hidden(3), false)
 }
 
-fn key(device: &str) -> DeviceKey {
+pub(crate) fn key(device: &str) -> DeviceKey {
     DeviceKey::from_bytes([device.as_bytes()[1]; 32])
 }
 
-fn frame(device: &str, round: u64, run: u64) -> Vec<u8> {
+pub(crate) fn frame(device: &str, round: u64, run: u64) -> Vec<u8> {
     let m = head().num_params();
     let base = device.as_bytes()[1] as f32 * 0.01;
     let delta: Vec<f32> = (0..m)
@@ -38,7 +38,7 @@ fn frame(device: &str, round: u64, run: u64) -> Vec<u8> {
     })
 }
 
-fn sealed(device: &str, round: u64, run: u64) -> Vec<u8> {
+pub(crate) fn sealed(device: &str, round: u64, run: u64) -> Vec<u8> {
     fedge_wire::seal(frame(device, round, run), &[(device, &key(device))])
 }
 
@@ -59,7 +59,7 @@ fn write_config(dir: &Path, port: u16) -> PathBuf {
     path
 }
 
-fn start_coordinator(config: &Path) -> KillOnDrop {
+pub(crate) fn start_coordinator(config: &Path) -> KillOnDrop {
     let child = Command::new(common::coordinator_binary())
         .args(["run", "--config"])
         .arg(config)

@@ -1,6 +1,6 @@
 //! Buffered mode (FedBuff) in the round machine, with simulated time and no broker.
 
-use super::saved::{OpenRoundLog, OpenedRound, Record};
+use super::restart_tests::{keep, log_of};
 use super::tests::{M, drain, reports, tasks, update};
 use super::*;
 use crate::buffer::AggregationConfig;
@@ -149,48 +149,6 @@ fn an_update_from_a_device_given_no_task_is_refused_and_counts_nothing() {
     assert_eq!(m.reported(), 0);
     assert_eq!(m.rejected_total().get("not_selected"), Some(&1));
     assert_eq!(m.rejected_total().get("wrong_round"), Some(&1));
-}
-
-/// What a driver keeps: the journal in memory, a checkpoint after each aggregation.
-fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut Option<Checkpoint>) {
-    for output in drain(m) {
-        match output {
-            Output::Journal(r @ Record::Opened { .. }) => *journal = vec![r],
-            Output::Journal(r) => journal.push(r),
-            Output::RoundEnded(report) if report.aggregated => *checkpoint = Some(m.checkpoint()),
-            _ => {}
-        }
-    }
-}
-
-fn log_of(journal: &[Record]) -> OpenRoundLog {
-    let mut log = OpenRoundLog::default();
-    for record in journal {
-        match record {
-            Record::Opened {
-                round,
-                selected,
-                base,
-                run,
-            } => {
-                log.opened = Some(OpenedRound {
-                    round: *round,
-                    selected: selected.clone(),
-                    base: *base,
-                    run: *run,
-                });
-            }
-            Record::Accepted { client, frame, .. } => {
-                log.accepted.push((client.clone(), frame.clone()))
-            }
-            Record::Selected { clients, .. } => {
-                if let Some(opened) = log.opened.as_mut() {
-                    opened.selected.extend(clients.iter().cloned());
-                }
-            }
-        }
-    }
-    log
 }
 
 const DEVICES: [&str; 5] = ["d1", "d2", "d3", "d4", "d5"];

@@ -32,7 +32,7 @@ fn online(m: &mut Rounds) {
 }
 
 /// What a driver does with the outputs: the journal in memory, a checkpoint after aggregation.
-fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut Option<Checkpoint>) {
+pub(super) fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut Option<Checkpoint>) {
     for output in drain(m) {
         match output {
             Output::Journal(r @ Record::Opened { .. }) => *journal = vec![r],
@@ -45,7 +45,8 @@ fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut Option<Check
     }
 }
 
-fn log_of(journal: &[Record]) -> OpenRoundLog {
+/// The journal as a driver reads it back (`Selected` records name more clients).
+pub(super) fn log_of(journal: &[Record]) -> OpenRoundLog {
     let mut log = OpenRoundLog::default();
     for record in journal {
         match record {

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 /// How the simulated devices pace themselves. The default is the plain fleet: every device
 /// answers a task at once and never goes away.
@@ -27,13 +26,9 @@ pub struct FleetLoad {
 impl FleetLoad {
     /// `id`'s slowdown: 1 at nominal speed, 5 or 20 for a straggler.
     pub fn slowdown(&self, id: &str) -> u64 {
-        if !self.stragglers {
-            return 1;
-        }
-        match rng(self.seed, id, 1).random::<f64>() {
-            d if d < 0.7 => 1,
-            d if d < 0.9 => 5,
-            _ => 20,
+        match self.stragglers {
+            true => crate::eval::slowdown(self.seed, id),
+            false => 1,
         }
     }
 
@@ -44,8 +39,7 @@ impl FleetLoad {
 
     /// The generator of `id`'s absences, when it is one of the devices that go away.
     pub(super) fn absences(&self, id: &str) -> Option<StdRng> {
-        let mut rng = rng(self.seed, id, 2);
-        (self.offline && rng.random::<f64>() < 0.3).then_some(rng)
+        crate::eval::absences(self.seed, id).filter(|_| self.offline)
     }
 
     /// The unit of the absence windows.
@@ -56,14 +50,6 @@ impl FleetLoad {
             self.train_ms
         }
     }
-}
-
-/// A generator for one device and purpose (the draws of `fedge bench buffered`'s pace).
-fn rng(seed: u64, client: &str, purpose: u64) -> StdRng {
-    let h = client.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    StdRng::seed_from_u64(seed ^ h ^ purpose.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 #[cfg(test)]
