@@ -241,8 +241,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             options.sites
         );
     }
+    let runs = match options.aggregation.is_buffered() {
+        true => format!(
+            "versions (buffered: one every {} updates{})",
+            options.aggregation.buffer_size,
+            if options.stragglers {
+                ", with stragglers"
+            } else {
+                ""
+            }
+        ),
+        false if options.stragglers => "rounds (with stragglers)".to_owned(),
+        false => "rounds".to_owned(),
+    };
     eprintln!(
-        "fedge demo: {} edge agents on rotated digits (0°–60°), target 75° held out; model of {} parameters; {} rounds of {}",
+        "fedge demo: {} edge agents on rotated digits (0°–60°), target 75° held out; model of {} parameters; {} {runs} of {}",
         options.clients,
         fedge_models::ModelLayout::new(data.head.clone(), local.objective.carries_generator())
             .num_params(),
@@ -338,9 +351,10 @@ fn print_table(result: &DemoResult, asked: u64) {
         );
     }
     println!(
-        "untrained head: {:.3} on the 75° target; after {} rounds of {}: {}; {:.1} s; rejected updates: {}",
+        "untrained head: {:.3} on the 75° target; after {} {} of {}: {}; {:.1} s; rejected updates: {}",
         result.initial_target_accuracy,
         result.rounds.len(),
+        if buffered { "versions" } else { "rounds" },
         result.strategy,
         fmt_acc(result.final_target_accuracy),
         result.seconds,

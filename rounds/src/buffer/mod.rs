@@ -171,7 +171,10 @@ impl AggregationConfig {
         let pace = self.concurrency as f64 / self.buffer_size.max(1) as f64;
         (self.is_buffered() && pace > self.max_staleness as f64).then(|| {
             format!(
-                "[aggregation] concurrency = {} over buffer_size = {} moves about {pace:.0}                  versions per training, above max_staleness = {}: most updates will come too                  late and be refused as stale; raise buffer_size or max_staleness, or lower                  concurrency",
+                "[aggregation] concurrency = {} over buffer_size = {} moves about {pace:.0} \
+                 versions per training, above max_staleness = {}: most updates will come too \
+                 late and be refused as stale; raise buffer_size or max_staleness, or lower \
+                 concurrency",
                 self.concurrency, self.buffer_size, self.max_staleness
             )
         })
@@ -228,7 +231,11 @@ mod tests {
 
     #[test]
     fn advice_comes_when_versions_would_outrun_max_staleness() {
-        assert!(AggregationConfig::buffered(10, 1000, 10).advice().is_some());
+        let advice = AggregationConfig::buffered(10, 1000, 10).advice().unwrap();
+        assert!(
+            advice.contains("about 100 versions") && !advice.contains("  "),
+            "{advice}"
+        );
         assert!(
             AggregationConfig::buffered(100, 1000, 10)
                 .advice()
