@@ -34,30 +34,30 @@ impl Rounds {
                 return;
             }
         };
-        // Buffered: the samples times the participation factor weigh the update.
-        let mut n = update.num_samples;
-        if let Some(s) = staleness {
-            self.in_flight.finish(client);
-            if let Some(open) = self.open.as_mut() {
-                open.staleness.insert(client.to_owned(), s);
-                let aggregation = &self.config.aggregation;
-                let last = self.contributed.insert(client.to_owned(), open.round);
-                let factor = (aggregation.participation).factor(
-                    open.round,
-                    update.round,
-                    last,
-                    aggregation.max_staleness,
-                );
-                n = n.saturating_mul(factor);
-            }
-        }
         let journaling = self.journaling();
         let Some(open) = self.open.as_mut() else {
             return;
         };
+        // Buffered: the samples times the participation factor weigh the update.
+        let aggregation = &self.config.aggregation;
+        let factor = staleness.map_or(1, |_| {
+            let last = self.contributed.get(client).copied();
+            let (round, max) = (open.round, aggregation.max_staleness);
+            (aggregation.participation).factor(round, update.round, last, max)
+        });
+        let n = update.num_samples.saturating_mul(factor);
         if let Err(e) = open.accepted.push_tensor(client, n, &update.delta) {
+            if staleness.is_some() {
+                // It answered: free again, as after any refusal.
+                self.in_flight.finish(client);
+            }
             self.reject(client, Rejection::MemoryBudget, e.to_string());
             return;
+        }
+        if let Some(s) = staleness {
+            self.in_flight.finish(client);
+            self.contributed.insert(client.to_owned(), open.round);
+            open.staleness.insert(client.to_owned(), s);
         }
         if let Some(stats) = &update.class_stats
             && self.config.insight.is_some()

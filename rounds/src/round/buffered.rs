@@ -5,8 +5,6 @@
 //! online devices and slots freed by `round_timeout_ms` are given the open round's task within
 //! [`TOP_UP_DELAY_MS`] (one publication for all of them). Called by `mod.rs` and `lifecycle.rs`.
 
-use std::collections::BTreeMap;
-
 use super::Rounds;
 use super::open::OpenRound;
 use super::saved::Record;
@@ -161,20 +159,17 @@ impl Rounds {
             let dots = open.accepted.keeps_dots();
             open.accepted = open.accepted.scaled(&scales, dots);
         }
-        let mut histogram = BTreeMap::<u64, u64>::new();
-        for s in ages {
-            *histogram.entry(s).or_default() += 1;
-        }
-        let len = histogram.keys().next_back().map_or(0, |&s| s as usize + 1);
+        // Ages are at most `max_staleness`: a short vector indexed by age.
+        let len = ages.iter().max().map_or(0, |&s| s as usize + 1);
         let mut counts = vec![0u64; len];
-        for (s, n) in histogram {
-            counts[s as usize] = n;
+        for &s in &ages {
+            counts[s as usize] += 1;
         }
-        for (s, &n) in counts.iter().enumerate() {
-            if self.staleness_total.len() <= s {
-                self.staleness_total.resize(s + 1, 0);
-            }
-            self.staleness_total[s] += n;
+        if self.staleness_total.len() < len {
+            self.staleness_total.resize(len, 0);
+        }
+        for (total, n) in self.staleness_total.iter_mut().zip(&counts) {
+            *total += n;
         }
         counts
     }
