@@ -1,12 +1,14 @@
-"""onnxruntime on the same ONNX backbone and batch sizes as `fedge bench backbone` (tract).
+"""Python's onnxruntime on the same ONNX backbone and batch sizes as `fedge bench backbone`.
 
-Usage: python bench/backbone_ort.py CARD.toml TRACT.json
+Usage: python bench/backbone_ort.py CARD.toml FEDGE.json
 Reads the model card (ONNX file, input name, layout, image size) and the figures fedge wrote
-with `--json`, runs onnxruntime's CPU provider with 1 thread (tract runs on one) and with 2,
-and prints images per second side by side with the ratio tract / onnxruntime.
+with `--json` (tract, and fedge running the backbone in ONNX Runtime with 1 thread and with
+all), runs onnxruntime's CPU provider here with 1 thread and with all cores, and prints images
+per second side by side with the ratios to Python's onnxruntime at the same thread count.
 """
 
 import json
+import os
 import pathlib
 import sys
 import time
@@ -42,17 +44,24 @@ def main():
     onnx = card_path.parent / card["file"]
     c, h, w = card["channels"], card["height"], card["width"]
     shape = (c, h, w) if card.get("layout", "nchw") == "nchw" else (h, w, c)
-    one, two = session(onnx, 1), session(onnx, 2)
-    print(f"{card['name']}: onnxruntime {ort.__version__}, {tract['images']} images per batch size")
-    print("| batch | tract img/s | onnxruntime 1 thread | onnxruntime 2 threads | tract / ort 1T | tract / ort 2T |")
+    cores = os.cpu_count() or 1
+    one, every = session(onnx, 1), session(onnx, cores)
+    fedge = {}
+    for row in tract["rows"]:
+        key = "tract" if row["runtime"] == "tract" else f"fedge-ort {row['threads']}"
+        fedge[(key, row["batch"])] = row["images_per_s"]
+    batches = sorted({b for (_, b) in fedge})
+    print(f"{card['name']}: Python onnxruntime {ort.__version__}, {tract['images']} images per "
+          f"batch size, {cores} cores; images/s (ratio to Python onnxruntime, same threads)")
+    print("| batch | tract (1 thread) | fedge + onnxruntime, 1 thread | fedge + onnxruntime, all "
+          "| Python onnxruntime, 1 thread | Python onnxruntime, all |")
     print("|---|---|---|---|---|---|")
-    for row in tract["tract"]:
-        b = row["batch"]
-        t = row["images_per_s"]
+    cell = lambda v, ref: "–" if v is None else f"{v:.0f} ({v / ref:.2f}×)"
+    for b in batches:
         o1 = images_per_s(one, card["input_name"], shape, tract["images"], b)
-        o2 = images_per_s(two, card["input_name"], shape, tract["images"], b)
-        print(f"| {b} | {t:.0f} | {o1:.0f} | {o2:.0f} | {t / o1:.2f} | {t / o2:.2f} |")
-
+        oa = images_per_s(every, card["input_name"], shape, tract["images"], b)
+        print(f"| {b} | {cell(fedge.get(('tract', b)), o1)} | {cell(fedge.get(('fedge-ort 1', b)), o1)} "
+              f"| {cell(fedge.get(('fedge-ort all', b)), oa)} | {o1:.0f} | {oa:.0f} |")
 
 if __name__ == "__main__":
     main()

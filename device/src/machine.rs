@@ -84,6 +84,8 @@ pub struct Identity {
     pub follows_federation_backbone: bool,
     /// Training device name, for status.
     pub device: String,
+    /// The engine that runs the backbone and its providers, for status.
+    pub runtime: String,
     /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
     pub memory_budget_mb: u64,
     /// Train when selected, or only score released models.
@@ -202,6 +204,7 @@ impl Agent {
             last_round: state.last_round,
             last_error: String::new(),
             device: id.device.clone(),
+            runtime: id.runtime.clone(),
             peak_memory_mb: None,
             updated_at: String::new(),
             tag: None,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use fedge_daemon::{Visibility, write_atomically};
 use fedge_device::{FeatureSet, Fnv64};
-use fedge_models::{Backbone, BackboneError, CardError, ModelCard, check_sample};
+use fedge_models::{Backbone, BackboneError, CardError, ModelCard, RuntimeConfig, check_sample};
 
 use crate::data::ImageSet;
 
@@ -153,6 +153,16 @@ pub fn extract(
 /// `fedge_models::sample`), and returns it with a hash of its ONNX bytes, the feature cache's
 /// key.
 pub fn load_backbone(path: &Path) -> Result<(Backbone, u64), LoadBackboneError> {
+    load_backbone_with(path, &RuntimeConfig::tract(), 0)
+}
+
+/// As [`load_backbone`], into the engine `runtime` names (ONNX Runtime with `threads` threads
+/// per run, 0: its default); the converter's sample is checked with that engine.
+pub fn load_backbone_with(
+    path: &Path,
+    runtime: &RuntimeConfig,
+    threads: usize,
+) -> Result<(Backbone, u64), LoadBackboneError> {
     let card_path = if path.extension().is_some_and(|e| e == "onnx") {
         path.with_extension("toml")
     } else {
@@ -167,7 +177,7 @@ pub fn load_backbone(path: &Path) -> Result<(Backbone, u64), LoadBackboneError> 
         path: onnx.clone(),
         source,
     })?;
-    let backbone = Backbone::from_bytes(card, &bytes, &onnx)?;
+    let backbone = Backbone::from_bytes_with(card, &bytes, &onnx, runtime, threads)?;
     if let Some(check) = check_sample(&backbone, &card_path)?
         && !check.agrees()
     {

@@ -177,23 +177,31 @@ pub fn select_device(accelerator: Accelerator, backend: Backend) -> SelectedDevi
 #[cfg(feature = "cuda")]
 fn probe_cuda() -> Result<Device, String> {
     use burn::tensor::{DeviceType, Tensor, TensorData};
-    // The CUDA runtime panics when the driver library is missing or no device answers; keep
-    // that panic's message out of the log while probing, and report it as a reason.
+    // No driver library (libcuda.so) or no GPU the driver lets this process use: cubecl lists
+    // no CUDA device. A device that is listed but fails to open or compute panics in the CUDA
+    // runtime; keep that panic's message out of the log while probing, and report it as a reason.
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let probed = std::panic::catch_unwind(|| {
-        let device = Device::enumerate(DeviceType::Cuda).first().cloned()?;
+        let Some(device) = Device::enumerate(DeviceType::Cuda).first().cloned() else {
+            return Err(
+                "no CUDA device found (the CUDA driver library, libcuda.so, did not \
+                 load, or the driver lists no GPU this process may use)"
+                    .to_string(),
+            );
+        };
         let values = Tensor::<1>::from_data(TensorData::new(vec![1.0f32, 2.0], [2]), &device)
             .sum()
             .into_data()
-            .try_into_vec::<f32>()
-            .ok()?;
-        (values == [3.0]).then_some(device)
+            .try_into_vec::<f32>();
+        match values {
+            Ok(values) if values == [3.0] => Ok(device),
+            _ => Err("the CUDA device did not compute 1 + 2 = 3".to_string()),
+        }
     });
     std::panic::set_hook(hook);
     match probed {
-        Ok(Some(device)) => Ok(device),
-        Ok(None) => Err("no CUDA device found".into()),
+        Ok(probed) => probed,
         Err(panic) => {
             let message = panic
                 .downcast_ref::<String>()

@@ -4,7 +4,8 @@
 //!   flat parameter layout that travels on the wire.
 //! - [`adversarial`]: Stable-FedADG's generator and discriminator, and the flat layout of a
 //!   model that carries the generator after the head.
-//! - [`backbone`]: a frozen ONNX backbone run with tract, described by a [`ModelCard`].
+//! - [`backbone`]: a frozen ONNX backbone run with tract or ONNX Runtime, described by a
+//!   [`ModelCard`]; [`runtime`] names the engines and ONNX Runtime's execution providers.
 //! - [`bright_box`]: a tiny detector written as ONNX (the box around bright pixels), the
 //!   reference of the detector contract FedDDL's masks can come from.
 //! - [`generate`]: the small deterministic convolutional backbone that tests and the demo use,
@@ -22,6 +23,7 @@ pub use fedge_card as card;
 pub mod device;
 pub mod generate;
 pub mod head;
+pub mod runtime;
 pub mod sample;
 
 pub use adversarial::{
@@ -33,4 +35,5 @@ pub use device::{
     Accelerator, Backend, CUDA_BUILT, Device, SelectedDevice, select_device, training_device,
 };
 pub use head::{FlatLayoutError, Forward, Head, HeadConfig, HeadModules, HeadTensors};
+pub use runtime::{Provider, Runtime, RuntimeConfig, RuntimeReport};
 pub use sample::{SampleCheck, check_sample};

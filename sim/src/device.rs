@@ -93,6 +93,7 @@ impl DeviceSpec {
             backbone_sha256: self.backbone_sha256,
             follows_federation_backbone: false,
             device: "cpu".into(),
+            runtime: "tract".into(),
             memory_budget_mb: 0,
             role: Role::Train,
             classes: self.used_classes(),

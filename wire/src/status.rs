@@ -283,6 +283,10 @@ pub struct EdgeStatus {
     /// Burn device the agent trains on (`cpu`, or `cuda` on a Jetson build).
     #[serde(default)]
     pub device: String,
+    /// The engine that runs the backbone: `tract`, or `onnxruntime <version> (providers: …)`
+    /// followed by each execution provider the profile asked for and could not get, with why.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub runtime: String,
     /// Peak resident memory of the agent's process in MiB, after its last round (`None`
     /// before the first round or where the system does not report it).
     #[serde(default)]
@@ -389,6 +393,7 @@ impl Default for EdgeStatus {
             last_round: 0,
             last_error: String::new(),
             device: String::new(),
+            runtime: String::new(),
             peak_memory_mb: None,
             updated_at: String::new(),
             tag: None,
@@ -621,6 +626,7 @@ mod tests {
             last_round: 3,
             last_error: String::new(),
             device: "cpu".into(),
+            runtime: "onnxruntime 1.32.0 (providers: cpu)".into(),
             peak_memory_mb: Some(27.5),
             updated_at: "2025-01-01T00:00:00Z".into(),
             tag: None,

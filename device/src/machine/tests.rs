@@ -16,6 +16,7 @@ pub(super) fn identity(client: &str, key: Option<DeviceKey>) -> Identity {
         backbone_sha256: Some([1; 32]),
         follows_federation_backbone: false,
         device: "cpu".into(),
+        runtime: "tract".into(),
         memory_budget_mb: 0,
         role: Role::Train,
         classes: fedge_wire::numbered_classes(2),

@@ -65,6 +65,9 @@ pub async fn run_agent(
     if let Some(reason) = &setup.device.fallback {
         tracing::warn!(client = %setup.client_id, "{reason}");
     }
+    for skipped in &setup.runtime.skipped {
+        tracing::warn!(client = %setup.client_id, "ONNX Runtime: {skipped}");
+    }
     let topics = Topics::new(&setup.federation).map_err(|e| InvalidIdentity(e.to_string()))?;
     let infer_topic = serve::request_topic(&setup, &topics);
     let server = serve::start_http(&setup, stop.clone()).await?;

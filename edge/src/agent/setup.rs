@@ -40,6 +40,8 @@ pub struct AgentSetup {
     pub views: Option<Arc<DdlViews>>,
     /// Burn device for training (CPU, or a CUDA GPU on a Jetson build) and its status name.
     pub device: SelectedDevice,
+    /// The engine that runs the backbone, its providers and any it could not get.
+    pub runtime: fedge_models::RuntimeReport,
     /// The profile's memory budget in MiB (0: none): a peak above it is reported in status.
     pub memory_budget_mb: u64,
     /// Threads a large training batch may be split across (1: one thread).
@@ -135,6 +137,7 @@ impl AgentSetup {
             backbone_sha256: self.backbone_sha256,
             follows_federation_backbone: self.follows_federation_backbone,
             device: self.device.name.clone(),
+            runtime: self.runtime.to_string(),
             memory_budget_mb: self.memory_budget_mb,
         }
     }

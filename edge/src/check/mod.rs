@@ -81,7 +81,12 @@ fn checks(path: &Path, dry_run: bool, alone: bool) -> Vec<Check> {
             });
             Err(None)
         }
-        false => crate::features::load_backbone(&config.backbone).map_err(Some),
+        false => crate::features::load_backbone_with(
+            &config.backbone,
+            &config.model,
+            config.resources.threads,
+        )
+        .map_err(Some),
     };
     let backbone = match loaded {
         Err(None) => None,
@@ -97,6 +102,7 @@ fn checks(path: &Path, dry_run: bool, alone: bool) -> Vec<Check> {
                             card.name, card.channels, card.height, card.width, card.feature_size
                         ),
                     ));
+                    checks.push(pass("runtime", backbone.runtime().to_string()));
                     Some(backbone)
                 }
                 Ok(features) => {

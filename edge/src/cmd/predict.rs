@@ -51,8 +51,12 @@ pub fn predict(
             }
         );
     };
-    let (backbone, _) = fedge_edge::features::load_backbone(&config.backbone)
-        .with_context(|| format!("loading the backbone {}", config.backbone.display()))?;
+    let (backbone, _) = fedge_edge::features::load_backbone_with(
+        &config.backbone,
+        &config.model,
+        config.resources.threads,
+    )
+    .with_context(|| format!("loading the backbone {}", config.backbone.display()))?;
     // A normalised head needs this site's statistics: from the profile's own data (its
     // features are cached after the agent's first start); a pooled release without the
     // site's data uses the federation's.

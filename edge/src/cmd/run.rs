@@ -105,6 +105,7 @@ async fn run_once(
         val = setup.val.len(),
         backbone = %setup.backbone,
         device = %setup.device.name,
+        runtime = %setup.runtime,
         "edge starting"
     );
     let summary = fedge_edge::run_agent(setup, stop_rx).await?;

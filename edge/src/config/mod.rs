@@ -222,6 +222,11 @@ pub struct EdgeConfig {
     /// CPU), `cpu`, or `cuda` (falls back to the CPU, saying why, when there is no GPU).
     #[serde(default)]
     pub device: Accelerator,
+    /// How the backbone runs: `runtime = "tract"` (the default, in every build) or
+    /// `"onnxruntime"` with `onnxruntime_library` and `providers` (a build with the
+    /// `onnxruntime` feature).
+    #[serde(default)]
+    pub model: fedge_models::RuntimeConfig,
     /// Resource limits of the hardware class; 0 in any of them: no limit.
     #[serde(default)]
     pub resources: ResourceConfig,
@@ -377,6 +382,9 @@ impl EdgeConfig {
             })?;
         if let Some(key) = &config.key_file {
             config.key_file = Some(base.join(key));
+        }
+        if let Some(library) = &config.model.onnxruntime_library {
+            config.model.onnxruntime_library = Some(base.join(library));
         }
         if let Some(detector) = &config.fedddl.detector {
             config.fedddl.detector = Some(base.join(detector));

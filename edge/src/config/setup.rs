@@ -77,8 +77,10 @@ impl EdgeConfig {
     /// Loads backbone and data, computes (or reads cached) features and builds the agent.
     pub fn setup(&self) -> Result<AgentSetup, SetupError> {
         let key = self.load_key()?;
-        let (backbone, backbone_id) = features::load_backbone(&self.backbone)?;
+        let (backbone, backbone_id) =
+            features::load_backbone_with(&self.backbone, &self.model, self.resources.threads)?;
         let backbone = Arc::new(backbone);
+        let runtime = backbone.runtime();
         let feature_size = backbone.card().feature_size;
         let backbone_name = backbone.card().name.clone();
         let backbone_sha256 = Some(backbone.reference().sha256);
@@ -123,6 +125,7 @@ impl EdgeConfig {
             val: Arc::new(data.val),
             views: data.views,
             device: fedge_models::select_device(self.device, self.backend),
+            runtime,
             memory_budget_mb: self.resources.memory_budget_mb,
             train_threads: self.resources.training_threads(),
             profile: self.profile.clone(),

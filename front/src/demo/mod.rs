@@ -484,6 +484,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         val: Arc::new(FeatureSet::default()),
         views: None,
         device: fedge_models::select_device(Accelerator::Cpu, options.backend),
+        runtime: fedge_models::Backbone::tract_report(),
         memory_budget_mb: 0,
         // Five agents share the machine's cores: each trains on one thread.
         train_threads: 1,

@@ -48,9 +48,9 @@ fn every_shipped_profile_passes_in_dry_run() {
             path.display(),
             failures(&checks)
         );
-        // Ten checks, and FedDDL's masks where the profile enables it.
+        // Eleven checks, and FedDDL's masks where the profile enables it.
         let others = checks.iter().filter(|c| c.name != "fedddl").count();
-        assert_eq!(others, 10, "{checks:?}");
+        assert_eq!(others, 11, "{checks:?}");
         let device = checks.iter().find(|c| c.name == "device").unwrap();
         if text.contains("device = \"cuda\"") && !fedge_models::CUDA_BUILT {
             // The Jetson profile in a CPU build: a pass that names the fallback.

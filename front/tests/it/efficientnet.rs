@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use fedge_models::{Backbone, check_sample};
 
-fn card_path() -> Option<PathBuf> {
+pub(crate) fn card_path() -> Option<PathBuf> {
     let dir = match std::env::var_os("FEDGE_BACKBONES") {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/fedge/backbones"),

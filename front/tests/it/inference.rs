@@ -494,3 +494,32 @@ fn the_drift_watch_answers_over_http_and_takes_the_site_s_command_to_re_adapt() 
     assert_eq!(status, 404, "{body}");
     server.stop();
 }
+
+/// Serves release 4 on `served` over HTTP and checks each digit's answer against `reference`'s
+/// predictor in process: the same class and top classes, logits within `tolerance` (another
+/// engine's features, e.g. ONNX Runtime's against tract's).
+pub(crate) fn serve_and_compare(served: Arc<Backbone>, reference: Arc<Backbone>, tolerance: f64) {
+    let state = shared(None);
+    let server = Server::start(Arc::clone(&state));
+    install(&state, Predictor::new(served, release(4), None).unwrap());
+    let direct = Predictor::new(reference, release(4), None).unwrap();
+    let http = client();
+    for index in [0, 1, 2, 7, 9] {
+        let png = digit_png(index);
+        let (status, body) = answer(
+            http.post(format!("{}/v1/predict", server.base))
+                .send(&png[..]),
+        );
+        assert_eq!(status, 200, "{body}");
+        let got = json(&body);
+        let want = direct.predict_bytes(&png, 3).unwrap();
+        assert_eq!(got["class"], want.class.as_str(), "{body}");
+        let logits = got["logits"].as_array().unwrap();
+        assert_eq!(logits.len(), want.logits.len());
+        for (got, want) in logits.iter().zip(&want.logits) {
+            let diff = (got.as_f64().unwrap() - f64::from(*want)).abs();
+            assert!(diff <= tolerance, "logit off by {diff}: {body}");
+        }
+    }
+    server.stop();
+}

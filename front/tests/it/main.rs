@@ -32,6 +32,7 @@ mod labelling;
 mod local_dp;
 mod no_images;
 mod objectives;
+mod onnxruntime;
 mod operate;
 mod privacy;
 mod profiles;

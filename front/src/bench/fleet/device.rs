@@ -102,6 +102,7 @@ fn follower(id: &str, federation: &str, key: Option<&DeviceKey>) -> Option<Agent
         backbone_sha256: None,
         follows_federation_backbone: false,
         device: String::new(),
+        runtime: "tract".into(),
         memory_budget_mb: 0,
         role: fedge_wire::Role::Train,
         classes: Vec::new(),

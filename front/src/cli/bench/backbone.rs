@@ -1,16 +1,19 @@
-//! `fedge bench backbone`: a backbone's feature extraction speed with tract, per batch size.
+//! `fedge bench backbone`: a backbone's feature extraction speed per batch size, with tract
+//! and, side by side, with an installed ONNX Runtime library (`[model] runtime =
+//! "onnxruntime"`, the engine a device can load instead of tract).
 
 use std::path::PathBuf;
 
 use clap::Args;
+use fedge_models::{Backbone, Provider, Runtime, RuntimeConfig};
 
 use crate::cli::args::JsonArgs;
 
 /// The flags of `fedge bench backbone`.
 #[derive(Args, Debug, Clone, PartialEq)]
 #[command(mut_arg("json", |a| a.help(
-    "Also write images per second per batch size as JSON here (read by bench/backbone_ort.py, \
-     which runs onnxruntime on the same file)"
+    "Also write images per second per engine, thread count and batch size as JSON here (read \
+     by bench/backbone_ort.py, which runs Python's onnxruntime on the same file)"
 )))]
 pub struct BackboneArgs {
     /// A model card or an `.onnx` file with its card beside it (default: the built-in
@@ -23,14 +26,25 @@ pub struct BackboneArgs {
     /// Batch sizes to compare.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub batch: Vec<usize>,
+    /// Engines to time: `tract` (one thread) and `onnxruntime` (the library of
+    /// `--onnxruntime-library`, CPU provider, at each of `--threads`).
+    #[arg(long, value_delimiter = ',', default_value = "tract")]
+    pub runtime: Vec<Runtime>,
+    /// The ONNX Runtime library (`libonnxruntime.so.1.x`, e.g. from the onnxruntime Python
+    /// wheel's `onnxruntime/capi/`); default: `ORT_DYLIB_PATH`, else the loader's search.
+    #[arg(long, value_name = "PATH")]
+    pub onnxruntime_library: Option<PathBuf>,
+    /// ONNX Runtime's threads per run to compare (0: one per core).
+    #[arg(long, value_delimiter = ',', default_value = "1,0")]
+    pub threads: Vec<usize>,
     #[command(flatten)]
     pub json: JsonArgs,
 }
 
-/// Times the backbone on deterministic images at each batch size.
+/// Times each engine on deterministic images at each batch size.
 pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
-    let (backbone, _) = fedge::eval::load_backbone(args.backbone.as_deref())?;
-    let card = backbone.card().clone();
+    let (tract, _) = fedge::eval::load_backbone(args.backbone.as_deref())?;
+    let card = tract.card().clone();
     // Deterministic images on the card's raw scale.
     let images: Vec<f32> = (0..args.images * card.input_len())
         .map(|i| ((i * 2_654_435_761usize) >> 7) as f32 % (card.raw_max + 1.0))
@@ -39,20 +53,59 @@ pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
         "{}: {}x{}x{} -> {} features, {} images",
         card.name, card.channels, card.height, card.width, card.feature_size, args.images
     );
-    println!("| batch | ms per image | images/s |\n|---|---|---|");
-    let mut rows = Vec::new();
-    for &batch in &args.batch {
-        backbone.features(&images[..card.input_len() * batch.max(1)], batch)?;
-        let start = std::time::Instant::now();
-        backbone.features(&images, batch)?;
-        let secs = start.elapsed().as_secs_f64();
-        println!(
-            "| {batch} | {:.3} | {:.0} |",
-            secs * 1e3 / args.images as f64,
-            args.images as f64 / secs
-        );
-        rows.push(serde_json::json!({"batch": batch, "images_per_s": args.images as f64 / secs}));
+    let mut engines: Vec<(String, usize, Backbone)> = Vec::new();
+    for runtime in &args.runtime {
+        match runtime {
+            Runtime::Tract => engines.push(("tract".into(), 1, tract.clone())),
+            Runtime::Onnxruntime => {
+                let config = RuntimeConfig::onnxruntime(
+                    args.onnxruntime_library.clone(),
+                    vec![Provider::Cpu],
+                );
+                for &threads in &args.threads {
+                    let backbone = Backbone::from_bytes_with(
+                        card.clone(),
+                        &std::fs::read(tract.origin())?,
+                        tract.origin(),
+                        &config,
+                        threads,
+                    )?;
+                    let name = format!("fedge + {}", backbone.runtime());
+                    engines.push((name, threads, backbone));
+                }
+            }
+        }
     }
-    args.json
-        .write(&serde_json::json!({"backbone": card.name, "images": args.images, "tract": rows}))
+    println!("| engine | threads | batch | ms per image | images/s |\n|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for (name, threads, backbone) in &engines {
+        for &batch in &args.batch {
+            // A warm-up batch: plans and sessions are made on first use of a size.
+            backbone.features(&images[..card.input_len() * batch.max(1)], batch)?;
+            let start = std::time::Instant::now();
+            backbone.features(&images, batch)?;
+            let secs = start.elapsed().as_secs_f64();
+            let threads = match threads {
+                0 => "all".to_string(),
+                n => n.to_string(),
+            };
+            println!(
+                "| {name} | {threads} | {batch} | {:.3} | {:.0} |",
+                secs * 1e3 / args.images as f64,
+                args.images as f64 / secs
+            );
+            rows.push(serde_json::json!({
+                "engine": name,
+                "runtime": backbone.runtime().runtime,
+                "threads": threads,
+                "batch": batch,
+                "images_per_s": args.images as f64 / secs,
+            }));
+        }
+    }
+    args.json.write(&serde_json::json!({
+        "backbone": card.name,
+        "images": args.images,
+        "rows": rows,
+    }))
 }

@@ -73,3 +73,19 @@ pub fn assert_close(a: &Value, b: &Value, tolerance: f64) {
         assert!((x - y).abs() <= tolerance, "{x} vs {y}");
     }
 }
+
+/// The ONNX Runtime shared library of that Python's onnxruntime wheel
+/// (`onnxruntime/capi/libonnxruntime.so.1.x`), which `[model] runtime = "onnxruntime"` loads;
+/// `None` (skip) as [`python`].
+pub fn library() -> Option<PathBuf> {
+    let python = python()?;
+    let out = super::succeeded(Command::new(python).args([
+        "-c",
+        "import glob, os, onnxruntime; \
+         print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), \
+         'capi', 'libonnxruntime.so.*')))[0])",
+    ]));
+    Some(PathBuf::from(
+        String::from_utf8(out.stdout).unwrap().trim().to_string(),
+    ))
+}

@@ -1,34 +1,24 @@
-//! A frozen ONNX backbone run with tract.
-//!
-//! The model is loaded once and checked against its card with a symbolic batch dimension `N`.
-//! It runs with a plan optimised for a concrete batch size, made on first use of that size and
-//! kept (a short last batch is padded to it): tract only picks its fast depthwise-convolution
-//! kernel when every dimension is known, which made EfficientNet-Lite0 about 20 times slower
-//! with a symbolic batch. The [`ModelCard`] says how to normalise images and what comes out.
+//! A frozen ONNX backbone, run with tract ([`tract`], built into every binary) or ONNX Runtime
+//! ([`onnxruntime`], the `onnxruntime` feature), as the device's `[model] runtime` says. The
+//! [`ModelCard`] says how to normalise images and what comes out; both engines are fed the
+//! same normalised batches.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tract_onnx::prelude::*;
-use tract_onnx::tract_hir::internal::DimLike;
+use crate::card::{CardError, ModelCard};
+use crate::runtime::{Runtime, RuntimeConfig, RuntimeReport};
 
-use crate::card::{CardError, Layout, ModelCard};
+#[cfg(feature = "onnxruntime")]
+mod onnxruntime;
+mod tract;
 
-type Plan = Arc<TypedRunnableModel>;
-
-/// Plans kept per backbone; the oldest is dropped beyond this.
-const MAX_PLANS: usize = 8;
-
-/// Idle run states kept per plan: one per thread that runs the backbone at the same time
-/// (training and inference), so a run allocates no per-node state.
-const MAX_IDLE_STATES: usize = 2;
-
-/// A plan for one batch size and run states made from it, reused between runs.
+/// The engine a backbone was loaded into.
 #[derive(Debug)]
-struct Planned {
-    batch: usize,
-    plan: Plan,
-    idle: Vec<TypedSimpleState>,
+enum Engine {
+    Tract(tract::TractEngine),
+    #[cfg(feature = "onnxruntime")]
+    Onnxruntime(onnxruntime::OrtEngine),
 }
 
 /// Why a backbone could not be loaded or run.
@@ -45,6 +35,12 @@ pub enum BackboneError {
         /// tract's message, with its causes.
         message: String,
     },
+    /// The profile asks for ONNX Runtime and this binary has no `onnxruntime` feature.
+    #[error(
+        "this build has no ONNX Runtime support: build fedge-edge with `--features onnxruntime`, \
+         or set [model] runtime = \"tract\""
+    )]
+    NotBuilt,
     /// Running the model failed.
     #[error("backbone {name} failed: {message}")]
     Run {
@@ -77,16 +73,11 @@ pub enum BackboneError {
     },
 }
 
-/// A loaded backbone, with its optimised plans per batch size.
+/// A loaded backbone and the engine that runs it.
 #[derive(Debug, Clone)]
 pub struct Backbone {
     card: ModelCard,
-    /// The model with its output selected, before the input's shape is fixed.
-    model: Arc<InferenceModel>,
-    /// Which input the card feeds.
-    input: usize,
-    /// Plans made so far, by batch size, with their idle run states.
-    plans: Arc<Mutex<Vec<Planned>>>,
+    engine: Arc<Engine>,
     /// Where the model came from, for errors.
     origin: PathBuf,
     /// The card's name and the SHA-256 of the ONNX bytes, as round tasks name a backbone.
@@ -94,143 +85,85 @@ pub struct Backbone {
 }
 
 impl Backbone {
-    /// Loads the backbone a card describes (its `file` is relative to the card).
+    /// Loads the backbone a card describes (its `file` is relative to the card) into tract.
     pub fn load(card_path: &Path) -> Result<Self, BackboneError> {
+        Self::load_with(card_path, &RuntimeConfig::tract(), 0)
+    }
+
+    /// Loads an ONNX model held in memory into tract; `origin` only names it in errors.
+    pub fn from_bytes(card: ModelCard, onnx: &[u8], origin: &Path) -> Result<Self, BackboneError> {
+        Self::from_bytes_with(card, onnx, origin, &RuntimeConfig::tract(), 0)
+    }
+
+    /// Loads the backbone a card describes into the engine `runtime` names, with `threads`
+    /// threads per run for ONNX Runtime (0: its default; tract's follow the process).
+    pub fn load_with(
+        card_path: &Path,
+        runtime: &RuntimeConfig,
+        threads: usize,
+    ) -> Result<Self, BackboneError> {
         let card = ModelCard::load(card_path)?;
         let onnx_path = card.onnx_path(card_path);
         let bytes = std::fs::read(&onnx_path).map_err(|e| BackboneError::Load {
             path: onnx_path.clone(),
             message: e.to_string(),
         })?;
-        Self::from_bytes(card, &bytes, &onnx_path)
+        Self::from_bytes_with(card, &bytes, &onnx_path, runtime, threads)
     }
 
-    /// Loads an ONNX model held in memory; `origin` only names it in errors.
-    pub fn from_bytes(card: ModelCard, onnx: &[u8], origin: &Path) -> Result<Self, BackboneError> {
-        let load_err = |e: TractError| BackboneError::Load {
+    /// Loads an ONNX model held in memory into the engine `runtime` names.
+    pub fn from_bytes_with(
+        card: ModelCard,
+        onnx: &[u8],
+        origin: &Path,
+        runtime: &RuntimeConfig,
+        #[cfg_attr(not(feature = "onnxruntime"), allow(unused_variables))] threads: usize,
+    ) -> Result<Self, BackboneError> {
+        let load_err = |message: String| BackboneError::Load {
             path: origin.to_owned(),
-            message: format!("{e:#}"),
+            message,
         };
-        let mut model = tract_onnx::onnx()
-            .model_for_read(&mut &onnx[..])
-            .map_err(load_err)?;
-        let batch = model.sym("N");
-        let shape: TVec<TDim> = match card.layout {
-            Layout::Nchw => tvec![
-                batch.into(),
-                card.channels.into(),
-                card.height.into(),
-                card.width.into()
-            ],
-            Layout::Nhwc => tvec![
-                batch.into(),
-                card.height.into(),
-                card.width.into(),
-                card.channels.into()
-            ],
+        let engine = match runtime.runtime {
+            Runtime::Tract => {
+                Engine::Tract(tract::TractEngine::load(&card, onnx).map_err(load_err)?)
+            }
+            #[cfg(feature = "onnxruntime")]
+            Runtime::Onnxruntime => Engine::Onnxruntime(
+                onnxruntime::OrtEngine::load(&card, onnx, runtime, threads).map_err(load_err)?,
+            ),
+            #[cfg(not(feature = "onnxruntime"))]
+            Runtime::Onnxruntime => return Err(BackboneError::NotBuilt),
         };
-        let input_names: Vec<String> = model
-            .input_outlets()
-            .map_err(load_err)?
-            .iter()
-            .map(|o| model.node(o.node).name.clone())
-            .collect();
-        let input = input_names
-            .iter()
-            .position(|n| *n == card.input_name)
-            .ok_or_else(|| BackboneError::Load {
-                path: origin.to_owned(),
-                message: format!(
-                    "the card names input {:?}, the model has {:?}",
-                    card.input_name, input_names
-                ),
-            })?;
-        model
-            .select_outputs_by_name([&card.output_name])
-            .map_err(|_| BackboneError::Load {
-                path: origin.to_owned(),
-                message: format!(
-                    "the card names output {:?}, which the model does not have",
-                    card.output_name
-                ),
-            })?;
-        let unshaped = model.clone();
-        model = model
-            .with_input_fact(input, InferenceFact::dt_shape(f32::datum_type(), shape))
-            .map_err(load_err)?;
-        let typed = model.into_typed().map_err(load_err)?;
-        let output = typed.output_fact(0).map_err(load_err)?.clone();
-        let features = output.shape.last().and_then(|d| d.to_usize().ok());
-        if features != Some(card.feature_size) || output.rank() != 2 {
-            return Err(BackboneError::Load {
-                path: origin.to_owned(),
-                message: format!(
-                    "the model's output has shape {:?}, the card promises [N, {}]",
-                    output.shape, card.feature_size
-                ),
-            });
-        }
-        let backbone = Self {
+        Ok(Self {
             reference: fedge_wire::BackboneRef::of(&card.name, onnx),
             card,
-            model: Arc::new(unshaped),
-            input,
-            plans: Arc::new(Mutex::new(Vec::new())),
+            engine: Arc::new(engine),
             origin: origin.to_owned(),
-        };
-        let state = backbone.state(1)?;
-        backbone.give_back(1, state);
-        Ok(backbone)
+        })
     }
 
-    /// A run state of the plan for batches of exactly `batch` images: an idle one, or a new
-    /// one (the plan is made and kept on first use of its size).
-    fn state(&self, batch: usize) -> Result<TypedSimpleState, BackboneError> {
-        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        let spawn_err = |e: TractError| BackboneError::Load {
-            path: self.origin.clone(),
-            message: format!("{e:#}"),
-        };
-        if let Some(planned) = plans.iter_mut().find(|p| p.batch == batch) {
-            return match planned.idle.pop() {
-                Some(state) => Ok(state),
-                None => planned.plan.spawn().map_err(spawn_err),
-            };
+    /// What a backbone in tract reports.
+    pub fn tract_report() -> RuntimeReport {
+        RuntimeReport {
+            runtime: Runtime::Tract,
+            version: None,
+            providers: Vec::new(),
+            skipped: Vec::new(),
         }
-        let card = &self.card;
-        let shape: TVec<usize> = match card.layout {
-            Layout::Nchw => tvec![batch, card.channels, card.height, card.width],
-            Layout::Nhwc => tvec![batch, card.height, card.width, card.channels],
-        };
-        let plan = (*self.model)
-            .clone()
-            .with_input_fact(
-                self.input,
-                InferenceFact::dt_shape(f32::datum_type(), shape),
-            )
-            .and_then(|m| m.into_optimized())
-            .and_then(|m| m.into_runnable())
-            .map_err(spawn_err)?;
-        if plans.len() >= MAX_PLANS {
-            plans.remove(0);
-        }
-        let state = plan.spawn().map_err(spawn_err)?;
-        plans.push(Planned {
-            batch,
-            plan,
-            idle: Vec::new(),
-        });
-        Ok(state)
     }
 
-    /// Gives a run state back for the next run of its batch size.
-    fn give_back(&self, batch: usize, state: TypedSimpleState) {
-        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(planned) = plans.iter_mut().find(|p| p.batch == batch)
-            && planned.idle.len() < MAX_IDLE_STATES
-        {
-            planned.idle.push(state);
+    /// The engine and, for ONNX Runtime, its version and execution providers.
+    pub fn runtime(&self) -> RuntimeReport {
+        match &*self.engine {
+            Engine::Tract(_) => Self::tract_report(),
+            #[cfg(feature = "onnxruntime")]
+            Engine::Onnxruntime(engine) => engine.report.clone(),
         }
+    }
+
+    /// Where the model was loaded from.
+    pub fn origin(&self) -> &Path {
+        &self.origin
     }
 
     /// The card's name and the SHA-256 of the ONNX file.
@@ -315,23 +248,22 @@ impl Backbone {
                 self.card.normalise_chw(image, &mut normalised);
             }
             let n = chunk.len() / per_image;
-            // A short last batch is padded with zeros to the plan's size.
-            normalised.resize(batch * per_image, 0.0);
-            let shape = match self.card.layout {
-                Layout::Nchw => [batch, self.card.channels, self.card.height, self.card.width],
-                Layout::Nhwc => [batch, self.card.height, self.card.width, self.card.channels],
-            };
-            let run_err = |e: TractError| BackboneError::Run {
+            let run_err = |message: String| BackboneError::Run {
                 name: self.card.name.clone(),
-                message: format!("{e:#}"),
+                message,
             };
-            let input = Tensor::from_shape(&shape, &normalised).map_err(run_err)?;
-            let mut state = self.state(batch)?;
-            let result = state.run(tvec!(input.into())).map_err(run_err)?;
-            // A state whose run failed is dropped rather than reused.
-            self.give_back(batch, state);
-            let view = result[0].to_plain_array_view::<f32>().map_err(run_err)?;
-            out.extend(view.iter().take(n * self.card.feature_size).copied());
+            let values = match &*self.engine {
+                Engine::Tract(engine) => {
+                    // A short last batch is padded with zeros to the plan's size.
+                    normalised.resize(batch * per_image, 0.0);
+                    engine.run(&self.card, &normalised, batch)
+                }
+                // ONNX Runtime takes any batch size: the short last batch runs as it is.
+                #[cfg(feature = "onnxruntime")]
+                Engine::Onnxruntime(engine) => engine.run(&self.card, &normalised, n),
+            }
+            .map_err(run_err)?;
+            out.extend(values.iter().take(n * self.card.feature_size).copied());
         }
         Ok(out)
     }
@@ -342,6 +274,21 @@ mod tests {
     use super::*;
     use crate::card::ModelCard;
     use crate::generate::{DIGITS_CONV_ONNX, digits_conv_card};
+
+    /// (batch size, idle run states) of every tract plan made so far.
+    fn plans(backbone: &Backbone) -> Vec<(usize, usize)> {
+        match &*backbone.engine {
+            Engine::Tract(engine) => engine
+                .plans
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|p| (p.batch, p.idle.len()))
+                .collect(),
+            #[cfg(feature = "onnxruntime")]
+            Engine::Onnxruntime(_) => unreachable!("a tract backbone"),
+        }
+    }
 
     fn digits() -> Backbone {
         Backbone::from_bytes(
@@ -412,38 +359,12 @@ mod tests {
         let fresh = digits();
         let got = fresh.features_of(&five, (1, 4, 4), 255.0, 2).unwrap();
         assert_eq!(&got[..2 * 512], &direct[..], "same features when padded");
-        let sizes: Vec<usize> = fresh
-            .plans
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|p| p.batch)
-            .collect();
-        assert_eq!(
-            sizes,
-            [1, 2],
-            "the load-time plan and one for batches of two"
-        );
-        // Each size kept one idle run state, reused by the next run of that size.
-        let idle: Vec<usize> = fresh
-            .plans
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|p| p.idle.len())
-            .collect();
-        assert_eq!(idle, [1, 1]);
+        // The load-time plan and one for batches of two; each size kept one idle run state.
+        assert_eq!(plans(&fresh), [(1, 1), (2, 1)]);
         fresh.features_of(&five, (1, 4, 4), 255.0, 2).unwrap();
-        let idle: Vec<usize> = fresh
-            .plans
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|p| p.idle.len())
-            .collect();
         assert_eq!(
-            idle,
-            [1, 1],
+            plans(&fresh),
+            [(1, 1), (2, 1)],
             "the state was taken and given back, not a new one kept"
         );
         let err = backbone

@@ -1,0 +1,178 @@
+//! The backbone in tract: the model is checked against its card with a symbolic batch
+//! dimension `N`, then run with a plan optimised for a concrete batch size, made on first use
+//! of that size and kept (a short last batch is padded to it). tract only picks its fast
+//! depthwise-convolution kernel when every dimension is known, which made EfficientNet-Lite0
+//! about 20 times slower with a symbolic batch.
+
+use std::sync::{Arc, Mutex};
+
+use tract_onnx::prelude::*;
+use tract_onnx::tract_hir::internal::DimLike;
+
+use crate::card::{Layout, ModelCard};
+
+type Plan = Arc<TypedRunnableModel>;
+
+/// Plans kept per backbone; the oldest is dropped beyond this.
+const MAX_PLANS: usize = 8;
+
+/// Idle run states kept per plan: one per thread that runs the backbone at the same time
+/// (training and inference), so a run allocates no per-node state.
+const MAX_IDLE_STATES: usize = 2;
+
+/// A plan for one batch size and run states made from it, reused between runs.
+#[derive(Debug)]
+pub(super) struct Planned {
+    pub(super) batch: usize,
+    plan: Plan,
+    pub(super) idle: Vec<TypedSimpleState>,
+}
+
+/// A model loaded in tract, with its plans per batch size.
+#[derive(Debug)]
+pub(super) struct TractEngine {
+    /// The model with its output selected, before the input's shape is fixed.
+    model: InferenceModel,
+    /// Which input the card feeds.
+    input: usize,
+    /// Plans made so far, by batch size, with their idle run states.
+    pub(super) plans: Mutex<Vec<Planned>>,
+}
+
+fn message(e: TractError) -> String {
+    format!("{e:#}")
+}
+
+fn input_shape(card: &ModelCard, batch: usize) -> [usize; 4] {
+    match card.layout {
+        Layout::Nchw => [batch, card.channels, card.height, card.width],
+        Layout::Nhwc => [batch, card.height, card.width, card.channels],
+    }
+}
+
+impl TractEngine {
+    /// Loads `onnx` and checks its input and output against the card.
+    pub(super) fn load(card: &ModelCard, onnx: &[u8]) -> Result<Self, String> {
+        let mut model = tract_onnx::onnx()
+            .model_for_read(&mut &onnx[..])
+            .map_err(message)?;
+        let batch = model.sym("N");
+        let shape: TVec<TDim> = match card.layout {
+            Layout::Nchw => tvec![
+                batch.into(),
+                card.channels.into(),
+                card.height.into(),
+                card.width.into()
+            ],
+            Layout::Nhwc => tvec![
+                batch.into(),
+                card.height.into(),
+                card.width.into(),
+                card.channels.into()
+            ],
+        };
+        let input_names: Vec<String> = model
+            .input_outlets()
+            .map_err(message)?
+            .iter()
+            .map(|o| model.node(o.node).name.clone())
+            .collect();
+        let input = input_names
+            .iter()
+            .position(|n| *n == card.input_name)
+            .ok_or_else(|| {
+                format!(
+                    "the card names input {:?}, the model has {:?}",
+                    card.input_name, input_names
+                )
+            })?;
+        model
+            .select_outputs_by_name([&card.output_name])
+            .map_err(|_| {
+                format!(
+                    "the card names output {:?}, which the model does not have",
+                    card.output_name
+                )
+            })?;
+        let unshaped = model.clone();
+        let typed = model
+            .with_input_fact(input, InferenceFact::dt_shape(f32::datum_type(), shape))
+            .and_then(|m| m.into_typed())
+            .map_err(message)?;
+        let output = typed.output_fact(0).map_err(message)?.clone();
+        let features = output.shape.last().and_then(|d| d.to_usize().ok());
+        if features != Some(card.feature_size) || output.rank() != 2 {
+            return Err(format!(
+                "the model's output has shape {:?}, the card promises [N, {}]",
+                output.shape, card.feature_size
+            ));
+        }
+        let engine = Self {
+            model: unshaped,
+            input,
+            plans: Mutex::new(Vec::new()),
+        };
+        let state = engine.state(card, 1)?;
+        engine.give_back(1, state);
+        Ok(engine)
+    }
+
+    /// A run state of the plan for batches of exactly `batch` images: an idle one, or a new
+    /// one (the plan is made and kept on first use of its size).
+    fn state(&self, card: &ModelCard, batch: usize) -> Result<TypedSimpleState, String> {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(planned) = plans.iter_mut().find(|p| p.batch == batch) {
+            return match planned.idle.pop() {
+                Some(state) => Ok(state),
+                None => planned.plan.spawn().map_err(message),
+            };
+        }
+        let shape = input_shape(card, batch);
+        let plan = self
+            .model
+            .clone()
+            .with_input_fact(
+                self.input,
+                InferenceFact::dt_shape(f32::datum_type(), shape),
+            )
+            .and_then(|m| m.into_optimized())
+            .and_then(|m| m.into_runnable())
+            .map_err(message)?;
+        if plans.len() >= MAX_PLANS {
+            plans.remove(0);
+        }
+        let state = plan.spawn().map_err(message)?;
+        plans.push(Planned {
+            batch,
+            plan,
+            idle: Vec::new(),
+        });
+        Ok(state)
+    }
+
+    /// Gives a run state back for the next run of its batch size.
+    fn give_back(&self, batch: usize, state: TypedSimpleState) {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(planned) = plans.iter_mut().find(|p| p.batch == batch)
+            && planned.idle.len() < MAX_IDLE_STATES
+        {
+            planned.idle.push(state);
+        }
+    }
+
+    /// Runs one batch of `batch` normalised images; returns `batch × feature_size` values.
+    pub(super) fn run(
+        &self,
+        card: &ModelCard,
+        normalised: &[f32],
+        batch: usize,
+    ) -> Result<Vec<f32>, String> {
+        let input = Tensor::from_shape(&input_shape(card, batch), normalised).map_err(message)?;
+        let mut state = self.state(card, batch)?;
+        let result = state.run(tvec!(input.into())).map_err(message)?;
+        // A state whose run failed is dropped rather than reused.
+        self.give_back(batch, state);
+        let view = result[0].to_plain_array_view::<f32>().map_err(message)?;
+        Ok(view.iter().copied().collect())
+    }
+}
