@@ -2,7 +2,8 @@
 //! round under qemu-aarch64 against a coordinator and broker on loopback.
 //!
 //! Needs `target/aarch64-unknown-linux-gnu/edge/fedge-edge` (build it with
-//! `cargo build --profile edge --target aarch64-unknown-linux-gnu -p fedge-edge --bin fedge-edge`)
+//! `bash deploy/build-gateway.sh`: `cargo build --profile edge --target aarch64-unknown-linux-gnu
+//! -p fedge-edge --bin fedge-edge` with its size flags)
 //! and qemu-user; skipped without them unless `FEDGE_REQUIRE_ARM64=1` (as in CI).
 
 use std::path::{Path, PathBuf};
