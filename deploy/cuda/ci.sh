@@ -54,6 +54,10 @@ step "cargo build --profile jetson --target $triple -p fedge-edge --features cud
 # cudarc loads the CUDA libraries at run time; without a toolkit here it has to be told which
 # CUDA API to bind (12.6, JetPack 6), or it assumes the newest.
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-12060}"
+# The bundler's C wrappers for LLVM's "initialise all targets" functions, built for the native
+# target only: the link then pulls LLVM's AArch64 and NVPTX back ends but not the 18 other
+# targets of the SDK (7.5 MB less binary).
+export CFLAGS_aarch64_unknown_linux_gnu="${CFLAGS_aarch64_unknown_linux_gnu:--DMLC_LLVM_STATIC_NATIVE_ONLY}"
 CARGO_TARGET_DIR="$target_dir" cargo build --profile jetson --target "$triple" \
     -p fedge-edge --bin fedge-edge --features cuda
 ls -l "$binary"
@@ -76,10 +80,10 @@ if [[ $status != 0 ]]; then
     echo "cuda: check --dry-run failed (exit $status)" >&2
     exit 1
 fi
-# The build has CUDA, qemu has no driver: the device check names the missing library and the
-# CPU backend it trains on instead.
-if ! grep -E 'device.*cuda asked for: CUDA unavailable: .*libcuda.*training on the CPU \(flex\)' \
-    "$work/check.txt"; then
+# The build has CUDA, qemu has no driver: the device check passes, naming the missing driver
+# library and the CPU backend it trains on instead.
+if ! grep -E '^ok +device +cuda asked for: no CUDA device found \(.*libcuda\.so.*; training on the CPU \(flex\)$' \
+    "$work/check.txt" > /dev/null; then
     echo "cuda: check did not report the CPU fallback with its reason (no libcuda)" >&2
     exit 1
 fi
