@@ -2,9 +2,9 @@
 
 Usage: python bench/backbone_ort.py CARD.toml FEDGE.json
 Reads the model card (ONNX file, input name, layout, image size) and the figures fedge wrote
-with `--json` (tract, and fedge running the backbone in ONNX Runtime with 1 thread and with
-all), runs onnxruntime's CPU provider here with 1 thread and with all cores, and prints images
-per second side by side with the ratios to Python's onnxruntime at the same thread count.
+with `--json` (fedge running the backbone in tract and in ONNX Runtime, each with 1 thread and
+with all), runs onnxruntime's CPU provider here with 1 thread and with all cores, and prints
+images per second side by side with the ratios to Python's onnxruntime at the same thread count.
 """
 
 import json
@@ -48,20 +48,20 @@ def main():
     one, every = session(onnx, 1), session(onnx, cores)
     fedge = {}
     for row in tract["rows"]:
-        key = "tract" if row["runtime"] == "tract" else f"fedge-ort {row['threads']}"
-        fedge[(key, row["batch"])] = row["images_per_s"]
-    batches = sorted({b for (_, b) in fedge})
+        engine = "tract" if row["runtime"] == "tract" else "fedge-ort"
+        fedge[(engine, row["threads"], row["batch"])] = row["images_per_s"]
+    batches = sorted({b for (_, _, b) in fedge})
     print(f"{card['name']}: Python onnxruntime {ort.__version__}, {tract['images']} images per "
           f"batch size, {cores} cores; images/s (ratio to Python onnxruntime, same threads)")
-    print("| batch | tract (1 thread) | fedge + onnxruntime, 1 thread | fedge + onnxruntime, all "
-          "| Python onnxruntime, 1 thread | Python onnxruntime, all |")
-    print("|---|---|---|---|---|---|")
+    print("| batch | threads | fedge + tract | fedge + onnxruntime | Python onnxruntime |")
+    print("|---|---|---|---|---|")
     cell = lambda v, ref: "–" if v is None else f"{v:.0f} ({v / ref:.2f}×)"
     for b in batches:
         o1 = images_per_s(one, card["input_name"], shape, tract["images"], b)
         oa = images_per_s(every, card["input_name"], shape, tract["images"], b)
-        print(f"| {b} | {cell(fedge.get(('tract', b)), o1)} | {cell(fedge.get(('fedge-ort 1', b)), o1)} "
-              f"| {cell(fedge.get(('fedge-ort all', b)), oa)} | {o1:.0f} | {oa:.0f} |")
+        for threads, ref in (("1", o1), ("all", oa)):
+            print(f"| {b} | {threads} | {cell(fedge.get(('tract', threads, b)), ref)} "
+                  f"| {cell(fedge.get(('fedge-ort', threads, b)), ref)} | {ref:.0f} |")
 
 if __name__ == "__main__":
     main()

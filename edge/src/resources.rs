@@ -13,9 +13,10 @@ use crate::data::ImageSet;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceConfig {
-    /// Worker threads of the agent's runtime (MQTT, status and the training thread's pool), and
-    /// the threads a large training batch is split across (small batches stay on one thread);
-    /// 0: one per core.
+    /// Worker threads of the agent's runtime (MQTT, status and the training thread's pool), the
+    /// threads a large training batch is split across (small batches stay on one thread), and
+    /// the backbone's threads per run (ONNX Runtime; tract only in a build with the
+    /// `tract-threads` feature, else one); 0: one per core.
     #[serde(default)]
     pub threads: usize,
     /// Most MiB of backbone features the device keeps (in memory and in `cache_dir`). A larger

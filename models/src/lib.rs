@@ -35,5 +35,5 @@ pub use device::{
     Accelerator, Backend, CUDA_BUILT, Device, SelectedDevice, select_device, training_device,
 };
 pub use head::{FlatLayoutError, Forward, Head, HeadConfig, HeadModules, HeadTensors};
-pub use runtime::{Provider, Runtime, RuntimeConfig, RuntimeReport};
+pub use runtime::{Provider, Runtime, RuntimeConfig, RuntimeReport, TRACT_THREADS_BUILT};
 pub use sample::{SampleCheck, check_sample};

@@ -162,6 +162,9 @@ impl RuntimeConfig {
 /// Whether this binary can run backbones with ONNX Runtime.
 pub const ONNXRUNTIME_BUILT: bool = cfg!(feature = "onnxruntime");
 
+/// Whether tract can run a backbone on more than one thread (the `tract-threads` feature).
+pub const TRACT_THREADS_BUILT: bool = cfg!(feature = "tract-threads");
+
 /// What a loaded backbone runs on: the engine, the execution providers in use, and why a
 /// provider that was asked for is not among them.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -50,6 +50,32 @@ fn tract_agrees_with_the_converter_on_the_sample() {
     );
 }
 
+/// tract on three threads gives the features of one: the threads split the depthwise
+/// convolutions' channels and the matrix products' tiles, not a sum. Only in a build with the
+/// opt-in `tract-threads` feature (`cargo test -p fedge --test it --features tract-threads`).
+#[cfg(feature = "tract-threads")]
+#[test]
+fn tract_on_three_threads_gives_the_features_of_one() {
+    let Some(path) = card_path() else { return };
+    let runtime = fedge_models::RuntimeConfig::tract();
+    let one = Backbone::load_with(&path, &runtime, 1).unwrap();
+    let three = Backbone::load_with(&path, &runtime, 3).unwrap();
+    let card = one.card();
+    let images: Vec<f32> = (0..5 * card.input_len())
+        .map(|i| ((i * 2_654_435_761usize) >> 9) as f32 % 256.0)
+        .collect();
+    let a = one.features(&images, 5).unwrap();
+    let b = three.features(&images, 5).unwrap();
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!("largest difference, 1 against 3 threads: {diff:e}");
+    assert!(diff <= 1e-4, "{diff}");
+    assert!(a.iter().any(|v| *v > 0.1));
+}
+
 #[test]
 fn grayscale_images_of_another_size_are_adapted_and_batched() {
     let Some(path) = card_path() else { return };

@@ -85,18 +85,21 @@ pub struct Backbone {
 }
 
 impl Backbone {
-    /// Loads the backbone a card describes (its `file` is relative to the card) into tract.
+    /// Loads the backbone a card describes (its `file` is relative to the card) into tract, on
+    /// one thread.
     pub fn load(card_path: &Path) -> Result<Self, BackboneError> {
-        Self::load_with(card_path, &RuntimeConfig::tract(), 0)
+        Self::load_with(card_path, &RuntimeConfig::tract(), 1)
     }
 
-    /// Loads an ONNX model held in memory into tract; `origin` only names it in errors.
+    /// Loads an ONNX model held in memory into tract, on one thread; `origin` only names it in
+    /// errors.
     pub fn from_bytes(card: ModelCard, onnx: &[u8], origin: &Path) -> Result<Self, BackboneError> {
-        Self::from_bytes_with(card, onnx, origin, &RuntimeConfig::tract(), 0)
+        Self::from_bytes_with(card, onnx, origin, &RuntimeConfig::tract(), 1)
     }
 
     /// Loads the backbone a card describes into the engine `runtime` names, with `threads`
-    /// threads per run for ONNX Runtime (0: its default; tract's follow the process).
+    /// threads per run (0: one per core; tract uses one thread unless built with the
+    /// `tract-threads` feature).
     pub fn load_with(
         card_path: &Path,
         runtime: &RuntimeConfig,
@@ -117,7 +120,7 @@ impl Backbone {
         onnx: &[u8],
         origin: &Path,
         runtime: &RuntimeConfig,
-        #[cfg_attr(not(feature = "onnxruntime"), allow(unused_variables))] threads: usize,
+        threads: usize,
     ) -> Result<Self, BackboneError> {
         let load_err = |message: String| BackboneError::Load {
             path: origin.to_owned(),
@@ -125,7 +128,7 @@ impl Backbone {
         };
         let engine = match runtime.runtime {
             Runtime::Tract => {
-                Engine::Tract(tract::TractEngine::load(&card, onnx).map_err(load_err)?)
+                Engine::Tract(tract::TractEngine::load(&card, onnx, threads).map_err(load_err)?)
             }
             #[cfg(feature = "onnxruntime")]
             Runtime::Onnxruntime => Engine::Onnxruntime(
@@ -310,6 +313,26 @@ mod tests {
         assert!(all.iter().any(|v| *v > 0.0));
         for (a, b) in all.iter().zip(&one_by_one) {
             assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()));
+        }
+    }
+
+    #[cfg(feature = "tract-threads")]
+    #[test]
+    fn tract_on_several_threads_gives_the_features_of_one() {
+        let two = Backbone::from_bytes_with(
+            digits_conv_card(),
+            DIGITS_CONV_ONNX,
+            Path::new("digits-conv.onnx"),
+            &RuntimeConfig::tract(),
+            2,
+        )
+        .unwrap();
+        assert!(matches!(&*two.engine, Engine::Tract(e) if e.threads() == 2));
+        let images: Vec<f32> = (0..37 * 64).map(|i| (i * 7 % 17) as f32).collect();
+        let one = digits().features(&images, 37).unwrap();
+        let both = two.features(&images, 37).unwrap();
+        for (a, b) in one.iter().zip(&both) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} {b}");
         }
     }
 

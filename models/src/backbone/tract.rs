@@ -3,6 +3,10 @@
 //! of that size and kept (a short last batch is padded to it). tract only picks its fast
 //! depthwise-convolution kernel when every dimension is known, which made EfficientNet-Lite0
 //! about 20 times slower with a symbolic batch.
+//!
+//! With the `tract-threads` feature, a run uses the process's rayon pool of `threads` threads
+//! (tract-linalg's executor splits matrix products, depthwise convolutions and element-wise
+//! operators across it); without it, or with one thread, tract runs on the calling thread.
 
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +41,39 @@ pub(super) struct TractEngine {
     input: usize,
     /// Plans made so far, by batch size, with their idle run states.
     pub(super) plans: Mutex<Vec<Planned>>,
+    /// The thread pool runs go through; `None`: the calling thread.
+    #[cfg(feature = "tract-threads")]
+    executor: Option<tract_linalg::multithread::Executor>,
+    /// The executor's thread count.
+    #[cfg(feature = "tract-threads")]
+    threads: usize,
+}
+
+/// Threads tract runs on for a `threads` setting (0: one per core).
+#[cfg(feature = "tract-threads")]
+fn effective_threads(threads: usize) -> usize {
+    match threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    }
+}
+
+/// One rayon pool per thread count in the process, shared by every backbone that asks for it.
+#[cfg(feature = "tract-threads")]
+fn executor(threads: usize) -> Option<tract_linalg::multithread::Executor> {
+    use tract_linalg::multithread::Executor;
+    static POOLS: Mutex<Vec<(usize, Executor)>> = Mutex::new(Vec::new());
+    let threads = effective_threads(threads);
+    if threads <= 1 {
+        return None;
+    }
+    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, pool)) = pools.iter().find(|(n, _)| *n == threads) {
+        return Some(pool.clone());
+    }
+    let pool = Executor::multithread_with_name(threads, "fedge-tract");
+    pools.push((threads, pool.clone()));
+    Some(pool)
 }
 
 fn message(e: TractError) -> String {
@@ -51,8 +88,13 @@ fn input_shape(card: &ModelCard, batch: usize) -> [usize; 4] {
 }
 
 impl TractEngine {
-    /// Loads `onnx` and checks its input and output against the card.
-    pub(super) fn load(card: &ModelCard, onnx: &[u8]) -> Result<Self, String> {
+    /// Loads `onnx` and checks its input and output against the card; runs will use
+    /// `threads` threads (0: one per core) when built with `tract-threads`, else one.
+    pub(super) fn load(
+        card: &ModelCard,
+        onnx: &[u8],
+        #[cfg_attr(not(feature = "tract-threads"), allow(unused_variables))] threads: usize,
+    ) -> Result<Self, String> {
         let mut model = tract_onnx::onnx()
             .model_for_read(&mut &onnx[..])
             .map_err(message)?;
@@ -111,6 +153,10 @@ impl TractEngine {
             model: unshaped,
             input,
             plans: Mutex::new(Vec::new()),
+            #[cfg(feature = "tract-threads")]
+            executor: executor(threads),
+            #[cfg(feature = "tract-threads")]
+            threads: effective_threads(threads),
         };
         let state = engine.state(card, 1)?;
         engine.give_back(1, state);
@@ -150,6 +196,12 @@ impl TractEngine {
         Ok(state)
     }
 
+    /// Threads a run uses.
+    #[cfg(feature = "tract-threads")]
+    pub(super) fn threads(&self) -> usize {
+        self.executor.as_ref().map_or(1, |_| self.threads)
+    }
+
     /// Gives a run state back for the next run of its batch size.
     fn give_back(&self, batch: usize, state: TypedSimpleState) {
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
@@ -169,7 +221,16 @@ impl TractEngine {
     ) -> Result<Vec<f32>, String> {
         let input = Tensor::from_shape(&input_shape(card, batch), normalised).map_err(message)?;
         let mut state = self.state(card, batch)?;
-        let result = state.run(tvec!(input.into())).map_err(message)?;
+        #[cfg(feature = "tract-threads")]
+        let result = match &self.executor {
+            Some(pool) => tract_linalg::multithread::multithread_tract_scope(pool.clone(), || {
+                state.run(tvec!(input.into()))
+            }),
+            None => state.run(tvec!(input.into())),
+        };
+        #[cfg(not(feature = "tract-threads"))]
+        let result = state.run(tvec!(input.into()));
+        let result = result.map_err(message)?;
         // A state whose run failed is dropped rather than reused.
         self.give_back(batch, state);
         let view = result[0].to_plain_array_view::<f32>().map_err(message)?;

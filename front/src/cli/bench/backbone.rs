@@ -26,15 +26,16 @@ pub struct BackboneArgs {
     /// Batch sizes to compare.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub batch: Vec<usize>,
-    /// Engines to time: `tract` (one thread) and `onnxruntime` (the library of
-    /// `--onnxruntime-library`, CPU provider, at each of `--threads`).
+    /// Engines to time, each at every `--threads`: `tract` (on one thread unless built with
+    /// the `tract-threads` feature) and `onnxruntime` (the library of `--onnxruntime-library`,
+    /// CPU provider).
     #[arg(long, value_delimiter = ',', default_value = "tract")]
     pub runtime: Vec<Runtime>,
     /// The ONNX Runtime library (`libonnxruntime.so.1.x`, e.g. from the onnxruntime Python
     /// wheel's `onnxruntime/capi/`); default: `ORT_DYLIB_PATH`, else the loader's search.
     #[arg(long, value_name = "PATH")]
     pub onnxruntime_library: Option<PathBuf>,
-    /// ONNX Runtime's threads per run to compare (0: one per core).
+    /// Threads per run to compare (0: one per core).
     #[arg(long, value_delimiter = ',', default_value = "1,0")]
     pub threads: Vec<usize>,
     #[command(flatten)]
@@ -53,27 +54,30 @@ pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
         "{}: {}x{}x{} -> {} features, {} images",
         card.name, card.channels, card.height, card.width, card.feature_size, args.images
     );
+    let onnx = std::fs::read(tract.origin())?;
     let mut engines: Vec<(String, usize, Backbone)> = Vec::new();
     for runtime in &args.runtime {
-        match runtime {
-            Runtime::Tract => engines.push(("tract".into(), 1, tract.clone())),
+        let config = match runtime {
+            Runtime::Tract => RuntimeConfig::tract(),
             Runtime::Onnxruntime => {
-                let config = RuntimeConfig::onnxruntime(
-                    args.onnxruntime_library.clone(),
-                    vec![Provider::Cpu],
-                );
-                for &threads in &args.threads {
-                    let backbone = Backbone::from_bytes_with(
-                        card.clone(),
-                        &std::fs::read(tract.origin())?,
-                        tract.origin(),
-                        &config,
-                        threads,
-                    )?;
-                    let name = format!("fedge + {}", backbone.runtime());
-                    engines.push((name, threads, backbone));
-                }
+                RuntimeConfig::onnxruntime(args.onnxruntime_library.clone(), vec![Provider::Cpu])
             }
+        };
+        for &threads in &args.threads {
+            if *runtime == Runtime::Tract && threads != 1 && !fedge_models::TRACT_THREADS_BUILT {
+                eprintln!(
+                    "tract at {threads} threads skipped: this build runs tract on one thread \
+                     (build with --features tract-threads)"
+                );
+                continue;
+            }
+            let backbone =
+                Backbone::from_bytes_with(card.clone(), &onnx, tract.origin(), &config, threads)?;
+            let name = match runtime {
+                Runtime::Tract => "tract".to_string(),
+                Runtime::Onnxruntime => format!("fedge + {}", backbone.runtime()),
+            };
+            engines.push((name, threads, backbone));
         }
     }
     println!("| engine | threads | batch | ms per image | images/s |\n|---|---|---|---|---|");
