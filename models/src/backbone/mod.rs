@@ -327,7 +327,7 @@ mod tests {
             2,
         )
         .unwrap();
-        assert!(matches!(&*two.engine, Engine::Tract(e) if e.threads() == 2));
+        assert!(matches!(&*two.engine, Engine::Tract(e) if e.threaded()));
         let images: Vec<f32> = (0..37 * 64).map(|i| (i * 7 % 17) as f32).collect();
         let one = digits().features(&images, 37).unwrap();
         let both = two.features(&images, 37).unwrap();

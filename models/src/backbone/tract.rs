@@ -44,9 +44,6 @@ pub(super) struct TractEngine {
     /// The thread pool runs go through; `None`: the calling thread.
     #[cfg(feature = "tract-threads")]
     executor: Option<tract_linalg::multithread::Executor>,
-    /// The executor's thread count.
-    #[cfg(feature = "tract-threads")]
-    threads: usize,
 }
 
 /// Threads tract runs on for a `threads` setting (0: one per core).
@@ -155,8 +152,6 @@ impl TractEngine {
             plans: Mutex::new(Vec::new()),
             #[cfg(feature = "tract-threads")]
             executor: executor(threads),
-            #[cfg(feature = "tract-threads")]
-            threads: effective_threads(threads),
         };
         let state = engine.state(card, 1)?;
         engine.give_back(1, state);
@@ -196,10 +191,10 @@ impl TractEngine {
         Ok(state)
     }
 
-    /// Threads a run uses.
-    #[cfg(feature = "tract-threads")]
-    pub(super) fn threads(&self) -> usize {
-        self.executor.as_ref().map_or(1, |_| self.threads)
+    /// Whether runs go through a thread pool.
+    #[cfg(all(test, feature = "tract-threads"))]
+    pub(super) fn threaded(&self) -> bool {
+        self.executor.is_some()
     }
 
     /// Gives a run state back for the next run of its batch size.
