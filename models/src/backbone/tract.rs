@@ -55,22 +55,28 @@ fn effective_threads(threads: usize) -> usize {
     }
 }
 
-/// One rayon pool per thread count in the process, shared by every backbone that asks for it.
+/// One rayon pool per thread count in the process, shared by every backbone that asks for it;
+/// `None` for one thread. A pool whose threads cannot start is an error.
 #[cfg(feature = "tract-threads")]
-fn executor(threads: usize) -> Option<tract_linalg::multithread::Executor> {
+fn executor(threads: usize) -> Result<Option<tract_linalg::multithread::Executor>, String> {
     use tract_linalg::multithread::Executor;
     static POOLS: Mutex<Vec<(usize, Executor)>> = Mutex::new(Vec::new());
     let threads = effective_threads(threads);
     if threads <= 1 {
-        return None;
+        return Ok(None);
     }
     let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, pool)) = pools.iter().find(|(n, _)| *n == threads) {
-        return Some(pool.clone());
+        return Ok(Some(pool.clone()));
     }
-    let pool = Executor::multithread_with_name(threads, "fedge-tract");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("fedge-tract-{i}"))
+        .build()
+        .map_err(|e| format!("cannot start tract's {threads} threads: {e}"))?;
+    let pool = Executor::MultiThread(std::sync::Arc::new(pool));
     pools.push((threads, pool.clone()));
-    Some(pool)
+    Ok(Some(pool))
 }
 
 fn message(e: TractError) -> String {
@@ -151,7 +157,7 @@ impl TractEngine {
             input,
             plans: Mutex::new(Vec::new()),
             #[cfg(feature = "tract-threads")]
-            executor: executor(threads),
+            executor: executor(threads)?,
         };
         let state = engine.state(card, 1)?;
         engine.give_back(1, state);
