@@ -303,7 +303,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     }
     let table = eval::markdown(&results);
     println!(
-        "{}, {} backbone, {}, {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round{}; {:.0} s",
+        "{}, {} backbone, {}, {} rounds, {} local epochs, {} seeds; held-out accuracy (%) at the best source-validation round{}, then the average after the last round and an oracle's (best round by the held-out labels: an upper bound, not a result); {:.0} s",
         args.data.dataset,
         prepared.backbone,
         options.scenario,
