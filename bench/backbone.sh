@@ -3,8 +3,9 @@
 # Runtime (the onnxruntime wheel's library, as `[model] runtime = "onnxruntime"` loads it), and
 # Python's onnxruntime, each with 1 thread and with all.
 # Usage: bash bench/backbone.sh (after `cargo build --release`, or `cargo build --release
-# --features tract-threads` for tract on all cores too; FEDGE_BIN_DIR for other binaries). Runs the built-in digits-conv and EfficientNet-Lite0 at 32x32, 96x96 and 224x224
-# where models/tools/fetch-efficientnet-lite0.sh made them (`--size 32` into
+# --features tract-threads` for tract on all cores too; FEDGE_BIN_DIR for other binaries).
+# Runs the built-in digits-conv and EfficientNet-Lite0 at 32x32, 96x96 and 224x224 where
+# models/tools/fetch-efficientnet-lite0.sh made them (`--size 32` into
 # $FEDGE_BACKBONES, default ~/.cache/fedge/backbones; `--size 96` and `--size 224` into
 # backbones-96 and backbones-224 beside it), with batches of 1 and 32.
 set -euo pipefail

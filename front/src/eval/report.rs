@@ -421,6 +421,33 @@ pub fn report_json(meta: &ReportMeta, results: &[RunResult]) -> serde_json::Valu
 mod tests {
     use super::*;
 
+    /// A FedAvg run on `target` whose held-out accuracy after each round is `curve`, scored
+    /// 0.5 at the round source validation picks (round 1) and after the last round.
+    fn scored(target: &str, seed: u64, curve: &[f32]) -> RunResult {
+        RunResult {
+            algorithm: "fedavg".into(),
+            target: target.into(),
+            seed,
+            best_round: 1,
+            best_source_val: 0.5,
+            target_accuracy: 0.5,
+            final_target_accuracy: 0.5,
+            curve: (curve.iter().enumerate())
+                .map(|(i, a)| super::super::RoundScore {
+                    round: i as u64 + 1,
+                    source_val: 0.5,
+                    target_accuracy: *a,
+                    clients: 1,
+                    at_ms: 0,
+                })
+                .collect(),
+            train_seconds_per_round: f64::NAN,
+            final_params: vec![],
+            epsilon: None,
+            rejected: Default::default(),
+        }
+    }
+
     #[test]
     fn mean_and_std_of_seeds() {
         assert_eq!(mean_std(&[0.5]), (0.5, 0.0));
@@ -433,17 +460,8 @@ mod tests {
     fn rejected_updates_are_listed_under_the_table() {
         let run = |algorithm: &str, rejected: &[(&str, u64)]| RunResult {
             algorithm: algorithm.into(),
-            target: "t".into(),
-            seed: 0,
-            best_round: 1,
-            best_source_val: 0.5,
-            target_accuracy: 0.5,
-            final_target_accuracy: 0.5,
-            curve: vec![],
-            train_seconds_per_round: f64::NAN,
-            final_params: vec![],
-            epsilon: None,
             rejected: rejected.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+            ..scored("t", 0, &[])
         };
         let clean = [run("fedavg", &[])];
         assert!(!markdown(&clean).contains("rejected"));
@@ -466,26 +484,10 @@ mod tests {
         // Source validation picks round 2 (target 0.6); the last round scores 0.5; the best
         // round by the target's labels is round 3 (0.8).
         let run = |seed: u64, lift: f32| RunResult {
-            algorithm: "fedavg".into(),
-            target: "t".into(),
-            seed,
             best_round: 2,
-            best_source_val: 0.9,
             target_accuracy: 0.6 + lift,
             final_target_accuracy: 0.5 + lift,
-            curve: ([0.4, 0.6, 0.8, 0.5].iter().enumerate())
-                .map(|(i, a)| super::super::RoundScore {
-                    round: i as u64 + 1,
-                    source_val: 0.5,
-                    target_accuracy: a + lift,
-                    clients: 1,
-                    at_ms: 0,
-                })
-                .collect(),
-            train_seconds_per_round: f64::NAN,
-            final_params: vec![],
-            epsilon: None,
-            rejected: Default::default(),
+            ..scored("t", seed, &[0.4 + lift, 0.6 + lift, 0.8 + lift, 0.5 + lift])
         };
         let results = [run(0, 0.0), run(1, 0.1)];
         let row = &summarise(&results).rows[0];
@@ -506,33 +508,11 @@ mod tests {
 
     #[test]
     fn curves_carry_the_mean_and_the_spread_over_seeds() {
-        let run = |target: &str, seed: u64, accuracies: &[f32]| RunResult {
-            algorithm: "fedavg".into(),
-            target: target.into(),
-            seed,
-            best_round: 1,
-            best_source_val: 0.5,
-            target_accuracy: 0.5,
-            final_target_accuracy: 0.5,
-            curve: (accuracies.iter().enumerate())
-                .map(|(i, a)| super::super::RoundScore {
-                    round: i as u64 + 1,
-                    source_val: 0.5,
-                    target_accuracy: *a,
-                    clients: 1,
-                    at_ms: 0,
-                })
-                .collect(),
-            train_seconds_per_round: f64::NAN,
-            final_params: vec![],
-            epsilon: None,
-            rejected: Default::default(),
-        };
         // Seed 0 averages its two targets (0.4 and 0.6 after round 1); seed 1 has one target.
         let results = [
-            run("a", 0, &[0.4, 0.5]),
-            run("b", 0, &[0.6, 0.7]),
-            run("a", 1, &[0.8, 0.9]),
+            scored("a", 0, &[0.4, 0.5]),
+            scored("b", 0, &[0.6, 0.7]),
+            scored("a", 1, &[0.8, 0.9]),
         ];
         let curves = curves(&results);
         assert_eq!(curves.len(), 1);

@@ -188,3 +188,43 @@ fn a_missing_library_is_an_error_that_says_what_to_set() {
     let message = err.unwrap_err().to_string();
     assert!(message.contains("onnxruntime"), "{message}");
 }
+
+/// `fedge bench backbone` as README gives it, on the built-in backbone (compiled in, no file on
+/// disk): tract and the library side by side at one thread and all, figures in the JSON.
+#[test]
+fn the_backbone_benchmark_times_both_engines_on_the_builtin_backbone() {
+    let Some(library) = common::onnxruntime::library() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = common::succeeded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args(["bench", "backbone", "--images", "16", "--batch", "1,4"])
+            .args(["--runtime", "tract,onnxruntime", "--threads", "1,0"])
+            .arg("--onnxruntime-library")
+            .arg(&library)
+            .arg("--json")
+            .arg(&json),
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = rows["rows"].as_array().unwrap();
+    let count = |runtime: &str, threads: &str| {
+        (rows.iter())
+            .filter(|r| r["runtime"] == runtime && r["threads"] == threads)
+            .inspect(|r| assert!(r["images_per_s"].as_f64().unwrap() > 0.0, "{r}"))
+            .count()
+    };
+    assert_eq!(count("onnxruntime", "1"), 2, "{rows:?}");
+    assert_eq!(count("onnxruntime", "all"), 2, "{rows:?}");
+    assert_eq!(count("tract", "1"), 2, "{rows:?}");
+    // tract on all cores only in a build with `tract-threads`; otherwise the run says why not.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match fedge_models::TRACT_THREADS_BUILT {
+        true => assert_eq!(count("tract", "all"), 2, "{rows:?}"),
+        false => {
+            assert_eq!(count("tract", "all"), 0, "{rows:?}");
+            assert!(stderr.contains("--features tract-threads"), "{stderr}");
+        }
+    }
+}

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Args;
 use fedge_models::{Backbone, Provider, Runtime, RuntimeConfig};
 
@@ -54,7 +55,14 @@ pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
         "{}: {}x{}x{} -> {} features, {} images",
         card.name, card.channels, card.height, card.width, card.feature_size, args.images
     );
-    let onnx = std::fs::read(tract.origin())?;
+    // The model's bytes for the other engines and thread counts: the built-in backbone's are
+    // compiled in, a card's are read once.
+    let onnx: std::borrow::Cow<[u8]> = match &args.backbone {
+        None => fedge_models::generate::DIGITS_CONV_ONNX.into(),
+        Some(_) => std::fs::read(tract.origin())
+            .with_context(|| format!("cannot read {}", tract.origin().display()))?
+            .into(),
+    };
     let mut engines: Vec<(String, usize, Backbone)> = Vec::new();
     for runtime in &args.runtime {
         let config = match runtime {
@@ -66,13 +74,23 @@ pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
         for &threads in &args.threads {
             if *runtime == Runtime::Tract && threads != 1 && !fedge_models::TRACT_THREADS_BUILT {
                 eprintln!(
-                    "tract at {threads} threads skipped: this build runs tract on one thread \
-                     (build with --features tract-threads)"
+                    "tract at {} threads skipped: this build runs tract on one thread (build \
+                     with --features tract-threads)",
+                    threads_label(threads)
                 );
                 continue;
             }
-            let backbone =
-                Backbone::from_bytes_with(card.clone(), &onnx, tract.origin(), &config, threads)?;
+            // The backbone loaded above is tract on one thread.
+            let backbone = match (runtime, threads) {
+                (Runtime::Tract, 1) => tract.clone(),
+                _ => Backbone::from_bytes_with(
+                    card.clone(),
+                    &onnx,
+                    tract.origin(),
+                    &config,
+                    threads,
+                )?,
+            };
             let name = match runtime {
                 Runtime::Tract => "tract".to_string(),
                 Runtime::Onnxruntime => format!("fedge + {}", backbone.runtime()),
@@ -89,10 +107,7 @@ pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
             let start = std::time::Instant::now();
             backbone.features(&images, batch)?;
             let secs = start.elapsed().as_secs_f64();
-            let threads = match threads {
-                0 => "all".to_string(),
-                n => n.to_string(),
-            };
+            let threads = threads_label(*threads);
             println!(
                 "| {name} | {threads} | {batch} | {:.3} | {:.0} |",
                 secs * 1e3 / args.images as f64,
@@ -112,4 +127,12 @@ pub fn run(args: BackboneArgs) -> anyhow::Result<()> {
         "images": args.images,
         "rows": rows,
     }))
+}
+
+/// A thread count as the tables and the JSON give it: `all` for 0 (one per core).
+fn threads_label(threads: usize) -> String {
+    match threads {
+        0 => "all".to_string(),
+        n => n.to_string(),
+    }
 }
