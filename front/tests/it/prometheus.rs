@@ -127,7 +127,9 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
         keys: Default::default(),
     };
     let report = run_fleet(&fleet).await.unwrap();
-    assert_eq!(report.rounds.len(), 2, "{report:?}");
+    // The coordinator goes on to round 3: when its devices answer that task before they stop,
+    // the report lists it too (rounds that end while the fleet stops are counted).
+    assert!(matches!(report.rounds.len(), 2 | 3), "{report:?}");
     // Whatever the devices sent before they stopped has arrived.
     tokio::time::sleep(Duration::from_secs(1)).await;
     // One junk update from a device the federation never selected.
@@ -155,6 +157,7 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
     // task by then, so the counts follow k, the rounds aggregated.
     let k = number("fedge_rounds_aggregated_total ") as u64;
     assert!(k == 2 || k == 3, "{text}");
+    assert!(k >= report.rounds.len() as u64, "{text}\n{report:?}");
     // Round k + 1 opened unless the devices had gone when round k closed.
     let opened = number("fedge_rounds_opened_total ") as u64;
     assert!(opened == k || opened == k + 1, "{text}");
