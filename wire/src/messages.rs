@@ -43,16 +43,22 @@ pub enum Objective {
     #[serde(rename = "fedddl", alias = "FedDdl")]
     #[cfg_attr(feature = "clap", value(name = "fedddl"))]
     FedDdl,
+    /// FedADG alone: Stable-FedADG without stable learning (every sample of a batch weighs
+    /// alike), the method Stable-FedADG builds on; same schedule, losses and generator.
+    #[serde(rename = "fedadg")]
+    #[cfg_attr(feature = "clap", value(name = "fedadg"))]
+    FedAdg,
 }
 
 impl Objective {
     /// Every objective, in declaration order.
-    pub const ALL: [Objective; 5] = [
+    pub const ALL: [Objective; 6] = [
         Objective::CrossEntropy,
         Objective::FedProx,
         Objective::FedDim,
         Objective::StableFedAdg,
         Objective::FedDdl,
+        Objective::FedAdg,
     ];
 
     /// Name on the command line, in TOML and in JSON.
@@ -63,12 +69,13 @@ impl Objective {
             Objective::FedDim => "feddim",
             Objective::StableFedAdg => "stable-fedadg",
             Objective::FedDdl => "fedddl",
+            Objective::FedAdg => "fedadg",
         }
     }
 
-    /// True when the flat parameter vector carries Stable-FedADG's generator after the head.
+    /// True when the flat parameter vector carries (Stable-)FedADG's generator after the head.
     pub fn carries_generator(self) -> bool {
-        self == Objective::StableFedAdg
+        matches!(self, Objective::StableFedAdg | Objective::FedAdg)
     }
 }
 
@@ -183,6 +190,12 @@ pub enum StableSchedule {
     #[serde(rename = "epochs")]
     #[cfg_attr(feature = "clap", value(name = "epochs"))]
     Epochs,
+    /// `warmup_batches` whole epochs on `L_S`, then `adversarial_batches` whole adversarial
+    /// epochs (`E0` and `E1` counted in epochs, as the paper's algorithm and the FedADG code it
+    /// builds on run them; at most 100 together), whatever the local epochs.
+    #[serde(rename = "epoch-phases")]
+    #[cfg_attr(feature = "clap", value(name = "epoch-phases"))]
+    EpochPhases,
 }
 
 /// Hyper-parameters of local training, chosen by the coordinator for a round.
@@ -313,13 +326,15 @@ impl TrainParams {
         )?;
         count("batch_size", self.batch_size, MAX_BATCH_SIZE, "1 to 4096")?;
         let batches = self.warmup_batches.saturating_add(self.adversarial_batches);
-        if batches > MAX_STABLE_BATCHES {
+        let (most, allowed) = match self.stable_schedule {
+            StableSchedule::EpochPhases => {
+                (MAX_LOCAL_EPOCHS, "at most 100 epochs with \"epoch-phases\"")
+            }
+            _ => (MAX_STABLE_BATCHES, "at most 10000"),
+        };
+        if batches > most {
             let value = format!("{} + {}", self.warmup_batches, self.adversarial_batches);
-            return Err(bad(
-                "warmup_batches + adversarial_batches",
-                value,
-                "at most 10000",
-            ));
+            return Err(bad("warmup_batches + adversarial_batches", value, allowed));
         }
         let reals: [RealRange; 10] = [
             (

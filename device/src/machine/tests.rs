@@ -223,6 +223,16 @@ fn a_task_of_another_federation_or_with_values_out_of_range_is_refused() {
         "{}",
         agent.status().last_error
     );
+    // 150 epochs are far more than 150 batches: a bound of its own.
+    let mut phases = task(1, &["cam-1"], 10_000);
+    phases.train.stable_schedule = fedge_wire::StableSchedule::EpochPhases;
+    phases.train.adversarial_batches = 150;
+    assert!(trains(&send(&mut agent, phases, 2)).is_empty());
+    assert!(
+        agent.status().last_error.contains("at most 100 epochs"),
+        "{}",
+        agent.status().last_error
+    );
     let mut nan = task(1, &["cam-1"], 10_000);
     nan.train.learning_rate = f32::NAN;
     assert!(trains(&send(&mut agent, nan, 2)).is_empty());

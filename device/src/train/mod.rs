@@ -103,7 +103,7 @@ fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome
     }
     let mut rng = StdRng::seed_from_u64(seed);
     let (params_out, last_epoch_loss, steps, prototypes) = match params.objective {
-        Objective::StableFedAdg => {
+        Objective::StableFedAdg | Objective::FedAdg => {
             let (loss, steps, flat) = stable_round(job, &layout, state, &mut rng)?;
             (flat, loss, steps, None)
         }
@@ -148,6 +148,9 @@ fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome
     })
 }
 
+/// Mixed into the job's seed for a new discriminator's initial weights.
+const DISCRIMINATOR_STREAM: u64 = 0x0d15_c000_0000_0001;
+
 /// Stable-FedADG's round: the head and generator from `global`, the discriminator from `state`
 /// (a seeded one the first time). Returns the loss, the steps and the trained flat vector.
 fn stable_round(
@@ -161,7 +164,8 @@ fn stable_round(
     let adversarial = AdversarialConfig::for_head(config);
     let disc_flat = match state.discriminator.take() {
         Some(d) if d.len() == adversarial.discriminator_params() => d,
-        _ => adversarial.init_discriminator(rand::Rng::random(rng)),
+        // Its own stream, so that the batches are cross-entropy's (same seed, same order).
+        _ => adversarial.init_discriminator(job.seed ^ DISCRIMINATOR_STREAM),
     };
     let modules = StableModules {
         head: config.from_flat(layout.head_part(global), device)?,

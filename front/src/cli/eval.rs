@@ -28,9 +28,12 @@ pub struct EvalArgs {
     /// without fedddl on an image folder without boxes.csv, which FedDDL needs]
     #[arg(long, value_delimiter = ',', help_heading = "Runs")]
     pub algorithms: Vec<String>,
-    /// Try a small grid of each algorithm's own hyper-parameters (FedProx mu, FedDIM lambda,
-    /// server momentum beta, FedOMG kappa) and report, per algorithm, the setting with the best
-    /// mean source-validation accuracy (the target is never looked at to choose).
+    /// Try a small grid of each algorithm's own hyper-parameters (FedAvg's learning rate,
+    /// FedProx mu, FedDIM lambda, FedDDL's and Stable-FedADG's weights, server momentum beta,
+    /// FedOMG kappa) and report, per algorithm, the setting with the best mean
+    /// source-validation accuracy (the target is never looked at to choose); then the one
+    /// setting chosen over all algorithms the same way, against the first algorithm and against
+    /// the best in hindsight.
     #[arg(long, help_heading = "Runs")]
     pub tune: bool,
     /// FedDDL's counterfactual draws per image, built per client on its own training rows;
@@ -300,6 +303,25 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
                 tried.join(", ")
             );
         }
+    }
+    if args.tune
+        && let Some(s) = eval::select(&choices, &results)
+    {
+        let against = |p: &Option<eval::Paired>, name: &str| match p {
+            Some(p) => format!(
+                "{:+.1} [{:+.1}, {:+.1}] points against {name} ({} seeds)",
+                p.mean, p.low, p.high, p.seeds
+            ),
+            None => format!("it is {name}"),
+        };
+        let baseline = results.first().map_or("", |r| r.algorithm.as_str());
+        println!(
+            "chosen over all algorithms on source validation: {} ({:.2} %); held out: {}; {} (the best in hindsight, by the held-out labels)",
+            s.chosen,
+            s.source_val * 100.0,
+            against(&s.against_baseline, baseline),
+            against(&s.against_hindsight, &s.hindsight),
+        );
     }
     let table = eval::markdown(&results);
     println!(

@@ -14,7 +14,9 @@
 //! [`train_round`] is one local round ([`Schedule`]): `E0` batches on the weighted loss `L_S`
 //! alone, then `E1` adversarial batches, as the paper runs it (`stable_schedule = "paper"`,
 //! whatever the local epochs); or, with `"epochs"`, as many batches as the local epochs make
-//! (at least `E0 + E1`), every one after `E0` adversarial. An adversarial batch steps the head
+//! (at least `E0 + E1`), every one after `E0` adversarial; or, with `"epoch-phases"`, `E0` whole
+//! epochs on `L_S` and then `E1` whole adversarial epochs, as the FedADG code runs them. With
+//! `objective = "fedadg"` every sample weighs `1/B`: FedADG alone. An adversarial batch steps the head
 //! on `λ0 L_f + λ1 L_S` ([`head_loss`]), the discriminator on `L_d` and the generator on `L_g`,
 //! each with its own SGD: the head at the round's learning rate with weight decay, the
 //! generator and discriminator at `adversarial_lr_ratio` times it (the paper's `lr_g = lr_d`,
@@ -26,7 +28,7 @@ use burn::tensor::TensorData;
 use burn::tensor::activation::log_softmax;
 use fedge_models::adversarial::{NOISE, one_hot};
 use fedge_models::{Discriminator, Generator, Head};
-use fedge_wire::TrainParams;
+use fedge_wire::{Objective, TrainParams};
 use rand::Rng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -70,14 +72,21 @@ impl Schedule {
     pub fn new(params: &TrainParams, samples: usize) -> Self {
         let warmup = params.warmup_batches as usize;
         let least = warmup + params.adversarial_batches as usize;
-        let batches = match params.stable_schedule {
-            StableSchedule::Paper => least,
-            StableSchedule::Epochs => {
-                let per_epoch = samples.div_ceil(params.batch_size.max(1) as usize);
-                (per_epoch * params.local_epochs as usize).max(least)
-            }
-        };
-        Self { batches, warmup }
+        let per_epoch = samples.div_ceil(params.batch_size.max(1) as usize);
+        match params.stable_schedule {
+            StableSchedule::Paper => Self {
+                batches: least,
+                warmup,
+            },
+            StableSchedule::Epochs => Self {
+                batches: (per_epoch * params.local_epochs as usize).max(least),
+                warmup,
+            },
+            StableSchedule::EpochPhases => Self {
+                batches: per_epoch * least,
+                warmup: per_epoch * warmup,
+            },
+        }
     }
 
     /// Whether batch `b` (from 0) is adversarial.
@@ -184,9 +193,14 @@ pub fn train_round(
         if memory.dims != hidden {
             *memory = Memory::new(hidden);
         }
-        let learned = sample_weights(&z_values, hidden, Some(memory), rng);
-        memory.fold(&z_values, &learned.logits);
-        let w = Tensor::<1>::from_data(TensorData::new(learned.weights, [n]), device);
+        let weights = if params.objective == Objective::StableFedAdg {
+            let learned = sample_weights(&z_values, hidden, Some(memory), rng);
+            memory.fold(&z_values, &learned.logits);
+            learned.weights
+        } else {
+            vec![1.0 / n as f32; n]
+        };
+        let w = Tensor::<1>::from_data(TensorData::new(weights, [n]), device);
         let adversarial = schedule.adversarial(b);
         let labels_1h = one_hot(&labels, classes, device);
         let d_real = adversarial.then(|| discriminator.forward(z.clone(), labels_1h.clone()));

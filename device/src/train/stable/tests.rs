@@ -80,6 +80,20 @@ fn the_paper_schedule_runs_e0_plain_then_e1_adversarial_batches() {
     };
     assert_eq!(Schedule::new(&epochs, 100).batches, 65, "5 epochs of 13");
     assert_eq!(Schedule::new(&epochs, 10).batches, 10, "at least E0 + E1");
+    // E0 and E1 in epochs: 3 epochs of 13 batches on L_S, then 5 adversarial ones.
+    let phases = TrainParams {
+        stable_schedule: StableSchedule::EpochPhases,
+        ..params.clone()
+    };
+    let phases = Schedule::new(&phases, 100);
+    assert_eq!(
+        phases,
+        Schedule {
+            batches: 104,
+            warmup: 39
+        }
+    );
+    assert!(!phases.adversarial(38) && phases.adversarial(39));
 }
 
 /// `L_b` in f64 straight from its definition.

@@ -62,12 +62,20 @@ fn every_objective_moves_the_head_differently_from_cross_entropy() {
         adversarial_batches: 3,
         ..weights_only.clone()
     };
+    // Without its sample weights and its adversarial batches, it is cross-entropy itself.
+    let unweighted = TrainParams {
+        objective: Objective::FedAdg,
+        ..weights_only.clone()
+    };
+    let (plain, _) = head_delta(&unweighted, RoundInputs::default());
+    let gap = relative_gap(&plain, &ce);
+    assert!(gap < 1e-5, "uniform weights, no adversarial batch: {gap:e}");
     let views = blob_views(&data);
     let fedddl = TrainParams {
         objective: Objective::FedDdl,
         ..base.clone()
     };
-    let cases: [(&str, TrainParams, RoundInputs, f32); 5] = [
+    let cases: [(&str, TrainParams, RoundInputs, f32); 6] = [
         ("fedprox", prox, RoundInputs::default(), 1e-3),
         (
             "feddim",
@@ -86,7 +94,16 @@ fn every_objective_moves_the_head_differently_from_cross_entropy() {
         ),
         (
             "stable-fedadg, adversarial",
-            adversarial,
+            adversarial.clone(),
+            RoundInputs::default(),
+            1e-2,
+        ),
+        (
+            "fedadg (no sample weights), adversarial",
+            TrainParams {
+                objective: Objective::FedAdg,
+                ..adversarial
+            },
             RoundInputs::default(),
             1e-2,
         ),
