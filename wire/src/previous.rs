@@ -39,8 +39,10 @@ mod tests {
             params: TensorF32::from_slice(&[0.5, -1.0]),
             train: TrainParams {
                 objective: Objective::FedProx,
-                // The default of the release that recorded the bytes below.
+                // The defaults of the release that recorded the bytes below.
                 feature_norm: crate::FeatureNorm::Site,
+                adversarial_weight: 0.85,
+                stable_weight: 0.15,
                 ..TrainParams::default()
             },
             deadline_ms: 60_000,
@@ -136,6 +138,19 @@ mod tests {
         };
         let sent = encode(&Message::Model(with));
         assert_eq!(decode(&sent), Ok(Message::Model(release())));
+    }
+
+    #[test]
+    fn this_release_s_default_task_carries_only_values_protocol_8_knew() {
+        // The frozen bytes below pin the layout, not the defaults: a new enum value as a
+        // default would go into every task, and a device of the previous release would refuse
+        // them all. These are the values of its enums that the previous release knew.
+        let d = TrainParams::default();
+        assert!(matches!(
+            d.stable_schedule,
+            crate::StableSchedule::Paper | crate::StableSchedule::Epochs
+        ));
+        assert!(!matches!(d.objective, Objective::FedAdg));
     }
 
     #[test]

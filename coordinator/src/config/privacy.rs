@@ -97,7 +97,7 @@ pub enum InvalidPrivacy {
          carry each device's per-class statistics ({1}) beside the delta, and they reach the \
          coordinator and the global tensors every task carries without clipping or noise, so \
          they would reveal a device's data outside what the accountant counts; use \
-         \"cross-entropy\", \"fedprox\" or \"stable-fedadg\""
+         \"cross-entropy\", \"fedprox\", \"stable-fedadg\" or \"fedadg\""
     )]
     Statistics(fedge_wire::Objective, &'static str),
     /// Devices' feature summaries for pooled normalisation.

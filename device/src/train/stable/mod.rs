@@ -11,11 +11,11 @@
 //!   the generator's class-conditional distribution, shared by all sites),
 //! - `L_g = −E[(1 − d_fake)²]`.
 //!
-//! [`train_round`] is one local round ([`Schedule`]): `E0` batches on the weighted loss `L_S`
-//! alone, then `E1` adversarial batches, as the paper runs it (`stable_schedule = "paper"`,
-//! whatever the local epochs); or, with `"epochs"`, as many batches as the local epochs make
-//! (at least `E0 + E1`), every one after `E0` adversarial; or, with `"epoch-phases"`, `E0` whole
-//! epochs on `L_S` and then `E1` whole adversarial epochs, as the FedADG code runs them. With
+//! [`train_round`] is one local round ([`Schedule`]): by default (`stable_schedule = "paper"`)
+//! `E0` batches on the weighted loss `L_S` alone, then `E1` adversarial batches; with
+//! `"epoch-phases"`, `E0` whole epochs then `E1` whole adversarial epochs, as the paper's
+//! algorithm and the FedADG code run them, whatever the local epochs; with `"epochs"`, as many
+//! batches as the local epochs make (at least `E0 + E1`), every one after `E0` adversarial. With
 //! `objective = "fedadg"` every sample weighs `1/B`: FedADG alone. An adversarial batch steps the head
 //! on `λ0 L_f + λ1 L_S` ([`head_loss`]), the discriminator on `L_d` and the generator on `L_g`,
 //! each with its own SGD: the head at the round's learning rate with weight decay, the

@@ -44,7 +44,11 @@ fn adversarial_losses_on_a_tiny_case() {
 
 #[test]
 fn the_head_loss_is_the_weighted_cross_entropy_then_the_convex_combination() {
-    let params = TrainParams::default(); // λ0 = 0.85, λ1 = 0.15
+    let params = TrainParams {
+        adversarial_weight: 0.85,
+        stable_weight: 0.15,
+        ..TrainParams::default()
+    };
     let (ce, w) = ([1.0, 2.0], [0.25, 0.75]);
     // L_S = 0.25·1 + 0.75·2 = 1.75; L_f on d_real = [0.2, 0.6] is 0.4 (above).
     let plain = value(head_loss(t1(&ce), t1(&w), None, &params));

@@ -313,6 +313,7 @@ fn stable_fedadg_trains_head_and_generator_and_keeps_the_discriminator() {
         local_epochs: 3,
         batch_size: 8,
         learning_rate: 0.1,
+        stable_schedule: fedge_wire::StableSchedule::Paper,
         ..TrainParams::default()
     };
     let device = training_device(Backend::Flex);
