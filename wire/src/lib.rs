@@ -32,6 +32,7 @@ pub mod site_stats;
 mod status;
 mod tensor;
 mod topics;
+mod train;
 
 pub use auth::{AuthError, DeviceKey, KEY_LEN, KeyError, seal};
 pub use chunk::{
