@@ -15,12 +15,12 @@
 //! `E0` batches on the weighted loss `L_S` alone, then `E1` adversarial batches; with
 //! `"epoch-phases"`, `E0` whole epochs then `E1` whole adversarial epochs, as the paper's
 //! algorithm and the FedADG code run them, whatever the local epochs; with `"epochs"`, as many
-//! batches as the local epochs make (at least `E0 + E1`), every one after `E0` adversarial. With
-//! `objective = "fedadg"` every sample weighs `1/B`: FedADG alone. An adversarial batch steps the head
-//! on `λ0 L_f + λ1 L_S` ([`head_loss`]), the discriminator on `L_d` and the generator on `L_g`,
-//! each with its own SGD: the head at the round's learning rate with weight decay, the
-//! generator and discriminator at `adversarial_lr_ratio` times it (the paper's `lr_g = lr_d`,
-//! 5–50× `lr_f`), all with the round's momentum.
+//! batches as the local epochs make (at least `E0 + E1`), every one after `E0` adversarial.
+//! With `objective = "fedadg"` every sample weighs `1/B`: FedADG alone. An adversarial batch
+//! steps the head on `λ0 L_f + λ1 L_S` ([`head_loss`]), the discriminator on `L_d` and the
+//! generator on `L_g`, each with its own SGD: the head at the round's learning rate with weight
+//! decay, the generator and discriminator at `adversarial_lr_ratio` times it (the paper's
+//! `lr_g = lr_d`, 5–50× `lr_f`), all with the round's momentum.
 
 use burn::optim::GradientsParams;
 use burn::prelude::*;
