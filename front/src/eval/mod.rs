@@ -431,6 +431,10 @@ pub struct RunResult {
     /// What the coordinators rejected during the run, by reason (in process only).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub rejected: std::collections::BTreeMap<String, u64>,
+    /// Why the run ended before its last round (its devices declined a round: a loss that
+    /// went non-finite), with the round it reached; its scores are those of the rounds it had.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 impl RunResult {
@@ -473,6 +477,7 @@ impl RunResult {
             final_params,
             epsilon: None,
             rejected: Default::default(),
+            stopped: None,
         }
     }
 }

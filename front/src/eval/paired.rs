@@ -154,6 +154,7 @@ mod tests {
             final_params: Vec::new(),
             epsilon: None,
             rejected: Default::default(),
+            stopped: None,
         }
     }
 

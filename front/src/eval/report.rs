@@ -165,7 +165,29 @@ pub fn markdown(results: &[RunResult]) -> String {
         out.push('\n');
     }
     out.push_str(&rejections(results));
+    out.push_str(&stopped(results));
     out
+}
+
+/// Below the table, when runs ended before their last round: which, and why. Their cells
+/// count the rounds they had (a run that stopped in its first round scores 0).
+fn stopped(results: &[RunResult]) -> String {
+    let lines: Vec<String> = (results.iter())
+        .filter_map(|r| {
+            let why = r.stopped.as_ref()?;
+            Some(format!(
+                "- {}, {} held out, seed {}: {why}",
+                r.algorithm, r.target, r.seed
+            ))
+        })
+        .collect();
+    match lines.is_empty() {
+        true => String::new(),
+        false => format!(
+            "\nRuns that stopped before their last round (declined by their devices, or their updates rejected):\n{}\n",
+            lines.join("\n")
+        ),
+    }
 }
 
 /// Below the table, when the coordinators rejected updates: per algorithm, the reasons and
@@ -445,6 +467,7 @@ mod tests {
             final_params: vec![],
             epsilon: None,
             rejected: Default::default(),
+            stopped: None,
         }
     }
 
@@ -477,6 +500,16 @@ mod tests {
         ];
         let text = markdown(&results);
         assert!(text.contains("- fedavg: norm 3, wrong_round 1"), "{text}");
+        assert!(!text.contains("stopped"), "{text}");
+        let diverged = RunResult {
+            stopped: Some("after round 9: the loss diverged".into()),
+            ..run("fedavg[lr=0.1]", &[])
+        };
+        let text = markdown(&[diverged]);
+        assert!(
+            text.contains("- fedavg[lr=0.1], t held out, seed 0: after round 9: the loss diverged"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -398,6 +398,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         &mut arrival[..],
         &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed ^ 0x6f6e_6c69_6e65),
     );
+    let mut added = Vec::new();
     for participant in &arrival {
         let (device_federation, devices): (String, Vec<&Client>) = if sites {
             // The site's aggregator, as `fedge-coordinator run` with `role = "site"` runs it.
@@ -448,6 +449,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
             device.privacy = algorithm.local_privacy_for(seed, &client.name);
             device.train_ms = options.pace.train_ms(seed, &client.name);
             let d = sim.add_device(device)?;
+            added.push(d);
             for (leave, back) in options.pace.windows(seed, &client.name, AWAY_HORIZON_MS) {
                 sim.schedule(leave, Action::Disconnect(NodeId::Device(d)));
                 sim.schedule(back, Action::Connect(NodeId::Device(d)));
@@ -468,6 +470,9 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
     let mut rejected = std::collections::BTreeMap::new();
     let mut final_params = plan.initial.clone();
     let mut times = Vec::new();
+    let mut stopped = None;
+    // Rejections since the last round ended: why a round that never ends is stuck.
+    let mut this_round = std::collections::BTreeMap::new();
     loop {
         let moved = sim.run_until(u64::MAX / 2, |s| s.has_observed() || s.finished(global));
         for observed in sim.take_observed() {
@@ -497,12 +502,15 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                         Tta::T3a => t3a_accuracy(head, params_head, calibration, scored),
                     };
                     scores.push((report.round, val, target_accuracy, report.reported.len()));
+                    this_round.clear();
                     times.push(sim.now_ms());
                     final_params = params;
                     on_round(report.round);
                 }
+                Observed::RoundEnded { .. } => this_round.clear(),
                 Observed::Rejected { reason, .. } => {
                     *rejected.entry(reason.name().to_owned()).or_insert(0u64) += 1;
+                    *this_round.entry(reason.name()).or_insert(0u64) += 1;
                 }
                 Observed::Refused { reason, .. } => anyhow::bail!("{}: {reason}", algorithm.name),
                 Observed::Trained { seconds, .. } => train_seconds += f64::from(seconds),
@@ -512,10 +520,27 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         if sim.finished(global) {
             break;
         }
-        anyhow::ensure!(
-            moved,
-            "the simulated federation stopped before its last round"
-        );
+        if !moved {
+            // Nothing left to happen, and the federation has no deadline in process: when the
+            // round cannot end because its devices declined it or their updates were rejected
+            // (a diverging learning rate ends in a non-finite loss or in steps beyond the
+            // coordinator's bounds), the run ends here with the rounds it had and the table says
+            // so; a round stuck for no reason is a fault.
+            let mut why = declined_reasons(&sim, &added);
+            if !this_round.is_empty() {
+                let counts: Vec<String> = (this_round.iter())
+                    .map(|(r, n)| format!("{r} {n}"))
+                    .collect();
+                why.push(format!("updates rejected ({})", counts.join(", ")));
+            }
+            anyhow::ensure!(
+                !why.is_empty(),
+                "the simulated federation stopped before its last round"
+            );
+            let last = scores.last().map_or(0, |s: &(u64, f32, f32, usize)| s.0);
+            stopped = Some(format!("after round {last}: {}", why.join("; ")));
+            break;
+        }
     }
     let mut result =
         RunResult::select(algorithm, &domains[target].name, seed, scores, final_params);
@@ -527,5 +552,17 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
         .and_then(|rounds| rounds.privacy_spent())
         .map(|p| p.epsilon);
     result.rejected = rejected;
+    result.stopped = stopped;
     Ok(result)
+}
+
+/// The distinct reasons `devices` give for the last round they declined.
+fn declined_reasons(sim: &Sim, devices: &[usize]) -> Vec<String> {
+    let mut reasons: Vec<String> = (devices.iter())
+        .filter_map(|d| sim.agent(*d).status().declined.as_ref())
+        .map(|declined| declined.reason.clone())
+        .collect();
+    reasons.sort();
+    reasons.dedup();
+    reasons
 }

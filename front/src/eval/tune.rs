@@ -229,6 +229,7 @@ mod tests {
             final_params: vec![],
             epsilon: None,
             rejected: Default::default(),
+            stopped: None,
         }
     }
 

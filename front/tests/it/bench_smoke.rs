@@ -286,6 +286,51 @@ fn the_json_report_has_the_documented_fields() {
     );
 }
 
+/// A setting that diverges (a learning rate far too high) ends its runs where the devices
+/// decline the round or the coordinator rejects their steps; the other algorithms' runs go on,
+/// and the table and the JSON say which runs stopped and why.
+#[test]
+fn a_diverging_setting_ends_its_runs_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("runs.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args([
+            "eval",
+            "--dataset",
+            "digits:0,45",
+            "--rounds",
+            "3",
+            "--seeds",
+            "1",
+        ])
+        .args(["--local-epochs", "1", "--no-cache"])
+        .args(["--algorithms", "fedavg,fedavg/learning_rate=10", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("Runs that stopped before their last round"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("training diverged"), "{stdout}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = doc["results"].as_array().unwrap();
+    assert_eq!(runs.len(), 2 * 2);
+    for run in runs {
+        let diverging = run["algorithm"] == "fedavg/learning_rate=10";
+        assert_eq!(run.get("stopped").is_some(), diverging, "{run}");
+        if !diverging {
+            assert_eq!(run["curve"].as_array().unwrap().len(), 3, "{run}");
+        }
+    }
+}
+
 /// An ImageFolder tree (as PACS ships): the top-level folders are the domains, and features
 /// come back from the on-disk cache unchanged.
 #[test]
