@@ -44,7 +44,7 @@ pub const DEFAULT_POOL: usize = 4;
 /// Most counterfactual draws per image a device keeps.
 pub const MAX_POOL: usize = 16;
 /// `settings.pool` counterfactual draws (`groups` background groups per class, each draw
-/// seeded anew) and the object-only images of `images`, through `backbone` (features
+/// seeded anew; none for DEB alone) and the object-only images of `images`, through `backbone` (features
 /// cached in `cache_dir` like real ones). Errors when `images` has no object masks.
 pub fn ddl_views(
     backbone: &Backbone,
@@ -57,7 +57,7 @@ pub fn ddl_views(
         return Err(ViewsError::NoMasks);
     };
     let extract = |set: &ImageSet| extract(backbone, backbone_id, set, cache_dir);
-    let counterfactuals = (0..settings.pool.max(1) as u64)
+    let counterfactuals = (0..settings.pool as u64)
         .map(|p| {
             let seed = settings.seed ^ p.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let (set, _) = counterfactuals(images, masks, settings.groups, seed);

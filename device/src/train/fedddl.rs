@@ -89,9 +89,6 @@ impl DdlViews {
 
     /// `self` when every view matches `data` row for row (same count, size and labels).
     pub fn checked(&self, data: &FeatureSet) -> Result<&Self, TrainError> {
-        if self.counterfactuals.is_empty() {
-            return Err(TrainError::Params("no counterfactual features".into()));
-        }
         let views = self.counterfactuals.iter().map(|c| ("counterfactual", c));
         for (name, view) in views.chain([("object-only", &self.objects)]) {
             if view.dim != data.dim || view.labels != data.labels {

@@ -117,15 +117,20 @@ pub(crate) fn gradient_round(
                         ce + term.mul_scalar(params.insight_lambda)
                     }
                     (None, Some(counterfactual)) => {
-                        // L_J = CE(real) + CE(counterfactual): the mean over both halves, doubled.
-                        let (cf, _, _) = batch_tensors(counterfactual, idx, device);
-                        let z = head.features(Tensor::cat(vec![inputs, cf], 0));
-                        let targets = Tensor::cat(vec![targets.clone(), targets], 0);
-                        let logits = head.classifier.forward(z.clone());
-                        let mut loss = loss_fn.forward(logits, targets.clone()).mul_scalar(2.0);
-                        if let Some(u) = &prototypes {
+                        // L_J = CE(real) + CE(counterfactual): the mean over both halves, doubled;
+                        // without counterfactual draws (DEB alone), CE over the real rows.
+                        let (z, targets, rows, halves) = if counterfactual.is_empty() {
+                            (head.features(inputs), targets, labels, 1.0)
+                        } else {
+                            let (cf, _, _) = batch_tensors(counterfactual, idx, device);
                             let both: Vec<u32> = labels.iter().chain(&labels).copied().collect();
-                            let cr = contrastive_loss(z, u, targets, &both, params.temperature);
+                            let z = head.features(Tensor::cat(vec![inputs, cf], 0));
+                            (z, Tensor::cat(vec![targets.clone(), targets], 0), both, 2.0)
+                        };
+                        let logits = head.classifier.forward(z.clone());
+                        let mut loss = loss_fn.forward(logits, targets.clone()).mul_scalar(halves);
+                        if let Some(u) = &prototypes {
+                            let cr = contrastive_loss(z, u, targets, &rows, params.temperature);
                             loss = loss + cr.mul_scalar(params.contrastive_weight);
                         }
                         loss

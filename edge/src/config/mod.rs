@@ -314,7 +314,8 @@ pub struct FedDdlConfig {
     #[serde(default = "default_groups")]
     pub groups: usize,
     /// Counterfactual draws kept per image (one extra backbone pass each, at start); every
-    /// round trains on one of them per image, picked at random.
+    /// round trains on one of them per image, picked at random. 0 trains DEB alone: the real
+    /// images and the pull towards the global prototypes, no counterfactuals (an ablation).
     #[serde(default = "default_pool")]
     pub counterfactuals: usize,
     /// A detector's model card, relative to this file: its boxes give the object masks,

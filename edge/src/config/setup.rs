@@ -176,7 +176,7 @@ impl EdgeConfig {
         let views = if self.fedddl.enabled {
             let settings = views::ViewSettings {
                 groups: self.fedddl.groups.max(1),
-                pool: self.fedddl.counterfactuals.clamp(1, views::MAX_POOL),
+                pool: self.fedddl.counterfactuals.min(views::MAX_POOL),
                 seed: self.seed,
             };
             let views = crate::views::ddl_views(backbone, backbone_id, &train, settings, cache)?;

@@ -37,9 +37,10 @@ pub struct EvalArgs {
     #[arg(long, help_heading = "Runs")]
     pub tune: bool,
     /// FedDDL's counterfactual draws per image, built per client on its own training rows;
-    /// every round trains on one of them per image, picked at random.
+    /// every round trains on one of them per image, picked at random. 0: DEB alone (real
+    /// images and the prototype pull, no counterfactuals), an ablation.
     #[arg(long, default_value_t = fedge_edge::views::DEFAULT_POOL as u16,
-          value_parser = clap::value_parser!(u16).range(1..=16),
+          value_parser = clap::value_parser!(u16).range(0..=16),
           help_heading = "Runs")]
     pub counterfactuals: u16,
     /// How source domains become clients.

@@ -364,7 +364,7 @@ pub fn prepare(
             backbone,
             id,
             cache_dir: cache_dir.map(Path::to_path_buf),
-            pool: pool.max(1),
+            pool,
         })
     });
     Ok(Prepared {

@@ -191,3 +191,62 @@ fn with_site_normalisation_a_site_seen_by_another_sensor_trains_the_same_head() 
     let wrong = train_local(&job, &mut LocalState::default()).unwrap().delta;
     assert!(relative_gap(&wrong, &a) > 0.1, "another site's statistics");
 }
+
+#[test]
+fn fedddl_without_counterfactuals_trains_deb_alone() {
+    // `[fedddl] counterfactuals = 0`: the real rows' cross-entropy, then the pull towards the
+    // global prototypes once there are some; neither the doubled L_J nor plain cross-entropy.
+    let config = HeadConfig::new(4, 2).with_hidden(8);
+    let global = config.init_flat(4);
+    let data = two_blobs();
+    let full = blob_views(&data);
+    let deb = DdlViews {
+        counterfactuals: vec![],
+        objects: full.objects.clone(),
+    };
+    let params = TrainParams {
+        objective: Objective::FedDdl,
+        local_epochs: 1,
+        batch_size: 8,
+        learning_rate: 0.05,
+        ..raw()
+    };
+    let device = training_device(Backend::Flex);
+    let run = |params: &TrainParams, inputs: RoundInputs| {
+        let job = TrainJob::new(&config, &global, &data, params, &device).with_inputs(inputs);
+        train_local(&job.with_seed(1), &mut LocalState::default()).unwrap()
+    };
+    let ce_params = TrainParams {
+        objective: Objective::CrossEntropy,
+        ..params.clone()
+    };
+    let ce = run(&ce_params, RoundInputs::default());
+    let views = |v| RoundInputs {
+        views: Some(v),
+        ..RoundInputs::default()
+    };
+    let first = run(&params, views(&deb));
+    let gap = relative_gap(&first.delta, &ce.delta);
+    assert!(gap < 1e-6, "no prototypes yet: cross-entropy ({gap:e})");
+    let u = first.prototypes.clone().unwrap().1;
+    let pulled = run(
+        &params,
+        RoundInputs {
+            prototypes: Some(&u),
+            ..views(&deb)
+        },
+    );
+    let joint = run(
+        &params,
+        RoundInputs {
+            prototypes: Some(&u),
+            ..views(&full)
+        },
+    );
+    let (to_ce, to_joint) = (
+        relative_gap(&pulled.delta, &ce.delta),
+        relative_gap(&pulled.delta, &joint.delta),
+    );
+    eprintln!("DEB alone: gap to cross-entropy {to_ce:.2e}, to DEC + DEB {to_joint:.2e}");
+    assert!(to_ce > 1e-3 && to_joint > 1e-3, "{to_ce:e} {to_joint:e}");
+}
