@@ -33,7 +33,7 @@ pub struct EvalArgs {
     /// FedOMG kappa) and report, per algorithm, the setting with the best mean
     /// source-validation accuracy (the target is never looked at to choose); then the one
     /// setting chosen over all algorithms the same way, against the first algorithm and against
-    /// the best in hindsight.
+    /// the best in hindsight (with `--json`, all of it under `tuning`).
     #[arg(long, help_heading = "Runs")]
     pub tune: bool,
     /// FedDDL's counterfactual draws per image, built per client on its own training rows;
@@ -305,9 +305,11 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if args.tune
-        && let Some(s) = eval::select(&choices, &results)
-    {
+    let selection = args
+        .tune
+        .then(|| eval::select(&choices, &results))
+        .flatten();
+    if let Some(s) = &selection {
         let against = |p: &Option<eval::Paired>, name: &str| match p {
             Some(p) => format!(
                 "{:+.1} [{:+.1}, {:+.1}] points against {name} ({} seeds)",
@@ -404,6 +406,9 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     };
     let mut report = eval::report_json(&meta, &results);
     report["paired"] = serde_json::json!(eval::paired(&results));
+    if args.tune {
+        report["tuning"] = eval::tuning_json(&choices, selection.as_ref());
+    }
     if !privacy.is_empty() {
         report["delta"] = serde_json::json!(args.dp_delta);
         report["privacy"] = serde_json::to_value(&privacy)?;

@@ -41,7 +41,7 @@ pub use report::{
 pub use run::{Progress, RunSpec, run_all, run_into, run_lodo, run_one, run_one_mqtt};
 pub use site::{Calibration, LabelShift, SiteOptions, TargetSite};
 pub use tta::{T3A_FILTER, Tta, t3a_accuracy};
-pub use tune::{Choice, Selection, choose, grid, select};
+pub use tune::{Choice, Selection, choose, grid, select, tuning_json};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -137,6 +137,31 @@ pub struct Selection {
     pub against_hindsight: Option<Paired>,
 }
 
+/// `fedge eval --tune --json`'s `tuning`: per algorithm the setting kept and every setting
+/// tried with its mean best source-validation accuracy (a fraction), then the one chosen over
+/// all algorithms with its paired differences (`null` where it is the baseline or the best in
+/// hindsight itself).
+pub fn tuning_json(choices: &[Choice], selection: Option<&Selection>) -> serde_json::Value {
+    let choices: Vec<serde_json::Value> = (choices.iter())
+        .map(|c| {
+            let tried: Vec<serde_json::Value> = (c.source_val.iter())
+                .map(|(name, val)| serde_json::json!({"setting": name, "source_val": val}))
+                .collect();
+            serde_json::json!({"algorithm": c.algorithm, "chosen": c.chosen, "tried": tried})
+        })
+        .collect();
+    let selection = selection.map(|s| {
+        serde_json::json!({
+            "chosen": s.chosen,
+            "source_val": s.source_val,
+            "against_baseline": s.against_baseline,
+            "hindsight": s.hindsight,
+            "against_hindsight": s.against_hindsight,
+        })
+    });
+    serde_json::json!({"choices": choices, "selection": selection})
+}
+
 /// Chooses, among the `choices` (each algorithm's kept setting) and their `kept` runs, the one
 /// with the highest mean best source-validation accuracy; `None` without runs.
 pub fn select(choices: &[Choice], kept: &[RunResult]) -> Option<Selection> {
@@ -258,6 +283,14 @@ mod tests {
         assert_eq!(
             (s.chosen.as_str(), s.source_val),
             ("fedomg[kappa=0.5]", 0.85)
+        );
+        let json = tuning_json(&choices, Some(&s));
+        assert_eq!(json["selection"]["chosen"], "fedomg[kappa=0.5]");
+        assert_eq!(json["selection"]["hindsight"], "feddim[lambda=0.1]");
+        assert_eq!(json["selection"]["against_baseline"]["seeds"], 3);
+        assert_eq!(
+            json["choices"][1]["tried"][1]["setting"],
+            "fedomg[kappa=0.5]"
         );
         let base = s.against_baseline.unwrap();
         assert_eq!((base.baseline.as_str(), base.seeds), ("fedavg[lr=0.1]", 3));
