@@ -18,7 +18,8 @@ pub trait HeadModules {
     /// A head with Burn's default (Kaiming-uniform) initialisation.
     fn init(&self, device: &Device) -> Head;
 
-    /// A head holding `flat` (see the module docs for the layout).
+    /// A head holding `flat` (see the module docs for the layout); a tail's offsets are read
+    /// by [`crate::tail::Tail::module`], which also needs the backbone's weights.
     #[expect(
         clippy::wrong_self_convention,
         reason = "the sizes (`self`) and the values (`flat`) make the head; the name is the one \
@@ -30,6 +31,7 @@ pub trait HeadModules {
 impl HeadModules for HeadConfig {
     fn init(&self, device: &Device) -> Head {
         Head {
+            tail: None,
             projector: LinearConfig::new(self.features, self.hidden).init(device),
             classifier: LinearConfig::new(self.hidden, self.classes).init(device),
         }
@@ -39,6 +41,7 @@ impl HeadModules for HeadConfig {
         let HeadTensors { w1, b1, w, b } = self.split(flat)?;
         let (f, h, k) = (self.features, self.hidden, self.classes);
         Ok(Head {
+            tail: None,
             projector: linear_from(w1, b1, [f, h], device),
             classifier: linear_from(w, b, [h, k], device),
         })
@@ -54,9 +57,12 @@ fn linear_from(weight: &[f32], bias: &[f32], shape: [usize; 2], device: &Device)
     }
 }
 
-/// Projector and classifier on top of backbone features.
+/// Projector and classifier on top of backbone features, and the backbone's trainable tail
+/// before them when the head has one ([`Head::with_tail`]).
 #[derive(Module, Debug)]
 pub struct Head {
+    /// The tail: the cut's activations to the features `x` (none on frozen features).
+    pub tail: Option<crate::tail::TailModule>,
     /// `z = ReLU(W1ᵀ x + b1)`.
     pub projector: Linear,
     /// `o = Wᵀ z + b`.
@@ -67,10 +73,21 @@ impl Head {
     /// Projector features `z`.
     ///
     /// # Shapes
-    /// - input: `[batch, F]`
+    /// - input: `[batch, F]` (`[batch, C·H·W]`, the cut's activations, with a tail)
     /// - output: `[batch, H]`
     pub fn features(&self, x: Tensor<2>) -> Tensor<2> {
+        let x = match &self.tail {
+            Some(tail) => tail.forward(x),
+            None => x,
+        };
         relu(self.projector.forward(x))
+    }
+
+    /// The same head behind `tail` (a head from [`HeadModules::from_flat`] on a layout with a
+    /// tail has none until given one: only the device holds the backbone's weights).
+    pub fn with_tail(mut self, tail: crate::tail::TailModule) -> Self {
+        self.tail = Some(tail);
+        self
     }
 
     /// Class logits.
@@ -82,9 +99,9 @@ impl Head {
         self.classifier.forward(self.features(x))
     }
 
-    /// All parameters in the flat layout.
+    /// All parameters in the flat layout (the tail's offsets first).
     pub fn to_flat(&self) -> Vec<f32> {
-        let mut out = Vec::new();
+        let mut out = self.tail.as_ref().map(|t| t.to_flat()).unwrap_or_default();
         for linear in [&self.projector, &self.classifier] {
             out.extend(tensor_values(linear.weight.val().into_data()));
             if let Some(bias) = &linear.bias {

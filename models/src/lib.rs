@@ -12,6 +12,8 @@
 //!   written as ONNX by this crate itself.
 //! - [`sample`]: checks a converted backbone (EfficientNet-Lite0, see `models/tools/`) against
 //!   the features its converter computed for a sample image.
+//! - [`tail`]: the backbone's last convolution block, read from its ONNX file and trained with
+//!   the head (the cut's activations are what the device caches then).
 //! - [`device`]: which Burn backend and device (CPU, or CUDA on a Jetson) trains the head.
 //!
 //! This crate does no networking and knows nothing of rounds or clients.
@@ -25,6 +27,7 @@ pub mod generate;
 pub mod head;
 pub mod runtime;
 pub mod sample;
+pub mod tail;
 
 pub use adversarial::{
     AdversarialConfig, AdversarialModules, Discriminator, Generator, ModelLayout, NOISE,
@@ -37,3 +40,4 @@ pub use device::{
 pub use head::{FlatLayoutError, Forward, Head, HeadConfig, HeadModules, HeadTensors};
 pub use runtime::{Provider, Runtime, RuntimeConfig, RuntimeReport, TRACT_THREADS_BUILT};
 pub use sample::{SampleCheck, check_sample};
+pub use tail::{Tail, TailError, TailModule};

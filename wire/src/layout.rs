@@ -12,6 +12,13 @@
 //!
 //! So `θ.len() = F·H + H + H·K + K`.
 //!
+//! # Trainable tail
+//!
+//! A head with a tail ([`TailConfig`]) is preceded by the tail's offsets from the backbone's
+//! own weights, `ΔW_t [O, C, kh, kw]` then `Δb_t [O]` ([`tail`]); `F` is then the tail's
+//! output size, and the head's four tensors follow unchanged, so the vector still ends with the
+//! classifier.
+//!
 //! # Stable-FedADG's generator and discriminator
 //!
 //! Generator: `W_g1 [NOISE + K, H]`, `b_g1 [H]`, `W_g2 [H, H]`, `b_g2 [H]`. Discriminator:
@@ -23,6 +30,9 @@
 
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+
+pub mod tail;
+pub use tail::{TailActivation, TailConfig, TailPooling, TailTensors};
 
 /// Size of Stable-FedADG's generator noise input `ε`.
 pub const NOISE: usize = 16;
@@ -45,6 +55,10 @@ pub struct HeadConfig {
     pub hidden: usize,
     /// Number of classes `K`, at least 2.
     pub classes: usize,
+    /// The backbone's last convolution block, trained with the head (its output size is
+    /// `features`); none for a head on frozen features.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<TailConfig>,
 }
 
 /// A flat vector whose length does not match its layout.
@@ -91,10 +105,27 @@ impl HeadConfig {
     pub fn split<'a, T>(&self, flat: &'a [T]) -> Result<HeadTensors<'a, T>, FlatLayoutError> {
         FlatLayoutError::check(self.num_params(), flat.len())?;
         let (f, h, k) = (self.features, self.hidden, self.classes);
-        let (w1, rest) = flat.split_at(f * h);
+        let (_, head) = flat.split_at(self.tail_params());
+        let (w1, rest) = head.split_at(f * h);
         let (b1, rest) = rest.split_at(h);
         let (w, b) = rest.split_at(h * k);
         Ok(HeadTensors { w1, b1, w, b })
+    }
+
+    /// The tail's offsets in `flat` (`None` without a tail; an error when `flat` does not
+    /// fit the layout).
+    pub fn split_tail<'a, T>(
+        &self,
+        flat: &'a [T],
+    ) -> Result<Option<TailTensors<'a, T>>, FlatLayoutError> {
+        FlatLayoutError::check(self.num_params(), flat.len())?;
+        Ok(self.tail.map(|tail| {
+            let (weight, rest) = flat.split_at(tail.weight_len());
+            TailTensors {
+                weight,
+                bias: &rest[..tail.channels],
+            }
+        }))
     }
 
     /// A head with `features` inputs, `classes` outputs and the default width.
@@ -103,7 +134,25 @@ impl HeadConfig {
             features,
             hidden: DEFAULT_HIDDEN,
             classes,
+            tail: None,
         }
+    }
+
+    /// The same head on `tail`'s output (its feature size becomes the tail's).
+    pub fn with_tail(mut self, tail: TailConfig) -> Self {
+        self.features = tail.features();
+        self.tail = Some(tail);
+        self
+    }
+
+    /// Values per example the head takes in: the cut's activations with a tail, else `F`.
+    pub fn input_size(&self) -> usize {
+        self.tail.map_or(self.features, |t| t.input_size())
+    }
+
+    /// Values of the tail's offsets in the flat layout (0 without a tail).
+    pub fn tail_params(&self) -> usize {
+        self.tail.map_or(0, |t| t.num_params())
     }
 
     /// The same head with projector width `hidden`.
@@ -119,12 +168,12 @@ impl HeadConfig {
 
     /// Number of values in the flat layout.
     pub fn num_params(&self) -> usize {
-        count(&self.shapes())
+        self.tail_params() + count(&self.shapes())
     }
 
     /// Where the classifier weight `W` (`[H, K]`, row-major) sits in the flat vector.
     pub fn classifier_range(&self) -> std::ops::Range<usize> {
-        let start = self.features * self.hidden + self.hidden;
+        let start = self.tail_params() + self.features * self.hidden + self.hidden;
         start..start + self.hidden * self.classes
     }
 
@@ -142,9 +191,12 @@ impl HeadConfig {
     }
 
     /// Seeded initial parameters in the flat layout, drawn as PyTorch's `nn.Linear` does:
-    /// weights and biases uniform in `±1/sqrt(fan_in)`.
+    /// weights and biases uniform in `±1/sqrt(fan_in)`; a tail's offsets start at 0 (the
+    /// backbone's own weights), and the head's draws are the same with or without one.
     pub fn init_flat(&self, seed: u64) -> Vec<f32> {
-        init_uniform(&self.shapes(), seed)
+        let mut out = vec![0.0; self.tail_params()];
+        out.extend(init_uniform(&self.shapes(), seed));
+        out
     }
 }
 
@@ -254,6 +306,11 @@ impl ModelLayout {
     pub fn generator_part<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
         &flat[self.head.num_params().min(flat.len())..]
     }
+
+    /// The tail's offsets at the front of `flat` (empty without a tail).
+    pub fn tail_part<'a>(&self, flat: &'a [f32]) -> &'a [f32] {
+        &flat[..self.head.tail_params().min(flat.len())]
+    }
 }
 
 /// Values of dense layers with these `(fan_in, fan_out)` shapes, biases included.
@@ -309,6 +366,63 @@ mod tests {
         let plain = ModelLayout::new(head.clone(), false);
         assert_eq!(plain.init_flat(3), head.init_flat(3));
         assert!(plain.generator_part(&plain.init_flat(3)).is_empty());
+    }
+
+    #[test]
+    fn a_tail_goes_in_front_of_the_head_and_starts_at_the_backbone_s_weights() {
+        // EfficientNet-Lite0's last block at 96x96: 320 channels of 3x3 into 1280, pooled.
+        let tail = TailConfig {
+            input: [320, 3, 3],
+            channels: 1280,
+            kernel: [1, 1],
+            stride: [1, 1],
+            padding: [0; 4],
+            activation: TailActivation::Relu6,
+            pooling: TailPooling::GlobalAverage,
+        };
+        assert_eq!((tail.input_size(), tail.features()), (2880, 1280));
+        let plain = HeadConfig::new(1280, 10).with_hidden(8);
+        let head = plain.clone().with_tail(tail);
+        assert_eq!(head.features, 1280);
+        assert_eq!(head.input_size(), 2880);
+        assert_eq!(head.tail_params(), 320 * 1280 + 1280);
+        assert_eq!(head.num_params(), head.tail_params() + plain.num_params());
+        let flat = head.init_flat(5);
+        assert!(flat[..head.tail_params()].iter().all(|v| *v == 0.0));
+        assert_eq!(&flat[head.tail_params()..], plain.init_flat(5).as_slice());
+        // The head's tensors and the classifier keep their place from the vector's end.
+        let split = head.split(&flat).unwrap();
+        assert_eq!(split, plain.split(&flat[head.tail_params()..]).unwrap());
+        let from_end = HeadConfig::classifier_range_from_end(flat.len(), 8, 10).unwrap();
+        assert_eq!(from_end, head.classifier_range());
+        let offsets = head.split_tail(&flat).unwrap().unwrap();
+        assert_eq!(
+            (offsets.weight.len(), offsets.bias.len()),
+            (320 * 1280, 1280)
+        );
+        let layout = ModelLayout::new(head.clone(), false);
+        assert_eq!(layout.tail_part(&flat).len(), head.tail_params());
+        // digits-conv's last block: 3x3, padding 1, flattened.
+        let digits = TailConfig {
+            input: [16, 4, 4],
+            channels: 32,
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [1; 4],
+            activation: TailActivation::Relu,
+            pooling: TailPooling::Flatten,
+        };
+        assert_eq!(digits.features(), 512);
+        assert!(digits.check().is_ok());
+        let too_big = TailConfig {
+            kernel: [7, 7],
+            padding: [0; 4],
+            ..digits
+        };
+        assert!(too_big.check().unwrap_err().contains("does not fit"));
+        let json = serde_json::to_string(&head).unwrap();
+        assert!(json.contains(r#""pooling":"global-average""#), "{json}");
+        assert_eq!(serde_json::from_str::<HeadConfig>(&json).unwrap(), head);
     }
 
     #[test]

@@ -145,8 +145,12 @@ impl TractEngine {
             .and_then(|m| m.into_typed())
             .map_err(message)?;
         let output = typed.output_fact(0).map_err(message)?.clone();
-        let features = output.shape.last().and_then(|d| d.to_usize().ok());
-        if features != Some(card.feature_size) || output.rank() != 2 {
+        // `[N, F]`, or a map per image (`[N, C, H, W]`, a cut for a trainable tail) of `F`
+        // values in all, which runs return flattened.
+        let features: Option<usize> = (output.shape.iter().skip(1))
+            .map(|d| d.to_usize().ok())
+            .product();
+        if features != Some(card.feature_size) || output.rank() < 2 {
             return Err(format!(
                 "the model's output has shape {:?}, the card promises [N, {}]",
                 output.shape, card.feature_size
