@@ -32,5 +32,5 @@ pub use machine::{
 pub use state::RoundState;
 pub use train::{
     DdlViews, DeviceData, LocalState, RoundInputs, RoundOutcome, TrainJob, TrainOutcome, Trainer,
-    accuracy, run_round, train_head, train_local,
+    accuracy, accuracy_with, run_round, train_head, train_local,
 };

@@ -32,6 +32,9 @@ pub struct DeviceSpec {
     pub key: Option<DeviceKey>,
     /// The SHA-256 of the backbone it runs, when it checks tasks against it.
     pub backbone_sha256: Option<[u8; 32]>,
+    /// The backbone's tail, when the federation trains one (its rows are then the cut's
+    /// activations).
+    pub tail: Option<std::sync::Arc<fedge_models::Tail>>,
 }
 
 impl DeviceSpec {
@@ -49,6 +52,7 @@ impl DeviceSpec {
             privacy: None,
             key: None,
             backbone_sha256: None,
+            tail: None,
         }
     }
 

@@ -533,6 +533,7 @@ fn train_one(
         client_id: &spec.client_id,
         threads: 1,
         cancel: None,
+        tail: spec.tail.as_deref(),
     };
     let start = std::time::Instant::now();
     let outcome = run_round(&spec.data, task, &trainer, state);

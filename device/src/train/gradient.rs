@@ -8,7 +8,7 @@
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use fedge_models::{Head, HeadModules};
+use fedge_models::Head;
 use fedge_wire::Objective;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -55,9 +55,9 @@ pub(crate) fn gradient_round(
         }
         _ => None,
     };
-    let mut head = config.from_flat(global, device)?;
+    let mut head = job.head_from(global)?;
     let anchor = match params.objective {
-        Objective::FedProx if params.prox_mu > 0.0 => Some(config.from_flat(global, device)?),
+        Objective::FedProx if params.prox_mu > 0.0 => Some(job.head_from(global)?),
         _ => None,
     };
     // This round's counterfactuals, one of each row's draws.

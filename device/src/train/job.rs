@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::prelude::*;
-use fedge_models::HeadConfig;
+use fedge_models::{Head, HeadConfig, HeadModules, Tail};
 use fedge_wire::TrainParams;
 
 use super::fedddl::DdlViews;
@@ -42,6 +42,9 @@ pub struct TrainJob<'a> {
     pub stats: Option<&'a FeatureStats>,
     /// Threads a large batch may be split across (`crate::train::parallel`); 1 by default.
     pub threads: usize,
+    /// The backbone's tail (its cut and pretrained weights) when the head has one: the data
+    /// are then the cut's activations.
+    pub tail: Option<&'a Tail>,
 }
 
 impl<'a> TrainJob<'a> {
@@ -64,6 +67,25 @@ impl<'a> TrainJob<'a> {
             cancel: None,
             stats: None,
             threads: 1,
+            tail: None,
+        }
+    }
+
+    /// The same job with the backbone's tail (needed when the head's layout has one).
+    pub fn with_tail(self, tail: Option<&'a Tail>) -> Self {
+        Self { tail, ..self }
+    }
+
+    /// The Burn head holding `flat` (the head's part of a task's vector), behind its trainable
+    /// tail when the layout has one.
+    pub fn head_from(&self, flat: &[f32]) -> Result<Head, super::TrainError> {
+        let head = self.head.from_flat(flat, self.device)?;
+        let Some(offsets) = self.head.split_tail(flat)? else {
+            return Ok(head);
+        };
+        match self.tail.filter(|t| Some(t.config) == self.head.tail) {
+            Some(tail) => Ok(head.with_tail(tail.module(&offsets, self.device))),
+            None => Err(super::TrainError::Params(super::NO_TAIL.into())),
         }
     }
 

@@ -19,7 +19,7 @@ pub mod sgd;
 pub mod stable;
 
 use fedge_models::{
-    AdversarialConfig, AdversarialModules, FlatLayoutError, HeadConfig, HeadModules, ModelLayout,
+    AdversarialConfig, AdversarialModules, FlatLayoutError, HeadConfig, ModelLayout, Tail,
 };
 use fedge_wire::{Objective, TrainParams};
 use rand::SeedableRng;
@@ -35,6 +35,10 @@ use crate::site_norm::{FeatureNorm, standardise, stats_of};
 use feddim::class_stats;
 use gradient::gradient_round;
 use stable::StableModules;
+
+/// Why a head with a trainable tail cannot be built or scored.
+const NO_TAIL: &str = "the model has a trainable tail, and this device was not given the \
+                       backbone's tail weights (or its tail has other sizes)";
 
 /// Trains the head of `job` from a fresh [`LocalState`]; deterministic for a given seed.
 pub fn train_head(job: &TrainJob) -> Result<TrainOutcome, TrainError> {
@@ -91,6 +95,7 @@ fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome
         cancel: _,
         stats: _,
         threads: _,
+        tail: _,
     } = *job;
     check_inputs(config, data, params)?;
     let layout = ModelLayout::new(config.clone(), params.objective.carries_generator());
@@ -121,7 +126,7 @@ fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome
             };
             // Local prototypes come from the round's global head, before training.
             let prototypes = views.map(|v| {
-                let global_head = config.from_flat(global, device);
+                let global_head = job.head_from(global);
                 global_head.map(|head| class_stats(&head, config.classes, &v.objects, device))
             });
             let prototypes = prototypes.transpose()?;
@@ -134,7 +139,7 @@ fn train_features(job: &TrainJob, state: &mut LocalState) -> Result<TrainOutcome
     }
     let delta = params_out.iter().zip(global).map(|(a, b)| a - b).collect();
     let class_stats = (params.objective == Objective::FedDim).then(|| {
-        let head = config.from_flat(layout.head_part(&params_out), device);
+        let head = job.head_from(layout.head_part(&params_out));
         head.map(|head| class_stats(&head, config.classes, data, device))
     });
     Ok(TrainOutcome {
@@ -168,7 +173,7 @@ fn stable_round(
         _ => adversarial.init_discriminator(job.seed ^ DISCRIMINATOR_STREAM),
     };
     let modules = StableModules {
-        head: config.from_flat(layout.head_part(global), device)?,
+        head: job.head_from(layout.head_part(global))?,
         generator: adversarial.generator(layout.generator_part(global), device)?,
         discriminator: adversarial.discriminator(&disc_flat, device)?,
     };
@@ -198,9 +203,9 @@ fn check_inputs(
     if data.is_empty() {
         return Err(TrainError::Empty);
     }
-    if data.dim != config.features || data.features.len() != data.len() * data.dim {
+    if data.dim != config.input_size() || data.features.len() != data.len() * data.dim {
         return Err(TrainError::FeatureSize {
-            expected: config.features,
+            expected: config.input_size(),
             got: data.dim,
         });
     }
@@ -244,16 +249,37 @@ fn check_inputs(
     Ok(())
 }
 
-/// Accuracy of the head `flat` on `data` (0 for an empty set).
-pub fn accuracy(
+/// Accuracy of the head `flat` on `data` (0 for an empty set); a head with a tail needs
+/// [`accuracy_with`].
+pub fn accuracy(config: &HeadConfig, flat: &[f32], data: &FeatureSet) -> Result<f32, TrainError> {
+    accuracy_with(config, flat, None, data)
+}
+
+/// Accuracy of the head `flat` on `data` (0 for an empty set), the rows first through the
+/// backbone's `tail` when the layout has one (they are the cut's activations then).
+pub fn accuracy_with(
     config: &HeadConfig,
     flat: &[f32],
+    tail: Option<&Tail>,
     data: &FeatureSet,
-) -> Result<f32, FlatLayoutError> {
+) -> Result<f32, TrainError> {
     if data.is_empty() {
         return Ok(0.0);
     }
-    let predicted = fedge_models::head::predict_flat(config, flat, &data.features)?;
+    let predicted = match config.split_tail(flat)? {
+        None => fedge_models::head::predict_flat(config, flat, &data.features)?,
+        Some(offsets) => {
+            let tail = (tail.filter(|t| Some(t.config) == config.tail))
+                .ok_or(TrainError::Params(NO_TAIL.into()))?;
+            let features = tail.apply(&offsets, &data.features);
+            let head = HeadConfig {
+                tail: None,
+                ..config.clone()
+            };
+            let flat = &flat[config.tail_params()..];
+            fedge_models::head::predict_flat(&head, flat, &features)?
+        }
+    };
     let correct = predicted
         .iter()
         .zip(&data.labels)

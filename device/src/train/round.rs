@@ -134,6 +134,9 @@ pub struct Trainer<'a> {
     pub threads: usize,
     /// Set at the round's deadline: training stops.
     pub cancel: Option<&'a AtomicBool>,
+    /// The backbone's tail when the federation trains one (the rows are then its cut's
+    /// activations).
+    pub tail: Option<&'a fedge_models::Tail>,
 }
 
 /// What a round produced: the trained outcome or why not, and the received head's accuracy on
@@ -172,7 +175,8 @@ pub fn run_round(
     let global = task.params.to_vec();
     let stats = data.stats(norm, task.pooled.as_ref(), head.classes);
     let val = data.scored_val(stats.as_ref());
-    let val_accuracy = super::accuracy(&head, layout.head_part(&global), &val).unwrap_or(0.0);
+    let val_accuracy =
+        super::accuracy_with(&head, layout.head_part(&global), trainer.tail, &val).unwrap_or(0.0);
     let insight = task.insight.as_ref().map(TensorF32::to_vec);
     let prototypes = task.prototypes.as_ref().map(TensorF32::to_vec);
     let inputs = RoundInputs {
@@ -185,7 +189,8 @@ pub fn run_round(
         .with_inputs(inputs)
         .with_stats(stats.as_deref())
         .with_seed(seed)
-        .with_threads(trainer.threads);
+        .with_threads(trainer.threads)
+        .with_tail(trainer.tail);
     if let Some(cancel) = trainer.cancel {
         job = job.with_cancel(cancel);
     }

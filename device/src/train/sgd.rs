@@ -59,6 +59,10 @@ pub(crate) fn proximal_term(head: &Head, anchor: &Head) -> Tensor<1> {
             total = total + sq1(b.val(), a.val());
         }
     }
+    if let (Some(t), Some(a)) = (&head.tail, &anchor.tail) {
+        let sq4 = |a: Tensor<4>, b: Tensor<4>| (a - b.detach()).powi_scalar(2).sum();
+        total = total + sq4(t.weight.val(), a.weight.val()) + sq1(t.bias.val(), a.bias.val());
+    }
     total
 }
 

@@ -301,6 +301,8 @@ fn spawn_training(
             client_id: &client_id,
             threads,
             cancel: Some(&cancel),
+            // The deployed agent trains frozen features only, for now.
+            tail: None,
         };
         let mut state = state
             .lock()

@@ -155,6 +155,7 @@ pub fn run(
             target: seed as usize % domains.len(),
             seed,
             head: &head,
+            tail: None,
             options: &bench,
         };
         let run = ArmRun {

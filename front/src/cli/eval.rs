@@ -43,6 +43,13 @@ pub struct EvalArgs {
           value_parser = clap::value_parser!(u16).range(0..=16),
           help_heading = "Runs")]
     pub counterfactuals: u16,
+    /// Train the backbone's last convolution block with the head: the backbone runs to the
+    /// block's input once per image (those activations are cached), and every algorithm trains
+    /// the block's offsets from its pretrained weights and the head together. Features reach
+    /// the head unstandardised (`feature_norm = none` for every algorithm; site statistics
+    /// after a moving tail are not built yet).
+    #[arg(long, help_heading = "Backbone")]
+    pub train_tail: bool,
     /// How source domains become clients.
     #[arg(long, value_enum, default_value_t = ScenarioKind::Lodo, help_heading = "Runs")]
     pub scenario: ScenarioKind,
@@ -261,7 +268,16 @@ impl EvalArgs {
 pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     let dataset = args.data.dataset()?;
     let scenario = args.scenario()?;
-    let grids = args.grids(&dataset)?;
+    let mut grids = args.grids(&dataset)?;
+    if args.train_tail {
+        // Features after a moving tail have no site statistics yet: every algorithm, and the
+        // head-only runs it is compared with, see them as the tail makes them.
+        for (algorithm, variants) in &mut grids {
+            for a in std::iter::once(algorithm).chain(variants.iter_mut()) {
+                a.base.feature_norm = fedge_wire::FeatureNorm::None;
+            }
+        }
+    }
     let algorithms: Vec<Algorithm> = grids.iter().flat_map(|(_, v)| v.clone()).collect();
     let options = BenchOptions {
         scenario,
@@ -276,7 +292,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     options.check(args.transport)?;
     let start = std::time::Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner();
-    let prepared = eval::prepare(
+    let prepared = eval::prepare_with(
         &dataset,
         args.features.backbone.as_deref(),
         args.features.cache_dir().as_deref(),
@@ -284,6 +300,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             .iter()
             .any(|a| a.objective == fedge_wire::Objective::FedDdl)
             .then_some(usize::from(args.counterfactuals)),
+        args.train_tail,
         |domain| spinner.set_message(format!("features of {domain}")),
     )?;
     spinner.finish_and_clear();

@@ -147,6 +147,9 @@ pub struct Prepared {
     pub domains: Vec<PreparedDomain>,
     /// What builds FedDDL's views, when they were asked for.
     pub views: Option<Arc<ViewMaker>>,
+    /// The backbone's trainable tail (`--train-tail`): the features are then the cut's
+    /// activations.
+    pub tail: Option<Arc<fedge_models::Tail>>,
 }
 
 /// What builds FedDDL's views of a client's training rows: the backbone, its cache, the pool.
@@ -272,9 +275,41 @@ pub fn prepare(
     backbone: Option<&Path>,
     cache_dir: Option<&Path>,
     views: Option<usize>,
+    progress: impl FnMut(&str),
+) -> anyhow::Result<Prepared> {
+    prepare_with(dataset, backbone, cache_dir, views, false, progress)
+}
+
+/// [`prepare`], with `train_tail` the backbone cut before its last convolution block
+/// ([`fedge_models::Tail`]): the domains' features are the cut's activations, cached apart, and
+/// the head trains the tail with it.
+pub fn prepare_with(
+    dataset: &Dataset,
+    backbone: Option<&Path>,
+    cache_dir: Option<&Path>,
+    views: Option<usize>,
+    train_tail: bool,
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<Prepared> {
     let (backbone, id) = load_backbone(backbone)?;
+    let (backbone, id, tail) = match train_tail {
+        false => (backbone, id, None),
+        true => {
+            let onnx = match backbone.card().name.as_str() {
+                DIGITS_CONV => DIGITS_CONV_ONNX.to_vec(),
+                _ => std::fs::read(backbone.origin())
+                    .with_context(|| format!("reading {}", backbone.origin().display()))?,
+            };
+            let tail = fedge_models::Tail::read(backbone.card(), &onnx, None)?;
+            let cut_card = tail.cut_card(backbone.card());
+            let cut = Backbone::from_bytes(cut_card, &onnx, backbone.origin())?;
+            (
+                cut,
+                id ^ Fnv64::of(tail.cut.as_bytes()),
+                Some(Arc::new(tail)),
+            )
+        }
+    };
     let card = backbone.card().clone();
     // Shrinking Fashion-MNIST's 28x28 by area averaging suits a small backbone better than
     // bilinear resampling; larger inputs start from the native size.
@@ -373,6 +408,7 @@ pub fn prepare(
         classes,
         domains: out,
         views,
+        tail,
     })
 }
 

@@ -30,7 +30,7 @@ mod tune;
 pub use clients::partition;
 pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
-    load_backbone, prepare, rows, split_features,
+    load_backbone, prepare, prepare_with, rows, split_features,
 };
 pub use pace::{NOMINAL_TRAIN_MS, Pace, Window, absences, slowdown};
 pub use paired::{Paired, interval, paired, paired_markdown};

@@ -11,17 +11,17 @@ use fedge_coordinator::boot::Plan;
 use fedge_coordinator::config::PrivacySettings;
 use fedge_coordinator::round::RelayConfig;
 use fedge_device::site_norm::FeatureSummary;
-use fedge_device::{FeatureSet, accuracy};
+use fedge_device::{FeatureSet, accuracy_with};
+use fedge_models::Tail;
 use fedge_models::{HeadConfig, ModelLayout};
 use fedge_sim::{Action, CoordinatorSpec, DeviceSpec, NodeId, Observed, Sim, Upstream};
-use fedge_wire::Objective;
+use fedge_wire::{FeatureNorm, Objective};
 
 use super::clients::{Client, clients, standardised_site};
 use super::tta::{Tta, t3a_accuracy};
 use super::{
     Algorithm, BenchOptions, DomainData, Prepared, RunResult, Scenario, TargetSite, Transport,
 };
-use crate::demo::pooled_accuracy;
 
 /// How far ahead devices' absences are scheduled (virtual ms): past any run's end.
 const AWAY_HORIZON_MS: u64 = 6 * 3600 * 1000;
@@ -66,6 +66,8 @@ pub struct RunSpec<'a> {
     pub seed: u64,
     /// The head's sizes.
     pub head: &'a HeadConfig,
+    /// The backbone's tail when the head trains one (`--train-tail`).
+    pub tail: Option<&'a Arc<Tail>>,
     /// Rounds, local epochs, scenario.
     pub options: &'a BenchOptions,
 }
@@ -94,13 +96,19 @@ impl<'a> RunSpec<'a> {
 }
 
 impl Case<'_> {
-    fn spec<'s>(&'s self, head: &'s HeadConfig, options: &'s BenchOptions) -> RunSpec<'s> {
+    fn spec<'s>(
+        &'s self,
+        head: &'s HeadConfig,
+        tail: Option<&'s Arc<Tail>>,
+        options: &'s BenchOptions,
+    ) -> RunSpec<'s> {
         RunSpec {
             algorithm: self.algorithm,
             domains: &self.domains,
             target: self.target,
             seed: self.seed,
             head,
+            tail,
             options,
         }
     }
@@ -202,13 +210,17 @@ pub async fn run_into(
     if transport == Transport::InProcess {
         return in_process(prepared, algorithms, options, stop, results, progress);
     }
+    anyhow::ensure!(
+        prepared.tail.is_none(),
+        "a trainable tail runs in the simulator only for now (leave out --transport mqtt)"
+    );
     let head = head_of(prepared, options);
     for case in cases(prepared, algorithms, options.seeds) {
         if stop.load(Ordering::Relaxed) {
             break;
         }
         let on_round = |round| progress(case.round(round));
-        let r = (run_one_mqtt(&case.spec(&head, options), on_round).await)
+        let r = (run_one_mqtt(&case.spec(&head, None, options), on_round).await)
             .with_context(|| case.what())?;
         progress(Progress::Run(&r));
         results.push(r);
@@ -231,7 +243,8 @@ fn in_process(
             break;
         }
         let on_round = |round| progress(case.round(round));
-        let r = run_one(&case.spec(&head, options), on_round).with_context(|| case.what())?;
+        let tail = prepared.tail.as_ref();
+        let r = run_one(&case.spec(&head, tail, options), on_round).with_context(|| case.what())?;
         progress(Progress::Run(&r));
         results.push(r);
     }
@@ -239,7 +252,14 @@ fn in_process(
 }
 
 fn head_of(prepared: &Prepared, options: &BenchOptions) -> HeadConfig {
-    HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(options.hidden)
+    match &prepared.tail {
+        Some(tail) => HeadConfig::new(tail.config.features(), prepared.classes)
+            .with_hidden(options.hidden)
+            .with_tail(tail.config),
+        None => {
+            HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(options.hidden)
+        }
+    }
 }
 
 /// One run as a real federation over an embedded MQTT broker (the `fedge demo` machinery):
@@ -319,6 +339,23 @@ pub async fn run_one_mqtt(
 /// A rejected update is counted in the result, as the coordinator counts it.
 pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Result<RunResult> {
     let (algorithm, domains, target, seed, head, options) = spec.parts();
+    let tail = spec.tail.map(|t| &**t);
+    anyhow::ensure!(
+        tail.is_none()
+            || (algorithm.base.feature_norm == FeatureNorm::None && algorithm.tta == Tta::None),
+        "{}: with a trainable tail, features reach the head unstandardised (feature_norm = none) \
+         and without test-time adaptation: site statistics after a moving tail are not built yet",
+        algorithm.name
+    );
+    // Accuracy of a flat head, through the tail when there is one.
+    let score = |params: &[f32], set: &FeatureSet| accuracy_with(head, params, tail, set);
+    let pooled = |params: &[f32], sets: &[Arc<FeatureSet>]| {
+        let total: usize = sets.iter().map(|s| s.len()).sum();
+        let correct: f64 = (sets.iter())
+            .map(|s| f64::from(score(params, s).unwrap_or(0.0)) * s.len() as f64)
+            .sum();
+        (correct / total.max(1) as f64) as f32
+    };
     let sources = clients(domains, target, options.scenario, seed)?;
     let norm = algorithm.base.feature_norm;
     let held_out = TargetSite::new(&domains[target].held_out, head.classes, options.site, seed);
@@ -446,6 +483,7 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                 client.data.clone(),
             );
             device.seed = seed;
+            device.tail = spec.tail.cloned();
             device.privacy = algorithm.local_privacy_for(seed, &client.name);
             device.train_ms = options.pace.train_ms(seed, &client.name);
             let d = sim.add_device(device)?;
@@ -483,22 +521,23 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     params,
                 } if coordinator == global && report.aggregated => {
                     let params_head = layout.head_part(&params);
-                    let pooled = (sim.coordinator(global)).and_then(|r| r.pooled()).cloned();
+                    let pooled_summary =
+                        (sim.coordinator(global)).and_then(|r| r.pooled()).cloned();
                     let val = match &fixed_val {
-                        Some(sets) => pooled_accuracy(head, params_head, sets),
-                        None => pooled_accuracy(head, params_head, &val_sets(pooled.as_ref())),
+                        Some(sets) => pooled(params_head, sets),
+                        None => pooled(params_head, &val_sets(pooled_summary.as_ref())),
                     };
                     let fresh;
                     let (calibration, scored) = match &fixed_target {
                         Some(site) => site,
                         None => {
-                            let pooled = pooled.as_ref();
+                            let pooled = pooled_summary.as_ref();
                             fresh = standardised_site(&held_out, norm, pooled, head, params_head);
                             &fresh
                         }
                     };
                     let target_accuracy = match algorithm.tta {
-                        Tta::None => accuracy(head, params_head, scored)?,
+                        Tta::None => score(params_head, scored)?,
                         Tta::T3a => t3a_accuracy(head, params_head, calibration, scored),
                     };
                     scores.push((report.round, val, target_accuracy, report.reported.len()));

@@ -146,6 +146,7 @@ async fn in_process_and_mqtt_runs_give_identical_results() {
             target,
             seed,
             head: &head,
+            tail: None,
             options,
         };
         let simulated = run_one(&spec, |_| {}).unwrap();

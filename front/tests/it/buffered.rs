@@ -426,6 +426,7 @@ fn sites_run_synchronous_rounds_under_a_buffered_global_coordinator() {
         target: 0,
         seed: 0,
         head: &head,
+        tail: None,
         options: &options,
     };
     let run = fedge::eval::run_one(&spec, |_| {}).unwrap();

@@ -1,7 +1,7 @@
 //! Hand-computed SGD steps and objective checks for the trainer.
 
 use super::*;
-use fedge_models::{Backend, training_device};
+use fedge_models::{Backend, HeadModules, training_device};
 
 /// Mean cross-entropy of the head `flat` on `data`, in f64, written out by hand.
 fn loss(config: &HeadConfig, flat: &[f64], data: &FeatureSet) -> f64 {
@@ -570,6 +570,7 @@ fn devices_sharing_a_seed_draw_differently_each_round() {
 
 mod objectives;
 mod parallel;
+mod tail;
 
 #[test]
 fn a_device_whose_profile_says_another_width_trains_the_federations_head() {
@@ -586,6 +587,7 @@ fn a_device_whose_profile_says_another_width_trains_the_federations_head() {
         client_id: "cam-1",
         threads: 1,
         cancel: None,
+        tail: None,
     };
     let rows = DeviceData::new(Arc::new(data.clone()), Arc::new(data.rows(&[])), None);
     let task = |params: Vec<f32>| fedge_wire::RoundTask {
