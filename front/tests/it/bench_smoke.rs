@@ -332,6 +332,65 @@ fn a_diverging_setting_ends_its_runs_and_the_others_go_on() {
     }
 }
 
+/// `fedge eval --train-tail`: the built-in backbone cut before its last convolution block, the
+/// block trained with the head by every algorithm asked for; the simulator only.
+#[test]
+fn eval_trains_the_backbone_s_tail_with_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("runs.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args([
+            "eval",
+            "--dataset",
+            "digits:0,45",
+            "--rounds",
+            "2",
+            "--seeds",
+            "1",
+        ])
+        .args(["--local-epochs", "1", "--no-cache", "--train-tail"])
+        .args(["--algorithms", "fedavg,fedprox,feddim", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(doc["backbone"], "digits-conv@p1");
+    let runs = doc["results"].as_array().unwrap();
+    assert_eq!(runs.len(), 3 * 2);
+    for run in runs {
+        assert_eq!(run["curve"].as_array().unwrap().len(), 2, "{run}");
+        assert!(run["target_accuracy"].as_f64().unwrap() > 0.2, "{run}");
+    }
+    let mqtt = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+        .args([
+            "eval",
+            "--dataset",
+            "digits:0,45",
+            "--rounds",
+            "1",
+            "--seeds",
+            "1",
+        ])
+        .args([
+            "--train-tail",
+            "--transport",
+            "mqtt",
+            "--calibration",
+            "all",
+        ])
+        .args(["--algorithms", "fedavg"])
+        .output()
+        .unwrap();
+    assert!(!mqtt.status.success());
+    let stderr = String::from_utf8_lossy(&mqtt.stderr);
+    assert!(stderr.contains("simulator only"), "{stderr}");
+}
+
 /// An ImageFolder tree (as PACS ships): the top-level folders are the domains, and features
 /// come back from the on-disk cache unchanged.
 #[test]
