@@ -35,6 +35,12 @@ pub enum TrainError {
     /// Training diverged.
     #[error("training diverged (loss {0})")]
     Diverged(f32),
+    /// The model has a trainable tail, and the job was given no backbone tail of its sizes.
+    #[error(
+        "the model has a trainable tail, and this device was not given the backbone's tail \
+         weights (or its tail has other sizes)"
+    )]
+    NoTail,
     /// The device has a class the task's class list lacks.
     #[error(transparent)]
     Classes(#[from] crate::classes::UnknownClasses),

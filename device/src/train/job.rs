@@ -10,6 +10,7 @@ use burn::prelude::*;
 use fedge_models::{Head, HeadConfig, HeadModules, Tail};
 use fedge_wire::TrainParams;
 
+use super::error::TrainError;
 use super::fedddl::DdlViews;
 use super::stable::Memory;
 use crate::features::{FeatureSet, Fnv64};
@@ -78,14 +79,14 @@ impl<'a> TrainJob<'a> {
 
     /// The Burn head holding `flat` (the head's part of a task's vector), behind its trainable
     /// tail when the layout has one.
-    pub fn head_from(&self, flat: &[f32]) -> Result<Head, super::TrainError> {
+    pub fn head_from(&self, flat: &[f32]) -> Result<Head, TrainError> {
         let head = self.head.from_flat(flat, self.device)?;
         let Some(offsets) = self.head.split_tail(flat)? else {
             return Ok(head);
         };
         match self.tail.filter(|t| Some(t.config) == self.head.tail) {
             Some(tail) => Ok(head.with_tail(tail.module(&offsets, self.device))),
-            None => Err(super::TrainError::Params(super::NO_TAIL.into())),
+            None => Err(TrainError::NoTail),
         }
     }
 

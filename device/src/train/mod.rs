@@ -36,10 +36,6 @@ use feddim::class_stats;
 use gradient::gradient_round;
 use stable::StableModules;
 
-/// Why a head with a trainable tail cannot be built or scored.
-const NO_TAIL: &str = "the model has a trainable tail, and this device was not given the \
-                       backbone's tail weights (or its tail has other sizes)";
-
 /// Trains the head of `job` from a fresh [`LocalState`]; deterministic for a given seed.
 pub fn train_head(job: &TrainJob) -> Result<TrainOutcome, TrainError> {
     train_local(job, &mut LocalState::default())
@@ -269,8 +265,8 @@ pub fn accuracy_with(
     let predicted = match config.split_tail(flat)? {
         None => fedge_models::head::predict_flat(config, flat, &data.features)?,
         Some(offsets) => {
-            let tail = (tail.filter(|t| Some(t.config) == config.tail))
-                .ok_or(TrainError::Params(NO_TAIL.into()))?;
+            let tail =
+                (tail.filter(|t| Some(t.config) == config.tail)).ok_or(TrainError::NoTail)?;
             let features = tail.apply(&offsets, &data.features);
             let head = HeadConfig {
                 tail: None,
