@@ -194,13 +194,13 @@ pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Installs the global subscriber for a front-end command: `RUST_LOG` when set, else warnings
-/// (the embedded broker's own logs off), on standard error, since standard output carries the
-/// command's tables and JSON.
-pub fn init_logs(log: &LogArgs) {
+/// Installs the global subscriber for a front-end command: `RUST_LOG` when set, else
+/// `default_filter` (the command's: `super::Command::default_log_filter`), on standard error,
+/// since standard output carries the command's tables and JSON.
+pub fn init_logs(log: &LogArgs, default_filter: &str) {
     use std::io::IsTerminal;
     let colour = fedge_daemon::colour(std::io::stderr().is_terminal());
-    fedge_daemon::init_logs_to(log.log_format, "warn,rumqttd=off", std::io::stderr, colour);
+    fedge_daemon::init_logs_to(log.log_format, default_filter, std::io::stderr, colour);
 }
 
 /// Parses a Burn CPU backend by the name [`fedge_models::Backend::name`] gives it (`ndarray`,
