@@ -3,7 +3,8 @@
 //! coordinator checks at load and a device checks on every task.
 //!
 //! Every value here is in every task, so a new variant must never become a default while
-//! devices of an older protocol are in service (`crate::previous`'s tests pin that).
+//! devices of an older protocol are in service (the previous protocol's tests, in
+//! `wire/src/previous.rs`, pin that).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

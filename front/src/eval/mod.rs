@@ -24,6 +24,7 @@ mod paired;
 mod report;
 mod run;
 mod site;
+mod sweep;
 mod tta;
 mod tune;
 
@@ -38,8 +39,9 @@ pub use report::{
     PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,
     privacy_markdown, privacy_rows, report_json, summarise, tradeoff_lines,
 };
-pub use run::{Progress, RunSpec, run_all, run_into, run_lodo, run_one, run_one_mqtt};
+pub use run::{RunSpec, run_one, run_one_mqtt};
 pub use site::{Calibration, LabelShift, SiteOptions, TargetSite};
+pub use sweep::{Progress, run_all, run_into, run_lodo};
 pub use tta::{T3A_FILTER, Tta, t3a_accuracy};
 pub use tune::{Choice, Selection, choose, grid, select, tuning_json};
 
