@@ -176,6 +176,11 @@ impl Tail {
         })
     }
 
+    /// Whether this is the tail `head`'s layout has (the same sizes).
+    pub fn fits(&self, head: &crate::HeadConfig) -> bool {
+        head.tail == Some(self.config)
+    }
+
     /// The card of the backbone up to the cut: it returns the cut's activations, `C·H·W` values
     /// per image, named `<name>@<cut>` (its features are cached apart from the whole
     /// backbone's).

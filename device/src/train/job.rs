@@ -84,7 +84,7 @@ impl<'a> TrainJob<'a> {
         let Some(offsets) = self.head.split_tail(flat)? else {
             return Ok(head);
         };
-        match self.tail.filter(|t| Some(t.config) == self.head.tail) {
+        match self.tail.filter(|t| t.fits(self.head)) {
             Some(tail) => Ok(head.with_tail(tail.module(&offsets, self.device))),
             None => Err(TrainError::NoTail),
         }

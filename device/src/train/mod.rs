@@ -265,8 +265,7 @@ pub fn accuracy_with(
     let predicted = match config.split_tail(flat)? {
         None => fedge_models::head::predict_flat(config, flat, &data.features)?,
         Some(offsets) => {
-            let tail =
-                (tail.filter(|t| Some(t.config) == config.tail)).ok_or(TrainError::NoTail)?;
+            let tail = tail.filter(|t| t.fits(config)).ok_or(TrainError::NoTail)?;
             let features = tail.apply(&offsets, &data.features);
             let head = HeadConfig {
                 tail: None,
