@@ -177,7 +177,7 @@ impl Tail {
     }
 
     /// Whether this is the tail `head`'s layout has (the same sizes).
-    pub fn fits(&self, head: &crate::HeadConfig) -> bool {
+    pub fn fits(&self, head: &fedge_wire::layout::HeadConfig) -> bool {
         head.tail == Some(self.config)
     }
 
