@@ -38,6 +38,9 @@ pub enum LoadBackboneError {
     /// The backbone does not load or run.
     #[error(transparent)]
     Backbone(#[from] BackboneError),
+    /// The profile trains a tail this backbone does not end with.
+    #[error("train_tail = true: {0}")]
+    Tail(#[from] fedge_models::TailError),
     /// The backbone's features differ from its converter's sample.
     #[error(
         "{} disagrees with its converter's sample (largest difference {max_abs_diff} for \
@@ -52,6 +55,20 @@ pub enum LoadBackboneError {
         /// Largest absolute feature value.
         max_abs: f32,
     },
+}
+
+/// The tail of `backbone` (loaded from its ONNX file, `backbone.origin()`) and the backbone cut
+/// before it, in tract on `threads` threads: what a profile with `train_tail = true` trains on
+/// and what serves a release with a tail.
+pub fn split_tail(
+    backbone: &Backbone,
+    threads: usize,
+) -> Result<(fedge_models::Tail, Backbone), LoadBackboneError> {
+    let onnx = std::fs::read(backbone.origin()).map_err(|source| LoadBackboneError::Read {
+        path: backbone.origin().to_owned(),
+        source,
+    })?;
+    Ok(fedge_models::Tail::split(backbone, &onnx, threads)?)
 }
 
 /// Images per backbone call: one. tract runs EfficientNet-Lite0 fastest one image at a time at

@@ -132,6 +132,20 @@ pub fn estimate_mib(
     loaded + (images_bytes + 2.0 * feature_bytes as f64 + params) / MIB
 }
 
+/// Rows in a training batch when `check` estimates a tail's training memory: the default
+/// `[train] batch_size`.
+pub const CHECK_BATCH: usize = 32;
+
+/// Bytes local training holds for a trainable tail beyond the parameters [`estimate_mib`]
+/// counts: the block's pretrained weights twice (as read from the ONNX file, and as Burn's
+/// constant), and per batch of `batch` rows its input, its output before and after the
+/// activation, and the gradients of both (f32).
+pub fn tail_training_bytes(tail: &fedge_wire::layout::TailConfig, batch: usize) -> u64 {
+    let weights = (tail.weight_len() + tail.channels) * 4 * 2;
+    let map = tail.output_hw().map_or(0, |[h, w]| h * w) * tail.channels;
+    (weights + batch * (tail.input_size() + 4 * map) * 4) as u64
+}
+
 /// This process's peak resident memory in MiB (`VmHWM`), where the system reports it.
 pub fn peak_rss_mib() -> Option<f64> {
     status_mib("VmHWM:")

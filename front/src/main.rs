@@ -8,6 +8,6 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = cli::Cli::parse();
-    cli::args::init_logs(&cli.log, cli.command.default_log_filter());
+    cli::args::init_logs(&cli.log);
     cli.command.run().await
 }

@@ -176,6 +176,31 @@ impl Tail {
         })
     }
 
+    /// The tail of `backbone` (whose ONNX file is `onnx`) and the backbone cut before it, on
+    /// `threads` threads: what a device runs to train or to serve a head with a tail. The cut
+    /// runs in tract, which plans a graph to any of its tensors.
+    pub fn split(
+        backbone: &crate::Backbone,
+        onnx: &[u8],
+        threads: usize,
+    ) -> Result<(Self, crate::Backbone), TailError> {
+        let card = backbone.card();
+        let tail = Self::read(card, onnx, None)?;
+        let runtime = crate::RuntimeConfig::tract();
+        let cut = crate::Backbone::from_bytes_with(
+            tail.cut_card(card),
+            onnx,
+            backbone.origin(),
+            &runtime,
+            threads,
+        )
+        .map_err(|e| TailError {
+            backbone: card.name.clone(),
+            message: format!("cannot run the backbone up to {:?}: {e}", tail.cut),
+        })?;
+        Ok((tail, cut))
+    }
+
     /// Whether this is the tail `head`'s layout has (the same sizes).
     pub fn fits(&self, head: &fedge_wire::layout::HeadConfig) -> bool {
         head.tail == Some(self.config)

@@ -18,11 +18,11 @@ use crate::model::ModelRelease;
 /// First four bytes of every fedge binary payload.
 pub const MAGIC: [u8; 4] = *b"FDGE";
 /// Protocol version this crate writes by default.
-pub const PROTOCOL_VERSION: u8 = 9;
+pub const PROTOCOL_VERSION: u8 = 10;
 /// The previous protocol version, which this crate still reads and writes on request
 /// ([`encode_as`]) so that devices of both versions share a federation during an upgrade
 /// (`crate::compat`).
-pub const PREVIOUS_PROTOCOL_VERSION: u8 = 8;
+pub const PREVIOUS_PROTOCOL_VERSION: u8 = 9;
 /// Largest framed message (after reassembly) that decoding accepts: 64 MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -141,8 +141,8 @@ fn accepted(version: u8) -> bool {
     version == PROTOCOL_VERSION || version == PREVIOUS_PROTOCOL_VERSION
 }
 
-/// Frames a message in protocol `version`: [`PREVIOUS_PROTOCOL_VERSION`] writes round tasks,
-/// updates and releases without what protocol 9 added (`crate::compat::v8`); any other value
+/// Frames a message in protocol `version`: [`PREVIOUS_PROTOCOL_VERSION`] writes releases
+/// without what protocol 10 added (the head's tail, `crate::compat::v9`); any other value
 /// writes [`PROTOCOL_VERSION`]. The other kinds' bodies are the same in both.
 pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
     let version = if accepted(version) {
@@ -164,16 +164,9 @@ pub fn encode_as(message: &Message, version: u8) -> Vec<u8> {
     out.push(version);
     out.push(message.kind() as u8);
     let previous = version == PREVIOUS_PROTOCOL_VERSION;
-    use crate::compat::v8;
     let body = match message {
-        Message::RoundTask(task) if previous => {
-            postcard::to_extend(&v8::RoundTask::from(task.clone()), out)
-        }
-        Message::ClientUpdate(update) if previous => {
-            postcard::to_extend(&v8::ClientUpdate::from(update.clone()), out)
-        }
         Message::Model(model) if previous => {
-            postcard::to_extend(&v8::ModelRelease::from(model.clone()), out)
+            postcard::to_extend(&crate::compat::v9::ModelRelease::from(model.clone()), out)
         }
         Message::RoundTask(task) => postcard::to_extend(task, out),
         Message::ClientUpdate(update) => postcard::to_extend(update, out),
@@ -243,11 +236,7 @@ pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
     let previous = frame.version == PREVIOUS_PROTOCOL_VERSION;
     match frame.kind {
         Kind::RoundTask => {
-            let task: RoundTask = if previous {
-                decode_body::<crate::compat::v8::RoundTask>(frame.body)?.into()
-            } else {
-                decode_body(frame.body)?
-            };
+            let task: RoundTask = decode_body(frame.body)?;
             task.params.validate()?;
             for tensor in [&task.insight, &task.prototypes].into_iter().flatten() {
                 tensor.validate()?;
@@ -258,11 +247,7 @@ pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
             Ok(Message::RoundTask(task))
         }
         Kind::ClientUpdate => {
-            let update: ClientUpdate = if previous {
-                decode_body::<crate::compat::v8::ClientUpdate>(frame.body)?.into()
-            } else {
-                decode_body(frame.body)?
-            };
+            let update: ClientUpdate = decode_body(frame.body)?;
             update.delta.validate()?;
             for stats in [&update.class_stats, &update.prototypes]
                 .into_iter()
@@ -279,7 +264,7 @@ pub fn decode_checked(frame: Frame<'_>) -> Result<Message, DecodeError> {
         Kind::Sealed => Ok(Message::Sealed(decode_body(frame.body)?)),
         Kind::Model => {
             let model: ModelRelease = if previous {
-                decode_body::<crate::compat::v8::ModelRelease>(frame.body)?.into()
+                decode_body::<crate::compat::v9::ModelRelease>(frame.body)?.into()
             } else {
                 decode_body(frame.body)?
             };

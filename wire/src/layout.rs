@@ -56,11 +56,9 @@ pub struct HeadConfig {
     /// Number of classes `K`, at least 2.
     pub classes: usize,
     /// The backbone's last convolution block, trained with the head (its output size is
-    /// `features`); none for a head on frozen features. Not in files or on the wire yet: the
-    /// release and the configuration keep protocol 9's head (the simulator passes it in
-    /// process); postcard, which releases use, has no optional trailing fields.
-    #[serde(skip)]
-    #[schemars(skip)]
+    /// `features`); none for a head on frozen features. On the wire since protocol 10; in a
+    /// configuration file, the `[head.tail]` table.
+    #[serde(default)]
     pub tail: Option<TailConfig>,
 }
 
@@ -423,9 +421,15 @@ mod tests {
             ..digits
         };
         assert!(too_big.check().unwrap_err().contains("does not fit"));
-        // Protocol 9's head on the wire and in files: the tail is not written.
-        let json = serde_json::to_string(&head).unwrap();
-        assert!(!json.contains("tail"), "{json}");
+        // In files (the coordinator's `[head.tail]` table) and JSON, the tail is a nested
+        // table; a head without one reads as before.
+        let text = r#"{"features": 512, "classes": 10, "tail": {"input": [16, 4, 4],
+            "channels": 32, "kernel": [3, 3], "stride": [1, 1], "padding": [1, 1, 1, 1],
+            "activation": "relu", "pooling": "flatten"}}"#;
+        let read: HeadConfig = serde_json::from_str(text).unwrap();
+        assert_eq!(read, HeadConfig::new(512, 10).with_tail(digits));
+        let json = serde_json::to_string(&read).unwrap();
+        assert_eq!(serde_json::from_str::<HeadConfig>(&json).unwrap(), read);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The fedge wire format, protocol version 9 (and 8, the previous one, for rolling upgrades:
+//! The fedge wire format, protocol version 10 (and 9, the previous one, for rolling upgrades:
 //! [`compat`]).
 //!
 //! This crate defines what travels between devices and the coordinator: the binary messages

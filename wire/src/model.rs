@@ -133,6 +133,9 @@ pub enum InvalidRelease {
     /// The class list is not valid or does not match the head.
     #[error(transparent)]
     Classes(#[from] InvalidClasses),
+    /// The head's tail does not hold together, or its output is not the head's input.
+    #[error("{0}")]
+    Tail(String),
     /// The parameters do not fill the head's layout.
     #[error("the head needs {expected} parameters, the release has {got}")]
     Params {
@@ -180,11 +183,26 @@ impl ModelRelease {
             .into());
         }
         let (f, h, k) = (self.head.features, self.head.hidden, self.head.classes);
-        // A forged head's sizes may overflow the layout's product.
+        // A forged head's sizes may overflow the layout's product; a tail's are bounded by
+        // its check.
+        let tail = match &self.head.tail {
+            Some(tail) => {
+                tail.check().map_err(InvalidRelease::Tail)?;
+                if tail.features() != f {
+                    return Err(InvalidRelease::Tail(format!(
+                        "the tail gives {} features, the head takes {f}",
+                        tail.features()
+                    )));
+                }
+                tail.num_params()
+            }
+            None => 0,
+        };
         let expected = f
             .checked_mul(h)
             .zip(h.checked_mul(k))
             .and_then(|(fh, hk)| fh.checked_add(hk)?.checked_add(h)?.checked_add(k))
+            .and_then(|head| head.checked_add(tail))
             .unwrap_or(usize::MAX);
         if self.params.len() != expected {
             return Err(InvalidRelease::Params {
@@ -288,10 +306,51 @@ mod tests {
             classes.verify(),
             Err(InvalidRelease::Classes(InvalidClasses::Count { .. }))
         ));
-        let mut nan = good;
+        let mut nan = good.clone();
         values[0] = f32::NAN;
         nan.params = TensorF32::from_slice(&values);
         nan.sha256 = ModelRelease::digest(&values);
         assert_eq!(nan.verify(), Err(InvalidRelease::NonFinite));
+        // A tail's offsets come first; forged sizes are refused before any product of them.
+        let tail = crate::layout::TailConfig {
+            input: [3, 2, 2],
+            channels: good.head.features,
+            kernel: [1, 1],
+            stride: [1, 1],
+            padding: [0; 4],
+            activation: crate::layout::TailActivation::Relu6,
+            pooling: crate::layout::TailPooling::GlobalAverage,
+        };
+        let head = good.head.clone().with_tail(tail);
+        let values = vec![0.5; head.num_params()];
+        let with_tail = ModelRelease {
+            head,
+            params: TensorF32::from_slice(&values),
+            sha256: ModelRelease::digest(&values),
+            ..good
+        };
+        assert_eq!(with_tail.verify().unwrap().len(), values.len());
+        for forged in [
+            crate::layout::TailConfig {
+                input: [usize::MAX, 2, 2],
+                ..tail
+            },
+            crate::layout::TailConfig {
+                channels: 1 << 16,
+                input: [1 << 16, 2, 2],
+                ..tail
+            },
+            crate::layout::TailConfig {
+                pooling: crate::layout::TailPooling::Flatten,
+                ..tail
+            },
+        ] {
+            let mut bad = with_tail.clone();
+            bad.head.tail = Some(forged);
+            assert!(
+                matches!(bad.verify(), Err(InvalidRelease::Tail(_))),
+                "{forged:?}"
+            );
+        }
     }
 }

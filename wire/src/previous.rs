@@ -1,15 +1,15 @@
-//! The previous release's codec (protocol 8), built from its frozen types
-//! (`crate::compat::v8`): what a device of that release decodes and encodes. The coordinator
+//! The previous release's codec (protocol 9), built from its frozen types
+//! (`crate::compat::v9`): what a device of that release decodes and encodes. The coordinator
 //! writes for such devices with [`crate::encode_as`]; the rolling-upgrade tests run this as the
 //! old device.
 
-use crate::compat::v8::VERSION;
+use crate::compat::v9::VERSION;
 use crate::envelope::{Message, PREVIOUS_PROTOCOL_VERSION, decode_frame};
 use crate::error::DecodeError;
 
 const _: () = assert!(VERSION == PREVIOUS_PROTOCOL_VERSION);
 
-/// A protocol-8 device's decoder: only version-8 frames, as that release had it.
+/// A protocol-9 device's decoder: only version-9 frames, as that release had it.
 pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
     let frame = decode_frame(bytes)?;
     if frame.version != VERSION {
@@ -18,7 +18,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
     crate::decode_checked(frame)
 }
 
-/// A protocol-8 device's encoder.
+/// A protocol-9 device's encoder.
 pub fn encode(message: &Message) -> Vec<u8> {
     crate::encode_as(message, VERSION)
 }
@@ -91,72 +91,58 @@ mod tests {
 
     #[test]
     fn the_previous_version_reads_and_writes_as_it_did() {
-        let summary = crate::FeatureSummary::of_rows(
-            2,
-            2,
-            [[1.0f32, 2.0], [3.0, 4.0]].iter().map(|r| &r[..]),
-            &[0, 1],
-        );
-        let task = crate::RoundTask {
-            pooled: summary.clone(),
-            ..task()
-        };
-        let old = encode(&Message::RoundTask(task.clone()));
-        assert_eq!(old[4], 8);
-        // This release reads it, without the pooled summary protocol 8 cannot carry.
-        let Message::RoundTask(read) = crate::decode(&old).unwrap() else {
-            panic!("not a task");
-        };
-        assert_eq!(read.pooled, None);
-        assert_eq!(
-            (read.params, read.backbone),
-            (task.params.clone(), task.backbone.clone())
-        );
-        // The previous release reads it, and refuses this release's own encoding.
-        assert!(matches!(decode(&old), Ok(Message::RoundTask(_))));
-        let new = crate::encode(&Message::RoundTask(task.clone()));
-        assert_eq!(decode(&new), Err(DecodeError::UnsupportedVersion(9)));
-        let Ok(Message::RoundTask(read)) = crate::decode(&new) else {
-            panic!("not a task");
-        };
-        assert_eq!(read, task, "this release carries the summary");
-        // Updates and releases of the previous release read in this one, and this release
-        // writes them for it without the summaries.
-        for message in [Message::ClientUpdate(update()), Message::Model(release())] {
-            let sent = encode(&message);
-            assert_eq!(crate::decode(&sent), Ok(message));
+        // Tasks and updates have the same bodies in both versions: each reads the other's.
+        for message in [Message::RoundTask(task()), Message::ClientUpdate(update())] {
+            let old = encode(&message);
+            assert_eq!(old[4], 9);
+            assert_eq!(crate::decode(&old), Ok(message.clone()));
+            let new = crate::encode(&message);
+            assert_eq!(decode(&new), Err(DecodeError::UnsupportedVersion(10)));
+            assert_eq!(decode(&crate::encode_as(&message, 9)), Ok(message));
         }
-        let with = ClientUpdate {
-            features: summary.clone(),
-            ..update()
+        // A release without a tail goes both ways unchanged.
+        let sent = encode(&Message::Model(release()));
+        assert_eq!(crate::decode(&sent), Ok(Message::Model(release())));
+        // A tail's release written for protocol 9 loses the tail's sizes, so a device of that
+        // version refuses it by its parameter count instead of running it without the tail.
+        let tail = crate::layout::TailConfig {
+            input: [1, 1, 1],
+            channels: 2,
+            kernel: [1, 1],
+            stride: [1, 1],
+            padding: [0; 4],
+            activation: crate::layout::TailActivation::Relu,
+            pooling: crate::layout::TailPooling::GlobalAverage,
         };
-        let sent = encode(&Message::ClientUpdate(with));
-        assert_eq!(decode(&sent), Ok(Message::ClientUpdate(update())));
-        let with = crate::ModelRelease {
-            pooled: summary,
+        let head = crate::HeadConfig::new(2, 2).with_hidden(1).with_tail(tail);
+        let params = vec![0.25f32; head.num_params()];
+        let with_tail = crate::ModelRelease {
+            head: head.clone(),
+            sha256: crate::ModelRelease::digest(&params),
+            params: TensorF32::from_slice(&params),
             ..release()
         };
-        let sent = encode(&Message::Model(with));
-        assert_eq!(decode(&sent), Ok(Message::Model(release())));
+        let Ok(Message::Model(read)) =
+            crate::decode(&crate::encode(&Message::Model(with_tail.clone())))
+        else {
+            panic!("not a release");
+        };
+        assert_eq!(read.head.tail, Some(tail), "this release carries the tail");
+        let Ok(Message::Model(old)) = decode(&crate::encode_as(&Message::Model(with_tail), 9))
+        else {
+            panic!("not a release");
+        };
+        assert_eq!(old.head.tail, None);
+        assert!(
+            old.verify().is_err(),
+            "the old head does not fit the parameters"
+        );
     }
 
     #[test]
-    fn this_release_s_default_task_carries_only_values_protocol_8_knew() {
-        // The frozen bytes below pin the layout, not the defaults: a new enum value as a
-        // default would go into every task, and a device of the previous release would refuse
-        // them all. These are the values of its enums that the previous release knew.
-        let d = TrainParams::default();
-        assert!(matches!(
-            d.stable_schedule,
-            crate::StableSchedule::Paper | crate::StableSchedule::Epochs
-        ));
-        assert!(!matches!(d.objective, Objective::FedAdg));
-    }
-
-    #[test]
-    fn protocol_8_bytes_are_frozen() {
-        // Recorded from the protocol-8 release's encoder; a change to a type these messages
-        // share with this release (TrainParams, TensorF32, HeadConfig) fails here.
+    fn protocol_9_bytes_are_frozen() {
+        // Recorded from the protocol-9 release's encoder; a change to a type these messages
+        // share with this release (TrainParams, TensorF32, the feature summary) fails here.
         let frozen = [
             (Message::RoundTask(task()), FROZEN_TASK),
             (Message::ClientUpdate(update()), FROZEN_UPDATE),
@@ -167,15 +153,15 @@ mod tests {
         }
     }
 
-    /// `encode` of these messages by the protocol-8 release (commit 33adfa3 of this
+    /// `encode` of these messages by the protocol-9 release (commit 1661c25 of this
     /// repository).
-    const FROZEN_TASK: &str = "46444745080107706c616e742d370903010663616d2d303102026f6b077363726174636801020008\
+    const FROZEN_TASK: &str = "46444745090107706c616e742d370903010663616d2d303102026f6b077363726174636801020008\
         0000003f000080bf010120cdcc4c3d6666663f6f12033a0ad7233c0ad7233c9a99593f9a99193e03\
         050000a04000010000803f295c8f3d01e0d4030000010b6469676974732d636f6e76070707070707\
-        0707070707070707070707070707070707070707070707070707ef3ef423";
-    const FROZEN_UPDATE: &str = "46444745080209030663616d2d3031010a010100040000803e000000000000000000000000000000\
-        b6875ae4";
-    const FROZEN_MODEL: &str = "46444745080507706c616e742d3709030666656461766702026f6b07736372617463680b64696769\
+        0707070707070707070707070707070707070707070707070707006a75a88c";
+    const FROZEN_UPDATE: &str = "46444745090209030663616d2d3031010a010100040000803e000000000000000000000000000000\
+        00acb41470";
+    const FROZEN_MODEL: &str = "46444745090507706c616e742d3709030666656461766702026f6b07736372617463680b64696769\
         74732d636f6e76020102010107001c0000003f0000003f0000003f0000003f0000003f0000003f00\
-        00003f317f1be3e8b0f6fce67da843c89b7b8e15f549d6731a1886012189e1b4fabddda7d32c79";
+        00003f317f1be3e8b0f6fce67da843c89b7b8e15f549d6731a1886012189e1b4fabddd002ac531ab";
 }

@@ -95,6 +95,9 @@ pub enum InvalidConfig {
     /// An empty head.
     #[error("head needs features > 0, hidden > 0 and at least 2 classes")]
     Head,
+    /// `[head.tail]` does not hold together, or `features` is not its output size.
+    #[error("[head.tail]: {0}")]
+    Tail(String),
     /// Both `classes` and `classes_file`.
     #[error("[model] sets both classes and classes_file; keep one")]
     ClassesTwice,

@@ -40,6 +40,14 @@
 //! features = 512
 //! hidden = 64
 //! classes = 10
+//! # [head.tail]               # optional: the backbone's last block, trained with the head
+//! # input = [16, 4, 4]        # (`fedge-edge check` prints this table for a device's backbone)
+//! # channels = 32
+//! # kernel = [3, 3]
+//! # stride = [1, 1]
+//! # padding = [1, 1, 1, 1]
+//! # activation = "relu"       # "none", "relu", "relu6"
+//! # pooling = "flatten"       # "global-average", "flatten"
 //!
 //! [train]
 //! objective = "cross-entropy"  # "fedprox", "feddim" (see [feddim]), "stable-fedadg", "fedddl"
@@ -444,6 +452,17 @@ impl CoordinatorConfig {
         }
         if self.head.features == 0 || self.head.hidden == 0 || self.head.classes < 2 {
             return Err(InvalidConfig::Head);
+        }
+        if let Some(tail) = &self.head.tail {
+            tail.check().map_err(InvalidConfig::Tail)?;
+            if tail.features() != self.head.features {
+                return Err(InvalidConfig::Tail(format!(
+                    "the tail gives {} features, [head] features = {}: set it to {}",
+                    tail.features(),
+                    self.head.features,
+                    tail.features()
+                )));
+            }
         }
         self.check_role()
     }

@@ -110,6 +110,12 @@ pub enum ExportError {
          (feature_norm = \"none\"): leave it out"
     )]
     SiteStatsUnused,
+    /// The release trains a tail this backbone's graph does not end with.
+    #[error("the release's trained tail does not fit the backbone: {reason}")]
+    Tail {
+        /// What does not fit.
+        reason: String,
+    },
     /// The release's parameters do not fit its head.
     #[error("the released parameters do not fit the head: {0}")]
     Layout(#[from] fedge_wire::FlatLayoutError),

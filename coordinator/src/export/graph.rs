@@ -25,7 +25,8 @@ pub const LOGITS: &str = "logits";
 const PREFIX: &str = "fedge_head/";
 
 /// Cuts `model`'s graph to what `features` needs and appends the head with `params` (the
-/// head's flat parameters, already verified against `head`).
+/// head's flat parameters, already verified against `head`); a head with a tail gives the
+/// backbone's last convolution its trained weights first (`super::tail`).
 pub fn append_head(
     model: &mut ModelProto,
     features: &str,
@@ -43,6 +44,21 @@ pub fn append_head(
     }
     if let Some(name) = taken.iter().find(|n| n.starts_with(PREFIX)) {
         return Err(ExportError::NameTaken((*name).to_owned()));
+    }
+    if let (Some(tail), Some(offsets)) = (&head.tail, head.split_tail(params)?) {
+        let conv = super::tail::trained(graph, features, tail, &offsets)?;
+        let (weight, bias) = (format!("{PREFIX}tail_weight"), format!("{PREFIX}tail_bias"));
+        let dims = [tail.channels, tail.input[0], tail.kernel[0], tail.kernel[1]];
+        graph.initializer.extend([
+            tensor(&weight, &dims, &conv.weight),
+            tensor(&bias, &[tail.channels], &conv.bias),
+        ]);
+        let node = &mut graph.node[conv.node];
+        node.input.resize(3, String::new());
+        node.input[1] = weight;
+        node.input[2] = bias;
+        // The backbone's own weights of the block go, unless something else reads them.
+        prune(graph, features)?;
     }
     let (f, h, k) = (head.features, head.hidden, head.classes);
     let HeadTensors { w1, b1, w, b } = head.split(params)?;

@@ -11,6 +11,7 @@
 
 mod error;
 pub mod graph;
+mod tail;
 
 #[cfg(test)]
 mod tests;

@@ -41,6 +41,15 @@ pub enum TrainError {
          weights (or its tail has other sizes)"
     )]
     NoTail,
+    /// A trainable tail under a task that standardises features: the statistics would be of
+    /// the cut's activations, not of the moving tail's output.
+    #[error(
+        "this device trains the backbone's tail, and the task standardises features \
+         (feature_norm = \"{}\"): set feature_norm = \"none\" in the coordinator's [train] \
+         (site statistics after a moving tail are not built yet)",
+        .0.name()
+    )]
+    TailWithNorm(fedge_wire::FeatureNorm),
     /// The device has a class the task's class list lacks.
     #[error(transparent)]
     Classes(#[from] crate::classes::UnknownClasses),

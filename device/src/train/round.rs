@@ -172,6 +172,12 @@ pub fn run_round(
         .unwrap_or_else(|| ModelLayout::new(head, generator));
     let head = layout.head.clone();
     let norm = task.train.feature_norm;
+    if trainer.tail.is_some() && norm != FeatureNorm::None {
+        return RoundOutcome {
+            result: Err(TrainError::TailWithNorm(norm)),
+            val_accuracy: 0.0,
+        };
+    }
     let global = task.params.to_vec();
     let stats = data.stats(norm, task.pooled.as_ref(), head.classes);
     let val = data.scored_val(stats.as_ref());

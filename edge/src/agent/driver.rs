@@ -261,10 +261,11 @@ fn spawn_training(
     done: mpsc::UnboundedSender<(Trained, Option<(Refreshed, DeviceData)>)>,
 ) {
     let scan = setup.scan.clone();
-    let (head, views, device) = (
+    let (head, views, device, tail) = (
         setup.head.clone(),
         setup.views.clone(),
         setup.device.device.clone(),
+        setup.tail.clone(),
     );
     let (seed, client_id) = (setup.seed, setup.client_id.clone());
     let threads = setup.train_threads;
@@ -301,8 +302,7 @@ fn spawn_training(
             client_id: &client_id,
             threads,
             cancel: Some(&cancel),
-            // The deployed agent trains frozen features only, for now.
-            tail: None,
+            tail: tail.as_deref(),
         };
         let mut state = state
             .lock()

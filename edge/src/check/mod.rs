@@ -140,9 +140,22 @@ fn checks(path: &Path, dry_run: bool, alone: bool) -> Vec<Check> {
             checks.push(check_unreadable(&loaded.skipped));
         }
         let images = loaded.map(|l| l.images);
+        let tail = config
+            .train_tail
+            .then(|| check_tail(backbone, config.resources.threads));
+        if let Some((check, _)) = &tail {
+            checks.push(check.clone());
+        }
+        let tail = tail.and_then(|(_, tail)| tail);
         if let Ok(images) = &images {
             let measured = alone.then(resources::peak_rss_mib).flatten();
-            checks.push(check_resources(&config, backbone, images, measured));
+            checks.push(check_resources(
+                &config,
+                backbone,
+                tail.as_ref(),
+                images,
+                measured,
+            ));
         }
         if let (Ok(images), Some(file)) = (&images, &config.classes_file) {
             checks.push(check_classes(images, file));
@@ -377,31 +390,76 @@ fn check_device(config: &EdgeConfig) -> Check {
     }
 }
 
+/// A profile with `train_tail = true`: the backbone's tail, and the table the coordinator's
+/// configuration needs for it.
+fn check_tail(
+    backbone: &fedge_models::Backbone,
+    threads: usize,
+) -> (Check, Option<fedge_wire::layout::TailConfig>) {
+    match crate::features::split_tail(backbone, threads) {
+        Ok((tail, _)) => {
+            let t = tail.config;
+            let table = toml::to_string(&t).unwrap_or_default().replace('\n', "; ");
+            let detail = format!(
+                "trains {} from {:?} ({} × {} × {} activations cached per image, {} tail \
+                 parameters); the coordinator's [head] needs features = {} and [head.tail] \
+                 {table}",
+                backbone.card().name,
+                tail.cut,
+                t.input[0],
+                t.input[1],
+                t.input[2],
+                t.num_params(),
+                t.features()
+            );
+            (pass("tail", detail), Some(t))
+        }
+        Err(e) => (fail("tail", format!("{e:#}")), None),
+    }
+}
+
 fn check_resources(
     config: &EdgeConfig,
     backbone: &fedge_models::Backbone,
+    tail: Option<&fedge_wire::layout::TailConfig>,
     images: &crate::data::ImageSet,
     measured: Option<f64>,
 ) -> Check {
     let limits = &config.resources;
     let card = backbone.card();
-    let per_image = resources::feature_bytes_per_image(card.feature_size, config.fedddl.enabled);
+    let mut head =
+        HeadConfig::new(card.feature_size, images.classes().max(2)).with_hidden(config.hidden);
+    if let Some(tail) = tail {
+        head = head.with_tail(*tail);
+    }
+    // With a tail, the cache holds the activations at its cut.
+    let per_image = resources::feature_bytes_per_image(head.input_size(), config.fedddl.enabled);
     let kept = resources::cache_rows(images.len(), per_image, limits.feature_cache_mb);
     let left_out = images.len() - kept;
-    let params = HeadConfig::new(card.feature_size, images.classes().max(2))
-        .with_hidden(config.hidden)
-        .num_params();
+    let params = head.num_params();
     // All images are loaded while their features are computed; the cut happens after.
     let feature_bytes = kept as u64 * per_image;
     // `measured`: this process's peak now that it loaded the backbone, ran it on its
     // converter's sample and loaded the images, as `run` does before it computes features.
-    let estimate = resources::estimate_mib(images, feature_bytes, params, measured);
+    let tail_bytes = tail.map_or(0, |t| {
+        resources::tail_training_bytes(t, resources::CHECK_BATCH)
+    });
+    let estimate = resources::estimate_mib(images, feature_bytes, params, measured)
+        + tail_bytes as f64 / (1024.0 * 1024.0);
     let features_mib = feature_bytes as f64 / (1024.0 * 1024.0);
-    let cut = if left_out > 0 {
+    let mut cut = if left_out > 0 {
         format!(", {left_out} samples left out to fit feature_cache_mb")
     } else {
         String::new()
     };
+    if tail.is_some() {
+        cut += &format!(
+            ", training the tail {:.1} MiB at batches of {} ({} parameters with the head)",
+            tail_bytes as f64 / (1024.0 * 1024.0),
+            resources::CHECK_BATCH,
+            params
+        );
+    }
     let budget = limits.memory_budget_mb;
     if budget > 0 && estimate > budget as f64 {
         return fail(

@@ -234,6 +234,14 @@ pub struct EdgeConfig {
     /// `[resources] feature_cache_mb` and local training.
     #[serde(default)]
     pub seed: u64,
+    /// Train the backbone's last convolution block with the head (docs/algorithms.md §0,
+    /// "Trainable tail"): the backbone runs to the block's input once per image, those
+    /// activations are cached, and every round trains the block's offsets from its pretrained
+    /// weights with the head. The coordinator's `[head.tail]` must be this backbone's
+    /// (`fedge-edge check` prints it) and its `[train] feature_norm` `"none"`. Runs the cut in
+    /// tract.
+    #[serde(default)]
+    pub train_tail: bool,
     /// Projector width; must match the coordinator's `[head].hidden`.
     #[serde(default = "default_hidden")]
     pub hidden: usize,

@@ -82,12 +82,29 @@ impl EdgeConfig {
         let backbone = Arc::new(backbone);
         let runtime = backbone.runtime();
         let feature_size = backbone.card().feature_size;
+        // With a trainable tail, the data are the activations at its cut (cached apart).
+        let (tail, cut) = match self.train_tail {
+            false => (None, None),
+            true => {
+                let (tail, cut) = features::split_tail(&backbone, self.resources.threads)?;
+                (Some(Arc::new(tail)), Some(Arc::new(cut)))
+            }
+        };
+        let (features_backbone, features_id) = match &cut {
+            Some(cut) => (
+                Arc::clone(cut),
+                backbone_id ^ fedge_device::Fnv64::of(cut.card().name.as_bytes()),
+            ),
+            None => (Arc::clone(&backbone), backbone_id),
+        };
         let backbone_name = backbone.card().name.clone();
         let backbone_sha256 = Some(backbone.reference().sha256);
         let follows_federation_backbone = self.fetched_backbone;
         let data = match &self.data {
-            DataConfig::ImageFolder { rescan: true, .. } => self.scanned(Arc::clone(&backbone))?,
-            _ => self.loaded(&backbone, backbone_id)?,
+            DataConfig::ImageFolder { rescan: true, .. } => {
+                self.scanned(Arc::clone(&features_backbone))?
+            }
+            _ => self.loaded(&features_backbone, features_id)?,
         };
         // The backbone stays in memory only when the device answers predictions.
         let metrics: Arc<crate::metrics::EdgeMetrics> = Default::default();
@@ -118,7 +135,15 @@ impl EdgeConfig {
             client_id: self.client_id.clone(),
             federation: self.federation.clone(),
             broker: self.broker.clone(),
-            head: HeadConfig::new(feature_size, data.class_names.len()).with_hidden(self.hidden),
+            head: match &tail {
+                Some(tail) => HeadConfig::new(feature_size, data.class_names.len())
+                    .with_hidden(self.hidden)
+                    .with_tail(tail.config),
+                None => {
+                    HeadConfig::new(feature_size, data.class_names.len()).with_hidden(self.hidden)
+                }
+            },
+            tail,
             class_names: data.class_names,
             role: self.role,
             train: Arc::new(data.train),

@@ -78,6 +78,9 @@ pub enum PredictorError {
         /// The head's `features`.
         head: usize,
     },
+    /// The release trains a tail this backbone cannot give.
+    #[error("the model trains the backbone's tail, and {0}")]
+    Tail(String),
     /// The release names another backbone.
     #[error(
         "the model was trained on backbone {release:?} but this device runs {card:?}: point the \
@@ -226,6 +229,9 @@ pub struct Predictor {
     served: Option<Arc<dyn Served>>,
     /// The release's SHA-256 in hex, named in every answer.
     sha256: String,
+    /// With a release that trains the backbone's tail: the tail and the backbone up to its cut,
+    /// which run instead of the whole backbone.
+    tail: Option<(fedge_models::Tail, Backbone)>,
 }
 
 impl Predictor {
@@ -264,6 +270,20 @@ impl Predictor {
                 release: release.backbone.clone(),
             });
         }
+        let tail = match &release.head.tail {
+            None => None,
+            Some(config) => {
+                let (tail, cut) = crate::features::split_tail(&backbone, 1)
+                    .map_err(|e| PredictorError::Tail(e.to_string()))?;
+                if tail.config != *config {
+                    return Err(PredictorError::Tail(format!(
+                        "its sizes {config:?} are not this backbone's {:?}",
+                        tail.config
+                    )));
+                }
+                Some((tail, cut))
+            }
+        };
         let familiarity = release.pooled.as_ref().and_then(|p| p.familiarity());
         let sha256 = release.sha256_hex();
         Ok(Self {
@@ -277,6 +297,7 @@ impl Predictor {
             drift: None,
             served: None,
             sha256,
+            tail,
         })
     }
 
@@ -356,7 +377,20 @@ impl Predictor {
             )));
         };
         let chw = to_chw(image, c, h32, w32);
-        let features = self.backbone.features_of(&chw, (c, h, w), RAW_MAX, 1)?;
+        let features = match &self.tail {
+            None => self.backbone.features_of(&chw, (c, h, w), RAW_MAX, 1)?,
+            Some((tail, cut)) => {
+                let activations = cut.features_of(&chw, (c, h, w), RAW_MAX, 1)?;
+                // `new` verified the parameters against the head with this tail: the offsets
+                // come first.
+                let (weight, rest) = self.params.split_at(tail.config.weight_len());
+                let offsets = fedge_wire::layout::TailTensors {
+                    weight,
+                    bias: &rest[..tail.config.channels],
+                };
+                tail.apply(&offsets, &activations)
+            }
+        };
         let prediction = self.predict_features(&features, top_k);
         if let Some(served) = &self.served {
             served.served(bytes, &prediction, &self.release.classes);

@@ -194,13 +194,16 @@ pub fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()>
     Ok(())
 }
 
+/// The log filter when `RUST_LOG` is not set: warnings, the embedded broker's logs off.
+pub const DEFAULT_LOG_FILTER: &str = "warn,rumqttd=off";
+
 /// Installs the global subscriber for a front-end command: `RUST_LOG` when set, else
-/// `default_filter` (the command's: `super::Command::default_log_filter`), on standard error,
-/// since standard output carries the command's tables and JSON.
-pub fn init_logs(log: &LogArgs, default_filter: &str) {
+/// [`DEFAULT_LOG_FILTER`], on standard error, since standard output carries the command's
+/// tables and JSON.
+pub fn init_logs(log: &LogArgs) {
     use std::io::IsTerminal;
     let colour = fedge_daemon::colour(std::io::stderr().is_terminal());
-    fedge_daemon::init_logs_to(log.log_format, default_filter, std::io::stderr, colour);
+    fedge_daemon::init_logs_to(log.log_format, DEFAULT_LOG_FILTER, std::io::stderr, colour);
 }
 
 /// Parses a Burn CPU backend by the name [`fedge_models::Backend::name`] gives it (`ndarray`,

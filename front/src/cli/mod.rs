@@ -122,18 +122,6 @@ impl Command {
         }
     }
 
-    /// The log filter when `RUST_LOG` is not set: warnings, the embedded broker's logs off, and
-    /// for `fedge eval --train-tail` the simulated devices' refusals of releases (which do not
-    /// carry a tail before the next protocol version, and which the scores do not use).
-    pub fn default_log_filter(&self) -> &'static str {
-        match self {
-            Command::Eval(args) if args.train_tail => {
-                "warn,rumqttd=off,fedge_device::machine::release=error"
-            }
-            _ => "warn,rumqttd=off",
-        }
-    }
-
     /// Runs the command, after a note on standard error when it was spelt the old way.
     pub async fn run(self) -> anyhow::Result<()> {
         let (run, new_spelling) = self.resolve();

@@ -483,6 +483,7 @@ fn agent_setup(options: &DemoOptions, data: &DemoData, broker: &BrokerConfig) ->
         train: Arc::new(FeatureSet::default()),
         val: Arc::new(FeatureSet::default()),
         views: None,
+        tail: None,
         device: fedge_models::select_device(Accelerator::Cpu, options.backend),
         runtime: fedge_models::Backbone::tract_report(),
         memory_budget_mb: 0,

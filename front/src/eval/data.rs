@@ -300,9 +300,7 @@ pub fn prepare_with(
                 _ => std::fs::read(backbone.origin())
                     .with_context(|| format!("reading {}", backbone.origin().display()))?,
             };
-            let tail = fedge_models::Tail::read(backbone.card(), &onnx, None)?;
-            let cut_card = tail.cut_card(backbone.card());
-            let cut = Backbone::from_bytes(cut_card, &onnx, backbone.origin())?;
+            let (tail, cut) = fedge_models::Tail::split(&backbone, &onnx, 1)?;
             (
                 cut,
                 id ^ Fnv64::of(tail.cut.as_bytes()),

@@ -328,10 +328,92 @@ fn check_compares_protocol_and_backbone_with_the_federation_s() {
     let old = fedge_wire::previous::encode(&fedge_wire::Message::RoundTask(task(None)));
     retain(port, &topics.round_task(), old);
     let found = federation(&profile);
-    assert!(found.ok && found.detail.contains("protocol 8"), "{found:?}");
+    assert!(
+        found.ok
+            && found.detail.contains(&format!(
+                "protocol {}",
+                fedge_wire::PREVIOUS_PROTOCOL_VERSION
+            )),
+        "{found:?}"
+    );
     let frame = fedge_wire::encode(&fedge_wire::Message::RoundTask(task(Some(ours.clone()))));
     retain(port, &topics.round_task(), frame);
     let found = federation(&profile);
     let said = format!("backbone sha256 {}…", ours.short());
     assert!(found.ok && found.detail.contains(&said), "{found:?}");
+}
+
+#[test]
+fn a_profile_that_trains_the_tail_gets_the_coordinator_s_table_and_its_memory_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let tail = |budget: &'static str| {
+        move |t: String| {
+            t.replacen("hidden = 64", "hidden = 64\ntrain_tail = true", 1)
+                .replace("memory_budget_mb = 1024", budget)
+        }
+    };
+    let path = variant(dir.path(), tail("memory_budget_mb = 1024"));
+    let checks = run_checks(&path, true);
+    assert!(failures(&checks).is_empty(), "{:?}", failures(&checks));
+    let found = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .detail
+            .clone()
+    };
+    // digits-conv's last block: a 3×3 convolution 16 → 32 on a 4×4 map, flattened.
+    let said = found("tail");
+    for part in [
+        "from \"p1\"",
+        "16 × 4 × 4 activations",
+        "features = 512",
+        "input = [16, 4, 4]",
+        "kernel = [3, 3]",
+        "activation = \"relu\"",
+        "pooling = \"flatten\"",
+    ] {
+        assert!(said.contains(part), "{part:?} not in {said}");
+    }
+    let resources = found("resources");
+    assert!(resources.contains("training the tail"), "{resources}");
+    // A budget too small for it is refused with the numbers.
+    let small = variant(dir.path(), tail("memory_budget_mb = 20"));
+    let failed = failures(&run_checks(&small, true));
+    let (name, detail) = &failed[0];
+    assert_eq!(*name, "resources", "{failed:?}");
+    assert!(
+        detail.contains("training the tail") && detail.contains("is above memory_budget_mb = 20"),
+        "{detail}"
+    );
+    // A backbone without a trainable end says so at `check`, not at the first round: the
+    // built-in backbone cut at its pooled map, which a max-pool makes.
+    let text = std::fs::read_to_string(common::repo_root().join("models/assets/digits-conv.toml"))
+        .unwrap()
+        .replace(
+            "file = \"digits-conv.onnx\"",
+            "file = \"digits-conv-p1.onnx\"",
+        )
+        .replace("output_name = \"features\"", "output_name = \"p1\"")
+        .replace("feature_size = 512", "feature_size = 256");
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::fs::write(models.join("digits-conv-p1.toml"), text).unwrap();
+    std::fs::copy(
+        common::repo_root().join("models/assets/digits-conv.onnx"),
+        models.join("digits-conv-p1.onnx"),
+    )
+    .unwrap();
+    let pooled = variant(dir.path(), |t| {
+        let t = tail("memory_budget_mb = 1024")(t);
+        let line = t.lines().find(|l| l.starts_with("backbone = ")).unwrap();
+        let ours = format!("backbone = {:?}", models.join("digits-conv-p1.toml"));
+        t.replace(line, &ours)
+    });
+    let failed = failures(&run_checks(&pooled, true));
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let (name, detail) = &failed[0];
+    assert_eq!(*name, "tail");
+    assert!(detail.contains("not from a convolution block"), "{detail}");
 }

@@ -43,6 +43,7 @@ mod restart;
 mod site_aggregator;
 mod site_norm;
 mod sites;
+mod tail_export;
 mod tls;
 mod upgrade;
 mod use_model;

@@ -1,5 +1,5 @@
 //! A rolling upgrade over mosquitto: a coordinator of this release, two devices of this
-//! protocol version and one of the previous (8), driven by that release's frozen encoder and
+//! protocol version and one of the previous (9), driven by that release's frozen encoder and
 //! decoder (`fedge_wire::previous`). While the window is open all three train in the same
 //! rounds and the status counts the versions; once it is closed the old device can no longer
 //! read the tasks, is selected for no round, and its update is rejected as `version`.
@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use fedge::bench::fleet::{FleetOptions, run_fleet};
 use fedge_coordinator::config::PreviousProtocol;
 use fedge_mqtt::BrokerConfig;
-use fedge_wire::previous as v8;
+use fedge_wire::previous;
 use fedge_wire::{ClientUpdate, DecodeError, EdgeStatus, LocalMetrics, Message, TensorF32, Topics};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 
@@ -22,7 +22,7 @@ const OLD: &str = "legacy-8";
 type Seen = Arc<Mutex<Vec<Result<u64, DecodeError>>>>;
 
 fn old_update(run: u64, round: u64, params: usize) -> Vec<u8> {
-    v8::encode(&Message::ClientUpdate(ClientUpdate {
+    previous::encode(&Message::ClientUpdate(ClientUpdate {
         features: None,
         run,
         round,
@@ -36,7 +36,7 @@ fn old_update(run: u64, round: u64, params: usize) -> Vec<u8> {
     }))
 }
 
-/// A device of protocol 8: its status says so, it reads tasks with the release's decoder and
+/// A device of the previous protocol: its status says so, it reads tasks with the release's decoder and
 /// answers the rounds that select it with that release's encoder.
 async fn old_device(broker: BrokerConfig, federation: &str, seen: Seen) {
     let topics = Topics::new(federation).unwrap();
@@ -69,7 +69,7 @@ async fn old_device(broker: BrokerConfig, federation: &str, seen: Seen) {
                     .unwrap();
             }
             Event::Incoming(Packet::Publish(p)) if !p.payload.is_empty() => {
-                let task = match v8::decode(&p.payload) {
+                let task = match previous::decode(&p.payload) {
                     Ok(Message::RoundTask(task)) => task,
                     Ok(_) => continue,
                     Err(e) => {
@@ -100,7 +100,7 @@ fn coordinator(broker: BrokerConfig, federation: &str, window: PreviousProtocol)
         round_timeout_ms: 3_000,
         backbone: "digits-conv".into(),
         backbone_sha256: Some([0x42; 32]),
-        // A federation that pools features selects no device of the previous version.
+        // The old device sends no feature summary: a federation that does not pool.
         train: fedge_wire::TrainParams {
             feature_norm: fedge_wire::FeatureNorm::None,
             ..Default::default()
@@ -159,7 +159,9 @@ async fn devices_of_two_protocol_versions_share_rounds_until_the_window_closes()
         .await
         .unwrap();
     let status = common::wait_status(&mut events, &status_topic, |s| {
-        s.device_protocols.get("8") == Some(&1) && s.device_protocols.get("9") == Some(&2)
+        let count = |v: u8| s.device_protocols.get(&v.to_string()).copied();
+        count(fedge_wire::PREVIOUS_PROTOCOL_VERSION) == Some(1)
+            && count(fedge_wire::PROTOCOL_VERSION) == Some(2)
     })
     .await;
     assert_eq!(

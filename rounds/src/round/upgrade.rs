@@ -7,8 +7,8 @@
 //! round tasks and releases are written in the previous version, which devices of this
 //! version read too. Once the window closes they are selected for no round, their updates are
 //! rejected as `version`, and the coordinator writes this version only. A federation whose
-//! `feature_norm` pools (protocol 9's feature summaries) selects no device of the previous
-//! version at all: it could not read the task's setting nor send a summary.
+//! head trains a tail (protocol 10) selects no device of the previous version at all: that
+//! release cannot run the tail.
 
 use fedge_wire::{EdgeStatus, PREVIOUS_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
@@ -72,13 +72,10 @@ impl Rounds {
     }
 
     /// Whether devices of the previous version may train: the window is open and the
-    /// federation does not pool features (a site aggregator: as the global task says).
+    /// federation's head has no tail.
     fn previous_admitted(&self) -> bool {
-        let train = match &self.relayed {
-            Some(relayed) => &relayed.train,
-            None => &self.config.train,
-        };
-        self.control.previous_protocol && !train.feature_norm.pools()
+        let tail = (self.config.head.as_ref()).is_some_and(|head| head.tail.is_some());
+        self.control.previous_protocol && !tail
     }
 
     /// Rejects a frame of the previous version once the window closed; true when it did.

@@ -1,7 +1,7 @@
 //! Rolling upgrades: a device of the previous protocol version shares rounds with devices of
 //! this one while the window is open, and is turned away once it closed.
 
-use fedge_wire::previous as v8;
+use fedge_wire::previous;
 use fedge_wire::{EdgeStatus, PREVIOUS_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 use super::tests::{config, drain, reports, tasks};
@@ -16,7 +16,7 @@ fn status(client: &str, protocol: Option<u8>) -> EdgeStatus {
     }
 }
 
-/// `update` of `tests`, framed as a device of protocol 8 frames it.
+/// `update` of `tests`, framed as a device of the previous protocol frames it.
 fn old_update(client: &str, round: u64) -> Vec<u8> {
     let Ok(Message::ClientUpdate(update)) = fedge_wire::decode(&super::tests::update(
         client,
@@ -26,19 +26,7 @@ fn old_update(client: &str, round: u64) -> Vec<u8> {
     )) else {
         panic!("an update");
     };
-    v8::encode(&Message::ClientUpdate(update))
-}
-
-/// The tests' configuration without pooled features, which devices of the previous version
-/// cannot take part in.
-fn not_pooling() -> RoundConfig {
-    RoundConfig {
-        train: fedge_wire::TrainParams {
-            feature_norm: fedge_wire::FeatureNorm::None,
-            ..fedge_wire::TrainParams::default()
-        },
-        ..config()
-    }
+    previous::encode(&Message::ClientUpdate(update))
 }
 
 fn task_frames(outputs: &[Output]) -> Vec<Vec<u8>> {
@@ -58,7 +46,7 @@ fn an_old_device_trains_beside_new_ones_while_the_window_is_open() {
         rounds: 3,
         backbone: "digits-conv".into(),
         backbone_sha256: Some([4; 32]),
-        ..not_pooling()
+        ..config()
     };
     let mut m = Rounds::new(three, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
     m.handle_edge_status("new-a", &status("new-a", Some(PROTOCOL_VERSION)), 0);
@@ -66,15 +54,14 @@ fn an_old_device_trains_beside_new_ones_while_the_window_is_open() {
     m.handle_edge_status("old", &status("old", Some(PREVIOUS_PROTOCOL_VERSION)), 0);
     let out = drain(&mut m);
     let frame = &task_frames(&out)[0];
-    // Written in protocol 8, which the old device reads, and which carries no pooled summary.
+    // Written in the previous version, which the old device reads.
     assert_eq!(frame[4], PREVIOUS_PROTOCOL_VERSION);
-    assert!(matches!(v8::decode(frame), Ok(Message::RoundTask(_))));
-    assert_eq!(tasks(&out)[0].pooled, None);
+    assert!(matches!(previous::decode(frame), Ok(Message::RoundTask(_))));
     assert_eq!(tasks(&out)[0].selected, ["new-a", "new-b", "old"]);
     assert_eq!(m.downlink_version(), PREVIOUS_PROTOCOL_VERSION);
     let versions = m.device_protocols();
-    assert_eq!(versions.get(&8), Some(&1));
-    assert_eq!(versions.get(&9), Some(&2));
+    assert_eq!(versions.get(&PREVIOUS_PROTOCOL_VERSION), Some(&1));
+    assert_eq!(versions.get(&PROTOCOL_VERSION), Some(&2));
     m.handle_packet("old", &old_update("old", 1), 5);
     for c in ["new-a", "new-b"] {
         let update = super::tests::update(c, 1, [0.5, 0.0, 0.0, 0.0], 5);
@@ -111,7 +98,7 @@ fn a_closed_window_selects_no_old_device_and_writes_this_version() {
         min_updates: 2,
         backbone: "digits-conv".into(),
         backbone_sha256: Some([4; 32]),
-        ..not_pooling()
+        ..config()
     };
     let mut m = Rounds::new(two, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
     m.set_previous_protocol(false);
@@ -129,7 +116,7 @@ fn a_closed_window_selects_no_old_device_and_writes_this_version() {
     let frame = &task_frames(&out)[0];
     assert_eq!(frame[4], PROTOCOL_VERSION);
     assert_eq!(
-        v8::decode(frame),
+        previous::decode(frame),
         Err(fedge_wire::DecodeError::UnsupportedVersion(
             PROTOCOL_VERSION
         ))
@@ -142,17 +129,27 @@ fn a_closed_window_selects_no_old_device_and_writes_this_version() {
 }
 
 #[test]
-fn a_federation_that_pools_features_selects_no_device_of_the_previous_version() {
-    let pooling = RoundConfig {
+fn a_federation_that_trains_a_tail_selects_no_device_of_the_previous_version() {
+    let tail = fedge_wire::layout::TailConfig {
+        input: [1, 1, 1],
+        channels: 2,
+        kernel: [1, 1],
+        stride: [1, 1],
+        padding: [0; 4],
+        activation: fedge_wire::layout::TailActivation::Relu,
+        pooling: fedge_wire::layout::TailPooling::GlobalAverage,
+    };
+    let head = fedge_wire::HeadConfig::new(2, 2)
+        .with_hidden(1)
+        .with_tail(tail);
+    let params = vec![0.0; head.num_params()];
+    let with_tail = RoundConfig {
         min_clients: 2,
         min_updates: 2,
-        train: fedge_wire::TrainParams {
-            feature_norm: fedge_wire::FeatureNorm::Balanced,
-            ..fedge_wire::TrainParams::default()
-        },
+        head: Some(head),
         ..config()
     };
-    let mut m = Rounds::new(pooling, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    let mut m = Rounds::new(with_tail, Box::new(crate::strategy::FedAvg), params);
     assert!(m.previous_protocol_accepted(), "the window is open");
     m.handle_edge_status("old", &status("old", Some(PREVIOUS_PROTOCOL_VERSION)), 0);
     m.handle_edge_status("new-a", &status("new-a", Some(PROTOCOL_VERSION)), 0);

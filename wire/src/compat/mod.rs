@@ -9,4 +9,4 @@
 //! their bytes, so that a later change to a shared type cannot silently change an old
 //! version's encoding.
 
-pub mod v8;
+pub mod v9;

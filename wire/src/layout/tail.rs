@@ -48,6 +48,11 @@ pub enum TailPooling {
     Flatten,
 }
 
+/// The largest of a tail's sizes (channels, sides, kernel, stride, padding).
+pub const MAX_TAIL_SIZE: usize = 1 << 16;
+/// The most values a tail's convolution weight may hold (2²⁸, 1 GiB of f32).
+pub const MAX_TAIL_WEIGHTS: usize = 1 << 28;
+
 /// Sizes of a tail (its convolution's weights follow ONNX's `[O, C, kh, kw]` order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -107,8 +112,27 @@ impl TailConfig {
         self.weight_len() + self.channels
     }
 
-    /// Why these sizes cannot make a tail, if they cannot.
+    /// Why these sizes cannot make a tail, if they cannot (sizes read from the network are
+    /// checked here before any arithmetic on them).
     pub fn check(&self) -> Result<(), String> {
+        let sizes = (self.input.iter().chain(&self.kernel).chain(&self.stride))
+            .chain(&self.padding)
+            .chain([&self.channels]);
+        if sizes.clone().any(|v| *v > MAX_TAIL_SIZE) {
+            return Err(format!(
+                "tail: every size must be at most {MAX_TAIL_SIZE}, got input {:?}, {} channels, \
+                 kernel {:?}, stride {:?}, padding {:?}",
+                self.input, self.channels, self.kernel, self.stride, self.padding
+            ));
+        }
+        let weight = [self.input[0], self.kernel[0], self.kernel[1]]
+            .iter()
+            .try_fold(self.channels, |acc, v| acc.checked_mul(*v));
+        if weight.is_none_or(|w| w > MAX_TAIL_WEIGHTS) {
+            return Err(format!(
+                "tail: the convolution's weight may hold at most {MAX_TAIL_WEIGHTS} values"
+            ));
+        }
         if self.input.contains(&0) || self.channels == 0 {
             return Err(format!(
                 "tail: input {:?} and {} channels must all be positive",

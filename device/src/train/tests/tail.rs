@@ -112,3 +112,64 @@ fn a_head_with_the_tail_starts_where_the_frozen_backbone_is_and_moves_the_tail()
     assert!(err.to_string().contains("trainable tail"), "{err}");
     assert!(accuracy(&with_tail, &global, &activations).is_err());
 }
+
+#[test]
+fn a_task_that_standardises_features_is_refused_by_a_device_training_the_tail() {
+    let tail = Tail::read(&digits_conv_card(), DIGITS_CONV_ONNX, None).unwrap();
+    let (_, activations) = rows(&tail);
+    let head = HeadConfig::new(512, 2)
+        .with_hidden(8)
+        .with_tail(tail.config);
+    let data = crate::train::DeviceData::new(
+        std::sync::Arc::new(activations.clone()),
+        std::sync::Arc::new(activations),
+        None,
+    );
+    let device = training_device(Backend::Flex);
+    let trainer = crate::train::Trainer {
+        head: &head,
+        device: &device,
+        seed: 1,
+        client_id: "cam",
+        threads: 1,
+        cancel: None,
+        tail: Some(&tail),
+    };
+    let task = |feature_norm| fedge_wire::RoundTask {
+        federation: "f".into(),
+        run: 1,
+        round: 1,
+        selected: vec!["cam".into()],
+        classes: vec!["a".into(), "b".into()],
+        params: fedge_wire::TensorF32::from_slice(&head.init_flat(3)),
+        train: TrainParams {
+            local_epochs: 1,
+            batch_size: 64,
+            feature_norm,
+            ..raw()
+        },
+        deadline_ms: 0,
+        insight: None,
+        prototypes: None,
+        backbone: None,
+        pooled: None,
+    };
+    let refused = crate::train::run_round(
+        &data,
+        &task(fedge_wire::FeatureNorm::Site),
+        &trainer,
+        &mut LocalState::default(),
+    );
+    let Err(TrainError::TailWithNorm(norm)) = refused.result else {
+        panic!("not refused: {:?}", refused.result.map(|o| o.steps));
+    };
+    assert_eq!(norm, fedge_wire::FeatureNorm::Site);
+    let trained = crate::train::run_round(
+        &data,
+        &task(fedge_wire::FeatureNorm::None),
+        &trainer,
+        &mut LocalState::default(),
+    );
+    let outcome = trained.result.unwrap();
+    assert_eq!(outcome.delta.len(), head.num_params());
+}
