@@ -13,7 +13,7 @@ use fedge_device::train::DeviceData;
 use fedge_models::{Backbone, ModelCard, ModelLayout, Tail};
 use fedge_sim::{CoordinatorSpec, DeviceSpec, Sim};
 use fedge_wire::layout::{HeadTensors, TailTensors};
-use fedge_wire::{Codec, FeatureNorm, TrainParams};
+use fedge_wire::{Codec, FeatureNorm, ModelRelease, TrainParams};
 use serde_json::Value;
 
 use crate::common;
@@ -185,4 +185,114 @@ fn a_tail_trained_federation_exports_a_model_onnxruntime_runs_as_the_device_does
         })
         .fold(0.0, f32::max);
     assert!(gap > 1e-3, "the trained tail moves the logits by {gap}");
+}
+
+/// Waits for `path` to hold a release of `round`, for up to `within`.
+fn release_at(path: &std::path::Path, round: u64, within: std::time::Duration) -> ModelRelease {
+    let end = std::time::Instant::now() + within;
+    loop {
+        if let Ok(release) = fedge_coordinator::export::read_release(path)
+            && release.round >= round
+        {
+            return release;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "no release of round {round} in {}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn deployed_devices_train_the_tail_and_serve_what_the_exported_file_answers() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let port = mosquitto.port();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_site(&root.join("site-a"), 0, &[], 300);
+    write_site(&root.join("site-b"), 2, &[], 300);
+    let unseen = write_site(&root.join("unseen"), 4, &[], 20);
+    // The coordinator's [head.tail], as `fedge-edge check` prints it for this backbone.
+    let card = ModelCard::load(&card_path()).unwrap();
+    let onnx = std::fs::read(card.onnx_path(&card_path())).unwrap();
+    let tail = Tail::read(&card, &onnx, None).unwrap();
+    let classes: String = (0..10).map(|k| format!("{k}\n")).collect();
+    std::fs::write(root.join("classes.txt"), classes).unwrap();
+    let coordinator = root.join("coordinator.toml");
+    std::fs::write(
+        &coordinator,
+        format!(
+            "federation = \"tail\"\nrounds = 2\nmin_clients = 2\nmin_updates = 2\n\
+             round_timeout_s = 120\nstate_dir = \"state\"\n\n\
+             [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+             [head]\nfeatures = 512\nhidden = 16\nclasses = 10\n\n[head.tail]\n{}\n\
+             [model]\nclasses_file = \"classes.txt\"\nbackbone = \"digits-conv\"\n\n\
+             [train]\nlocal_epochs = 2\nfeature_norm = \"none\"\nupdate_codec = \"f32\"\n",
+            toml::to_string(&tail.config).unwrap()
+        ),
+    )
+    .unwrap();
+    let profiles: Vec<PathBuf> = ["site-a", "site-b"]
+        .iter()
+        .map(|id| {
+            let path = root.join(format!("{id}.toml"));
+            let profile = format!(
+                "client_id = \"{id}\"\nfederation = \"tail\"\nhidden = 16\nseed = 1\n\
+                 train_tail = true\ncache_dir = \"cache-{id}\"\nbackbone = {:?}\n\n\
+                 [broker]\nhost = \"127.0.0.1\"\nport = {port}\n\n\
+                 [data]\nkind = \"imagefolder\"\nroot = \"{id}\"\n",
+                card_path()
+            );
+            std::fs::write(&path, profile).unwrap();
+            path
+        })
+        .collect();
+    let _agents: Vec<_> = (profiles.iter())
+        .map(|p| crate::use_model::spawn(&crate::use_model::edge_binary(), &["run", "--config"], p))
+        .collect();
+    let mut coordinator = crate::use_model::spawn(
+        &common::coordinator_binary(),
+        &["run", "--config"],
+        &coordinator,
+    );
+    let within = std::time::Duration::from_secs(240);
+    let model = release_at(&root.join("state/model.bin"), 2, within);
+    assert_eq!(model.head.tail, Some(tail.config));
+    let status = coordinator.0.wait().unwrap();
+    assert!(status.success(), "coordinator: {status}");
+    // The device kept the final release; it answers with it through the tail.
+    let kept = root.join("cache-site-a/site-a.model.bin");
+    let kept = release_at(&kept, 2, std::time::Duration::from_secs(30));
+    assert_eq!(kept.sha256, model.sha256);
+    let out = common::succeeded(
+        std::process::Command::new(crate::use_model::edge_binary())
+            .args(["predict", "--config"])
+            .arg(&profiles[0])
+            .args(&unseen),
+    );
+    let lines = common::json_lines(&out.stdout);
+    assert_eq!(lines.len(), unseen.len());
+    // The release exported by the coordinator's command, run by onnxruntime.
+    let exported = root.join("export/model.onnx");
+    common::succeeded(
+        std::process::Command::new(common::coordinator_binary())
+            .args(["export", "--state"])
+            .arg(root.join("state"))
+            .arg("--backbone")
+            .arg(card_path())
+            .arg("--out")
+            .arg(&exported),
+    );
+    let Some(python) = common::onnxruntime::python() else {
+        return;
+    };
+    let answers = common::onnxruntime::predict(&python, &exported.with_extension("toml"), &unseen);
+    for (answer, line) in answers.iter().zip(&lines) {
+        assert_eq!(answer["class"], line["class"], "{answer}");
+        assert_close(&answer["logits"], &line["logits"], 1e-4);
+    }
 }
