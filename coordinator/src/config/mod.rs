@@ -41,7 +41,7 @@
 //! hidden = 64
 //! classes = 10
 //! # [head.tail]               # optional: the backbone's last block, trained with the head
-//! # input = [16, 4, 4]        # (`fedge-edge check` prints this table for a device's backbone)
+//! # input = [16, 4, 4]        # (`fedge-edge check` of a `train_tail` profile prints it)
 //! # channels = 32
 //! # kernel = [3, 3]
 //! # stride = [1, 1]

@@ -399,11 +399,12 @@ fn check_tail(
     match crate::features::split_tail(backbone, threads) {
         Ok((tail, _)) => {
             let t = tail.config;
-            let table = toml::to_string(&t).unwrap_or_default().replace('\n', "; ");
+            // One line to paste under the coordinator's [head].
+            let table = toml::Value::try_from(t).map_or_else(|e| e.to_string(), |v| v.to_string());
             let detail = format!(
                 "trains {} from {:?} ({} × {} × {} activations cached per image, {} tail \
-                 parameters); the coordinator's [head] needs features = {} and [head.tail] \
-                 {table}",
+                 parameters); the coordinator's [head] needs features = {} and \
+                 tail = {table}",
                 backbone.card().name,
                 tail.cut,
                 t.input[0],
