@@ -57,18 +57,37 @@ pub enum LoadBackboneError {
     },
 }
 
-/// The tail of `backbone` (loaded from its ONNX file, `backbone.origin()`) and the backbone cut
-/// before it, in tract on `threads` threads: what a profile with `train_tail = true` trains on
-/// and what serves a release with a tail.
-pub fn split_tail(
-    backbone: &Backbone,
-    threads: usize,
-) -> Result<(fedge_models::Tail, Backbone), LoadBackboneError> {
-    let onnx = std::fs::read(backbone.origin()).map_err(|source| LoadBackboneError::Read {
+/// A backbone's trainable tail and the backbone cut before it: what a device with
+/// `train_tail = true` trains on, and what serves a release with a tail.
+#[derive(Debug)]
+pub struct TailParts {
+    /// The tail, with the backbone's own weights of the block.
+    pub tail: fedge_models::Tail,
+    /// The backbone up to the tail's cut (its features are the cut's activations).
+    pub cut: std::sync::Arc<Backbone>,
+}
+
+/// The ONNX file of `backbone`, read again from where it was loaded (`backbone.origin()`).
+pub fn backbone_onnx(backbone: &Backbone) -> Result<Vec<u8>, LoadBackboneError> {
+    std::fs::read(backbone.origin()).map_err(|source| LoadBackboneError::Read {
         path: backbone.origin().to_owned(),
         source,
-    })?;
-    Ok(fedge_models::Tail::split(backbone, &onnx, threads)?)
+    })
+}
+
+/// The tail of `backbone` and the backbone cut before it, in tract on `threads` threads.
+pub fn split_tail(backbone: &Backbone, threads: usize) -> Result<TailParts, LoadBackboneError> {
+    let (tail, cut) = fedge_models::Tail::split(backbone, &backbone_onnx(backbone)?, threads)?;
+    Ok(TailParts {
+        tail,
+        cut: std::sync::Arc::new(cut),
+    })
+}
+
+/// The feature cache's id of the activations at `tail`'s cut of the backbone `backbone_id`
+/// (kept apart from the whole backbone's features).
+pub fn cut_id(backbone_id: u64, tail: &fedge_models::Tail) -> u64 {
+    backbone_id ^ Fnv64::of(tail.cut.as_bytes())
 }
 
 /// Images per backbone call: one. tract runs EfficientNet-Lite0 fastest one image at a time at

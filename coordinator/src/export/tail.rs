@@ -1,8 +1,8 @@
 //! A trained tail in the exported graph: the backbone already computes its last convolution
 //! block on the way to its features, so the export keeps that block and gives its convolution
 //! the trained weights, the backbone's own plus the release's offsets (docs/algorithms.md §0,
-//! "Trainable tail"). This module finds the convolution and sums the weights; `super::graph`
-//! gives them to it as initializers of their own (the backbone's may be shared).
+//! "Trainable tail"). This module finds the convolution and sums the weights; the caller gives
+//! them to it as initializers of their own (the backbone's may be shared).
 
 use fedge_wire::layout::{TailConfig, TailTensors};
 use onnx_protobuf::{GraphProto, NodeProto, TensorProto, tensor_proto::DataType};

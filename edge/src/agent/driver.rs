@@ -302,7 +302,7 @@ fn spawn_training(
             client_id: &client_id,
             threads,
             cancel: Some(&cancel),
-            tail: tail.as_deref(),
+            tail: tail.as_deref().map(|parts| &parts.tail),
         };
         let mut state = state
             .lock()

@@ -78,7 +78,8 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
         .filter(|_| release.feature_norm != FeatureNorm::None)
         .cloned();
     let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
-    match Predictor::new(Arc::clone(backbone), release.clone(), site) {
+    let tail = setup.tail.clone();
+    match Predictor::with_tail_parts(Arc::clone(backbone), release.clone(), site, tail) {
         Ok(predictor) => {
             let distance = setup.serving.inference.unfamiliar_distance;
             // The drift alarm starts over with each release, its reference the device's own
@@ -151,7 +152,8 @@ pub fn readapt(setup: &AgentSetup, window: Vec<f32>) {
         return;
     };
     let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
-    match Predictor::new(Arc::clone(backbone), release, Some(stats)) {
+    let tail = setup.tail.clone();
+    match Predictor::with_tail_parts(Arc::clone(backbone), release, Some(stats), tail) {
         Ok(predictor) => {
             let predictor = served_by(setup, predictor)
                 .with_limits(limits)

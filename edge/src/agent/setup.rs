@@ -38,9 +38,10 @@ pub struct AgentSetup {
     pub val: Arc<FeatureSet>,
     /// FedDDL's counterfactual and object-only views of `train`, when built.
     pub views: Option<Arc<DdlViews>>,
-    /// The backbone's tail when the profile trains it (`train_tail`): `train`, `val` and
-    /// `views` are then the activations at its cut.
-    pub tail: Option<Arc<fedge_models::Tail>>,
+    /// The backbone's tail and the backbone cut before it when the profile trains it
+    /// (`train_tail`): `train`, `val` and `views` are then the activations at its cut, and
+    /// releases are served through it.
+    pub tail: Option<Arc<crate::features::TailParts>>,
     /// Burn device for training (CPU, or a CUDA GPU on a Jetson build) and its status name.
     pub device: SelectedDevice,
     /// The engine that runs the backbone, its providers and any it could not get.

@@ -140,9 +140,7 @@ fn checks(path: &Path, dry_run: bool, alone: bool) -> Vec<Check> {
             checks.push(check_unreadable(&loaded.skipped));
         }
         let images = loaded.map(|l| l.images);
-        let tail = config
-            .train_tail
-            .then(|| check_tail(backbone, config.resources.threads));
+        let tail = config.train_tail.then(|| check_tail(backbone));
         if let Some((check, _)) = &tail {
             checks.push(check.clone());
         }
@@ -394,10 +392,11 @@ fn check_device(config: &EdgeConfig) -> Check {
 /// configuration needs for it.
 fn check_tail(
     backbone: &fedge_models::Backbone,
-    threads: usize,
 ) -> (Check, Option<fedge_wire::layout::TailConfig>) {
-    match crate::features::split_tail(backbone, threads) {
-        Ok((tail, _)) => {
+    let read = crate::features::backbone_onnx(backbone)
+        .and_then(|onnx| Ok(fedge_models::Tail::read(backbone.card(), &onnx, None)?));
+    match read {
+        Ok(tail) => {
             let t = tail.config;
             // One line to paste under the coordinator's [head].
             let table = toml::Value::try_from(t).map_or_else(|e| e.to_string(), |v| v.to_string());
@@ -448,13 +447,13 @@ fn check_resources(
     let estimate = resources::estimate_mib(images, feature_bytes, params, measured)
         + tail_bytes as f64 / (1024.0 * 1024.0);
     let features_mib = feature_bytes as f64 / (1024.0 * 1024.0);
-    let mut cut = if left_out > 0 {
+    let mut notes = if left_out > 0 {
         format!(", {left_out} samples left out to fit feature_cache_mb")
     } else {
         String::new()
     };
     if tail.is_some() {
-        cut += &format!(
+        notes += &format!(
             ", training the tail {:.1} MiB at batches of {} ({} parameters with the head)",
             tail_bytes as f64 / (1024.0 * 1024.0),
             resources::CHECK_BATCH,
@@ -466,7 +465,7 @@ fn check_resources(
         return fail(
             "resources",
             format!(
-                "estimated peak {estimate:.0} MiB (features {features_mib:.1} MiB{cut}) is above \
+                "estimated peak {estimate:.0} MiB (features {features_mib:.1} MiB{notes}) is above \
                  memory_budget_mb = {budget}: set [resources] feature_cache_mb, use fewer or \
                  smaller images, or raise the budget"
             ),
@@ -479,7 +478,9 @@ fn check_resources(
     };
     pass(
         "resources",
-        format!("estimated peak {estimate:.0} MiB, {budget}; features {features_mib:.1} MiB{cut}"),
+        format!(
+            "estimated peak {estimate:.0} MiB, {budget}; features {features_mib:.1} MiB{notes}"
+        ),
     )
 }
 

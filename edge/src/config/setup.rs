@@ -83,20 +83,24 @@ impl EdgeConfig {
         let runtime = backbone.runtime();
         let feature_size = backbone.card().feature_size;
         // With a trainable tail, the data are the activations at its cut (cached apart).
-        let (tail, cut) = match self.train_tail {
-            false => (None, None),
-            true => {
-                let (tail, cut) = features::split_tail(&backbone, self.resources.threads)?;
-                (Some(Arc::new(tail)), Some(Arc::new(cut)))
-            }
+        let tail = match self.train_tail {
+            true => Some(Arc::new(features::split_tail(
+                &backbone,
+                self.resources.threads,
+            )?)),
+            false => None,
         };
-        let (features_backbone, features_id) = match &cut {
-            Some(cut) => (
-                Arc::clone(cut),
-                backbone_id ^ fedge_device::Fnv64::of(cut.card().name.as_bytes()),
+        let (features_backbone, features_id) = match &tail {
+            Some(parts) => (
+                Arc::clone(&parts.cut),
+                features::cut_id(backbone_id, &parts.tail),
             ),
             None => (Arc::clone(&backbone), backbone_id),
         };
+        let mut head = HeadConfig::new(feature_size, 0).with_hidden(self.hidden);
+        if let Some(parts) = &tail {
+            head = head.with_tail(parts.tail.config);
+        }
         let backbone_name = backbone.card().name.clone();
         let backbone_sha256 = Some(backbone.reference().sha256);
         let follows_federation_backbone = self.fetched_backbone;
@@ -135,13 +139,9 @@ impl EdgeConfig {
             client_id: self.client_id.clone(),
             federation: self.federation.clone(),
             broker: self.broker.clone(),
-            head: match &tail {
-                Some(tail) => HeadConfig::new(feature_size, data.class_names.len())
-                    .with_hidden(self.hidden)
-                    .with_tail(tail.config),
-                None => {
-                    HeadConfig::new(feature_size, data.class_names.len()).with_hidden(self.hidden)
-                }
+            head: HeadConfig {
+                classes: data.class_names.len(),
+                ..head
             },
             tail,
             class_names: data.class_names,

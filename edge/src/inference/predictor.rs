@@ -231,7 +231,7 @@ pub struct Predictor {
     sha256: String,
     /// With a release that trains the backbone's tail: the tail and the backbone up to its cut,
     /// which run instead of the whole backbone.
-    tail: Option<(fedge_models::Tail, Backbone)>,
+    tail: Option<Arc<crate::features::TailParts>>,
 }
 
 impl Predictor {
@@ -243,6 +243,18 @@ impl Predictor {
         backbone: Arc<Backbone>,
         release: ModelRelease,
         site: Option<FeatureStats>,
+    ) -> Result<Self, PredictorError> {
+        Self::with_tail_parts(backbone, release, site, None)
+    }
+
+    /// [`Predictor::new`], with the backbone's tail and cut already at hand (`tail`, a
+    /// `train_tail` device's, so a release does not load them again); without them, a release
+    /// with a tail has them made from the backbone's ONNX file.
+    pub fn with_tail_parts(
+        backbone: Arc<Backbone>,
+        release: ModelRelease,
+        site: Option<FeatureStats>,
+        tail: Option<Arc<crate::features::TailParts>>,
     ) -> Result<Self, PredictorError> {
         let params = release.verify()?;
         let site = match (release.feature_norm, site) {
@@ -270,18 +282,23 @@ impl Predictor {
                 release: release.backbone.clone(),
             });
         }
-        let tail = match &release.head.tail {
-            None => None,
-            Some(config) => {
-                let (tail, cut) = crate::features::split_tail(&backbone, 1)
-                    .map_err(|e| PredictorError::Tail(e.to_string()))?;
-                if tail.config != *config {
+        let tail = match (&release.head.tail, tail) {
+            (None, _) => None,
+            (Some(config), given) => {
+                let parts = match given {
+                    Some(parts) => parts,
+                    None => Arc::new(
+                        crate::features::split_tail(&backbone, 1)
+                            .map_err(|e| PredictorError::Tail(e.to_string()))?,
+                    ),
+                };
+                if parts.tail.config != *config {
                     return Err(PredictorError::Tail(format!(
                         "its sizes {config:?} are not this backbone's {:?}",
-                        tail.config
+                        parts.tail.config
                     )));
                 }
-                Some((tail, cut))
+                Some(parts)
             }
         };
         let familiarity = release.pooled.as_ref().and_then(|p| p.familiarity());
@@ -379,7 +396,8 @@ impl Predictor {
         let chw = to_chw(image, c, h32, w32);
         let features = match &self.tail {
             None => self.backbone.features_of(&chw, (c, h, w), RAW_MAX, 1)?,
-            Some((tail, cut)) => {
+            Some(parts) => {
+                let (tail, cut) = (&parts.tail, &parts.cut);
                 let activations = cut.features_of(&chw, (c, h, w), RAW_MAX, 1)?;
                 // `new` verified the parameters against the head with this tail: the offsets
                 // come first.

@@ -301,11 +301,7 @@ pub fn prepare_with(
                     .with_context(|| format!("reading {}", backbone.origin().display()))?,
             };
             let (tail, cut) = fedge_models::Tail::split(&backbone, &onnx, 1)?;
-            (
-                cut,
-                id ^ Fnv64::of(tail.cut.as_bytes()),
-                Some(Arc::new(tail)),
-            )
+            (cut, features::cut_id(id, &tail), Some(Arc::new(tail)))
         }
     };
     let card = backbone.card().clone();

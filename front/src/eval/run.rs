@@ -1,5 +1,5 @@
 //! One benchmark run, in process (the simulator) or over MQTT; the loops over seeds, targets
-//! and algorithms are `super::sweep`.
+//! and algorithms call it.
 
 use std::sync::Arc;
 
