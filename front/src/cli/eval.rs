@@ -43,6 +43,12 @@ pub struct EvalArgs {
           value_parser = clap::value_parser!(u16).range(0..=16),
           help_heading = "Runs")]
     pub counterfactuals: u16,
+    /// Where FedDDL's object masks come from: `exact` (the data set's own pixel masks, or an
+    /// image folder's `boxes.csv`) or `bright-box` (boxes from the project's bright-box
+    /// detector run through tract on every training image, as the FedDDL paper takes boxes
+    /// from a detector; single-channel images).
+    #[arg(long, value_enum, default_value_t = eval::MaskSource::Exact, help_heading = "Runs")]
+    pub masks: eval::MaskSource,
     /// Train the backbone's last convolution block with the head: the backbone runs to the
     /// block's input once per image (those activations are cached), and every algorithm trains
     /// the block's offsets from its pretrained weights and the head together. Features reach
@@ -300,6 +306,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             .iter()
             .any(|a| a.objective == fedge_wire::Objective::FedDdl)
             .then_some(usize::from(args.counterfactuals)),
+        args.masks,
         args.train_tail,
         |domain| spinner.set_message(format!("features of {domain}")),
     )?;

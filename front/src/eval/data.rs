@@ -19,6 +19,7 @@ use fedge_edge::features;
 use fedge_edge::views::{DEFAULT_GROUPS, ViewSettings};
 use fedge_models::Backbone;
 
+use super::masks::MaskSource;
 use crate::datasets::{
     BiasedDomain, background_domains, digits_bg_domains, digits_sensor_domains, fashion_mnist,
     fashion_mnist_domains,
@@ -277,17 +278,26 @@ pub fn prepare(
     views: Option<usize>,
     progress: impl FnMut(&str),
 ) -> anyhow::Result<Prepared> {
-    prepare_with(dataset, backbone, cache_dir, views, false, progress)
+    prepare_with(
+        dataset,
+        backbone,
+        cache_dir,
+        views,
+        MaskSource::Exact,
+        false,
+        progress,
+    )
 }
 
-/// [`prepare`], with `train_tail` the backbone cut before its last convolution block
-/// ([`fedge_models::Tail`]): the domains' features are the cut's activations, cached apart, and
-/// the head trains the tail with it.
+/// [`prepare`], with FedDDL's object masks from `masks`, and with `train_tail` the backbone cut
+/// before its last convolution block ([`fedge_models::Tail`]): the domains' features are the
+/// cut's activations, cached apart, and the head trains the tail with it.
 pub fn prepare_with(
     dataset: &Dataset,
     backbone: Option<&Path>,
     cache_dir: Option<&Path>,
     views: Option<usize>,
+    masks: MaskSource,
     train_tail: bool,
     mut progress: impl FnMut(&str),
 ) -> anyhow::Result<Prepared> {
@@ -321,7 +331,7 @@ pub fn prepare_with(
             .collect::<Vec<_>>()
     };
     let same = |d: Vec<Domain>| d.into_iter().map(|d| (d, None)).collect::<Vec<_>>();
-    let domains: Vec<(Domain, Option<Domain>)> = match dataset {
+    let mut domains: Vec<(Domain, Option<Domain>)> = match dataset {
         Dataset::Digits => same(digits_domains(&DIGITS_ANGLES, DOMAIN_SEED)),
         Dataset::DigitsBg { bias } => split_views(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
         Dataset::DigitsSensor => same(digits_sensor_domains(DOMAIN_SEED)),
@@ -349,6 +359,12 @@ pub fn prepare_with(
         "leave-one-domain-out needs at least two domains, found {}",
         domains.len()
     );
+    // FedDDL's masks come from the training images; the held-out views never need any.
+    if views.is_some() {
+        for (domain, _) in &mut domains {
+            super::masks::apply(masks, &domain.name, &mut domain.data)?;
+        }
+    }
     let classes = domains[0].0.data.classes();
     let names: Vec<&str> = domains.iter().map(|(d, _)| d.name.as_str()).collect();
     progress(&names.join(", "));

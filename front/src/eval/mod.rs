@@ -19,6 +19,7 @@
 
 mod clients;
 mod data;
+mod masks;
 mod pace;
 mod paired;
 mod report;
@@ -33,6 +34,7 @@ pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
     load_backbone, prepare, prepare_with, rows, split_features,
 };
+pub use masks::{BRIGHT_BOX_THRESHOLD, MaskSource};
 pub use pace::{NOMINAL_TRAIN_MS, Pace, Window, absences, slowdown};
 pub use paired::{Paired, interval, paired, paired_markdown};
 pub use report::{

@@ -24,6 +24,7 @@ mod containers;
 mod dashboards;
 mod efficientnet;
 mod enrol;
+mod fedddl_masks;
 mod federation;
 mod fleet;
 mod hostile;
