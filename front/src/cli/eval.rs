@@ -312,7 +312,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     )?;
     spinner.finish_and_clear();
     let results = run_with_progress(&prepared, &algorithms, &options, args.transport).await?;
-    let (results, choices) = eval::choose(&grids, &results);
+    let (all_runs, (results, choices)) = (results.clone(), eval::choose(&grids, &results));
     if args.tune {
         println!("settings chosen on mean source-validation accuracy (%):");
         for choice in &choices {
@@ -432,6 +432,9 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     report["paired"] = serde_json::json!(eval::paired(&results));
     if args.tune {
         report["tuning"] = eval::tuning_json(&choices, selection.as_ref());
+        // Every setting of the grid, not only the kept ones: a setting not kept is still a
+        // control (FedAvg at twice its learning rate against FedDDL's doubled step).
+        report["tuning"]["runs"] = eval::report_json(&meta, &all_runs)["results"].take();
     }
     if !privacy.is_empty() {
         report["delta"] = serde_json::json!(args.dp_delta);

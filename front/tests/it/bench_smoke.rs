@@ -484,6 +484,8 @@ fn imagefolder_domains_are_benchmarked_and_their_features_cached() {
 /// named in the table.
 #[test]
 fn tuning_keeps_one_setting_per_algorithm() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("tune.json");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
         .args(["bench", "--tune", "--algorithms", "fedavg,fedprox"])
         .args([
@@ -494,7 +496,9 @@ fn tuning_keeps_one_setting_per_algorithm() {
             "--local-epochs",
             "1",
             "--no-cache",
+            "--json",
         ])
+        .arg(&json)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -513,6 +517,16 @@ fn tuning_keeps_one_setting_per_algorithm() {
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| fed")).collect();
     assert_eq!(rows.len(), 2, "one row per algorithm: {stdout}");
     assert!(rows[1].starts_with("| fedprox[mu="), "{stdout}");
+    // The JSON keeps every setting's runs (three learning rates, three mu, six domains each),
+    // the kept ones in `results`.
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(doc["results"].as_array().unwrap().len(), 2 * 6);
+    let grid = doc["tuning"]["runs"].as_array().unwrap();
+    assert_eq!(grid.len(), 6 * 6);
+    assert!(
+        grid.iter().any(|r| r["algorithm"] == "fedavg[lr=0.1]"),
+        "{grid:?}"
+    );
 }
 
 /// `digits-bg`: six sites whose backgrounds lie differently; every algorithm path runs on it.
