@@ -72,6 +72,9 @@ pub struct Algorithm {
     pub insight_lambda: f32,
     /// FedDDL's `λ`, the weight of the contrastive regulariser.
     pub contrastive_weight: f32,
+    /// Local epochs named in the algorithm (`/local_epochs=1`: FedDIM's paper regime beside
+    /// others at `--local-epochs 5`); `None` runs `--local-epochs`.
+    pub local_epochs: Option<u32>,
     /// Stable-FedADG's `λ0`; `λ1 = 1 − λ0`.
     pub adversarial_weight: f32,
     /// How the clients pack their updates (`name@f32`, `@f16`, `@int8`; the wire default).
@@ -134,11 +137,11 @@ impl Algorithm {
     }
 
     /// The round tasks' training parameters: the wire defaults with this algorithm's
-    /// objective and hyper-parameters.
+    /// objective and hyper-parameters, and `local_epochs` unless the algorithm names its own.
     pub fn train_params(&self, local_epochs: u32) -> TrainParams {
         TrainParams {
             objective: self.objective,
-            local_epochs,
+            local_epochs: self.local_epochs.unwrap_or(local_epochs),
             prox_mu: self.prox_mu,
             insight_lambda: self.insight_lambda,
             contrastive_weight: self.contrastive_weight,
@@ -164,11 +167,13 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
     let mut strategy_settings = Vec::new();
     let mut local = (None, None);
     let mut tta = Tta::None;
+    let mut named_epochs = false;
     let fail = |e: anyhow::Error| anyhow::anyhow!("{full_name:?}: {e}");
     for setting in parts {
         let (key, value) = setting
             .split_once('=')
             .ok_or_else(|| fail(anyhow::anyhow!("{setting:?}: write a setting as key=value")))?;
+        named_epochs |= key.trim() == "local_epochs";
         let number = || {
             (value.trim().parse::<f64>())
                 .map_err(|_| fail(anyhow::anyhow!("{key}: {value:?} is not a number")))
@@ -267,6 +272,7 @@ pub fn parse_algorithm(full_name: &str) -> anyhow::Result<Algorithm> {
         prox_mu: train.prox_mu,
         insight_lambda: train.insight_lambda,
         contrastive_weight: train.contrastive_weight,
+        local_epochs: named_epochs.then_some(train.local_epochs),
         adversarial_weight: train.adversarial_weight,
         codec,
         base: train,
@@ -592,6 +598,16 @@ mod tests {
         assert_eq!(p.stable_schedule, fedge_wire::StableSchedule::Epochs);
         assert_eq!(p.adversarial_lr_ratio, 50.0);
         assert_eq!((p.objective, p.local_epochs), (Objective::StableFedAdg, 2));
+        // Epochs named in the algorithm win over the run's (the default value included).
+        let one = parse_algorithm("feddim/local_epochs=1").unwrap();
+        assert_eq!(one.train_params(5).local_epochs, 1);
+        assert_eq!(
+            parse_algorithm("fedavg/local_epochs=3")
+                .unwrap()
+                .train_params(5)
+                .local_epochs,
+            3
+        );
         assert_eq!(p.update_codec, Codec::F32);
         let bad = |name: &str| parse_algorithm(name).unwrap_err().to_string();
         assert!(
