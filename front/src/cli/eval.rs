@@ -28,10 +28,10 @@ pub struct EvalArgs {
     /// without fedddl on an image folder without boxes.csv, which FedDDL needs]
     #[arg(long, value_delimiter = ',', help_heading = "Runs")]
     pub algorithms: Vec<String>,
-    /// Try a small grid of each algorithm's own hyper-parameters (FedAvg's learning rate,
-    /// FedProx mu, FedDIM lambda, FedDDL's and Stable-FedADG's weights, server momentum beta,
-    /// FedOMG kappa) and report, per algorithm, the setting with the best mean
-    /// source-validation accuracy (the target is never looked at to choose); then the one
+    /// Try a small grid of each algorithm's own hyper-parameters (FedAvg's learning rate at the
+    /// run's local epochs and at one, FedProx mu, FedDIM lambda, FedDDL's and Stable-FedADG's
+    /// weights, server momentum beta, FedOMG kappa) and report, per algorithm, the setting with
+    /// the best mean source-validation accuracy (the target is never looked at to choose); then the one
     /// setting chosen over all algorithms the same way, against the first algorithm and against
     /// the best in hindsight (with `--json`, all of it under `tuning`).
     #[arg(long, help_heading = "Runs")]

@@ -517,16 +517,15 @@ fn tuning_keeps_one_setting_per_algorithm() {
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("| fed")).collect();
     assert_eq!(rows.len(), 2, "one row per algorithm: {stdout}");
     assert!(rows[1].starts_with("| fedprox[mu="), "{stdout}");
-    // The JSON keeps every setting's runs (three learning rates, three mu, six domains each),
-    // the kept ones in `results`.
+    // The JSON keeps every setting's runs (three learning rates at the run's epochs and at
+    // one, three mu; six domains each), the kept ones in `results`.
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(doc["results"].as_array().unwrap().len(), 2 * 6);
     let grid = doc["tuning"]["runs"].as_array().unwrap();
-    assert_eq!(grid.len(), 6 * 6);
-    assert!(
-        grid.iter().any(|r| r["algorithm"] == "fedavg[lr=0.1]"),
-        "{grid:?}"
-    );
+    assert_eq!(grid.len(), 9 * 6);
+    for name in ["fedavg[lr=0.1]", "fedavg[lr=0.025,epochs=1]"] {
+        assert!(grid.iter().any(|r| r["algorithm"] == name), "{name}");
+    }
 }
 
 /// `digits-bg`: six sites whose backgrounds lie differently; every algorithm path runs on it.
