@@ -31,9 +31,10 @@ pub struct EvalArgs {
     /// Try a small grid of each algorithm's own hyper-parameters (FedAvg's learning rate at the
     /// run's local epochs and at one, FedProx mu, FedDIM lambda, FedDDL's and Stable-FedADG's
     /// weights, server momentum beta, FedOMG kappa) and report, per algorithm, the setting with
-    /// the best mean source-validation accuracy (the target is never looked at to choose); then the one
-    /// setting chosen over all algorithms the same way, against the first algorithm and against
-    /// the best in hindsight (with `--json`, all of it under `tuning`).
+    /// the best mean source-validation accuracy (the target is never looked at to choose); then
+    /// the one setting chosen over all algorithms (the first algorithm unless another beats it
+    /// on source validation beyond noise, paired by seed), against the first algorithm and
+    /// against the best in hindsight (with `--json`, all of it under `tuning`).
     #[arg(long, help_heading = "Runs")]
     pub tune: bool,
     /// FedDDL's counterfactual draws per image, built per client on its own training rows;
@@ -342,8 +343,14 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             None => format!("it is {name}"),
         };
         let baseline = results.first().map_or("", |r| r.algorithm.as_str());
+        if let (true, Some(g)) = (s.highest != s.chosen, s.highest_gap) {
+            println!(
+                "highest source validation: {}, {:+.2} [{:+.2}, {:+.2}] points over {baseline} ({} seeds): not beyond noise, so not chosen",
+                s.highest, g.mean, g.low, g.high, g.seeds
+            );
+        }
         println!(
-            "chosen over all algorithms on source validation: {} ({:.2} %); held out: {}; {} (the best in hindsight, by the held-out labels)",
+            "chosen over all algorithms on source validation (moving off {baseline} only for a lead beyond noise): {} ({:.2} %); held out: {}; {} (the best in hindsight, by the held-out labels)",
             s.chosen,
             s.source_val * 100.0,
             against(&s.against_baseline, baseline),
