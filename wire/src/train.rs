@@ -179,8 +179,10 @@ impl std::str::FromStr for FeatureNorm {
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum StableSchedule {
     /// Exactly `warmup_batches + adversarial_batches` batches (`E0 = 3`, `E1 = 5` read as
-    /// batches), whatever the local epochs. The default: every task carries this field, and a
-    /// device of protocol 8 or 9 cannot decode `"epoch-phases"`.
+    /// batches), whatever the local epochs. The default: the cheap setting, and the one that
+    /// collapses on no built-in benchmark (`"epoch-phases"` loses 11.9 points on rotated
+    /// Fashion-MNIST, BENCHMARKS.md); also, every task carries this field, and a device of
+    /// protocol 8 or 9 may not decode `"epoch-phases"`.
     #[default]
     #[serde(rename = "paper")]
     #[cfg_attr(feature = "clap", value(name = "paper"))]
@@ -192,9 +194,10 @@ pub enum StableSchedule {
     Epochs,
     /// `warmup_batches` whole epochs on `L_S`, then `adversarial_batches` whole adversarial
     /// epochs (`E0` and `E1` counted in epochs, as the paper's algorithm and the FedADG code it
-    /// builds on run them; at most 100 together), whatever the local epochs. It measures best
-    /// on source validation (BENCHMARKS.md, issue 41); set it with `objective =
-    /// "stable-fedadg"` once every device runs this release.
+    /// builds on run them; at most 100 together), whatever the local epochs. Source validation
+    /// prefers it on digits-bg and not on rotated Fashion-MNIST, where it collapses
+    /// (BENCHMARKS.md, issue 41); set it with `objective = "stable-fedadg"` once every device
+    /// runs protocol 10.
     #[serde(rename = "epoch-phases")]
     #[cfg_attr(feature = "clap", value(name = "epoch-phases"))]
     EpochPhases,
@@ -273,8 +276,8 @@ impl Default for TrainParams {
             adversarial_batches: 5,
             // The paper's LODO rates on OfficeHome (0.005 against 0.001); see docs/algorithms.md.
             adversarial_lr_ratio: 5.0,
-            // Not "epoch-phases", which measures better: every task carries this value, and
-            // devices of the two protocol versions in service could not decode it.
+            // Not "epoch-phases": it collapses on rotated Fashion-MNIST (BENCHMARKS.md), and
+            // every task carries this value, which some protocol-9 devices cannot decode.
             stable_schedule: StableSchedule::Paper,
             // One default, on the enum (`none`: site normalisation collapses at a site whose
             // class mix differs, BENCHMARKS.md "Site normalisation under label shift").
