@@ -26,16 +26,6 @@ pub enum MaskSource {
     BrightBox,
 }
 
-impl MaskSource {
-    /// The name as spelled on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            MaskSource::Exact => "exact",
-            MaskSource::BrightBox => "bright-box",
-        }
-    }
-}
-
 /// The bright-box detector's threshold, a fraction of full scale: above the background
 /// textures of `digits-bg` and `fashion-mnist-bg` (at most 35 %), below most object pixels.
 pub const BRIGHT_BOX_THRESHOLD: f32 = 0.4;
