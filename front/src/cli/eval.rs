@@ -437,6 +437,18 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     };
     let mut report = eval::report_json(&meta, &results);
     report["paired"] = serde_json::json!(eval::paired(&results));
+    if algorithms
+        .iter()
+        .any(|a| a.objective == fedge_wire::Objective::FedDdl)
+    {
+        // How FedDDL's views were made, spelled as on the command line.
+        let masks = args
+            .masks
+            .to_possible_value()
+            .map(|v| v.get_name().to_owned());
+        report["fedddl"] =
+            serde_json::json!({"counterfactuals": args.counterfactuals, "masks": masks});
+    }
     if args.tune {
         report["tuning"] = eval::tuning_json(&choices, selection.as_ref());
         // Every setting of the grid, not only the kept ones: a setting not kept is still a

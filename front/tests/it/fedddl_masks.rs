@@ -42,25 +42,33 @@ fn detector_boxes_replace_the_generator_s_masks_and_change_the_counterfactuals()
 
 #[test]
 fn fedge_eval_runs_fedddl_on_detector_boxes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("runs.json");
     let out = crate::common::succeeded(
-        std::process::Command::new(env!("CARGO_BIN_EXE_fedge")).args([
-            "eval",
-            "--dataset",
-            "digits-bg",
-            "--rounds",
-            "1",
-            "--seeds",
-            "1",
-            "--local-epochs",
-            "1",
-            "--algorithms",
-            "fedddl",
-            "--counterfactuals",
-            "1",
-            "--masks",
-            "bright-box",
-        ]),
+        std::process::Command::new(env!("CARGO_BIN_EXE_fedge"))
+            .args([
+                "eval",
+                "--dataset",
+                "digits-bg",
+                "--rounds",
+                "1",
+                "--seeds",
+                "1",
+                "--local-epochs",
+                "1",
+                "--algorithms",
+                "fedddl",
+                "--counterfactuals",
+                "1",
+                "--masks",
+                "bright-box",
+                "--json",
+            ])
+            .arg(&json),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("| fedddl |"), "{stdout}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(doc["fedddl"]["masks"], "bright-box");
+    assert_eq!(doc["fedddl"]["counterfactuals"], 1);
 }
