@@ -237,7 +237,7 @@ impl EvalArgs {
             .map(|name| {
                 let a = eval::parse_algorithm(name)?;
                 let variants = if self.tune {
-                    eval::grid(&a)
+                    eval::grid(&a, self.local_epochs)
                 } else {
                     vec![a.clone()]
                 };
@@ -299,21 +299,20 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     options.check(args.transport)?;
     let start = std::time::Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner();
+    let fedddl = (algorithms.iter()).any(|a| a.objective == fedge_wire::Objective::FedDdl);
     let prepared = eval::prepare_with(
         &dataset,
         args.features.backbone.as_deref(),
         args.features.cache_dir().as_deref(),
-        algorithms
-            .iter()
-            .any(|a| a.objective == fedge_wire::Objective::FedDdl)
-            .then_some(usize::from(args.counterfactuals)),
+        fedddl.then_some(usize::from(args.counterfactuals)),
         args.masks,
         args.train_tail,
         |domain| spinner.set_message(format!("features of {domain}")),
     )?;
     spinner.finish_and_clear();
     let results = run_with_progress(&prepared, &algorithms, &options, args.transport).await?;
-    let (all_runs, (results, choices)) = (results.clone(), eval::choose(&grids, &results));
+    let all_runs = results;
+    let (results, choices) = eval::choose(&grids, &all_runs);
     if args.tune {
         println!("settings chosen on mean source-validation accuracy (%):");
         for choice in &choices {
@@ -343,7 +342,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             None => format!("it is {name}"),
         };
         let baseline = results.first().map_or("", |r| r.algorithm.as_str());
-        if let (true, Some(g)) = (s.highest != s.chosen, s.highest_gap) {
+        if let (true, Some(g)) = (s.highest != s.chosen, &s.highest_gap) {
             println!(
                 "highest source validation: {}, {:+.2} [{:+.2}, {:+.2}] points over {baseline} ({} seeds): not beyond noise, so not chosen",
                 s.highest, g.mean, g.low, g.high, g.seeds
@@ -437,17 +436,10 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     };
     let mut report = eval::report_json(&meta, &results);
     report["paired"] = serde_json::json!(eval::paired(&results));
-    if algorithms
-        .iter()
-        .any(|a| a.objective == fedge_wire::Objective::FedDdl)
-    {
-        // How FedDDL's views were made, spelled as on the command line.
-        let masks = args
-            .masks
-            .to_possible_value()
-            .map(|v| v.get_name().to_owned());
+    if fedddl {
+        // How FedDDL's views were made.
         report["fedddl"] =
-            serde_json::json!({"counterfactuals": args.counterfactuals, "masks": masks});
+            serde_json::json!({"counterfactuals": args.counterfactuals, "masks": args.masks});
     }
     if args.tune {
         report["tuning"] = eval::tuning_json(&choices, selection.as_ref());

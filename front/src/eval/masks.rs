@@ -13,7 +13,8 @@ use fedge_models::Backbone;
 use fedge_models::bright_box::{bright_box_card, bright_box_onnx};
 
 /// Where FedDDL's object masks come from; one spelling on the command line and in JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum MaskSource {
     /// The data set's own: the generator's pixel masks for the built-in sets, `boxes.csv` in an
     /// image folder.

@@ -30,8 +30,14 @@ pub struct Paired {
     pub wins: usize,
 }
 
-/// Each algorithm after the first against the first.
+/// Each algorithm after the first against the first, on held-out accuracy.
 pub fn paired(results: &[RunResult]) -> Vec<Paired> {
+    paired_by(results, |r| r.target_accuracy)
+}
+
+/// [`paired`] on another score of each run (a fraction, reported in points), such as its best
+/// source-validation accuracy.
+pub fn paired_by(results: &[RunResult], score: impl Fn(&RunResult) -> f32) -> Vec<Paired> {
     let mut algorithms: Vec<&str> = Vec::new();
     for r in results {
         if !algorithms.contains(&r.algorithm.as_str()) {
@@ -54,7 +60,7 @@ pub fn paired(results: &[RunResult]) -> Vec<Paired> {
         let mut sums: BTreeMap<u64, (f64, usize)> = BTreeMap::new();
         for r in results.iter().filter(|r| r.algorithm == a) {
             let e = sums.entry(r.seed).or_default();
-            e.0 += f64::from(r.target_accuracy) * 100.0;
+            e.0 += f64::from(score(r)) * 100.0;
             e.1 += 1;
         }
         let full = targets(a);

@@ -13,15 +13,13 @@
 //! trusts source validation alone would deploy, but moves off the baseline only for a setting
 //! whose source validation beats it beyond noise (paired by seed, 95 % interval).
 
-use std::collections::BTreeMap;
-
-use super::{Algorithm, Paired, RunResult, interval, paired};
+use super::{Algorithm, Paired, RunResult, paired_by};
 use fedge_coordinator::strategy::StrategyKind;
 use fedge_wire::Objective;
 
-/// The settings `--tune` tries for `algorithm`, each named `name[knob=value,...]`; just the
-/// algorithm itself when it has no knob.
-pub fn grid(algorithm: &Algorithm) -> Vec<Algorithm> {
+/// The settings `--tune` tries for `algorithm` in a run of `run_epochs` local epochs, each
+/// named `name[knob=value,...]`; just the algorithm itself when it has no knob.
+pub fn grid(algorithm: &Algorithm, run_epochs: u32) -> Vec<Algorithm> {
     // Each side's settings, each a list of knobs; an empty list where the side has none.
     let knob = |name: &'static str, values: [f32; 3]| values.map(|v| vec![(name, v)]).to_vec();
     let objective = match algorithm.objective {
@@ -41,7 +39,8 @@ pub fn grid(algorithm: &Algorithm) -> Vec<Algorithm> {
                 .iter()
                 .map(|l| [l.as_slice(), &[("epochs", 1.0)]].concat());
             let mut all = lrs.clone();
-            if algorithm.local_epochs.is_none() {
+            // Not when the user named the epochs, nor when the run's already are one.
+            if algorithm.local_epochs.is_none() && run_epochs != 1 {
                 all.extend(one_epoch);
             }
             all
@@ -147,28 +146,15 @@ pub struct Selection {
     /// The setting with the highest mean source validation, beyond noise or not: what the
     /// plain argmax would deploy.
     pub highest: String,
-    /// Its source-validation gap over the baseline in points, paired by seed, with its 95 %
-    /// interval (none when it is the baseline).
-    pub highest_gap: Option<Gap>,
+    /// Its best source-validation accuracy against the baseline's in points, paired by seed
+    /// with its 95 % interval (none when it is the baseline).
+    pub highest_gap: Option<Paired>,
     /// Chosen − baseline, paired by seed (none when the chosen one is the baseline).
     pub against_baseline: Option<Paired>,
     /// The setting with the best mean held-out accuracy, looked at after the fact.
     pub hindsight: String,
     /// Chosen − hindsight, paired by seed (none when they are the same).
     pub against_hindsight: Option<Paired>,
-}
-
-/// A paired difference of mean best source-validation accuracy, in points.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Gap {
-    /// Mean over seeds of (setting − baseline).
-    pub mean: f64,
-    /// The 95 % interval's lower end.
-    pub low: f64,
-    /// Its upper end.
-    pub high: f64,
-    /// Seeds both ran; with one there is no interval, and the rule keeps the baseline.
-    pub seeds: usize,
 }
 
 /// `fedge eval --tune --json`'s `tuning`: per algorithm the setting kept and every setting
@@ -223,7 +209,9 @@ pub fn select(choices: &[Choice], kept: &[RunResult]) -> Option<Selection> {
     let chosen = settings
         .iter()
         .copied()
-        .filter(|s| *s == baseline || gap(kept, s, &baseline).is_some_and(|g| g.beyond_noise()))
+        .filter(|s| {
+            *s == baseline || versus(kept, s, &baseline, source_val).is_some_and(beyond_noise)
+        })
         .reduce(|a, b| if val(b) > val(a) { b } else { a })
         .unwrap_or(&baseline)
         .to_owned();
@@ -243,18 +231,11 @@ pub fn select(choices: &[Choice], kept: &[RunResult]) -> Option<Selection> {
             }
         })?
         .to_owned();
-    // `paired` sets each algorithm against the first one listed.
-    let against = |other: &str| -> Option<Paired> {
-        (other != chosen).then_some(())?;
-        let runs: Vec<RunResult> = (kept.iter().filter(|r| r.algorithm == other))
-            .chain(kept.iter().filter(|r| r.algorithm == chosen))
-            .cloned()
-            .collect();
-        paired(&runs).into_iter().next()
-    };
+    let held_out = |r: &RunResult| r.target_accuracy;
+    let against = |other: &str| versus(kept, &chosen, other, held_out);
     Some(Selection {
         source_val: val(&chosen),
-        highest_gap: gap(kept, &highest, &baseline),
+        highest_gap: versus(kept, &highest, &baseline, source_val),
         highest,
         against_baseline: against(&baseline),
         against_hindsight: against(&hindsight),
@@ -263,40 +244,32 @@ pub fn select(choices: &[Choice], kept: &[RunResult]) -> Option<Selection> {
     })
 }
 
-/// `setting`'s source-validation gap over `baseline`, paired by seed over the seeds both ran
-/// (each seed's mean over held-out domains); none for the baseline itself or without a seed.
-fn gap(kept: &[RunResult], setting: &str, baseline: &str) -> Option<Gap> {
-    (setting != baseline).then_some(())?;
-    let per_seed = |name: &str| {
-        let mut sums: BTreeMap<u64, (f64, usize)> = BTreeMap::new();
-        for r in kept.iter().filter(|r| r.algorithm == name) {
-            let e = sums.entry(r.seed).or_default();
-            e.0 += f64::from(r.best_source_val) * 100.0;
-            e.1 += 1;
-        }
-        sums
-    };
-    let (a, b) = (per_seed(setting), per_seed(baseline));
-    let diffs: Vec<f64> = (a.iter())
-        .filter_map(|(seed, (sum, n))| {
-            let (bs, bn) = b.get(seed)?;
-            Some(sum / *n as f64 - bs / *bn as f64)
-        })
-        .collect();
-    let (mean, half) = interval(&diffs)?;
-    Some(Gap {
-        mean,
-        low: mean - half,
-        high: mean + half,
-        seeds: diffs.len(),
-    })
+/// A run's best source-validation accuracy.
+fn source_val(r: &RunResult) -> f32 {
+    r.best_source_val
 }
 
-impl Gap {
-    /// Above 0 beyond noise: the interval's lower end above 0, over two seeds or more.
-    pub fn beyond_noise(&self) -> bool {
-        self.seeds >= 2 && self.low > 0.0
-    }
+/// `setting` − `baseline` on `score`, paired by seed over their `kept` runs; none when they
+/// are the same setting or share no seed.
+fn versus(
+    kept: &[RunResult],
+    setting: &str,
+    baseline: &str,
+    score: impl Fn(&RunResult) -> f32,
+) -> Option<Paired> {
+    (setting != baseline).then_some(())?;
+    // `paired_by` sets each algorithm against the first one listed.
+    let runs: Vec<RunResult> = (kept.iter().filter(|r| r.algorithm == baseline))
+        .chain(kept.iter().filter(|r| r.algorithm == setting))
+        .cloned()
+        .collect();
+    paired_by(&runs, score).into_iter().next()
+}
+
+/// Above 0 beyond noise: the interval's lower end above 0, over two seeds or more (one seed
+/// has no interval, and the rule then keeps the baseline).
+fn beyond_noise(gap: Paired) -> bool {
+    gap.seeds >= 2 && gap.low > 0.0
 }
 
 #[cfg(test)]
@@ -306,7 +279,7 @@ mod tests {
 
     #[test]
     fn grids_cover_each_knob_and_their_product() {
-        let fedavg = grid(&parse_algorithm("fedavg/learning_rate=0.1").unwrap());
+        let fedavg = grid(&parse_algorithm("fedavg/learning_rate=0.1").unwrap(), 5);
         let lrs: Vec<f32> = fedavg.iter().map(|a| a.base.learning_rate).collect();
         assert_eq!(
             lrs,
@@ -319,25 +292,30 @@ mod tests {
             .collect();
         assert_eq!(epochs, [5, 5, 5, 1, 1, 1]);
         assert_eq!(fedavg[4].name, "fedavg/learning_rate=0.1[lr=0.1,epochs=1]");
+        // A run of one epoch already is the one-epoch setting.
+        assert_eq!(grid(&parse_algorithm("fedavg").unwrap(), 1).len(), 3);
         // Epochs named by the user are kept: only the learning rate is tuned then.
         assert_eq!(
-            grid(&parse_algorithm("fedavg/local_epochs=2").unwrap()).len(),
+            grid(&parse_algorithm("fedavg/local_epochs=2").unwrap(), 5).len(),
             3
         );
-        assert_eq!(grid(&parse_algorithm("fedavgm").unwrap()).len(), 3);
-        assert_eq!(grid(&parse_algorithm("fedprox+fedavgm").unwrap()).len(), 9);
-        let prox = grid(&parse_algorithm("fedprox").unwrap());
+        assert_eq!(grid(&parse_algorithm("fedavgm").unwrap(), 5).len(), 3);
+        assert_eq!(
+            grid(&parse_algorithm("fedprox+fedavgm").unwrap(), 5).len(),
+            9
+        );
+        let prox = grid(&parse_algorithm("fedprox").unwrap(), 5);
         let mus: Vec<f32> = prox.iter().map(|a| a.prox_mu).collect();
         assert_eq!(mus, [0.001, 0.01, 0.1]);
         assert_eq!(prox[1].name, "fedprox[mu=0.01]");
-        let both = grid(&parse_algorithm("feddim+fedomg").unwrap());
+        let both = grid(&parse_algorithm("feddim+fedomg").unwrap(), 5);
         assert_eq!(both.len(), 9);
         assert_eq!(both[5].name, "feddim+fedomg[lambda=0.01,kappa=1]");
         assert_eq!(
             (both[5].insight_lambda, both[5].strategy.kappa),
             (0.01, 1.0)
         );
-        let m = grid(&parse_algorithm("fedavgm").unwrap());
+        let m = grid(&parse_algorithm("fedavgm").unwrap(), 5);
         assert_eq!(m[0].strategy.server_momentum, 0.5);
     }
 
@@ -423,7 +401,7 @@ mod tests {
         let s = select(&choices, &kept).unwrap();
         // FedOMG leads by 1.3 points on average, but one seed of three is below: noise.
         assert_eq!(s.highest, "fedomg[kappa=0.5]");
-        let g = s.highest_gap.unwrap();
+        let g = s.highest_gap.clone().unwrap();
         assert!((g.mean - 4.0 / 3.0).abs() < 1e-3 && g.low < 0.0, "{g:?}");
         assert_eq!(s.chosen, "fedavg[lr=0.1]");
         assert!(s.against_baseline.is_none(), "the baseline itself");
@@ -435,7 +413,7 @@ mod tests {
     #[test]
     fn the_setting_with_the_best_source_validation_wins_whatever_the_target_says() {
         let algorithm = parse_algorithm("fedprox").unwrap();
-        let variants = grid(&algorithm);
+        let variants = grid(&algorithm, 5);
         let run = |name: &str, val: f32, target: f32| run(name, 0, val, target);
         let results = vec![
             run(&variants[0].name, 0.80, 0.95),

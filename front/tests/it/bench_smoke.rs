@@ -494,7 +494,8 @@ fn tuning_keeps_one_setting_per_algorithm() {
             "--seeds",
             "1",
             "--local-epochs",
-            "1",
+            // Two, so that FedAvg's grid also tries one epoch.
+            "2",
             "--no-cache",
             "--json",
         ])
