@@ -110,16 +110,19 @@ enum Command {
     )]
     Provision(cmd::provision::Args),
     /// Operate a running coordinator: pause or resume it, ban or unban a device, change its
-    /// number of rounds, or make an operator key.
+    /// number of rounds or backbone, start a new run, roll back or promote a release, reset
+    /// the pooled feature statistics, or make an operator key.
     ///
     /// The command is tagged with `[auth] operator_key_file` of the configuration, published
-    /// on fedge/<federation>/coordinator/control and applied at the next round boundary; ctl
-    /// prints the coordinator's status once it shows the change.
+    /// on fedge/<federation>/coordinator/control and applied at the next round boundary
+    /// (rollback and promote at once); ctl prints the coordinator's status once it shows the
+    /// change.
     #[command(
         after_help = "Examples:\n  fedge-coordinator ctl --config configs/coordinator.toml keygen\n  \
                             fedge-coordinator ctl --config configs/coordinator.toml pause\n  \
                             fedge-coordinator ctl --config configs/coordinator.toml ban cam-07\n  \
-                            fedge-coordinator ctl --config configs/coordinator.toml set-rounds 50"
+                            fedge-coordinator ctl --config configs/coordinator.toml set-rounds 50\n  \
+                            fedge-coordinator ctl --config configs/coordinator.toml reset-pool"
     )]
     Ctl {
         /// The coordinator's TOML file: its broker, federation and operator key file.

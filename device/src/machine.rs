@@ -21,7 +21,9 @@
 //! skipped once, with a `last_error`, when the last training took longer than the task's whole
 //! deadline: its update would arrive after the round closed. The next task is tried again.
 //! A training device refuses a task whose class list lacks a class it has images of (naming
-//! it); an evaluation-only device never trains.
+//! it); an evaluation-only device never trains. A task whose pooled feature summary does not
+//! hold together (sizes other than its classes × the device's features, a value that is not
+//! finite) is refused before anything reads it, like a task whose values are out of range.
 //!
 //! With local DP ([`Agent::with_local_dp`]) every update's delta is clipped and noised here,
 //! where the trained delta becomes the [`ClientUpdate`], so no update leaves un-noised whatever
@@ -33,11 +35,17 @@
 //! A release of the global head on `model/current` is kept when it is the device's
 //! federation's, verifies (digest, layout, and with a key its seal) and is not of a run the
 //! device has left (unless it serves that run): the last [`KEPT_RELEASES`] by arrival, always
-//! with the one served, an older round (a rollback) included. Which one serves follows the
-//! coordinator's pointer on `model/serving` once the device has taken one: a pointer of its
-//! federation (with a key, sealed for the device) whose `seq` is above the last one taken
-//! (an older or equal one is ignored), naming for each device the release it serves (during a
-//! canary stage the listed devices serve the new release, the others the previous one). The
+//! with the one served, an older round (a rollback) included. Its sizes are checked before it
+//! is verified (`serving::release_fits`): another feature size or tail than the device's head
+//! ([`Agent::with_head`]), a projector wider than any a device fits, or more bytes than the
+//! device reassembles in one frame ([`task_limit_bytes`]) are refused; and the releases kept
+//! take at most that many bytes, the one served and the one the pointer names aside. Which
+//! one serves follows the coordinator's pointer on `model/serving` once the device has taken
+//! one: a pointer of its federation (with a key, sealed for the device) whose `seq` is above
+//! the last one taken (the same one again is ignored; an older one is refused and said in
+//! `last_error`, since the device will not follow that numbering), naming for each device the
+//! release it serves (during a canary stage the listed devices serve the new release, the
+//! others the previous one). The
 //! device switches to it when it holds it, or as soon as it arrives; meanwhile it serves on
 //! what it serves. Before any pointer, a release serves when it is newer than the one served:
 //! a later round of the same run, or another run. Each switch is an [`Output::Serve`], and the
@@ -49,8 +57,8 @@
 use std::collections::VecDeque;
 
 use fedge_wire::{
-    ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, LocalMetrics, Message, ModelRelease,
-    Reassembler, Role, RoundTask, TensorF32, Topics,
+    ClassStats, ClientUpdate, Codec, DeviceKey, EdgeStatus, HeadConfig, LocalMetrics, Message,
+    ModelRelease, Reassembler, Role, RoundTask, TensorF32, Topics,
 };
 
 use crate::local_dp::LocalDp;
@@ -110,6 +118,9 @@ pub struct AgentSummary {
     pub bytes_down: u64,
     /// Times somebody else's status on the device's topic was replaced by its own.
     pub statuses_restored: u64,
+    /// Serving pointers refused for a number below the last one taken (a coordinator whose
+    /// clock went back, or a replay); each is in the status's `last_error` too.
+    pub pointers_refused: u64,
     /// A device that takes its backbone from the federation (`backbone = "federation"`) was
     /// asked to train on another one: the driver stops so that it is fetched.
     pub backbone_moved: Option<fedge_wire::BackboneRef>,
@@ -147,8 +158,10 @@ pub enum Output {
     /// again after a rollback): keep it on disk and install it for predictions.
     Serve(Box<ModelRelease>),
     /// Score this verified release or candidate on the device's data (evaluation-only
-    /// devices), then report with [`Agent::handle_evaluated`].
-    Score(Box<ModelRelease>),
+    /// devices), then report with [`Agent::handle_evaluated`]; with a second release (a
+    /// candidate's: the one the device serves), also say on which images only one of the two
+    /// is right ([`fedge_wire::PairedScore`], what the gate decides on).
+    Score(Box<ModelRelease>, Option<Box<ModelRelease>>),
 }
 
 /// The agent's decisions; see the module documentation.
@@ -182,6 +195,9 @@ pub struct Agent {
     outputs: VecDeque<Output>,
     /// Local DP: the settings and the noise source every update's delta goes through.
     local_dp: Option<LocalDp>,
+    /// The device's own head ([`Agent::with_head`]): what a task's pooled summary and a
+    /// release's sizes are checked against.
+    head: Option<HeadConfig>,
 }
 
 impl Agent {
@@ -223,7 +239,7 @@ impl Agent {
             // allows: a reassembler never holds more than the device can afford.
             model_reassembler: reassembler(id.memory_budget_mb),
             candidate_reassembler: reassembler(id.memory_budget_mb),
-            releases: serving::Releases::default(),
+            releases: serving::Releases::within(task_limit_bytes(id.memory_budget_mb)),
             reassembler: reassembler(id.memory_budget_mb),
             id,
             status,
@@ -234,6 +250,7 @@ impl Agent {
             summary: AgentSummary::default(),
             outputs: VecDeque::new(),
             local_dp: None,
+            head: None,
         })
     }
 
@@ -244,6 +261,16 @@ impl Agent {
         let spent = self.state.accountant.get_or_insert_with(Default::default);
         self.status.epsilon = local_dp.epsilon(spent);
         self.local_dp = Some(local_dp);
+        self
+    }
+
+    /// Tells the machine the device's own head: the backbone's feature size, the projector
+    /// width of its profile and the trainable tail it runs, if any. A release of other sizes
+    /// is refused before it is verified or kept (it could not serve here), and a task's pooled
+    /// summary is checked against the feature size. Without it, only what the layout bounds
+    /// is checked.
+    pub fn with_head(mut self, head: HeadConfig) -> Self {
+        self.head = Some(head);
         self
     }
 
@@ -505,16 +532,6 @@ fn reassembler(memory_budget_mb: u64) -> Reassembler {
     .with_max_pending(fedge_wire::MAX_PENDING_PER_SENDER)
 }
 
-/// Largest task a device reassembles: the wire's limit, or a quarter of the memory budget
-/// when the profile sets one (the task, its decoded copy and training need the rest).
-pub fn task_limit_bytes(memory_budget_mb: u64) -> usize {
-    let budget = usize::try_from(memory_budget_mb.saturating_mul(1 << 18)).unwrap_or(usize::MAX);
-    match memory_budget_mb {
-        0 => fedge_wire::MAX_MESSAGE_BYTES,
-        _ => fedge_wire::MAX_MESSAGE_BYTES.min(budget.max(1 << 20)),
-    }
-}
-
 /// The coordinator's word on this device's update, from a round's metrics JSON: `Some` when
 /// the device was selected and its update did not count (a rejection reason or `no_report`).
 pub fn rejection_of(metrics: &[u8], client_id: &str) -> Option<String> {
@@ -549,7 +566,7 @@ mod serving;
 mod tasks;
 mod trained;
 
-pub use serving::{KEPT_RELEASES, SCORED_REMEMBERED, Scored};
+pub use serving::{KEPT_RELEASES, SCORED_REMEMBERED, Scored, task_limit_bytes};
 pub use tasks::too_slow_for;
 pub use trained::{DataSummary, Trained};
 

@@ -62,8 +62,11 @@ pub fn summary_of(set: &FeatureSet, classes: usize) -> Option<FeatureSummary> {
 /// (moved with the site), while a site whose contrast or light changes every class moves all
 /// of its class means and spreads. Below [`MIN_ROWS`] rows: the pooled statistics with their
 /// mean moved by `n / (n + n₂) · δ` ([`OFFSET_PRIOR_ROWS`]); without a row, as they are.
-/// `None` when the pool has no class.
+/// `None` when the pool has no class, or does not hold together ([`holds_together`]).
 pub fn balanced_stats(pooled: &FeatureSummary, set: &FeatureSet) -> Option<FeatureStats> {
+    if !holds_together(pooled) {
+        return None;
+    }
     let pooled_stats = pooled.balanced_stats()?;
     let (k, f) = (pooled.classes(), pooled.features());
     let within = pooled.within.to_vec();
@@ -143,6 +146,13 @@ pub fn balanced_stats(pooled: &FeatureSummary, set: &FeatureSet) -> Option<Featu
     ))
 }
 
+/// Whether a pooled summary's sizes agree with each other (`K × F` class means, `F`
+/// variances) and every value is finite, so that the estimators here can read it. Whoever
+/// holds the head checks it against the head as well (the trainer, a release's verification).
+pub fn holds_together(pooled: &FeatureSummary) -> bool {
+    pooled.check(pooled.classes(), pooled.features()).is_ok()
+}
+
 /// How one site's rows are standardised under a federation's [`FeatureNorm`], given what the
 /// site holds: the pooled summary of the task or release, and for rows without labels the
 /// head that labels them.
@@ -157,11 +167,13 @@ pub struct SiteNorm<'a> {
 impl SiteNorm<'_> {
     /// The statistics of labelled rows `set` (a training device's), with `classes` classes;
     /// `None` for `none` or without rows. Without a pooled summary yet (a federation's first
-    /// round), `pooled` and `balanced` use the class-balanced statistics of the rows themselves.
+    /// round), `pooled` and `balanced` use the class-balanced statistics of the rows themselves;
+    /// with one that does not hold together ([`holds_together`]), there are none.
     pub fn labelled(&self, set: &FeatureSet, classes: usize) -> Option<FeatureStats> {
         match (self.norm, self.pooled) {
             (FeatureNorm::None, _) => None,
             (FeatureNorm::Site, _) => stats_of(&[set]),
+            (_, Some(pooled)) if !holds_together(pooled) => None,
             (FeatureNorm::Pooled, Some(pooled)) => pooled.balanced_stats(),
             (FeatureNorm::Balanced, Some(pooled)) => balanced_stats(pooled, set),
             (FeatureNorm::Pooled | FeatureNorm::Balanced, None) => {
@@ -173,7 +185,8 @@ impl SiteNorm<'_> {
     /// The statistics of unlabelled rows `set` (a serving or evaluation-only site's): for
     /// `balanced`, the rows are labelled by `head` (flat parameters `params`) on the pooled
     /// statistics, then once more on the estimate. A site without rows gets the pooled
-    /// statistics; without a pooled summary, `pooled` and `balanced` use the site's own (`site`).
+    /// statistics; without a pooled summary, `pooled` and `balanced` use the site's own (`site`);
+    /// with one that does not hold together ([`holds_together`]), there are none.
     pub fn unlabelled(
         &self,
         set: &FeatureSet,
@@ -183,6 +196,7 @@ impl SiteNorm<'_> {
         let pooled = match (self.norm, self.pooled) {
             (FeatureNorm::None, _) => return None,
             (FeatureNorm::Site, _) | (_, None) => return stats_of(&[set]),
+            (_, Some(pooled)) if !holds_together(pooled) => return None,
             (_, Some(pooled)) => pooled,
         };
         let mut stats = pooled.balanced_stats()?;
@@ -396,6 +410,38 @@ mod tests {
         };
         let own_balanced = summary_of(&site, 3).unwrap().balanced_stats();
         assert_eq!(first.labelled(&site, 3), own_balanced);
+    }
+
+    #[test]
+    fn a_pooled_summary_that_does_not_hold_together_gives_no_statistics_and_no_panic() {
+        let pooled = summary_of(&rows([40, 40, 40], [0.0, 0.0]), 3).unwrap();
+        // Three classes of two features hold six means: five, or a NaN among them.
+        let short = FeatureSummary {
+            means: fedge_wire::TensorF32::from_slice(&[1.0; 5]),
+            ..pooled.clone()
+        };
+        let mut means = pooled.means.to_vec();
+        means[3] = f32::NAN;
+        let nan = FeatureSummary {
+            means: fedge_wire::TensorF32::new(vec![3, 2], &means).unwrap(),
+            ..pooled.clone()
+        };
+        let site = rows([72, 4, 4], [3.0, -2.0]);
+        let few = rows([3, 0, 0], [3.0, -2.0]);
+        let head = HeadConfig::new(2, 3).with_hidden(2);
+        let params = head.init_flat(1);
+        for bad in [&short, &nan] {
+            assert_eq!(balanced_stats(bad, &site), None);
+            assert_eq!(balanced_stats(bad, &few), None);
+            for norm in [FeatureNorm::Pooled, FeatureNorm::Balanced] {
+                let norm = SiteNorm {
+                    norm,
+                    pooled: Some(bad),
+                };
+                assert_eq!(norm.labelled(&site, 3), None);
+                assert_eq!(norm.unlabelled(&site, &head, &params), None);
+            }
+        }
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! `kinds/` decide when and where each goes.
 
 use fedge_wire::{
-    Chunk, ClassStats, ClientUpdate, Codec, EdgeStatus, LocalMetrics, MAGIC, Message,
-    PROTOCOL_VERSION, TensorF32,
+    Chunk, ClassStats, ClientUpdate, Codec, DriftStatus, EdgeStatus, FeatureSummary, LocalMetrics,
+    MAGIC, Message, PROTOCOL_VERSION, PairedScore, Role, SiteEvaluation, TensorF32,
 };
 use rand::Rng;
 
@@ -106,6 +106,145 @@ pub fn poisoned_update(task: &TaskSeen, client: &str, seq: u64, poison: Poison) 
             .filter(|_| objective == fedge_wire::Objective::FedDim),
         prototypes: stats.filter(|_| objective == fedge_wire::Objective::FedDdl),
     }
+}
+
+/// The update of a device that plays along: every delta value drawn from ±`scale`,
+/// `samples` samples, plausible metrics, class statistics of zero means when the objective
+/// needs them, and no feature summary (the caller adds one).
+pub fn plain_update(
+    task: &TaskSeen,
+    client: &str,
+    seq: u64,
+    samples: u32,
+    scale: f32,
+    rng: &mut impl Rng,
+) -> ClientUpdate {
+    let delta: Vec<f32> = (0..task.params)
+        .map(|_| rng.random_range(-scale..=scale))
+        .collect();
+    let stats = task.stats_shape.map(|(hidden, classes)| ClassStats {
+        counts: spread(samples, classes)
+            .into_iter()
+            .map(|c| c.floor() as u32)
+            .collect(),
+        means: TensorF32::from_slice_with(&vec![0.0; hidden * classes], Codec::F32),
+    });
+    let objective = task.objective;
+    ClientUpdate {
+        features: None,
+        run: task.run,
+        round: task.round,
+        client_id: client.to_owned(),
+        seq,
+        num_samples: samples,
+        delta: TensorF32::from_slice_with(&delta, Codec::F32),
+        metrics: LocalMetrics {
+            train_loss: 0.7,
+            val_accuracy: 0.6,
+            val_samples: samples,
+            train_seconds: 0.5,
+        },
+        class_stats: stats
+            .clone()
+            .filter(|_| objective == fedge_wire::Objective::FedDim),
+        prototypes: stats.filter(|_| objective == fedge_wire::Objective::FedDdl),
+    }
+}
+
+/// `samples` rows spread evenly over `classes` (weights, as merged summaries carry them).
+fn spread(samples: u32, classes: usize) -> Vec<f64> {
+    vec![f64::from(samples) / classes.max(1) as f64; classes]
+}
+
+/// A feature summary of `classes` × `features` whose every class mean and within-class
+/// variance is `value`, over `samples` rows spread evenly over the classes.
+pub fn flat_summary(classes: usize, features: usize, value: f32, samples: u32) -> FeatureSummary {
+    let means = vec![value; classes * features];
+    FeatureSummary {
+        counts: spread(samples, classes),
+        means: TensorF32::new(vec![classes as u32, features as u32], &means)
+            .unwrap_or_else(|_| TensorF32::from_slice(&means)),
+        within: TensorF32::from_slice(&vec![value; features]),
+    }
+}
+
+/// An evaluation-only site's status, online, scoring the release `evaluated` (of round
+/// `round`) at `accuracy` over `samples` images, every one of `classes` classes too.
+pub fn evaluation_status(
+    client: &str,
+    classes: usize,
+    evaluated: &str,
+    round: u64,
+    accuracy: f32,
+    samples: u32,
+) -> EdgeStatus {
+    EdgeStatus {
+        role: Role::Evaluate,
+        model_round: Some(round),
+        evaluation: Some(SiteEvaluation {
+            model_round: round,
+            accuracy,
+            class_accuracy: vec![Some(accuracy); classes],
+            samples,
+        }),
+        evaluated: Some(evaluated.to_owned()),
+        last_round: 0,
+        ..status(client, true, samples)
+    }
+}
+
+/// A paired score of `samples` images against the release `against`, every image for the
+/// candidate (`favours`) or every one against it.
+pub fn paired(against: &str, samples: u32, favours: bool) -> PairedScore {
+    let (gained, lost) = if favours { (samples, 0) } else { (0, samples) };
+    PairedScore {
+        against: against.to_owned(),
+        samples,
+        gained,
+        lost,
+    }
+}
+
+/// A drift alarm raised `alarms` times, the level well past the threshold.
+pub fn drift_alarm(alarms: u64) -> DriftStatus {
+    DriftStatus {
+        level: 1.5,
+        alarms,
+        last_alarm: Some(fedge_mqtt::now_rfc3339()),
+        requests: 500,
+        reference: 200,
+        adaptations: 0,
+        last_adapted: None,
+    }
+}
+
+/// `time` as statuses date themselves: RFC 3339 in UTC with milliseconds.
+pub fn rfc3339(time: std::time::SystemTime) -> String {
+    let since = time
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let (secs, millis) = (since.as_secs(), since.subsec_millis());
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // The proleptic Gregorian date of a day count (eras of 400 years from 0000-03-01).
+    let z = days + 719_468;
+    let (era, day_of_era) = (z.div_euclid(146_097), z.rem_euclid(146_097));
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
 }
 
 /// An update frame of about `bytes` bytes (f32 zeros), for `round` of `run`.
@@ -220,6 +359,8 @@ mod tests {
             objective,
             stats_shape,
             run: 11,
+            classes: 3,
+            pooled: None,
             seen_ms: 0,
         }
     }
@@ -269,6 +410,50 @@ mod tests {
         assert!(fedge_wire::decode(&update).is_ok());
         let above = update_of_size("mallory-oversized-update", 0, 1, ABOVE_BROKER_LIMIT);
         assert!(above.len() > 1 << 20);
+    }
+
+    #[test]
+    fn dates_are_written_as_statuses_write_them() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let at = |s: u64| rfc3339(UNIX_EPOCH + Duration::from_millis(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400_007), "2000-02-29T00:00:00.007Z");
+        assert_eq!(at(1_735_689_599_999), "2024-12-31T23:59:59.999Z");
+        let now = std::time::SystemTime::now();
+        let (ours, theirs) = (rfc3339(now), fedge_mqtt::now_rfc3339());
+        assert_eq!(ours.len(), theirs.len());
+        assert_eq!(ours[..16], theirs[..16], "{ours} {theirs}");
+    }
+
+    #[test]
+    fn summaries_and_plain_updates_are_valid_and_say_what_they_claim() {
+        let summary = flat_summary(3, 4, 1e9, 10);
+        assert!(summary.check(3, 4).is_ok());
+        assert_eq!(summary.total(), 10.0);
+        assert!(
+            summary
+                .means
+                .values()
+                .chain(summary.within.values())
+                .all(|v| v == 1e9)
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let t = task(Objective::FedDim, Some((4, 3)));
+        let update = plain_update(&t, "mallory-poison-summary", 2, 10, 1e-4, &mut rng);
+        assert_eq!((update.num_samples, update.delta.len()), (10, 100));
+        assert!(update.delta.values().all(|v| v.abs() <= 1e-4));
+        let stats = update.class_stats.expect("FedDIM statistics");
+        assert!(stats.counts.iter().sum::<u32>() <= 10);
+        let status = evaluation_status("mallory-lying-score", 3, &"ab".repeat(32), 4, 0.5, 600);
+        let json: serde_json::Value = serde_json::from_slice(&status_json(&status)).unwrap();
+        assert_eq!(json["role"], "evaluate");
+        assert_eq!(
+            json["evaluation"]["class_accuracy"]
+                .as_array()
+                .unwrap()
+                .len(),
+            3
+        );
     }
 
     #[test]

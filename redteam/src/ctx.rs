@@ -1,6 +1,7 @@
 //! What one attack works with: its connection, the shared view, its own client id, a seeded
 //! generator, and the tallies that go into its report.
 
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 
 use fedge_mqtt::BrokerConfig;
@@ -12,6 +13,11 @@ use super::kind::AttackKind;
 use super::link::Link;
 use super::observer::View;
 use super::view::Touch;
+
+/// How long after an attack's status went out a status of the coordinator is taken to show
+/// what it made of it (the coordinator may have published one while the attack's was on its
+/// way).
+pub const SETTLE_MS: u64 = 500;
 
 /// One step of an attack: attacks act at every beat, some only when a round opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +78,8 @@ pub struct Ctx {
     pub forged: BTreeSet<String>,
     /// Packets sent outside the link (connections of its own).
     pub extra_sent: u64,
+    /// What the attack keeps between beats, of a type of its own ([`Ctx::memory`]).
+    pub memory: Option<Box<dyn Any + Send>>,
 }
 
 impl Ctx {
@@ -113,6 +121,18 @@ impl Ctx {
         self.link
             .publish(topic, payload, retain, &mut self.stop)
             .await
+    }
+
+    /// What the attack keeps between beats (what it claimed, what it waits to judge): a `T`,
+    /// made with `T::default()` at the first call.
+    pub fn memory<T: Default + Send + 'static>(&mut self) -> &mut T {
+        if !self.memory.as_ref().is_some_and(|m| m.is::<T>()) {
+            self.memory = Some(Box::new(T::default()));
+        }
+        match self.memory.as_mut().and_then(|m| m.downcast_mut::<T>()) {
+            Some(memory) => memory,
+            None => unreachable!("the memory was just made a T"),
+        }
     }
 
     /// Counts `n` of an effect.

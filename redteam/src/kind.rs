@@ -16,6 +16,11 @@ pub enum AttackKind {
     PoisonWeight,
     /// Goes online, waits to be selected, answers with NaN and infinite values.
     Nan,
+    /// Goes online, waits to be selected, answers with a valid delta of small norm and a
+    /// feature summary of 10 samples whose every value is 1e9 (once), then of 1 sample whose
+    /// every value is 1e4: a poisoned pooled summary wrecks how every site standardises its
+    /// features.
+    PoisonSummary,
     /// Many chunk streams that never complete, under its own id and many made-up ones.
     ChunkFlood,
     /// Forged chunks on real devices' update topics, with the message ids they are about to
@@ -26,6 +31,17 @@ pub enum AttackKind {
     Replay,
     /// Retained statuses saying real devices are offline, and made-up devices online.
     ForgedStatus,
+    /// An evaluation-only site's statuses scoring the candidate (or the release served) at
+    /// accuracy 1e30, −1e30, and in range with paired counts all for or all against it, each
+    /// after a score of the release served, so that the gate pairs them.
+    LyingScore,
+    /// A serving device (it declines the rounds that select it) whose status raises a drift
+    /// alarm on the release the serving pointer names (a canary's, when a canary stage is under
+    /// way), so that the fleet rolls back.
+    CanaryVeto,
+    /// A retained evaluation-only status of an earlier run: accuracy 0.99 of a release this run
+    /// never published.
+    StaleStatus,
     /// A genuine round task captured and published again (retained) in later rounds.
     StaleTask,
     /// Random bytes on every fedge topic.
@@ -43,15 +59,19 @@ pub enum AttackKind {
 
 impl AttackKind {
     /// Every attack, in the order reports list them.
-    pub const ALL: [AttackKind; 14] = [
+    pub const ALL: [AttackKind; 18] = [
         AttackKind::OversizedStatus,
         AttackKind::OversizedUpdate,
         AttackKind::PoisonWeight,
         AttackKind::Nan,
+        AttackKind::PoisonSummary,
         AttackKind::ChunkFlood,
         AttackKind::ChunkHijack,
         AttackKind::Replay,
         AttackKind::ForgedStatus,
+        AttackKind::LyingScore,
+        AttackKind::CanaryVeto,
+        AttackKind::StaleStatus,
         AttackKind::StaleTask,
         AttackKind::Junk,
         AttackKind::IdTakeover,
@@ -67,10 +87,14 @@ impl AttackKind {
             AttackKind::OversizedUpdate => "oversized-update",
             AttackKind::PoisonWeight => "poison-weight",
             AttackKind::Nan => "nan",
+            AttackKind::PoisonSummary => "poison-summary",
             AttackKind::ChunkFlood => "chunk-flood",
             AttackKind::ChunkHijack => "chunk-hijack",
             AttackKind::Replay => "replay",
             AttackKind::ForgedStatus => "forged-status",
+            AttackKind::LyingScore => "lying-score",
+            AttackKind::CanaryVeto => "canary-veto",
+            AttackKind::StaleStatus => "stale-status",
             AttackKind::StaleTask => "stale-task",
             AttackKind::Junk => "junk",
             AttackKind::IdTakeover => "id-takeover",
@@ -93,6 +117,9 @@ impl AttackKind {
             AttackKind::Nan => {
                 "goes online; when selected, a delta (and statistics) of NaN and inf"
             }
+            AttackKind::PoisonSummary => {
+                "goes online; when selected, a small delta with a feature summary of 1e9 (then 1e4)"
+            }
             AttackKind::ChunkFlood => "partial chunk streams, never completed, under many ids",
             AttackKind::ChunkHijack => {
                 "forged chunks on real devices' update topics with their next message ids"
@@ -102,6 +129,15 @@ impl AttackKind {
             }
             AttackKind::ForgedStatus => {
                 "retained offline statuses for real devices, online ones for made-up devices"
+            }
+            AttackKind::LyingScore => {
+                "an evaluation-only site scoring the candidate 1e30, -1e30, or all for/against it"
+            }
+            AttackKind::CanaryVeto => {
+                "a drift alarm on the release the serving pointer names (the canary's)"
+            }
+            AttackKind::StaleStatus => {
+                "a retained evaluation status of 0.99 for a release this run never published"
             }
             AttackKind::StaleTask => "a captured round task re-published (retained) later",
             AttackKind::Junk => "random bytes (up to 64 KiB) on every fedge topic",
@@ -144,10 +180,37 @@ impl AttackKind {
         )
     }
 
-    /// Whether the attack takes part in rounds as a device (and signs with an insider key
-    /// when it has one).
+    /// Whether the attack plays a device of the federation (one that trains in rounds, an
+    /// evaluation-only site, a device serving releases), and so signs its statuses and updates
+    /// with an insider key when it has one, as a compromised device would.
     pub fn takes_part(self) -> bool {
-        matches!(self, AttackKind::PoisonWeight | AttackKind::Nan)
+        matches!(
+            self,
+            AttackKind::PoisonWeight
+                | AttackKind::Nan
+                | AttackKind::PoisonSummary
+                | AttackKind::LyingScore
+                | AttackKind::CanaryVeto
+                | AttackKind::StaleStatus
+        )
+    }
+
+    /// The effects that mean the attack got through, for the attacks judged by what the
+    /// coordinator did with what they said (its status, its pointers, the summary it sent
+    /// out): a poisoned pooled summary, an impossible score the coordinator showed, a gate
+    /// verdict the lies moved, a rollback the alarm caused, another run's score taken as this
+    /// one's. Their refusals (`pooled_unmoved`, `score_ignored`, `gate_unswayed`,
+    /// `canary_survived`, `release_kept`, `stale_score_ignored`) are the same judgements the
+    /// other way. Empty for the other attacks, whose effects are evidence either way and whose
+    /// rejections the coordinator counts.
+    pub fn breaches(self) -> &'static [&'static str] {
+        match self {
+            AttackKind::PoisonSummary => &["pooled_poisoned"],
+            AttackKind::LyingScore => &["score_believed", "gate_swayed"],
+            AttackKind::CanaryVeto => &["canary_vetoed", "rolled_back"],
+            AttackKind::StaleStatus => &["stale_score_believed"],
+            _ => &[],
+        }
     }
 
     /// The coordinator's rejection reasons this attack can cause for a real device whose
@@ -228,16 +291,20 @@ pub enum KindChoice {
     One(AttackKind),
 }
 
-const CHOICES: [KindChoice; 15] = [
+const CHOICES: [KindChoice; 19] = [
     KindChoice::All,
     KindChoice::One(AttackKind::OversizedStatus),
     KindChoice::One(AttackKind::OversizedUpdate),
     KindChoice::One(AttackKind::PoisonWeight),
     KindChoice::One(AttackKind::Nan),
+    KindChoice::One(AttackKind::PoisonSummary),
     KindChoice::One(AttackKind::ChunkFlood),
     KindChoice::One(AttackKind::ChunkHijack),
     KindChoice::One(AttackKind::Replay),
     KindChoice::One(AttackKind::ForgedStatus),
+    KindChoice::One(AttackKind::LyingScore),
+    KindChoice::One(AttackKind::CanaryVeto),
+    KindChoice::One(AttackKind::StaleStatus),
     KindChoice::One(AttackKind::StaleTask),
     KindChoice::One(AttackKind::Junk),
     KindChoice::One(AttackKind::IdTakeover),

@@ -4,7 +4,7 @@
 //!
 //! An observer subscribes to every topic of the federation (as anyone may on an open broker)
 //! and keeps what it hears in a [`view::ViewState`]: round tasks, genuine updates, statuses,
-//! metrics. Each attack ([`AttackKind`], one file in `kinds/`) then runs with a connection of
+//! metrics, releases and serving pointers. Each attack ([`AttackKind`], one file in `kinds/`) then runs with a connection of
 //! its own, under a client id of its own (`<prefix>-<kind>`), acting at every beat (a round
 //! opening, or an interval passing), at most `rate` packets per second. When the run ends, the
 //! retained messages the attacks left are cleared or restored, and [`AttackReport`] says per
@@ -12,8 +12,12 @@
 //! rounds kept aggregating.
 //!
 //! Rejections are traced back to attacks by client id, and for the attacks acting under real
-//! devices' names by whom they touched last ([`attribute`]). `fedge demo --attack` runs the
-//! same library next to a federation and traces the coordinator's own rejection events.
+//! devices' names by whom they touched last ([`attribute`]). The attacks whose packets the
+//! coordinator may take without complaint (a feature summary, a score, a drift alarm, another
+//! run's status) are judged by what it did with them instead: the pooled summary it sent out,
+//! its status's site scores and gate verdicts, its serving pointers ([`AttackKind::breaches`]
+//! names what counts as getting through). `fedge demo --attack` runs the same library next to
+//! a federation and traces the coordinator's own rejection events.
 
 pub mod attribute;
 pub mod craft;

@@ -103,6 +103,11 @@ impl Observer {
             topics.coordinator_status(),
             topics.control(),
             topics.infer_response("+"),
+            topics.model_current(),
+            format!("{}/+", topics.model_current()),
+            topics.model_candidate(),
+            format!("{}/+", topics.model_candidate()),
+            topics.model_serving(),
         ];
         let view = View {
             state: Arc::clone(&state),

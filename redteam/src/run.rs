@@ -50,8 +50,8 @@ pub struct AttackConfig {
     pub seed: u64,
     /// Publish nothing before the first round task is seen.
     pub wait_for_task: bool,
-    /// A device key the coordinator knows for the attacking devices that take part in rounds
-    /// (poison-weight, nan): a compromised device signs its statuses and updates.
+    /// A device key the coordinator knows for the attacks that play a device
+    /// ([`AttackKind::takes_part`]): a compromised device signs its statuses and updates.
     pub insider_key: Option<fedge_wire::DeviceKey>,
     /// End after this long.
     pub duration: Option<Duration>,
@@ -181,6 +181,7 @@ pub async fn run(config: AttackConfig, stop: watch::Receiver<bool>) -> anyhow::R
             retained: Default::default(),
             forged: Default::default(),
             extra_sent: 0,
+            memory: None,
         };
         tasks.push(tokio::spawn(attack(
             ctx,
@@ -305,6 +306,8 @@ async fn attack(mut ctx: Ctx, interval: Duration, wait_for_task: bool) -> Finish
             _ = halt.wait_for(|h| *h) => {}
         }
     }
+    // What the federation did with the attack's last claims, as far as the view shows it now.
+    kinds::conclude(&mut ctx);
     let Ctx {
         kind,
         link,
@@ -397,14 +400,14 @@ fn answer(view: &ViewState) -> FederationAnswer {
 }
 
 /// The rejections the metrics named (selected clients whose update did not count for a
-/// reason other than not reporting).
+/// reason other than not reporting or declining the round).
 fn metrics_rejections(view: &ViewState) -> Vec<SeenRejection> {
     view.metrics
         .iter()
         .flat_map(|m| {
             m.failures
                 .iter()
-                .filter(|(_, reason)| reason.as_str() != "no_report")
+                .filter(|(_, reason)| !matches!(reason.as_str(), "no_report" | "declined"))
                 .map(|(client, reason)| SeenRejection {
                     ms: m.seen_ms,
                     client: client.clone(),

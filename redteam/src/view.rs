@@ -1,15 +1,22 @@
 //! What an attacker sees of a federation on an open broker: the round tasks (and their raw
 //! pieces, to publish again), the genuine updates (to replay and to predict sequence numbers),
-//! the devices' statuses, the per-round metrics and the coordinator's status. Sans-IO: the
+//! the devices' statuses, the per-round metrics, the coordinator's status, and the release
+//! pipeline (releases, serving pointers, the pooled summary: [`releases`]). Sans-IO: the
 //! observer feeds every message with the time in milliseconds, and the
 //! attacks read the state.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
-use fedge_wire::{ClientUpdate, Message, Objective, Reassembler, RoundTask, Topics};
+use fedge_wire::{
+    ClientUpdate, FeatureSummary, Message, Objective, Reassembler, RoundTask, Topics,
+};
 
 use super::kind::AttackKind;
+
+pub mod releases;
+
+use releases::ReleasesSeen;
 
 /// How many captured tasks are kept (the oldest go first).
 const KEPT_TASKS: usize = 8;
@@ -30,6 +37,10 @@ pub struct TaskSeen {
     pub stats_shape: Option<(usize, usize)>,
     /// The federation's run, which updates answering the task echo.
     pub run: u64,
+    /// The federation's classes (the length of the task's class list).
+    pub classes: usize,
+    /// The federation's pooled feature summary the task carried, if any.
+    pub pooled: Option<FeatureSummary>,
     /// When the task was seen.
     pub seen_ms: u64,
 }
@@ -49,6 +60,8 @@ impl TaskSeen {
             objective: task.train.objective,
             stats_shape,
             run: task.run,
+            classes: task.classes.len(),
+            pooled: task.pooled.clone(),
             seen_ms,
         }
     }
@@ -155,6 +168,11 @@ pub struct ViewState {
     /// Devices' answers to prediction requests: the request's id and what it was
     /// ([`answer_outcome`]), until an attack takes them.
     pub infer_answers: Vec<(String, &'static str)>,
+    /// Real devices whose last status says they are online evaluation-only sites.
+    pub evaluators: BTreeSet<String>,
+    /// The release pipeline: releases, pointers, the pooled summaries, the gate's verdicts
+    /// and the sites' accuracy in the coordinator's status.
+    pub releases: ReleasesSeen,
     last_errors: BTreeMap<String, String>,
     own: HashSet<u64>,
 }
@@ -211,6 +229,8 @@ impl ViewState {
             forged_overturned: 0,
             controls: Vec::new(),
             infer_answers: Vec::new(),
+            evaluators: BTreeSet::new(),
+            releases: ReleasesSeen::default(),
             last_errors: BTreeMap::new(),
             own: HashSet::new(),
         }
@@ -268,6 +288,19 @@ impl ViewState {
         {
             return self.absorb_task(topic, payload, now_ms);
         }
+        for (base, candidate) in [
+            (self.topics.model_current(), false),
+            (self.topics.model_candidate(), true),
+        ] {
+            if under(topic, &base) {
+                self.releases.absorb_release(candidate, payload, now_ms);
+                return false;
+            }
+        }
+        if topic == self.topics.model_serving() {
+            self.releases.absorb_pointer(payload, now_ms);
+            return false;
+        }
         if let Some(client) = self.topics.client_of_update(topic) {
             let client = client.to_owned();
             self.absorb_update(&client, payload, now_ms);
@@ -278,6 +311,14 @@ impl ViewState {
             let status = serde_json::from_slice::<fedge_wire::EdgeStatus>(payload).ok();
             let online = status.as_ref().is_some_and(|s| s.online);
             self.statuses.insert(client.to_owned(), (online, now_ms));
+            let evaluates = status
+                .as_ref()
+                .is_some_and(|s| s.online && s.role == fedge_wire::Role::Evaluate);
+            if evaluates && !self.is_own(client) {
+                self.evaluators.insert(client.to_owned());
+            } else {
+                self.evaluators.remove(client);
+            }
             if online && self.forged.remove(client).is_some() {
                 self.forged_overturned += 1;
             }
@@ -311,7 +352,7 @@ impl ViewState {
         } else if topic == self.topics.metrics() {
             self.absorb_metrics(payload, now_ms);
         } else if topic == self.topics.coordinator_status() {
-            self.absorb_coordinator(payload);
+            self.absorb_coordinator(payload, now_ms);
         }
         false
     }
@@ -340,6 +381,9 @@ impl ViewState {
         let Some(task) = read_task(&frame) else {
             return false;
         };
+        if let Some(pooled) = &task.pooled {
+            self.releases.note_task_pooled(task.round, pooled);
+        }
         let newer = self.task.as_ref().is_none_or(|t| task.round > t.round);
         self.tasks.insert(task.round, pieces);
         while self.tasks.len() > KEPT_TASKS {
@@ -431,10 +475,11 @@ impl ViewState {
         });
     }
 
-    fn absorb_coordinator(&mut self, payload: &[u8]) {
+    fn absorb_coordinator(&mut self, payload: &[u8], now_ms: u64) {
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(payload) else {
             return;
         };
+        self.releases.absorb_coordinator(&value, now_ms);
         let state = value
             .get("state")
             .and_then(|s| s.as_str())
@@ -474,6 +519,14 @@ impl ViewState {
             .filter(|(_, v)| *v > 0)
             .collect()
     }
+}
+
+/// Whether `topic` is `base` or one of its chunk topics (`base/<i>`).
+fn under(topic: &str, base: &str) -> bool {
+    topic == base
+        || topic
+            .strip_prefix(base)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// The round task in a frame, sealed or not (tags are not checked: the attacker has no key).

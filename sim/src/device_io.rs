@@ -35,7 +35,7 @@ impl Sim {
                 Output::Save(state) => self.devices[d].saved = state,
                 Output::Serve(release) => self.devices[d].release = Some(*release),
                 // The simulated devices train; none scores.
-                Output::Score(_) => {}
+                Output::Score(..) => {}
             }
         }
     }

@@ -74,6 +74,15 @@ pub enum Command {
     /// Promote the latest candidate now, past the evaluation gate and the canary stage, and
     /// let the gate promote again after a rollback. Taken at once.
     Promote,
+    /// Forget the pooled feature statistics; the rounds that follow build them again.
+    ///
+    /// For `feature_norm = "pooled"` or `"balanced"`, after a change of backbone or of the
+    /// sites' data (or a damaged pool): the next round task carries no pooled summary (a
+    /// training device standardises with its own rows' class-balanced statistics), and the
+    /// pool is built again from the updates of that round on, older rounds forgotten. A round
+    /// open now finishes with the summary it was sent. A site aggregator refuses it: send it to
+    /// the global coordinator.
+    ResetPool,
     /// Change nothing; print the coordinator's status.
     Status,
 }
@@ -247,6 +256,7 @@ mod tests {
                 r#"{"command":"set-rounds","rounds":9}"#,
             ),
             (Command::Status, r#"{"command":"status"}"#),
+            (Command::ResetPool, r#"{"command":"reset-pool"}"#),
             (
                 Command::SetBackbone {
                     name: "m".into(),

@@ -105,15 +105,32 @@ pub fn decode_release(
     client_id: &str,
     key: Option<&DeviceKey>,
 ) -> Result<Option<ModelRelease>, String> {
+    decode_release_within(reassembler, payload, now_ms, client_id, key, |_| Ok(()))
+}
+
+/// [`decode_release`] for a reader that takes only releases of certain sizes: `fits` sees the
+/// decoded release (its head's sizes and its parameters' length, nothing unpacked yet) before
+/// it is verified, which unpacks every parameter and hashes them; its `Err` is the release's.
+pub fn decode_release_within(
+    reassembler: &mut Reassembler,
+    payload: &[u8],
+    now_ms: u64,
+    client_id: &str,
+    key: Option<&DeviceKey>,
+    fits: impl FnOnce(&ModelRelease) -> Result<(), String>,
+) -> Result<Option<ModelRelease>, String> {
     let Some(message) = whole_frame(reassembler, payload, now_ms) else {
         return Ok(None);
     };
     let message = unsealed(message, client_id, key, "release")?;
     match message {
-        Ok(Message::Model(release)) => match release.verify() {
-            Ok(_) => Ok(Some(release)),
-            Err(e) => Err(e.to_string()),
-        },
+        Ok(Message::Model(release)) => {
+            fits(&release)?;
+            match release.verify() {
+                Ok(_) => Ok(Some(release)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
         Ok(_) | Err(_) => Ok(None),
     }
 }

@@ -44,7 +44,9 @@ pub use envelope::{
     decode, decode_checked, decode_frame, encode, encode_as, frame_version,
 };
 pub use error::{DecodeError, UnknownName};
-pub use frames::{TaskError, decode_backbone, decode_pointer, decode_release, decode_task};
+pub use frames::{
+    TaskError, decode_backbone, decode_pointer, decode_release, decode_release_within, decode_task,
+};
 pub use layout::{FlatLayoutError, HeadConfig, HeadTensors, ModelLayout};
 pub use messages::{
     BackboneObject, BackboneRef, Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain,
@@ -52,14 +54,16 @@ pub use messages::{
     Sealed, StableSchedule, Tag, TrainParams,
 };
 pub use model::{
-    InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, Role,
+    InvalidClasses, InvalidRelease, MAX_CLASS_NAME, MAX_CLASSES, ModelRelease, PairedScore, Role,
     SiteEvaluation, check_classes, numbered_classes,
 };
 pub use serving::{MAX_CANARIES, ServingPointer, Stage, decode_serving};
-pub use site_stats::{Familiarity, FeatureStats, FeatureSummary};
+pub use site_stats::{
+    Familiarity, FeatureStats, FeatureSummary, MIN_CLASS_DEVICES, MIN_CLASS_ROWS,
+};
 pub use status::{
-    BufferStatus, CoordinatorStatus, Declined, DriftStatus, EdgeStatus, GateOutcome, GateVerdict,
-    LabellingStatus, RejectCounts, ReleaseRef, ReleaseStatus, RunSummary,
+    AuditHead, BufferStatus, CoordinatorStatus, Declined, DriftStatus, EdgeStatus, GateOutcome,
+    GateVerdict, LabellingStatus, RejectCounts, ReleaseRef, ReleaseStatus, RunSummary,
 };
 pub use tensor::{Codec, TensorF32, Values, f16_to_f32, f32_to_f16};
 pub use topics::{Topics, valid_client_id};

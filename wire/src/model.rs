@@ -237,6 +237,39 @@ pub struct SiteEvaluation {
     pub samples: u32,
 }
 
+/// An evaluation-only site's paired score of a candidate against the release it serves, on
+/// the same images (docs/algorithms.md §11): how many images only one of the two got right.
+/// The gate tests these discordant counts (exact McNemar); it sees no image and no label.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairedScore {
+    /// SHA-256 (hex) of the release the candidate was compared with (the one the site serves).
+    pub against: String,
+    /// Images both releases were scored on.
+    pub samples: u32,
+    /// Images the candidate got right and the served release wrong.
+    pub gained: u32,
+    /// Images the candidate got wrong and the served release right.
+    pub lost: u32,
+}
+
+impl PairedScore {
+    /// Checks that the counts can be true: some images, and no more discordant ones than
+    /// images.
+    pub fn check(&self) -> Result<(), String> {
+        if self.samples == 0 {
+            return Err("a paired score of no image".into());
+        }
+        if u64::from(self.gained) + u64::from(self.lost) > u64::from(self.samples) {
+            return Err(format!(
+                "{} + {} discordant images of {} scored",
+                self.gained, self.lost, self.samples
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,6 +103,33 @@ impl FeatureStats {
     }
 }
 
+/// Fewest rows of a class whose mean a device sends ([`FeatureSummary::without_rare_classes`]).
+pub const MIN_CLASS_ROWS: f64 = 5.0;
+
+/// Fewest devices with rows of a class for a round to fold that class into the pool
+/// ([`FeatureSummary::robust_merge`]): the pool's change then never shows one device's class
+/// alone, and a clipped value has a median of others to be clipped around.
+pub const MIN_CLASS_DEVICES: usize = 3;
+
+/// How far, in robust spreads, a part's class mean may lie from the parts' median before a
+/// robust merge clips it ([`FeatureSummary::robust_merge`]).
+const MEAN_BAND: f32 = 4.0;
+
+/// How many times above the parts' median within-class variance (or the features' average
+/// of those, when larger) a part's may be before a robust merge clips it.
+const SPREAD_RATIO: f32 = 16.0;
+
+/// The median of `values` (sorted in place; the mean of the middle two of an even count).
+fn median(values: &mut [f32]) -> f32 {
+    values.sort_by(f32::total_cmp);
+    let m = values.len();
+    match m {
+        0 => 0.0,
+        _ if m % 2 == 1 => values[m / 2],
+        _ => (values[m / 2 - 1] + values[m / 2]) / 2.0,
+    }
+}
+
 /// What the pooled estimators need of a set of labelled rows (docs/algorithms.md §7): rows per
 /// class, class means and the within-class variance per feature. Devices send theirs with an
 /// update when the federation's `feature_norm` pools; the coordinator merges them exactly
@@ -206,6 +233,9 @@ impl FeatureSummary {
         let f = self.features();
         let means = self.means.to_vec();
         let within = self.within.to_vec();
+        if means.len() != self.classes() * f {
+            return None;
+        }
         let present: Vec<f32> = (self.counts.iter().enumerate())
             .filter(|(_, n)| **n > 0.0)
             .flat_map(|(k, _)| means[k * f..(k + 1) * f].iter().copied())
@@ -292,6 +322,121 @@ impl FeatureSummary {
         ))
     }
 
+    /// The summary without its classes of fewer than [`MIN_CLASS_ROWS`] rows (their count and
+    /// mean set to 0), what a device sends: the mean of one or two rows is those images'
+    /// features. The within-class variance still covers every row (it names no class).
+    pub fn without_rare_classes(&self) -> Self {
+        let f = self.features();
+        let mut means = self.means.to_vec();
+        let mut counts = self.counts.clone();
+        for (k, n) in counts.iter_mut().enumerate() {
+            if *n < MIN_CLASS_ROWS {
+                *n = 0.0;
+                if let Some(row) = means.get_mut(k * f..(k + 1) * f) {
+                    row.fill(0.0);
+                }
+            }
+        }
+        let (k, f) = (counts.len() as u32, f as u32);
+        Self {
+            counts,
+            means: TensorF32::new(vec![k, f], &means).unwrap_or_else(|_| self.means.clone()),
+            within: self.within.clone(),
+        }
+    }
+
+    /// The round's summaries of several devices as one, robustly (docs/algorithms.md §7,
+    /// "Bounded influence"): a class counts only where at least [`MIN_CLASS_DEVICES`] parts
+    /// have rows of it; per feature `j`, with `M_j` the median of the parts' within-class
+    /// variances or their average over the features when larger, each part's variance is
+    /// clipped to `[0, 16 M_j]`, and each class mean to `c_kj ± 4 r_kj` around the median
+    /// `c_kj` of the parts' means of that class, with `r_kj = max(√M_j, 1.4826 · MAD_kj)`
+    /// (the within-class spread, or the spread of the parts' means about their median when
+    /// wider); then the parts merge exactly
+    /// ([`FeatureSummary::merge`]). Medians and MADs of three or more parts are set by the
+    /// others when one part lies, so one part, whatever its values, moves a class mean by at
+    /// most its weight times `4 r`, and honest parts near one another are not clipped at all.
+    /// `None` when no class has enough parts or the parts disagree on their sizes.
+    pub fn robust_merge(parts: &[&Self]) -> Option<Self> {
+        let first = parts.first()?;
+        let (k, f) = (first.classes(), first.features());
+        if parts
+            .iter()
+            .any(|p| p.classes() != k || p.features() != f || p.means.len() != k * f)
+        {
+            return None;
+        }
+        let mut means: Vec<Vec<f32>> = parts.iter().map(|p| p.means.to_vec()).collect();
+        let mut within: Vec<Vec<f32>> = parts.iter().map(|p| p.within.to_vec()).collect();
+        let mut counts: Vec<Vec<f64>> = parts.iter().map(|p| p.counts.clone()).collect();
+        // Classes too few parts have rows of are left out of every part.
+        let thin: Vec<bool> = (0..k)
+            .map(|class| counts.iter().filter(|c| c[class] > 0.0).count() < MIN_CLASS_DEVICES)
+            .collect();
+        for part in &mut counts {
+            for (n, &thin) in part.iter_mut().zip(&thin) {
+                if thin {
+                    *n = 0.0;
+                }
+            }
+        }
+        let contributing: Vec<usize> = (0..parts.len())
+            .filter(|&d| counts[d].iter().any(|&n| n > 0.0))
+            .collect();
+        if contributing.len() < MIN_CLASS_DEVICES {
+            return None;
+        }
+        let mut column = Vec::with_capacity(parts.len());
+        let spread: Vec<f32> = (0..f)
+            .map(|j| {
+                column.clear();
+                column.extend(contributing.iter().map(|&d| within[d][j]));
+                median(&mut column)
+            })
+            .collect();
+        // A feature most devices never see vary (a unit that fires at one site only) is held
+        // to the features' average spread, not to 0.
+        let average = spread.iter().sum::<f32>() / f.max(1) as f32;
+        let spread: Vec<f32> = spread.iter().map(|m| m.max(average)).collect();
+        for &d in &contributing {
+            for (w, m) in within[d].iter_mut().zip(&spread) {
+                *w = w.clamp(0.0, m * SPREAD_RATIO);
+            }
+        }
+        for class in 0..k {
+            let have: Vec<usize> = (contributing.iter().copied())
+                .filter(|&d| counts[d][class] > 0.0)
+                .collect();
+            if have.is_empty() {
+                continue;
+            }
+            for (j, w) in spread.iter().enumerate() {
+                column.clear();
+                column.extend(have.iter().map(|&d| means[d][class * f + j]));
+                let centre = median(&mut column);
+                column.iter_mut().for_each(|v| *v = (*v - centre).abs());
+                let mad = median(&mut column);
+                let reach = MEAN_BAND * w.max(0.0).sqrt().max(1.4826 * mad);
+                for &d in &have {
+                    let v = &mut means[d][class * f + j];
+                    *v = v.clamp(centre - reach, centre + reach);
+                }
+            }
+        }
+        let clipped: Vec<Self> = contributing
+            .iter()
+            .filter_map(|&d| {
+                let means = TensorF32::new(vec![k as u32, f as u32], &means[d]).ok()?;
+                Some(Self {
+                    counts: std::mem::take(&mut counts[d]),
+                    means,
+                    within: TensorF32::from_slice(&within[d]),
+                })
+            })
+            .collect();
+        Self::merge(clipped.iter())
+    }
+
     /// The class-balanced mixture of the summarised classes (every class present counted
     /// alike, whatever its share of the rows): the mean of the present class means `m`, and
     /// per feature the between-class variance `(1/K') Σ_k (μ_kj − m_j)²` over the `K'` present
@@ -343,7 +488,8 @@ impl FeatureSummary {
             || self.means.len() != classes.saturating_mul(features)
         {
             return Err(format!(
-                "a feature summary of {} classes × {} features (with {} means), the head takes                  {classes} × {features}",
+                "a feature summary of {} classes × {} features (with {} means), the head takes \
+                 {classes} × {features}",
                 self.classes(),
                 self.features(),
                 self.means.len()
@@ -511,5 +657,49 @@ mod tests {
             ..good
         };
         assert!(negative.check(3, 2).is_err());
+    }
+
+    fn part(counts: [f64; 2], means: [f32; 4], within: [f32; 2]) -> FeatureSummary {
+        FeatureSummary {
+            counts: counts.to_vec(),
+            means: TensorF32::new(vec![2, 2], &means).unwrap(),
+            within: TensorF32::from_slice(&within),
+        }
+    }
+
+    #[test]
+    fn a_robust_merge_bounds_one_lying_part_and_leaves_honest_parts_exact() {
+        let a = part([10.0, 10.0], [0.0, 0.0, 4.0, 4.0], [1.0, 1.0]);
+        let b = part([10.0, 10.0], [1.0, 1.0, 5.0, 5.0], [2.0, 2.0]);
+        let c = part([10.0, 10.0], [2.0, 2.0, 6.0, 6.0], [3.0, 3.0]);
+        // Honest parts within the band: exactly the plain merge.
+        let honest = FeatureSummary::robust_merge(&[&a, &b, &c]).unwrap();
+        assert_eq!(
+            honest,
+            FeatureSummary::merge([&a, &b, &c].into_iter()).unwrap()
+        );
+        // A liar with a quarter of the rows: each of its means clipped to the four parts'
+        // median (1.5 from the honest 1) ± 4 × √(median variance 2.5) ≈ 6.3, so a merged mean
+        // moves by at most a quarter of 6.8, whatever it claimed; its spreads to 16 × 2.5.
+        let liar = part([10.0, 10.0], [1e9, -1e9, 1e9, -1e9], [1e9, 0.0]);
+        let merged = FeatureSummary::robust_merge(&[&a, &b, &c, &liar]).unwrap();
+        let honest_means = honest.means.to_vec();
+        for (v, h) in merged.means.to_vec().iter().zip(&honest_means) {
+            assert!((v - h).abs() <= 1.71, "{v} against {h}");
+        }
+        assert!(merged.within.values().all(|w| w < 30.0), "{merged:?}");
+        assert_eq!(merged.counts, vec![40.0, 40.0]);
+        // A class only two parts have is left out; with no class of three parts, nothing.
+        let thin = part([10.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0]);
+        let merged = FeatureSummary::robust_merge(&[&a, &b, &thin]).unwrap();
+        assert_eq!(merged.counts, vec![30.0, 0.0]);
+        assert_eq!(FeatureSummary::robust_merge(&[&a, &b]), None);
+    }
+
+    #[test]
+    fn a_device_keeps_the_classes_it_has_too_few_rows_of() {
+        let s = part([4.0, 12.0], [7.0, 8.0, 1.0, 2.0], [1.0, 1.0]).without_rare_classes();
+        assert_eq!(s.counts, vec![0.0, 12.0]);
+        assert_eq!(s.means.to_vec(), vec![0.0, 0.0, 1.0, 2.0]);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::messages::Objective;
-use crate::model::{Role, SiteEvaluation};
+use crate::model::{PairedScore, Role, SiteEvaluation};
 
 /// Rejected updates by reason (reason name to count).
 pub type RejectCounts = BTreeMap<String, u64>;
@@ -114,6 +114,11 @@ pub struct CoordinatorStatus {
     /// does (what to fix); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys_error: Option<String>,
+    /// The audit trail's head after its latest line (`state_dir/audit.jsonl`): a copy kept
+    /// outside the state folder, which `fedge-coordinator audit verify --head SEQ:SHA256`
+    /// checks the trail against; absent without an audit trail or before its first line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_head: Option<AuditHead>,
     /// The federation's earlier runs, oldest first (`fedge-coordinator ctl new-run`); absent
     /// before the first has ended.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -130,6 +135,16 @@ pub struct CoordinatorStatus {
     /// the open buffer and the updates' staleness; absent in synchronous mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffer: Option<BufferStatus>,
+}
+
+/// The head of the coordinator's audit trail: its last line's number and the SHA-256 of that
+/// line's bytes (without its newline), as `fedge-coordinator audit verify` prints it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditHead {
+    /// The last line's `seq` (lines count from 1).
+    pub seq: u64,
+    /// The lower-case hex SHA-256 of that line.
+    pub sha256: String,
 }
 
 /// Buffered aggregation (FedBuff) in the coordinator's status. A round is one model version,
@@ -327,6 +342,15 @@ pub struct EdgeStatus {
     /// candidate on `model/candidate`); signed with the rest when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evaluated: Option<String>,
+    /// An evaluation-only device's paired score of the release `evaluated` against the one it
+    /// serves, on the same images (what the gate decides on); signed with the rest when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paired: Option<PairedScore>,
+    /// Whether the tag also covers `drift`, `last_error`, `epsilon` and `labelling` (devices
+    /// of this release set it; older ones signed none of them, and the coordinator believes no
+    /// drift alarm and no error of a status whose tag does not cover them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tag_covers_all: bool,
 }
 
 /// What a site's labelling queue holds, in counts: nothing of an image or a label.
@@ -404,6 +428,8 @@ impl Default for EdgeStatus {
             labelling: None,
             serving: None,
             evaluated: None,
+            paired: None,
+            tag_covers_all: true,
         }
     }
 }
@@ -455,7 +481,35 @@ impl EdgeStatus {
                 bytes.extend_from_slice(value.as_bytes());
             }
         }
+        if let Some(paired) = &self.paired
+            && let Ok(encoded) = postcard::to_allocvec(paired)
+        {
+            bytes.extend_from_slice(b"\0paired");
+            bytes.extend_from_slice(&encoded);
+        }
+        // What steers canaries and resting, signed by the devices that say so (the flag itself
+        // is signed by being there: without it the coordinator believes none of these).
+        if self.tag_covers_all {
+            let steering = (
+                &self.drift,
+                &self.last_error,
+                &self.epsilon,
+                &self.labelling,
+            );
+            if let Ok(encoded) = postcard::to_allocvec(&steering) {
+                bytes.extend_from_slice(b"\0all");
+                bytes.extend_from_slice(&encoded);
+            }
+        }
         bytes
+    }
+
+    /// The drift alarm, when the tag covers it (or the federation has no keys: then nothing
+    /// is signed and everything is believed alike).
+    pub fn believed_drift(&self, keyed: bool) -> Option<&DriftStatus> {
+        self.drift
+            .as_ref()
+            .filter(|_| !keyed || self.tag_covers_all)
     }
 
     /// Sets `tag` for `federation` with the device's key (after `updated_at` is final).
@@ -520,6 +574,7 @@ mod tests {
             target_epsilon: Some(8.0),
             privacy_budget_exhausted: false,
             keys_error: None,
+            audit_head: None,
             runs: Vec::new(),
             control_refused: None,
             release: None,
@@ -558,6 +613,35 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<CoordinatorStatus>(&json).unwrap(),
             buffered
+        );
+    }
+
+    #[test]
+    fn the_audit_head_is_optional_in_the_coordinator_status() {
+        let without = CoordinatorStatus::default();
+        let json = serde_json::to_string(&without).unwrap();
+        assert!(!json.contains("audit_head"), "absent when unknown: {json}");
+        // A status of an older coordinator, without the member, reads as before.
+        assert_eq!(
+            serde_json::from_str::<CoordinatorStatus>(&json).unwrap(),
+            without
+        );
+        let with = CoordinatorStatus {
+            audit_head: Some(AuditHead {
+                seq: 12,
+                sha256: "e3".repeat(32),
+            }),
+            ..without
+        };
+        let json = serde_json::to_string(&with).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            value["audit_head"],
+            serde_json::json!({"seq": 12, "sha256": "e3".repeat(32)})
+        );
+        assert_eq!(
+            serde_json::from_str::<CoordinatorStatus>(&json).unwrap(),
+            with
         );
     }
 
@@ -607,6 +691,58 @@ mod tests {
     }
 
     #[test]
+    fn the_tag_covers_paired_counts_and_what_steers_canaries_and_resting() {
+        let key = crate::DeviceKey::from_bytes([5; 32]);
+        let mut status = EdgeStatus {
+            client_id: "eval-1".into(),
+            paired: Some(PairedScore {
+                against: "cd".repeat(32),
+                samples: 300,
+                gained: 4,
+                lost: 9,
+            }),
+            drift: Some(DriftStatus {
+                level: 0.2,
+                alarms: 0,
+                last_alarm: None,
+                requests: 10,
+                reference: 100,
+                adaptations: 0,
+                last_adapted: None,
+            }),
+            ..EdgeStatus::default()
+        };
+        assert!(
+            status.tag_covers_all,
+            "devices of this release sign everything"
+        );
+        status.sign("plant", &key);
+        assert!(status.verify("plant", "eval-1", &key));
+        let json = serde_json::to_string(&status).unwrap();
+        let read: EdgeStatus = serde_json::from_str(&json).unwrap();
+        assert!(read.verify("plant", "eval-1", &key));
+        for forge in [
+            |s: &mut EdgeStatus| s.paired.as_mut().unwrap().lost = 0,
+            |s: &mut EdgeStatus| s.drift.as_mut().unwrap().alarms = 3,
+            |s: &mut EdgeStatus| s.last_error = "no_report".into(),
+            |s: &mut EdgeStatus| s.epsilon = Some(1.0),
+            // Dropping the flag leaves the tag over fewer bytes: it no longer verifies.
+            |s: &mut EdgeStatus| s.tag_covers_all = false,
+        ] {
+            let mut forged = read.clone();
+            forge(&mut forged);
+            assert!(!forged.verify("plant", "eval-1", &key), "{forged:?}");
+        }
+        // A status whose tag covers no drift: its alarm is believed only without keys.
+        let old = EdgeStatus {
+            tag_covers_all: false,
+            ..read
+        };
+        assert!(old.believed_drift(true).is_none());
+        assert!(old.believed_drift(false).is_some());
+    }
+
+    #[test]
     fn edge_status_survives_a_json_round_trip() {
         let status = EdgeStatus {
             client_id: "cam-01".into(),
@@ -641,12 +777,23 @@ mod tests {
             labelling: None,
             serving: None,
             evaluated: None,
+            paired: Some(PairedScore {
+                against: "ab".repeat(32),
+                samples: 600,
+                gained: 3,
+                lost: 1,
+            }),
+            tag_covers_all: true,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"online\":false"));
         assert!(json.contains(",\"epsilon\":2.5,"), "{json}");
         assert!(
-            json.ends_with(r#""declined":{"run":"00000000000000ff","round":4,"reason":"cannot"}}"#),
+            json.contains(r#","declined":{"run":"00000000000000ff","round":4,"reason":"cannot"},"#),
+            "{json}"
+        );
+        assert!(
+            json.ends_with(r#""gained":3,"lost":1},"tag_covers_all":true}"#),
             "{json}"
         );
         assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), status);

@@ -40,14 +40,24 @@ impl Trail {
 /// What to do with the trail.
 #[derive(Debug, clap::Subcommand)]
 pub enum AuditCommand {
-    /// Check every line's hash, its link to the line before and its number.
+    /// Check every line's hash, its link to the line before and its number; with --head, that
+    /// the trail still holds that line unchanged.
     ///
-    /// Exits 0 with a summary and the head (the last line's SHA-256: record it elsewhere to tell a shortened
-    /// trail later), 1 naming the first bad line and why.
-    #[command(after_help = "Example: fedge-coordinator audit verify --state-dir state")]
+    /// Finds an edited, dropped, inserted or reordered line. The chain is unkeyed: a file rewritten whole (every line
+    /// recomputed) or cut short by someone who can write the state folder shows only against a head recorded before,
+    /// where they cannot change it: the coordinator status's audit_head, or the head this command prints.
+    /// Exits 0 with a summary and the head (SEQ:SHA256), 1 naming the first bad line and why.
+    #[command(
+        after_help = "Examples:\n  fedge-coordinator audit verify --state-dir state\n  \
+                      fedge-coordinator audit verify --state-dir state --head 42:<64 hex digits>"
+    )]
     Verify {
         #[command(flatten)]
         trail: Trail,
+        /// An anchored head, recorded outside the state folder: line SEQ must be on the trail with SHA-256 SHA256
+        /// (the coordinator status's audit_head, or a head an earlier verify printed).
+        #[arg(long, value_name = "SEQ:SHA256", value_parser = audit::parse_head)]
+        head: Option<fedge_wire::AuditHead>,
     },
     /// Which release device X served at time T, and whose updates built it.
     ///
@@ -76,23 +86,23 @@ pub enum AuditCommand {
 pub fn run(command: AuditCommand) -> anyhow::Result<std::process::ExitCode> {
     use std::process::ExitCode;
     match command {
-        AuditCommand::Verify { trail } => match audit::verify(&trail.path()?) {
-            Ok(s) => {
-                println!(
-                    "{}: {} line(s) verified, {} to {}, head {}",
-                    trail.path()?.display(),
-                    s.lines,
-                    s.first.as_deref().unwrap_or("-"),
-                    s.last.as_deref().unwrap_or("-"),
-                    s.head
-                );
-                Ok(ExitCode::SUCCESS)
+        AuditCommand::Verify { trail, head } => {
+            let path = trail.path()?;
+            let verified = match &head {
+                Some(anchor) => audit::verify_anchored(&path, anchor),
+                None => audit::verify(&path),
+            };
+            match verified {
+                Ok(s) => {
+                    println!("{}", verified_text(&path, &s, head.as_ref()));
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    Ok(ExitCode::FAILURE)
+                }
             }
-            Err(e) => {
-                eprintln!("{e}");
-                Ok(ExitCode::FAILURE)
-            }
-        },
+        }
         AuditCommand::Show {
             trail,
             device,
@@ -114,6 +124,51 @@ pub fn run(command: AuditCommand) -> anyhow::Result<std::process::ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `SEQ:SHA256`, as `--head` takes it.
+fn head_text(head: &fedge_wire::AuditHead) -> String {
+    format!("{}:{}", head.seq, head.sha256)
+}
+
+/// What a sound trail's verification showed, and what it could not.
+fn verified_text(
+    path: &std::path::Path,
+    s: &audit::Summary,
+    anchor: Option<&fedge_wire::AuditHead>,
+) -> String {
+    let head = s
+        .head()
+        .map_or_else(|| "none (no line)".into(), |h| head_text(&h));
+    let summary = format!(
+        "{}: {} line(s) verified, {} to {}, head {head}",
+        path.display(),
+        s.lines,
+        s.first.as_deref().unwrap_or("-"),
+        s.last.as_deref().unwrap_or("-"),
+    );
+    match anchor {
+        Some(anchor) if anchor.seq == s.lines => format!(
+            "{summary}\nline {} matches the anchored head {}",
+            anchor.seq,
+            head_text(anchor)
+        ),
+        Some(anchor) => format!(
+            "{summary}\nline {} matches the anchored head {}; line(s) {} to {} chain on from it \
+             but no head anchors them yet: record {head} elsewhere",
+            anchor.seq,
+            head_text(anchor),
+            anchor.seq + 1,
+            s.lines
+        ),
+        None if s.lines == 0 => summary,
+        None => format!(
+            "{summary}\nnot checked without an anchored head: lines cut off the end, or the whole \
+             file rewritten (every line recomputed) by someone who can write the state folder. \
+             Record the head {head} where they cannot (the coordinator's retained status carries \
+             it as audit_head), and check against a recorded head with --head SEQ:SHA256"
+        ),
     }
 }
 

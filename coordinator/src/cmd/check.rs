@@ -125,6 +125,9 @@ fn check_state(dir: Option<&Path>) -> Check {
         Ok(None) => "no checkpoint: a fresh federation".to_owned(),
         Err(e) => return fail("state", format!("{e} (move it away to start afresh)")),
     };
+    if let Err(e) = fedge_coordinator::store::serving::load(&dir.join("serving.json")) {
+        return fail("state", e.to_string());
+    }
     match control::load(&dir.join("control.json")) {
         Ok(Some(settings)) => pass(
             "state",
@@ -202,6 +205,16 @@ mod tests {
         let state = found.iter().find(|c| c.name == "state").unwrap();
         assert!(
             !state.ok && state.detail.contains("control.json"),
+            "{}",
+            state.detail
+        );
+        // So is a damaged serving pointer's number.
+        std::fs::remove_file(dir.path().join("state/control.json")).unwrap();
+        std::fs::write(dir.path().join("state/serving.json"), b"[]").unwrap();
+        let found = checks(&path, true);
+        let state = found.iter().find(|c| c.name == "state").unwrap();
+        assert!(
+            !state.ok && state.detail.contains("serving.json"),
             "{}",
             state.detail
         );

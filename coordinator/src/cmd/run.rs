@@ -139,6 +139,7 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         checkpoint: checkpoint_path,
         journal: journal_path,
         control_file: config.state_dir.as_ref().map(|d| d.join("control.json")),
+        serving_file: config.state_dir.as_ref().map(|d| d.join("serving.json")),
         stay_up: config.stay_up,
         audit_file,
         home_assistant: config.home_assistant,

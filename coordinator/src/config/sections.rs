@@ -37,7 +37,8 @@ pub struct AuthSettings {
     pub keys_file: Option<PathBuf>,
     /// The operator's key file (`fedge-coordinator ctl --config … keygen` writes it), relative
     /// to the configuration file. When set, the coordinator takes operator commands on
-    /// `fedge/<f>/coordinator/control` tagged with it (pause, resume, ban, unban, set-rounds).
+    /// `fedge/<f>/coordinator/control` tagged with it (pause, resume, ban, unban, set-rounds,
+    /// set-backbone, new-run, rollback, promote, reset-pool).
     pub operator_key_file: Option<PathBuf>,
 }
 

@@ -100,8 +100,10 @@ pub enum ExportError {
     /// A site-normalised release exported without a site's statistics.
     #[error(
         "this model standardises features with each site's own statistics (feature_norm = \
-         \"site\"): give those of the site that will run it with --site-stats FILE, as \
-         `fedge-edge site-stats --config PROFILE` prints them on that site"
+         \"site\", or a pooling one whose pool never formed: that takes three devices with \
+         rows of a class in a round): give those of the site that will run it with \
+         --site-stats FILE, as `fedge-edge site-stats --config PROFILE` prints them on that \
+         site"
     )]
     NeedsSiteStats,
     /// Site statistics given for a release that does not use them.

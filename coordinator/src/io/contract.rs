@@ -104,6 +104,10 @@ pub struct DriverOptions {
     /// Where operator commands' settings are kept across a restart (`control.json` in the
     /// state folder, `store::control`).
     pub control_file: Option<std::path::PathBuf>,
+    /// Where the serving pointer's last number is kept across a restart (`serving.json` in
+    /// the state folder, `store::serving`), so that a restart numbers the next one above it
+    /// whatever the clock says.
+    pub serving_file: Option<std::path::PathBuf>,
     /// Stay connected when the rounds are done, waiting for `ctl new-run`.
     pub stay_up: bool,
     /// Where to append the audit trail (`audit.jsonl` in the state folder, `store::audit`):
@@ -130,6 +134,7 @@ impl DriverOptions {
             keys_file: None,
             previous_protocol: Default::default(),
             control_file: None,
+            serving_file: None,
             stay_up: false,
             audit_file: None,
         }
@@ -158,6 +163,9 @@ pub enum DriverError {
     /// The operator settings kept in the state folder cannot be used.
     #[error(transparent)]
     Control(#[from] crate::store::control::ControlFileError),
+    /// The serving pointer's number kept in the state folder cannot be used.
+    #[error(transparent)]
+    Serving(#[from] crate::store::serving::ServingFileError),
     /// The operator settings kept in the state folder name a bad value.
     #[error("{path}: {reason}; fix it, or remove it to go back to the configuration's settings")]
     ControlSettings {

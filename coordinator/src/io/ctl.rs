@@ -36,7 +36,9 @@ fn shows(
             let was = before.and_then(|b| b.release.as_ref());
             now.is_some_and(|n| !n.pinned && was.is_none_or(|w| w.pinned || w.serving != n.serving))
         }
-        Command::Status => true,
+        // The status carries no pool: the first status after the command that counts no new
+        // refusal shows it taken (`send`).
+        Command::Status | Command::ResetPool => true,
     }
 }
 
@@ -100,15 +102,17 @@ pub async fn send(
                 let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload) else {
                     continue;
                 };
-                // The retained status from before the command does not confirm it.
+                // The retained status from before the command does not confirm it. A
+                // `reset-pool` shows in no field: a refusal counted since is its answer.
+                let refused = refused_since(&status, before.as_ref());
+                let unseen = command == Command::ResetPool && refused.is_some();
                 if p.retain {
                     before = Some(status.clone());
-                } else if sent_at.is_some() && shows(&status, &command, before.as_ref()) {
+                } else if sent_at.is_some() && !unseen && shows(&status, &command, before.as_ref())
+                {
                     let _ = client.disconnect().await;
                     return Ok(status);
-                } else if let (Some(_), Some(reason)) =
-                    (sent_at, refused_since(&status, before.as_ref()))
-                {
+                } else if let (Some(_), Some(reason)) = (sent_at, refused) {
                     let _ = client.disconnect().await;
                     anyhow::bail!("the coordinator refused the command: {reason}");
                 }

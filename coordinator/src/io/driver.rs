@@ -31,9 +31,11 @@ pub use super::contract::{
 pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
 
 /// An operator command: applied when its tag, federation and number check, else counted as
-/// `bad_control` (`fedge_wire::control`). What a command sets is kept in `control_file` at once,
-/// with its number, so that a restart forgets nothing and takes no captured command again.
-/// Returns the command applied.
+/// `bad_control` (`fedge_wire::control`). What the command will set is kept in `control_file`
+/// first, with its number, and only then applied: a restart forgets nothing whose effects were
+/// published, and takes no captured command again. A command that cannot be kept is refused
+/// (nothing applied), as is one the machine cannot apply; a refused command's number is used
+/// up all the same. Returns the command applied.
 fn handle_control(
     rounds: &mut Rounds,
     federation: &str,
@@ -46,22 +48,51 @@ fn handle_control(
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    match ControlMessage::open(payload, federation, key, *last_seq, wall) {
-        Ok(message) => {
-            *last_seq = message.seq;
-            rounds.apply_control(&message.command, now_ms);
-
-            if let Some(path) = control_file {
-                let settings = rounds.operator_settings(*last_seq);
-                if let Err(e) = crate::store::control::store(path, &settings) {
-                    tracing::error!(error = %e, "operator settings not kept: a restart would forget them");
-                }
-            }
-            Some(message)
-        }
+    let message = match ControlMessage::open(payload, federation, key, *last_seq, wall) {
+        Ok(message) => message,
         // Logged by the machine's rate-limited rejection log.
         Err(e) => {
             rounds.reject_control(e.to_string());
+            return None;
+        }
+    };
+    // Its number is spent, whatever becomes of it: a captured copy is a replay.
+    *last_seq = message.seq;
+    let keep = |settings: &crate::round::OperatorSettings| match control_file {
+        Some(path) => crate::store::control::store(path, settings),
+        None => Ok(()),
+    };
+    let planned = match rounds.settings_after(&message.command, message.seq) {
+        Ok(planned) => planned,
+        Err(detail) => {
+            if let Err(e) = keep(&rounds.operator_settings(*last_seq)) {
+                tracing::error!(error = %e, "the refused command's number not kept");
+            }
+            rounds.reject_control(detail);
+            return None;
+        }
+    };
+    if let Err(e) = keep(&planned) {
+        let command = serde_json::to_string(&message.command).unwrap_or_default();
+        rounds.reject_control(format!(
+            "{command} not applied: {e}; the operator settings must be kept before a command \
+             is applied (fix the state folder, then send the command again)"
+        ));
+        return None;
+    }
+    let applied = rounds.try_control(&message.command, now_ms);
+    // What the machine set may differ from the plan (a rollback pins once the pipeline took
+    // it; a refused one changed nothing).
+    let settings = rounds.operator_settings(*last_seq);
+    if settings != planned
+        && let Err(e) = keep(&settings)
+    {
+        tracing::error!(error = %e, "operator settings not kept: a restart would forget them");
+    }
+    match applied {
+        Ok(()) => Some(message),
+        Err(detail) => {
+            rounds.reject_control(detail);
             None
         }
     }
@@ -253,7 +284,7 @@ async fn drive(
                 base: topics.model_candidate(),
                 chunk_topics_in_use: 0,
             }),
-            ..Default::default()
+            ..super::serving::ServingSinks::restored(options.serving_file.clone())?
         },
     };
     let control_topic = topics.control();
@@ -414,4 +445,96 @@ async fn drive(
         .await;
     drop(metrics_server);
     Ok(rounds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::round::RoundConfig;
+    use fedge_wire::DeviceKey;
+    use fedge_wire::control::Command;
+
+    fn wall_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    #[test]
+    fn a_command_that_cannot_be_kept_is_refused_and_not_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = DeviceKey::from_bytes([7; 32]);
+        let mut rounds = Rounds::new(
+            RoundConfig::default(),
+            Box::new(crate::strategy::FedAvg),
+            vec![0.0; 4],
+        );
+        let seq = wall_ms();
+        let pause = ControlMessage::signed("f", seq, Command::Pause, &key);
+        let payload = serde_json::to_vec(&pause).unwrap();
+        // The state folder is a file: nothing can be written under it.
+        let blocked = dir.path().join("state");
+        std::fs::write(&blocked, b"").unwrap();
+        let unwritable = blocked.join("control.json");
+        let mut last = 0;
+        let taken = handle_control(
+            &mut rounds,
+            "f",
+            &key,
+            &mut last,
+            Some(&unwritable),
+            &payload,
+            0,
+        );
+        assert!(taken.is_none());
+        assert!(!rounds.control().paused, "not applied");
+        assert_eq!(rounds.rejected_total().get("bad_control"), Some(&1));
+        let refused = rounds.control().refused.clone().unwrap_or_default();
+        assert!(
+            refused.contains("not applied") && refused.contains("control.json"),
+            "{refused}"
+        );
+        // Its number is spent: the captured copy is a replay.
+        let replay = handle_control(&mut rounds, "f", &key, &mut last, None, &payload, 0);
+        assert!(replay.is_none() && !rounds.control().paused);
+        // Sent again where it can be kept: kept, then applied.
+        let file = dir.path().join("control.json");
+        let again = ControlMessage::signed("f", seq + 1, Command::Pause, &key);
+        let payload = serde_json::to_vec(&again).unwrap();
+        let taken = handle_control(&mut rounds, "f", &key, &mut last, Some(&file), &payload, 0);
+        assert_eq!(taken.map(|m| m.command), Some(Command::Pause));
+        assert!(rounds.control().paused);
+        let kept = crate::store::control::load(&file).unwrap().unwrap();
+        assert_eq!((kept.last_seq, kept.paused), (seq + 1, true));
+        // One the machine refuses is not applied, and its number is kept all the same.
+        let bad = Command::SetBackbone {
+            name: "b".into(),
+            sha256: "zz".into(),
+        };
+        let refused = ControlMessage::signed("f", seq + 2, bad, &key);
+        let payload = serde_json::to_vec(&refused).unwrap();
+        let taken = handle_control(&mut rounds, "f", &key, &mut last, Some(&file), &payload, 0);
+        assert!(taken.is_none());
+        let kept = crate::store::control::load(&file).unwrap().unwrap();
+        assert_eq!((kept.last_seq, kept.backbone), (seq + 2, None));
+    }
+
+    #[test]
+    fn a_reset_of_the_pool_is_kept_before_it_is_applied_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("control.json");
+        let key = DeviceKey::from_bytes([7; 32]);
+        let mut rounds = Rounds::new(
+            RoundConfig::default(),
+            Box::new(crate::strategy::FedAvg),
+            vec![0.0; 4],
+        );
+        let reset = ControlMessage::signed("f", wall_ms(), Command::ResetPool, &key);
+        let payload = serde_json::to_vec(&reset).unwrap();
+        let mut last = 0;
+        let taken = handle_control(&mut rounds, "f", &key, &mut last, Some(&file), &payload, 0);
+        assert_eq!(taken.map(|m| m.command), Some(Command::ResetPool));
+        let kept = crate::store::control::load(&file).unwrap().unwrap();
+        assert_eq!(kept.pool_reset, Some(0));
+    }
 }

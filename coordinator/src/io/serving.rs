@@ -23,9 +23,27 @@ pub(super) struct ServingSinks {
     pub(super) pointer: Option<Vec<u8>>,
     /// The number of the last pointer.
     pub(super) seq: u64,
+    /// Where that number is kept across a restart (`store::serving`).
+    pub(super) seq_file: Option<std::path::PathBuf>,
 }
 
 impl ServingSinks {
+    /// Nothing published yet in this session; pointers numbered above the last one kept in
+    /// `seq_file` (before a restart), if any.
+    pub(super) fn restored(
+        seq_file: Option<std::path::PathBuf>,
+    ) -> Result<Self, crate::store::serving::ServingFileError> {
+        let seq = match seq_file.as_deref() {
+            Some(path) => crate::store::serving::load(path)?,
+            None => 0,
+        };
+        Ok(Self {
+            seq,
+            seq_file,
+            ..Self::default()
+        })
+    }
+
     /// Publishes `release` as the candidate (retained, chunked like `model/current`).
     pub(super) fn candidate(
         &mut self,
@@ -43,9 +61,9 @@ impl ServingSinks {
         self.candidate = Some((release.round, frame));
     }
 
-    /// Numbers `pointer` (above the last one, and at least the wall clock's milliseconds, so
-    /// that a restarted coordinator's pointers are still above what devices took) and publishes
-    /// it retained on `topic`.
+    /// Numbers `pointer` ([`next_seq`]: above the last one whatever the clock says, the last
+    /// one kept across a restart in `seq_file` before the pointer leaves) and publishes it
+    /// retained on `topic`.
     pub(super) fn pointer(
         &mut self,
         outbox: &mut Outbox,
@@ -55,8 +73,13 @@ impl ServingSinks {
         wall_ms: u64,
         max_packet: usize,
     ) {
-        self.seq = (self.seq + 1).max(wall_ms);
+        self.seq = next_seq(self.seq, wall_ms);
         pointer.seq = self.seq;
+        if let Some(path) = &self.seq_file
+            && let Err(e) = crate::store::serving::store(path, self.seq)
+        {
+            tracing::error!(error = %e, "the serving pointer's number is not kept: a restart after the clock went back would number pointers below it, and devices would not follow them");
+        }
         let payload = super::release::sealed(pointer.to_payload(), rounds.config().auth.as_deref());
         // One packet: sealed for every device key, it grows by 44 bytes a device (11-character
         // ids; `wire/src/serving.rs` tests).
@@ -85,6 +108,14 @@ impl ServingSinks {
             outbox.publish(topic.to_owned(), true, payload.clone());
         }
     }
+}
+
+/// The number of the pointer after one numbered `last`: the wall clock's milliseconds when
+/// they are ahead (so that a coordinator that lost its state folder still numbers above what
+/// devices took, unless its clock went back too), else `last + 1`: a clock stepped back never
+/// numbers a pointer below an earlier one.
+pub(super) fn next_seq(last: u64, wall_ms: u64) -> u64 {
+    last.saturating_add(1).max(wall_ms)
 }
 
 /// Logs a release event and writes it to the audit trail.
@@ -154,5 +185,60 @@ pub(super) fn record(event: ReleaseEvent, audit: Option<&mut AuditLog>) {
         for line in lines {
             audit.record("coordinator", line);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::round::RoundConfig;
+    use fedge_wire::Stage;
+
+    fn pointer() -> ServingPointer {
+        ServingPointer {
+            federation: "f".into(),
+            seq: 0,
+            sha256: "ab".repeat(32),
+            round: 1,
+            stage: Stage::All,
+            canary: Vec::new(),
+            previous: None,
+            pinned: false,
+        }
+    }
+
+    /// Numbers and publishes a pointer at wall-clock time `wall_ms`; returns its number.
+    fn publish(sinks: &mut ServingSinks, wall_ms: u64) -> u64 {
+        let (client, _events) =
+            rumqttc::AsyncClient::new(rumqttc::MqttOptions::new("t", "127.0.0.1", 1), 64);
+        let mut outbox = Outbox::new(client);
+        let rounds = crate::round::Rounds::new(
+            RoundConfig::default(),
+            Box::new(crate::strategy::FedAvg),
+            vec![0.0; 4],
+        );
+        sinks.pointer(&mut outbox, &rounds, "t", pointer(), wall_ms, 1 << 20);
+        let payload = sinks.pointer.clone().expect("published");
+        ServingPointer::from_payload(&payload).unwrap().seq
+    }
+
+    #[test]
+    fn pointers_are_numbered_upwards_when_the_clock_goes_back_even_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("serving.json");
+        let mut sinks = ServingSinks::restored(Some(file.clone())).unwrap();
+        let first = publish(&mut sinks, 1_000_000);
+        assert_eq!(first, 1_000_000, "the clock's milliseconds");
+        // The clock steps back ten minutes between two releases.
+        let second = publish(&mut sinks, 400_000);
+        assert_eq!(second, 1_000_001);
+        // Restarted with the clock still behind: above everything published.
+        let mut restarted = ServingSinks::restored(Some(file.clone())).unwrap();
+        let third = publish(&mut restarted, 500_000);
+        assert_eq!(third, 1_000_002);
+        // The clock ahead again: its time.
+        assert_eq!(publish(&mut restarted, 2_000_000), 2_000_000);
+        assert_eq!(crate::store::serving::load(&file).unwrap(), 2_000_000);
+        assert_eq!(next_seq(u64::MAX, 0), u64::MAX, "no overflow");
     }
 }

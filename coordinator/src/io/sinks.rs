@@ -341,6 +341,8 @@ impl Sinks<'_> {
             m.releases(rounds.releases().rounds());
             m.sent(outbox.take_sent());
         }
+        // Each line the trail gained goes out with the status: its head anchored off this machine.
+        status_dirty |= context.follow_audit(audit.as_mut());
         let now = Instant::now();
         if status_dirty || finished {
             let next = status_sent.map_or(now, |sent| sent + STATUS_INTERVAL);

@@ -1,6 +1,6 @@
 //! The documents the driver publishes: the retained coordinator status (built from the machine's
-//! getters and the driver's clocks) and the per-round metrics. Pure functions of the machine;
-//! publishing is the driver's.
+//! getters, the driver's clocks and the audit trail's head) and the per-round metrics. Pure
+//! functions of the machine; publishing is the driver's.
 
 use std::time::Duration;
 
@@ -23,6 +23,20 @@ pub struct StatusContext {
     pub federation: String,
     /// Why the device keys file does not load, while no key is accepted.
     pub keys_error: Option<String>,
+    /// The audit trail's head as last taken ([`StatusContext::follow_audit`]).
+    pub audit_head: Option<fedge_wire::AuditHead>,
+}
+
+impl StatusContext {
+    /// Takes the audit trail's head after the appends so far (`AuditLog::head`: O(1), the
+    /// writer's own tail); true when it moved since the last call, so that the status goes
+    /// out again and the broker's retained copy, dashboards and `watch` see each new head.
+    pub fn follow_audit(&mut self, audit: Option<&mut crate::store::audit::AuditLog>) -> bool {
+        let head = audit.and_then(crate::store::audit::AuditLog::head);
+        let moved = head != self.audit_head;
+        self.audit_head = head;
+        moved
+    }
 }
 
 impl Default for StatusContext {
@@ -33,6 +47,7 @@ impl Default for StatusContext {
             last_aggregation: None,
             federation: String::new(),
             keys_error: None,
+            audit_head: None,
         }
     }
 }
@@ -102,6 +117,7 @@ pub fn status_at(
         target_epsilon: privacy.and_then(|p| p.target_epsilon),
         privacy_budget_exhausted: privacy.is_some_and(|p| p.exhausted),
         keys_error: context.keys_error.clone(),
+        audit_head: context.audit_head.clone(),
         buffer: None,
     };
     if buffered(rounds) {
@@ -324,6 +340,37 @@ mod tests {
         assert_eq!(status.rejected_updates["stale"], 1);
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["buffer"]["size"], 2, "{json}");
+    }
+
+    #[test]
+    fn the_status_carries_the_audit_head_after_each_append() {
+        use crate::store::audit::{AuditLog, Event, FILE_NAME, verify};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let rounds = three_online(Default::default());
+        let mut context = StatusContext::default();
+        // No trail, or no line yet: no head, and no member in the JSON.
+        assert!(!context.follow_audit(None));
+        let mut audit = AuditLog::new(&path);
+        assert!(!context.follow_audit(Some(&mut audit)));
+        let json = serde_json::to_value(status_at(&rounds, None, &context)).unwrap();
+        assert!(json.get("audit_head").is_none(), "{json}");
+        for seq in 1..=2 {
+            let event = Event::Revoked {
+                client: format!("cam-{seq}"),
+            };
+            assert!(audit.record("coordinator", event));
+            assert!(context.follow_audit(Some(&mut audit)), "the head moved");
+            let json = serde_json::to_value(status_at(&rounds, None, &context)).unwrap();
+            let head = verify(&path).unwrap().head().unwrap();
+            assert_eq!(head.seq, seq);
+            assert_eq!(
+                json["audit_head"],
+                serde_json::json!({"seq": seq, "sha256": head.sha256}),
+                "{json}"
+            );
+        }
+        assert!(!context.follow_audit(Some(&mut audit)), "no new line");
     }
 
     #[test]

@@ -36,7 +36,8 @@ pub struct LinkOptions {
     pub key: Option<DeviceKey>,
     /// The backbone the site's devices run (shown in its status).
     pub backbone: String,
-    /// Where the update waiting for the uplink is kept (`state_dir/upstream.bin`).
+    /// Where the update waiting for the uplink is kept (`state_dir/upstream.bin`, private to
+    /// its owner).
     pub pending_file: Option<PathBuf>,
     /// Where the last global task for the site is kept (`state_dir/global-task.bin`), so that
     /// a restarted site resumes its open round before its devices' queued updates arrive.
@@ -377,8 +378,10 @@ impl Link {
         };
         let result = match &self.pending {
             Some(p) => {
+                // The site's aggregate of its devices' updates: private, as the coordinator's
+                // journal of raw updates is.
                 let frame = fedge_wire::encode(&Message::ClientUpdate(p.update.clone()));
-                fedge_daemon::write_atomically(path, &frame, fedge_daemon::Visibility::Shared)
+                fedge_daemon::write_atomically(path, &frame, fedge_daemon::Visibility::Private)
             }
             None => match std::fs::remove_file(path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -496,6 +499,20 @@ mod tests {
         task(&mut link, &client, 4);
         assert!(!dir.path().join("upstream.bin").exists());
         assert_eq!((link.summary.sent, link.summary.stale), (1, 0));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_pending_update_is_written_for_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (client, _events) = client();
+        let mut link = link(dir.path());
+        task(&mut link, &client, 5);
+        link.handle_answer(&client, update(5), false);
+        let path = dir.path().join("upstream.bin");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! What operator commands set, kept across a restart: `control.json` in the state folder,
-//! written (private to its owner) after every command the coordinator takes, read at start.
+//! written (private to its owner) for every command the coordinator takes, read at start.
 //!
 //! ```json
 //! {"last_seq": 1764115200000, "paused": false, "banned": ["cam-07"], "rounds": 500}
 //! ```
 //!
+//! Written before a command is applied (`io/driver.rs`): a command whose settings cannot be
+//! written is refused, so that no effect of it is published that a restart would forget.
 //! A file that cannot be read stops the start with the reason: starting without it would
 //! silently unban devices and accept captured commands again. Removing the file (the
 //! coordinator stopped) goes back to the configuration.
@@ -26,8 +28,8 @@ pub enum ControlFileError {
     },
     /// Not the JSON of operator settings.
     #[error(
-        "{path}: {reason} (it keeps bans, pause, set-rounds, set-backbone and the last command's \
-         number; fix it, or remove it to go back to the configuration's settings)"
+        "{path}: {reason} (it keeps bans, pause, set-rounds, set-backbone, reset-pool and the \
+         last command's number; fix it, or remove it to go back to the configuration's settings)"
     )]
     Invalid {
         /// File.
@@ -91,6 +93,8 @@ mod tests {
             }],
             run_start: Some((11, 10)),
             pinned: true,
+            pool_reset: Some(10),
+            run: Some("00000000000001ff".into()),
         };
         store(&path, &settings).unwrap();
         assert_eq!(load(&path).unwrap(), Some(settings));

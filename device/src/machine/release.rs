@@ -1,9 +1,9 @@
 //! The machine's side of released models: which to keep, serve and score (see the parent's
 //! "Decisions"), the serving pointer, and the evaluation-only device's score in its status.
 
-use fedge_wire::{ModelRelease, Role, decode_release, decode_serving};
+use fedge_wire::{ModelRelease, Role, decode_release_within, decode_serving};
 
-use super::serving::Scored;
+use super::serving::{Scored, release_fits};
 use super::{Agent, Output};
 
 impl Agent {
@@ -16,7 +16,8 @@ impl Agent {
         self.status.model_round = Some(release.round);
         self.releases.serve(&release);
         if self.id.role == Role::Evaluate && self.releases.first_score(release.sha256) {
-            self.outputs.push_back(Output::Score(Box::new(release)));
+            self.outputs
+                .push_back(Output::Score(Box::new(release), None));
         }
     }
 
@@ -27,7 +28,12 @@ impl Agent {
         }
         self.model_reassembler.expire(now_ms);
         let (client, key) = (self.id.client_id.as_str(), self.id.key.as_ref());
-        let decoded = decode_release(&mut self.model_reassembler, payload, now_ms, client, key);
+        // Its sizes before it is unpacked, verified or kept: a forged release is bounded by
+        // what the device can hold, not by the broker's message limit.
+        let (head, budget) = (self.head.as_ref(), self.id.memory_budget_mb);
+        let fits = |release: &ModelRelease| release_fits(release, head, budget);
+        let reassembler = &mut self.model_reassembler;
+        let decoded = decode_release_within(reassembler, payload, now_ms, client, key, fits);
         let Some(release) = self.ours(decoded, "released model") else {
             return;
         };
@@ -37,7 +43,7 @@ impl Agent {
         let switched = self.follow(Some(&sha256));
         if scoring && let Some(release) = self.releases.get(&sha256) {
             self.outputs
-                .push_back(Output::Score(Box::new(release.clone())));
+                .push_back(Output::Score(Box::new(release.clone()), None));
         } else if switched {
             // An evaluation-only device says it once its score is in.
             self.publish_status();
@@ -53,24 +59,29 @@ impl Agent {
         }
         self.candidate_reassembler.expire(now_ms);
         let (client, key) = (self.id.client_id.as_str(), self.id.key.as_ref());
-        let decoded = decode_release(
-            &mut self.candidate_reassembler,
-            payload,
-            now_ms,
-            client,
-            key,
-        );
+        let (head, budget) = (self.head.as_ref(), self.id.memory_budget_mb);
+        let fits = |candidate: &ModelRelease| release_fits(candidate, head, budget);
+        let reassembler = &mut self.candidate_reassembler;
+        let decoded = decode_release_within(reassembler, payload, now_ms, client, key, fits);
         let Some(candidate) = self.ours(decoded, "candidate model") else {
             return;
         };
+        self.releases.set_candidate(candidate.clone());
         if self.releases.first_score(candidate.sha256) {
-            self.outputs.push_back(Output::Score(Box::new(candidate)));
+            // Scored against the release served, on the same images: the gate's paired test.
+            let served = (self.releases.served())
+                .filter(|s| s.sha256 != candidate.sha256)
+                .map(|s| Box::new(s.clone()));
+            self.outputs
+                .push_back(Output::Score(Box::new(candidate), served));
         }
     }
 
     /// A payload on `model/serving`: a pointer of the device's federation (with a key, sealed
     /// for this device) above the last one taken is taken, and the device serves the release
-    /// it names for it as soon as it holds it.
+    /// it names for it as soon as it holds it. The one taken again (retained, at each
+    /// reconnect) is ignored quietly; one numbered below is refused and said in the status
+    /// (`last_error`) and the summary: the device will not follow that coordinator's pointers.
     pub fn handle_serving_bytes(&mut self, payload: &[u8]) {
         if payload.is_empty() {
             return;
@@ -85,12 +96,10 @@ impl Agent {
         }
         let kept = self.state.serving_seq;
         if pointer.seq <= kept {
-            tracing::debug!(client = %client, seq = pointer.seq, last = kept, "serving pointer ignored: not above the last one taken before a restart");
-            return;
+            return self.pointer_not_above(pointer.seq, kept);
         }
         if let Err(last) = self.releases.take_pointer(&pointer, client) {
-            tracing::debug!(client = %client, seq = pointer.seq, last, "serving pointer ignored: not above the last one taken");
-            return;
+            return self.pointer_not_above(pointer.seq, last);
         }
         // Kept across a restart with the round state.
         self.state.serving_seq = pointer.seq;
@@ -98,6 +107,25 @@ impl Agent {
         if self.follow(None) {
             self.publish_status();
         }
+    }
+
+    /// A pointer numbered `seq` that was not taken, `last` being the last one taken: the same
+    /// one again is nothing to report; one below it is refused visibly.
+    fn pointer_not_above(&mut self, seq: u64, last: u64) {
+        let client = self.id.client_id.as_str();
+        if seq >= last {
+            tracing::debug!(client = %client, seq, "serving pointer already taken");
+            return;
+        }
+        let error = format!(
+            "serving pointer {seq} refused: not above {last}, the last one this device took (a \
+             replay, or a coordinator whose clock went back and whose state folder was lost): \
+             this device keeps serving what it serves until a pointer numbered above {last}"
+        );
+        tracing::warn!(client = %client, "{error}");
+        self.summary.pointers_refused += 1;
+        self.status.last_error = error;
+        self.publish_status();
     }
 
     /// The serving side's drift alarm says `drift` (after an alarm or a re-estimation of the
@@ -121,6 +149,7 @@ impl Agent {
                 self.status.samples = evaluation.samples;
                 self.status.evaluation = Some(evaluation);
                 self.status.evaluated = Some(scored.sha256);
+                self.status.paired = scored.paired;
                 self.status.last_error.clear();
             }
             Err(e) => {
@@ -165,6 +194,13 @@ impl Agent {
         self.status.serving = Some(release.sha256_hex());
         self.status.model_round = Some(release.round);
         self.releases.serve(&release);
+        // The candidate waiting is compared again, with what is served now.
+        if self.id.role == Role::Evaluate
+            && let Some(candidate) = self.releases.candidate()
+        {
+            let again = Output::Score(Box::new(candidate.clone()), Some(Box::new(release.clone())));
+            self.outputs.push_back(again);
+        }
         self.outputs.push_back(Output::Serve(Box::new(release)));
         true
     }

@@ -35,7 +35,7 @@ pub(super) fn kept(outputs: &[Output]) -> Vec<(u64, bool)> {
     (outputs.iter())
         .filter_map(|o| match o {
             Output::Serve(release) => Some((release.round, false)),
-            Output::Score(release) => Some((release.round, true)),
+            Output::Score(release, _) => Some((release.round, true)),
             _ => None,
         })
         .collect()
@@ -89,6 +89,7 @@ fn an_evaluation_only_device_never_trains_and_scores_each_new_release_once() {
             class_accuracy: vec![Some(1.0), Some(0.5)],
             samples: 8,
         }),
+        paired: None,
     });
     let outputs = drain(&mut agent);
     let Some(Output::Status { status, .. }) = outputs.last() else {
@@ -103,6 +104,7 @@ fn an_evaluation_only_device_never_trains_and_scores_each_new_release_once() {
     agent.handle_evaluated(Scored {
         sha256: release(7, 1).sha256_hex(),
         result: Err("no rows".into()),
+        paired: None,
     });
     assert_eq!(agent.status().last_error, "no rows");
     assert_eq!(agent.status().evaluated, Some(release(7, 2).sha256_hex()));
@@ -207,4 +209,33 @@ fn after_a_rescan_the_update_weighs_and_the_status_counts_the_new_samples() {
         (agent.status().samples, agent.status().new_samples),
         (14, 4)
     );
+}
+
+#[test]
+fn an_evaluation_device_scores_a_candidate_against_the_release_it_serves() {
+    let mut id = identity("eval-1", None);
+    id.role = Role::Evaluate;
+    let mut agent = Agent::new(id, RoundState::default()).unwrap();
+    publish_release(&mut agent, plain(release(7, 1)));
+    let topic = Topics::new(FED).unwrap().model_candidate();
+    agent.handle_publish(&topic, &plain(release(7, 2)), 0);
+    let outputs = drain(&mut agent);
+    let compared = outputs.iter().find_map(|o| match o {
+        Output::Score(candidate, Some(served)) => Some((candidate.round, served.round)),
+        _ => None,
+    });
+    assert_eq!(compared, Some((2, 1)), "{outputs:?}");
+    let paired = fedge_wire::PairedScore {
+        against: release(7, 1).sha256_hex(),
+        samples: 8,
+        gained: 2,
+        lost: 1,
+    };
+    agent.handle_evaluated(Scored {
+        sha256: release(7, 2).sha256_hex(),
+        result: Ok(fedge_wire::SiteEvaluation::default()),
+        paired: Some(paired.clone()),
+    });
+    assert_eq!(agent.status().paired, Some(paired));
+    assert_eq!(agent.status().evaluated, Some(release(7, 2).sha256_hex()));
 }

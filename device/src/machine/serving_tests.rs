@@ -135,9 +135,10 @@ fn a_pointer_not_above_the_last_one_taken_is_ignored() {
     publish_release(&mut agent, plain(release(7, 1)));
     publish_release(&mut agent, plain(release(7, 2)));
     assert!(point(&mut agent, all(5, &release(7, 2)).to_payload()).is_empty());
-    // A replayed (equal) or older pointer cannot move the device back.
+    // A replayed (equal) or older pointer cannot move the device back (an older one is said
+    // in the status).
     assert!(point(&mut agent, all(5, &release(7, 1)).to_payload()).is_empty());
-    assert!(point(&mut agent, all(4, &release(7, 1)).to_payload()).is_empty());
+    assert!(served(&point(&mut agent, all(4, &release(7, 1)).to_payload())).is_empty());
     assert_eq!(agent.status().serving, Some(release(7, 2).sha256_hex()));
     assert_eq!(
         served(&point(&mut agent, all(6, &release(7, 1)).to_payload())),
@@ -170,7 +171,7 @@ fn the_last_pointer_taken_is_kept_with_the_round_state_across_a_restart() {
     let mut restarted = Agent::new(identity("cam-1", None), saved).unwrap();
     publish_release(&mut restarted, plain(release(7, 1)));
     publish_release(&mut restarted, plain(release(7, 2)));
-    assert!(point(&mut restarted, all(8, &release(7, 1)).to_payload()).is_empty());
+    assert!(served(&point(&mut restarted, all(8, &release(7, 1)).to_payload())).is_empty());
     assert_eq!(restarted.status().serving, Some(release(7, 2).sha256_hex()));
     assert_eq!(
         served(&point(&mut restarted, all(10, &release(7, 1)).to_payload())),
@@ -338,4 +339,115 @@ fn the_release_kept_on_disk_counts_as_served_and_an_evaluator_scores_it_once() {
         served(&point(&mut agent, all(3, &release(7, 3)).to_payload())),
         [3]
     );
+}
+
+#[test]
+fn a_pointer_older_than_the_last_one_taken_is_refused_and_said_so() {
+    let mut agent = agent("cam-1");
+    publish_release(&mut agent, plain(release(7, 1)));
+    publish_release(&mut agent, plain(release(7, 2)));
+    assert!(point(&mut agent, all(1_000, &release(7, 2)).to_payload()).is_empty());
+    // The same pointer again (retained, delivered at each reconnect) is nothing to report.
+    assert!(point(&mut agent, all(1_000, &release(7, 2)).to_payload()).is_empty());
+    assert!(agent.status().last_error.is_empty());
+    // A coordinator whose clock went back numbers its next pointer below: refused, and the
+    // status says why the device does not follow it.
+    let outputs = point(&mut agent, all(500, &release(7, 1)).to_payload());
+    let error = &last_status(&outputs).last_error;
+    assert!(
+        error.contains("serving pointer 500") && error.contains("1000"),
+        "{error}"
+    );
+    assert_eq!(agent.status().serving, Some(release(7, 2).sha256_hex()));
+    assert_eq!(agent.summary().pointers_refused, 1);
+}
+
+#[test]
+fn a_release_too_large_for_the_device_is_refused_before_it_is_kept() {
+    // A profile with memory_budget_mb = 1 reassembles frames of at most 1 MiB.
+    let mut id = identity("cam-1", None);
+    id.memory_budget_mb = 1;
+    let mut agent = Agent::new(id, RoundState::default()).unwrap();
+    assert_eq!(
+        served(&publish_release(&mut agent, plain(release(7, 1)))),
+        [1]
+    );
+    // 303,002 parameters (1.2 MB), sent whole in one message (no reassembly limit applies).
+    let huge = super::release_tests::release_of(
+        fedge_wire::HeadConfig::new(300, 2).with_hidden(1_000),
+        7,
+        2,
+    );
+    let outputs = publish_release(&mut agent, plain(huge.clone()));
+    assert!(served(&outputs).is_empty(), "{outputs:?}");
+    let error = &last_status(&outputs).last_error;
+    assert!(error.contains("memory_budget_mb"), "{error}");
+    // A projector wider than any a device fits, however few its bytes.
+    let wide = super::release_tests::release_of(
+        fedge_wire::HeadConfig::new(2, 2).with_hidden(fedge_wire::layout::MAX_FITTED_HIDDEN + 1),
+        7,
+        3,
+    );
+    let outputs = publish_release(&mut agent, plain(wide.clone()));
+    assert!(served(&outputs).is_empty(), "{outputs:?}");
+    let error = &last_status(&outputs).last_error;
+    assert!(error.contains("projector"), "{error}");
+    // Neither was kept: a pointer naming one has nothing to switch to.
+    for (seq, refused) in [(1, &huge), (2, &wide)] {
+        assert!(point(&mut agent, all(seq, refused).to_payload()).is_empty());
+    }
+    assert_eq!(agent.status().serving, Some(release(7, 1).sha256_hex()));
+}
+
+#[test]
+fn a_release_of_another_head_than_the_device_s_is_refused_before_it_is_kept() {
+    use super::release_tests::release_of;
+    use fedge_wire::HeadConfig;
+    // The device's own head: the backbone's 2 features, its profile's width 1.
+    let own = HeadConfig::new(2, 2).with_hidden(1);
+    let mut agent = Agent::new(identity("cam-1", None), RoundState::default())
+        .unwrap()
+        .with_head(own);
+    assert_eq!(
+        served(&publish_release(&mut agent, plain(release(7, 1)))),
+        [1]
+    );
+    // Another backbone's head: refused, and said.
+    let other = release_of(HeadConfig::new(3, 2).with_hidden(1), 7, 2);
+    let outputs = publish_release(&mut agent, plain(other.clone()));
+    assert!(served(&outputs).is_empty(), "{outputs:?}");
+    let error = &last_status(&outputs).last_error;
+    assert!(error.contains("3 features"), "{error}");
+    assert!(point(&mut agent, all(1, &other).to_payload()).is_empty());
+    // The federation's width, another than the profile's, is the federation's to choose.
+    let wider = release_of(HeadConfig::new(2, 2).with_hidden(8), 7, 3);
+    assert_eq!(
+        served(&point(&mut agent, all(2, &wider).to_payload())),
+        Vec::<u64>::new()
+    );
+    assert_eq!(served(&publish_release(&mut agent, plain(wider))), [3]);
+}
+
+#[test]
+fn the_releases_kept_take_no_more_than_the_device_reassembles_in_one_frame() {
+    use super::release_tests::release_of;
+    use super::serving::footprint;
+    // memory_budget_mb = 1: frames of 1 MiB; each release below takes 247 KB, four fit.
+    let mut id = identity("cam-1", None);
+    id.memory_budget_mb = 1;
+    let mut agent = Agent::new(id, RoundState::default()).unwrap();
+    let head = fedge_wire::HeadConfig::new(100, 2).with_hidden(600);
+    let r = |round| release_of(head.clone(), 7, round);
+    let each = footprint(&r(1));
+    assert!(4 * each < 1 << 20 && 5 * each > 1 << 20, "{each}");
+    for round in 1..=5 {
+        assert_eq!(
+            served(&publish_release(&mut agent, plain(r(round)))),
+            [round]
+        );
+    }
+    // Fewer than KEPT_RELEASES, for the bytes: the oldest went.
+    assert!(point(&mut agent, all(1, &r(1)).to_payload()).is_empty());
+    assert_eq!(agent.status().serving, Some(r(5).sha256_hex()));
+    assert_eq!(served(&point(&mut agent, all(2, &r(2)).to_payload())), [2]);
 }

@@ -114,6 +114,14 @@ impl Agent {
         if let Err(e) = task.train.check() {
             return Some(format!("refused round {}: {e}", task.round));
         }
+        if let Some(pooled) = &task.pooled
+            && let Err(e) = self.check_pooled(task, pooled)
+        {
+            return Some(format!(
+                "refused round {}: the pooled feature statistics: {e}",
+                task.round
+            ));
+        }
         let selected = task.selected.iter().any(|c| c == &self.id.client_id);
         if selected
             && self.id.role == Role::Train
@@ -151,6 +159,23 @@ impl Agent {
             ));
         }
         None
+    }
+
+    /// Checks a task's pooled summary before anything reads it: sizes against the task's
+    /// classes and the device's features (the summary's own without [`Agent::with_head`]),
+    /// every value finite. A summary that does not hold together would index out of its
+    /// tensors in the trainer.
+    fn check_pooled(
+        &self,
+        task: &RoundTask,
+        pooled: &fedge_wire::FeatureSummary,
+    ) -> Result<(), String> {
+        let classes = match task.classes.len() {
+            0 => pooled.classes(),
+            k => k,
+        };
+        let features = self.head.as_ref().map_or(pooled.features(), |h| h.features);
+        pooled.check(classes, features)
     }
 }
 

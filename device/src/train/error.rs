@@ -50,6 +50,13 @@ pub enum TrainError {
         .0.name()
     )]
     TailWithNorm(fedge_wire::FeatureNorm),
+    /// The task's pooled feature summary does not fit the head it trains (sizes, or a value
+    /// that is not finite): a malformed or forged task, never trained on.
+    #[error(
+        "the task's pooled feature statistics do not fit this device's head: {0} (the \
+         coordinator's pool is damaged: `fedge-coordinator ctl reset-pool` clears it)"
+    )]
+    Pooled(String),
     /// The device has a class the task's class list lacks.
     #[error(transparent)]
     Classes(#[from] crate::classes::UnknownClasses),

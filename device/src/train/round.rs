@@ -112,9 +112,10 @@ impl DeviceData {
     }
 
     /// The device's feature summary for its update (`FeatureNorm::pools`), over its training
-    /// rows.
+    /// rows, without the classes it has too few rows of to hide them
+    /// ([`FeatureSummary::without_rare_classes`]).
     pub fn summary(&self, classes: usize) -> Option<FeatureSummary> {
-        summary_of(&self.train, classes)
+        summary_of(&self.train, classes).map(|s| s.without_rare_classes())
     }
 }
 
@@ -175,6 +176,15 @@ pub fn run_round(
     if trainer.tail.is_some() && norm != FeatureNorm::None {
         return RoundOutcome {
             result: Err(TrainError::TailWithNorm(norm)),
+            val_accuracy: 0.0,
+        };
+    }
+    // Checked before any use: a summary of other sizes would index out of its tensors.
+    if let Some(pooled) = &task.pooled
+        && let Err(e) = pooled.check(head.classes, head.features)
+    {
+        return RoundOutcome {
+            result: Err(TrainError::Pooled(e)),
             val_accuracy: 0.0,
         };
     }

@@ -56,7 +56,8 @@ pub async fn run_agent(
         .as_deref()
         .map(super::state::load)
         .unwrap_or_default();
-    let mut agent = Agent::new(setup.identity(), remembered)?;
+    // The head's sizes: releases of other sizes are refused before they are kept.
+    let mut agent = Agent::new(setup.identity(), remembered)?.with_head(setup.head.clone());
     if let Some(privacy) = &setup.privacy {
         // The noise source is made here, from the OS unless a seed is set: the machine reads
         // no entropy itself.
@@ -241,7 +242,9 @@ fn perform(
             Output::Serve(release) => {
                 serve::keep(setup, &release, data.serving_stats(&release).as_deref());
             }
-            Output::Score(release) => spawn_scoring(setup, data, *release, done.scored.clone()),
+            Output::Score(release, against) => {
+                spawn_scoring(setup, data, *release, against, done.scored.clone())
+            }
             Output::Save(state) => {
                 if let Some(path) = &setup.state_file
                     && let Err(e) = super::state::save(&state, path)
@@ -327,25 +330,41 @@ fn spawn_training(
     });
 }
 
-/// Scores a release or candidate on an evaluation-only device's data, away from the network
-/// loop.
+/// Scores a release or candidate on an evaluation-only device's data (against the release
+/// served, for a candidate), away from the network loop.
 fn spawn_scoring(
     setup: &mut AgentSetup,
     data: &DeviceData,
     release: ModelRelease,
+    against: Option<Box<ModelRelease>>,
     scored: mpsc::UnboundedSender<Scored>,
 ) {
     let sha256 = release.sha256_hex();
     if let Err(e) = labels::align(setup, &release.classes) {
         let result = Err(e.to_string());
-        let _ = scored.send(Scored { sha256, result });
+        let _ = scored.send(Scored {
+            sha256,
+            result,
+            paired: None,
+        });
         return;
     }
     let setup = setup.clone();
     let site = data.serving_stats(&release);
+    // The served release is compared only on the same class list (else its score is its own).
+    let against = against.filter(|a| a.classes == release.classes);
+    let against_site = against.as_ref().and_then(|a| data.serving_stats(a));
     tokio::task::spawn_blocking(move || {
-        let result = labels::score(&setup, &release, site.as_deref());
-        let _ = scored.send(Scored { sha256, result });
+        let served = (against.as_deref()).map(|a| (a, against_site.as_deref()));
+        let (result, paired) = match labels::score(&setup, &release, site.as_deref(), served) {
+            Ok((evaluation, paired)) => (Ok(evaluation), paired),
+            Err(e) => (Err(e), None),
+        };
+        let _ = scored.send(Scored {
+            sha256,
+            result,
+            paired,
+        });
     });
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use fedge_models::HeadConfig;
-use fedge_wire::{FeatureNorm, ModelRelease, SiteEvaluation};
+use fedge_wire::{FeatureNorm, ModelRelease, PairedScore, SiteEvaluation};
 
 use super::setup::AgentSetup;
 use fedge_device::FeatureSet;
@@ -42,13 +42,13 @@ pub fn head_for(setup: &AgentSetup, classes: usize) -> HeadConfig {
     }
 }
 
-/// Accuracy, overall and per class, of `release`'s head on `setup`'s validation data (all of
-/// an evaluation-only device's samples), already aligned to the release's classes.
-pub fn score(
+/// The class `release`'s head predicts for each of `setup`'s validation rows (all of an
+/// evaluation-only device's samples), already aligned to the release's classes.
+fn predictions(
     setup: &AgentSetup,
     release: &ModelRelease,
     site: Option<&FeatureStats>,
-) -> Result<SiteEvaluation, String> {
+) -> Result<Vec<usize>, String> {
     let params = release.verify().map_err(|e| e.to_string())?;
     let data = &setup.val;
     if release.head.features != data.dim || release.head.hidden != setup.head.hidden {
@@ -70,11 +70,24 @@ pub fn score(
     let features = standardised
         .as_ref()
         .map_or(&data.features, |d| &d.features);
-    let predicted = fedge_models::head::predict_flat(&release.head, &params, features)
-        .map_err(|e| e.to_string())?;
+    fedge_models::head::predict_flat(&release.head, &params, features).map_err(|e| e.to_string())
+}
+
+/// Accuracy, overall and per class, of `release`'s head on `setup`'s validation data (all of
+/// an evaluation-only device's samples), already aligned to the release's classes; with
+/// `against` (the release served and its site statistics), also the paired counts of the
+/// images only one of the two gets right.
+pub fn score(
+    setup: &AgentSetup,
+    release: &ModelRelease,
+    site: Option<&FeatureStats>,
+    against: Option<(&ModelRelease, Option<&FeatureStats>)>,
+) -> Result<(SiteEvaluation, Option<PairedScore>), String> {
+    let predicted = predictions(setup, release, site)?;
+    let labels = &setup.val.labels;
     let k = release.head.classes;
     let (mut right, mut seen) = (vec![0u32; k], vec![0u32; k]);
-    for (&p, &y) in predicted.iter().zip(&data.labels) {
+    for (&p, &y) in predicted.iter().zip(labels) {
         let y = y as usize;
         if y < k {
             seen[y] += 1;
@@ -83,7 +96,7 @@ pub fn score(
     }
     let total: u32 = seen.iter().sum();
     let correct: u32 = right.iter().sum();
-    Ok(SiteEvaluation {
+    let evaluation = SiteEvaluation {
         model_round: release.round,
         accuracy: if total == 0 {
             0.0
@@ -94,5 +107,44 @@ pub fn score(
             .map(|(&r, &n)| (n > 0).then(|| r as f32 / n as f32))
             .collect(),
         samples: total,
-    })
+    };
+    let paired = match against {
+        Some((served, stats)) => Some(paired(
+            &predicted,
+            &predictions(setup, served, stats)?,
+            labels,
+            k,
+            served,
+        )),
+        None => None,
+    };
+    Ok((evaluation, paired))
+}
+
+/// The paired counts of two releases' predictions on the same labelled rows (rows of a class
+/// beyond `k` do not count, as in the score).
+fn paired(
+    candidate: &[usize],
+    served: &[usize],
+    labels: &[u32],
+    k: usize,
+    against: &ModelRelease,
+) -> PairedScore {
+    let mut score = PairedScore {
+        against: against.sha256_hex(),
+        ..PairedScore::default()
+    };
+    for ((&c, &s), &y) in candidate.iter().zip(served).zip(labels) {
+        let y = y as usize;
+        if y >= k {
+            continue;
+        }
+        score.samples += 1;
+        match (c == y, s == y) {
+            (true, false) => score.gained += 1,
+            (false, true) => score.lost += 1,
+            _ => {}
+        }
+    }
+    score
 }

@@ -20,7 +20,10 @@ pub struct LabellingConfig {
     /// trusted).
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// The queue's folder (relative to the profile); default `<cache_dir>/labelling/<client_id>`.
+    /// The queue's folder (relative to the profile); default `<cache_dir>/labelling/<client_id>`,
+    /// without `cache_dir` `$XDG_CACHE_HOME/fedge/labelling/<client_id>` (or under
+    /// `$HOME/.cache`). It must belong to the agent's user and be writable by nobody else (a
+    /// folder the agent creates is private to it).
     #[serde(default)]
     pub dir: Option<PathBuf>,
     /// Inputs kept waiting for a label, 1 to 10000.
@@ -151,13 +154,38 @@ impl LabellingConfig {
         }
     }
 
-    /// The queue's folder for `client_id` with the profile's `cache_dir`.
+    /// The queue's folder for `client_id` with the profile's `cache_dir`; without either, in
+    /// the user's own cache folder ([`user_queue_dir`]).
     pub fn queue_dir(&self, cache_dir: Option<&Path>, client_id: &str) -> PathBuf {
         match (&self.dir, cache_dir) {
             (Some(dir), _) => dir.clone(),
             (None, Some(cache)) => cache.join("labelling").join(client_id),
-            (None, None) => std::env::temp_dir().join("fedge-labelling").join(client_id),
+            (None, None) => user_queue_dir(
+                client_id,
+                std::env::var_os("XDG_CACHE_HOME"),
+                std::env::var_os("HOME"),
+            ),
         }
+    }
+}
+
+/// The queue's folder for `client_id` without `cache_dir` or `dir`, from the environment's
+/// `XDG_CACHE_HOME` and `HOME`: `$XDG_CACHE_HOME/fedge/labelling/<client_id>` (an absolute
+/// path only, as the XDG specification says), else `$HOME/.cache/fedge/labelling/<client_id>`.
+/// With neither (a service without a home), `fedge-labelling-<client_id>` in the temporary
+/// folder, where the queue refuses a folder another user made first
+/// ([`super::queue::ensure_private_dir`]).
+pub fn user_queue_dir(
+    client_id: &str,
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> PathBuf {
+    let absolute = |dir: std::ffi::OsString| Some(PathBuf::from(dir)).filter(|d| d.is_absolute());
+    let cache = (xdg_cache_home.and_then(absolute))
+        .or_else(|| home.and_then(absolute).map(|home| home.join(".cache")));
+    match cache {
+        Some(cache) => cache.join("fedge").join("labelling").join(client_id),
+        None => std::env::temp_dir().join(format!("fedge-labelling-{client_id}")),
     }
 }
 
@@ -195,5 +223,39 @@ mod tests {
         );
         assert_eq!(with(|c| c.max_mb = 0), Err(InvalidLabelling::MaxMb));
         assert_eq!(with(|c| c.user = "a:b".into()), Err(InvalidLabelling::User));
+    }
+
+    /// Without `dir` or `cache_dir` the queue lives in the user's own cache folder, never in
+    /// a folder of the temporary one every user shares under a name anyone can take first.
+    #[test]
+    fn without_cache_dir_the_queue_is_in_the_users_cache() {
+        let some = |p: &str| Some(std::ffi::OsString::from(p));
+        assert_eq!(
+            user_queue_dir("cam-1", some("/x/cache"), some("/home/a")),
+            Path::new("/x/cache/fedge/labelling/cam-1")
+        );
+        assert_eq!(
+            user_queue_dir("cam-1", None, some("/home/a")),
+            Path::new("/home/a/.cache/fedge/labelling/cam-1")
+        );
+        // A relative XDG_CACHE_HOME is ignored, as the specification says.
+        assert_eq!(
+            user_queue_dir("cam-1", some("cache"), some("/home/a")),
+            Path::new("/home/a/.cache/fedge/labelling/cam-1")
+        );
+        let homeless = user_queue_dir("cam-1", None, None);
+        assert_eq!(homeless, std::env::temp_dir().join("fedge-labelling-cam-1"));
+        let config = LabellingConfig::default();
+        assert_eq!(
+            config.queue_dir(Some(Path::new("/c")), "cam-1"),
+            Path::new("/c/labelling/cam-1")
+        );
+        if std::env::var_os("HOME").is_some_and(|h| Path::new(&h).is_absolute()) {
+            assert!(
+                !config
+                    .queue_dir(None, "cam-1")
+                    .starts_with(std::env::temp_dir())
+            );
+        }
     }
 }

@@ -14,6 +14,18 @@
 //! Errors are JSON `{"error": "..."}` (400 a class outside the federation's, 404 an unknown
 //! input, 503 before the first release names the classes). With a password, every request
 //! needs HTTP Basic with `[labelling] user` and it (401 otherwise).
+//!
+//! Only the page itself can use the API, not another web page the labeller has open
+//! ([`SiteGuard`], as the inference endpoint's): on loopback a request must name the device
+//! in its `Host` (an IP address, `localhost` or the machine's host name: a DNS-rebinding
+//! page's own name is answered 403; over the network the page asks for a password, which such
+//! a page does not have), and a POST must be JSON (`Content-Type: application/json`, which no
+//! HTML form and no no-cors `fetch` can send; 415 otherwise) and carry no `Origin` (or
+//! `Sec-Fetch-Site`) of another site (403). The page sends `{}` with skip and undo; with curl,
+//! add `-H 'content-type: application/json'`. Answers may not be embedded by other sites
+//! (`Cross-Origin-Resource-Policy: same-origin`), nor the page framed.
+//!
+//! Connections are bounded as the inference endpoint's are ([`LIMITS`]).
 
 use std::sync::Arc;
 
@@ -27,10 +39,21 @@ use serde::{Deserialize, Serialize};
 
 use super::queue::{Item, LabelQueue, QueueError};
 use crate::inference::SharedPredictor;
-use crate::inference::http::error;
+use crate::inference::http::{SiteGuard, error};
+use fedge_daemon::metrics::ConnectionLimits;
 
 /// The page, one self-contained file (no scripts or fonts from elsewhere).
 const PAGE: &str = include_str!("page.html");
+
+/// The page's bounds on connections: 16 at once (a browser opens up to six), 10 s for a
+/// request's headers and between requests, two minutes per connection.
+pub const LIMITS: ConnectionLimits = ConnectionLimits {
+    max_connections: 16,
+    header_timeout: std::time::Duration::from_secs(10),
+    connection_timeout: std::time::Duration::from_secs(120),
+    grace: crate::inference::http::SHUTDOWN_GRACE,
+    setting: None,
+};
 
 #[derive(Clone)]
 struct App {
@@ -93,31 +116,62 @@ pub fn router(
             app.clone(),
             require_login,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            SiteGuard::new(&[], true),
+            crate::inference::http::guard,
+        ))
+        .layer(axum::middleware::map_response(same_origin_only))
         .with_state(app)
 }
 
-/// Serves the page on `listener` until `stop` becomes true (or its sender is dropped).
+/// Serves the page on `listener` within [`LIMITS`] until `stop` becomes true (or its sender
+/// is dropped).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    serve_with(listener, router, LIMITS, stop).await
+}
+
+/// [`serve`] within `limits`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "labelling page listening");
     }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|stopped| *stopped).await;
-        })
-        .await
+    let stopped = async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    };
+    fedge_daemon::metrics::serve_bounded(listener, router, limits, stopped).await;
+    Ok(())
+}
+
+/// Every answer: not to be embedded by another site (an `<img>` of a queued input on another
+/// page), nor read as another type than it says.
+async fn same_origin_only(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        "cross-origin-resource-policy",
+        header::HeaderValue::from_static("same-origin"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    response
 }
 
 fn queue_error(e: QueueError) -> Response {
     let status = match &e {
         QueueError::Unknown(_) => StatusCode::NOT_FOUND,
-        QueueError::Class { .. } => StatusCode::BAD_REQUEST,
+        QueueError::Class { .. } | QueueError::ClassName(_) => StatusCode::BAD_REQUEST,
         QueueError::NothingToUndo => StatusCode::CONFLICT,
-        QueueError::Io { .. } => {
+        QueueError::Io { .. } | QueueError::Unsafe { .. } => {
             tracing::warn!(error = %e, "labelling queue");
             StatusCode::INTERNAL_SERVER_ERROR
         }
@@ -188,6 +242,9 @@ async fn page() -> Response {
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
+            // Not in another site's frame, where its buttons could be clicked unseen.
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
         ],
         PAGE,
     )
@@ -306,10 +363,193 @@ async fn undo(State(app): State<App>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::inference::http::tests::{answer, client};
+    use crate::labelling::QueueSettings;
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
     #[test]
     fn the_login_comparison_needs_every_byte() {
         assert!(super::same(b"fedge:pw", b"fedge:pw"));
         assert!(!super::same(b"fedge:pw", b"fedge:pX"));
         assert!(!super::same(b"fedge:pw", b"fedge:p"));
+    }
+
+    /// The page on a free loopback port over a queue holding one input (id 0), without a
+    /// model or a login; it stops when dropped.
+    struct Page {
+        addr: std::net::SocketAddr,
+        queue: Arc<LabelQueue>,
+        _stop: tokio::sync::watch::Sender<bool>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Page {
+        async fn start(limits: ConnectionLimits) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let queue = LabelQueue::open(QueueSettings {
+                dir: dir.path().join("queue"),
+                site: dir.path().join("site"),
+                capacity: 4,
+                random_share: 0.0,
+                max_bytes: 1 << 20,
+            })
+            .unwrap();
+            let classes = ["bolt".to_owned(), "nut".to_owned()];
+            let prediction = crate::inference::Prediction {
+                class: "bolt".into(),
+                index: 0,
+                probability: 0.5,
+                top_k: Vec::new(),
+                logits: vec![1.0, 0.9],
+                model_round: 1,
+                model_sha256: String::new(),
+                distance: None,
+                unfamiliar: None,
+            };
+            assert!(
+                queue
+                    .offer(b"\x89PNG\r\n\x1a\n", &prediction, &classes)
+                    .unwrap()
+            );
+            let queue = Arc::new(queue);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            let app = router(
+                Arc::clone(&queue),
+                crate::inference::http::shared(None),
+                None,
+            );
+            tokio::spawn(serve_with(listener, app, limits, stop));
+            Self {
+                addr,
+                queue,
+                _stop: stop_tx,
+                _dir: dir,
+            }
+        }
+
+        fn url(&self, path: &str) -> String {
+            format!("http://{}{path}", self.addr)
+        }
+    }
+
+    /// DNS rebinding and cross-site requests: a page under another name cannot read the queue
+    /// or its images; a POST that is not JSON (an HTML form, a no-cors `fetch`) or that comes
+    /// from another origin changes nothing; the page's own requests (JSON, its own origin)
+    /// are served, and the page says what the API needs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_page_itself_can_use_the_api() {
+        let page = Page::start(LIMITS).await;
+        let http = client();
+        let rebound = format!("rebind.example:{}", page.addr.port());
+        for path in ["/api/queue", "/api/items/0/image", "/"] {
+            let (status, body) = answer(http.get(page.url(path)).header("host", &rebound).call());
+            assert_eq!(status, 403, "{path}: {body}");
+            assert!(body.contains("DNS-rebinding"), "{body}");
+        }
+        let response = http.get(page.url("/api/queue")).call().unwrap();
+        let corp = response.headers().get("cross-origin-resource-policy");
+        assert_eq!(corp.and_then(|v| v.to_str().ok()), Some("same-origin"));
+        let (status, body) = answer(Ok(response));
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("\"left\":1"), "{body}");
+
+        let skip = page.url("/api/items/0/skip");
+        let (status, body) = answer(http.post(&skip).send_empty());
+        assert_eq!(status, 415, "{body}");
+        assert!(body.contains("application/json"), "{body}");
+        let (status, _) = answer(
+            http.post(&skip)
+                .header("content-type", "text/plain")
+                .send("{}"),
+        );
+        assert_eq!(status, 415);
+        let json = |request: ureq::RequestBuilder<ureq::typestate::WithBody>| {
+            answer(
+                request
+                    .header("content-type", "application/json")
+                    .send("{}"),
+            )
+        };
+        let cross = [
+            ("origin", "http://attacker.example"),
+            ("origin", "null"),
+            ("sec-fetch-site", "cross-site"),
+        ];
+        for (name, value) in cross {
+            let (status, body) = json(http.post(&skip).header(name, value));
+            assert_eq!(status, 403, "{name}: {value}: {body}");
+            let (status, _) = json(http.post(page.url("/api/undo")).header(name, value));
+            assert_eq!(status, 403);
+        }
+        assert_eq!(page.queue.counts().left, 1, "nothing was skipped");
+
+        // The page's own requests.
+        let (status, body) = json(http.post(page.url("/api/undo")));
+        assert_eq!(
+            (status, body.contains("nothing to undo")),
+            (409, true),
+            "{body}"
+        );
+        let (status, body) = json(
+            http.post(&skip)
+                .header("origin", format!("http://{}", page.addr))
+                .header("sec-fetch-site", "same-origin"),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(page.queue.counts().left, 0);
+
+        let response = http.get(page.url("/")).call().unwrap();
+        let framing = response.headers().get("x-frame-options");
+        assert_eq!(framing.and_then(|v| v.to_str().ok()), Some("DENY"));
+        let (_, html) = answer(Ok(response));
+        assert!(
+            html.contains("if (body === undefined && method !== \"GET\") body = {};")
+                && html.contains("init.headers[\"content-type\"] = \"application/json\";"),
+            "the page sends every POST as JSON"
+        );
+    }
+
+    /// Connections to the page are capped and a silent one is closed at the header timeout;
+    /// the page is then served again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_page_caps_connections_and_closes_silent_ones() {
+        let limits = ConnectionLimits {
+            max_connections: 1,
+            header_timeout: Duration::from_secs(1),
+            ..LIMITS
+        };
+        let page = Page::start(limits).await;
+        let connect = || {
+            let stream = std::net::TcpStream::connect(page.addr).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            stream
+        };
+        let read_all = |mut stream: std::net::TcpStream| {
+            let mut all = Vec::new();
+            if let Err(e) = stream.read_to_end(&mut all) {
+                assert_eq!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset,
+                    "not closed: {e}"
+                );
+            }
+            String::from_utf8_lossy(&all).into_owned()
+        };
+        let mut silent = connect();
+        silent.write_all(b"GET /api/queue HTTP/1.1\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let busy = read_all(connect());
+        assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+        let started = Instant::now();
+        assert!(!read_all(silent).contains("200 OK"));
+        assert!(started.elapsed() < Duration::from_secs(4));
+        let (status, body) = answer(client().get(page.url("/api/queue")).call());
+        assert_eq!(status, 200, "{body}");
     }
 }

@@ -16,12 +16,24 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// A running device's labelling: the queue, where its page listens and the login it asks for.
-#[derive(Debug, Clone)]
+/// Its `Debug` shows the user but never the password.
+#[derive(Clone)]
 pub struct Labelling {
     pub queue: Arc<LabelQueue>,
     pub listen: String,
     /// `(user, password)` when the page asks for a login.
     pub login: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for Labelling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let login = (self.login.as_ref()).map(|(user, _)| (user, "<redacted>"));
+        f.debug_struct("Labelling")
+            .field("queue", &self.queue)
+            .field("listen", &self.listen)
+            .field("login", &login)
+            .finish()
+    }
 }
 
 /// Why the labelling queue could not be opened.
@@ -70,5 +82,37 @@ impl LabellingConfig {
             listen: self.listen.clone(),
             login,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device's settings are logged with `{:?}`: the page's password must not be in them.
+    #[test]
+    fn the_password_is_not_in_debug_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = LabelQueue::open(QueueSettings {
+            dir: dir.path().join("queue"),
+            site: dir.path().join("site"),
+            capacity: 2,
+            random_share: 0.0,
+            max_bytes: 1 << 20,
+        })
+        .unwrap();
+        let labelling = Labelling {
+            queue: Arc::new(queue),
+            listen: "127.0.0.1:8086".into(),
+            login: Some(("fedge".into(), "s3cret-pw".into())),
+        };
+        let shown = format!("{labelling:?}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+        assert!(
+            shown.contains("\"fedge\"") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        let shown = format!("{labelling:#?}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
     }
 }

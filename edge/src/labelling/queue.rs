@@ -10,6 +10,15 @@
 //!
 //! Every file is written with `fedge_daemon::write_atomically`. Nothing here leaves the
 //! device: the page and the JSON API read it on the device's own port.
+//!
+//! The folder is the agent's alone ([`ensure_private_dir`]): one it creates is mode 0700; one
+//! that is a symbolic link, belongs to another user or is writable by group or others is
+//! refused (another user who made it first would control `state.json`, and through it what
+//! `undo` reads and deletes); one only readable by others is made private. Inside it, and in
+//! the site folder, the queue reads, moves and deletes only regular files, never through a
+//! symbolic link ([`read_regular`]), and only the paths it makes itself: an input's file from
+//! its id and `png` or `jpg`, a label's from a class name that is a plain folder name
+//! ([`check_class_name`]) and the input's id, whatever `state.json` says.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -76,8 +85,15 @@ pub enum QueueError {
     Unknown(u64),
     #[error("class {class:?} is not one of the federation's: {}", classes.join(", "))]
     Class { class: String, classes: Vec<String> },
+    #[error(
+        "class {0:?} cannot be a folder of the site folder (empty, `.` or `..`, or holding `/`, \
+         `\\` or NUL): rename it in the federation's class list"
+    )]
+    ClassName(String),
     #[error("nothing to undo")]
     NothingToUndo,
+    #[error("{}: {problem}", path.display())]
+    Unsafe { path: PathBuf, problem: String },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -144,21 +160,21 @@ pub struct Counts {
 }
 
 impl LabelQueue {
-    /// Opens (or creates) the queue in `settings.dir`, restoring what it held.
+    /// Opens (or creates) the queue in `settings.dir`, restoring what it held; refuses a
+    /// folder that is not the agent's alone ([`ensure_private_dir`]).
     pub fn open(settings: QueueSettings) -> Result<Self, QueueError> {
+        ensure_private_dir(&settings.dir)?;
         let pending = settings.dir.join("pending");
-        std::fs::create_dir_all(&pending).map_err(io(&pending))?;
-        let state_path = settings.dir.join("state.json");
-        let state: State = match std::fs::read(&state_path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
-            Err(_) => State::default(),
-        };
+        ensure_private_dir(&pending)?;
+        let state = read_state(&settings.dir.join("state.json"))?;
         let mut items = Vec::new();
         for entry in std::fs::read_dir(&pending).map_err(io(&pending))?.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "json")
-                && let Ok(bytes) = std::fs::read(&path)
+                && let Ok(bytes) = read_regular(&path)
                 && let Ok(item) = serde_json::from_slice::<Item>(&bytes)
+                && valid_ext(&item.ext)
+                && path.file_stem() == Some(std::ffi::OsStr::new(&format!("{:016x}", item.id)))
             {
                 items.push(item);
             }
@@ -230,10 +246,16 @@ impl LabelQueue {
         fedge_daemon::write_atomically(&path, &bytes, Visibility::Private).map_err(io(&path))
     }
 
+    /// Input `id`'s note; unknown unless it is a regular file naming that id and a `png` or
+    /// `jpg` image.
     fn read_item(&self, id: u64) -> Result<Item, QueueError> {
         let path = self.pending_path(id, "json");
-        let bytes = std::fs::read(&path).map_err(|_| QueueError::Unknown(id))?;
-        serde_json::from_slice(&bytes).map_err(|_| QueueError::Unknown(id))
+        let bytes = read_regular(&path).map_err(|_| QueueError::Unknown(id))?;
+        let item: Item = serde_json::from_slice(&bytes).map_err(|_| QueueError::Unknown(id))?;
+        match item.id == id && valid_ext(&item.ext) {
+            true => Ok(item),
+            false => Err(QueueError::Unknown(id)),
+        }
     }
 
     fn write_item(&self, item: &Item, image: &[u8]) -> Result<(), QueueError> {
@@ -327,7 +349,7 @@ impl LabelQueue {
     pub fn image(&self, id: u64) -> Result<(Vec<u8>, &'static str), QueueError> {
         let item = self.read_item(id)?;
         let bytes =
-            std::fs::read(self.pending_path(id, &item.ext)).map_err(|_| QueueError::Unknown(id))?;
+            read_regular(&self.pending_path(id, &item.ext)).map_err(|_| QueueError::Unknown(id))?;
         let kind = if item.ext == "png" {
             "image/png"
         } else {
@@ -347,9 +369,9 @@ impl LabelQueue {
         }
         let mut inner = self.lock();
         let item = self.read_item(id)?;
+        let file = label_file(class, &item)?;
         let image = self.pending_path(id, &item.ext);
-        let bytes = std::fs::read(&image).map_err(|_| QueueError::Unknown(id))?;
-        let file = Path::new(class).join(format!("label-{id:016x}.{}", item.ext));
+        let bytes = read_regular(&image).map_err(|_| QueueError::Unknown(id))?;
         let dest = self.settings.site.join(&file);
         if let Some(parent) = dest.parent() {
             std::fs::create_dir_all(parent).map_err(io(parent))?;
@@ -384,8 +406,21 @@ impl LabelQueue {
     pub fn undo(&self) -> Result<Given, QueueError> {
         let mut inner = self.lock();
         let given = inner.state.given.pop().ok_or(QueueError::NothingToUndo)?;
-        let placed = self.settings.site.join(&given.file);
-        let restored = std::fs::read(&placed).and_then(|bytes| {
+        // Only the file a label makes, whatever state.json says.
+        let file =
+            label_file(&given.class, &given.item).and_then(|file| match file == given.file {
+                true => Ok(file),
+                false => Err(QueueError::Unknown(given.item.id)),
+            });
+        let file = match file {
+            Ok(file) => file,
+            Err(e) => {
+                inner.state.given.push(given);
+                return Err(e);
+            }
+        };
+        let placed = self.settings.site.join(&file);
+        let restored = read_regular(&placed).and_then(|bytes| {
             self.write_item(&given.item, &bytes)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             std::fs::remove_file(&placed)
@@ -425,6 +460,160 @@ impl crate::inference::Served for LabelQueue {
             tracing::warn!(error = %e, "labelling queue: the input was not kept");
         }
     }
+}
+
+/// Refuses a class name that is not a plain folder name in the site folder: empty, `.`, `..`,
+/// or holding a path separator (`/`, `\`) or NUL.
+pub fn check_class_name(class: &str) -> Result<(), QueueError> {
+    let plain = !matches!(class, "" | "." | "..") && !class.contains(['/', '\\', '\0']);
+    match plain {
+        true => Ok(()),
+        false => Err(QueueError::ClassName(class.to_owned())),
+    }
+}
+
+/// Where a label of `item` as `class` goes, relative to the site folder.
+fn label_file(class: &str, item: &Item) -> Result<PathBuf, QueueError> {
+    check_class_name(class)?;
+    if !valid_ext(&item.ext) {
+        return Err(QueueError::Unknown(item.id));
+    }
+    Ok(Path::new(class).join(format!("label-{:016x}.{}", item.id, item.ext)))
+}
+
+/// Whether `ext` is an extension the queue writes.
+fn valid_ext(ext: &str) -> bool {
+    matches!(ext, "png" | "jpg")
+}
+
+/// The queue's bookkeeping in `path`: a fresh one when there is none (or it is unreadable
+/// JSON); refused when `path` is a symbolic link or not a file.
+fn read_state(path: &Path) -> Result<State, QueueError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+        Err(e) => return Err(io(path)(e)),
+        Ok(meta) if !meta.file_type().is_file() => {
+            return Err(QueueError::Unsafe {
+                path: path.to_owned(),
+                problem: "the queue's state is not a regular file (a symbolic link?): remove \
+                          it, and the queue starts afresh"
+                    .to_owned(),
+            });
+        }
+        Ok(_) => {}
+    }
+    let bytes = read_regular(path).map_err(io(path))?;
+    let mut state: State = serde_json::from_slice(&bytes).unwrap_or_default();
+    let before = state.given.len();
+    state
+        .given
+        .retain(|g| label_file(&g.class, &g.item).is_ok_and(|f| f == g.file));
+    if state.given.len() < before {
+        tracing::warn!(path = %path.display(), "labelling queue: labels that name another file than their own were dropped from the undo list");
+    }
+    Ok(state)
+}
+
+/// The bytes of the regular file at `path`, never through a symbolic link: the entry must be
+/// a regular file, and the file opened the same one (on Unix, a link put in its place between
+/// the look and the opening is caught by the file's identity).
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let seen = std::fs::symlink_metadata(path)?;
+    if !seen.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a regular file (a symbolic link?)",
+        ));
+    }
+    let mut file = std::fs::File::open(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let opened = file.metadata()?;
+        if (opened.dev(), opened.ino()) != (seen.dev(), seen.ino()) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "replaced while being opened",
+            ));
+        }
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// Makes `dir` (and the folders above it that are missing) private to the agent's user
+/// (mode 0700), or checks the one there: refused when it is a symbolic link or not a folder,
+/// belongs to another user (on Linux, where the process's user is known) or may be written
+/// by group or others; one others may only read is made private.
+pub fn ensure_private_dir(dir: &Path) -> Result<(), QueueError> {
+    let refuse = |problem: String| QueueError::Unsafe {
+        path: dir.to_owned(),
+        problem: format!("the labelling queue's folder {problem}"),
+    };
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    if std::fs::symlink_metadata(dir).is_err() {
+        builder.create(dir).map_err(io(dir))?;
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
+    if meta.file_type().is_symlink() {
+        return Err(refuse(
+            "is a symbolic link: the queue needs a folder of its own; remove the link or \
+             set [labelling] dir to a real folder"
+                .to_owned(),
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(refuse(
+            "is not a folder: remove it or set [labelling] dir".to_owned(),
+        ));
+    }
+    #[cfg(unix)]
+    check_owner_and_mode(dir, &meta).map_err(refuse)?;
+    Ok(())
+}
+
+/// The Unix half of [`ensure_private_dir`]: `dir`'s owner and permission bits.
+#[cfg(unix)]
+fn check_owner_and_mode(dir: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if let Some(me) = current_uid()
+        && meta.uid() != me
+    {
+        return Err(format!(
+            "belongs to user {}, not to the agent's user ({me}): another user who made it \
+             first would control the queue; remove it, or give it to the agent's user \
+             (`chown`), or set [labelling] dir to a folder of its own",
+            meta.uid()
+        ));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "is writable by group or others (mode {mode:04o}), who could plant files in it \
+             that the queue would move or delete: check what it holds, then run \
+             `chmod 700 {}`",
+            dir.display()
+        ));
+    }
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+            format!("is readable by others (mode {mode:04o}) and `chmod 700` failed: {e}")
+        })?;
+        tracing::info!(dir = %dir.display(), "labelling queue: folder made private (mode 0700)");
+    }
+    Ok(())
+}
+
+/// The process's effective user id, from `/proc/self/status` (Linux; `None` elsewhere).
+#[cfg(unix)]
+fn current_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// `png` for a PNG file, `jpg` otherwise (the endpoint takes nothing else).
@@ -582,5 +771,190 @@ mod tests {
         );
         assert_eq!(queue.counts().too_large, 1);
         assert_eq!(queue.counts().left, 0);
+    }
+
+    /// An input the model was unsure of, kept.
+    fn offer_unsure(queue: &LabelQueue, shade: u8) {
+        let kept = queue.offer(&png(shade), &prediction([1.0, 0.9, 0.0]), &classes());
+        assert!(kept.unwrap());
+    }
+
+    #[cfg(unix)]
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    /// A queue folder another user may have made first or may write in is refused, naming
+    /// the fix, as is a symbolic link in its place or in `pending`'s; a folder the queue makes
+    /// is private, and one others may only read is made private.
+    #[cfg(unix)]
+    #[test]
+    fn a_queue_folder_others_control_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let at = |name: &str| {
+            LabelQueue::open(QueueSettings {
+                dir: root.join(name),
+                site: root.join("site"),
+                capacity: 2,
+                random_share: 0.0,
+                max_bytes: 1 << 20,
+            })
+        };
+        let made = |name: &str, mode: u32| {
+            std::fs::create_dir(root.join(name)).unwrap();
+            std::fs::set_permissions(root.join(name), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        };
+        at("fresh/deeper").unwrap();
+        assert_eq!(mode(&root.join("fresh/deeper")), 0o700);
+        assert_eq!(mode(&root.join("fresh/deeper/pending")), 0o700);
+
+        for open in [0o777, 0o770, 0o702] {
+            let name = format!("open-{open:o}");
+            made(&name, open);
+            let err = at(&name).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("mode {open:04o}")) && err.contains("chmod 700"),
+                "{err}"
+            );
+            assert!(
+                !root.join(&name).join("pending").exists(),
+                "nothing made in it"
+            );
+        }
+
+        made("readable", 0o755);
+        at("readable").unwrap();
+        assert_eq!(mode(&root.join("readable")), 0o700);
+
+        std::os::unix::fs::symlink(root.join("fresh/deeper"), root.join("link")).unwrap();
+        let err = at("link").unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+
+        made("inner", 0o700);
+        std::os::unix::fs::symlink(
+            root.join("fresh/deeper/pending"),
+            root.join("inner/pending"),
+        )
+        .unwrap();
+        let err = at("inner").unwrap_err().to_string();
+        assert!(
+            err.contains("pending") && err.contains("symbolic link"),
+            "{err}"
+        );
+
+        // Another user's folder, private to them (only root can give one away).
+        if current_uid() == Some(0) {
+            made("theirs", 0o700);
+            std::os::unix::fs::chown(root.join("theirs"), Some(4242), Some(4242)).unwrap();
+            let err = at("theirs").unwrap_err().to_string();
+            assert!(
+                err.contains("belongs to user 4242") && err.contains("chown"),
+                "{err}"
+            );
+        }
+    }
+
+    /// Symbolic links planted in the queue, or over a labelled file in the site folder, are
+    /// not followed, and paths in `state.json` or a note are not trusted: what they point at
+    /// is neither served, nor copied into the site folder, nor moved or deleted.
+    #[cfg(unix)]
+    #[test]
+    fn planted_links_and_paths_are_not_followed() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret.png");
+        std::fs::write(&secret, b"\x89PNG the agent's secret").unwrap();
+        let queue = open(dir.path(), 4);
+        for shade in [10, 20, 30] {
+            offer_unsure(&queue, shade);
+        }
+        let pending = dir.path().join("queue/pending");
+
+        // Input 0's image replaced by a link to the secret.
+        let image = pending.join("0000000000000000.png");
+        std::fs::remove_file(&image).unwrap();
+        symlink(&secret, &image).unwrap();
+        assert!(matches!(queue.image(0), Err(QueueError::Unknown(0))));
+        assert!(queue.label(0, "bolt", &classes()).is_err());
+        assert!(!dir.path().join("site/bolt").exists());
+
+        // Input 1's note names a file elsewhere as its image.
+        let note = pending.join("0000000000000001.json");
+        let mut item: Item = serde_json::from_slice(&std::fs::read(&note).unwrap()).unwrap();
+        item.ext = "png/../../../secret.png".into();
+        std::fs::write(&note, serde_json::to_vec(&item).unwrap()).unwrap();
+        assert!(matches!(queue.image(1), Err(QueueError::Unknown(1))));
+
+        // Input 2 labelled, then its file in the site folder replaced by a link.
+        let file = queue.label(2, "nut", &classes()).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        symlink(&secret, &file).unwrap();
+        assert!(queue.undo().is_err());
+        assert!(
+            queue.image(2).is_err(),
+            "the secret is not back in the queue"
+        );
+        assert_eq!(
+            std::fs::read(&secret).unwrap(),
+            b"\x89PNG the agent's secret"
+        );
+        drop(queue);
+
+        // state.json naming another file for the newest label: not undone, the file stays.
+        let state_path = dir.path().join("queue/state.json");
+        let mut state: State =
+            serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+        state.given.last_mut().unwrap().file = PathBuf::from("../secret.png");
+        std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+        let again = open(dir.path(), 4);
+        assert!(matches!(again.undo(), Err(QueueError::NothingToUndo)));
+        assert!(secret.exists());
+        drop(again);
+
+        // state.json itself a link: refused.
+        std::fs::remove_file(&state_path).unwrap();
+        symlink(&secret, &state_path).unwrap();
+        let err = LabelQueue::open(QueueSettings {
+            dir: dir.path().join("queue"),
+            site: dir.path().join("site"),
+            capacity: 4,
+            random_share: 0.0,
+            max_bytes: 1 << 20,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("state.json") && err.contains("symbolic link"),
+            "{err}"
+        );
+    }
+
+    /// A class name that would not be a plain folder of the site folder (`.`, `..`, empty, a
+    /// separator, NUL) is refused even when the federation's list holds it: nothing is written
+    /// outside the site folder, and the input still waits.
+    #[test]
+    fn class_names_that_are_not_plain_folder_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = open(dir.path(), 2);
+        offer_unsure(&queue, 10);
+        for bad in ["", ".", "..", "a/b", "../x", "a\\b", "nu\0t"] {
+            let classes = vec![bad.to_owned(), "nut".to_owned()];
+            let err = queue.label(0, bad, &classes).unwrap_err();
+            assert!(matches!(err, QueueError::ClassName(_)), "{bad:?}: {err}");
+            assert!(err.to_string().contains("rename it"), "{err}");
+        }
+        let outside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(outside.len(), 1, "only the queue: {outside:?}");
+        assert_eq!(queue.counts().left, 1);
+        let file = queue.label(0, "nut", &classes()).unwrap();
+        assert!(file.starts_with(dir.path().join("site/nut")));
     }
 }

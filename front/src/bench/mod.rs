@@ -20,6 +20,7 @@ pub mod buffered;
 pub mod drift;
 pub mod feddim;
 pub mod fleet;
+pub mod gate;
 pub mod head;
 pub mod labelling;
 pub mod rollback;

@@ -54,8 +54,9 @@ pub struct AttackArgs {
     /// Seed of the payloads' randomness.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// A file holding a device key (hex) the coordinator knows for <PREFIX>-poison-weight and
-    /// <PREFIX>-nan: they then sign like a compromised device would.
+    /// A file holding a device key (hex) the coordinator knows for the attacks that play a
+    /// device (<PREFIX>-poison-weight, -nan, -poison-summary, -lying-score, -canary-veto,
+    /// -stale-status): they then sign like compromised devices would.
     #[arg(long)]
     pub insider_key_file: Option<PathBuf>,
     /// Connect with TLS, trusting this CA (PEM).

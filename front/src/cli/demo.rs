@@ -60,9 +60,10 @@ pub struct DemoArgs {
     /// version every --buffer-size updates, nobody waiting for the slowest agent).
     #[arg(long, default_value = "synchronous", value_parser = mode_parser(), help_heading = "Aggregation")]
     pub mode: AggregationMode,
-    /// Buffered: updates per model version [default: one less than the agents, so that each
-    /// version waits for all but the slowest; a smaller buffer goes faster but, when speed
-    /// goes with the data (a site all slow), leans towards the fast agents' data].
+    /// Buffered: updates per model version, at least 2 [default: one less than the agents (at
+    /// least 2), so that each version waits for all but the slowest; a smaller buffer goes
+    /// faster but, when speed goes with the data (a site all slow), leans towards the fast
+    /// agents' data].
     #[arg(long, help_heading = "Aggregation")]
     pub buffer_size: Option<usize>,
     /// The straggler mix: the last tenth of the agents train twenty times slower and the
@@ -212,9 +213,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             AggregationMode::Buffered => AggregationConfig {
                 participation: args.participation,
                 ..AggregationConfig::buffered(
+                    // A buffer of one would disable the update guards: refused by the
+                    // configuration check, so the default is never below 2.
                     args.buffer_size
-                        .unwrap_or(args.clients.saturating_sub(1))
-                        .max(1),
+                        .unwrap_or(args.clients.saturating_sub(1).max(2)),
                     0,
                     AggregationConfig::default().max_staleness,
                 )

@@ -34,7 +34,8 @@ pub struct HostileReport {
 impl Hostile {
     /// Starts `kinds` against `federation` on `broker`, `rate` packets per second per attack,
     /// acting from the first round task on, every round (and every second within one); the
-    /// attacking devices that take part in rounds sign with `insider_key` when given.
+    /// attacks that play a device (in rounds, as an evaluation-only site, serving releases:
+    /// [`AttackKind::takes_part`]) sign with `insider_key` when given.
     pub fn start(
         broker: &BrokerConfig,
         federation: &str,

@@ -1,7 +1,8 @@
 //! The demo's unseen site: an evaluation-only agent holds the held-out domain, scores every
 //! released model, and reports its accuracy in its status, as a deployment's unseen site
-//! does. The demo reads that status (with keys, only when its tag verifies) and reports the
-//! site's figure as the round's target accuracy.
+//! does. The demo reads that status (with keys, only when its tag verifies; never a retained
+//! one, which an earlier run may have left) and reports the site's figure as the round's
+//! target accuracy.
 
 use std::time::Duration;
 
@@ -39,6 +40,10 @@ impl SiteWatcher {
                         Ok(Event::Incoming(Packet::ConnAck(_))) => {
                             let _ = mqtt.try_subscribe(topic.clone(), QoS::AtLeastOnce);
                         }
+                        // A retained status was written before this watcher subscribed: by
+                        // the site of an earlier run on the same broker, or by anyone. Only
+                        // what the site publishes from now on is this run's.
+                        Ok(Event::Incoming(Packet::Publish(p))) if p.retain => {}
                         Ok(Event::Incoming(Packet::Publish(p))) => {
                             let Ok(status) = serde_json::from_slice::<EdgeStatus>(&p.payload) else {
                                 continue;

@@ -1,5 +1,6 @@
 //! The audit trail of a real coordinator binary: a short federation against mosquitto, then
-//! `fedge-coordinator audit verify` on the untouched trail and on an edited one, and
+//! `fedge-coordinator audit verify` on the untouched trail, on one rewritten whole (alone and
+//! against the head the retained status carried) and on an edited one, and
 //! `fedge-coordinator audit show` asked which release a device served and who built it.
 
 use std::path::Path;
@@ -28,6 +29,26 @@ fn sealed(device: &str, round: u64, run: u64) -> Vec<u8> {
         ..common::client_update(round, device, round, 10, &delta)
     });
     fedge_wire::seal(frame, &[(device, &key(device))])
+}
+
+/// The trail at `path` rewritten with its first release credited to d1 alone, every line's
+/// `prev` and `hash` recomputed (written again, line by line, by the coordinator's own
+/// writer): what anyone who can write the state folder can do.
+fn rewrite(path: &Path) {
+    use fedge_coordinator::store::audit::{AuditLog, Entry, Event};
+    let text = std::fs::read_to_string(path).unwrap();
+    std::fs::remove_file(path).unwrap();
+    let mut writer = AuditLog::new(path);
+    let mut edited = false;
+    for line in text.lines() {
+        let mut entry: Entry = serde_json::from_str(line).unwrap();
+        if let (false, Event::Released { built_by, .. }) = (edited, &mut entry.event) {
+            *built_by = vec!["d1".into()];
+            edited = true;
+        }
+        writer.append(&entry.at, &entry.who, &entry.event).unwrap();
+    }
+    assert!(edited, "the trail has a release");
 }
 
 fn audit(args: &[&str], state: &Path) -> std::process::Output {
@@ -105,7 +126,7 @@ async fn audit_verify_and_show_answer_for_a_real_federation() {
                 .unwrap();
         }
     }
-    common::wait_status(&mut events, &status_topic, |s| s.state == "finished").await;
+    let finished = common::wait_status(&mut events, &status_topic, |s| s.state == "finished").await;
     let exit = tokio::task::spawn_blocking(move || coordinator.0.wait().unwrap())
         .await
         .unwrap();
@@ -120,6 +141,22 @@ async fn audit_verify_and_show_answer_for_a_real_federation() {
         String::from_utf8_lossy(&verified.stderr)
     );
     assert!(stdout.contains("3 line(s) verified"), "{stdout}");
+    // The status carried the head as it stood: the anchor kept off the coordinator's machine.
+    let head = finished
+        .audit_head
+        .expect("the finished status names the audit head");
+    let anchor = format!("{}:{}", head.seq, head.sha256);
+    assert!(stdout.contains(&format!("head {anchor}")), "{stdout}");
+    assert!(
+        stdout.contains("not checked without an anchored head"),
+        "{stdout}"
+    );
+    let anchored = audit(&["verify", "--head", &anchor], &state);
+    assert!(
+        anchored.status.success(),
+        "{}",
+        String::from_utf8_lossy(&anchored.stderr)
+    );
 
     // The release devices were served after the run: the one in model.bin, built by all three.
     let released = match fedge_wire::decode(&std::fs::read(state.join("model.bin")).unwrap()) {
@@ -147,9 +184,30 @@ async fn audit_verify_and_show_answer_for_a_real_federation() {
     let answer: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(answer["release"], serde_json::Value::Null);
 
-    // One byte of the first release's line edited: verify fails and names the line.
+    // The whole file rewritten, the first release credited to d1 alone and every line
+    // recomputed: the chain alone holds; against the status's head it fails at that line.
     let trail = state.join("audit.jsonl");
     let text = std::fs::read_to_string(&trail).unwrap();
+    rewrite(&trail);
+    assert_ne!(std::fs::read_to_string(&trail).unwrap(), text);
+    let alone = audit(&["verify"], &state);
+    assert!(
+        alone.status.success(),
+        "{}",
+        String::from_utf8_lossy(&alone.stderr)
+    );
+    let refused = audit(&["verify", "--head", &anchor], &state);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("line {} ", head.seq))
+            && stderr.contains(&head.sha256)
+            && stderr.contains("rewritten"),
+        "{stderr}"
+    );
+    std::fs::write(&trail, &text).unwrap();
+
+    // One byte of the first release's line edited: verify fails and names the line.
     let line = text
         .lines()
         .position(|l| l.contains("\"released\""))

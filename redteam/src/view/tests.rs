@@ -198,3 +198,184 @@ fn a_device_putting_its_status_back_overturns_a_forgery() {
     view.absorb(&t.edge_status("site-0"), status(true).as_bytes(), 13);
     assert_eq!(view.forged_overturned, 1);
 }
+
+fn release_frame(round: u64, pooled: Option<fedge_wire::FeatureSummary>) -> Vec<u8> {
+    let params = vec![0.25 * round as f32; 4 * 3 + 3 + 3 * 2 + 2];
+    fedge_wire::encode(&Message::Model(fedge_wire::ModelRelease {
+        federation: "lab".into(),
+        run: 77,
+        round,
+        strategy: "fedavg".into(),
+        classes: fedge_wire::numbered_classes(2),
+        backbone: "digits-conv".into(),
+        head: fedge_wire::HeadConfig {
+            features: 4,
+            hidden: 3,
+            classes: 2,
+            tail: None,
+        },
+        feature_norm: fedge_wire::FeatureNorm::Pooled,
+        sha256: fedge_wire::ModelRelease::digest(&params),
+        params: TensorF32::from_slice(&params),
+        pooled,
+    }))
+}
+
+#[test]
+fn releases_pointers_and_the_pooled_summary_are_followed_sealed_or_not() {
+    let t = topics();
+    let mut view = ViewState::new(t.clone(), "mallory");
+    let key = fedge_wire::DeviceKey::from_bytes([9; 32]);
+    let pooled = flat_summary(2, 4, 1.5, 40);
+    // A sealed release, chunked on `model/current/<i>`: read without the key.
+    let sealed = fedge_wire::seal(release_frame(3, Some(pooled.clone())), &[("cam-01", &key)]);
+    for (i, piece) in fedge_wire::split_into_chunks(sealed, 1, 64)
+        .iter()
+        .enumerate()
+    {
+        view.absorb(&format!("{}/{i}", t.model_current()), piece, 10);
+    }
+    let r = &view.releases;
+    assert_eq!(r.releases.len(), 1);
+    let (sha, seen) = r.releases.iter().next().unwrap();
+    assert_eq!((seen.round, seen.candidate), (3, false));
+    assert_eq!(r.pooled_after[&3], pooled);
+    assert_eq!(r.newest_round(), Some(3));
+    let sha = sha.clone();
+    view.absorb(&t.model_candidate(), &release_frame(4, None), 11);
+    assert!(
+        view.releases
+            .releases
+            .values()
+            .any(|r| r.candidate && r.round == 4)
+    );
+    // A task carries the pool in force after the round before it.
+    let mut task = match fedge_wire::decode(&task_frame(6, &["cam-01"], 10)).unwrap() {
+        Message::RoundTask(task) => task,
+        other => panic!("{other:?}"),
+    };
+    task.pooled = Some(flat_summary(2, 4, 7.0, 40));
+    view.absorb(
+        &t.round_task(),
+        &fedge_wire::encode(&Message::RoundTask(task)),
+        12,
+    );
+    assert_eq!(view.task.as_ref().unwrap().classes, 2);
+    assert!(view.task.as_ref().unwrap().pooled.is_some());
+    assert_eq!(view.releases.pooled_after[&5].means.to_vec()[0], 7.0);
+
+    let pointer = |seq: u64, stage: fedge_wire::Stage| fedge_wire::ServingPointer {
+        federation: "lab".into(),
+        seq,
+        sha256: sha.clone(),
+        round: 3,
+        stage,
+        canary: vec!["cam-01".into()],
+        previous: Some("cd".repeat(32)),
+        pinned: false,
+    };
+    let plain = pointer(7, fedge_wire::Stage::Canary).to_payload();
+    view.absorb(&t.model_serving(), &plain, 13);
+    let sealed = fedge_wire::seal(
+        pointer(8, fedge_wire::Stage::All).to_payload(),
+        &[("cam-01", &key)],
+    );
+    view.absorb(&t.model_serving(), &sealed, 14);
+    view.absorb(&t.model_serving(), &plain, 15);
+    view.absorb(&t.model_serving(), b"{not a pointer", 15);
+    assert_eq!(view.releases.pointers.len(), 2);
+    let newest = view.releases.pointer().unwrap();
+    assert_eq!(
+        (newest.pointer.seq, newest.pointer.stage),
+        (8, fedge_wire::Stage::All)
+    );
+}
+
+#[test]
+fn the_coordinators_pipeline_gate_and_site_scores_are_read_from_its_status() {
+    let t = topics();
+    let mut view = ViewState::new(t.clone(), "mallory");
+    let (a, b) = ("aa".repeat(32), "bb".repeat(32));
+    let status = |outcome: &str, candidate_accuracy: f64| {
+        serde_json::json!({"state": "training", "round": 4,
+            "site_accuracy": {"unseen-75": 0.66, "mallory-lying-score": 1.0},
+            "release": {"mode": "gated", "serving": {"sha256": a, "round": 3},
+                "candidate": {"sha256": b, "round": 4}, "canary_devices": 0, "pinned": false,
+                "devices": {},
+                "gate": {"candidate": {"sha256": b, "round": 4}, "outcome": outcome,
+                    "sites": 1, "candidate_accuracy": candidate_accuracy,
+                    "serving_accuracy": 65.0, "reason": "…"}}})
+        .to_string()
+    };
+    view.absorb(
+        &t.coordinator_status(),
+        status("waiting", 66.0).as_bytes(),
+        20,
+    );
+    view.absorb(
+        &t.coordinator_status(),
+        status("waiting", 66.0).as_bytes(),
+        21,
+    );
+    view.absorb(
+        &t.coordinator_status(),
+        status("promoted", 5e31).as_bytes(),
+        22,
+    );
+    view.absorb(&t.coordinator_status(), br#"{"state":"offline"}"#, 23);
+    let r = &view.releases;
+    assert_eq!(
+        r.status_ms,
+        Some(22),
+        "an offline Last Will is no status of the pipeline"
+    );
+    assert_eq!(r.serving, Some((a.clone(), 3)));
+    assert_eq!(r.candidate, Some((b.clone(), 4)));
+    assert_eq!(r.site_accuracy["mallory-lying-score"], 1.0);
+    assert_eq!(r.gates.len(), 2);
+    assert_eq!(
+        (r.gates[0].outcome.as_str(), r.gates[0].first_ms),
+        ("waiting", 20)
+    );
+    assert!(!r.gates[0].swayed(1));
+    assert!(r.gates[1].swayed(1), "5e31 points is no accuracy");
+    assert!(r.gates[0].swayed(0), "one site scored, none of them honest");
+
+    let evaluator = serde_json::json!({"client_id": "unseen-75", "online": true,
+        "profile": "p", "backbone": "b", "role": "evaluate", "samples": 5, "last_round": 0,
+        "last_error": ""});
+    view.absorb(
+        &t.edge_status("unseen-75"),
+        evaluator.to_string().as_bytes(),
+        24,
+    );
+    let liar = evaluator
+        .to_string()
+        .replace("unseen-75", "mallory-lying-score");
+    view.absorb(&t.edge_status("mallory-lying-score"), liar.as_bytes(), 24);
+    assert_eq!(
+        view.evaluators.iter().collect::<Vec<_>>(),
+        vec!["unseen-75"]
+    );
+    let gone = evaluator
+        .to_string()
+        .replace("\"online\":true", "\"online\":false");
+    view.absorb(&t.edge_status("unseen-75"), gone.as_bytes(), 25);
+    assert!(view.evaluators.is_empty());
+}
+
+/// A summary of `classes` × `features` values all `value`, its `samples` rows spread over the
+/// classes (what the attacks craft; written here so that the view's tests need no crafting).
+fn flat_summary(
+    classes: usize,
+    features: usize,
+    value: f32,
+    samples: u32,
+) -> fedge_wire::FeatureSummary {
+    let means = vec![value; classes * features];
+    fedge_wire::FeatureSummary {
+        counts: vec![f64::from(samples) / classes as f64; classes],
+        means: fedge_wire::TensorF32::new(vec![classes as u32, features as u32], &means).unwrap(),
+        within: fedge_wire::TensorF32::from_slice(&vec![value; features]),
+    }
+}

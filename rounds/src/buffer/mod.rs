@@ -118,7 +118,8 @@ pub struct AggregationConfig {
     /// FedBuff, a new model version every `buffer_size` updates (then `rounds` counts versions
     /// and `round_timeout_s` is how long a device may train before its slot goes to another).
     pub mode: AggregationMode,
-    /// Buffered: accepted updates per model version, ≥ 1.
+    /// Buffered: accepted updates per model version, ≥ 2 (the norm guard and the weight cap
+    /// compare each update with the others in its buffer).
     pub buffer_size: usize,
     /// Buffered: devices training at once, ≥ 1; 0: every online device.
     pub concurrency: usize,
@@ -181,10 +182,27 @@ impl AggregationConfig {
     }
 
     /// The first setting out of range, named with what to give.
+    ///
+    /// A buffer of one update is refused in buffered mode: the norm guard bounds a delta by the
+    /// median of the *other* updates of its buffer and the weight cap by the buffer's median
+    /// count, so with one there is nobody to compare with and each version would be one
+    /// device's update, unbounded. Comparing with earlier buffers instead would let the bound
+    /// follow whatever the last few senders sent (a poisoner answering several versions in a
+    /// row raises it each time), and a buffer of one weighs its update alone whatever count it
+    /// claims; 2 is the least that keeps both guards.
     pub fn check(&self) -> Result<(), String> {
-        if self.buffer_size == 0 || self.buffer_size > 100_000 {
+        let least = if self.is_buffered() { 2 } else { 1 };
+        if self.is_buffered() && self.buffer_size == 1 {
+            return Err(
+                "[aggregation] buffer_size = 1 with mode = \"buffered\": every model version \
+                 would be one device's update, which the norm guard and the weight cap cannot \
+                 bound (they compare an update with the others in its buffer); give 2 to 100000"
+                    .into(),
+            );
+        }
+        if self.buffer_size < least || self.buffer_size > 100_000 {
             return Err(format!(
-                "[aggregation] buffer_size = {}: give 1 to 100000",
+                "[aggregation] buffer_size = {}: give {least} to 100000",
                 self.buffer_size
             ));
         }
@@ -246,6 +264,22 @@ mod tests {
             "unknown fleet"
         );
         assert!(AggregationConfig::default().advice().is_none());
+    }
+
+    #[test]
+    fn a_buffer_of_one_update_is_refused_since_no_guard_could_bound_it() {
+        let error = AggregationConfig::buffered(1, 0, 10).check().unwrap_err();
+        assert!(
+            error.contains("buffer_size = 1") && error.contains("give 2 to 100000"),
+            "{error}"
+        );
+        assert!(AggregationConfig::buffered(2, 0, 10).check().is_ok());
+        // Synchronous rounds do not read it.
+        let synchronous = AggregationConfig {
+            buffer_size: 1,
+            ..AggregationConfig::default()
+        };
+        assert!(synchronous.check().is_ok());
     }
 
     #[test]

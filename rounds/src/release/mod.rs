@@ -15,157 +15,21 @@
 //! serve is said by a [`ServingPointer`] on `model/serving` after each release on
 //! `model/current`; the driver numbers the pointers.
 
+mod canary;
+mod config;
 pub mod gate;
+mod scores;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+pub use config::{OnTimeout, ReleaseConfig, ReleaseMode};
 use fedge_wire::{
-    GateOutcome, GateVerdict, ModelRelease, ReleaseRef, ReleaseStatus, ServingPointer,
+    GateOutcome, GateVerdict, ModelRelease, PairedScore, ReleaseRef, ReleaseStatus, ServingPointer,
     SiteEvaluation, Stage,
 };
-use serde::{Deserialize, Serialize};
-
-use gate::GateRules;
-
-/// How aggregates reach the devices that serve.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum ReleaseMode {
-    /// Every aggregate is served at once by every device.
-    #[default]
-    Direct,
-    /// Candidates pass the evaluation gate, then a canary stage, before every device serves
-    /// them.
-    Gated,
-}
-
-impl ReleaseMode {
-    /// The name, as TOML and the status spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Direct => "direct",
-            Self::Gated => "gated",
-        }
-    }
-}
-
-/// What the gate does with a candidate whose scores have not come in time.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OnTimeout {
-    /// Keep serving what is served (the candidate may still be promoted with `ctl promote`).
-    #[default]
-    Hold,
-    /// Promote the candidate unjudged.
-    Promote,
-}
-
-/// `[release]` of the coordinator's configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(default, deny_unknown_fields)]
-pub struct ReleaseConfig {
-    /// `direct`: every aggregate is served at once by every device; `gated`: candidates pass
-    /// the evaluation gate and a canary stage first.
-    pub mode: ReleaseMode,
-    /// Gated: the most points (0–100) a candidate's mean accuracy on the evaluation-only sites
-    /// may be below the served release's, ≥ 0.
-    pub margin_points: f64,
-    /// Gated: the most points any class's accuracy may drop, ≥ 0.
-    pub class_drop_points: f64,
-    /// Gated: evaluation-only sites that must score a candidate before the gate judges, ≥ 1.
-    pub min_sites: usize,
-    /// Gated: seconds a candidate waits for its scores, > 0.
-    pub timeout_s: f64,
-    /// Gated: what happens to a candidate whose scores have not come by `timeout_s`.
-    pub on_timeout: OnTimeout,
-    /// Gated: the share of the online devices that serve a promoted release first, in [0, 1]
-    /// (at least one device when above 0); 0: no canary stage.
-    pub canary_share: f64,
-    /// Gated: seconds the canary devices serve a release before every device does, > 0.
-    pub canary_window_s: f64,
-    /// Releases kept for `ctl rollback`, ≥ 2.
-    pub keep: usize,
-}
-
-impl Default for ReleaseConfig {
-    fn default() -> Self {
-        Self {
-            mode: ReleaseMode::Direct,
-            margin_points: 0.5,
-            class_drop_points: 2.0,
-            min_sites: 1,
-            timeout_s: 600.0,
-            on_timeout: OnTimeout::Hold,
-            canary_share: 0.05,
-            canary_window_s: 300.0,
-            keep: 5,
-        }
-    }
-}
-
-impl ReleaseConfig {
-    /// The first setting out of range, named with what to give.
-    pub fn check(&self) -> Result<(), String> {
-        let points = |v: f64| v.is_finite() && (0.0..=100.0).contains(&v);
-        let seconds = |v: f64| v.is_finite() && v > 0.0 && v <= 604_800.0;
-        if !points(self.margin_points) {
-            return Err(format!(
-                "[release] margin_points = {}: give 0 to 100",
-                self.margin_points
-            ));
-        }
-        if !points(self.class_drop_points) {
-            return Err(format!(
-                "[release] class_drop_points = {}: give 0 to 100",
-                self.class_drop_points
-            ));
-        }
-        if self.min_sites == 0 {
-            return Err("[release] min_sites = 0: give 1 or more".into());
-        }
-        if !seconds(self.timeout_s) {
-            return Err(format!(
-                "[release] timeout_s = {}: give seconds above 0, at most 604800",
-                self.timeout_s
-            ));
-        }
-        if !(self.canary_share.is_finite() && (0.0..=1.0).contains(&self.canary_share)) {
-            return Err(format!(
-                "[release] canary_share = {}: give 0 (no canary) to 1",
-                self.canary_share
-            ));
-        }
-        if !seconds(self.canary_window_s) {
-            return Err(format!(
-                "[release] canary_window_s = {}: give seconds above 0, at most 604800",
-                self.canary_window_s
-            ));
-        }
-        if self.keep < 2 {
-            return Err(format!(
-                "[release] keep = {}: give 2 or more (a rollback needs a release before the one \
-                 served)",
-                self.keep
-            ));
-        }
-        Ok(())
-    }
-
-    fn rules(&self) -> GateRules {
-        GateRules {
-            margin_points: self.margin_points,
-            class_drop_points: self.class_drop_points,
-            min_sites: self.min_sites,
-        }
-    }
-}
 
 /// Something that happened to a release, for the log and the audit trail.
 #[derive(Debug, Clone, PartialEq)]
@@ -226,6 +90,22 @@ struct DeviceView {
 /// Most releases a site's scores are kept for.
 const SCORES_PER_SITE: usize = 8;
 
+/// Most devices the pipeline follows (online ones; an offline device is forgotten), so that
+/// made-up client ids in a federation without keys cannot grow it without bound.
+pub const MAX_FOLLOWED: usize = 100_000;
+
+/// Fewest canary devices when that many are online (one device alone cannot veto a release,
+/// and a majority of them must alarm to fail it).
+pub const MIN_CANARIES: usize = 3;
+
+/// An evaluation site's score of one release.
+#[derive(Debug, Clone)]
+struct Score {
+    sha: String,
+    evaluation: SiteEvaluation,
+    paired: Option<PairedScore>,
+}
+
 /// The release pipeline's state; see the module documentation.
 #[derive(Debug)]
 pub struct ReleaseFlow {
@@ -237,8 +117,10 @@ pub struct ReleaseFlow {
     canary: Option<Canary>,
     pinned: bool,
     verdict: Option<GateVerdict>,
-    scores: BTreeMap<String, VecDeque<(String, SiteEvaluation)>>,
+    scores: BTreeMap<String, VecDeque<Score>>,
     devices: BTreeMap<String, DeviceView>,
+    /// Banned devices: neither canaries nor voters.
+    excluded: BTreeSet<String>,
     steps: VecDeque<Step>,
 }
 
@@ -262,6 +144,7 @@ impl ReleaseFlow {
             verdict: None,
             scores: BTreeMap::new(),
             devices: BTreeMap::new(),
+            excluded: BTreeSet::new(),
             steps: VecDeque::new(),
         }
     }
@@ -350,30 +233,66 @@ impl ReleaseFlow {
             &release,
             GateOutcome::Waiting,
             None,
-            "waiting for the evaluation-only sites' scores".into(),
+            "waiting for the evaluation sites' paired scores".into(),
         );
-        self.judge(now_ms);
+        self.judge(now_ms, false);
+    }
+
+    /// The devices an operator banned: they are no canaries and their scores do not count.
+    pub fn exclude(&mut self, banned: &BTreeSet<String>) {
+        if &self.excluded == banned {
+            return;
+        }
+        self.excluded.clone_from(banned);
+        self.scores.retain(|client, _| !banned.contains(client));
+    }
+
+    /// Forgets every device `keep` refuses (a revoked device): its view and its scores.
+    pub fn forget_unless(&mut self, keep: impl Fn(&str) -> bool) {
+        self.devices.retain(|c, _| keep(c));
+        self.scores.retain(|c, _| keep(c));
+    }
+
+    /// Whether this pipeline made the release with this SHA-256 (hex): kept, waiting or in a
+    /// canary stage.
+    pub fn knows(&self, sha256: &str) -> bool {
+        let is = |r: &ModelRelease| r.sha256_hex() == sha256;
+        self.history.iter().any(is)
+            || self.candidate.as_ref().is_some_and(|(r, _)| is(r))
+            || self.canary.as_ref().is_some_and(|c| is(&c.release))
     }
 
     /// A believed status of `client`: whether it is online, which release it serves, its
-    /// drift alarms, and an evaluation-only site's score of the release `evaluated`.
-    pub fn device_status(&mut self, client: &str, status: &fedge_wire::EdgeStatus, now_ms: u64) {
-        let view = DeviceView {
-            online: status.online,
-            serving: status.serving.clone(),
-            alarms: status.drift.as_ref().map_or(0, |d| d.alarms),
-        };
-        self.devices.insert(client.to_owned(), view);
-        if let (Some(evaluation), Some(sha)) = (&status.evaluation, &status.evaluated) {
-            let scores = self.scores.entry(client.to_owned()).or_default();
-            scores.retain(|(s, _)| s != sha);
-            scores.push_back((sha.clone(), evaluation.clone()));
-            while scores.len() > SCORES_PER_SITE {
-                scores.pop_front();
+    /// drift alarms (only where its tag covers them, with `keyed`), and an evaluation site's
+    /// score of the release `evaluated`. An error says why a score was refused (it changes
+    /// nothing), for the `score` rejection counter.
+    pub fn device_status(
+        &mut self,
+        client: &str,
+        status: &fedge_wire::EdgeStatus,
+        keyed: bool,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        if status.online && !self.excluded.contains(client) {
+            let view = DeviceView {
+                online: true,
+                serving: status.serving.clone(),
+                alarms: status.believed_drift(keyed).map_or(0, |d| d.alarms),
+            };
+            if self.devices.len() < MAX_FOLLOWED || self.devices.contains_key(client) {
+                self.devices.insert(client.to_owned(), view);
             }
-            self.judge(now_ms);
+        } else {
+            self.devices.remove(client);
         }
+        let scored = match (&status.evaluation, &status.evaluated) {
+            (Some(evaluation), Some(sha)) => {
+                self.take_score(client, sha, evaluation, status, now_ms)
+            }
+            _ => Ok(()),
+        };
         self.watch_canary(now_ms);
+        scored
     }
 
     /// Time passed: a candidate's timeout, a canary's window.
@@ -389,6 +308,11 @@ impl ReleaseFlow {
         {
             let release = release.clone();
             let waited = self.config.timeout_s;
+            // At the timeout the gate judges on the sites that compared it, if enough did.
+            if self.judge(now_ms, true) {
+                self.watch_canary(now_ms);
+                return;
+            }
             match self.config.on_timeout {
                 OnTimeout::Hold => {
                     let reason = format!("held: no scores within timeout_s = {waited}");
@@ -522,18 +446,19 @@ impl ReleaseFlow {
         found.ok_or_else(|| format!("rollback {name:?}: no such release kept; kept: {}", kept()))
     }
 
-    /// Judges the waiting candidate on the scores in hand; not while a canary stage is under
-    /// way (the candidate then waits for it to end, so that releases do not replace each
-    /// other's canaries faster than a window).
-    fn judge(&mut self, now_ms: u64) {
+    /// Judges the waiting candidate on the paired scores in hand, once every evaluation site
+    /// compared it with the release served (`at_timeout`: once `min_sites` did); not while a
+    /// canary stage is under way (the candidate then waits for it to end, so that releases do
+    /// not replace each other's canaries faster than a window). Returns whether it judged.
+    fn judge(&mut self, now_ms: u64, at_timeout: bool) -> bool {
         let Some((candidate, _)) = &self.candidate else {
-            return;
+            return false;
         };
         if self.canary.is_some() {
-            return;
+            return false;
         }
         let (Some(served), false) = (self.history.back(), self.pinned) else {
-            return;
+            return false;
         };
         if self.config.mode != ReleaseMode::Gated
             || !self
@@ -541,20 +466,29 @@ impl ReleaseFlow {
                 .as_ref()
                 .is_some_and(|v| v.outcome == GateOutcome::Waiting)
         {
-            return;
+            return false;
         }
         let (c_sha, s_sha) = (candidate.sha256_hex(), served.sha256_hex());
-        fn score<'a>(
-            site: &'a VecDeque<(String, SiteEvaluation)>,
-            sha: &str,
-        ) -> Option<&'a SiteEvaluation> {
-            site.iter().find(|(s, _)| s == sha).map(|(_, e)| e)
-        }
-        let pairs: Vec<(&SiteEvaluation, &SiteEvaluation)> = (self.scores.values())
-            .filter_map(|site| Some((score(site, &c_sha)?, score(site, &s_sha)?)))
+        let sites: Vec<gate::SiteScore<'_>> = (self.config.evaluators.iter())
+            .filter(|site| !self.excluded.contains(*site))
+            .filter_map(|site| {
+                let score = self.scores.get(site)?.iter().find(|s| s.sha == c_sha)?;
+                let paired = score.paired.as_ref().filter(|p| p.against == s_sha)?;
+                Some(gate::SiteScore {
+                    site,
+                    candidate: &score.evaluation,
+                    paired,
+                })
+            })
             .collect();
-        let Some(judgement) = gate::judge(&pairs, &candidate.classes, &self.config.rules()) else {
-            return;
+        let voters = (self.config.evaluators.iter())
+            .filter(|site| !self.excluded.contains(*site))
+            .count();
+        if !at_timeout && sites.len() < voters {
+            return false;
+        }
+        let Some(judgement) = gate::judge(&sites, &self.config.rules()) else {
+            return false;
         };
         let candidate = candidate.clone();
         let outcome = if judgement.pass {
@@ -568,6 +502,7 @@ impl ReleaseFlow {
             self.candidate = None;
             self.promote(candidate, now_ms, true);
         }
+        true
     }
 
     fn set_verdict(
@@ -583,8 +518,8 @@ impl ReleaseFlow {
             sites: judgement.map_or(0, |j| j.sites as u32),
             candidate_accuracy: judgement.map(|j| j.candidate_points),
             serving_accuracy: judgement.map(|j| j.serving_points),
-            worst_class: judgement.and_then(|j| j.worst_class.clone()),
-            worst_class_drop: judgement.map(|j| j.worst_class_drop),
+            worst_class: None,
+            worst_class_drop: None,
             reason,
         };
         if outcome != GateOutcome::Waiting && self.config.mode == ReleaseMode::Gated {
@@ -637,68 +572,6 @@ impl ReleaseFlow {
         });
     }
 
-    /// The canary devices of `release`: the online devices, in an order drawn from the
-    /// release's digest (another share each release), the first `canary_share` of them (at
-    /// least one when the share is above 0).
-    fn choose_canary(&self, release: &ModelRelease) -> Vec<String> {
-        if self.config.canary_share <= 0.0 {
-            return Vec::new();
-        }
-        let online: Vec<&String> = (self.devices.iter())
-            .filter(|(_, v)| v.online)
-            .map(|(c, _)| c)
-            .collect();
-        let n = ((online.len() as f64 * self.config.canary_share).ceil() as usize).max(1);
-        let mut order: Vec<(u64, &String)> = online
-            .into_iter()
-            .map(|c| (canary_rank(&release.sha256, c), c))
-            .collect();
-        order.sort();
-        order.into_iter().take(n).map(|(_, c)| c.clone()).collect()
-    }
-
-    /// Ends a canary stage whose window passed, or fails one whose devices raised a drift
-    /// alarm while serving its release.
-    fn watch_canary(&mut self, now_ms: u64) {
-        let Some(canary) = &self.canary else {
-            return;
-        };
-        let sha = canary.release.sha256_hex();
-        let alarmed = canary.devices.iter().find(|c| {
-            self.devices
-                .get(*c)
-                .is_some_and(|v| v.serving.as_deref() == Some(sha.as_str()) && v.alarms > 0)
-        });
-        if let Some(device) = alarmed {
-            let reason = format!("canary failed: {device} raised a drift alarm serving it");
-            let canary = self.canary.take().expect("a canary under way");
-            let back = self
-                .history
-                .back()
-                .cloned()
-                .expect("a canary has a release before it");
-            self.serve_all(&back);
-            self.steps.push_back(Step::Event(ReleaseEvent::RolledBack {
-                to: reference(&back),
-                from: Some(reference(&canary.release)),
-                reason,
-            }));
-            self.judge(now_ms);
-            return;
-        }
-        if now_ms >= canary.until_ms {
-            let canary = self.canary.take().expect("a canary under way");
-            let release = canary.release;
-            self.keep(release.clone());
-            self.steps
-                .push_back(Step::Pointer(self.pointer_all(&release)));
-            self.steps
-                .push_back(Step::Event(ReleaseEvent::RolledOut(reference(&release))));
-            // The candidate that waited for the stage to end.
-            self.judge(now_ms);
-        }
-    }
-
     /// `release` on `model/current` and a pointer sending every device to it.
     fn serve_all(&mut self, release: &ModelRelease) {
         self.steps
@@ -728,15 +601,4 @@ impl ReleaseFlow {
             self.history.pop_front();
         }
     }
-}
-
-/// A device's place in a release's canary order: the first 8 bytes of SHA-256(release digest,
-/// client id).
-fn canary_rank(release: &[u8; 32], client: &str) -> u64 {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::new()
-        .chain_update(release)
-        .chain_update(client.as_bytes())
-        .finalize();
-    u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
 }

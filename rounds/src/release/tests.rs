@@ -27,6 +27,7 @@ fn gated() -> ReleaseConfig {
         canary_share: 0.25,
         canary_window_s: 10.0,
         timeout_s: 60.0,
+        evaluators: vec!["site".into()],
         ..ReleaseConfig::default()
     }
 }
@@ -60,13 +61,22 @@ fn online(flow: &mut ReleaseFlow, clients: &[&str]) {
             online: true,
             ..EdgeStatus::default()
         };
-        flow.device_status(client, &status, 0);
+        flow.device_status(client, &status, true, 0).unwrap();
     }
 }
 
-/// An evaluation-only site's status scoring `scored` at `accuracy` (both classes alike).
-fn scores(flow: &mut ReleaseFlow, site: &str, scored: &ModelRelease, accuracy: f32, now: u64) {
-    let status = EdgeStatus {
+/// Images an evaluation site scores in these tests.
+const IMAGES: u32 = 100;
+
+/// An evaluation site's status: its score of `scored` at `accuracy` (both classes alike),
+/// with `paired` counts against the release it serves when given.
+fn site_status(
+    site: &str,
+    scored: &ModelRelease,
+    accuracy: f32,
+    paired: Option<PairedScore>,
+) -> EdgeStatus {
+    EdgeStatus {
         client_id: site.into(),
         online: true,
         role: fedge_wire::Role::Evaluate,
@@ -74,12 +84,40 @@ fn scores(flow: &mut ReleaseFlow, site: &str, scored: &ModelRelease, accuracy: f
             model_round: scored.round,
             accuracy,
             class_accuracy: vec![Some(accuracy), Some(accuracy)],
-            samples: 50,
+            samples: IMAGES,
         }),
         evaluated: Some(scored.sha256_hex()),
+        paired,
         ..EdgeStatus::default()
+    }
+}
+
+/// `site` scores the release served at 50 %.
+fn scores_served(flow: &mut ReleaseFlow, site: &str, now: u64) {
+    let served = flow.serving().unwrap().clone();
+    let status = site_status(site, &served, 0.5, None);
+    flow.device_status(site, &status, true, now).unwrap();
+}
+
+/// `site` compares `candidate` with the release served (scored at 50 %): `gained` images
+/// only the candidate gets right, `lost` only the served one.
+fn compares(
+    flow: &mut ReleaseFlow,
+    site: &str,
+    candidate: &ModelRelease,
+    (gained, lost): (u32, u32),
+    now: u64,
+) -> Result<(), String> {
+    let against = flow.serving().unwrap().sha256_hex();
+    let accuracy = (50 + gained - lost) as f32 / IMAGES as f32;
+    let paired = PairedScore {
+        against,
+        samples: IMAGES,
+        gained,
+        lost,
     };
-    flow.device_status(site, &status, now);
+    let status = site_status(site, candidate, accuracy, Some(paired));
+    flow.device_status(site, &status, true, now)
 }
 
 #[test]
@@ -103,28 +141,28 @@ fn a_regressed_candidate_is_held_and_a_good_one_goes_through_a_canary_to_everyon
     // Nothing served yet: the first aggregate is served by everyone at once.
     flow.aggregated(release(1), 0);
     assert_eq!(released(&steps(&mut flow)), [1]);
-    scores(&mut flow, "site", &release(1), 0.80, 1);
+    scores_served(&mut flow, "site", 1);
 
-    // A candidate 10 points worse: published for scoring, held.
+    // A candidate 20 points worse: published for scoring, held.
     flow.aggregated(release(2), 100);
     let s = steps(&mut flow);
     assert!(
         matches!(&s[..], [Step::Event(ReleaseEvent::Candidate(_)), Step::Candidate(c)] if c.round == 2)
     );
-    scores(&mut flow, "site", &release(2), 0.70, 200);
+    compares(&mut flow, "site", &release(2), (5, 25), 200).unwrap();
     let s = steps(&mut flow);
     assert!(released(&s).is_empty() && pointers(&s).is_empty(), "{s:?}");
     let verdict = flow.status(&|_| String::new()).unwrap().gate.unwrap();
     assert_eq!(verdict.outcome, GateOutcome::Held);
-    assert_eq!(verdict.candidate_accuracy.map(|a| a.round()), Some(70.0));
-    assert_eq!(verdict.serving_accuracy.map(|a| a.round()), Some(80.0));
+    assert_eq!(verdict.candidate_accuracy.map(|a| a.round()), Some(30.0));
+    assert_eq!(verdict.serving_accuracy.map(|a| a.round()), Some(50.0));
     assert_eq!(flow.serving().map(|r| r.round), Some(1));
 
     // A good one: promoted to a canary of 3 of the 9 online devices (25 %, rounded up; the
     // evaluation-only site serves too), the others keep round 1.
     flow.aggregated(release(3), 300);
     steps(&mut flow);
-    scores(&mut flow, "site", &release(3), 0.81, 400);
+    compares(&mut flow, "site", &release(3), (10, 9), 400).unwrap();
     let s = steps(&mut flow);
     assert_eq!(released(&s), [3]);
     let canary = pointers(&s)[0].clone();
@@ -151,21 +189,11 @@ fn a_regressed_candidate_is_held_and_a_good_one_goes_through_a_canary_to_everyon
     assert_eq!(flow.serving().map(|r| r.round), Some(3));
 }
 
-#[test]
-fn a_canary_that_raises_a_drift_alarm_sends_every_device_back() {
-    let mut flow = ReleaseFlow::new(gated(), "plant");
-    online(&mut flow, &["a", "b", "c", "d"]);
-    flow.aggregated(release(1), 0);
-    scores(&mut flow, "site", &release(1), 0.8, 1);
-    flow.aggregated(release(2), 10);
-    scores(&mut flow, "site", &release(2), 0.8, 20);
-    let s = steps(&mut flow);
-    let canary = pointers(&s).last().unwrap().canary[0].clone();
-    // The canary serves round 2 and its drift alarm goes off.
-    let status = EdgeStatus {
-        client_id: canary.clone(),
+fn alarmed(client: &str, serving: &ModelRelease, covered: bool) -> EdgeStatus {
+    EdgeStatus {
+        client_id: client.into(),
         online: true,
-        serving: Some(release(2).sha256_hex()),
+        serving: Some(serving.sha256_hex()),
         drift: Some(DriftStatus {
             level: 1.2,
             alarms: 1,
@@ -175,15 +203,111 @@ fn a_canary_that_raises_a_drift_alarm_sends_every_device_back() {
             adaptations: 0,
             last_adapted: None,
         }),
+        tag_covers_all: covered,
         ..EdgeStatus::default()
-    };
-    flow.device_status(&canary, &status, 30);
+    }
+}
+
+#[test]
+fn a_canary_whose_devices_mostly_raise_a_drift_alarm_sends_every_device_back() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    online(&mut flow, &["a", "b", "c", "d"]);
+    flow.aggregated(release(1), 0);
+    scores_served(&mut flow, "site", 1);
+    flow.aggregated(release(2), 10);
+    compares(&mut flow, "site", &release(2), (1, 1), 20).unwrap();
+    let s = steps(&mut flow);
+    let canary = pointers(&s).last().unwrap().canary.clone();
+    assert_eq!(
+        canary.len(),
+        MIN_CANARIES,
+        "at least three canaries of five online"
+    );
+    // One canary's alarm (or one whose tag does not cover it) is not enough.
+    flow.device_status(
+        &canary[0],
+        &alarmed(&canary[0], &release(2), true),
+        true,
+        30,
+    )
+    .unwrap();
+    flow.device_status(
+        &canary[1],
+        &alarmed(&canary[1], &release(2), false),
+        true,
+        30,
+    )
+    .unwrap();
+    assert!(released(&steps(&mut flow)).is_empty());
+    // A majority is.
+    flow.device_status(
+        &canary[1],
+        &alarmed(&canary[1], &release(2), true),
+        true,
+        31,
+    )
+    .unwrap();
     let s = steps(&mut flow);
     assert_eq!(released(&s), [1]);
     assert_eq!(pointers(&s)[0].stage, Stage::All);
     assert_eq!(pointers(&s)[0].sha256, release(1).sha256_hex());
-    assert!(s.iter().any(|e| matches!(e, Step::Event(ReleaseEvent::RolledBack { reason, .. }) if reason.contains(&canary))));
+    assert!(s.iter().any(|e| matches!(e, Step::Event(ReleaseEvent::RolledBack { reason, .. }) if reason.contains(&canary[0]) && reason.contains("2 of 3"))));
     assert_eq!(flow.next_deadline(), None);
+}
+
+#[test]
+fn only_named_unbanned_evaluation_sites_with_true_counts_score() {
+    let config = ReleaseConfig {
+        evaluators: vec!["site".into(), "other".into(), "third".into()],
+        min_sites: 2,
+        ..gated()
+    };
+    let mut flow = ReleaseFlow::new(config, "plant");
+    online(&mut flow, &["a", "b", "c", "d"]);
+    flow.aggregated(release(1), 0);
+    flow.aggregated(release(2), 10);
+    steps(&mut flow);
+    // Not named; a release never made; 1e30; counts beyond the images; accuracies that do
+    // not match the counts: each refused, none counts.
+    let err = compares(&mut flow, "a", &release(2), (0, 40), 11).unwrap_err();
+    assert!(err.contains("not an evaluation site"), "{err}");
+    let err = compares(&mut flow, "site", &release(9), (0, 40), 11).unwrap_err();
+    assert!(err.contains("did not make"), "{err}");
+    let mut lie = site_status("site", &release(2), 1e30, None);
+    assert!(flow.device_status("site", &lie, true, 12).is_err());
+    let evaluation = lie.evaluation.as_mut().unwrap();
+    evaluation.accuracy = 0.5;
+    evaluation.class_accuracy = vec![Some(0.5); 2];
+    lie.paired = Some(PairedScore {
+        against: release(1).sha256_hex(),
+        samples: IMAGES,
+        gained: 90,
+        lost: 90,
+    });
+    assert!(flow.device_status("site", &lie, true, 12).is_err());
+    scores_served(&mut flow, "site", 13);
+    let err = compares(&mut flow, "site", &release(2), (0, 0), 14);
+    assert!(err.is_ok());
+    lie.paired = Some(PairedScore {
+        against: release(1).sha256_hex(),
+        samples: IMAGES,
+        gained: 0,
+        lost: 40,
+    });
+    let err = flow.device_status("site", &lie, true, 15).unwrap_err();
+    assert!(err.contains("paired counts"), "{err}");
+    // One site alone claims a regression: the gate waits for the others.
+    compares(&mut flow, "site", &release(2), (0, 40), 16).unwrap();
+    let gate = flow.status(&|_| String::new()).unwrap().gate.unwrap();
+    assert_eq!(gate.outcome, GateOutcome::Waiting);
+    // A banned site's score does not count; the two others find no regression: promoted.
+    let banned: std::collections::BTreeSet<String> = ["site".to_owned()].into();
+    flow.exclude(&banned);
+    compares(&mut flow, "other", &release(2), (3, 2), 17).unwrap();
+    compares(&mut flow, "third", &release(2), (2, 3), 18).unwrap();
+    let gate = flow.status(&|_| String::new()).unwrap().gate.unwrap();
+    assert_eq!(gate.outcome, GateOutcome::Promoted, "{gate:?}");
+    assert_eq!(gate.sites, 2);
 }
 
 #[test]
@@ -252,18 +376,25 @@ fn settings_out_of_range_are_named() {
             ..ReleaseConfig::default()
         },
         ReleaseConfig {
-            margin_points: -1.0,
+            significance: 0.0,
             ..ReleaseConfig::default()
         },
         ReleaseConfig {
             timeout_s: 0.0,
             ..ReleaseConfig::default()
         },
+        ReleaseConfig {
+            mode: ReleaseMode::Gated,
+            ..ReleaseConfig::default()
+        },
     ];
-    for (config, name) in bad
-        .iter()
-        .zip(["canary_share", "keep", "margin_points", "timeout_s"])
-    {
+    for (config, name) in bad.iter().zip([
+        "canary_share",
+        "keep",
+        "significance",
+        "timeout_s",
+        "evaluators",
+    ]) {
         assert!(config.check().unwrap_err().contains(name));
     }
     assert_eq!(ReleaseConfig::default().check(), Ok(()));
@@ -274,13 +405,13 @@ fn a_candidate_that_comes_during_a_canary_waits_for_its_end() {
     let mut flow = ReleaseFlow::new(gated(), "plant");
     online(&mut flow, &["a", "b", "c", "d"]);
     flow.aggregated(release(1), 0);
-    scores(&mut flow, "site", &release(1), 0.80, 1);
+    scores_served(&mut flow, "site", 1);
     flow.aggregated(release(2), 10);
-    scores(&mut flow, "site", &release(2), 0.82, 20);
+    compares(&mut flow, "site", &release(2), (2, 0), 20).unwrap();
     steps(&mut flow);
     // Round 3 passes on its scores, but round 2's canary is under way: it waits.
     flow.aggregated(release(3), 30);
-    scores(&mut flow, "site", &release(3), 0.83, 40);
+    compares(&mut flow, "site", &release(3), (1, 0), 40).unwrap();
     let s = steps(&mut flow);
     assert!(released(&s).is_empty(), "{s:?}");
     let gate = flow.status(&|_| String::new()).unwrap().gate.unwrap();
@@ -290,11 +421,42 @@ fn a_candidate_that_comes_during_a_canary_waits_for_its_end() {
     );
     // No timeout runs meanwhile: the canary's window is the next deadline.
     assert_eq!(flow.next_deadline(), Some(20 + 10_000));
-    // The window ends: round 2 goes to everyone, round 3 is judged against it and canaried.
+    // The window ends: round 2 goes to everyone; round 3, compared with round 1, waits for
+    // the site's comparison with round 2, then is canaried.
     flow.tick(20 + 10_000);
     let s = steps(&mut flow);
-    assert_eq!(released(&s), [3]);
+    assert!(released(&s).is_empty(), "{s:?}");
     let stages: Vec<(Stage, u64)> = pointers(&s).iter().map(|p| (p.stage, p.round)).collect();
-    assert_eq!(stages, [(Stage::All, 2), (Stage::Canary, 3)]);
+    assert_eq!(stages, [(Stage::All, 2)]);
     assert_eq!(flow.serving().map(|r| r.round), Some(2));
+    scores_served(&mut flow, "site", 10_021);
+    compares(&mut flow, "site", &release(3), (1, 0), 10_022).unwrap();
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [3]);
+    assert_eq!(pointers(&s)[0].stage, Stage::Canary);
+}
+
+#[test]
+fn banned_and_revoked_devices_are_never_canaries() {
+    let config = ReleaseConfig {
+        canary_share: 1.0,
+        ..gated()
+    };
+    let mut flow = ReleaseFlow::new(config, "plant");
+    online(&mut flow, &["a", "b", "c", "d", "e"]);
+    let banned: std::collections::BTreeSet<String> = ["a".to_owned()].into();
+    flow.exclude(&banned);
+    flow.forget_unless(|c| c != "b");
+    flow.aggregated(release(1), 0);
+    scores_served(&mut flow, "site", 1);
+    flow.aggregated(release(2), 10);
+    compares(&mut flow, "site", &release(2), (1, 1), 20).unwrap();
+    let s = steps(&mut flow);
+    let canary = &pointers(&s).last().unwrap().canary;
+    assert!(!canary.iter().any(|c| c == "a" || c == "b"), "{canary:?}");
+    assert_eq!(
+        canary.len(),
+        4,
+        "every allowed online device at a share of 1: {canary:?}"
+    );
 }

@@ -20,7 +20,9 @@ impl Rounds {
         };
         let checked = staleness.and_then(|s| {
             let params = self.params.len();
-            validate::validate(&self.config, open, params, client, &update, buffered).map(|()| s)
+            let pool = self.pooled.as_ref();
+            validate::validate(&self.config, open, pool, params, client, &update, buffered)
+                .map(|()| s)
         });
         let staleness = match checked {
             Ok(staleness) => staleness,

@@ -1,7 +1,12 @@
-//! Operator control: pause and resume, ban and unban devices, change the number of rounds.
-//! The driver checks a command's tag, federation and number (`fedge_wire::control`); the
-//! machine applies it here, at round boundaries: a round that is open finishes as it started,
-//! the next round opens (or not) under the new settings. The retained status says what holds.
+//! Operator control: pause and resume, ban and unban devices, change the number of rounds,
+//! start a new run, roll back or promote a release, reset the pooled feature summary.
+//! The driver checks a command's tag, federation and number (`fedge_wire::control`), asks the
+//! machine what the command will leave ([`Rounds::settings_after`], which refuses a command
+//! that cannot be applied), keeps that in the state folder, and only then has the machine
+//! apply it ([`Rounds::try_control`]): a crash between the two finds the command kept, never
+//! its effects published without it. Commands take effect at round boundaries: a round that is
+//! open finishes as it started, the next round opens (or not) under the new settings. The
+//! retained status says what holds.
 
 use std::collections::BTreeSet;
 
@@ -12,22 +17,85 @@ use super::Rounds;
 use super::types::{Control, Output, Phase, Rejection};
 
 impl Rounds {
-    /// Applies an operator command whose tag and number the driver checked.
+    /// Applies an operator command whose tag and number the driver checked; one that cannot be
+    /// applied is refused as `bad_control` ([`Rounds::reject_control`]).
     pub fn apply_control(&mut self, command: &Command, now_ms: u64) {
+        if let Err(detail) = self.try_control(command, now_ms) {
+            self.reject_control(detail);
+        }
+    }
+
+    /// Why `command` cannot be applied now, if it cannot (what does not depend on the release
+    /// pipeline: `rollback` and `promote` are judged as they are applied).
+    fn check_control(&self, command: &Command) -> Result<(), String> {
+        match command {
+            // With keys, a device is one of them: a ban of any other id is a typo.
+            Command::Ban { client } => match &self.config.auth {
+                Some(keys) if !keys.contains_key(client) => Err(format!(
+                    "ban {client:?}: no device of that id in [auth] keys_file; a device's id is \
+                     its client_id"
+                )),
+                _ => Ok(()),
+            },
+            Command::SetBackbone { sha256, .. } => fedge_wire::hex::decode_array::<32>(sha256)
+                .map(drop)
+                .ok_or_else(|| format!("set-backbone {sha256:?}: not 64 hex digits")),
+            Command::NewRun { rounds } => self.new_run_total(*rounds).map(drop),
+            Command::ResetPool if self.is_site() => Err(
+                "reset-pool: a site aggregator keeps no pool of its own (it passes the global \
+                 coordinator's on to its devices): send reset-pool to the global coordinator"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// What the operator settings will be once `command`, numbered `seq`, is applied, or why
+    /// it cannot be (nothing changes): what the driver keeps before applying it. A `rollback`
+    /// pins only once the pipeline took it (kept again after [`Rounds::try_control`]); a
+    /// `promote` unpins even when no candidate waits.
+    pub fn settings_after(&self, command: &Command, seq: u64) -> Result<OperatorSettings, String> {
+        self.check_control(command)?;
+        let mut settings = self.operator_settings(seq);
+        match command {
+            Command::Pause => settings.paused = true,
+            Command::Resume => settings.paused = false,
+            Command::Ban { client } => {
+                settings.banned.insert(client.clone());
+            }
+            Command::Unban { client } => {
+                settings.banned.remove(client);
+            }
+            Command::SetRounds { rounds } => settings.rounds = Some(*rounds),
+            Command::SetBackbone { name, sha256 } => {
+                // Checked above; spelled as the settings keep it (lower-case hex).
+                let digest = fedge_wire::hex::decode_array::<32>(sha256).unwrap_or_default();
+                settings.backbone = Some((name.clone(), fedge_wire::hex::encode(&digest)));
+            }
+            Command::NewRun { rounds } => {
+                settings.runs.push(self.ended_run());
+                settings.run_start = Some((self.next_round, self.aggregated_rounds));
+                settings.rounds = Some(self.new_run_total(*rounds)?);
+                // The number `new_run` will draw: from the same generator state.
+                let run = draw_run(&mut self.rng.clone(), self.config.run);
+                settings.run = Some(format!("{run:016x}"));
+            }
+            Command::ResetPool => settings.pool_reset = Some(self.aggregated_rounds),
+            Command::Promote => settings.pinned = false,
+            Command::Rollback { .. } | Command::Status => {}
+        }
+        Ok(settings)
+    }
+
+    /// Applies an operator command whose tag and number the driver checked, or says why it
+    /// cannot be applied, changing nothing (but that a refused `promote` unpins, as the release
+    /// pipeline does); the caller counts the refusal ([`Rounds::reject_control`]).
+    pub fn try_control(&mut self, command: &Command, now_ms: u64) -> Result<(), String> {
+        self.check_control(command)?;
         match command {
             Command::Pause => self.control.paused = true,
             Command::Resume => self.control.paused = false,
             Command::Ban { client } => {
-                // With keys, a device is one of them: a ban of any other id is a typo.
-                if let Some(keys) = &self.config.auth
-                    && !keys.contains_key(client)
-                {
-                    let detail = format!(
-                        "ban {client:?}: no device of that id in [auth] keys_file; a device's id \
-                         is its client_id"
-                    );
-                    return self.reject_control(detail);
-                }
                 if !self.online.contains(client) {
                     tracing::warn!(%client, "banned a device that is not online: it will be selected for no round when it comes");
                 }
@@ -40,31 +108,26 @@ impl Rounds {
                 self.config.rounds = *rounds;
                 self.control.rounds = Some(*rounds);
             }
-            Command::SetBackbone { name, sha256 } => match fedge_wire::hex::decode_array(sha256) {
-                Some(digest) => {
-                    self.config.backbone = name.clone();
-                    self.config.backbone_sha256 = Some(digest);
-                    self.control.backbone = Some((name.clone(), digest));
-                }
-                None => {
-                    let detail = format!("set-backbone {sha256:?}: not 64 hex digits");
-                    return self.reject_control(detail);
-                }
-            },
-            Command::NewRun { rounds } => {
-                if let Err(detail) = self.new_run(*rounds) {
-                    return self.reject_control(detail);
-                }
+            Command::SetBackbone { name, sha256 } => {
+                let digest = fedge_wire::hex::decode_array(sha256).unwrap_or_default();
+                self.config.backbone = name.clone();
+                self.config.backbone_sha256 = Some(digest);
+                self.control.backbone = Some((name.clone(), digest));
             }
+            Command::NewRun { rounds } => self.new_run(*rounds)?,
             Command::Rollback { release } => {
-                if let Err(detail) = self.release_control(Some(release.as_deref()), now_ms) {
-                    return self.reject_control(detail);
-                }
+                self.release_control(Some(release.as_deref()), now_ms)?;
             }
-            Command::Promote => {
-                if let Err(detail) = self.release_control(None, now_ms) {
-                    return self.reject_control(detail);
-                }
+            Command::Promote => self.release_control(None, now_ms)?,
+            Command::ResetPool => {
+                // pooled.rs owns the pool
+                self.pooled = None;
+                self.control.pool_reset = Some(self.aggregated_rounds);
+                tracing::info!(
+                    aggregated = self.aggregated_rounds,
+                    "pooled feature summary reset: the next tasks carry none, and it is built \
+                     again from the rounds that follow"
+                );
             }
             Command::Status => {}
         }
@@ -81,6 +144,7 @@ impl Rounds {
             }
         }
         self.outputs.push_back(Output::StatusChanged);
+        Ok(())
     }
 
     /// A command on the control topic that cannot be applied: counted and reported as
@@ -113,16 +177,17 @@ impl Rounds {
         }
         self.online.retain(|c| keys.contains_key(c));
         self.status_stamps.retain(|c, _| keys.contains_key(c));
+        // A revoked device is neither a canary nor a voter from now on.
+        self.releases.forget_unless(|c| keys.contains_key(c));
         tracing::info!(devices = keys.len(), "device keys reloaded");
         self.config.auth = Some(std::sync::Arc::new(keys));
         self.outputs.push_back(Output::StatusChanged);
     }
 
-    /// Starts a new run of `rounds` rounds from the model as it stands, once the federation
-    /// has finished: a new run number (updates answering the old run are replays), the ended
-    /// run kept in the history. The rounds' numbers, the strategy's state and the privacy
-    /// accountant carry on.
-    fn new_run(&mut self, rounds: u64) -> Result<(), String> {
+    /// The total of rounds once a new run of `rounds` more starts, or why it cannot start:
+    /// the run is not over, no rounds, the privacy budget spent, or more rounds than a count
+    /// holds.
+    fn new_run_total(&self, rounds: u64) -> Result<u64, String> {
         if self.phase != Phase::Finished {
             return Err(format!(
                 "new-run: the run is not over ({} of {} rounds aggregated); set-rounds changes \
@@ -136,26 +201,44 @@ impl Rounds {
         if self.privacy.is_some() && self.privacy_exhausted() {
             return Err("new-run: the privacy budget (target_epsilon) is spent".into());
         }
+        self.aggregated_rounds.checked_add(rounds).ok_or_else(|| {
+            format!(
+                "new-run {rounds}: at most {} more rounds can be counted after the {} \
+                 aggregated; give fewer",
+                u64::MAX - self.aggregated_rounds,
+                self.aggregated_rounds
+            )
+        })
+    }
+
+    /// The run that ends at a `new-run`, as the history keeps it.
+    fn ended_run(&self) -> fedge_wire::RunSummary {
         let (first_round, before) = self.control.run_start;
-        self.control.runs.push(fedge_wire::RunSummary {
+        fedge_wire::RunSummary {
             run: format!("{:016x}", self.config.run),
             first_round,
             last_round: self.last_closed,
-            aggregated: self.aggregated_rounds - before,
-        });
-        // Any value but the old one does: the run tells runs apart, it guards no secret.
-        let mut run = rand::RngCore::next_u64(&mut self.rng) ^ self.config.run;
-        if run == self.config.run {
-            run = run.wrapping_add(1);
+            aggregated: self.aggregated_rounds.saturating_sub(before),
         }
+    }
+
+    /// Starts a new run of `rounds` rounds from the model as it stands, once the federation
+    /// has finished: a new run number (updates answering the old run are replays), the ended
+    /// run kept in the history. The rounds' numbers, the strategy's state and the privacy
+    /// accountant carry on.
+    fn new_run(&mut self, rounds: u64) -> Result<(), String> {
+        let total = self.new_run_total(rounds)?;
+        let ended = self.ended_run();
+        self.control.runs.push(ended);
+        let run = draw_run(&mut self.rng, self.config.run);
         self.config.run = run;
         // Buffered: the old run's tasks are over (their updates would be `replay`); every
         // device is free, and participation intervals start again.
         self.in_flight = Default::default();
         self.contributed.clear();
         self.control.run_start = (self.next_round, self.aggregated_rounds);
-        self.config.rounds = self.aggregated_rounds + rounds;
-        self.control.rounds = Some(self.config.rounds);
+        self.config.rounds = total;
+        self.control.rounds = Some(total);
         self.phase = Phase::Waiting;
         tracing::info!(run = %format!("{run:016x}"), rounds, "new run");
         Ok(())
@@ -179,6 +262,9 @@ impl Rounds {
             runs: self.control.runs.clone(),
             run_start: Some(self.control.run_start),
             pinned: self.releases.pinned(),
+            pool_reset: self.control.pool_reset,
+            // Only a run `new-run` started: the first is the checkpoint's.
+            run: (!self.control.runs.is_empty()).then(|| format!("{:016x}", self.config.run)),
         }
     }
 
@@ -193,6 +279,21 @@ impl Rounds {
             },
             None => None,
         };
+        let run = match &saved.run {
+            Some(hex) => match fedge_wire::hex::decode_array::<8>(hex) {
+                Some(bytes) => Some(u64::from_be_bytes(bytes)),
+                None => return Err(format!("run {hex:?} is not 16 hex digits")),
+            },
+            None => None,
+        };
+        // A checkpoint saved before the last `new-run` is of the run it ended: the new one goes
+        // on (devices that took its tasks have left the old one).
+        let ended = |run: u64| saved.runs.iter().any(|r| r.run == format!("{run:016x}"));
+        if let Some(run) = run
+            && ended(self.config.run)
+        {
+            self.config.run = run;
+        }
         self.control.paused = saved.paused;
         self.control.banned = saved.banned.clone();
         if let Some(rounds) = saved.rounds {
@@ -206,6 +307,15 @@ impl Rounds {
         }
         self.control.runs = saved.runs.clone();
         self.releases.pin(saved.pinned);
+        // A checkpoint saved by the time of the last `reset-pool` holds the pool from before
+        // it; one saved after an aggregation since holds the pool built again.
+        if let Some(at) = saved.pool_reset {
+            self.control.pool_reset = Some(at);
+            if self.aggregated_rounds <= at {
+                // pooled.rs owns the pool
+                self.pooled = None;
+            }
+        }
         if let Some(start) = saved.run_start {
             self.control.run_start = start;
         }
@@ -325,4 +435,19 @@ pub struct OperatorSettings {
     /// `rollback` pinned the release served, until `promote`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pinned: bool,
+    /// `reset-pool`: the rounds aggregated when the pooled feature summary was last reset. A
+    /// checkpoint of no more rounds still holds the pool from before, which a restart forgets
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_reset: Option<u64>,
+    /// The run the last `new-run` started (16 hex digits): a restart from a checkpoint saved
+    /// before it (of the run it ended) goes on with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+}
+
+/// A new run number, any but `old` (the run tells runs apart, it guards no secret).
+fn draw_run(rng: &mut rand::rngs::StdRng, old: u64) -> u64 {
+    let run = rand::RngCore::next_u64(rng) ^ old;
+    if run == old { run.wrapping_add(1) } else { run }
 }

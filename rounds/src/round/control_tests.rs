@@ -271,6 +271,33 @@ fn a_finished_federation_runs_again_under_a_new_run_when_the_operator_says() {
     assert_eq!(settings.run_start, Some((2, 1)));
 }
 
+#[test]
+fn a_new_run_too_long_to_count_is_refused_as_bad_control() {
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 1,
+            ..config()
+        },
+    );
+    drain(&mut m);
+    answer(&mut m, 1, &["a", "b"], 2);
+    assert_eq!(m.phase(), Phase::Finished);
+    let run = m.config().run;
+    m.apply_control(&Command::NewRun { rounds: u64::MAX }, 3);
+    assert_eq!(rejected_reasons(&drain(&mut m)), ["bad_control"]);
+    let refused = m.control().refused.clone().unwrap_or_default();
+    assert!(
+        refused.contains("new-run") && refused.contains("at most"),
+        "{refused}"
+    );
+    // Nothing changed: still finished, the same run, no run ended.
+    assert_eq!((m.phase(), m.config().run), (Phase::Finished, run));
+    assert!(m.control().runs.is_empty());
+    m.apply_control(&Command::NewRun { rounds: 2 }, 4);
+    assert_eq!(m.phase(), Phase::Training);
+}
+
 fn rejected_reasons(out: &[Output]) -> Vec<&'static str> {
     out.iter()
         .filter_map(|o| match o {
@@ -371,4 +398,155 @@ fn a_device_that_declines_is_not_waited_for_and_rests_after_declining_in_a_row()
     // Two declines in a row: c rests.
     assert_eq!(m.resting(), ["c"]);
     assert_eq!(tasks(&out).pop().unwrap().selected, ["a", "b"]);
+}
+
+#[test]
+fn reset_pool_forgets_the_pooled_summary_and_a_restart_does_not_bring_it_back() {
+    let mut pooling = RoundConfig {
+        rounds: 3,
+        ..config()
+    };
+    pooling.train.feature_norm = fedge_wire::FeatureNorm::Balanced;
+    let rows = [[0.0f32, 1.0], [1.0, 0.0], [2.0, 1.0]];
+    let pool =
+        fedge_wire::FeatureSummary::of_rows(2, 2, rows.iter().map(|r| &r[..]), &[0, 1, 1]).unwrap();
+    // Paused while the two come online: no round opens before the reset.
+    let mut m = Rounds::new(
+        pooling.clone(),
+        Box::new(crate::strategy::FedAvg),
+        vec![0.0; 4],
+    );
+    m.restore_pooled(Some(pool.clone())).unwrap();
+    m.apply_control(&Command::Pause, 0);
+    for c in ["a", "b"] {
+        m.handle_client_status(c, true, 0);
+    }
+    drain(&mut m);
+    let planned = m.settings_after(&Command::ResetPool, 9).unwrap();
+    m.apply_control(&Command::ResetPool, 5);
+    assert_eq!(m.pooled(), None);
+    assert!(m.rejected_total().get("bad_control").is_none());
+    // Kept with the other operator settings, as planned before it was applied.
+    let settings = m.operator_settings(9);
+    assert_eq!(settings.pool_reset, Some(0));
+    assert_eq!(settings, planned);
+    let json = serde_json::to_string(&settings).unwrap();
+    assert!(json.contains("\"pool_reset\":0"), "{json}");
+    // The next task carries no pool (without the reset it would carry the one above).
+    m.apply_control(&Command::Resume, 6);
+    let task = tasks(&drain(&mut m)).pop().expect("round 1");
+    assert_eq!(task.pooled, None);
+    // Restarted from a checkpoint saved before the reset: its pool is forgotten again.
+    let mut restarted = Rounds::new(
+        pooling.clone(),
+        Box::new(crate::strategy::FedAvg),
+        vec![0.0; 4],
+    );
+    restarted.restore_pooled(Some(pool.clone())).unwrap();
+    restarted.restore_operator_settings(&settings).unwrap();
+    assert_eq!(restarted.pooled(), None);
+    // From one saved after a round aggregated since: the pool built again stays.
+    let mut later = machine(&["a", "b"], pooling);
+    drain(&mut later);
+    answer(&mut later, 1, &["a", "b"], 10);
+    assert_eq!(later.aggregated_rounds(), 1);
+    later.restore_pooled(Some(pool.clone())).unwrap();
+    later.restore_operator_settings(&settings).unwrap();
+    assert_eq!(later.pooled(), Some(&pool));
+}
+
+#[test]
+fn a_site_aggregator_refuses_reset_pool_and_names_where_to_send_it() {
+    let mut site = Rounds::new(
+        RoundConfig {
+            relay: Some(crate::round::RelayConfig {
+                site: "plant-7".into(),
+                margin_ms: 1_000,
+            }),
+            ..config()
+        },
+        Box::new(crate::strategy::FedAvg),
+        vec![0.0; 4],
+    );
+    assert!(site.settings_after(&Command::ResetPool, 1).is_err());
+    site.apply_control(&Command::ResetPool, 0);
+    assert_eq!(site.rejected_total().get("bad_control"), Some(&1));
+    let refused = site.control().refused.clone().unwrap_or_default();
+    assert!(refused.contains("global coordinator"), "{refused}");
+}
+
+#[test]
+fn every_command_s_planned_settings_are_the_ones_it_leaves() {
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 1,
+            ..config()
+        },
+    );
+    drain(&mut m);
+    answer(&mut m, 1, &["a", "b"], 2);
+    assert_eq!(m.phase(), Phase::Finished);
+    let commands = [
+        Command::Pause,
+        Command::Ban { client: "b".into() },
+        Command::SetRounds { rounds: 4 },
+        Command::SetBackbone {
+            name: "m".into(),
+            sha256: "AB".repeat(32),
+        },
+        Command::ResetPool,
+        Command::Unban { client: "b".into() },
+        Command::Resume,
+        Command::SetRounds { rounds: 1 },
+        Command::NewRun { rounds: 2 },
+        Command::Promote,
+        Command::Status,
+    ];
+    for (seq, command) in (10..).zip(commands) {
+        let planned = m.settings_after(&command, seq);
+        m.apply_control(&command, seq);
+        assert_eq!(planned, Ok(m.operator_settings(seq)), "{command:?}");
+    }
+    // Only `promote` was refused (no candidate waits), unpinning as planned.
+    assert_eq!(m.rejected_total().get("bad_control"), Some(&1));
+    assert_eq!(m.control().runs.len(), 1);
+}
+
+#[test]
+fn a_restart_from_a_checkpoint_before_a_new_run_goes_on_with_the_new_run() {
+    let one = RoundConfig {
+        rounds: 1,
+        ..config()
+    };
+    let mut m = machine(&["a", "b"], one.clone());
+    drain(&mut m);
+    answer(&mut m, 1, &["a", "b"], 2);
+    let old = m.config().run;
+    let planned = m.settings_after(&Command::NewRun { rounds: 2 }, 7).unwrap();
+    m.apply_control(&Command::NewRun { rounds: 2 }, 3);
+    let new = m.config().run;
+    assert_ne!(new, old);
+    assert_eq!(planned.run, Some(format!("{new:016x}")), "drawn as planned");
+    assert_eq!(planned, m.operator_settings(7));
+    // Killed before the new run's first aggregation: the checkpoint is of the old run.
+    let mut restarted = Rounds::new(one.clone(), Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    assert_eq!(restarted.config().run, old);
+    restarted.restore_operator_settings(&planned).unwrap();
+    assert_eq!(restarted.config().run, new);
+    // A coordinator started afresh (another run, no checkpoint) keeps its own.
+    let fresh = RoundConfig {
+        run: old ^ 0xff,
+        ..one
+    };
+    let mut afresh = Rounds::new(fresh, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+    afresh.restore_operator_settings(&planned).unwrap();
+    assert_eq!(afresh.config().run, old ^ 0xff);
+    // A damaged run number is refused with what is wrong.
+    let damaged = OperatorSettings {
+        run: Some("xyz".into()),
+        ..planned
+    };
+    let error = afresh.restore_operator_settings(&damaged).unwrap_err();
+    assert!(error.contains("16 hex digits"), "{error}");
 }

@@ -331,7 +331,11 @@ impl Rounds {
         if status.online && status.last_error.is_empty() {
             self.healthy(client);
         }
-        if let Some(evaluation) = &status.evaluation {
+        // Only a score of a release this coordinator made: a retained status of another run
+        // (or made up) says nothing of this one.
+        if let (Some(evaluation), Some(sha)) = (&status.evaluation, &status.evaluated)
+            && self.releases.knows(sha)
+        {
             self.record_site_accuracy(client, evaluation.accuracy);
         }
         self.release_status(client, status, now_ms);

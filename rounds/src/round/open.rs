@@ -75,11 +75,13 @@ impl OpenRound {
         }
     }
 
-    /// The accepted updates' feature summaries as one (exactly merged), if any.
+    /// The accepted updates' feature summaries as one, merged robustly
+    /// ([`FeatureSummary::robust_merge`]: classes of at least three devices, clipped around the devices' medians), if
+    /// any class has enough devices.
     pub(super) fn merged_features(&self) -> Option<FeatureSummary> {
         let accepted = (0..self.accepted.len()).map(|i| self.accepted.client(i));
         let parts: Vec<&FeatureSummary> = accepted.filter_map(|c| self.features.get(c)).collect();
-        FeatureSummary::merge(parts.iter().copied())
+        FeatureSummary::robust_merge(&parts)
     }
 
     /// `client` declined the round: true when that is news (it was selected, has not reported

@@ -6,7 +6,7 @@ use fedge_wire::{ModelRelease, TensorF32};
 
 use std::collections::BTreeMap;
 
-use super::{Output, Rounds};
+use super::{Output, Rejection, Rounds};
 
 /// Most evaluation-only sites whose accuracy the machine keeps (the metrics message stays
 /// small whatever writes statuses).
@@ -85,7 +85,11 @@ impl Rounds {
         status: &fedge_wire::EdgeStatus,
         now_ms: u64,
     ) {
-        self.releases.device_status(client, status, now_ms);
+        self.releases.exclude(&self.control.banned);
+        let keyed = self.config.auth.is_some();
+        if let Err(detail) = self.releases.device_status(client, status, keyed, now_ms) {
+            self.reject(client, Rejection::Score, detail);
+        }
         self.take_release_steps();
     }
 

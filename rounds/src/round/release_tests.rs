@@ -76,6 +76,32 @@ fn an_abandoned_round_releases_nothing_and_a_machine_without_a_head_never_does()
     assert!(releases(&drain(&mut m)).is_empty());
 }
 
+/// A machine of `named()` with trainers `a` and `b` that released round 1, and that release.
+fn released_machine() -> (Rounds, ModelRelease) {
+    let mut m = Rounds::new(named(), Box::new(crate::strategy::FedAvg), vec![0.0; 6]);
+    for c in ["a", "b"] {
+        m.handle_client_status(c, true, 0);
+    }
+    drain(&mut m);
+    for c in ["a", "b"] {
+        let frame = ClientUpdate {
+            features: None,
+            run: 0,
+            round: 1,
+            client_id: c.into(),
+            seq: 1,
+            num_samples: 10,
+            delta: TensorF32::from_slice(&[1.0; 6]),
+            metrics: Default::default(),
+            class_stats: None,
+            prototypes: None,
+        };
+        m.handle_packet(c, &fedge_wire::encode(&Message::ClientUpdate(frame)), 1);
+    }
+    let release = releases(&drain(&mut m)).remove(0);
+    (m, release)
+}
+
 fn status(client: &str, role: Role, accuracy: Option<f32>) -> EdgeStatus {
     EdgeStatus {
         client_id: client.into(),
@@ -91,10 +117,18 @@ fn status(client: &str, role: Role, accuracy: Option<f32>) -> EdgeStatus {
     }
 }
 
+/// An evaluation-only site's status scoring the release with this SHA-256.
+fn scoring(client: &str, sha256: &str, accuracy: f32) -> EdgeStatus {
+    EdgeStatus {
+        evaluated: Some(sha256.to_owned()),
+        ..status(client, Role::Evaluate, Some(accuracy))
+    }
+}
+
 #[test]
 fn evaluation_only_devices_are_never_selected_and_their_accuracy_is_kept() {
     let mut m = machine(&[], config());
-    m.handle_edge_status("site-75", &status("site-75", Role::Evaluate, Some(0.5)), 0);
+    m.handle_edge_status("site-75", &status("site-75", Role::Evaluate, None), 0);
     m.handle_edge_status("a", &status("a", Role::Train, None), 0);
     assert_eq!(
         m.phase(),
@@ -104,25 +138,30 @@ fn evaluation_only_devices_are_never_selected_and_their_accuracy_is_kept() {
     m.handle_edge_status("b", &status("b", Role::Train, None), 0);
     let task = tasks(&drain(&mut m)).remove(0);
     assert_eq!(task.selected, ["a", "b"]);
+    let (mut m, release) = released_machine();
+    let sha = release.sha256_hex();
+    m.handle_edge_status("site-75", &scoring("site-75", &sha, 0.5), 2);
     assert_eq!(m.site_accuracy().get("site-75"), Some(&0.5));
     // Nonsense is ignored; a new score replaces the old.
-    m.handle_edge_status(
-        "site-75",
-        &status("site-75", Role::Evaluate, Some(f32::NAN)),
-        0,
-    );
-    m.handle_edge_status("site-75", &status("site-75", Role::Evaluate, Some(7.0)), 0);
+    m.handle_edge_status("site-75", &scoring("site-75", &sha, f32::NAN), 3);
+    m.handle_edge_status("site-75", &scoring("site-75", &sha, 7.0), 3);
     assert_eq!(m.site_accuracy().get("site-75"), Some(&0.5));
-    m.handle_edge_status("site-75", &status("site-75", Role::Evaluate, Some(0.75)), 0);
+    m.handle_edge_status("site-75", &scoring("site-75", &sha, 0.75), 3);
+    assert_eq!(m.site_accuracy().get("site-75"), Some(&0.75));
+    // A score of a release this coordinator never made (an earlier run's retained status, a
+    // made-up one) or of none says nothing of this run.
+    m.handle_edge_status("site-75", &scoring("site-75", &"ee".repeat(32), 0.99), 4);
+    m.handle_edge_status("site-75", &status("site-75", Role::Evaluate, Some(0.98)), 4);
     assert_eq!(m.site_accuracy().get("site-75"), Some(&0.75));
 }
 
 #[test]
 fn the_sites_kept_are_bounded() {
-    let mut m = machine(&[], config());
+    let (mut m, release) = released_machine();
+    let sha = release.sha256_hex();
     for i in 0..release::MAX_SITES + 10 {
         let c = format!("site-{i}");
-        m.handle_edge_status(&c, &status(&c, Role::Evaluate, Some(0.5)), 0);
+        m.handle_edge_status(&c, &scoring(&c, &sha, 0.5), 2);
     }
     assert_eq!(m.site_accuracy().len(), release::MAX_SITES);
 }

@@ -264,6 +264,10 @@ pub enum Rejection {
     Storage,
     /// Buffered mode: started from a model version more than `max_staleness` versions old.
     Stale,
+    /// An evaluation score the gate cannot take: from a device not named in `[release]
+    /// evaluators` or banned, of a release this coordinator did not make, out of range or not
+    /// tied to its counts.
+    Score,
 }
 
 impl Rejection {
@@ -298,6 +302,7 @@ impl Rejection {
             Rejection::Replay => "replay",
             Rejection::Storage => "storage",
             Rejection::Stale => "stale",
+            Rejection::Score => "score",
         }
     }
 
@@ -360,6 +365,8 @@ pub struct Control {
     /// Why the last operator command was refused (`bad_control`), for the status, so that
     /// `ctl` can say it.
     pub refused: Option<String>,
+    /// The rounds aggregated when `reset-pool` last cleared the pooled feature summary.
+    pub pool_reset: Option<u64>,
 }
 
 impl Default for Control {
@@ -376,6 +383,7 @@ impl Default for Control {
             run_start: (1, 0),
             missed: Default::default(),
             refused: None,
+            pool_reset: None,
         }
     }
 }

@@ -15,10 +15,15 @@
 //! to `,"hash":"…"` followed by `}`. Hashing exact bytes (not a re-serialisation) makes any
 //! edited byte a mismatch on its own line. `seq` counts lines from 1.
 //!
-//! What a chain cannot show on its own: lines cut off the end. [`verify`] reports the head
-//! (the last line's `seq` and SHA-256); an operator who records it elsewhere (a ticket, a
-//! second machine) can tell a shortened log later, as Haber and Stornetta publish their
-//! chain's values and RFC 6962's logs sign their tree heads.
+//! What a chain cannot show on its own: lines cut off the end, and a file rewritten whole. The
+//! chain is unkeyed, so whoever can write the state folder can change a line and recompute
+//! every `prev` and `hash` after it, and [`verify`] passes the result. Both show only against
+//! a head recorded before, where that writer cannot reach: [`verify_anchored`] checks that
+//! line `seq` is there with the recorded SHA-256, as Haber and Stornetta publish their
+//! chain's values and RFC 6962's logs sign their tree heads. The running coordinator puts each
+//! new head in its retained status (`audit_head`, [`AuditLog::head`]), so the broker and every
+//! dashboard that keeps the status hold a copy; [`verify`] prints the head for an operator to
+//! record (a ticket, a second machine).
 //!
 //! `who` is `coordinator`, `device:<client id>` (a device's own request, an enrolment),
 //! `operator:<key id>` (a tagged operator command; [`operator_id`]: 16 hex digits of the
@@ -40,10 +45,15 @@ use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use fedge_wire::AuditHead;
+
 pub use format::{Entry, Event, GENESIS, device, encode_line, operator, operator_id};
 use format::{Head, sha256_hex};
 pub use show::{Served, ServedRelease, served_at};
-pub use verify::{Broken, Fault, Summary, VerifyError, read_verified, verify, verify_bytes};
+pub use verify::{
+    Broken, Fault, Summary, VerifyError, parse_head, read_verified, verify, verify_anchored,
+    verify_bytes, verify_bytes_anchored,
+};
 
 /// The audit file's name in the state folder.
 pub const FILE_NAME: &str = "audit.jsonl";
@@ -61,6 +71,8 @@ struct Tail {
 pub struct AuditLog {
     path: PathBuf,
     tail: Option<Tail>,
+    /// Before the first append: the head read off the file's end, once ([`AuditLog::head`]).
+    peeked: Option<Option<AuditHead>>,
     failures: u64,
 }
 
@@ -70,8 +82,32 @@ impl AuditLog {
         Self {
             path: path.into(),
             tail: None,
+            peeked: None,
             failures: 0,
         }
+    }
+
+    /// The trail's head: the last line's `seq` and SHA-256 as this writer last appended it,
+    /// in O(1). Before its first append, the head of the file as it stands, read once off the
+    /// file's end (the lines another writer put there: `run`'s `run-started`); none while the
+    /// file has no whole line or its last line is not a record. Lines another process appends
+    /// later show from this writer's next append on.
+    pub fn head(&mut self) -> Option<AuditHead> {
+        if let Some(tail) = self.tail.as_ref().filter(|t| t.seq > 0) {
+            return Some(AuditHead {
+                seq: tail.seq,
+                sha256: tail.prev.clone(),
+            });
+        }
+        self.peeked
+            .get_or_insert_with(|| match last_line(&self.path) {
+                Ok(line) => line.and_then(|line| head_of(&line)),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "audit head not read");
+                    None
+                }
+            })
+            .clone()
     }
 
     /// The trail's file.
@@ -159,6 +195,49 @@ fn write_line(
         prev,
     };
     Ok(seq)
+}
+
+/// The head a whole last line names: its `seq` and SHA-256; none when it is not a record.
+fn head_of(line: &[u8]) -> Option<AuditHead> {
+    let head = serde_json::from_slice::<Head>(line).ok()?;
+    Some(AuditHead {
+        seq: head.seq,
+        sha256: sha256_hex(line),
+    })
+}
+
+/// The last whole line of the file at `path` (without its newline; a torn end after it left
+/// out), read backwards from the end: as many bytes as that line and the torn end hold, not
+/// the file. None when the file is missing or holds no whole line.
+fn last_line(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::{Seek, SeekFrom};
+    const CHUNK: u64 = 4096;
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut start = file.metadata()?.len();
+    // The file's bytes from `start` to its end.
+    let mut read: Vec<u8> = Vec::new();
+    loop {
+        if let Some(end) = read.iter().rposition(|&b| b == b'\n') {
+            match read[..end].iter().rposition(|&b| b == b'\n') {
+                Some(before) => return Ok(Some(read[before + 1..end].to_vec())),
+                None if start == 0 => return Ok(Some(read[..end].to_vec())),
+                None => {}
+            }
+        } else if start == 0 {
+            return Ok(None);
+        }
+        let from = start.saturating_sub(CHUNK);
+        let mut chunk = vec![0; (start - from) as usize];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(&mut chunk)?;
+        chunk.extend_from_slice(&read);
+        read = chunk;
+        start = from;
+    }
 }
 
 /// Where the chain of `bytes` ends, and how many bytes of a torn last line follow it.

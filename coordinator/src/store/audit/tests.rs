@@ -292,6 +292,161 @@ fn a_truncated_last_line_fails_and_the_next_append_cuts_it_on_the_record() {
     assert_eq!(entries.len(), 6);
 }
 
+/// `lines` with line `edit` (from 0) given `event` instead, and every line from there on
+/// recomputed (`prev` and `hash`): what anyone who can write the state folder can do.
+fn rewritten(all: &[Vec<u8>], edit: usize, event: &Event) -> Vec<u8> {
+    let mut prev = GENESIS.to_owned();
+    let mut out = Vec::new();
+    for (i, line) in all.iter().enumerate() {
+        let entry: Entry = serde_json::from_slice(line).unwrap();
+        let event = if i == edit { event } else { &entry.event };
+        let line = encode_line(entry.seq, &entry.at, &entry.who, event, &prev);
+        prev = sha256_hex(&line);
+        out.extend_from_slice(&line);
+        out.push(b'\n');
+    }
+    out
+}
+
+#[test]
+fn a_whole_rewrite_verifies_alone_and_fails_against_the_anchored_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = five_lines(dir.path());
+    let original = std::fs::read(&path).unwrap();
+    let head = verify(&path).unwrap().head().unwrap();
+    assert_eq!(head.seq, 5);
+    assert_eq!(verify_anchored(&path, &head).unwrap().lines, 5);
+    // Line 3's release credited to other devices, every line recomputed: the chain holds.
+    let all = lines(&path);
+    let forged = rewritten(&all, 2, &released(1, 'a', &["cam-09"]));
+    assert_ne!(forged, original);
+    std::fs::write(&path, &forged).unwrap();
+    let alone = verify(&path).unwrap();
+    assert_eq!(alone.lines, 5);
+    assert_ne!(alone.head, head.sha256);
+    // Against the head recorded before, it fails at that line with both digests.
+    let e = verify_anchored(&path, &head).unwrap_err();
+    let VerifyError::Broken { broken, .. } = &e else {
+        panic!("{e}");
+    };
+    assert_eq!(
+        (broken.line, &broken.fault),
+        (
+            5,
+            &Fault::Anchor {
+                recorded: head.sha256.clone(),
+                found: alone.head.clone(),
+            }
+        )
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("line 5 ")
+            && text.contains(&head.sha256)
+            && text.contains(&alone.head)
+            && text.contains("rewritten"),
+        "{text}"
+    );
+    // A head recorded before the edited line still matches; one at the edited line does not.
+    let at = |seq: usize| AuditHead {
+        seq: seq as u64,
+        sha256: sha256_hex(all[seq - 1].strip_suffix(b"\n").unwrap()),
+    };
+    assert!(verify_bytes_anchored(&forged, &at(2)).is_ok());
+    assert_eq!(verify_bytes_anchored(&forged, &at(3)).unwrap_err().line, 3);
+}
+
+#[test]
+fn a_trail_cut_before_the_anchored_head_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = five_lines(dir.path());
+    let head = verify(&path).unwrap().head().unwrap();
+    let all = lines(&path);
+    let cut = all[..3].concat();
+    // Whole lines cut off the end: the chain alone cannot tell.
+    assert_eq!(verify_bytes(&cut).unwrap().lines, 3);
+    let e = verify_bytes_anchored(&cut, &head).unwrap_err();
+    assert_eq!((e.line, &e.fault), (5, &Fault::Cut { lines: 3 }));
+    assert!(e.to_string().contains("cut off"), "{e}");
+    // An empty file too.
+    let e = verify_bytes_anchored(b"", &head).unwrap_err();
+    assert_eq!((e.line, &e.fault), (5, &Fault::Cut { lines: 0 }));
+    // Lines appended after the anchored head are fine.
+    let earlier = AuditHead {
+        seq: 3,
+        sha256: sha256_hex(all[2].strip_suffix(b"\n").unwrap()),
+    };
+    assert_eq!(verify_anchored(&path, &earlier).unwrap().lines, 5);
+}
+
+#[test]
+fn a_head_is_read_as_seq_colon_sha256_or_refused_saying_what_to_give() {
+    let sha = "AB".repeat(32);
+    let head = parse_head(&format!("42:{sha}")).unwrap();
+    assert_eq!(
+        head,
+        AuditHead {
+            seq: 42,
+            sha256: "ab".repeat(32)
+        }
+    );
+    for bad in [
+        sha.clone(),
+        format!("x:{sha}"),
+        format!("0:{sha}"),
+        "42:abc".to_owned(),
+        format!("42:{}", "g".repeat(64)),
+    ] {
+        let e = parse_head(&bad).unwrap_err();
+        assert!(e.contains("SEQ:SHA256"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn the_writer_knows_its_head_and_reads_the_files_once_before_its_first_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(FILE_NAME);
+    assert_eq!(AuditLog::new(&path).head(), None, "no file, no head");
+    let path = five_lines(dir.path());
+    let head = verify(&path).unwrap().head();
+    // Another writer's lines (`run`'s run-started): read off the end of the file.
+    let mut log = AuditLog::new(&path);
+    assert_eq!(log.head(), head);
+    // A torn end after them: the head is the last whole line.
+    let mut torn = std::fs::read(&path).unwrap();
+    torn.extend_from_slice(b"{\"seq\":6,\"at\"");
+    std::fs::write(&path, &torn).unwrap();
+    assert_eq!(AuditLog::new(&path).head(), head);
+    // After an append, the writer's own tail (the torn end was cut and recorded first).
+    assert_eq!(
+        log.append(
+            "2025-11-26T11:00:00.000Z",
+            "coordinator",
+            &released(3, 'c', &[])
+        )
+        .unwrap(),
+        7
+    );
+    assert_eq!(log.head(), verify(&path).unwrap().head());
+    assert_eq!(log.head().unwrap().seq, 7);
+    // A last line longer than the backward read's chunk.
+    let mut big = AuditLog::new(&path);
+    let many: Vec<String> = (0..1000).map(|i| format!("cam-{i:04}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    big.append(
+        "2025-11-26T11:01:00.000Z",
+        "coordinator",
+        &released(4, 'd', &many),
+    )
+    .unwrap();
+    assert!(lines(&path)[7].len() > 4096);
+    assert_eq!(AuditLog::new(&path).head(), verify(&path).unwrap().head());
+    // A file of one line.
+    let one = dir.path().join("one.jsonl");
+    std::fs::write(&one, &lines(&path)[0]).unwrap();
+    assert_eq!(AuditLog::new(&one).head().unwrap().seq, 1);
+}
+
 #[test]
 fn show_answers_which_release_a_device_served_and_who_built_it() {
     let dir = tempfile::tempdir().unwrap();

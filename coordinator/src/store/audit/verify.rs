@@ -1,7 +1,15 @@
 //! `fedge-coordinator audit verify`: every line's hash, link and number checked, the first bad
-//! line named.
+//! line named; with an anchored head (a line's number and SHA-256 kept outside the state
+//! folder), that line's SHA-256 too.
+//!
+//! The chain is unkeyed: whoever can write the state folder can rewrite the whole file and
+//! recompute every `prev` and `hash`, and the result verifies on its own. Only a head recorded
+//! before the rewrite, where that writer cannot change it (the coordinator's retained status
+//! carries each new one as `audit_head`), tells it apart, and tells a trail cut before it.
 
 use std::path::Path;
+
+use fedge_wire::AuditHead;
 
 use super::format::{Entry, GENESIS, Head, sha256_hex, split_hash};
 
@@ -35,6 +43,27 @@ pub enum Fault {
         seq: u64,
         /// The `seq` its position calls for.
         expected: u64,
+    },
+    /// The anchored head's line hashes otherwise than recorded.
+    #[error(
+        "has SHA-256 {found} where the anchored head records {recorded}: the trail was \
+         rewritten at or before this line (its lines recomputed so that the chain holds), or \
+         the head was recorded from another trail"
+    )]
+    Anchor {
+        /// The SHA-256 the anchored head records.
+        recorded: String,
+        /// The SHA-256 of the line on the trail.
+        found: String,
+    },
+    /// The trail ends before the anchored head's line.
+    #[error(
+        "is not there: the trail ends at line {lines}, before the anchored head: lines were cut \
+         off its end, or the head was recorded from another trail"
+    )]
+    Cut {
+        /// Lines on the trail.
+        lines: u64,
     },
 }
 
@@ -75,8 +104,58 @@ pub struct Summary {
     pub last: Option<String>,
 }
 
+impl Summary {
+    /// The head to record elsewhere: the last line's number and SHA-256; none for an empty
+    /// trail.
+    pub fn head(&self) -> Option<AuditHead> {
+        (self.lines > 0).then(|| AuditHead {
+            seq: self.lines,
+            sha256: self.head.clone(),
+        })
+    }
+}
+
+/// Reads `SEQ:SHA256` (a line number from 1, a colon, 64 hex digits), the form `audit verify`
+/// prints its head in; what to fix when it is not.
+pub fn parse_head(text: &str) -> Result<AuditHead, String> {
+    let wanted = "give the head as SEQ:SHA256, the line number, a colon and 64 hex digits, as \
+                  `audit verify` prints it or the coordinator status's audit_head has it";
+    let (seq, sha256) = text
+        .trim()
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} has no colon: {wanted}"))?;
+    let seq: u64 = seq
+        .parse()
+        .map_err(|_| format!("{seq:?} is not a line number: {wanted}"))?;
+    if seq == 0 {
+        return Err(format!(
+            "line 0 is no line (an empty trail anchors nothing): {wanted}"
+        ));
+    }
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("{sha256:?} is not 64 hex digits: {wanted}"));
+    }
+    Ok(AuditHead {
+        seq,
+        sha256: sha256.to_ascii_lowercase(),
+    })
+}
+
 /// Checks a trail's bytes: every line's hash, link and number.
+///
+/// A trail rewritten whole (every line recomputed) or cut short passes: see
+/// [`verify_bytes_anchored`].
 pub fn verify_bytes(bytes: &[u8]) -> Result<Summary, Broken> {
+    check(bytes, None)
+}
+
+/// [`verify_bytes`], and line `head.seq` must be there with SHA-256 `head.sha256`: a trail
+/// rewritten at or before that line, or cut before it, fails there.
+pub fn verify_bytes_anchored(bytes: &[u8], head: &AuditHead) -> Result<Summary, Broken> {
+    check(bytes, Some(head))
+}
+
+fn check(bytes: &[u8], anchor: Option<&AuditHead>) -> Result<Summary, Broken> {
     let mut prev = GENESIS.to_owned();
     let mut summary = Summary {
         lines: 0,
@@ -117,9 +196,25 @@ pub fn verify_bytes(bytes: &[u8]) -> Result<Summary, Broken> {
             }));
         }
         prev = sha256_hex(line);
+        if let Some(anchored) = anchor.filter(|a| a.seq == line_no)
+            && anchored.sha256 != prev
+        {
+            return Err(broken(Fault::Anchor {
+                recorded: anchored.sha256.clone(),
+                found: prev,
+            }));
+        }
         summary.lines = line_no;
         summary.first.get_or_insert_with(|| head.at.clone());
         summary.last = Some(head.at);
+    }
+    if let Some(anchored) = anchor.filter(|a| a.seq > summary.lines) {
+        return Err(Broken {
+            line: anchored.seq,
+            fault: Fault::Cut {
+                lines: summary.lines,
+            },
+        });
     }
     summary.head = prev;
     Ok(summary)
@@ -170,6 +265,14 @@ fn read_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
 /// Verifies the trail at `path` ([`verify_bytes`]).
 pub fn verify(path: &Path) -> Result<Summary, VerifyError> {
     verify_bytes(&read_file(path)?).map_err(|broken| VerifyError::Broken {
+        path: path.display().to_string(),
+        broken,
+    })
+}
+
+/// Verifies the trail at `path` against an anchored head ([`verify_bytes_anchored`]).
+pub fn verify_anchored(path: &Path, head: &AuditHead) -> Result<Summary, VerifyError> {
+    verify_bytes_anchored(&read_file(path)?, head).map_err(|broken| VerifyError::Broken {
         path: path.display().to_string(),
         broken,
     })

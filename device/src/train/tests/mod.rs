@@ -623,3 +623,69 @@ fn a_device_whose_profile_says_another_width_trains_the_federations_head() {
     );
     assert!(odd.result.is_err());
 }
+
+#[test]
+fn a_task_whose_pooled_summary_does_not_fit_the_head_fails_the_round_without_a_panic() {
+    use crate::train::{DeviceData, Trainer, run_round};
+    use fedge_wire::{FeatureNorm, FeatureSummary, TensorF32};
+    use std::sync::Arc;
+    let (head, global, data) = tiny();
+    let device = training_device(Backend::Flex);
+    let trainer = Trainer {
+        head: &head,
+        device: &device,
+        seed: 1,
+        client_id: "cam-1",
+        threads: 1,
+        cancel: None,
+        tail: None,
+    };
+    let rows = DeviceData::new(Arc::new(data.clone()), Arc::new(data.rows(&[])), None);
+    // Two classes of three features: six class means.
+    let good = crate::site_norm::summary_of(&data, 2).unwrap();
+    let short = FeatureSummary {
+        means: TensorF32::from_slice(&[0.5; 5]),
+        ..good.clone()
+    };
+    let mut means = good.means.to_vec();
+    means[4] = f32::NAN;
+    let nan = FeatureSummary {
+        means: TensorF32::new(vec![2, 3], &means).unwrap(),
+        ..good.clone()
+    };
+    let narrow = crate::site_norm::summary_of(
+        &FeatureSet {
+            dim: 2,
+            features: vec![1.0, 0.5, 2.0, 1.0],
+            labels: vec![0, 1],
+        },
+        2,
+    )
+    .unwrap();
+    for (bad, norm) in [
+        (short, FeatureNorm::Balanced),
+        (nan, FeatureNorm::Pooled),
+        (narrow, FeatureNorm::Pooled),
+    ] {
+        let task = fedge_wire::RoundTask {
+            federation: "f".into(),
+            run: 1,
+            round: 1,
+            selected: vec!["cam-1".into()],
+            classes: vec!["a".into(), "b".into()],
+            params: TensorF32::from_slice(&global),
+            train: TrainParams {
+                feature_norm: norm,
+                ..raw()
+            },
+            deadline_ms: 1_000,
+            insight: None,
+            prototypes: None,
+            backbone: None,
+            pooled: Some(bad),
+        };
+        let outcome = run_round(&rows, &task, &trainer, &mut LocalState::default());
+        let error = outcome.result.expect_err("refused").to_string();
+        assert!(error.contains("pooled feature statistics"), "{error}");
+    }
+}

@@ -1,5 +1,5 @@
 //! `fedge bench …`: the cost benchmarks, one subcommand each (`head`, `backbone`, `infer`,
-//! `aggregate`, `wire`, `fleet`, `rollback`, `buffered`, `feddim`, `drift`, `labelling`). Accuracy is `fedge eval`'s;
+//! `aggregate`, `wire`, `fleet`, `rollback`, `buffered`, `feddim`, `drift`, `labelling`, `gate`). Accuracy is `fedge eval`'s;
 //! `fedge bench` without a subcommand still takes `fedge eval`'s flags for one release, with a
 //! note pointing there.
 
@@ -9,6 +9,7 @@ pub mod buffered;
 pub mod drift;
 pub mod feddim;
 pub mod fleet;
+pub mod gate;
 pub mod head;
 pub mod infer;
 pub mod labelling;
@@ -62,6 +63,9 @@ pub enum BenchCommand {
     /// The labelling queue: what a blurred site's 50 labels picked by its queue are worth
     /// after the next federated rounds, against 50 picked at random (digits-sensor).
     Labelling(labelling::LabellingArgs),
+    /// The release gate's error rates at one evaluation site of 100, 300 and 1,000 images:
+    /// the paired rule exactly and simulated, against the rule before it.
+    Gate(gate::GateArgs),
 }
 
 impl BenchCommand {
@@ -79,6 +83,7 @@ impl BenchCommand {
             BenchCommand::Feddim(args) => feddim::run(args),
             BenchCommand::Drift(args) => drift::run(args),
             BenchCommand::Labelling(args) => labelling::run(args),
+            BenchCommand::Gate(args) => gate::run(args),
         }
     }
 }
