@@ -460,3 +460,20 @@ fn banned_and_revoked_devices_are_never_canaries() {
         "every allowed online device at a share of 1: {canary:?}"
     );
 }
+
+#[test]
+fn the_devices_followed_are_bounded_and_an_offline_one_is_forgotten() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    let ids: Vec<String> = (0..MAX_FOLLOWED + 50).map(|i| format!("made-up-{i}")).collect();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    online(&mut flow, &names);
+    assert_eq!(flow.devices.len(), MAX_FOLLOWED);
+    let gone = EdgeStatus {
+        client_id: "made-up-0".into(),
+        online: false,
+        ..EdgeStatus::default()
+    };
+    flow.device_status("made-up-0", &gone, true, 1).unwrap();
+    assert_eq!(flow.devices.len(), MAX_FOLLOWED - 1);
+    assert!(!flow.devices.contains_key("made-up-0"));
+}
