@@ -464,7 +464,9 @@ fn banned_and_revoked_devices_are_never_canaries() {
 #[test]
 fn the_devices_followed_are_bounded_and_an_offline_one_is_forgotten() {
     let mut flow = ReleaseFlow::new(gated(), "plant");
-    let ids: Vec<String> = (0..MAX_FOLLOWED + 50).map(|i| format!("made-up-{i}")).collect();
+    let ids: Vec<String> = (0..MAX_FOLLOWED + 50)
+        .map(|i| format!("made-up-{i}"))
+        .collect();
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
     online(&mut flow, &names);
     assert_eq!(flow.devices.len(), MAX_FOLLOWED);
