@@ -400,7 +400,7 @@ impl ReleaseFlow {
         };
         let reason = "promoted by the operator: ctl promote".to_owned();
         self.set_verdict(&release, GateOutcome::Promoted, None, reason);
-        self.promote(release, now_ms, true);
+        self.promote(release, now_ms, false);
         Ok(())
     }
 

@@ -479,3 +479,19 @@ fn the_devices_followed_are_bounded_and_an_offline_one_is_forgotten() {
     assert_eq!(flow.devices.len(), MAX_FOLLOWED - 1);
     assert!(!flow.devices.contains_key("made-up-0"));
 }
+
+#[test]
+fn ctl_promote_serves_the_candidate_on_every_device_at_once_past_the_canary() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    online(&mut flow, &["a", "b", "c", "d"]);
+    flow.aggregated(release(1), 0);
+    flow.aggregated(release(2), 10);
+    steps(&mut flow);
+    flow.promote_now(20).unwrap();
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [2]);
+    let stages: Vec<Stage> = pointers(&s).iter().map(|p| p.stage).collect();
+    assert_eq!(stages, [Stage::All], "{s:?}");
+    assert_eq!(flow.serving().map(|r| r.round), Some(2));
+    assert_eq!(flow.next_deadline(), None, "no canary window runs");
+}
