@@ -357,6 +357,8 @@ async fn drive(
                         let seq = &mut sinks.control_seq;
                         let file = options.control_file.as_deref();
                         let taken = handle_control(&mut rounds, &options.federation, key, seq, file, &p.payload, now_ms());
+                        // `ctl status` asks and changes nothing: not an event of the trail.
+                        let taken = taken.filter(|m| !matches!(m.command, fedge_wire::control::Command::Status));
                         if let (Some(message), Some(audit)) = (taken, sinks.audit.as_mut()) {
                             let event = Event::Control { command_seq: message.seq, command: message.command };
                             audit.record(&crate::store::audit::operator(key), event);

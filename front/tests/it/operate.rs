@@ -379,6 +379,25 @@ async fn operator_settings_survive_a_restart_and_a_captured_command_is_not_taken
     let kept = std::fs::read(dir.path().join("state/control.json")).unwrap();
     let kept: serde_json::Value = serde_json::from_slice(&kept).unwrap();
     assert!(kept["last_seq"].as_u64().unwrap() > now, "{kept}");
+    // The trail names what changed the federation; `ctl status` asked and changed nothing.
+    let trail = std::fs::read_to_string(dir.path().join("state/audit.jsonl")).unwrap();
+    let commands: Vec<String> = (trail.lines())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["event"] == "control")
+        .map(|l| {
+            l["command"]["command"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert!(!commands.iter().any(|c| c == "status"), "{trail}");
+    for taken in ["pause", "ban", "set-rounds"] {
+        assert!(
+            commands.iter().any(|c| c == taken),
+            "no {taken} in {commands:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
