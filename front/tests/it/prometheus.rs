@@ -195,6 +195,20 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
         "promtool check rules: {}",
         String::from_utf8_lossy(&checked.stdout)
     );
+    // And they fire on the series fedge exports (docs/prometheus-alerts.test.yml: a hung
+    // round raises FedgeFederationStalled, a working or an abandoning federation does not).
+    let tests = common::repo_root().join("docs/prometheus-alerts.test.yml");
+    let tested = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&tests)
+        .output()
+        .unwrap();
+    assert!(
+        tested.status.success(),
+        "promtool test rules: {}{}",
+        String::from_utf8_lossy(&tested.stdout),
+        String::from_utf8_lossy(&tested.stderr)
+    );
     // A real server scraping every second.
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("prometheus.yml");
