@@ -16,6 +16,9 @@ pub struct CoordinatorStatus {
     /// Federation name.
     #[serde(default)]
     pub federation: String,
+    /// The current run, in hex as round tasks carry it (a new one after `ctl new-run`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
     /// `waiting` (for clients), `training` (round open), `finished`; `offline` in the Last Will.
     pub state: String,
     /// Finer than `state`: `waiting`, `collecting` (before the deadline), `extended` (past the
@@ -540,6 +543,7 @@ mod tests {
     fn coordinator_status_survives_a_json_round_trip() {
         let status = CoordinatorStatus {
             federation: "plant-7".into(),
+            run: "00000000000000ff".into(),
             state: "training".into(),
             phase: "collecting".into(),
             deadline: Some("2025-01-01T00:01:00Z".into()),

@@ -73,6 +73,7 @@ pub fn status_at(
     let privacy = rounds.privacy_spent();
     let mut status = CoordinatorStatus {
         federation: context.federation.clone(),
+        run: format!("{:016x}", rounds.config().run),
         state: rounds.phase().name().into(),
         phase: rounds.phase_detail().into(),
         deadline,

@@ -455,6 +455,10 @@ async fn a_coordinator_that_stays_up_runs_a_second_run_started_with_ctl() {
     assert_eq!(report.rounds.len(), 4, "{report:?}");
     let status = finished_status(&config).await;
     assert_eq!(status["round"], 4, "{status}");
+    // The status names the run it is on: another one after new-run.
+    let run = |s: &serde_json::Value| s["run"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(run(&finished).len(), 16, "{finished}");
+    assert_ne!(run(&status), run(&finished), "{status}");
     let runs = status["runs"].as_array().expect("the run history");
     assert_eq!(runs.len(), 1, "{status}");
     assert_eq!(
