@@ -20,6 +20,7 @@ pub mod help;
 pub mod lists;
 pub mod logs;
 pub mod metrics;
+pub mod private_dir;
 pub mod reference;
 pub mod secret;
 pub mod signals;

@@ -583,3 +583,6 @@ mod serving_tests;
 
 #[cfg(test)]
 mod local_dp_tests;
+
+#[cfg(test)]
+mod pooled_tests;

@@ -30,5 +30,6 @@ pub mod metrics;
 pub mod rescan;
 pub mod resources;
 pub mod views;
+pub mod web_guard;
 
 pub use agent::{AgentSetup, run_agent};

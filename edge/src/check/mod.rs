@@ -291,14 +291,10 @@ fn check_inference(config: &EdgeConfig) -> Check {
 /// free; and whether labelled images are trained on before a restart (`[data] rescan`).
 fn check_labelling(config: &EdgeConfig, labelling: &crate::labelling::LabellingConfig) -> Check {
     let dir = labelling.queue_dir(config.cache_dir.as_deref(), &config.client_id);
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        return fail(
-            "labelling",
-            format!(
-                "[labelling] dir {}: {e}: pick a folder the device may write",
-                dir.display()
-            ),
-        );
+    // The same private folder the agent makes (mode 0700), so that check leaves none the
+    // agent would then refuse.
+    if let Err(e) = crate::labelling::queue::ensure_private_dir(&dir) {
+        return fail("labelling", e.to_string());
     }
     if let Some(file) = &labelling.password_file
         && let Err(e) = fedge_daemon::read_secret(file)

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use super::queue::{Item, LabelQueue, QueueError};
 use crate::inference::SharedPredictor;
-use crate::inference::http::{SiteGuard, error};
+use crate::web_guard::{SiteGuard, error};
 use fedge_daemon::metrics::ConnectionLimits;
 
 /// The page, one self-contained file (no scripts or fonts from elsewhere).
@@ -118,7 +118,7 @@ pub fn router(
         ))
         .layer(axum::middleware::from_fn_with_state(
             SiteGuard::new(&[], true),
-            crate::inference::http::guard,
+            crate::web_guard::guard,
         ))
         .layer(axum::middleware::map_response(same_origin_only))
         .with_state(app)

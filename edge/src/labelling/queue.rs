@@ -171,7 +171,7 @@ impl LabelQueue {
         for entry in std::fs::read_dir(&pending).map_err(io(&pending))?.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "json")
-                && let Ok(bytes) = read_regular(&path)
+                && let Ok(bytes) = fedge_daemon::private_dir::read_regular(&path)
                 && let Ok(item) = serde_json::from_slice::<Item>(&bytes)
                 && valid_ext(&item.ext)
                 && path.file_stem() == Some(std::ffi::OsStr::new(&format!("{:016x}", item.id)))
@@ -250,7 +250,8 @@ impl LabelQueue {
     /// `jpg` image.
     fn read_item(&self, id: u64) -> Result<Item, QueueError> {
         let path = self.pending_path(id, "json");
-        let bytes = read_regular(&path).map_err(|_| QueueError::Unknown(id))?;
+        let bytes =
+            fedge_daemon::private_dir::read_regular(&path).map_err(|_| QueueError::Unknown(id))?;
         let item: Item = serde_json::from_slice(&bytes).map_err(|_| QueueError::Unknown(id))?;
         match item.id == id && valid_ext(&item.ext) {
             true => Ok(item),
@@ -348,8 +349,8 @@ impl LabelQueue {
     /// The image of input `id`, and its content type.
     pub fn image(&self, id: u64) -> Result<(Vec<u8>, &'static str), QueueError> {
         let item = self.read_item(id)?;
-        let bytes =
-            read_regular(&self.pending_path(id, &item.ext)).map_err(|_| QueueError::Unknown(id))?;
+        let bytes = fedge_daemon::private_dir::read_regular(&self.pending_path(id, &item.ext))
+            .map_err(|_| QueueError::Unknown(id))?;
         let kind = if item.ext == "png" {
             "image/png"
         } else {
@@ -371,7 +372,8 @@ impl LabelQueue {
         let item = self.read_item(id)?;
         let file = label_file(class, &item)?;
         let image = self.pending_path(id, &item.ext);
-        let bytes = read_regular(&image).map_err(|_| QueueError::Unknown(id))?;
+        let bytes =
+            fedge_daemon::private_dir::read_regular(&image).map_err(|_| QueueError::Unknown(id))?;
         let dest = self.settings.site.join(&file);
         if let Some(parent) = dest.parent() {
             std::fs::create_dir_all(parent).map_err(io(parent))?;
@@ -420,7 +422,7 @@ impl LabelQueue {
             }
         };
         let placed = self.settings.site.join(&file);
-        let restored = read_regular(&placed).and_then(|bytes| {
+        let restored = fedge_daemon::private_dir::read_regular(&placed).and_then(|bytes| {
             self.write_item(&given.item, &bytes)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             std::fs::remove_file(&placed)
@@ -502,7 +504,7 @@ fn read_state(path: &Path) -> Result<State, QueueError> {
         }
         Ok(_) => {}
     }
-    let bytes = read_regular(path).map_err(io(path))?;
+    let bytes = fedge_daemon::private_dir::read_regular(path).map_err(io(path))?;
     let mut state: State = serde_json::from_slice(&bytes).unwrap_or_default();
     let before = state.given.len();
     state
@@ -514,106 +516,15 @@ fn read_state(path: &Path) -> Result<State, QueueError> {
     Ok(state)
 }
 
-/// The bytes of the regular file at `path`, never through a symbolic link: the entry must be
-/// a regular file, and the file opened the same one (on Unix, a link put in its place between
-/// the look and the opening is caught by the file's identity).
-pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    let seen = std::fs::symlink_metadata(path)?;
-    if !seen.file_type().is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "not a regular file (a symbolic link?)",
-        ));
-    }
-    let mut file = std::fs::File::open(path)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let opened = file.metadata()?;
-        if (opened.dev(), opened.ino()) != (seen.dev(), seen.ino()) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "replaced while being opened",
-            ));
-        }
-    }
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut file, &mut bytes)?;
-    Ok(bytes)
-}
-
-/// Makes `dir` (and the folders above it that are missing) private to the agent's user
-/// (mode 0700), or checks the one there: refused when it is a symbolic link or not a folder,
-/// belongs to another user (on Linux, where the process's user is known) or may be written
-/// by group or others; one others may only read is made private.
+/// Makes `dir` the queue's own folder (`fedge_daemon::private_dir::ensure_private_dir`), or
+/// says why it cannot be.
 pub fn ensure_private_dir(dir: &Path) -> Result<(), QueueError> {
-    let refuse = |problem: String| QueueError::Unsafe {
-        path: dir.to_owned(),
-        problem: format!("the labelling queue's folder {problem}"),
-    };
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    if std::fs::symlink_metadata(dir).is_err() {
-        builder.create(dir).map_err(io(dir))?;
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
-    if meta.file_type().is_symlink() {
-        return Err(refuse(
-            "is a symbolic link: the queue needs a folder of its own; remove the link or \
-             set [labelling] dir to a real folder"
-                .to_owned(),
-        ));
-    }
-    if !meta.is_dir() {
-        return Err(refuse(
-            "is not a folder: remove it or set [labelling] dir".to_owned(),
-        ));
-    }
-    #[cfg(unix)]
-    check_owner_and_mode(dir, &meta).map_err(refuse)?;
-    Ok(())
-}
-
-/// The Unix half of [`ensure_private_dir`]: `dir`'s owner and permission bits.
-#[cfg(unix)]
-fn check_owner_and_mode(dir: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    if let Some(me) = current_uid()
-        && meta.uid() != me
-    {
-        return Err(format!(
-            "belongs to user {}, not to the agent's user ({me}): another user who made it \
-             first would control the queue; remove it, or give it to the agent's user \
-             (`chown`), or set [labelling] dir to a folder of its own",
-            meta.uid()
-        ));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o022 != 0 {
-        return Err(format!(
-            "is writable by group or others (mode {mode:04o}), who could plant files in it \
-             that the queue would move or delete: check what it holds, then run \
-             `chmod 700 {}`",
-            dir.display()
-        ));
-    }
-    if mode & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
-            format!("is readable by others (mode {mode:04o}) and `chmod 700` failed: {e}")
-        })?;
-        tracing::info!(dir = %dir.display(), "labelling queue: folder made private (mode 0700)");
-    }
-    Ok(())
-}
-
-/// The process's effective user id, from `/proc/self/status` (Linux; `None` elsewhere).
-#[cfg(unix)]
-fn current_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
+    fedge_daemon::private_dir::ensure_private_dir(dir, "[labelling] dir").map_err(|problem| {
+        QueueError::Unsafe {
+            path: dir.to_owned(),
+            problem: format!("the labelling queue's folder {problem}"),
+        }
+    })
 }
 
 /// `png` for a PNG file, `jpg` otherwise (the endpoint takes nothing else).
@@ -847,7 +758,7 @@ mod tests {
         );
 
         // Another user's folder, private to them (only root can give one away).
-        if current_uid() == Some(0) {
+        if fedge_daemon::private_dir::current_uid() == Some(0) {
             made("theirs", 0o700);
             std::os::unix::fs::chown(root.join("theirs"), Some(4242), Some(4242)).unwrap();
             let err = at("theirs").unwrap_err().to_string();
