@@ -62,7 +62,10 @@ pub fn regression_p(gained: u32, lost: u32) -> f64 {
     binomial_half_tail(d, u64::from(lost))
 }
 
-/// `P(X ≥ k)` for `X ~ Binomial(d, ½)`, summed in log space (exact to rounding for any `d`).
+/// `P(X ≥ k)` for `X ~ Binomial(d, ½)`, summed in log space (exact to rounding for any `d`),
+/// in constant memory: below the middle through the mirror `1 − P(X ≥ d − k + 1)`, so the
+/// terms summed only fall, and the sum stops once they no longer count (a site claiming ten
+/// million images costs a few milliseconds, not a buffer of them).
 fn binomial_half_tail(d: u64, k: u64) -> f64 {
     if k == 0 {
         return 1.0;
@@ -70,20 +73,25 @@ fn binomial_half_tail(d: u64, k: u64) -> f64 {
     if k > d {
         return 0.0;
     }
+    if 2 * k <= d {
+        return (1.0 - binomial_half_tail(d, d - k + 1)).clamp(0.0, 1.0);
+    }
     let ln_half = -(d as f64) * std::f64::consts::LN_2;
     // ln C(d, j) for j = k.. d, from ln C(d, k) by the ratio (d − j) / (j + 1).
     let mut ln_c = ln_choose(d, k);
-    let mut terms = Vec::with_capacity((d - k + 1) as usize);
+    let mut sum = f64::NEG_INFINITY;
     for j in k..=d {
-        terms.push(ln_c + ln_half);
+        let term = ln_c + ln_half;
+        if term < sum - 60.0 {
+            break;
+        }
+        let (hi, lo) = if term > sum { (term, sum) } else { (sum, term) };
+        sum = hi + (lo - hi).exp().ln_1p();
         if j < d {
             ln_c += ((d - j) as f64).ln() - ((j + 1) as f64).ln();
         }
     }
-    let top = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (top + terms.iter().map(|t| (t - top).exp()).sum::<f64>().ln())
-        .exp()
-        .min(1.0)
+    sum.exp().min(1.0)
 }
 
 /// `ln C(n, k)`, as a sum of logarithms over the shorter side.
@@ -257,6 +265,12 @@ mod tests {
         assert!((regression_p(0, 10) - 1.0 / 1024.0).abs() < 1e-15);
         let p = regression_p(400, 600);
         assert!(p > 0.0 && p < 1e-9, "{p}");
+        // Below the middle, through the mirror: 1 of 3 or more lost is 7/8.
+        assert!((regression_p(2, 1) - 0.875).abs() < 1e-12);
+        // Ten million images, the most a site may claim, both ways.
+        assert!(regression_p(5_000_000, 5_000_000) > 0.49);
+        assert!(regression_p(9_999_999, 1) > 0.999_999);
+        assert!(regression_p(1, 9_999_999) < 1e-300);
     }
 
     #[test]
