@@ -26,18 +26,7 @@ fn summary(rows: &[[f32; 2]], labels: &[u32]) -> FeatureSummary {
 }
 
 fn update(client: &str, round: u64, features: Option<FeatureSummary>) -> Vec<u8> {
-    fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
-        run: 0,
-        round,
-        client_id: client.into(),
-        seq: round,
-        num_samples: 2,
-        delta: TensorF32::from_slice(&[0.0; 7]),
-        metrics: Default::default(),
-        class_stats: None,
-        prototypes: None,
-        features,
-    }))
+    update_of(client, round, 2, features)
 }
 
 fn close(a: &[f32], b: &[f32]) -> bool {
