@@ -9,7 +9,8 @@
 
 use fedge_privacy::GaussianNoise;
 
-use crate::round::{Checkpoint, OpenRoundLog, ResumeError, RoundConfig, Rounds};
+use crate::release::ReleaseConfig;
+use crate::round::{Checkpoint, OpenRoundLog, OperatorSettings, ResumeError, RoundConfig, Rounds};
 use crate::strategy::{BuildError, Strategy, StrategyConfig};
 use crate::updates::spill::SpillFile;
 
@@ -38,6 +39,12 @@ pub enum BootError {
         "cannot resume from the checkpoint: {0}; move the state directory away to start afresh"
     )]
     Resume(#[from] ResumeError),
+    /// The operator settings kept across a restart cannot be put back.
+    #[error(
+        "the operator settings kept in state_dir/control.json: {0}; fix the file, or remove it \
+         to go back to the configuration's settings"
+    )]
+    Settings(String),
 }
 
 /// What a machine starts from besides its plan: a daemon's state folder (the checkpoint, the
@@ -51,6 +58,12 @@ pub struct Start {
     /// The file rounds that outgrow `update_memory_bytes` spill to (given before the journal's
     /// round is restored, so that it spills too).
     pub spill: Option<SpillFile>,
+    /// The release gate's settings (the default releases every round at once).
+    pub release: Option<ReleaseConfig>,
+    /// What the operator's commands set before the restart (`control.json`): put back before
+    /// the journal's round, which may belong to a run `new-run` started or `set-rounds`
+    /// extended after the checkpoint.
+    pub settings: Option<OperatorSettings>,
     /// The driver's time.
     pub now_ms: u64,
 }
@@ -63,9 +76,9 @@ pub struct Booted {
     pub resumed: Option<u64>,
     /// The journal's open round and the updates it holds, when it was restored.
     pub restored: Option<(u64, usize)>,
-    /// The journal's round when the journal was there but not restored (an earlier round,
-    /// other parameters, or central DP, which draws a fresh round).
-    pub ignored: Option<u64>,
+    /// The journal's round when the journal was there but not restored, and why (an earlier
+    /// round, other parameters, another run, or central DP, which draws a fresh round).
+    pub ignored: Option<(u64, &'static str)>,
 }
 
 impl Plan {
@@ -80,13 +93,16 @@ impl Plan {
     }
 
     /// Starts the machine: from the checkpoint when there is one, else fresh from the initial
-    /// parameters; with the spill file; then the open round the journal holds (a site
+    /// parameters; with the spill file, the release settings and the operator's settings; then
+    /// the open round the journal holds (a site
     /// aggregator keeps it until its global task comes again); then `start`.
     pub fn boot(&self, from: Start) -> Result<Booted, BootError> {
         let Start {
             checkpoint,
             journal,
             spill,
+            release,
+            settings,
             now_ms,
         } = from;
         let strategy = self.strategy()?;
@@ -102,7 +118,14 @@ impl Plan {
         if let Some(file) = spill {
             rounds.set_spill(file);
         }
-        let logged = journal.opened.as_ref().map(|o| o.round);
+        if let Some(release) = release {
+            rounds.set_release_config(release);
+        }
+        if let Some(settings) = &settings {
+            (rounds.restore_operator_settings(settings)).map_err(BootError::Settings)?;
+        }
+        let logged = (journal.opened.as_ref())
+            .map(|o| (o.round, rounds.journal_misfit(o).unwrap_or_default()));
         let restored = match rounds.is_site() {
             true => {
                 rounds.defer_restore(journal);

@@ -93,6 +93,27 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         }
         start.journal = log;
     }
+    let control_path = config.state_dir.as_ref().map(|d| d.join("control.json"));
+    if let Some(path) = &control_path {
+        // Before the journal's round: it may be of a run `new-run` started after the
+        // checkpoint, or of rounds `set-rounds` added.
+        start.settings = fedge_coordinator::store::control::load(path)?;
+        if let Some(saved) = start
+            .settings
+            .as_ref()
+            .filter(|s| **s != Default::default())
+        {
+            tracing::info!(
+                paused = saved.paused,
+                banned = saved.banned.len(),
+                rounds = ?saved.rounds,
+                run = ?saved.run,
+                backbone = ?saved.backbone.as_ref().map(|b| &b.0),
+                "operator settings restored from {}", path.display()
+            );
+        }
+    }
+    start.release = Some(config.release.clone());
     let booted = plan.boot(start)?;
     if let Some(next_round) = booted.resumed {
         tracing::info!(next_round, "resumed from the checkpoint");
@@ -100,15 +121,14 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
     if let Some((round, accepted)) = booted.restored {
         tracing::info!(round, accepted, "resuming the open round from the journal");
     }
-    if let Some(round) = booted.ignored {
+    if let Some((round, why)) = booted.ignored {
         tracing::warn!(
             round,
-            "the journal belongs to an earlier round or to other parameters (was the \
-             checkpoint moved away?); ignored, it is replaced when the next round opens"
+            "the journal's open round is not resumed: {why}; it is replaced when the next round \
+             opens"
         );
     }
     let mut rounds = booted.rounds;
-    rounds.set_release_config(config.release.clone());
     let audit_file = (config.state_dir.as_ref())
         .filter(|_| config.audit)
         .map(|d| d.join(audit::FILE_NAME));
@@ -138,7 +158,7 @@ pub async fn run(path: PathBuf) -> anyhow::Result<()> {
         releases_dir: config.state_dir.as_ref().map(|d| d.join("releases")),
         checkpoint: checkpoint_path,
         journal: journal_path,
-        control_file: config.state_dir.as_ref().map(|d| d.join("control.json")),
+        control_file: control_path,
         serving_file: config.state_dir.as_ref().map(|d| d.join("serving.json")),
         stay_up: config.stay_up,
         audit_file,

@@ -166,12 +166,4 @@ pub enum DriverError {
     /// The serving pointer's number kept in the state folder cannot be used.
     #[error(transparent)]
     Serving(#[from] crate::store::serving::ServingFileError),
-    /// The operator settings kept in the state folder name a bad value.
-    #[error("{path}: {reason}; fix it, or remove it to go back to the configuration's settings")]
-    ControlSettings {
-        /// File.
-        path: String,
-        /// What is wrong.
-        reason: String,
-    },
 }

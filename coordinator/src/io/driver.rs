@@ -98,33 +98,13 @@ fn handle_control(
     }
 }
 
-/// Puts back the operator settings kept in `control_file`; returns the last command's number.
-fn restore_control(
-    rounds: &mut Rounds,
-    control_file: Option<&std::path::Path>,
-) -> Result<u64, DriverError> {
+/// The number of the last operator command taken, kept in `control_file` (the settings
+/// themselves were put back when the machine booted, `boot::Start::settings`).
+fn last_control_seq(control_file: Option<&std::path::Path>) -> Result<u64, DriverError> {
     let Some(path) = control_file else {
         return Ok(0);
     };
-    let Some(saved) = crate::store::control::load(path)? else {
-        return Ok(0);
-    };
-    rounds
-        .restore_operator_settings(&saved)
-        .map_err(|reason| DriverError::ControlSettings {
-            path: path.display().to_string(),
-            reason,
-        })?;
-    if saved != Default::default() {
-        tracing::info!(
-            paused = saved.paused,
-            banned = saved.banned.len(),
-            rounds = ?saved.rounds,
-            backbone = ?saved.backbone.as_ref().map(|b| &b.0),
-            "operator settings restored from {}", path.display()
-        );
-    }
-    Ok(saved.last_seq)
+    Ok(crate::store::control::load(path)?.map_or(0, |saved| saved.last_seq))
 }
 
 /// Reads a device's retained status: online or not. An empty payload (a cleared retained
@@ -224,7 +204,7 @@ async fn drive(
         }
         None => (None, None),
     };
-    let control_seq = restore_control(&mut rounds, options.control_file.as_deref())?;
+    let control_seq = last_control_seq(options.control_file.as_deref())?;
     let origin = Instant::now();
     let now_ms = || origin.elapsed().as_millis() as u64;
     let mut sinks = Sinks {

@@ -76,9 +76,8 @@ impl Rounds {
                 settings.runs.push(self.ended_run());
                 settings.run_start = Some((self.next_round, self.aggregated_rounds));
                 settings.rounds = Some(self.new_run_total(*rounds)?);
-                // The number `new_run` will draw: from the same generator state.
-                let run = draw_run(&mut self.rng.clone(), self.config.run);
-                settings.run = Some(format!("{run:016x}"));
+                // The number `new_run` will take: derived from the same state.
+                settings.run = Some(format!("{:016x}", self.next_run_id()));
             }
             Command::ResetPool => settings.pool_reset = Some(self.aggregated_rounds),
             Command::Promote => settings.pinned = false,
@@ -211,6 +210,19 @@ impl Rounds {
         })
     }
 
+    /// The number of the run a `new-run` would start now ([`run_id`]).
+    fn next_run_id(&self) -> u64 {
+        let federation = &self.config.federation;
+        let (next, aggregated) = (self.next_round, self.aggregated_rounds);
+        run_id(
+            federation,
+            self.config.run,
+            next,
+            aggregated,
+            &self.control.runs,
+        )
+    }
+
     /// The run that ends at a `new-run`, as the history keeps it.
     fn ended_run(&self) -> fedge_wire::RunSummary {
         let (first_round, before) = self.control.run_start;
@@ -228,9 +240,10 @@ impl Rounds {
     /// accountant carry on.
     fn new_run(&mut self, rounds: u64) -> Result<(), String> {
         let total = self.new_run_total(rounds)?;
+        // Before the history grows: the number `settings_after` planned.
+        let run = self.next_run_id();
         let ended = self.ended_run();
         self.control.runs.push(ended);
-        let run = draw_run(&mut self.rng, self.config.run);
         self.config.run = run;
         // Buffered: the old run's tasks are over (their updates would be `replay`); every
         // device is free, and participation intervals start again.
@@ -446,8 +459,31 @@ pub struct OperatorSettings {
     pub run: Option<String>,
 }
 
-/// A new run number, any but `old` (the run tells runs apart, it guards no secret).
-fn draw_run(rng: &mut rand::rngs::StdRng, old: u64) -> u64 {
-    let run = rand::RngCore::next_u64(rng) ^ old;
-    if run == old { run.wrapping_add(1) } else { run }
+/// The number of the run a `new-run` starts now: a digest of the federation, the run that
+/// ends, the round it starts at and the runs that ended, never one of those runs. It depends on
+/// nothing a restart resets (a generator seeded from `seed` would draw an earlier run's number
+/// again, whose rounds every device has answered), and a restart computes the same number the
+/// driver kept before applying the command. The run tells runs apart; it guards no secret.
+fn run_id(
+    federation: &str,
+    ended: u64,
+    next_round: u64,
+    aggregated: u64,
+    runs: &[fedge_wire::RunSummary],
+) -> u64 {
+    use sha2::{Digest, Sha256};
+    let taken = |run: u64| run == ended || runs.iter().any(|r| r.run == format!("{run:016x}"));
+    (0u64..)
+        .map(|attempt| {
+            let mut hash = Sha256::new();
+            hash.update(b"fedge new-run\0");
+            hash.update(federation.as_bytes());
+            for n in [ended, next_round, aggregated, runs.len() as u64, attempt] {
+                hash.update(n.to_be_bytes());
+            }
+            let digest = hash.finalize();
+            u64::from_be_bytes(digest[..8].try_into().unwrap_or_default())
+        })
+        .find(|run| !taken(*run))
+        .unwrap_or(ended.wrapping_add(1))
 }

@@ -21,28 +21,11 @@ impl Rounds {
     /// could have been drawn, which the round's expected participants and its accounting need,
     /// so a fresh round is drawn instead; the interrupted one released nothing.
     pub fn restore_round(&mut self, log: OpenRoundLog, now_ms: u64) -> Option<(u64, usize)> {
-        if self.privacy.is_some() {
-            return None;
-        }
         let opened = log.opened?;
-        // A buffered version may open with every device still busy on an earlier one.
-        let named = !opened.selected.is_empty() || self.buffered();
-        let fresh = opened.round >= self.next_round && named;
-        if self.phase != Phase::Waiting || !fresh {
-            return None;
-        }
-        if opened.base != params_fingerprint(&self.params) {
-            return None;
-        }
-        if opened.run != self.config.run {
-            // Killed before its first checkpoint, the federation drew a new run at restart:
-            // it takes back the one its devices answered. After a checkpoint, the run is the
-            // checkpoint's, and a journal of another is not this federation's.
-            if self.aggregated_rounds > 0 {
-                return None;
-            }
-            self.config.run = opened.run;
-        }
+        self.journal_misfit(&opened).is_none().then_some(())?;
+        // Killed before its first checkpoint, the federation drew a new run at restart: it
+        // takes back the one its devices answered.
+        self.config.run = opened.run;
         let (round, mut selected) = (opened.round, opened.selected);
         selected.sort();
         selected.dedup();
@@ -66,6 +49,33 @@ impl Rounds {
         self.restoring = false;
         // Every selected client may already be in: the round then closed above.
         Some((round, self.open.as_ref().map_or(0, |o| o.accepted.len())))
+    }
+
+    /// Why the journal's open round cannot be resumed (`None` when it can), in words for the
+    /// operator's log.
+    pub fn journal_misfit(&self, opened: &super::saved::OpenedRound) -> Option<&'static str> {
+        // A buffered version may open with every device still busy on an earlier one.
+        let named = !opened.selected.is_empty() || self.buffered();
+        Some(if self.privacy.is_some() {
+            "central DP draws a fresh round after a restart"
+        } else if self.phase == Phase::Finished {
+            "the federation is finished (the journal is of its last round)"
+        } else if self.phase != Phase::Waiting {
+            "a round is open already"
+        } else if opened.round < self.next_round {
+            "the journal's round was aggregated before the checkpoint (a stale journal)"
+        } else if !named {
+            "the journal names no device"
+        } else if opened.base != params_fingerprint(&self.params) {
+            "the journal's round started from other parameters than the checkpoint's (was \
+             the checkpoint moved away or replaced?)"
+        } else if opened.run != self.config.run && self.aggregated_rounds > 0 {
+            // After a checkpoint the run is the checkpoint's (or the one `new-run` started,
+            // from the operator settings): a journal of another is not this federation's.
+            "the journal is of another run than the checkpoint and the operator settings name"
+        } else {
+            return None;
+        })
     }
 
     /// The journal record of `client`'s update in `round` could not be written: the update no

@@ -570,3 +570,5 @@ mod buffered_tests;
 mod pooled_tests;
 #[cfg(test)]
 mod privacy_tests;
+#[cfg(test)]
+mod new_run_restart_tests;
