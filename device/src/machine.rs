@@ -368,12 +368,21 @@ impl Agent {
     }
 
     /// A round's metrics JSON: a rejection of this device's update lands in `last_error`.
+    /// The coordinator's `declined` or `no_report` says less than the device's own reason for
+    /// a round it could not answer, which stays.
     pub fn handle_metrics(&mut self, payload: &[u8]) {
-        if let Some(e) = rejection_of(payload, &self.id.client_id) {
-            tracing::warn!(client = %self.id.client_id, "{e}");
-            self.status.last_error = e;
-            self.publish_status();
+        let Some((round, reason)) = failure_of(payload, &self.id.client_id) else {
+            return;
+        };
+        let vague = reason == "declined" || reason == "no_report";
+        if vague && !self.status.last_error.is_empty() {
+            tracing::debug!(client = %self.id.client_id, round, %reason, "the coordinator counted the round as failed; the device's own reason stays");
+            return;
         }
+        let e = rejection_message(round, &reason);
+        tracing::warn!(client = %self.id.client_id, "{e}");
+        self.status.last_error = e;
+        self.publish_status();
     }
 
     /// Local training ended: publish the update (then [`Agent::handle_update_sent`]) or report
@@ -535,12 +544,19 @@ fn reassembler(memory_budget_mb: u64) -> Reassembler {
 /// The coordinator's word on this device's update, from a round's metrics JSON: `Some` when
 /// the device was selected and its update did not count (a rejection reason or `no_report`).
 pub fn rejection_of(metrics: &[u8], client_id: &str) -> Option<String> {
+    failure_of(metrics, client_id).map(|(round, reason)| rejection_message(round, &reason))
+}
+
+/// The round and the reason a round's metrics JSON gives for this device's failure.
+fn failure_of(metrics: &[u8], client_id: &str) -> Option<(u64, String)> {
     let value: serde_json::Value = serde_json::from_slice(metrics).ok()?;
     let reason = value.get("failures")?.get(client_id)?.as_str()?;
     let round = value.get("round").and_then(|r| r.as_u64()).unwrap_or(0);
-    Some(format!(
-        "round {round}: the coordinator did not use this device's update ({reason})"
-    ))
+    Some((round, reason.to_owned()))
+}
+
+fn rejection_message(round: u64, reason: &str) -> String {
+    format!("round {round}: the coordinator did not use this device's update ({reason})")
 }
 
 /// Counts and `[K, H]` means as they go on the wire.

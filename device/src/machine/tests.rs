@@ -412,6 +412,31 @@ fn a_rejection_in_the_round_metrics_lands_in_last_error() {
 }
 
 #[test]
+fn a_declined_round_s_own_reason_is_not_overwritten_by_the_coordinator_s_no_report() {
+    let mut agent = agent(RoundState::default());
+    let mut endless = task(4, &["cam-1"], 10_000);
+    endless.train.local_epochs = 1_000_000;
+    assert!(trains(&send(&mut agent, endless, 0)).is_empty());
+    let own = agent.status().last_error.clone();
+    assert!(own.contains("local_epochs"), "{own}");
+    drain(&mut agent);
+    let metrics = Topics::new(FED).unwrap().metrics();
+    for vague in ["declined", "no_report"] {
+        let payload = format!(r#"{{"round": 4, "failures": {{"cam-1": "{vague}"}}}}"#);
+        agent.handle_publish(&metrics, payload.as_bytes(), 1);
+        assert!(drain(&mut agent).is_empty(), "{vague}: nothing new to say");
+        assert_eq!(agent.status().last_error, own);
+    }
+    // A reason of the coordinator's own (a refused update) is news: it replaces it.
+    agent.handle_publish(
+        &metrics,
+        br#"{"round": 5, "failures": {"cam-1": "bad_tag"}}"#,
+        2,
+    );
+    assert!(agent.status().last_error.contains("bad_tag"));
+}
+
+#[test]
 fn a_task_tagged_with_another_devices_key_is_refused() {
     let (mine, theirs) = (
         DeviceKey::from_bytes([1; 32]),

@@ -495,3 +495,29 @@ fn ctl_promote_serves_the_candidate_on_every_device_at_once_past_the_canary() {
     assert_eq!(flow.serving().map(|r| r.round), Some(2));
     assert_eq!(flow.next_deadline(), None, "no canary window runs");
 }
+
+#[test]
+fn after_a_restart_the_next_candidate_is_judged_on_its_paired_scores_without_waiting() {
+    // Before the restart: round 1 served, its score known; round 2 held.
+    let mut before = ReleaseFlow::new(gated(), "plant");
+    online(&mut before, &["a", "b", "c"]);
+    before.aggregated(release(1), 0);
+    scores_served(&mut before, "site", 1);
+    before.aggregated(release(2), 100);
+    compares(&mut before, "site", &release(2), (5, 25), 200).unwrap();
+    let kept: Vec<ModelRelease> = before.kept().cloned().collect();
+    // Restarted: the releases kept come back, no score of any (the site has not restarted).
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    flow.restore(kept);
+    online(&mut flow, &["a", "b", "c"]);
+    assert_eq!(flow.serving().map(|r| r.round), Some(1));
+    flow.aggregated(release(3), 1_000);
+    steps(&mut flow);
+    // The site compares the new candidate with what it serves: judged at once, no timeout.
+    compares(&mut flow, "site", &release(3), (12, 4), 1_100).unwrap();
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [3], "{s:?}");
+    let verdict = flow.status(&|_| String::new()).unwrap().gate.unwrap();
+    assert_eq!(verdict.outcome, GateOutcome::Promoted);
+    assert!(flow.next_deadline() < Some(1_000 + 60_000));
+}

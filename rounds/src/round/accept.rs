@@ -99,7 +99,7 @@ impl Rounds {
         self.outputs.push_back(Output::StatusChanged);
         let full = match buffered {
             true => open.accepted.len() >= self.config.aggregation.buffer_size.max(1),
-            false => open.all_answered(),
+            false => open.all_answered(self.config.min_updates.max(1)),
         };
         if full {
             self.close_round(now_ms);

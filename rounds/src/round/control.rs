@@ -397,11 +397,27 @@ impl Rounds {
             .collect()
     }
 
-    /// Whether `client` failed `max_missed_rounds` rounds in a row and has not reported
-    /// healthy since.
+    /// Whether `client` failed `max_missed_rounds` rounds in a row, has not reported healthy
+    /// since, and its rest has not ended.
     pub fn rests(&self, client: &str) -> bool {
         let limit = self.config.max_missed_rounds;
-        limit > 0 && self.control.missed.get(client).is_some_and(|&n| n >= limit)
+        let failed = limit > 0 && self.control.missed.get(client).is_some_and(|&n| n >= limit);
+        let until = self
+            .control
+            .rest_until
+            .get(client)
+            .copied()
+            .unwrap_or(u64::MAX);
+        failed && self.control.clock_ms < until
+    }
+
+    /// When the first resting device's rest ends, while the machine waits for devices.
+    pub(super) fn next_rest_end(&self) -> Option<u64> {
+        (self.phase == Phase::Waiting).then_some(())?;
+        (self.control.rest_until.iter())
+            .filter(|(c, _)| self.rests(c))
+            .map(|(_, &until)| until)
+            .min()
     }
 
     /// The devices resting now.
@@ -414,6 +430,7 @@ impl Rounds {
 
     /// `client` reported healthy: it may be selected again.
     pub(super) fn healthy(&mut self, client: &str) {
+        self.control.rest_until.remove(client);
         if self.control.missed.remove(client).is_some() && self.phase == Phase::Waiting {
             self.outputs.push_back(Output::StatusChanged);
         }

@@ -550,3 +550,93 @@ fn a_restart_from_a_checkpoint_before_a_new_run_goes_on_with_the_new_run() {
     let error = afresh.restore_operator_settings(&damaged).unwrap_err();
     assert!(error.contains("16 hex digits"), "{error}");
 }
+
+#[test]
+fn a_resting_device_is_tried_again_when_its_rest_ends_and_rests_longer_if_it_fails_again() {
+    // Three devices, all needed: a resting c stops the federation, which must not wait for
+    // ever for a status without an error that a declining device never sends.
+    let all = RoundConfig {
+        rounds: 0,
+        min_clients: 3,
+        min_updates: 2,
+        fraction: 1.0,
+        max_missed_rounds: 2,
+        ..config()
+    };
+    let run = all.run;
+    let mut m = three_online(all);
+    for round in 1..=2 {
+        drain(&mut m);
+        m.handle_edge_status("c", &declining("c", run, round, &format!("t{round}")), 10);
+        answer(&mut m, round, &["a", "b"], round * 100);
+    }
+    assert_eq!(m.resting(), ["c"]);
+    assert!(
+        tasks(&drain(&mut m)).is_empty(),
+        "2 of 3 devices can be selected"
+    );
+    let why = m.waiting_reason().unwrap_or_default();
+    assert!(why.contains("1 resting"), "{why}");
+    // Its rest is twice the round timeout (1 s here): the machine asks to be woken then.
+    let rest_end = 200 + 2_000;
+    assert_eq!(m.poll_timeout(), Some(rest_end));
+    m.handle_timeout(rest_end - 1);
+    assert!(tasks(&drain(&mut m)).is_empty());
+    m.handle_timeout(rest_end);
+    let task = tasks(&drain(&mut m)).pop().expect("a probe round");
+    assert_eq!((task.round, task.selected.len()), (3, 3));
+    // It declines the probe too: it rests again, twice as long.
+    m.handle_edge_status("c", &declining("c", run, 3, "t3"), rest_end + 5);
+    answer(&mut m, 3, &["a", "b"], rest_end + 10);
+    assert_eq!(m.resting(), ["c"]);
+    assert_eq!(m.poll_timeout(), Some(rest_end + 10 + 4_000));
+    m.handle_timeout(rest_end + 10 + 4_000);
+    let task = tasks(&drain(&mut m)).pop().expect("the second probe");
+    assert_eq!(task.round, 4);
+    // Its cause fixed, it trains: no longer counted as failing.
+    let out = answer(&mut m, 4, &["a", "b", "c"], rest_end + 5_000);
+    assert!(m.resting().is_empty());
+    let task = tasks(&out).pop().expect("round 5");
+    assert_eq!(task.selected.len(), 3);
+}
+
+#[test]
+fn a_round_closes_when_its_only_missing_device_goes_offline_with_a_quorum_in() {
+    let three = RoundConfig {
+        rounds: 0,
+        min_clients: 2,
+        min_updates: 2,
+        fraction: 1.0,
+        round_timeout_ms: 60_000,
+        ..config()
+    };
+    let mut m = three_online(three.clone());
+    assert_eq!(tasks(&drain(&mut m)).pop().unwrap().selected.len(), 3);
+    assert!(
+        reports(&answer(&mut m, 1, &["a", "b"], 10)).is_empty(),
+        "c awaited"
+    );
+    // c's Last Will: nothing left to wait for.
+    m.handle_client_status("c", false, 20);
+    let out = drain(&mut m);
+    let report = reports(&out).pop().expect("closed at once, not at 60 s");
+    assert!(report.aggregated);
+    assert_eq!(report.failures["c"], "offline");
+    // Without a quorum in, the round waits for its deadline: c may come back with its update.
+    let all = RoundConfig {
+        min_updates: 3,
+        ..three
+    };
+    let mut m = three_online(all);
+    drain(&mut m);
+    answer(&mut m, 1, &["a"], 10);
+    m.handle_client_status("c", false, 20);
+    assert!(reports(&drain(&mut m)).is_empty());
+    m.handle_client_status("c", true, 30);
+    let out = answer(&mut m, 1, &["b", "c"], 40);
+    let report = reports(&out).pop().expect("closed by c's update");
+    assert!(
+        report.aggregated && report.failures.is_empty(),
+        "{report:?}"
+    );
+}

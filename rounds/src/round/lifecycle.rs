@@ -20,6 +20,7 @@ use crate::updates::{RoundUpdates, UpdatesConfig};
 
 impl Rounds {
     pub(super) fn try_start(&mut self, now_ms: u64) {
+        self.control.clock_ms = self.control.clock_ms.max(now_ms);
         // A site opens a round only to answer a global task, numbered as it is.
         if self.config.relay.is_some() {
             match self.relay_due() {
@@ -290,11 +291,17 @@ impl Rounds {
             if failures.contains_key(client) {
                 let missed = self.control.missed.entry(client.clone()).or_insert(0);
                 *missed += 1;
-                if *missed == self.config.max_missed_rounds {
-                    tracing::warn!(%client, missed = *missed, "device rests: selected for no round until it reports healthy");
+                let limit = self.config.max_missed_rounds;
+                if limit > 0 && *missed >= limit {
+                    let rest = super::types::rest_ms(self.config.round_timeout_ms, *missed - limit);
+                    self.control
+                        .rest_until
+                        .insert(client.clone(), now_ms + rest);
+                    tracing::warn!(%client, missed = *missed, rest_s = rest / 1000, "device rests: selected for no round until it reports healthy or its rest ends");
                 }
             } else {
                 self.control.missed.remove(client);
+                self.control.rest_until.remove(client);
             }
         }
         let report = RoundReport {

@@ -285,6 +285,9 @@ impl Rounds {
             self.healthy(client);
         }
         if changed {
+            self.selected_gone(client, !online, now_ms);
+        }
+        if changed {
             let online = self.online.len();
             match self.online.contains(client) {
                 true => tracing::info!(client = %client.escape_debug(), online, "device online"),
@@ -454,13 +457,34 @@ impl Rounds {
             "device declined the round"
         );
         self.outputs.push_back(Output::StatusChanged);
-        if open.all_answered() {
+        if open.all_answered(self.config.min_updates.max(1)) {
+            self.close_round(now_ms);
+        }
+    }
+
+    /// A selected device went offline (its Last Will) or came back while the round waits for
+    /// it: gone, it is its failure `offline`, and the round closes at once when it was the
+    /// last one missing and the others make a quorum (else it waits for its deadline, for the
+    /// device to come back with its update, which still counts).
+    fn selected_gone(&mut self, client: &str, gone: bool, now_ms: u64) {
+        let quorum = self.config.min_updates.max(1);
+        let buffered = self.buffered();
+        let Some(open) = self.open.as_mut().filter(|_| !buffered) else {
+            return;
+        };
+        if !open.set_gone(client, gone) || !gone {
+            return;
+        }
+        let round = open.round;
+        tracing::info!(client = %client.escape_debug(), round, "a selected device went offline");
+        if open.all_answered(quorum) {
             self.close_round(now_ms);
         }
     }
 
     /// Time passed; closes rounds whose deadline is due and drops stale partial chunks.
     pub fn handle_timeout(&mut self, now_ms: u64) {
+        self.control.clock_ms = self.control.clock_ms.max(now_ms);
         for sender in self.reassembler.expire_senders(now_ms) {
             let detail = "chunk stream did not complete in time".to_owned();
             self.reject(&sender, Rejection::Incomplete, detail);
@@ -515,6 +539,7 @@ impl Rounds {
             deadline,
             self.reassembler.next_expiry(),
             self.releases.next_deadline(),
+            self.next_rest_end(),
         ]
         .into_iter()
         .flatten()
@@ -567,8 +592,8 @@ mod upgrade_tests;
 #[cfg(test)]
 mod buffered_tests;
 #[cfg(test)]
+mod new_run_restart_tests;
+#[cfg(test)]
 mod pooled_tests;
 #[cfg(test)]
 mod privacy_tests;
-#[cfg(test)]
-mod new_run_restart_tests;

@@ -18,6 +18,8 @@ pub(super) struct OpenRound {
     pub(super) failures: Vec<Failure>,
     /// Selected clients that said they cannot train this round (their status's `declined`).
     pub(super) declined: BTreeSet<String>,
+    /// Selected clients that went offline without reporting (their Last Will).
+    pub(super) gone: BTreeSet<String>,
     /// FedDIM class statistics by client: counts and `[K, H]` means.
     pub(super) class_stats: ClientStats,
     /// FedDDL local prototypes by client: counts and `[K, H]` means.
@@ -56,6 +58,7 @@ impl OpenRound {
             accepted,
             failures: Vec::new(),
             declined: BTreeSet::new(),
+            gone: BTreeSet::new(),
             class_stats: BTreeMap::new(),
             prototypes: BTreeMap::new(),
             pools: false,
@@ -100,12 +103,44 @@ impl OpenRound {
                 reason: "declined".to_owned(),
             }),
         }
+        self.gone.remove(client);
         true
     }
 
-    /// Whether every selected client either reported or declined: nothing left to wait for.
-    pub(super) fn all_answered(&self) -> bool {
-        self.accepted.len() + self.declined.len() >= self.selected.len()
+    /// `client` went offline (its Last Will) or came back: a selected device gone without
+    /// reporting is its failure `offline`, and not waited for once a quorum is in. True when
+    /// that changed what the round waits for.
+    pub(super) fn set_gone(&mut self, client: &str, gone: bool) -> bool {
+        if !gone {
+            self.failures
+                .retain(|f| !(f.client == client && f.reason == "offline"));
+            return self.gone.remove(client);
+        }
+        if !self.selected.contains(client)
+            || self.accepted.contains(client)
+            || self.declined.contains(client)
+            || !self.gone.insert(client.to_owned())
+        {
+            return false;
+        }
+        if !self.failures.iter().any(|f| f.client == client) {
+            self.failures.push(Failure {
+                client: client.to_owned(),
+                reason: "offline".to_owned(),
+            });
+        }
+        true
+    }
+
+    /// Whether nothing is left to wait for: every selected client reported, declined, or went
+    /// offline — the last only once `quorum` updates are in (else the round waits for its
+    /// deadline, for a device to come back with its update).
+    pub(super) fn all_answered(&self, quorum: usize) -> bool {
+        let gone = (self.gone.iter())
+            .filter(|c| !self.accepted.contains(c))
+            .count();
+        let answered = self.accepted.len() + self.declined.len() + gone;
+        answered >= self.selected.len() && (gone == 0 || self.accepted.len() >= quorum)
     }
 
     /// Counts a rejection in this round, and as the client's failure when it was selected (one

@@ -360,8 +360,14 @@ pub struct Control {
     /// Where the current run began: its first round and the rounds aggregated before it.
     pub run_start: (u64, u64),
     /// Rounds in a row each device was selected in and failed; at `max_missed_rounds` it
-    /// rests until it reports healthy.
+    /// rests until it reports healthy or its rest ends ([`rest_ms`]).
     pub missed: std::collections::BTreeMap<String, u32>,
+    /// Until when (the machine's ms) each resting device rests: then it is tried again in
+    /// one round (a probe), and rests twice as long if it fails that one too.
+    pub rest_until: std::collections::BTreeMap<String, u64>,
+    /// The latest time the machine was given (ms), for what depends on time without being
+    /// handed it (who rests).
+    pub clock_ms: u64,
     /// Why the last operator command was refused (`bad_control`), for the status, so that
     /// `ctl` can say it.
     pub refused: Option<String>,
@@ -382,6 +388,8 @@ impl Default for Control {
             runs: Vec::new(),
             run_start: (1, 0),
             missed: Default::default(),
+            rest_until: Default::default(),
+            clock_ms: 0,
             refused: None,
             pool_reset: None,
         }
@@ -538,4 +546,14 @@ pub enum RelayError {
          its devices' statistics"
     )]
     Objective(Objective),
+}
+
+/// How long a device rests after failing `max_missed_rounds` selected rounds in a row, and
+/// `again` more probes after each rest: twice the round timeout (at least a second), doubled at
+/// each failed probe up to 64 times. A device that declines every task (its cause not yet fixed,
+/// or fixed without a fresh status) is tried again now and then, instead of never; one whose
+/// cause stays costs the federation one round's wait per rest, ever more rarely.
+pub fn rest_ms(round_timeout_ms: u64, again: u32) -> u64 {
+    let base = round_timeout_ms.saturating_mul(2).max(1_000);
+    base.saturating_mul(1 << again.min(6))
 }
