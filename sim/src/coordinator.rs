@@ -97,8 +97,8 @@ impl CoordinatorNode {
         let start = Start {
             checkpoint: (self.checkpoint.as_deref()).and_then(|b| checkpoint::decode(b).ok()),
             journal: journal::parse(&self.journal).0,
-            spill: None,
             now_ms,
+            ..Start::default()
         };
         self.rounds = Some(plan.boot(start)?.rounds);
         self.lives += 1;
