@@ -13,6 +13,7 @@ use fedge_device::{FeatureSet, Fnv64};
 use fedge_models::{Backbone, BackboneError, CardError, ModelCard, RuntimeConfig, check_sample};
 
 use crate::data::ImageSet;
+use crate::data::progress::{Phase, Progress};
 
 /// Why a backbone could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -98,51 +99,24 @@ pub const BATCH: usize = 1;
 
 /// Images per piece of a long extraction: progress is reported between pieces.
 const PIECE: usize = 256;
-/// Least time between two progress lines in the log.
-const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The backbone over every image, piece by piece, showing how far it got: a progress bar with
-/// an ETA on a terminal, and a log line every [`LOG_EVERY`] (what journald keeps under
-/// systemd), since a large folder on a gateway takes minutes.
+/// The backbone over every image, piece by piece, showing how far it got
+/// (`crate::data::progress`: a bar with an ETA on a terminal, log lines every few seconds once
+/// it takes a second, and the process's report, which the agent's status reads), since a large
+/// folder on a gateway takes minutes.
 fn with_progress(backbone: &Backbone, images: &ImageSet) -> Result<Vec<f32>, BackboneError> {
     let shape = (images.channels, images.height, images.width);
     let (n, len) = (images.len(), images.image_len());
-    let bar = indicatif::ProgressBar::new(n as u64).with_style(
-        indicatif::ProgressStyle::with_template(
-            "features {bar:30} {pos}/{len} images, {per_sec}, ETA {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    if n <= PIECE {
-        bar.finish_and_clear();
-        return backbone.features_of(&images.images, shape, images.raw_max, BATCH);
-    }
-    let start = std::time::Instant::now();
-    let mut logged = start;
+    let report = crate::data::LoadReport::process();
+    let mut progress = Progress::start(&report, Phase::Features, n as u64, "computing features");
     let mut features = Vec::with_capacity(n * backbone.card().feature_size);
     for first in (0..n).step_by(PIECE) {
         let last = (first + PIECE).min(n);
         let piece = &images.images[first * len..last * len];
         features.extend(backbone.features_of(piece, shape, images.raw_max, BATCH)?);
-        bar.set_position(last as u64);
-        if logged.elapsed() >= LOG_EVERY && last < n {
-            logged = std::time::Instant::now();
-            let per_image = start.elapsed().as_secs_f64() / last as f64;
-            let left = std::time::Duration::from_secs_f64(per_image * (n - last) as f64);
-            tracing::info!(
-                done = last,
-                of = n,
-                eta = %humantime::format_duration(std::time::Duration::from_secs(left.as_secs())),
-                "computing features"
-            );
-        }
+        progress.advance((last - first) as u64);
     }
-    bar.finish_and_clear();
-    tracing::info!(
-        images = n,
-        seconds = start.elapsed().as_secs(),
-        "features computed"
-    );
+    progress.end(&format!("features computed: {n} images"));
     Ok(features)
 }
 

@@ -1,7 +1,8 @@
 //! The device's metrics for Prometheus, served on `metrics_listen` (a profile's top-level
-//! setting; docs/prometheus.md lists them): local training, the samples it trains on, the model
-//! it serves, predictions asked over HTTP and MQTT, and the process's memory. The agent's driver
-//! and the inference endpoints feed it; nothing in the agent's state machine depends on it.
+//! setting; docs/prometheus.md lists them): local training, the samples it trains on, the image
+//! files of its site folder left out because they do not decode, the model it serves,
+//! predictions asked over HTTP and MQTT, and the process's memory. The agent's driver and the
+//! inference endpoints feed it; nothing in the agent's state machine depends on it.
 
 use std::sync::atomic::AtomicU64;
 
@@ -36,6 +37,9 @@ pub struct EdgeMetrics {
     labelling_waiting: Gauge,
     labelling_labelled: Gauge,
     serving: Family<ReleaseLabels, Gauge>,
+    images_skipped: Counter,
+    /// Held while `images_skipped` is brought up to a total, so two callers add it once.
+    skipped_sync: std::sync::Mutex<()>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -66,6 +70,7 @@ impl Default for EdgeMetrics {
         let labelling_waiting = Gauge::default();
         let labelling_labelled = Gauge::default();
         let serving = Family::default();
+        let images_skipped = Counter::default();
         let r = &mut registry;
         r.register(
             "rounds_trained",
@@ -129,6 +134,11 @@ impl Default for EdgeMetrics {
             labelling_labelled.clone(),
         );
         r.register(
+            "images_skipped",
+            "Image files of the site folder left out because they do not decode, each file once",
+            images_skipped.clone(),
+        );
+        r.register(
             "serving_release",
             "1 for the release (its SHA-256) the device serves predictions with",
             serving.clone(),
@@ -149,6 +159,8 @@ impl Default for EdgeMetrics {
             labelling_waiting,
             labelling_labelled,
             serving,
+            images_skipped,
+            skipped_sync: Default::default(),
         }
     }
 }
@@ -159,6 +171,16 @@ impl EdgeMetrics {
         self.rounds_trained.inc();
         self.train_seconds.observe(seconds);
         self.samples.set(samples as i64);
+    }
+
+    /// `total` image files of the site folder have been left out so far
+    /// (`crate::data::LoadReport`): the counter follows it (it never goes down).
+    pub fn images_skipped(&self, total: u64) {
+        let _held = self.skipped_sync.lock().unwrap_or_else(|e| e.into_inner());
+        let counted = self.images_skipped.get();
+        if total > counted {
+            self.images_skipped.inc_by(total - counted);
+        }
     }
 
     /// The device serves the release whose SHA-256 is `sha256` (hex), and no other.
@@ -228,6 +250,9 @@ mod tests {
         m.prediction("http", false, 0.000_2);
         m.prediction("mqtt", true, 0.002);
         m.privacy_epsilon(2.5);
+        m.images_skipped(2);
+        m.images_skipped(1);
+        m.images_skipped(3);
         let text = m.encode();
         for line in [
             "fedge_edge_rounds_trained_total 1",
@@ -238,6 +263,7 @@ mod tests {
             "fedge_edge_inference_duration_seconds_count 3",
             "fedge_edge_train_duration_seconds_count 1",
             "fedge_edge_privacy_epsilon 2.5",
+            "fedge_edge_images_skipped_total 3",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

@@ -6,6 +6,10 @@
 //! held out for validation is drawn from a hash of its path and the device's seed, so adding
 //! images never moves an old one between the splits. The features of all files stay within
 //! `[resources] feature_cache_mb`; new images beyond it wait (the oldest are kept).
+//!
+//! The new images' features are shown as they are computed, and the files that do not decode
+//! are counted once each, in the process's `data::LoadReport` (which the agent's status and
+//! metrics read) unless [`SiteScan::with_report`] gives another.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +18,8 @@ use std::sync::Arc;
 use fedge_models::Backbone;
 
 use crate::data::decode::{decode, to_chw};
-use crate::data::{DataError, list_site};
+use crate::data::progress::{Phase, Progress};
+use crate::data::{DataError, LoadReport, list_site};
 use crate::features::BATCH;
 use fedge_device::{FeatureSet, Fnv64};
 
@@ -33,6 +38,7 @@ pub struct SiteScan {
     seed: u64,
     budget_bytes: usize,
     seen: BTreeMap<PathBuf, Seen>,
+    report: Arc<LoadReport>,
 }
 
 impl std::fmt::Debug for SiteScan {
@@ -96,7 +102,15 @@ impl SiteScan {
                 budget_mb.saturating_mul(1 << 20)
             },
             seen: BTreeMap::new(),
+            report: LoadReport::process(),
         }
+    }
+
+    /// Shows the scans' progress and counts the files left out in `report` instead of the
+    /// process's.
+    pub fn with_report(mut self, report: Arc<LoadReport>) -> Self {
+        self.report = report;
+        self
     }
 
     /// Looks at the folder again; see the module documentation.
@@ -119,7 +133,16 @@ impl SiteScan {
         let card = self.backbone.card();
         let (c, h, w) = (card.channels, card.height as u32, card.width as u32);
         let mut skipped = Vec::new();
-        for batch in new[..new.len() - deferred].chunks(BATCH) {
+        let todo = &new[..new.len() - deferred];
+        let report = Arc::clone(&self.report);
+        let mut progress = (!todo.is_empty()).then(|| {
+            let what = "computing the features of new images";
+            Progress::start(&report, Phase::Features, todo.len() as u64, what)
+        });
+        for batch in todo.chunks(BATCH) {
+            if let Some(progress) = progress.as_mut() {
+                progress.advance(batch.len() as u64);
+            }
             let mut pixels = Vec::new();
             let mut kept = Vec::with_capacity(batch.len());
             for &(path, class) in batch {
@@ -128,7 +151,10 @@ impl SiteScan {
                         pixels.extend(to_chw(image, c, h, w));
                         kept.push((path, class));
                     }
-                    Err(e) => skipped.push((path.clone(), e.to_string())),
+                    Err(e) => {
+                        let counted = report.skip(&self.dir, path, &e.file_reason());
+                        skipped.push((path.clone(), e.to_string(), counted));
+                    }
                 }
             }
             if kept.is_empty() {
@@ -155,9 +181,21 @@ impl SiteScan {
             set.features.extend_from_slice(&seen.features);
             set.labels.push(label);
         }
-        for (path, reason) in &skipped {
-            tracing::warn!(file = %path.display(), %reason, "image skipped (tried again at the next scan)");
+        if let Some(progress) = progress {
+            let new = todo.len() - skipped.len();
+            progress.end(&format!("features of {new} new images computed"));
         }
+        // Said once per file; tried again at every scan.
+        for (path, reason, counted) in &skipped {
+            if *counted {
+                tracing::warn!(file = %path.display(), %reason, "image skipped (tried again at the next scan)");
+            } else {
+                tracing::debug!(file = %path.display(), %reason, "image skipped again");
+            }
+        }
+        let skipped: Vec<(PathBuf, String)> = (skipped.into_iter())
+            .map(|(path, reason, _)| (path, reason))
+            .collect();
         Ok(Scanned {
             train,
             val,
@@ -247,12 +285,20 @@ mod tests {
         }
         let partial = dir.path().join("a/9.png");
         std::fs::write(&partial, b"\x89PNG\r\n\x1a\n half of a file").unwrap();
-        let mut scan = SiteScan::new(dir.path(), backbone(), 0.3, 0, 0);
+        let report = Arc::new(LoadReport::default());
+        let mut scan =
+            SiteScan::new(dir.path(), backbone(), 0.3, 0, 0).with_report(Arc::clone(&report));
         let first = scan.scan().expect("one bad file fails no scan");
         assert_eq!(first.added, 4);
         assert_eq!(first.skipped.len(), 1);
         assert_eq!(first.skipped[0].0, partial);
         assert_eq!(first.train.len() + first.val.len(), 4);
+        // Tried again at each scan, counted once, named inside the site folder.
+        assert_eq!(scan.scan().unwrap().skipped.len(), 1);
+        let counted = report.skipped();
+        assert_eq!(counted.count, 1);
+        assert_eq!(counted.last.unwrap().file, "a/9.png");
+        assert_eq!(report.loading(), None, "nothing loads between scans");
         write_png(&partial, 90);
         let second = scan.scan().unwrap();
         assert_eq!((second.added, second.skipped.len()), (1, 0));

@@ -121,7 +121,7 @@ impl Sim {
                         &report,
                         None,
                         rounds.strategy_name(),
-                        rounds.site_accuracy(),
+                        &rounds.served_site_accuracy(),
                     );
                     let params = rounds.params().to_vec();
                     let topic = node.topics.metrics();

@@ -87,6 +87,26 @@ pub enum Command {
     Status,
 }
 
+/// What became of the last operator command the coordinator took (its tag, federation and
+/// number checked), as its status says: `ctl` waits for its own number here, and prints the
+/// reason of a refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandOutcome {
+    /// The command's number (`ControlMessage::seq`).
+    pub seq: u64,
+    /// The command, as it travels.
+    #[serde(flatten)]
+    pub command: Command,
+    /// Applied (`true`), or refused and nothing changed (`false`, counted as `bad_control`).
+    pub applied: bool,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// The run `new-run` started (16 hex digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+}
+
 /// A command as it travels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ControlMessage {
@@ -266,6 +286,31 @@ mod tests {
             ),
         ] {
             assert_eq!(serde_json::to_string(&command).unwrap(), json);
+        }
+    }
+}
+
+#[cfg(test)]
+mod outcome_tests {
+    use super::*;
+
+    #[test]
+    fn a_command_outcome_reads_back_as_written() {
+        for command in [
+            Command::Status,
+            Command::NewRun { rounds: 5 },
+            Command::Rollback { release: None },
+        ] {
+            let outcome = CommandOutcome {
+                seq: 7,
+                command,
+                applied: false,
+                refused: Some("no".into()),
+                run: None,
+            };
+            let json = serde_json::to_string(&outcome).unwrap();
+            let back: CommandOutcome = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, outcome, "{json}");
         }
     }
 }

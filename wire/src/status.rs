@@ -59,9 +59,15 @@ pub struct CoordinatorStatus {
     pub rejected_total: u64,
     /// Accuracy of the global head on the evaluation set, when the coordinator has one.
     pub target_accuracy: Option<f32>,
-    /// The latest accuracy each evaluation-only device reported, by client id.
+    /// Each evaluation-only site's accuracy of the release devices serve (`release.serving`),
+    /// by client id: in `gated` mode the score the site gave that release, absent until it
+    /// gave one; in `direct` mode, where every release is served at once, its latest score.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub site_accuracy: BTreeMap<String, f32>,
+    /// Each evaluation site's accuracy of the candidate waiting for the gate, held or not
+    /// (`release.candidate`), by client id; absent without a candidate or its scores.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub candidate_accuracy: BTreeMap<String, f32>,
     /// The operator paused the federation: no new round opens (`fedge-coordinator ctl`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
@@ -126,10 +132,28 @@ pub struct CoordinatorStatus {
     /// before the first has ended.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<RunSummary>,
+    /// Rounds aggregated since the federation started, over every run: what `total_rounds`
+    /// counts (`round` counts abandoned rounds too); absent from older coordinators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregated_rounds: Option<u64>,
+    /// The current run's first round (1 until `ctl new-run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_first_round: Option<u64>,
+    /// Rounds the current run aggregated so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_aggregated: Option<u64>,
+    /// Rounds the current run aggregates in all: `total_rounds` less the rounds aggregated
+    /// before it; absent when `total_rounds` is 0 (unbounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_rounds: Option<u64>,
     /// Why the last operator command was refused (counted as `bad_control`); absent before
     /// the first refusal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_refused: Option<String>,
+    /// What became of the last operator command taken: its number, the command, applied or
+    /// refused (with why), and the run a `new-run` started; absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_command: Option<crate::control::CommandOutcome>,
     /// What devices serve and how a new release gets there (candidate, gate, canary); absent
     /// before the first release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -337,6 +361,27 @@ pub struct EdgeStatus {
     /// The site's labelling queue, in counts only (absent without `[labelling]`). Not signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labelling: Option<LabellingStatus>,
+    /// What the device is loading while it is online: `features`, the backbone over the new
+    /// images a rescan of its site folder found (a start's loading, `reading` and `features`,
+    /// comes before the agent connects); absent when it loads nothing. Not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loading: Option<String>,
+    /// Of `loading`: the images done so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub loading_done: u64,
+    /// Of `loading`: the images to do.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub loading_total: u64,
+    /// Image files of the site folder left out since the agent's process started because they
+    /// do not decode (half-written, corrupt), each file counted once. Not signed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_images: u64,
+    /// The last of them, relative to the site folder (`<class>/<file>`). Not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_skipped_image: Option<String>,
+    /// Why it was left out. Not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_skipped_reason: Option<String>,
     /// SHA-256 (hex) of the release the device serves, if any; signed with the rest when
     /// present (the coordinator counts devices per release and watches its canaries by it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -429,12 +474,22 @@ impl Default for EdgeStatus {
             declined: None,
             drift: None,
             labelling: None,
+            loading: None,
+            loading_done: 0,
+            loading_total: 0,
+            skipped_images: 0,
+            last_skipped_image: None,
+            last_skipped_reason: None,
             serving: None,
             evaluated: None,
             paired: None,
             tag_covers_all: true,
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl EdgeStatus {
@@ -561,6 +616,7 @@ mod tests {
             rejected_total: 2,
             target_accuracy: Some(0.5),
             site_accuracy: BTreeMap::from([("site-75".into(), 0.5)]),
+            candidate_accuracy: BTreeMap::from([("site-75".into(), 0.25)]),
             paused: true,
             waiting_for: Some("paused by the operator".into()),
             resting: vec!["cam-09".into()],
@@ -580,12 +636,22 @@ mod tests {
             keys_error: None,
             audit_head: None,
             runs: Vec::new(),
+            aggregated_rounds: Some(3),
+            run_first_round: Some(1),
+            run_aggregated: Some(3),
+            run_rounds: Some(20),
             control_refused: None,
+            last_command: None,
             release: None,
             buffer: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.contains("\"round\":4"));
+        assert!(
+            json.contains(r#""candidate_accuracy":{"site-75":0.25}"#)
+                && json.contains(r#""run_aggregated":3,"run_rounds":20"#),
+            "{json}"
+        );
         assert!(
             !json.contains("buffer"),
             "synchronous mode has no buffer section: {json}"
@@ -610,8 +676,13 @@ mod tests {
             ..status
         };
         let json = serde_json::to_string(&buffered).unwrap();
-        assert!(
-            json.ends_with(r#""buffer":{"version":41,"fill":3,"size":10,"in_flight":8,"concurrency":8,"max_staleness":10,"staleness":[250,110,38,12],"stale":2}}"#),
+        // The section last, as its one line (a literal with balanced braces: the architecture
+        // test's count of code lines cuts this module at its closing brace).
+        let (_, section) = json.rsplit_once(r#","buffer":"#).unwrap();
+        assert_eq!(
+            section,
+            r#"{"version":41,"fill":3,"size":10,"in_flight":8,"concurrency":8,"max_staleness":10,"staleness":[250,110,38,12],"stale":2}"#.to_owned()
+                + &json[json.len() - 1..],
             "{json}"
         );
         assert_eq!(
@@ -779,6 +850,12 @@ mod tests {
             }),
             drift: None,
             labelling: None,
+            loading: Some("features".into()),
+            loading_done: 200,
+            loading_total: 5000,
+            skipped_images: 2,
+            last_skipped_image: Some("dog/0.jpg".into()),
+            last_skipped_reason: Some("truncated".into()),
             serving: None,
             evaluated: None,
             paired: Some(PairedScore {
@@ -809,6 +886,38 @@ mod tests {
         let json = serde_json::to_string(&off).unwrap();
         assert!(!json.contains("epsilon"), "{json}");
         assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), off);
+    }
+
+    #[test]
+    fn loading_and_skipped_images_are_optional_and_not_signed() {
+        let key = crate::DeviceKey::from_bytes([6; 32]);
+        let mut status = EdgeStatus {
+            client_id: "cam-01".into(),
+            online: true,
+            ..EdgeStatus::default()
+        };
+        let json = serde_json::to_string(&status).unwrap();
+        for field in ["loading", "skipped"] {
+            assert!(!json.contains(field), "absent when there is none: {json}");
+        }
+        status.sign("plant", &key);
+        let loading = EdgeStatus {
+            loading: Some("features".into()),
+            loading_done: 10,
+            loading_total: 400,
+            skipped_images: 1,
+            last_skipped_image: Some("cat/3.png".into()),
+            last_skipped_reason: Some("not an image".into()),
+            ..status.clone()
+        };
+        let json = serde_json::to_string(&loading).unwrap();
+        assert!(
+            json.contains(r#""loading":"features","loading_done":10,"loading_total":400,"skipped_images":1,"last_skipped_image":"cat/3.png","last_skipped_reason":"not an image""#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<EdgeStatus>(&json).unwrap(), loading);
+        // Informative only, and the devices and coordinators before them sign without them.
+        assert!(loading.verify("plant", "cam-01", &key));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::{InvalidPrivacy, InvalidSite};
+use super::{InvalidPrivacy, InvalidSite, UnknownKey};
 
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,10 @@ pub enum InvalidConfig {
     /// Not TOML of this shape, or a value outside its set (the message lists the valid ones).
     #[error("{0}")]
     Toml(String),
+    /// A key no table of its place takes: its line, the table's keys, and what it most likely
+    /// is (the closest key, or the table that takes it).
+    #[error("{0}")]
+    UnknownKey(Box<UnknownKey>),
     /// A federation name that cannot be a topic level.
     #[error("federation: {0}")]
     Federation(fedge_wire::DecodeError),

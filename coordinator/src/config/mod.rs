@@ -80,12 +80,14 @@ mod privacy;
 mod protocol;
 mod sections;
 mod site;
+mod unknown;
 
 pub use error::{ConfigError, InvalidConfig};
 pub use privacy::{InvalidPrivacy, PrivacySettings};
 pub use protocol::{PreviousProtocol, ProtocolSettings};
 pub use sections::{AuthSettings, FedDimSettings, ModelSettings};
 pub use site::{InvalidSite, Role, SiteSettings};
+pub use unknown::{Hint, UnknownKey};
 
 use std::path::{Path, PathBuf};
 
@@ -187,7 +189,8 @@ pub struct CoordinatorConfig {
     #[serde(default = "default_weight_ratio")]
     pub max_weight_ratio: f64,
     /// A device that fails this many selected rounds in a row rests (selected for no round)
-    /// until it reports healthy; 0: off.
+    /// until it reports healthy or its rest ends (twice `round_timeout_s`, doubled at each
+    /// failed try); 0: off.
     #[serde(default = "default_max_missed_rounds")]
     pub max_missed_rounds: u32,
     /// Announce Home Assistant sensors (MQTT discovery under `homeassistant/`).
@@ -287,6 +290,10 @@ impl CoordinatorConfig {
             path: path.into(),
             reason,
         };
+        // Before serde, which names a top-level key with neither its line nor the keys there are.
+        if let Some(unknown) = unknown::find::<Self>(&text) {
+            return Err(invalid(InvalidConfig::UnknownKey(Box::new(unknown))));
+        }
         let mut config: Self = toml::from_str(&text)
             .map_err(|e| invalid(InvalidConfig::Toml(fedge_daemon::describe_toml(&e, &text))))?;
         // Unwritten, `[train] feature_norm` is `none` under central DP (`default_under`).
@@ -574,7 +581,7 @@ mod tests {
                 "strategy = \"nope\"\n",
                 "expected one of `fedavg`, `fedavgm`, `fedomg`",
             ),
-            ("federation2 = 1\n", "unknown field"),
+            ("federation2 = 1\n", "line 2: unknown key `federation2`"),
             (
                 "[model]\nbackbone_sha256 = \"abc\"\n",
                 "backbone_sha256 must be 64 hex digits",
@@ -598,7 +605,7 @@ mod tests {
             ("[train]\nlocal_epochs = 100000\n", "local_epochs"),
             (
                 "[train]\nlearnig_rate = 0.1\n",
-                "unknown field `learnig_rate`",
+                "unknown key `learnig_rate` in [train]; did you mean `learning_rate`?",
             ),
             ("[broker]\nkeep_alive_s = 70000\n", "keep_alive_s"),
             (

@@ -422,7 +422,7 @@ mod tests {
                 "",
                 &format!("{CENTRAL}adaptive = true\n"),
                 "",
-                "unknown field `adaptive`",
+                "unknown key `adaptive` in [privacy]",
             ),
         ] {
             let err = load(top, privacy, rest).err().unwrap_or_default();

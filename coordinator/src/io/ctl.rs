@@ -9,52 +9,9 @@ use fedge_wire::control::{Command, ControlMessage};
 use fedge_wire::{CoordinatorStatus, DeviceKey, Topics};
 use rumqttc::{AsyncClient, Event, Packet, QoS};
 
-/// Whether `status` shows `command` applied; `before` is the retained status from before it.
-fn shows(
-    status: &CoordinatorStatus,
-    command: &Command,
-    before: Option<&CoordinatorStatus>,
-) -> bool {
-    match command {
-        Command::Pause => status.paused,
-        Command::Resume => !status.paused,
-        Command::Ban { client } => status.banned.contains(client),
-        Command::Unban { client } => !status.banned.contains(client),
-        Command::SetRounds { rounds } => status.total_rounds == *rounds,
-        Command::SetBackbone { sha256, .. } => {
-            status.backbone_sha256.as_deref() == Some(sha256.to_lowercase().as_str())
-        }
-        // A short run may be over again before the next status: the history says it began.
-        Command::NewRun { .. } => status.runs.len() > before.map_or(0, |b| b.runs.len()),
-        Command::Rollback { .. } => {
-            let now = status.release.as_ref();
-            let was = before.and_then(|b| b.release.as_ref());
-            now.is_some_and(|n| n.pinned && was.is_none_or(|w| !w.pinned || w.serving != n.serving))
-        }
-        Command::Promote => {
-            let now = status.release.as_ref();
-            let was = before.and_then(|b| b.release.as_ref());
-            now.is_some_and(|n| !n.pinned && was.is_none_or(|w| w.pinned || w.serving != n.serving))
-        }
-        // The status carries no pool: the first status after the command that counts no new
-        // refusal shows it taken (`send`).
-        Command::Status | Command::ResetPool => true,
-    }
-}
-
-/// Why the coordinator refused a command since `before`, when `status` counts more refusals
-/// than it did (a refusal of a command tagged with another key says so too).
-fn refused_since<'a>(
-    status: &'a CoordinatorStatus,
-    before: Option<&CoordinatorStatus>,
-) -> Option<&'a str> {
-    let count = |s: &CoordinatorStatus| s.rejected_updates.get("bad_control").copied().unwrap_or(0);
-    let more = count(status) > before.map_or(0, count);
-    more.then_some(status.control_refused.as_deref()).flatten()
-}
-
 /// Sends `command` to the coordinator of `federation` over `broker` and returns its first
-/// status that shows it applied, within `within`.
+/// status that says it applied (by its number), within `within`; an error says why it was
+/// refused, or that no status took it.
 pub async fn send(
     broker: &fedge_mqtt::BrokerConfig,
     federation: &str,
@@ -86,9 +43,7 @@ pub async fn send(
         .await
         .context("cannot publish the command")?;
     let deadline = Instant::now() + within;
-    let mut last: Option<CoordinatorStatus> = None;
-    let mut before: Option<CoordinatorStatus> = None;
-    let mut sent_at = None;
+    let mut fresh = 0usize;
     while Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         let event = match tokio::time::timeout(left, events.poll()).await {
@@ -96,40 +51,47 @@ pub async fn send(
             Ok(Err(e)) => anyhow::bail!("broker: {}", fedge_mqtt::describe_error(&e)),
             Err(_) => break,
         };
-        match event {
-            Event::Outgoing(rumqttc::Outgoing::Publish(_)) => sent_at = Some(Instant::now()),
-            Event::Incoming(Packet::Publish(p)) if p.topic == status_topic => {
-                let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload) else {
-                    continue;
-                };
-                // The retained status from before the command does not confirm it. A
-                // `reset-pool` shows in no field: a refusal counted since is its answer.
-                let refused = refused_since(&status, before.as_ref());
-                let unseen = command == Command::ResetPool && refused.is_some();
-                if p.retain {
-                    before = Some(status.clone());
-                } else if sent_at.is_some() && !unseen && shows(&status, &command, before.as_ref())
-                {
-                    let _ = client.disconnect().await;
-                    return Ok(status);
-                } else if let (Some(_), Some(reason)) = (sent_at, refused) {
-                    let _ = client.disconnect().await;
-                    anyhow::bail!("the coordinator refused the command: {reason}");
-                }
-                last = Some(status);
+        let Event::Incoming(Packet::Publish(p)) = event else {
+            continue;
+        };
+        let Ok(status) = serde_json::from_slice::<CoordinatorStatus>(&p.payload) else {
+            continue;
+        };
+        let is_fresh = p.topic == status_topic && !p.retain;
+        fresh += usize::from(is_fresh);
+        // `status` reads and changes nothing: any status published since is its answer (also
+        // one published before the coordinator read the command, or while it was starting).
+        if command == Command::Status && is_fresh {
+            let _ = client.disconnect().await;
+            return Ok(status);
+        }
+        // The coordinator says what became of this command, by its number.
+        match status.last_command.as_ref().filter(|c| c.seq == seq) {
+            Some(outcome) if outcome.applied => {
+                let _ = client.disconnect().await;
+                return Ok(status);
             }
-            _ => {}
+            Some(outcome) => {
+                let _ = client.disconnect().await;
+                let reason = outcome.refused.as_deref().unwrap_or("no reason given");
+                anyhow::bail!("the coordinator refused the command: {reason}");
+            }
+            None => {}
         }
     }
-    let refused = last
-        .as_ref()
-        .and_then(|s| s.rejected_updates.get("bad_control"))
-        .copied()
-        .unwrap_or(0);
+    let _ = client.disconnect().await;
+    if fresh == 0 {
+        anyhow::bail!(
+            "no status of federation {federation:?} came within {within:?}: is its coordinator \
+             running and connected to this broker?"
+        );
+    }
     anyhow::bail!(
-        "no status of federation {federation:?} showed the command within {within:?} (commands \
-         refused so far: {refused}); is the coordinator running with [auth] operator_key_file \
-         set to this key, and its clock within 5 minutes of this one?"
+        "the coordinator of federation {federation:?} published {fresh} status(es) within \
+         {within:?} but none took the command: either it refused it unread (counted as \
+         bad_control: is it running with [auth] operator_key_file set to this key, and is this \
+         machine's clock within 5 minutes of the coordinator's?), or it was not listening yet \
+         (send the command again)"
     )
 }
 

@@ -35,7 +35,8 @@ pub const MAX_EDGE_STATUS_BYTES: usize = 4096;
 /// first, with its number, and only then applied: a restart forgets nothing whose effects were
 /// published, and takes no captured command again. A command that cannot be kept is refused
 /// (nothing applied), as is one the machine cannot apply; a refused command's number is used
-/// up all the same. Returns the command applied.
+/// up all the same. Returns the command taken (its tag and number checked) and whether it was
+/// applied or why not, which the status also says (`Rounds::note_command`).
 fn handle_control(
     rounds: &mut Rounds,
     federation: &str,
@@ -44,7 +45,7 @@ fn handle_control(
     control_file: Option<&std::path::Path>,
     payload: &[u8],
     now_ms: u64,
-) -> Option<ControlMessage> {
+) -> Option<(ControlMessage, Result<(), String>)> {
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -58,44 +59,52 @@ fn handle_control(
     };
     // Its number is spent, whatever becomes of it: a captured copy is a replay.
     *last_seq = message.seq;
+    let outcome = apply_control(rounds, &message, *last_seq, control_file, now_ms);
+    if let Err(detail) = &outcome {
+        rounds.reject_control(detail.clone());
+    }
+    rounds.note_command(message.seq, &message.command, &outcome);
+    Some((message, outcome))
+}
+
+/// Keeps what `message` will set, then applies it; or says why it cannot be.
+fn apply_control(
+    rounds: &mut Rounds,
+    message: &ControlMessage,
+    last_seq: u64,
+    control_file: Option<&std::path::Path>,
+    now_ms: u64,
+) -> Result<(), String> {
     let keep = |settings: &crate::round::OperatorSettings| match control_file {
         Some(path) => crate::store::control::store(path, settings),
         None => Ok(()),
     };
-    let planned = match rounds.settings_after(&message.command, message.seq) {
+    let planned = match rounds.settings_after(&message.command, last_seq) {
         Ok(planned) => planned,
         Err(detail) => {
-            if let Err(e) = keep(&rounds.operator_settings(*last_seq)) {
+            if let Err(e) = keep(&rounds.operator_settings(last_seq)) {
                 tracing::error!(error = %e, "the refused command's number not kept");
             }
-            rounds.reject_control(detail);
-            return None;
+            return Err(detail);
         }
     };
     if let Err(e) = keep(&planned) {
         let command = serde_json::to_string(&message.command).unwrap_or_default();
-        rounds.reject_control(format!(
+        return Err(format!(
             "{command} not applied: {e}; the operator settings must be kept before a command \
              is applied (fix the state folder, then send the command again)"
         ));
-        return None;
     }
     let applied = rounds.try_control(&message.command, now_ms);
     // What the machine set may differ from the plan (a rollback pins once the pipeline took
     // it; a refused one changed nothing).
-    let settings = rounds.operator_settings(*last_seq);
+    let settings = rounds.operator_settings(last_seq);
     if settings != planned
         && let Err(e) = keep(&settings)
     {
         tracing::error!(error = %e, "operator settings not kept: a restart would forget them");
     }
-    match applied {
-        Ok(()) => Some(message),
-        Err(detail) => {
-            rounds.reject_control(detail);
-            None
-        }
-    }
+    applied
 }
 
 /// The number of the last operator command taken, kept in `control_file` (the settings
@@ -338,9 +347,9 @@ async fn drive(
                         let file = options.control_file.as_deref();
                         let taken = handle_control(&mut rounds, &options.federation, key, seq, file, &p.payload, now_ms());
                         // `ctl status` asks and changes nothing: not an event of the trail.
-                        let taken = taken.filter(|m| !matches!(m.command, fedge_wire::control::Command::Status));
-                        if let (Some(message), Some(audit)) = (taken, sinks.audit.as_mut()) {
-                            let event = Event::Control { command_seq: message.seq, command: message.command };
+                        let taken = taken.filter(|(m, _)| !matches!(m.command, fedge_wire::control::Command::Status));
+                        if let (Some((message, outcome)), Some(audit)) = (taken, sinks.audit.as_mut()) {
+                            let event = Event::control(message, outcome, rounds.control().last_command.as_ref());
                             audit.record(&crate::store::audit::operator(key), event);
                         }
                     } else if let (Some(c), Some(keys)) = (topics.client_of_enrol_request(&p.topic), &options.keys_file) {
@@ -468,7 +477,7 @@ mod tests {
             &payload,
             0,
         );
-        assert!(taken.is_none());
+        assert!(matches!(taken, Some((_, Err(_)))), "taken and refused");
         assert!(!rounds.control().paused, "not applied");
         assert_eq!(rounds.rejected_total().get("bad_control"), Some(&1));
         let refused = rounds.control().refused.clone().unwrap_or_default();
@@ -484,7 +493,10 @@ mod tests {
         let again = ControlMessage::signed("f", seq + 1, Command::Pause, &key);
         let payload = serde_json::to_vec(&again).unwrap();
         let taken = handle_control(&mut rounds, "f", &key, &mut last, Some(&file), &payload, 0);
-        assert_eq!(taken.map(|m| m.command), Some(Command::Pause));
+        assert_eq!(
+            taken.map(|(m, o)| (m.command, o)),
+            Some((Command::Pause, Ok(())))
+        );
         assert!(rounds.control().paused);
         let kept = crate::store::control::load(&file).unwrap().unwrap();
         assert_eq!((kept.last_seq, kept.paused), (seq + 1, true));
@@ -496,7 +508,14 @@ mod tests {
         let refused = ControlMessage::signed("f", seq + 2, bad, &key);
         let payload = serde_json::to_vec(&refused).unwrap();
         let taken = handle_control(&mut rounds, "f", &key, &mut last, Some(&file), &payload, 0);
-        assert!(taken.is_none());
+        assert!(matches!(taken, Some((_, Err(_)))));
+        let last = rounds
+            .control()
+            .last_command
+            .clone()
+            .expect("the status says it");
+        assert_eq!((last.seq, last.applied), (seq + 2, false));
+        assert!(last.refused.unwrap_or_default().contains("64 hex digits"));
         let kept = crate::store::control::load(&file).unwrap().unwrap();
         assert_eq!((kept.last_seq, kept.backbone), (seq + 2, None));
     }
@@ -515,7 +534,10 @@ mod tests {
         let payload = serde_json::to_vec(&reset).unwrap();
         let mut last = 0;
         let taken = handle_control(&mut rounds, "f", &key, &mut last, Some(&file), &payload, 0);
-        assert_eq!(taken.map(|m| m.command), Some(Command::ResetPool));
+        assert_eq!(
+            taken.map(|(m, o)| (m.command, o)),
+            Some((Command::ResetPool, Ok(())))
+        );
         let kept = crate::store::control::load(&file).unwrap().unwrap();
         assert_eq!(kept.pool_reset, Some(0));
     }

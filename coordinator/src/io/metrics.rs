@@ -5,16 +5,53 @@
 //! The driver feeds it what it sees (round outputs, bytes on the wire); the machine itself
 //! stays free of I/O and of metrics.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::round::{RoundReport, Rounds};
+use crate::round::{Phase, RoundReport, Rounds};
+
+/// A gauge of f64 values (accuracies, ε).
+type Real = Gauge<f64, AtomicU64>;
+
+/// The one series of a gauge that is absent while its value is unknown: a family of no labels,
+/// empty until set (a 0 would read as a value to alerts and dashboards).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Known;
+
+impl EncodeLabelSet for Known {
+    fn encode(&self, _: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        Ok(())
+    }
+}
+
+/// An evaluation-only site, by client id.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SiteLabel {
+    site: String,
+}
+
+/// One of the federation's states.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+/// `value` as the f64 of its shortest f32 digits (0.8, not 0.800000011920929), as the status
+/// JSON writes it.
+fn shortest(value: f32) -> f64 {
+    value.to_string().parse().unwrap_or(f64::from(value))
+}
+
+/// The states `fedge_federation_state` says, one series each.
+const FEDERATION_STATES: [&str; 4] = ["running", "paused", "waiting", "finished"];
 
 /// Buckets of the staleness histogram, in versions: one per value up to 10 (the default
 /// `max_staleness`), coarser beyond.
@@ -61,8 +98,13 @@ pub struct Metrics {
     candidate_round: Gauge,
     canary_devices: Gauge,
     gate_verdicts: Family<OutcomeLabel, Counter>,
-    gate_candidate_accuracy: Gauge<f64, AtomicU64>,
-    gate_serving_accuracy: Gauge<f64, AtomicU64>,
+    gate_candidate_accuracy: Family<Known, Real>,
+    gate_serving_accuracy: Family<Known, Real>,
+    site_accuracy: Family<SiteLabel, Real>,
+    candidate_site_accuracy: Family<SiteLabel, Real>,
+    /// The sites' accuracies last set in `site_accuracy` and `candidate_site_accuracy`.
+    sites_shown: Mutex<[BTreeMap<String, f32>; 2]>,
+    federation_state: Family<StateLabel, Gauge>,
     rollbacks: Counter,
     model_version: Gauge,
     buffer_fill: Gauge,
@@ -102,8 +144,12 @@ impl Metrics {
             candidate_round: Gauge::default(),
             canary_devices: Gauge::default(),
             gate_verdicts: Family::default(),
-            gate_candidate_accuracy: Gauge::default(),
-            gate_serving_accuracy: Gauge::default(),
+            gate_candidate_accuracy: Family::default(),
+            gate_serving_accuracy: Family::default(),
+            site_accuracy: Family::default(),
+            candidate_site_accuracy: Family::default(),
+            sites_shown: Default::default(),
+            federation_state: Family::default(),
             rollbacks: Counter::default(),
             model_version: Gauge::default(),
             buffer_fill: Gauge::default(),
@@ -192,13 +238,28 @@ impl Metrics {
         );
         r.register(
             "gate_candidate_accuracy_points",
-            "The last judged candidate's mean accuracy on the evaluation-only sites, in points",
+            "The last judged candidate's mean accuracy on the evaluation-only sites, in points; absent before a judgement",
             m.gate_candidate_accuracy.clone(),
         );
         r.register(
             "gate_serving_accuracy_points",
-            "The served release's mean accuracy on the same sites when the last candidate was judged",
+            "The served release's mean accuracy on the same sites when the last candidate was judged; absent before a judgement",
             m.gate_serving_accuracy.clone(),
+        );
+        r.register(
+            "site_accuracy",
+            "Each evaluation-only site's accuracy (0 to 1) of the release devices serve; absent until the site scored it",
+            m.site_accuracy.clone(),
+        );
+        r.register(
+            "candidate_site_accuracy",
+            "Each evaluation site's accuracy (0 to 1) of the candidate waiting for the gate; absent without one",
+            m.candidate_site_accuracy.clone(),
+        );
+        r.register(
+            "federation_state",
+            "1 for the federation's state (running, paused, waiting, finished), 0 for the others",
+            m.federation_state.clone(),
         );
         r.register(
             "release_rollbacks",
@@ -233,10 +294,54 @@ impl Metrics {
         m
     }
 
+    /// What the metrics read off the machine after its outputs: the buffered aggregation's
+    /// gauges, the federation's state, and the evaluation sites' accuracy of the release
+    /// devices serve and of the candidate (as the status's `site_accuracy` and
+    /// `candidate_accuracy` say them: a site whose score of it is unknown has no series).
+    pub fn observe(&self, rounds: &Rounds) {
+        self.buffered(rounds);
+        let state = match rounds.phase() {
+            Phase::Finished => "finished",
+            _ if rounds.control().paused => "paused",
+            Phase::Training => "running",
+            Phase::Waiting => "waiting",
+        };
+        for s in FEDERATION_STATES {
+            let series = self
+                .federation_state
+                .get_or_create(&StateLabel { state: s });
+            series.set(i64::from(s == state));
+        }
+        let now = [
+            rounds.served_site_accuracy(),
+            rounds.candidate_site_accuracy(),
+        ];
+        let Ok(mut shown) = self.sites_shown.lock() else {
+            return;
+        };
+        for ((family, now), shown) in [&self.site_accuracy, &self.candidate_site_accuracy]
+            .into_iter()
+            .zip(now)
+            .zip(shown.iter_mut())
+        {
+            if *shown == now {
+                continue;
+            }
+            for site in shown.keys().filter(|site| !now.contains_key(*site)) {
+                family.remove(&SiteLabel { site: site.clone() });
+            }
+            for (site, accuracy) in &now {
+                let label = SiteLabel { site: site.clone() };
+                family.get_or_create(&label).set(shortest(*accuracy));
+            }
+            *shown = now;
+        }
+    }
+
     /// Buffered aggregation (FedBuff): the model version, the open buffer's fill and size and
     /// the devices in flight, as the status's `buffer` section says them; all 0 in synchronous
     /// mode.
-    pub fn buffer(&self, rounds: &Rounds) {
+    fn buffered(&self, rounds: &Rounds) {
         if !super::status::buffered(rounds) {
             return;
         }
@@ -270,8 +375,8 @@ impl Metrics {
                     .get_or_create(&OutcomeLabel { outcome })
                     .inc();
                 if let (Some(c), Some(s)) = (verdict.candidate_accuracy, verdict.serving_accuracy) {
-                    self.gate_candidate_accuracy.set(c);
-                    self.gate_serving_accuracy.set(s);
+                    self.gate_candidate_accuracy.get_or_create(&Known).set(c);
+                    self.gate_serving_accuracy.get_or_create(&Known).set(s);
                 }
             }
             ReleaseEvent::RolledBack { .. } => {
@@ -439,12 +544,117 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
     }
 
+    /// Sample lines of `name` (its series, not its `# HELP` and `# TYPE` lines).
+    fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        let of = |l: &&str| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with([' ', '{']))
+        };
+        text.lines().filter(of).collect()
+    }
+
+    #[test]
+    fn a_gauge_whose_value_is_unknown_is_absent_not_zero() {
+        let m = Metrics::new();
+        let unknown = [
+            "fedge_gate_candidate_accuracy_points",
+            "fedge_gate_serving_accuracy_points",
+            "fedge_site_accuracy",
+            "fedge_candidate_site_accuracy",
+            "fedge_federation_state",
+        ];
+        let text = m.encode();
+        for name in unknown {
+            assert!(!text.contains(name), "{name} in\n{text}");
+        }
+        // A verdict without numbers (promoted unjudged at the timeout) says none either.
+        let verdict = |accuracies: Option<(f64, f64)>| {
+            crate::release::ReleaseEvent::Verdict(fedge_wire::GateVerdict {
+                candidate: fedge_wire::ReleaseRef {
+                    sha256: "cd".repeat(32),
+                    round: 5,
+                },
+                outcome: fedge_wire::GateOutcome::Promoted,
+                sites: 1,
+                candidate_accuracy: accuracies.map(|a| a.0),
+                serving_accuracy: accuracies.map(|a| a.1),
+                worst_class: None,
+                worst_class_drop: None,
+                reason: String::new(),
+            })
+        };
+        m.release_event(&verdict(None));
+        let text = m.encode();
+        assert_eq!(samples(&text, unknown[0]), [] as [&str; 0], "{text}");
+        m.release_event(&verdict(Some((80.0, 79.5))));
+        let text = m.encode();
+        assert_eq!(samples(&text, unknown[0]), [format!("{} 80.0", unknown[0])]);
+        assert_eq!(samples(&text, unknown[1]), [format!("{} 79.5", unknown[1])]);
+    }
+
+    #[test]
+    fn the_served_release_s_site_accuracy_and_the_federation_s_state_read_back() {
+        use super::super::status::gated::{evaluates, machine, released};
+        use fedge_wire::control::Command;
+        let m = Metrics::new();
+        let mut rounds = machine();
+        m.observe(&rounds);
+        let text = m.encode();
+        for (state, value) in [
+            ("running", 1),
+            ("paused", 0),
+            ("waiting", 0),
+            ("finished", 0),
+        ] {
+            let line = format!("fedge_federation_state{{state=\"{state}\"}} {value}");
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        assert_eq!(samples(&text, "fedge_site_accuracy"), [] as [&str; 0]);
+        // Round 1 served and scored 80 %, round 2 a candidate scored 25.4 % and held.
+        let first = released(&mut rounds, 1, 1.0);
+        evaluates(&mut rounds, &first, 800, None);
+        let bad = released(&mut rounds, 2, -30.0);
+        evaluates(&mut rounds, &bad, 254, Some((&first, 800)));
+        rounds.apply_control(&Command::Pause, 200);
+        m.observe(&rounds);
+        let text = m.encode();
+        assert_eq!(
+            samples(&text, "fedge_site_accuracy"),
+            ["fedge_site_accuracy{site=\"eval\"} 0.8"]
+        );
+        assert_eq!(
+            samples(&text, "fedge_candidate_site_accuracy"),
+            ["fedge_candidate_site_accuracy{site=\"eval\"} 0.254"]
+        );
+        assert!(
+            text.contains("fedge_federation_state{state=\"paused\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fedge_federation_state{state=\"running\"} 0\n"),
+            "{text}"
+        );
+        // The operator serves the candidate: its score is what devices get, and no candidate
+        // waits.
+        rounds.apply_control(&Command::Promote, 300);
+        m.observe(&rounds);
+        let text = m.encode();
+        assert_eq!(
+            samples(&text, "fedge_site_accuracy"),
+            ["fedge_site_accuracy{site=\"eval\"} 0.254"]
+        );
+        assert_eq!(
+            samples(&text, "fedge_candidate_site_accuracy"),
+            [] as [&str; 0]
+        );
+    }
+
     #[test]
     fn buffered_mode_shows_its_version_buffer_and_devices_in_flight() {
         use crate::buffer::AggregationConfig;
         let machine = super::super::status::three_online;
         let m = Metrics::new();
-        m.buffer(&machine(AggregationConfig::default()));
+        m.observe(&machine(AggregationConfig::default()));
         let text = m.encode();
         for line in [
             "fedge_model_version 0",
@@ -453,7 +663,7 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
-        m.buffer(&machine(AggregationConfig::buffered(5, 2, 3)));
+        m.observe(&machine(AggregationConfig::buffered(5, 2, 3)));
         let text = m.encode();
         for line in [
             "fedge_model_version 0",

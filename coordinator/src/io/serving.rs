@@ -153,12 +153,15 @@ pub(super) fn record(event: ReleaseEvent, audit: Option<&mut AuditLog>) {
             let mut lines = vec![Event::Promoted {
                 sha256: release.sha256.clone(),
             }];
-            if !canary.is_empty() {
-                lines.push(Event::Rollout {
-                    sha256: release.sha256,
-                    devices: canary,
-                });
-            }
+            // Its first devices: the canaries, or every device at once (`ctl promote`).
+            let devices = match canary.is_empty() {
+                true => vec!["*".into()],
+                false => canary,
+            };
+            lines.push(Event::Rollout {
+                sha256: release.sha256,
+                devices,
+            });
             lines
         }
         ReleaseEvent::RolledOut(release) => {
@@ -175,10 +178,17 @@ pub(super) fn record(event: ReleaseEvent, audit: Option<&mut AuditLog>) {
                 from = from.as_ref().map(|f| f.round),
                 "rolled back: {reason}"
             );
-            vec![Event::Rollback {
-                sha256: to.sha256,
-                reason,
-            }]
+            // Every device is sent back: the trail says what each serves from now on.
+            vec![
+                Event::Rollback {
+                    sha256: to.sha256.clone(),
+                    reason,
+                },
+                Event::Rollout {
+                    sha256: to.sha256,
+                    devices: vec!["*".into()],
+                },
+            ]
         }
     };
     if let Some(audit) = audit {

@@ -194,7 +194,10 @@ impl Sinks<'_> {
                     }
                     // One line a person can follow a federation by: accuracies as plain
                     // numbers (absent ones left out), the sites' scores as `site=acc` pairs.
-                    let sites: Vec<String> = (rounds.site_accuracy().iter())
+                    // What devices serve, as the status says it (a held candidate's score is
+                    // not what any site gets).
+                    let served = rounds.served_site_accuracy();
+                    let sites: Vec<String> = (served.iter())
                         .map(|(site, acc)| format!("{site}={acc:.3}"))
                         .collect();
                     tracing::info!(
@@ -207,12 +210,8 @@ impl Sinks<'_> {
                         site_accuracy = %sites.join(" "),
                         "round ended"
                     );
-                    let metrics = metrics_json(
-                        &report,
-                        *target_accuracy,
-                        rounds.strategy_name(),
-                        rounds.site_accuracy(),
-                    );
+                    let metrics =
+                        metrics_json(&report, *target_accuracy, rounds.strategy_name(), &served);
                     outbox.publish(topics.metrics(), false, metrics.to_string());
                     if let Some(tx) = events {
                         let _ = tx.send(DriverEvent::RoundEnded {
@@ -334,7 +333,7 @@ impl Sinks<'_> {
         }
         if let Some(m) = metrics {
             m.devices(rounds.online().len(), rounds.selected());
-            m.buffer(rounds);
+            m.observe(rounds);
             if let Some(spent) = rounds.privacy_spent() {
                 m.privacy_epsilon(spent.epsilon);
             }

@@ -71,6 +71,10 @@ pub fn status_at(
         .deadline_ms()
         .map(|ms| rfc3339(context.wall + Duration::from_millis(ms.saturating_sub(context.now_ms))));
     let privacy = rounds.privacy_spent();
+    // The current run: its first round and the rounds aggregated before it (`ctl new-run`);
+    // `total_rounds` counts aggregated rounds over every run.
+    let (first_round, before) = rounds.control().run_start;
+    let total = rounds.config().rounds;
     let mut status = CoordinatorStatus {
         federation: context.federation.clone(),
         run: format!("{:016x}", rounds.config().run),
@@ -93,8 +97,11 @@ pub fn status_at(
         rejected_total: rounds.rejected_total().values().sum(),
         rejected_updates: rejected,
         target_accuracy,
-        site_accuracy: rounds.site_accuracy().clone(),
+        // What users get: the release served's scores, the candidate's beside them.
+        site_accuracy: rounds.served_site_accuracy(),
+        candidate_accuracy: rounds.candidate_site_accuracy(),
         control_refused: rounds.control().refused.clone(),
+        last_command: rounds.control().last_command.clone(),
         release: rounds.releases().status(&|ms| {
             rfc3339(context.wall + Duration::from_millis(ms.saturating_sub(context.now_ms)))
         }),
@@ -102,6 +109,10 @@ pub fn status_at(
         waiting_for: rounds.waiting_reason(),
         resting: rounds.resting(),
         runs: rounds.control().runs.clone(),
+        aggregated_rounds: Some(rounds.aggregated_rounds()),
+        run_first_round: Some(first_round),
+        run_aggregated: Some(rounds.aggregated_rounds().saturating_sub(before)),
+        run_rounds: (total > 0).then(|| total.saturating_sub(before)),
         banned: rounds.control().banned.iter().cloned().collect(),
         protocol: Some(rounds.downlink_version()),
         device_protocols: (rounds.device_protocols().into_iter())
@@ -285,6 +296,94 @@ pub(super) fn three_online(aggregation: crate::buffer::AggregationConfig) -> Rou
     rounds
 }
 
+/// A gated machine whose evaluation site scores the release served and a candidate: what the
+/// status and metrics tests read.
+#[cfg(test)]
+pub(super) mod gated {
+    use crate::round::{Output, Rounds};
+
+    /// A gated machine of a 6-parameter head, trainers `a` and `b` online, and `eval` the
+    /// evaluation site the gate listens to.
+    pub fn machine() -> Rounds {
+        let config = crate::round::RoundConfig {
+            rounds: 0,
+            min_clients: 2,
+            min_updates: 2,
+            classes: vec!["ok".into(), "scratch".into()],
+            head: Some(fedge_wire::HeadConfig::new(1, 2).with_hidden(1)),
+            ..Default::default()
+        };
+        let mut rounds = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 6]);
+        rounds.set_release_config(crate::release::ReleaseConfig {
+            mode: crate::release::ReleaseMode::Gated,
+            evaluators: vec!["eval".into()],
+            ..Default::default()
+        });
+        for client in ["a", "b"] {
+            rounds.handle_client_status(client, true, 0);
+        }
+        rounds
+    }
+
+    /// `a` and `b` send `step` for `round`; the release or candidate it made.
+    pub fn released(rounds: &mut Rounds, round: u64, step: f32) -> fedge_wire::ModelRelease {
+        use fedge_wire::{ClientUpdate, Message, TensorF32};
+        for client in ["a", "b"] {
+            let update = ClientUpdate {
+                features: None,
+                run: 0,
+                round,
+                client_id: client.into(),
+                seq: round,
+                num_samples: 10,
+                delta: TensorF32::from_slice(&[step; 6]),
+                metrics: Default::default(),
+                class_stats: None,
+                prototypes: None,
+            };
+            let frame = fedge_wire::encode(&Message::ClientUpdate(update));
+            rounds.handle_packet(client, &frame, round * 10);
+        }
+        let mut made = None;
+        while let Some(output) = rounds.poll_output() {
+            if let Output::Release(r) | Output::Candidate(r) = output {
+                made = Some(*r);
+            }
+        }
+        made.expect("a release or a candidate")
+    }
+
+    /// `eval` says it got `right` of 1000 images right with `scored`, paired against the
+    /// release `served` it got `served_right` right with.
+    pub fn evaluates(
+        rounds: &mut Rounds,
+        scored: &fedge_wire::ModelRelease,
+        right: u32,
+        served: Option<(&fedge_wire::ModelRelease, u32)>,
+    ) {
+        let status = fedge_wire::EdgeStatus {
+            client_id: "eval".into(),
+            online: true,
+            role: fedge_wire::Role::Evaluate,
+            evaluation: Some(fedge_wire::SiteEvaluation {
+                model_round: scored.round,
+                accuracy: right as f32 / 1000.0,
+                class_accuracy: Vec::new(),
+                samples: 1000,
+            }),
+            evaluated: Some(scored.sha256_hex()),
+            paired: served.map(|(served, served_right)| fedge_wire::PairedScore {
+                against: served.sha256_hex(),
+                samples: 1000,
+                gained: right.saturating_sub(served_right),
+                lost: served_right.saturating_sub(right),
+            }),
+            ..Default::default()
+        };
+        rounds.handle_edge_status("eval", &status, 100);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,10 +391,15 @@ mod tests {
 
     /// An update of `client` to `round` (a small delta).
     fn update(client: &str, round: u64) -> Vec<u8> {
+        update_in(client, round, 0)
+    }
+
+    /// An update of `client` to `round` of `run`.
+    fn update_in(client: &str, round: u64, run: u64) -> Vec<u8> {
         use fedge_wire::{ClientUpdate, LocalMetrics, Message, TensorF32};
         fedge_wire::encode(&Message::ClientUpdate(ClientUpdate {
             features: None,
-            run: 0,
+            run,
             round,
             client_id: client.into(),
             seq: round,
@@ -341,6 +445,79 @@ mod tests {
         assert_eq!(status.rejected_updates["stale"], 1);
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["buffer"]["size"], 2, "{json}");
+    }
+
+    #[test]
+    fn after_a_new_run_the_status_counts_the_run_s_rounds_as_total_rounds_does() {
+        use fedge_wire::control::Command;
+        let config = crate::round::RoundConfig {
+            rounds: 1,
+            min_clients: 3,
+            min_updates: 3,
+            round_timeout_ms: 1_000,
+            ..Default::default()
+        };
+        let mut rounds = Rounds::new(config, Box::new(crate::strategy::FedAvg), vec![0.0; 4]);
+        for client in ["d1", "d2", "d3"] {
+            rounds.handle_client_status(client, true, 0);
+        }
+        // Round 1 is abandoned (no quorum twice), round 2 aggregates: the run is over.
+        rounds.handle_timeout(10_000);
+        rounds.handle_timeout(100_000);
+        let aggregate = |rounds: &mut Rounds, round: u64, now: u64| {
+            let run = rounds.config().run;
+            for client in ["d1", "d2", "d3"] {
+                rounds.handle_packet(client, &update_in(client, round, run), now);
+            }
+        };
+        aggregate(&mut rounds, 2, 100_010);
+        let context = StatusContext::default();
+        let status = status_at(&rounds, None, &context);
+        assert_eq!((status.state.as_str(), status.round), ("finished", 2));
+        assert_eq!(
+            (status.aggregated_rounds, status.total_rounds),
+            (Some(1), 1)
+        );
+        // A new run of 2 rounds: `total_rounds` counts aggregated rounds over every run.
+        rounds.apply_control(&Command::NewRun { rounds: 2 }, 100_020);
+        aggregate(&mut rounds, 3, 100_030);
+        let status = status_at(&rounds, None, &context);
+        assert_eq!((status.round, status.total_rounds), (4, 3), "{status:?}");
+        assert_eq!(status.aggregated_rounds, Some(2));
+        assert_eq!(status.run_first_round, Some(3));
+        assert_eq!(
+            (status.run_aggregated, status.run_rounds),
+            (Some(1), Some(2))
+        );
+        assert_eq!(status.runs.len(), 1);
+    }
+
+    #[test]
+    fn site_accuracy_is_the_served_release_s_and_a_held_candidate_s_is_apart() {
+        use super::gated::{evaluates, machine, released};
+        let mut rounds = machine();
+        let first = released(&mut rounds, 1, 1.0);
+        evaluates(&mut rounds, &first, 800, None);
+        let bad = released(&mut rounds, 2, -30.0);
+        evaluates(&mut rounds, &bad, 254, Some((&first, 800)));
+        let status = status_at(&rounds, None, &StatusContext::default());
+        let release = status.release.clone().unwrap();
+        assert_eq!(release.gate.unwrap().outcome, fedge_wire::GateOutcome::Held);
+        assert_eq!(release.serving.unwrap().round, 1);
+        assert_eq!(release.candidate.unwrap().round, 2);
+        // Devices serve round 1, which the site scored 80 %; the held candidate's 25.4 % is
+        // said apart.
+        assert_eq!(status.site_accuracy, [("eval".to_owned(), 0.8)].into());
+        assert_eq!(
+            status.candidate_accuracy,
+            [("eval".to_owned(), 0.254)].into()
+        );
+        let json = serde_json::to_string(&status).unwrap();
+        assert!(json.contains(r#""site_accuracy":{"eval":0.8}"#), "{json}");
+        assert!(
+            json.contains(r#""candidate_accuracy":{"eval":0.254}"#),
+            "{json}"
+        );
     }
 
     #[test]

@@ -34,13 +34,19 @@ impl Agent {
         let fits = |release: &ModelRelease| release_fits(release, head, budget);
         let reassembler = &mut self.model_reassembler;
         let decoded = decode_release_within(reassembler, payload, now_ms, client, key, fits);
-        let Some(release) = self.ours(decoded, "released model") else {
+        let Some(release) = self.of_federation(decoded, "released model") else {
             return;
         };
+        // A release of a run the device has left is kept all the same (a rollback to it sends
+        // it again, and only a pointer naming it makes it served: its round is below the one
+        // served), but it is not scored.
+        let left = self.left(&release);
         let sha256 = release.sha256;
         let new = self.releases.keep(release);
-        let scoring = new && self.id.role == Role::Evaluate && self.releases.first_score(sha256);
-        let switched = self.follow(Some(&sha256));
+        let evaluates = self.id.role == Role::Evaluate && !left;
+        let scoring = new && evaluates && self.releases.first_score(sha256);
+        // Only a pointer naming it makes one of a left run served.
+        let switched = self.follow((!left).then_some(&sha256));
         if scoring && let Some(release) = self.releases.get(&sha256) {
             self.outputs
                 .push_back(Output::Score(Box::new(release.clone()), None));
@@ -167,6 +173,16 @@ impl Agent {
         decoded: Result<Option<ModelRelease>, String>,
         what: &str,
     ) -> Option<ModelRelease> {
+        self.of_federation(decoded, what)
+            .filter(|release| !self.left(release))
+    }
+
+    /// A decoded release of this device's federation; a refused one goes into `last_error`.
+    fn of_federation(
+        &mut self,
+        decoded: Result<Option<ModelRelease>, String>,
+        what: &str,
+    ) -> Option<ModelRelease> {
         let release = match decoded {
             Ok(release) => release?,
             Err(e) => {
@@ -176,11 +192,15 @@ impl Agent {
                 return None;
             }
         };
+        (release.federation == self.id.federation).then_some(release)
+    }
+
+    /// Whether `release` is of a run the device has left and does not serve.
+    fn left(&self, release: &ModelRelease) -> bool {
         // A run of 0 is never a left one (the state's empty slots are 0).
-        let left = release.run != 0
+        release.run != 0
             && self.state.past_runs.contains(&release.run)
-            && self.releases.served().is_none_or(|s| s.run != release.run);
-        (release.federation == self.id.federation && !left).then_some(release)
+            && self.releases.served().is_none_or(|s| s.run != release.run)
     }
 
     /// Switches to the release the device must serve, if that changes ([`Output::Serve`], the

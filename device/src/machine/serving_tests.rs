@@ -451,3 +451,38 @@ fn the_releases_kept_take_no_more_than_the_device_reassembles_in_one_frame() {
     assert_eq!(agent.status().serving, Some(r(5).sha256_hex()));
     assert_eq!(served(&point(&mut agent, all(2, &r(2)).to_payload())), [2]);
 }
+
+#[test]
+fn a_rollback_to_a_release_of_a_run_the_device_left_reaches_a_device_that_restarted_since() {
+    // Restarted in run 9 (it left run 7): it holds only what it serves, from its disk.
+    let mut state = RoundState {
+        run: 9,
+        ..RoundState::default()
+    };
+    state.past_runs[0] = 7;
+    let mut agent = Agent::new(identity("cam-1", None), state).unwrap();
+    agent.hold_model(release(9, 3));
+    drain(&mut agent);
+    // `ctl rollback` to run 7's release: sent again on model/current, then the pointer.
+    let old = release(7, 1);
+    assert!(served(&publish_release(&mut agent, plain(old.clone()))).is_empty());
+    let outputs = point(&mut agent, all(10, &old).to_payload());
+    assert_eq!(served(&outputs), [1]);
+    assert_eq!(last_status(&outputs).serving, Some(old.sha256_hex()));
+    // An evaluation site does not score a release of a run it left.
+    let mut state = RoundState {
+        run: 9,
+        ..RoundState::default()
+    };
+    state.past_runs[0] = 7;
+    let mut id = identity("cam-9", None);
+    id.role = Role::Evaluate;
+    let mut judge = Agent::new(id, state).unwrap();
+    judge.hold_model(release(9, 3));
+    drain(&mut judge);
+    let outputs = publish_release(&mut judge, plain(old));
+    assert!(
+        !outputs.iter().any(|o| matches!(o, Output::Score(..))),
+        "{outputs:?}"
+    );
+}

@@ -4,20 +4,26 @@
 //! events, the training thread's results and the clock, and perform what it asks: subscribe,
 //! publish (status retained, updates in chunks), train, save the round state. Reconnect with
 //! back-off whenever the broker goes away. Training runs on a blocking thread so the MQTT
-//! keep-alive continues meanwhile. No decision is taken here.
+//! keep-alive continues meanwhile. No decision is taken here; what needs the wall clock is
+//! done here for the machine, which reads none: the status stamped ([`super::stamp`]), and the
+//! coordinator's word on rounds that ended before the agent connected held back
+//! ([`super::backlog`]).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use fedge_mqtt::{REQUEST_QUEUE, Session, SessionEvent, publish_frame};
-use fedge_wire::{EdgeStatus, ModelRelease, RoundTask, Topics};
+use fedge_wire::{ModelRelease, RoundTask, Topics};
 use rumqttc::{AsyncClient, LastWill, QoS};
 use tokio::sync::{mpsc, watch};
 
+use super::backlog;
 use super::labels;
 use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
+use super::stamp::{self, LoadingWatch, json};
+use crate::data::LoadReport;
 use fedge_device::local_dp::LocalDp;
 use fedge_device::machine::{Agent, AgentSummary, InvalidIdentity, Output, Scored, Trained};
 use fedge_device::train::{DeviceData, LocalState, Trainer, run_round};
@@ -73,10 +79,17 @@ pub async fn run_agent(
     let infer_topic = serve::request_topic(&setup, &topics);
     let server = serve::start_http(&setup, stop.clone()).await?;
     let labelling_page = serve::start_labelling(&setup, stop.clone()).await?;
+    // What the device's data loading shows: in the status and the metrics.
+    let report = LoadReport::process();
+    setup.serving.metrics.images_skipped(report.skipped().count);
     let _metrics_server = match setup.serving.metrics_listen {
         Some(addr) => {
             let metrics = Arc::clone(&setup.serving.metrics);
-            let exposition = Arc::new(move || metrics.encode());
+            let counts = Arc::clone(&report);
+            let exposition = Arc::new(move || {
+                metrics.images_skipped(counts.skipped().count);
+                metrics.encode()
+            });
             let server = fedge_daemon::metrics::serve(addr, exposition)
                 .await
                 .map_err(|e| AgentError::Metrics {
@@ -88,7 +101,12 @@ pub async fn run_agent(
         None => None,
     };
     let (will_topic, will) = agent.last_will();
-    let will = LastWill::new(will_topic, json(&will, &setup), QoS::AtLeastOnce, true);
+    let will = LastWill::new(
+        will_topic,
+        json(&will, &setup, &report),
+        QoS::AtLeastOnce,
+        true,
+    );
     let mut options = setup
         .broker
         .options(&format!("fedge-edge-{}", setup.client_id), Some(will));
@@ -116,15 +134,28 @@ pub async fn run_agent(
     if let Some(release) = serve::restore(&setup) {
         serve::install(&setup, &release, data.serving_stats(&release).as_deref());
         agent.hold_model(release);
-        perform(&mut agent, &mut setup, &mut data, &client, &done);
+        perform(&mut agent, &mut setup, &mut data, &client, &done, &report);
     }
     let drift = Arc::clone(&setup.serving.drift);
     let origin = Instant::now();
+    let (metrics_topic, status_topic) = (topics.metrics(), topics.edge_status(&setup.client_id));
+    // The first connection's time: the coordinator's word from before it is not this run's.
+    let mut first_connected: Option<SystemTime> = None;
+    let mut connected = false;
+    // Only a rescan loads while the agent runs: the report is looked at while one may.
+    let mut look = setup.scan.as_ref().map(|_| {
+        let mut interval = tokio::time::interval(stamp::LOOK_EVERY);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval
+    });
+    let mut loading = LoadingWatch::default();
     loop {
         tokio::select! {
             event = session.next() => match event {
                 SessionEvent::Connected => {
                     tracing::info!(client = %setup.client_id, "edge connected");
+                    connected = true;
+                    first_connected.get_or_insert_with(SystemTime::now);
                     agent.handle_connected();
                     if let Some(topic) = &infer_topic {
                         let _ = client.try_subscribe(topic.as_str(), QoS::AtLeastOnce);
@@ -133,6 +164,12 @@ pub async fn run_agent(
                 SessionEvent::Publish(p) => {
                     if infer_topic.as_deref() == Some(p.topic.as_str()) {
                         serve::answer_mqtt(&setup, &topics, &client, &p.payload);
+                    } else if p.topic == metrics_topic
+                        && let Some(at) = first_connected
+                        && let Some(round) =
+                            backlog::before_connection(&p.payload, &setup.client_id, at)
+                    {
+                        backlog::held_back(&setup.client_id, round);
                     } else {
                         let now_ms = origin.elapsed().as_millis() as u64;
                         agent.handle_publish(&p.topic, &p.payload, now_ms);
@@ -142,6 +179,7 @@ pub async fn run_agent(
                 // The back-off is waited out inside `session.next()`: a stop or a training
                 // result is taken meanwhile.
                 SessionEvent::Lost { error, was_connected, first } => {
+                    connected = false;
                     if was_connected {
                         tracing::warn!(client = %setup.client_id, %error, "lost the broker; reconnecting");
                     } else if first {
@@ -155,9 +193,18 @@ pub async fn run_agent(
                     setup.class_names = new.class_names;
                     data = device_data;
                 }
+                // The machine's next status says the round, without any loading.
+                loading = LoadingWatch::default();
                 agent.handle_trained(trained);
             }
             Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
+            _ = tick(&mut look) => {
+                // A rescan computing the features of new images: the status says how far.
+                if loading.due(report.loading(), Instant::now()) && connected {
+                    let status = json(agent.status(), &setup, &report);
+                    let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, status);
+                }
+            }
             _ = drift.woken() => {
                 if let Some(window) = drift.take_window() {
                     serve::readapt(&setup, window);
@@ -166,14 +213,14 @@ pub async fn run_agent(
             }
             _ = stop.changed() => break,
         }
-        perform(&mut agent, &mut setup, &mut data, &client, &done);
+        perform(&mut agent, &mut setup, &mut data, &client, &done, &report);
         if agent.summary().backbone_moved.is_some() {
             tracing::info!("the federation moved to another backbone: fetching it");
             break;
         }
     }
     agent.handle_stop();
-    perform(&mut agent, &mut setup, &mut data, &client, &done);
+    perform(&mut agent, &mut setup, &mut data, &client, &done, &report);
     let (client, events) = session.parts();
     fedge_mqtt::flush_and_disconnect(client, events, std::time::Duration::from_secs(2)).await;
     if let Some(server) = server {
@@ -201,6 +248,7 @@ fn perform(
     data: &mut DeviceData,
     client: &AsyncClient,
     done: &Done,
+    report: &LoadReport,
 ) {
     while let Some(output) = agent.poll_output() {
         match output {
@@ -213,7 +261,8 @@ fn perform(
                 if let Some(epsilon) = status.epsilon {
                     setup.serving.metrics.privacy_epsilon(epsilon);
                 }
-                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, json(&status, setup));
+                let status = json(&status, setup, report);
+                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, status);
             }
             Output::Update { topic, frame, seq } => {
                 // Each chunk carries the device's tag, so forged chunks are refused one by one.
@@ -368,24 +417,12 @@ fn spawn_scoring(
     });
 }
 
-/// The status document, stamped with the current time and, with a key, signed.
-fn json(status: &EdgeStatus, setup: &AgentSetup) -> String {
-    // Counts of a device that is online: the Last Will, made at connection, would carry
-    // stale ones.
-    let labelling = (setup.serving.labelling.as_ref().filter(|_| status.online)).map(|l| {
-        let counts = l.queue.counts();
-        fedge_wire::LabellingStatus {
-            waiting: counts.left as u64,
-            labelled: counts.labelled,
+/// The next tick of `interval`, or never without one.
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(interval) => {
+            interval.tick().await;
         }
-    });
-    let mut stamped = EdgeStatus {
-        updated_at: fedge_mqtt::now_rfc3339(),
-        labelling,
-        ..status.clone()
-    };
-    if let Some(key) = &setup.key {
-        stamped.sign(&setup.federation, key);
+        None => std::future::pending().await,
     }
-    serde_json::to_string(&stamped).unwrap_or_default()
 }

@@ -1,16 +1,21 @@
 //! `fedge-edge check`: is this device ready to join? Each check says what it found, or what to
 //! fix. Run it on site before leaving; `--dry-run` skips the broker (for CI and staging).
-//! With the broker reachable, `federation.rs` compares the protocol version and the backbone
-//! with what the federation's coordinator has published.
+//! With the broker reachable, `broker.rs` makes the TLS handshake and the MQTT login, and
+//! `federation.rs` compares the protocol version and the backbone with what the federation's
+//! coordinator has published; while this profile's agent runs (`running.rs`), the check
+//! leaves its session alone. `endpoints.rs`: the addresses the agent listens on.
 
 use std::path::Path;
 
 use fedge_models::HeadConfig;
 
-use crate::config::{DataConfig, EdgeConfig};
+use crate::config::EdgeConfig;
 use crate::resources;
 
+mod broker;
+mod endpoints;
 mod federation;
+mod running;
 
 pub use fedge_daemon::checks::{Check, report};
 
@@ -181,23 +186,17 @@ fn checks(path: &Path, dry_run: bool, alone: bool) -> Vec<Check> {
             Err(e) => fail("data", format!("{e:#}")),
         });
     }
-    checks.push(check_inference(&config));
+    let metrics = endpoints::Metrics::probe(&config);
+    let running = running::evidence(path, &config, metrics.answered());
+    let running = running.as_deref();
+    checks.push(endpoints::check_inference(&config, running));
     if let Some(labelling) = &config.labelling {
-        checks.push(check_labelling(&config, labelling));
+        checks.push(endpoints::check_labelling(&config, labelling, running));
     }
-    if dry_run {
-        checks.push(pass("broker", "skipped (--dry-run)".into()));
-    } else {
-        let broker = fedge_daemon::checks::broker(&config.broker.host, config.broker.port);
-        let reachable = broker.ok;
-        checks.push(broker);
-        if let (true, Some(backbone)) = (reachable, &backbone) {
-            let reference = backbone.reference().clone();
-            checks.push(match federation::check_federation(&config, &reference) {
-                Ok(found) => pass("federation", found),
-                Err(fix) => fail("federation", fix),
-            });
-        }
+    checks.push(endpoints::check_metrics(&metrics, running));
+    match dry_run {
+        true => checks.push(pass("broker", "skipped (--dry-run)".into())),
+        false => checks.extend(broker::check_broker(&config, running, backbone.as_ref())),
     }
     checks
 }
@@ -238,104 +237,6 @@ fn check_fedddl(config: &EdgeConfig, images: &crate::data::ImageSet) -> Check {
             ),
         ),
     }
-}
-
-/// `[inference]`: where predictions will be answered, and whether `listen` is free now.
-fn check_inference(config: &EdgeConfig) -> Check {
-    let inference = &config.inference;
-    let mqtt = if inference.mqtt {
-        format!(
-            "; MQTT requests on fedge/{}/edge/{}/infer/request",
-            config.federation, config.client_id
-        )
-    } else {
-        String::new()
-    };
-    let kept = match &config.cache_dir {
-        Some(dir) => format!(
-            "the released model is kept in {}",
-            crate::inference::store::model_path(dir, &config.client_id).display()
-        ),
-        None => "no cache_dir: the released model is not kept across restarts".into(),
-    };
-    let Some(listen) = &inference.listen else {
-        return pass("inference", format!("no HTTP endpoint{mqtt}; {kept}"));
-    };
-    // Anyone who reaches the endpoint can ask for predictions: say so when that is more than
-    // this machine.
-    let loopback = std::net::ToSocketAddrs::to_socket_addrs(listen.as_str())
-        .is_ok_and(|mut addrs| addrs.all(|a| a.ip().is_loopback()));
-    let open = match loopback {
-        true => String::new(),
-        false => "; WARNING: it listens beyond loopback, and it has no authentication and no TLS: \
-              anyone who reaches it can ask for predictions (keep it on 127.0.0.1 or put an \
-              authenticating proxy in front)"
-            .into(),
-    };
-    match std::net::TcpListener::bind(listen.as_str()) {
-        Ok(_) => pass(
-            "inference",
-            format!("HTTP endpoint on {listen} (free now){mqtt}; {kept}{open}"),
-        ),
-        Err(e) => fail(
-            "inference",
-            format!(
-                "[inference] listen = {listen:?} cannot be bound ({e}): pick a free port, or \
-                 stop what uses it"
-            ),
-        ),
-    }
-}
-
-/// `[labelling]`: the queue's folder can be made, the password read, the page's address is
-/// free; and whether labelled images are trained on before a restart (`[data] rescan`).
-fn check_labelling(config: &EdgeConfig, labelling: &crate::labelling::LabellingConfig) -> Check {
-    let dir = labelling.queue_dir(config.cache_dir.as_deref(), &config.client_id);
-    // The same private folder the agent makes (mode 0700), so that check leaves none the
-    // agent would then refuse.
-    if let Err(e) = crate::labelling::queue::ensure_private_dir(&dir) {
-        return fail("labelling", e.to_string());
-    }
-    if let Some(file) = &labelling.password_file
-        && let Err(e) = fedge_daemon::read_secret(file)
-    {
-        return fail(
-            "labelling",
-            format!("[labelling] password_file {}: {e}", file.display()),
-        );
-    }
-    if let Err(e) = std::net::TcpListener::bind(labelling.listen.as_str()) {
-        return fail(
-            "labelling",
-            format!(
-                "[labelling] listen = {:?} cannot be bound ({e}): pick a free port, or stop \
-                 what uses it",
-                labelling.listen
-            ),
-        );
-    }
-    let rescan = matches!(config.data, DataConfig::ImageFolder { rescan: true, .. });
-    let trained = match rescan {
-        true => "trained on from the next round ([data] rescan)",
-        false => {
-            "WARNING: [data] rescan is off, so labelled images are trained on only after a \
-             restart (set rescan = true)"
-        }
-    };
-    pass(
-        "labelling",
-        format!(
-            "page on http://{}/ ({}), queue in {}, {} places; labelled images go to {}: {trained}",
-            labelling.listen,
-            match labelling.password_file {
-                Some(_) => "login required",
-                None => "no login: loopback only",
-            },
-            dir.display(),
-            labelling.capacity,
-            config.data.site_folder().unwrap_or_default().display(),
-        ),
-    )
 }
 
 /// The device's classes against the federation's list (`classes_file`).

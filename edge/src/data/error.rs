@@ -106,3 +106,17 @@ pub enum DataError {
         width: usize,
     },
 }
+
+impl DataError {
+    /// Why a file was left out, without its path (which a device's status does not carry: it
+    /// names the file relative to its site folder).
+    pub fn file_reason(&self) -> String {
+        match self {
+            DataError::Decode { source, .. } => format!("{source}; replace or remove the file"),
+            DataError::Io { source, .. } => {
+                format!("{source}; check that it exists and is readable")
+            }
+            other => other.to_string(),
+        }
+    }
+}

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::decode::{decode, to_chw};
+use super::progress::{LoadReport, Phase, Progress};
 use super::{DataError, Domain, ImageSet};
 
 /// The accepted image file extensions, compared case-insensitively.
@@ -97,7 +98,8 @@ pub struct SiteImages {
 /// own class folders, sorted (a device renumbers them onto the federation's list by name).
 /// Decoding, resizing and `boxes.csv` are as in [`imagefolder_domains`], except that a file
 /// that does not decode is left out and listed in [`SiteImages::skipped`]: one bad file in a
-/// live folder must not keep a device from starting.
+/// live folder must not keep a device from starting. How far the reading got is shown as it
+/// goes, and the files left out are counted, in the process's [`LoadReport`].
 ///
 /// # Errors
 ///
@@ -107,6 +109,16 @@ pub fn imagefolder_site(
     channels: usize,
     height: usize,
     width: usize,
+) -> Result<SiteImages, DataError> {
+    imagefolder_site_reporting(dir, (channels, height, width), &LoadReport::process())
+}
+
+/// [`imagefolder_site`] at `(channels, height, width)`, showing its progress and counting the
+/// files left out in `report`.
+pub fn imagefolder_site_reporting(
+    dir: &Path,
+    (channels, height, width): (usize, usize, usize),
+    report: &LoadReport,
 ) -> Result<SiteImages, DataError> {
     if channels != 1 && channels != 3 {
         return Err(DataError::UnsupportedChannels { channels });
@@ -128,20 +140,24 @@ pub fn imagefolder_site(
     let classes = list_site(dir)?;
     let class_names: Vec<String> = classes.iter().map(|(name, _)| name.clone()).collect();
     let mut skipped = Vec::new();
-    let images = load_site(
-        dir,
-        classes,
-        &class_names,
-        channels,
-        (h, w),
-        Some(&mut skipped),
-    )?;
+    let site = Site {
+        skipped: &mut skipped,
+        report,
+    };
+    let images = load_site(dir, classes, &class_names, channels, (h, w), Some(site))?;
     if images.is_empty() {
         return Err(DataError::EmptyDomain {
             path: dir.to_path_buf(),
         });
     }
     Ok(SiteImages { images, skipped })
+}
+
+/// Where a site's loading reports: the files left out, and the progress and counts of
+/// [`LoadReport`].
+struct Site<'a> {
+    skipped: &'a mut Vec<(PathBuf, String)>,
+    report: &'a LoadReport,
 }
 
 /// A site's class folders (sorted) with their image files (sorted); an error when there is no
@@ -165,18 +181,27 @@ pub fn list_site(dir: &Path) -> Result<Vec<(String, Vec<PathBuf>)>, DataError> {
 }
 
 /// Decodes a listed site, labelling each class folder by its place in `class_names`. A file
-/// that does not decode is an error, or, given `skipped`, left out and listed there.
+/// that does not decode is an error, or, given a `site`, left out, listed and counted there,
+/// which also shows the reading's progress.
 fn load_site(
     dir: &Path,
     classes: Vec<(String, Vec<PathBuf>)>,
     class_names: &[String],
     channels: usize,
     (h, w): (u32, u32),
-    mut skipped: Option<&mut Vec<(PathBuf, String)>>,
+    mut site: Option<Site<'_>>,
 ) -> Result<ImageSet, DataError> {
     let (height, width) = (h as usize, w as usize);
     let image_len = channels * height * width;
     let total: usize = classes.iter().map(|(_, files)| files.len()).sum();
+    let mut progress = (site.as_ref()).map(|s| {
+        Progress::start(
+            s.report,
+            Phase::Reading,
+            total as u64,
+            "reading the site folder",
+        )
+    });
     let mut images = Vec::with_capacity(total * image_len);
     let mut labels = Vec::with_capacity(total);
     let boxes = read_boxes(&dir.join("boxes.csv"))?;
@@ -189,10 +214,14 @@ fn load_site(
             .expect("every class folder name is in the class list");
         let label = u32::try_from(label).expect("fewer than 2^32 classes");
         for path in files {
-            let decoded = match (decode(&path), skipped.as_deref_mut()) {
+            if let Some(progress) = progress.as_mut() {
+                progress.advance(1);
+            }
+            let decoded = match (decode(&path), site.as_mut()) {
                 (Ok(decoded), _) => decoded,
-                (Err(e), Some(skipped)) => {
-                    skipped.push((path, e.to_string()));
+                (Err(e), Some(site)) => {
+                    site.report.skip(dir, &path, &e.file_reason());
+                    site.skipped.push((path, e.to_string()));
                     continue;
                 }
                 (Err(e), None) => return Err(e),
@@ -207,6 +236,13 @@ fn load_site(
             images.extend(to_chw(decoded, channels, h, w));
             labels.push(label);
         }
+    }
+    if let (Some(progress), Some(site)) = (progress, &site) {
+        let skipped = site.skipped.len();
+        progress.end(&format!(
+            "site folder read: {total} files, {} images, {skipped} skipped",
+            labels.len()
+        ));
     }
     Ok(ImageSet {
         channels,
@@ -451,7 +487,16 @@ mod tests {
         assert!(whole.skipped.is_empty());
         std::fs::write(site.join("cat/3.png"), b"half a png").unwrap();
         std::fs::write(site.join("dog/0.jpg"), [0xff, 0xd8, 0xff]).unwrap();
-        let loaded = imagefolder_site(&site, 3, 2, 2).unwrap();
+        let report = LoadReport::default();
+        let loaded = imagefolder_site_reporting(&site, (3, 2, 2), &report).unwrap();
+        // Counted for the status and the metrics, named inside the site folder.
+        let counted = report.skipped();
+        assert_eq!(counted.count, 2);
+        let last = counted.last.unwrap();
+        assert_eq!(last.file, "dog/0.jpg");
+        assert!(last.reason.contains("replace or remove"), "{last:?}");
+        assert!(!last.reason.contains(&*site.to_string_lossy()), "{last:?}");
+        assert_eq!(report.loading(), None, "nothing loads once it is read");
         assert_eq!(loaded.images.labels, whole.images.labels);
         assert_eq!(loaded.images.images, whole.images.images);
         let files: Vec<&Path> = loaded.skipped.iter().map(|(f, _)| f.as_path()).collect();

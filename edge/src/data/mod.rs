@@ -10,6 +10,9 @@
 //! Object masks (for FedDDL) come with the built-in data sets, from `boxes.csv` in an image
 //! folder, or from a detector model ([`detector_masks`]).
 //!
+//! A device's site folder ([`imagefolder_site`]) shows its loading as it goes and counts the
+//! files it leaves out ([`progress`]).
+//!
 //! [`ImageSet::split`] and [`ImageSet::partition`] divide a domain deterministically for a seed,
 //! for example into a training and a validation set or into one shard per simulated device.
 
@@ -18,12 +21,16 @@ mod detector;
 mod digits;
 mod error;
 mod imagefolder;
+pub mod progress;
 mod rotate;
 
 pub use detector::detector_masks;
 pub use digits::{DIGITS_ANGLES, digits_domains, load_digits};
 pub use error::DataError;
-pub use imagefolder::{SiteImages, imagefolder_domains, imagefolder_site, list_site};
+pub use imagefolder::{
+    SiteImages, imagefolder_domains, imagefolder_site, imagefolder_site_reporting, list_site,
+};
+pub use progress::LoadReport;
 pub use rotate::rotate_chw;
 
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};

@@ -1,5 +1,8 @@
 //! `fedge-edge check`: every shipped profile passes in dry-run mode, and each kind of
-//! misconfiguration is reported with a message that says what to fix.
+//! misconfiguration is reported with a message that says what to fix. `session.rs`: the check
+//! at the broker, beside a running agent and against the federation's backbone.
+
+mod session;
 
 use std::path::{Path, PathBuf};
 
@@ -48,9 +51,9 @@ fn every_shipped_profile_passes_in_dry_run() {
             path.display(),
             failures(&checks)
         );
-        // Eleven checks, and FedDDL's masks where the profile enables it.
+        // Twelve checks, and FedDDL's masks where the profile enables it.
         let others = checks.iter().filter(|c| c.name != "fedddl").count();
-        assert_eq!(others, 11, "{checks:?}");
+        assert_eq!(others, 12, "{checks:?}");
         let device = checks.iter().find(|c| c.name == "device").unwrap();
         if text.contains("device = \"cuda\"") && !fedge_models::CUDA_BUILT {
             // The Jetson profile in a CPU build: a pass that names the fallback.
@@ -105,7 +108,14 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
             "upload.png",
         ),
         (
-            Box::new(move |t| t.replace("kind = \"digits\"\ndomain = \"rot15\"", &folder)),
+            Box::new(move |t| {
+                let t = t.replace("kind = \"digits\"\ndomain = \"rot15\"", &folder);
+                // FedDDL on, whether or not the shipped profile turns it on.
+                match t.contains("\n[fedddl]\n") {
+                    true => t,
+                    false => t + "\n[fedddl]\nenabled = true\n",
+                }
+            }),
             "fedddl",
             "add boxes.csv",
         ),
@@ -189,6 +199,44 @@ fn each_misconfiguration_is_named_with_what_to_fix() {
         failed[0].1.contains("nothing accepts connections"),
         "{failed:?}"
     );
+}
+
+#[test]
+fn metrics_listen_is_checked_free_taken_or_unparsable() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |listen: &str| {
+        let line = format!("metrics_listen = {listen:?}\n");
+        variant(dir.path(), move |t| format!("{line}{t}"))
+    };
+    let checks = run_checks(&variant(dir.path(), |t| t), true);
+    let metrics = checks.iter().find(|c| c.name == "metrics").unwrap();
+    assert!(
+        metrics.ok && metrics.detail.contains("no metrics_listen"),
+        "{metrics:?}"
+    );
+    // Held by a socket that is no agent's: `run` would stop at start.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let failed = failures(&run_checks(&with(&addr), true));
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let (name, detail) = &failed[0];
+    assert_eq!(*name, "metrics");
+    assert!(
+        detail.contains(&format!("metrics_listen = \"{addr}\" cannot be bound"))
+            && detail.contains("pick a free port"),
+        "{detail}"
+    );
+    drop(taken);
+    let checks = run_checks(&with(&addr), true);
+    assert!(failures(&checks).is_empty(), "{:?}", failures(&checks));
+    let metrics = checks.iter().find(|c| c.name == "metrics").unwrap();
+    let said = format!("http://{addr}/metrics (free now)");
+    assert!(metrics.detail.contains(&said), "{metrics:?}");
+    // An address that is none: the profile names the key.
+    let failed = failures(&run_checks(&with("nowhere"), true));
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, "profile");
+    assert!(failed[0].1.contains("metrics_listen"), "{failed:?}");
 }
 
 #[test]
@@ -321,7 +369,12 @@ fn check_compares_protocol_and_backbone_with_the_federation_s() {
     retain(port, &topics.round_task(), frame);
     let found = federation(&profile);
     assert!(!found.ok, "{found:?}");
-    assert!(found.detail.contains("sha256 090909090909…"), "{found:?}");
+    assert!(
+        found
+            .detail
+            .contains(&format!("sha256 {}", "09".repeat(32))),
+        "{found:?}"
+    );
     // This profile's own backbone file, in a task of the previous protocol and of this one.
     let onnx = common::repo_root().join("models/assets/digits-conv.onnx");
     let ours = fedge_wire::BackboneRef::of("digits-conv", &std::fs::read(onnx).unwrap());

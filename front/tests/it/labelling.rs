@@ -2,10 +2,11 @@
 //! two `fedge-edge` agents over mosquitto (as in `use_model.rs`); site-b serves predictions
 //! and keeps a labelling queue. After the first run, twelve images the federation has not seen
 //! are sent to site-b's endpoint; in headless Chromium a person labels three on the page (a
-//! key, Enter for the top guess, a click), undoes one, and the site folder holds the two
-//! labels under their classes. A second run's first rescan finds exactly those two images and
-//! site-b trains on them. All the while, everything the broker carries is captured: no image
-//! file crosses it.
+//! key, Enter for the top guess, a click), undoes one (back on screen at once), and the site
+//! folder holds the two labels under their classes. A second run's first rescan finds exactly
+//! those two images and site-b trains on them. All the while, everything the broker carries
+//! is captured: no image file crosses it. The page alone, over a queue of three, shows what
+//! undo does at once.
 
 use std::path::{Path, PathBuf};
 
@@ -213,9 +214,11 @@ async fn a_person_labels_on_the_page_and_the_site_trains_on_the_labels() {
     counts_read(&browser, "11 left · 1 labelled").await;
     press(&browser, "\u{E007}").await;
     counts_read(&browser, "10 left · 2 labelled").await;
+    let third = shown(&browser, None).await;
     let guess = client.find(Locator::Css("#guesses button")).await.unwrap();
     guess.click().await.unwrap();
     counts_read(&browser, "9 left · 3 labelled").await;
+    let fourth = shown(&browser, Some(&third)).await;
     assert_eq!(labelled(&root.join("site-b")).len(), 3);
     client
         .find(Locator::Id("undo"))
@@ -225,6 +228,8 @@ async fn a_person_labels_on_the_page_and_the_site_trains_on_the_labels() {
         .await
         .unwrap();
     counts_read(&browser, "10 left · 2 labelled").await;
+    // The undone input is back on screen at once.
+    shows(&browser, &third, &fourth).await;
     let screenshot = client.screenshot().await.unwrap();
     let shot = common::repo_root().join("target/labelling-page.png");
     std::fs::write(&shot, &screenshot).unwrap();
@@ -309,4 +314,123 @@ fn updates(seen: &[Message], client: &str) -> usize {
     (seen.iter())
         .filter(|m| m.topic == topic || m.topic == first_chunk)
         .count()
+}
+
+/// The page alone over a queue of three inputs (a release with three classes, no federation):
+/// after a label and `U`, the input whose label was undone is on screen at once, not the one
+/// that followed it, and labelling it again takes the key's class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undo_shows_the_undone_input_at_once() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let classes: Vec<String> = ["bolt", "nut", "washer"].map(String::from).to_vec();
+    let queue = fedge_edge::labelling::LabelQueue::open(fedge_edge::labelling::QueueSettings {
+        dir: dir.path().join("queue"),
+        site: dir.path().join("site"),
+        capacity: 8,
+        random_share: 0.0,
+        max_bytes: 1 << 20,
+    })
+    .unwrap();
+    // Three inputs, from the least sure (shown first) to the surest.
+    for (i, logits) in [[1.0, 0.95, 0.0], [2.0, 1.0, 0.0], [6.0, 0.0, 0.0]]
+        .into_iter()
+        .enumerate()
+    {
+        let image = image::GrayImage::from_pixel(8, 8, image::Luma([40 * i as u8]));
+        let mut png = std::io::Cursor::new(Vec::new());
+        image.write_to(&mut png, image::ImageFormat::Png).unwrap();
+        let prediction = fedge_edge::inference::Prediction {
+            class: "bolt".into(),
+            index: 0,
+            probability: 0.5,
+            top_k: Vec::new(),
+            logits: logits.to_vec(),
+            model_round: 1,
+            model_sha256: String::new(),
+            distance: None,
+            unfamiliar: None,
+        };
+        assert!(queue.offer(png.get_ref(), &prediction, &classes).unwrap());
+    }
+    let card = common::repo_root().join("models/assets/digits-conv.toml");
+    let backbone = std::sync::Arc::new(fedge_edge::features::load_backbone(&card).unwrap().0);
+    let head = fedge_wire::HeadConfig::new(512, 3).with_hidden(4);
+    let params = head.init_flat(1);
+    let release = fedge_wire::ModelRelease {
+        pooled: None,
+        federation: "labels".into(),
+        run: 1,
+        round: 1,
+        strategy: "fedavg".into(),
+        classes: classes.clone(),
+        backbone: "digits-conv".into(),
+        sha256: fedge_wire::ModelRelease::digest(&params),
+        params: fedge_wire::TensorF32::from_slice(&params),
+        head,
+        feature_norm: fedge_wire::FeatureNorm::None,
+    };
+    let predictor = fedge_edge::inference::Predictor::new(backbone, release, None).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let page = listener.local_addr().unwrap();
+    let (_stop, stop) = tokio::sync::watch::channel(false);
+    let router = fedge_edge::labelling::http::router(
+        std::sync::Arc::new(queue),
+        fedge_edge::inference::http::shared(Some(predictor)),
+        None,
+    );
+    tokio::spawn(fedge_edge::labelling::http::serve(listener, router, stop));
+
+    let client = &browser.client;
+    client.goto(&format!("http://{page}/")).await.unwrap();
+    counts_read(&browser, "3 left · 0 labelled").await;
+    let first = shown(&browser, None).await;
+    // Keys: the classes have no one-key names, so 1, 2, 3 in order.
+    press(&browser, "2").await;
+    counts_read(&browser, "2 left · 1 labelled").await;
+    let second = shown(&browser, Some(&first)).await;
+    press(&browser, "u").await;
+    counts_read(&browser, "3 left · 0 labelled").await;
+    shows(&browser, &first, &second).await;
+    // Labelled anew, as the person meant it this time.
+    press(&browser, "3").await;
+    counts_read(&browser, "2 left · 1 labelled").await;
+    browser.close().await;
+    let files = labelled(&dir.path().join("site"));
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].parent().unwrap().ends_with("washer"), "{files:?}");
+}
+
+/// Waits until the page shows `undone` again after an undo, failing if it keeps `next` (the
+/// input that followed it) or anything else for 5 s.
+async fn shows(browser: &Browser, undone: &str, next: &str) {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = shown(browser, None).await;
+        if now == undone {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "after undo the page shows {now:?} (the next input is {next:?}), not the undone \
+             input {undone:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `src` of the input on the page, once it differs from `not` (within 10 s).
+async fn shown(browser: &Browser, not: Option<&str>) -> String {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let image = browser.client.find(Locator::Id("image")).await.unwrap();
+        let src = image.attr("src").await.unwrap().unwrap_or_default();
+        if !src.is_empty() && Some(src.as_str()) != not {
+            return src;
+        }
+        assert!(Instant::now() < end, "the page still shows {src:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod agent_papercuts;
 mod architecture;
 mod arm64;
 mod attack;
@@ -21,12 +22,14 @@ mod buffered;
 mod check;
 mod config_reference;
 mod containers;
+mod coordinator_check;
 mod dashboards;
 mod efficientnet;
 mod enrol;
 mod fedddl_masks;
 mod federation;
 mod fleet;
+mod fleet_operations;
 mod hostile;
 mod inference;
 mod labelling;
@@ -50,3 +53,4 @@ mod upgrade;
 mod use_model;
 mod vanish;
 mod walkthrough;
+mod watch;

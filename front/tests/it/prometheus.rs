@@ -1,7 +1,8 @@
-//! The coordinator's metrics as Prometheus reads them: a federation of simulated devices over
-//! mosquitto with `metrics_listen` set and one junk update; the exposition read over HTTP, then
-//! a real Prometheus server scraping it (OpenMetrics, negotiated by content type) and answering
-//! queries. Prometheus comes from Debian's `prometheus` package; without it that part skips,
+//! The coordinator's metrics as Prometheus reads them: a gated federation of simulated devices
+//! over mosquitto with `metrics_listen` set, one junk update, and an evaluation site that scores
+//! the release served and a worse candidate, which the gate holds; the exposition read over
+//! HTTP (a gauge whose value is unknown is absent), then a real Prometheus server scraping it
+//! (OpenMetrics, negotiated by content type) and answering queries. Prometheus comes from Debian's `prometheus` package; without it that part skips,
 //! unless `FEDGE_REQUIRE_PROMETHEUS=1` (as in CI).
 
 use std::net::{SocketAddr, TcpListener};
@@ -13,6 +14,9 @@ use fedge_coordinator::{FedAvg, RoundConfig, Rounds};
 use rumqttc::{AsyncClient, MqttOptions, QoS};
 
 use crate::common::{self, Driver};
+
+/// The evaluation-only site of the gated federation.
+pub const SITE: &str = "unseen";
 
 fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -97,41 +101,103 @@ fn query_until(server: SocketAddr, query: &str, want: &str) {
     panic!("Prometheus never answered {want} to {query}; last answer: {last}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
-    let Some(mosquitto) = common::Mosquitto::start() else {
-        return;
-    };
-    const DEVICES: usize = 3;
-    // More rounds than the fleet runs: the coordinator stays up, waiting for round 3.
+/// Devices of the gated federation.
+const DEVICES: usize = 3;
+
+/// A gated coordinator driven with `options` (a head of 1042 values, so that each aggregate is
+/// a release: round 1's is served, the later ones wait at the gate for [`SITE`]), and the
+/// report of a fleet of [`DEVICES`] that ran two of its rounds and stopped. The coordinator
+/// stays up (50 rounds), waiting for devices.
+pub async fn gated_federation(
+    options: fedge_coordinator::DriverOptions,
+) -> (Driver, fedge::bench::fleet::FleetReport) {
+    let head = fedge_wire::HeadConfig::new(32, 10).with_hidden(24);
     let config = RoundConfig {
         rounds: 50,
         min_clients: DEVICES,
         min_updates: DEVICES,
         round_timeout_ms: 60_000,
+        classes: (0..10).map(|c| c.to_string()).collect(),
+        head: Some(head.clone()),
         ..RoundConfig::default()
     };
-    let rounds = Rounds::new(config, Box::new(FedAvg), vec![0.0; 1_000]);
-    let metrics = free_addr();
-    let options = fedge_coordinator::DriverOptions {
-        metrics_listen: Some(metrics),
-        ..common::driver_options(mosquitto.broker(), "prom")
-    };
-    let _coordinator = Driver::spawn(rounds, options);
+    let mut rounds = Rounds::new(config, Box::new(FedAvg), vec![0.0; head.num_params()]);
+    rounds.set_release_config(fedge_coordinator::release::ReleaseConfig {
+        mode: fedge_coordinator::release::ReleaseMode::Gated,
+        evaluators: vec![SITE.into()],
+        timeout_s: 600.0,
+        canary_share: 0.0,
+        ..Default::default()
+    });
     let fleet = FleetOptions {
-        broker: mosquitto.broker(),
-        federation: "prom".into(),
+        broker: options.broker.clone(),
+        federation: options.federation.clone(),
         devices: DEVICES,
         rounds: 2,
         timeout: Duration::from_secs(60),
         keys: Default::default(),
     };
+    let coordinator = Driver::spawn(rounds, options);
     let report = run_fleet(&fleet).await.unwrap();
     // The coordinator goes on to round 3: when its devices answer that task before they stop,
     // the report lists it too (rounds that end while the fleet stops are counted).
     assert!(matches!(report.rounds.len(), 2 | 3), "{report:?}");
     // Whatever the devices sent before they stopped has arrived.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    (coordinator, report)
+}
+
+/// [`SITE`] scores the release `served` right on 900 of its 1000 images, then the `candidate`
+/// on 880 against it (20 lost, none gained): the gate holds it. Published retained, as a
+/// device's status is, through `client` (whose event loop the caller polls).
+pub async fn site_scores(
+    client: &AsyncClient,
+    federation: &str,
+    served: &fedge_wire::ReleaseRef,
+    candidate: &fedge_wire::ReleaseRef,
+) {
+    let topic = fedge_wire::Topics::new(federation)
+        .unwrap()
+        .edge_status(SITE);
+    for (scored, right, against) in [(served, 900, None), (candidate, 880, Some(served))] {
+        let status = fedge_wire::EdgeStatus {
+            client_id: SITE.into(),
+            online: true,
+            role: fedge_wire::Role::Evaluate,
+            evaluation: Some(fedge_wire::SiteEvaluation {
+                model_round: scored.round,
+                accuracy: right as f32 / 1000.0,
+                class_accuracy: Vec::new(),
+                samples: 1000,
+            }),
+            evaluated: Some(scored.sha256.clone()),
+            paired: against.map(|served| fedge_wire::PairedScore {
+                against: served.sha256.clone(),
+                samples: 1000,
+                gained: 0,
+                lost: 900 - right,
+            }),
+            ..Default::default()
+        };
+        let json = serde_json::to_vec(&status).unwrap();
+        client
+            .publish(&topic, QoS::AtLeastOnce, true, json)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
+    let Some(mosquitto) = common::Mosquitto::start() else {
+        return;
+    };
+    let metrics = free_addr();
+    let options = fedge_coordinator::DriverOptions {
+        metrics_listen: Some(metrics),
+        ..common::driver_options(mosquitto.broker(), "prom")
+    };
+    let (_coordinator, report) = gated_federation(options).await;
     // One junk update from a device the federation never selected.
     let topic = fedge_wire::Topics::new("prom").unwrap().update("mallory");
     let broker = mosquitto.broker();
@@ -179,6 +245,69 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
     assert!(number("fedge_received_bytes_total") > (6 * 1_000 * 2) as f64);
     assert!(number("fedge_sent_bytes_total") > (3 * 1_000 * 2) as f64);
     assert!(number("fedge_resident_memory_bytes") > 1e6);
+    // Round 1's release is served, round k's waits at the gate; nothing is judged or scored
+    // yet: those gauges are absent, not 0.
+    assert_eq!(number("fedge_release_serving_round "), 1.0, "{text}");
+    assert_eq!(number("fedge_release_candidate_round "), k as f64, "{text}");
+    for unknown in [
+        "fedge_gate_candidate_accuracy_points",
+        "fedge_gate_serving_accuracy_points",
+        "fedge_site_accuracy",
+        "fedge_candidate_site_accuracy",
+    ] {
+        assert!(!text.contains(unknown), "{unknown} in\n{text}");
+    }
+    let states: Vec<&str> = (text.lines())
+        .filter(|l| l.starts_with("fedge_federation_state{"))
+        .collect();
+    assert_eq!(states.len(), 4, "{text}");
+    assert_eq!(
+        states.iter().filter(|l| l.ends_with("} 1")).count(),
+        1,
+        "{text}"
+    );
+
+    // The evaluation site scores the release served (90 %), then the candidate against it
+    // (88 %: 20 images lost, none gained): the gate holds it.
+    let status_topic = fedge_wire::Topics::new("prom")
+        .unwrap()
+        .coordinator_status();
+    junk.subscribe(&status_topic, QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let status = common::wait_status(&mut junk_loop, &status_topic, |s| {
+        s.release.as_ref().is_some_and(|r| r.candidate.is_some())
+    })
+    .await;
+    let release = status.release.unwrap();
+    let (served, candidate) = (release.serving.unwrap(), release.candidate.unwrap());
+    assert_eq!((served.round, candidate.round), (1, k));
+    site_scores(&junk, "prom", &served, &candidate).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let _ = tokio::time::timeout(Duration::from_millis(50), junk_loop.poll()).await;
+        let url = url.clone();
+        let text = tokio::task::spawn_blocking(move || get(&url))
+            .await
+            .unwrap();
+        let held = text.contains("fedge_gate_verdicts_total{outcome=\"held\"} 1");
+        if (held && text.contains("fedge_candidate_site_accuracy{")) || Instant::now() > deadline {
+            break text;
+        }
+    };
+    let number = |name: &str| metric(&text, name);
+    // What devices serve scored 90 %; the held candidate's 88 % is apart.
+    let site = format!("{{site=\"{SITE}\"}} ");
+    assert_eq!(number(&format!("fedge_site_accuracy{site}")), 0.9, "{text}");
+    assert_eq!(
+        number(&format!("fedge_candidate_site_accuracy{site}")),
+        0.88,
+        "{text}"
+    );
+    let judged = number("fedge_gate_candidate_accuracy_points ");
+    assert!((judged - 88.0).abs() < 1e-3, "{text}");
+    let against = number("fedge_gate_serving_accuracy_points ");
+    assert!((against - 90.0).abs() < 1e-3, "{text}");
 
     let Some(prometheus) = prometheus() else {
         return;
@@ -252,6 +381,10 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
     q("fedge_round_duration_seconds_count", k.to_string())
         .await
         .unwrap();
+    q("fedge_site_accuracy{site=\"unseen\"}", "0.9".into())
+        .await
+        .unwrap();
+    q("sum(fedge_federation_state)", "1".into()).await.unwrap();
     // Every query of the Grafana dashboard runs and finds its series (rates need three scrapes).
     q(
         "count_over_time(up{job=\"fedge\"}[1m]) > bool 2",
@@ -285,6 +418,8 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
         assert!(!result.is_empty(), "{expr} finds nothing: {body}");
     }
     // The rules are loaded and evaluate without error.
+    let shipped = std::fs::read_to_string(&alerts).unwrap();
+    let shipped = shipped.matches("- alert:").count();
     let rules = tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -292,7 +427,7 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
             let json: serde_json::Value = serde_json::from_str(&body).unwrap();
             let rules = json["data"]["groups"][0]["rules"].clone();
             let evaluated = rules.as_array().is_some_and(|r| {
-                r.len() == 4
+                r.len() == shipped
                     && r.iter()
                         .all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z")
             });
@@ -305,7 +440,7 @@ async fn prometheus_scrapes_the_coordinator_s_rounds_updates_and_rejections() {
     .await
     .unwrap();
     let rules = rules.as_array().expect("the alerting rules are loaded");
-    assert_eq!(rules.len(), 5, "{rules:?}");
+    assert_eq!(rules.len(), shipped, "{rules:?}");
     for rule in rules {
         assert_eq!(rule["health"], "ok", "{rule}");
     }

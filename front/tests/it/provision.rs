@@ -1,8 +1,11 @@
 //! `fedge-coordinator provision` end to end: the kit it writes runs as it is. mosquitto starts
-//! with the kit's fedge.conf and fedge.acl (only bound to loopback), real clients
+//! with the kit's fedge.conf and fedge.acl (only bound to loopback; started as root, it runs as
+//! the kit's owner, whom fedge.conf names, and reads the kit's private folders), real clients
 //! (`mosquitto_pub`, `mosquitto_sub`) with the kit's certificates find the ACL in force, the
 //! coordinator connects with its folder's configuration, a device's profile passes
 //! `fedge-edge check`, and a second run for a grown fleet keeps the CA and the keys it made.
+//! Provision needs no repository: run from any folder, it makes the devices' profiles from the
+//! built-in ones.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -17,7 +20,7 @@ use crate::common::{self, KillOnDrop};
 const FEDERATION: &str = "kit-plant";
 
 /// Runs `fedge-coordinator provision` with `args` (stdout and stderr captured).
-fn provision(args: &[&str]) -> Output {
+pub(crate) fn provision(args: &[&str]) -> Output {
     Command::new(common::coordinator_binary())
         .arg("provision")
         .args(args)
@@ -26,7 +29,7 @@ fn provision(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
@@ -106,18 +109,17 @@ fn read(kit: &Path, port: u16, who: (&str, &str), topic: &str, wait: u32) -> Opt
     }
 }
 
-/// mosquitto run as root drops to its own user, which must reach the broker's files: the test
-/// does what README.txt's `install -o mosquitto` does.
-fn open_to_mosquitto(dir: &Path, kit: &Path) {
-    let set = |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
-    for folder in [dir, kit, &kit.join("broker")] {
-        set(folder, 0o755).unwrap();
-    }
-    set(&kit.join("broker/broker.key"), 0o644).unwrap();
+/// The user name of this process's user, if it has one.
+fn user_name() -> Option<String> {
+    let out = Command::new("id").arg("-un").output().ok()?;
+    out.status
+        .success()
+        .then(|| text(&out.stdout).trim().to_owned())
 }
 
-/// mosquitto with the kit's fedge.conf, its listener bound to loopback.
-fn start_broker(dir: &Path, kit: &Path, port: u16) -> Option<KillOnDrop> {
+/// mosquitto with the kit's fedge.conf as provision wrote it (its files where they are, in the
+/// kit's private folders), its listener bound to loopback; `dir` holds its log.
+pub(crate) fn start_broker(dir: &Path, kit: &Path, port: u16) -> Option<KillOnDrop> {
     let binary = common::mosquitto_binary()?;
     let conf = std::fs::read_to_string(kit.join("broker/fedge.conf")).unwrap();
     let listener = format!("\nlistener {port}\n");
@@ -223,7 +225,19 @@ fn a_provisioned_kit_runs_a_federation_over_mosquitto_and_grows_with_the_fleet()
     let acl = std::fs::read_to_string(kit.join("broker/fedge.acl")).unwrap();
     assert!(acl.contains(&format!("user fedge-coordinator-{FEDERATION}\n")));
 
-    open_to_mosquitto(dir.path(), &kit);
+    // The broker folder is used where it is: fedge.conf names the kit's owner, whom a root
+    // mosquitto runs as (its own user could not enter the 0700 folders), and the keys stay
+    // private (above).
+    let conf = std::fs::read_to_string(kit.join("broker/fedge.conf")).unwrap();
+    let users: Vec<&str> = conf.lines().filter(|l| l.starts_with("user ")).collect();
+    if let Some(me) = user_name() {
+        assert_eq!(users, [format!("user {me}")], "{conf}");
+    }
+    let readme = std::fs::read_to_string(kit.join("broker/README.txt")).unwrap();
+    assert!(
+        readme.contains(&format!("mosquitto -c {broker_dir}/fedge.conf")),
+        "{readme}"
+    );
     let Some(_broker) = start_broker(dir.path(), &kit, port) else {
         return;
     };
@@ -383,4 +397,90 @@ fn a_provisioned_kit_runs_a_federation_over_mosquitto_and_grows_with_the_fleet()
         "must be 1-64 characters of A-Z a-z 0-9 _ . -",
     );
     refused(&base, "--broker-host");
+}
+
+/// Provision needs nothing of the repository: from a folder with nothing in it, the devices'
+/// profiles are made from the built-in ones (the default, or one by name), with the backbone
+/// they name, and pass `fedge-edge check`; a profile file is read only when one is given.
+#[test]
+fn provision_runs_from_any_folder_with_the_built_in_profiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let config = dir.path().join("coordinator.toml");
+    std::fs::copy(
+        common::repo_root().join("configs/coordinator.toml"),
+        &config,
+    )
+    .unwrap();
+    let run = |kit: &str, extra: &[&str]| {
+        Command::new(common::coordinator_binary())
+            .current_dir(&elsewhere)
+            .args(["provision", "--config"])
+            .arg(&config)
+            .args([
+                "--out",
+                kit,
+                "--broker-host",
+                "localhost",
+                "--devices",
+                "cam-01",
+            ])
+            .args(extra)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap()
+    };
+    // The default profile: the shipped generic-x86_64.toml, its backbone brought along.
+    let out = run("kit", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let device = elsewhere.join("kit/devices/cam-01");
+    let profile = std::fs::read_to_string(device.join("profile.toml")).unwrap();
+    assert!(
+        profile.contains("from the built-in profile firmware-configs/generic-x86_64.toml"),
+        "{profile}"
+    );
+    assert!(
+        profile.contains("profile = \"generic-x86_64\""),
+        "{profile}"
+    );
+    assert!(
+        profile.contains("backbone = \"backbone/digits-conv.toml\""),
+        "{profile}"
+    );
+    let assets = common::repo_root().join("models/assets");
+    for file in ["digits-conv.onnx", "digits-conv.toml"] {
+        assert_eq!(
+            std::fs::read(device.join("backbone").join(file)).unwrap(),
+            std::fs::read(assets.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    let check = common::succeeded(
+        Command::new(crate::use_model::edge_binary())
+            .args(["check", "--dry-run", "--config"])
+            .arg(device.join("profile.toml")),
+    );
+    assert!(
+        text(&check.stdout).contains("ready"),
+        "{}",
+        text(&check.stdout)
+    );
+    // Another built-in profile by name.
+    let out = run("kit-arm", &["--profile", "arm64-gateway"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let profile = std::fs::read_to_string(elsewhere.join("kit-arm/devices/cam-01/profile.toml"));
+    assert!(profile.unwrap().contains("profile = \"arm64-gateway\""));
+    // A file is a file: the repository's path means nothing here, and the error says so.
+    let out = run(
+        "kit-file",
+        &["--profile", "firmware-configs/arm64-gateway.toml"],
+    );
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("--profile firmware-configs/arm64-gateway.toml")
+            && said.contains("generic-x86_64, arm64-gateway"),
+        "{said}"
+    );
 }

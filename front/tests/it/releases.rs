@@ -127,9 +127,8 @@ fn head() -> HeadConfig {
 
 /// `params` with the classifier's columns (and biases) moved by `by` classes: what the head
 /// said of class `k + by` it now says of class `k`.
-fn rotated(params: &[f32], by: usize) -> Vec<f32> {
-    let head = head();
-    let k = 10;
+pub(crate) fn rotated(head: &HeadConfig, params: &[f32], by: usize) -> Vec<f32> {
+    let k = head.classes;
     let mut out = params.to_vec();
     let w = head.classifier_range();
     for row in params[w.clone()].chunks(k).enumerate() {
@@ -306,7 +305,7 @@ async fn run_until(
 async fn answer(client: &AsyncClient, topics: &Topics, seen: &mut Seen, task: RoundTask) {
     let params = task.params.to_vec();
     let target = match task.round {
-        3 => rotated(&params, 1),
+        3 => rotated(&head(), &params, 1),
         _ => params.clone(),
     };
     // Three equal weights: three times the step lands the aggregate on the target.

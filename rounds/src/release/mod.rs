@@ -19,6 +19,7 @@ mod canary;
 mod config;
 pub mod gate;
 mod scores;
+mod views;
 
 #[cfg(test)]
 mod tests;
@@ -390,11 +391,21 @@ impl ReleaseFlow {
 
     /// `ctl promote`: serve the latest candidate on every device at once, past the gate and
     /// the canary stage, and unpin.
+    /// With no candidate, it only unpins what a rollback pinned (the next aggregate goes
+    /// through the gate again); with neither, there is nothing to promote, an error.
     pub fn promote_now(&mut self, now_ms: u64) -> Result<(), String> {
-        self.pinned = false;
+        let pinned = std::mem::take(&mut self.pinned);
         let Some((release, _)) = self.candidate.take() else {
+            if pinned {
+                tracing::info!(
+                    "unpinned: devices keep the release served until the next aggregate passes \
+                     the gate"
+                );
+                return Ok(());
+            }
             return Err(
-                "promote: no candidate waits (releases go through again from the next aggregate)"
+                "promote: nothing to promote (no candidate waits and no rollback pins the \
+                 release served); the next aggregate becomes the candidate"
                     .into(),
             );
         };

@@ -31,6 +31,20 @@ impl ReleaseFlow {
             return Err(format!("a score from {client}, which is banned"));
         }
         if !self.knows(sha) {
+            // A candidate of this pipeline's from before a restart (candidates are not kept):
+            // compared with a release it knows, it is no forgery, and there is nothing to judge.
+            if status
+                .paired
+                .as_ref()
+                .is_some_and(|p| self.knows(&p.against))
+            {
+                tracing::debug!(
+                    client,
+                    sha,
+                    "a score of a candidate from before the restart"
+                );
+                return Ok(());
+            }
             return Err(format!(
                 "a score of release {}, which this coordinator did not make (another run's?)",
                 sha.get(..12).unwrap_or(sha)

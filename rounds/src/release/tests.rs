@@ -271,7 +271,11 @@ fn only_named_unbanned_evaluation_sites_with_true_counts_score() {
     // not match the counts: each refused, none counts.
     let err = compares(&mut flow, "a", &release(2), (0, 40), 11).unwrap_err();
     assert!(err.contains("not an evaluation site"), "{err}");
-    let err = compares(&mut flow, "site", &release(9), (0, 40), 11).unwrap_err();
+    // A release never made: compared with the one served it is ignored, never counted (a
+    // candidate from before a restart, which is not kept, looks the same); alone, refused.
+    compares(&mut flow, "site", &release(9), (0, 40), 11).unwrap();
+    let alone = site_status("site", &release(9), 0.5, None);
+    let err = flow.device_status("site", &alone, true, 11).unwrap_err();
     assert!(err.contains("did not make"), "{err}");
     let mut lie = site_status("site", &release(2), 1e30, None);
     assert!(flow.device_status("site", &lie, true, 12).is_err());
@@ -520,4 +524,27 @@ fn after_a_restart_the_next_candidate_is_judged_on_its_paired_scores_without_wai
     let verdict = flow.status(&|_| String::new()).unwrap().gate.unwrap();
     assert_eq!(verdict.outcome, GateOutcome::Promoted);
     assert!(flow.next_deadline() < Some(1_000 + 60_000));
+}
+
+#[test]
+fn promote_with_nothing_to_promote_is_refused_and_after_a_rollback_it_unpins() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    online(&mut flow, &["a", "b"]);
+    flow.aggregated(release(1), 0);
+    steps(&mut flow);
+    let refused = flow.promote_now(5).unwrap_err();
+    assert!(refused.contains("nothing to promote"), "{refused}");
+    // Pinned by a rollback, no candidate: promote unpins, and says so by succeeding.
+    flow.aggregated(release(2), 10);
+    steps(&mut flow);
+    flow.promote_now(20).unwrap();
+    flow.rollback(None).unwrap();
+    assert!(flow.pinned());
+    flow.promote_now(30).unwrap();
+    assert!(!flow.pinned());
+    assert_eq!(
+        flow.serving().map(|r| r.round),
+        Some(1),
+        "what the rollback served stays"
+    );
 }

@@ -154,6 +154,20 @@ impl Rounds {
         self.outputs.push_back(Output::StatusChanged);
     }
 
+    /// Notes what became of the operator command numbered `seq` (applied, or refused with
+    /// why), for the status that `ctl` waits for; a `new-run` names the run it started.
+    pub fn note_command(&mut self, seq: u64, command: &Command, outcome: &Result<(), String>) {
+        let started = matches!(command, Command::NewRun { .. }) && outcome.is_ok();
+        self.control.last_command = Some(fedge_wire::control::CommandOutcome {
+            seq,
+            command: command.clone(),
+            applied: outcome.is_ok(),
+            refused: outcome.clone().err(),
+            run: started.then(|| format!("{:016x}", self.config.run)),
+        });
+        self.outputs.push_back(Output::StatusChanged);
+    }
+
     /// An enrolment request that cannot be answered with a key: counted and reported as
     /// `bad_enrolment` against the client it names, nothing else changes.
     pub fn reject_enrolment(&mut self, client: &str, detail: String) {

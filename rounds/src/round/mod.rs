@@ -44,6 +44,7 @@ pub mod saved;
 pub mod types;
 mod upgrade;
 mod validate;
+mod views;
 
 pub use saved::{
     Checkpoint, OpenRoundLog, OpenedRound, Record, SavedAccountant, params_fingerprint,
@@ -591,8 +592,6 @@ mod upgrade_tests;
 
 #[cfg(test)]
 mod buffered_tests;
-#[cfg(test)]
-mod new_run_restart_tests;
 #[cfg(test)]
 mod pooled_tests;
 #[cfg(test)]

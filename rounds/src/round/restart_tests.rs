@@ -45,33 +45,11 @@ pub(super) fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut O
     }
 }
 
-/// The journal as a driver reads it back (`Selected` records name more clients).
+/// The journal as a driver reads it back.
 pub(super) fn log_of(journal: &[Record]) -> OpenRoundLog {
     let mut log = OpenRoundLog::default();
     for record in journal {
-        match record {
-            Record::Opened {
-                round,
-                selected,
-                base,
-                run,
-            } => {
-                log.opened = Some(OpenedRound {
-                    round: *round,
-                    selected: selected.clone(),
-                    base: *base,
-                    run: *run,
-                })
-            }
-            Record::Accepted { client, frame, .. } => {
-                log.accepted.push((client.clone(), frame.clone()))
-            }
-            Record::Selected { clients, .. } => {
-                if let Some(opened) = log.opened.as_mut() {
-                    opened.selected.extend(clients.iter().cloned());
-                }
-            }
-        }
+        log.take(record.clone());
     }
     log
 }

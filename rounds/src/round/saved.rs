@@ -150,3 +150,43 @@ pub struct OpenRoundLog {
     /// Accepted updates of that round, in arrival order: client and frame.
     pub accepted: Vec<(String, Vec<u8>)>,
 }
+
+impl OpenRoundLog {
+    /// Reads one more record of the journal, in the order written: `Opened` starts the log
+    /// afresh; `Accepted` adds an update, and `Selected` (buffered mode: the task went to more
+    /// devices) more selected clients, both only for the round opened.
+    pub fn take(&mut self, record: Record) {
+        match record {
+            Record::Opened {
+                round,
+                selected,
+                base,
+                run,
+            } => {
+                *self = Self {
+                    opened: Some(OpenedRound {
+                        round,
+                        selected,
+                        base,
+                        run,
+                    }),
+                    accepted: Vec::new(),
+                };
+            }
+            Record::Accepted {
+                round,
+                client,
+                frame,
+            } => {
+                if self.opened.as_ref().is_some_and(|o| o.round == round) {
+                    self.accepted.push((client, frame));
+                }
+            }
+            Record::Selected { round, clients } => {
+                if let Some(opened) = self.opened.as_mut().filter(|o| o.round == round) {
+                    opened.selected.extend(clients);
+                }
+            }
+        }
+    }
+}

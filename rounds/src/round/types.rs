@@ -368,6 +368,8 @@ pub struct Control {
     /// The latest time the machine was given (ms), for what depends on time without being
     /// handed it (who rests).
     pub clock_ms: u64,
+    /// What became of the last operator command taken (its number checked), for the status.
+    pub last_command: Option<fedge_wire::control::CommandOutcome>,
     /// Why the last operator command was refused (`bad_control`), for the status, so that
     /// `ctl` can say it.
     pub refused: Option<String>,
@@ -390,6 +392,7 @@ impl Default for Control {
             missed: Default::default(),
             rest_until: Default::default(),
             clock_ms: 0,
+            last_command: None,
             refused: None,
             pool_reset: None,
         }

@@ -53,6 +53,19 @@ impl Kit {
             .with_context(|| format!("cannot create {}", path.display()))
     }
 
+    /// The user name of the kit folder's owner (from `/etc/passwd`), if it is found there.
+    pub(super) fn owner(&self) -> Option<String> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let uid = std::fs::metadata(&self.root).ok()?.uid();
+            let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+            user_of(&passwd, uid)
+        }
+        #[cfg(not(unix))]
+        None
+    }
+
     /// Writes `rel` unless it is there already.
     pub(super) fn write(
         &mut self,
@@ -74,6 +87,20 @@ impl Kit {
     /// Copies `source` to `rel` unless it is there already (a hard link to an earlier copy
     /// when the file system allows: one backbone for many devices).
     pub(super) fn copy(&mut self, rel: &str, source: &Path) -> anyhow::Result<()> {
+        self.copy_from(rel, source, || {
+            std::fs::read(source).with_context(|| format!("cannot read {}", source.display()))
+        })
+    }
+
+    /// Writes what `read` gives, the file `source`, to `rel` unless it is there already; a
+    /// hard link to an earlier copy of the same source when the file system allows (`read`
+    /// is then not called).
+    pub(super) fn copy_from(
+        &mut self,
+        rel: &str,
+        source: &Path,
+        read: impl FnOnce() -> anyhow::Result<Vec<u8>>,
+    ) -> anyhow::Result<()> {
         if self.has(rel) {
             self.kept.push(rel.to_owned());
             return Ok(());
@@ -82,8 +109,7 @@ impl Kit {
         let linked =
             (self.copies.get(source)).is_some_and(|first| std::fs::hard_link(first, &to).is_ok());
         if !linked {
-            let bytes = std::fs::read(source)
-                .with_context(|| format!("cannot read {}", source.display()))?;
+            let bytes = read()?;
             fedge_daemon::write_atomically(&to, &bytes, Visibility::Shared)
                 .with_context(|| format!("cannot write {}", to.display()))?;
             self.copies.insert(source.to_owned(), to);
@@ -115,6 +141,16 @@ impl Kit {
         self.write(&key, pair.key.as_bytes(), Visibility::Private)?;
         self.write(&cert, pair.cert.as_bytes(), Visibility::Shared)
     }
+}
+
+/// The name of user `uid` in `passwd` (`/etc/passwd`'s lines: `name:x:uid:gid:…`).
+pub(super) fn user_of(passwd: &str, uid: u32) -> Option<String> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let id = fields.nth(1)?.parse::<u32>().ok()?;
+        (id == uid && !name.is_empty() && !name.starts_with('#')).then(|| name.to_owned())
+    })
 }
 
 /// The CA when its key is in the kit.
@@ -226,4 +262,34 @@ pub(super) fn client_folder(
     kit.dir(dir)?;
     kit.pair(ca, dir, stem, cn, Role::Client, days)?;
     kit.write(&format!("{dir}/ca.pem"), ca_pem, Visibility::Shared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_is_named_from_the_passwd_file() {
+        let passwd =
+            "# comment\nroot:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\n";
+        assert_eq!(user_of(passwd, 0).as_deref(), Some("root"));
+        assert_eq!(user_of(passwd, 1000).as_deref(), Some("alice"));
+        assert_eq!(user_of(passwd, 1001), None);
+    }
+
+    #[test]
+    fn a_kit_is_owned_by_whoever_wrote_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let kit = open(&dir.path().join("kit"), "f").unwrap();
+        // A user without a name (a container's bare uid) has no owner to name.
+        let me = std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap();
+        if !me.status.success() {
+            return;
+        }
+        let me = String::from_utf8(me.stdout).unwrap();
+        assert_eq!(kit.owner().as_deref(), Some(me.trim()));
+    }
 }

@@ -6,6 +6,7 @@
 
 mod certs;
 mod kit;
+mod profiles;
 mod texts;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use toml::{Table, Value};
 
 use certs::Role;
 use kit::{Kit, Signer, client_folder};
+use profiles::Profile;
 use texts::{Broker, Device};
 
 /// Identities the broker's ACL gives rights of their own: no device may be called so.
@@ -57,13 +59,12 @@ pub struct Args {
     /// A file of client ids, one per line (blank lines and `#` comments skipped).
     #[arg(long, value_name = "FILE")]
     pub devices_file: Option<PathBuf>,
-    /// The device profile each device's profile.toml is made from.
-    #[arg(
-        long,
-        value_name = "PROFILE.toml",
-        default_value = "firmware-configs/generic-x86_64.toml"
-    )]
-    pub profile: PathBuf,
+    /// The device profile each device's profile.toml is made from: a built-in one by name
+    /// (generic-x86_64, arm64-gateway, low-memory-arm64, jetson-orin-nano, evaluation-site: the
+    /// shipped firmware-configs/, with their backbone), or a profile file [default:
+    /// generic-x86_64]
+    #[arg(long, value_name = "NAME|PROFILE.toml")]
+    pub profile: Option<PathBuf>,
     /// The broker's TLS port.
     #[arg(long, default_value_t = 8883)]
     pub port: u16,
@@ -103,24 +104,25 @@ fn device_ids(args: &Args) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-/// Copies the model card at `card` (relative to `from`, the given profile's folder) and its
-/// ONNX file into `device_dir/sub`; returns the copy's path relative to `device_dir`.
+/// Copies the model card at `card` (relative to the profile) and its ONNX file into
+/// `device_dir/sub`; returns the copy's path relative to `device_dir`.
 fn copy_card(
     kit: &mut Kit,
-    from: &Path,
+    profile: &Profile,
     card: &str,
     device_dir: &str,
     sub: &str,
 ) -> anyhow::Result<String> {
-    let source = from.join(card);
-    let parsed = fedge_card::ModelCard::load(&source)?;
-    let onnx = parsed.onnx_path(&source);
+    let source = profile.source(Path::new(card));
+    let mut text = String::from_utf8(profile.read(Path::new(card))?)
+        .with_context(|| format!("model card {}: not UTF-8", source.display()))?;
+    let parsed = fedge_card::ModelCard::parse(&text, &source)?;
+    let onnx = parsed.onnx_path(Path::new(card));
     let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
     let (Some(card_name), Some(onnx_name)) = (name(&source), name(&onnx)) else {
         bail!("model card {}: no file name", source.display());
     };
     kit.dir(&format!("{device_dir}/{sub}"))?;
-    let mut text = std::fs::read_to_string(&source)?;
     if parsed.file != Path::new(&onnx_name) {
         let mut table: Table = text.parse().context("model card")?;
         table.insert("file".into(), onnx_name.clone().into());
@@ -131,13 +133,19 @@ fn copy_card(
         text.as_bytes(),
         Visibility::Shared,
     )?;
-    kit.copy(&format!("{device_dir}/{sub}/{onnx_name}"), &onnx)?;
+    let to = format!("{device_dir}/{sub}/{onnx_name}");
+    kit.copy_from(&to, &profile.source(&onnx), || profile.read(&onnx))?;
     Ok(format!("{sub}/{card_name}"))
 }
 
 /// Brings the files the profile names by relative path (backbone and detector cards, class
 /// list) into the device's folder, and points the profile at the copies.
-fn bring_files(kit: &mut Kit, profile: &mut Table, from: &Path, dir: &str) -> anyhow::Result<()> {
+fn bring_files(
+    kit: &mut Kit,
+    profile: &mut Table,
+    from: &Profile,
+    dir: &str,
+) -> anyhow::Result<()> {
     if let Some(backbone) = profile
         .get("backbone")
         .and_then(Value::as_str)
@@ -166,7 +174,8 @@ fn bring_files(kit: &mut Kit, profile: &mut Table, from: &Path, dir: &str) -> an
             .context("classes_file names no file")?
             .to_string_lossy()
             .into_owned();
-        kit.copy(&format!("{dir}/{name}"), &from.join(&classes))?;
+        let to = format!("{dir}/{name}");
+        kit.copy_from(&to, &from.source(&classes), || from.read(&classes))?;
         profile.insert("classes_file".into(), name.into());
     }
     let data_root = profile
@@ -269,7 +278,7 @@ fn device(
     args: &Args,
     federation: &str,
     id: &str,
-    profile: &str,
+    profile: &Profile,
 ) -> anyhow::Result<()> {
     let dir = format!("devices/{id}");
     let keys_path = kit.path("coordinator/devices.toml");
@@ -332,14 +341,13 @@ fn device(
         text.parse::<Table>()
             .with_context(|| format!("{}", path.display()))?
     } else {
-        let mut table = texts::device_profile(profile, &who, &broker)?;
-        let from = args.profile.parent().unwrap_or(Path::new("."));
-        bring_files(kit, &mut table, from, &dir)?;
+        let mut table = texts::device_profile(&profile.text, &who, &broker)?;
+        bring_files(kit, &mut table, profile, &dir)?;
         let header = format!(
             "# Device {id} of federation {federation}, written by `fedge-coordinator provision`\n\
              # from {} (its comments explain the keys).\n\
              # Relative paths are read from this folder.\n",
-            args.profile.display()
+            profile.origin
         );
         let file = texts::toml_file(&header, &table)?;
         kit.write(&profile_rel, file.as_bytes(), Visibility::Shared)?;
@@ -397,13 +405,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let ids = device_ids(&args)?;
     let profile = match ids.is_empty() {
-        true => String::new(),
-        false => std::fs::read_to_string(&args.profile).with_context(|| {
-            format!(
-                "--profile {}: give a device profile (firmware-configs/ in fedge's sources)",
-                args.profile.display()
-            )
-        })?,
+        true => None,
+        false => Some(Profile::open(args.profile.as_deref())?),
     };
 
     let mut kit = kit::open(&args.out, &federation)?;
@@ -425,14 +428,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.days,
     )?;
     kit.write("broker/ca.pem", &ca_pem, Visibility::Shared)?;
-    let conf = texts::mosquitto_conf(&federation, args.port, &args.broker_dir)?;
+    // The broker folder used where it is (--broker-dir is the kit's): a root mosquitto must
+    // run as the kit's owner to enter its private folders.
+    let in_place = (std::fs::canonicalize(&args.broker_dir).ok())
+        .is_some_and(|dir| std::fs::canonicalize(kit.path("broker")).ok() == Some(dir));
+    let owner = kit.owner().filter(|_| in_place);
+    let placement = match in_place {
+        true => texts::Placement::InPlace {
+            owner: owner.as_deref(),
+        },
+        false => texts::Placement::Installed,
+    };
+    let conf = texts::mosquitto_conf(&federation, args.port, &args.broker_dir, placement)?;
     kit.write("broker/fedge.conf", conf.as_bytes(), Visibility::Shared)?;
     kit.write(
         "broker/fedge.acl",
         texts::acl(&federation).as_bytes(),
         Visibility::Shared,
     )?;
-    let readme = texts::broker_readme(&federation, &args.broker_host, &args.broker_dir);
+    let readme = texts::broker_readme(&federation, &args.broker_host, &args.broker_dir, placement);
     kit.write("broker/README.txt", readme.as_bytes(), Visibility::Shared)?;
 
     coordinator(&mut kit, &ca, &ca_pem, &args, &config)?;
@@ -443,12 +457,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ] {
         client_folder(&mut kit, &ca, &ca_pem, dir, cn, cn, args.days)?;
     }
-    if !ids.is_empty() {
+    if let Some(profile) = &profile {
         kit.dir("devices")?;
-    }
-    for id in &ids {
-        device(&mut kit, &ca, &ca_pem, &args, &federation, id, &profile)
-            .with_context(|| format!("device {id}"))?;
+        for id in &ids {
+            device(&mut kit, &ca, &ca_pem, &args, &federation, id, profile)
+                .with_context(|| format!("device {id}"))?;
+        }
     }
     report(&kit, &args, &federation, &ids);
     Ok(())

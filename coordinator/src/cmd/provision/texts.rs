@@ -33,13 +33,42 @@ pub fn coordinator_cn(federation: &str) -> String {
     format!("fedge-coordinator-{federation}")
 }
 
+/// Where the broker's files are used on its host.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Placement<'a> {
+    /// Installed in `--broker-dir` as README.txt says, readable by the `mosquitto` user a root
+    /// mosquitto drops to.
+    Installed,
+    /// Used where provision wrote them, in the kit's private folders: `owner` is the kit's
+    /// owner (when known), whom a root mosquitto drops to instead.
+    InPlace {
+        /// The user name of the kit's owner.
+        owner: Option<&'a str>,
+    },
+}
+
 /// `deploy/mosquitto/fedge.conf` for a broker whose files are in `dir` on its host, listening
-/// on `port`.
-pub fn mosquitto_conf(federation: &str, port: u16, dir: &str) -> anyhow::Result<String> {
+/// on `port`. In place, it names the kit's owner as `user`: mosquitto started as root drops
+/// to that user before it reads its files (its default, `mosquitto`, cannot enter the kit's
+/// 0700 folders), and started as anyone else it ignores the line.
+pub fn mosquitto_conf(
+    federation: &str,
+    port: u16,
+    dir: &str,
+    placement: Placement,
+) -> anyhow::Result<String> {
     let mut out = format!(
         "# Federation {federation}, written by `fedge-coordinator provision` from the shipped \
          fedge.conf;\n# README.txt beside it says where the files go.\n"
     );
+    if let Placement::InPlace { owner: Some(owner) } = placement {
+        out.push_str(&format!(
+            "# Its files are read where provision wrote them, in the kit's private (0700) \
+             folders: started\n# as root, mosquitto runs as this user, the kit's owner, \
+             before it reads them (as any\n# other user it ignores the line). An installed \
+             broker leaves it out (README.txt).\nuser {owner}\n"
+        ));
+    }
     let mut changed = 0;
     // The shipped file's first line says what it is; the rest of its opening comment is about
     // installing and testing it, which README.txt replaces here.
@@ -120,8 +149,23 @@ pub fn acl(federation: &str) -> String {
         )
 }
 
-/// The broker folder's README: where each file goes (five lines).
-pub fn broker_readme(federation: &str, host: &str, dir: &str) -> String {
+/// The broker folder's README: where each file goes (five lines), or how to run it in place.
+pub fn broker_readme(federation: &str, host: &str, dir: &str, placement: Placement) -> String {
+    if let Placement::InPlace { owner } = placement {
+        let who = match owner {
+            Some(owner) => format!("runs as {owner}, the kit's owner (fedge.conf's `user`)"),
+            None => "runs as the mosquitto user, which cannot read the kit's private folders: \
+                     start it as the kit's owner"
+                .to_owned(),
+        };
+        return format!(
+            "mosquitto (2.0 or later) of federation {federation} on {host}, run where this folder is:\n\
+             mosquitto -c {dir}/fedge.conf\n\
+             The kit's folders are 0700 and its keys 0600: started as root, mosquitto {who}.\n\
+             For a broker that stays up, provision with --broker-dir the folder it is installed in\n\
+             (/etc/mosquitto/fedge by default): README.txt then says how to install it for the mosquitto user.\n"
+        );
+    }
     format!(
         "mosquitto (2.0 or later) of federation {federation} on {host}: from this folder, on that host,\n\
          sudo install -d -m 0750 -o root -g mosquitto {dir}\n\
@@ -312,7 +356,13 @@ mod tests {
 
     #[test]
     fn the_mosquitto_conf_points_at_the_broker_folder_and_listens_on_the_port() {
-        let conf = mosquitto_conf("plant-7", 8884, "/etc/mosquitto/fedge").unwrap();
+        let conf = mosquitto_conf(
+            "plant-7",
+            8884,
+            "/etc/mosquitto/fedge",
+            Placement::Installed,
+        )
+        .unwrap();
         assert!(conf.contains("\nlistener 8884\n"));
         assert!(conf.contains("\ncafile /etc/mosquitto/fedge/ca.pem\n"));
         assert!(conf.contains("\ncertfile /etc/mosquitto/fedge/broker.pem\n"));
@@ -320,7 +370,33 @@ mod tests {
         assert!(conf.contains("\nacl_file /etc/mosquitto/fedge/fedge.acl\n"));
         assert!(conf.contains("\nrequire_certificate true\nuse_identity_as_username true\n"));
         assert!(!conf.contains("/etc/mosquitto/certs"));
-        assert_eq!(broker_readme("plant-7", "b", "/d").lines().count(), 5);
+        // Installed, mosquitto drops to its own user, which install makes the files' owner.
+        assert!(!conf.lines().any(|l| l.starts_with("user ")), "{conf}");
+        let installed = broker_readme("plant-7", "b", "/d", Placement::Installed);
+        assert_eq!(installed.lines().count(), 5);
+        assert!(installed.contains("-o mosquitto -g mosquitto broker.key"));
+    }
+
+    #[test]
+    fn a_broker_run_in_place_drops_root_to_the_kit_owner_who_can_read_its_folders() {
+        let in_place = Placement::InPlace {
+            owner: Some("alice"),
+        };
+        let conf = mosquitto_conf("plant-7", 8884, "/srv/kit/broker", in_place).unwrap();
+        let users: Vec<&str> = conf.lines().filter(|l| l.starts_with("user ")).collect();
+        assert_eq!(users, ["user alice"], "{conf}");
+        assert!(conf.contains("\nkeyfile /srv/kit/broker/broker.key\n"));
+        let readme = broker_readme("plant-7", "b", "/srv/kit/broker", in_place);
+        assert_eq!(readme.lines().count(), 5, "{readme}");
+        assert!(readme.contains("\nmosquitto -c /srv/kit/broker/fedge.conf\n"));
+        assert!(readme.contains("runs as alice"), "{readme}");
+        assert!(!readme.contains("install -m"), "{readme}");
+        // Without a known owner: no `user`, and the README says whom to start it as.
+        let unknown = Placement::InPlace { owner: None };
+        let conf = mosquitto_conf("plant-7", 8884, "/k/broker", unknown).unwrap();
+        assert!(!conf.lines().any(|l| l.starts_with("user ")), "{conf}");
+        let readme = broker_readme("plant-7", "b", "/k/broker", unknown);
+        assert!(readme.contains("start it as the kit's owner"), "{readme}");
     }
 
     #[test]

@@ -8,6 +8,26 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 /// What follows a line's content: `,"hash":"` 64 hex digits `"}`.
 pub(super) const HASH_SUFFIX_LEN: usize = 9 + 64 + 2;
 
+impl Event {
+    /// An operator command taken, as the trail keeps it: applied or refused, and the run a
+    /// `new-run` started (from what the machine noted, `noted`).
+    pub fn control(
+        message: fedge_wire::control::ControlMessage,
+        outcome: Result<(), String>,
+        noted: Option<&fedge_wire::control::CommandOutcome>,
+    ) -> Self {
+        let run = noted
+            .filter(|n| n.seq == message.seq)
+            .and_then(|n| n.run.clone());
+        Event::Control {
+            command_seq: message.seq,
+            command: message.command,
+            refused: outcome.err(),
+            run,
+        }
+    }
+}
+
 /// What happened. One kebab-case spelling in `event`, the fields beside it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "kebab-case")]
@@ -37,12 +57,19 @@ pub enum Event {
         /// The device.
         client: String,
     },
-    /// An operator command taken (`fedge-coordinator ctl`).
+    /// An operator command taken (`fedge-coordinator ctl`): its tag and number checked, then
+    /// applied, or refused with why (nothing changed).
     Control {
         /// The command's number.
         command_seq: u64,
         /// The command, as it travels.
         command: fedge_wire::control::Command,
+        /// Why it was refused; absent when it was applied.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refused: Option<String>,
+        /// The run a `new-run` started (16 hex digits).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run: Option<String>,
     },
     /// A backbone distributed with `publish-backbone`.
     BackbonePublished {

@@ -38,6 +38,8 @@ fn five_lines(dir: &Path) -> PathBuf {
                 command: fedge_wire::control::Command::Ban {
                     client: "cam-02".into(),
                 },
+                refused: None,
+                run: None,
             },
         ),
         ("coordinator", released(2, 'b', &["cam-01", "cam-03"])),

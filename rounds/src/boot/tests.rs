@@ -1,15 +1,47 @@
-//! Restarts around operator commands that change the run: a run number is never drawn again,
+//! Booting from a state folder around operator commands that change the run: a run number is never drawn again,
 //! and a journal of a run `new-run` started or `set-rounds` extended after the checkpoint is
 //! resumed, not dropped (issue: a fleet that survives its own operations).
 
+use fedge_wire::Message;
 use fedge_wire::control::Command;
 
-use super::restart_tests::{keep, log_of};
-use super::saved::Record;
-use super::tests::{M, config};
-use super::*;
-use crate::boot::{Plan, Start};
+use super::{Plan, Start};
+use crate::round::{
+    Checkpoint, OpenRoundLog, OperatorSettings, Output, Phase, Record, RoundConfig, Rounds,
+};
 use crate::strategy::StrategyConfig;
+
+const M: usize = 4;
+
+fn config() -> RoundConfig {
+    RoundConfig {
+        round_timeout_ms: 1_000,
+        ..RoundConfig::default()
+    }
+}
+
+/// What a driver does with the outputs: the journal in memory, a checkpoint after aggregation.
+fn keep(m: &mut Rounds, journal: &mut Vec<Record>, checkpoint: &mut Option<Checkpoint>) {
+    while let Some(output) = m.poll_output() {
+        match output {
+            Output::Journal(r @ Record::Opened { .. }) => *journal = vec![r],
+            Output::Journal(r) => journal.push(r),
+            Output::RoundEnded(report) if report.aggregated => {
+                *checkpoint = Some(m.checkpoint());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The journal as a driver reads it back.
+fn log_of(journal: &[Record]) -> OpenRoundLog {
+    let mut log = OpenRoundLog::default();
+    for record in journal {
+        log.take(record.clone());
+    }
+    log
+}
 
 fn plan(rounds: u64) -> Plan {
     Plan {

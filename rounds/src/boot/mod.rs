@@ -143,3 +143,6 @@ impl Plan {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
