@@ -26,6 +26,7 @@ pub mod hex;
 pub mod layout;
 mod messages;
 mod model;
+pub mod paired;
 pub mod previous;
 mod serving;
 pub mod site_stats;

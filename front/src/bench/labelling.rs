@@ -41,6 +41,7 @@ use serde::Serialize;
 use fedge_coordinator::RoundConfig;
 use fedge_coordinator::boot::Plan;
 use fedge_device::labelling::{DEFAULT_RANDOM_SHARE, Selector, uncertainty};
+use fedge_device::site_head::{self, SiteHeadSettings};
 use fedge_device::site_norm::{FeatureNorm, FeatureStats, FeatureSummary, SiteNorm, standardised};
 use fedge_device::train::DeviceData;
 use fedge_device::{FeatureSet, accuracy};
@@ -105,6 +106,12 @@ pub struct Labelled {
     pub classes: usize,
     /// Rounds that aggregated the site's update.
     pub rounds_with_site: u64,
+    /// The site's accuracy with what the per-site choice serves it (`fedge_device::site_head`):
+    /// the final release, or its correction from the site's labels when that is better beyond
+    /// noise on them.
+    pub served: f32,
+    /// Whether the correction serves.
+    pub corrected: bool,
 }
 
 /// One seed's results.
@@ -173,6 +180,13 @@ pub struct LabellingReport {
     pub random_vs_none: Option<Difference>,
     /// Queue − none.
     pub queue_vs_none: Option<Difference>,
+    /// What the per-site choice serves after the queue's labels − none.
+    pub served_vs_none: Option<Difference>,
+    /// What the per-site choice serves after the queue's labels − the queue's labels in the
+    /// federation only.
+    pub served_vs_queue: Option<Difference>,
+    /// What the per-site choice serves: after the queue's labels − after random ones.
+    pub served_queue_vs_random: Option<Difference>,
 }
 
 /// A round aggregated, for a progress bar.
@@ -387,6 +401,10 @@ fn run_arm(
         labels: Vec::new(),
     };
     let mut labelled = empty.clone();
+    // Every row the site labelled (training and validation), for its own correction.
+    let mut answered = empty.clone();
+    // Whether the site's correction beat the release it labelled from, on its labels.
+    let mut better = false;
     let mut deployed: Option<(f32, Vec<f32>, Option<Labelled>)> = None;
     let mut with_site = 0u64;
     let score = |params: &[f32], pooled: Option<&FeatureSummary>, train: &FeatureSet| {
@@ -438,8 +456,14 @@ fn run_arm(
                         wrong: chosen.iter().filter(|&&i| !scores[i].1).count(),
                         classes: seen_classes.len(),
                         rounds_with_site: 0,
+                        served: f32::NAN,
+                        corrected: false,
                     });
                     labelled = train.clone();
+                    // Judged now, on the release that has not trained on these labels.
+                    let rows = standardised(stats.as_ref(), &picked);
+                    better = site_better(&head, &params, &rows, seed)?;
+                    answered = picked;
                     let rows = DeviceData::new(Arc::new(train), Arc::new(val), None);
                     sim.add_device(device(SITE, rows))?;
                 }
@@ -451,6 +475,19 @@ fn run_arm(
             };
             if let Some((before, deployed_params, picked)) = deployed.take_if(|_| done) {
                 let after = score(&params, pooled.as_ref(), &labelled)?;
+                let (served, corrected) = match better {
+                    true => serve_correction(
+                        data,
+                        &head,
+                        &params,
+                        pooled.as_ref(),
+                        &labelled,
+                        &answered,
+                        norm,
+                        seed,
+                    )?,
+                    false => (after, false),
+                };
                 return Ok(ArmRun {
                     before,
                     deployed_params,
@@ -459,6 +496,8 @@ fn run_arm(
                     picked: picked.map(|p| Labelled {
                         accuracy: after,
                         rounds_with_site: with_site,
+                        served,
+                        corrected,
                         ..p
                     }),
                 });
@@ -470,6 +509,44 @@ fn run_arm(
             arm.name()
         );
     }
+}
+
+/// Whether the site's correction of the release it labelled from (`params`) is better beyond
+/// noise on its labelled `rows` (standardised as served), which that release has not trained
+/// on (`fedge_device::site_head::judge`).
+fn site_better(
+    head: &HeadConfig,
+    params: &[f32],
+    rows: &FeatureSet,
+    seed: u64,
+) -> anyhow::Result<bool> {
+    let device = fedge_models::training_device(fedge_models::Backend::default());
+    let settings = SiteHeadSettings::default();
+    let judged = site_head::judge(head, params, rows, &settings, seed ^ 0x517e, &device)?;
+    Ok(judged.p_value < settings.significance)
+}
+
+/// The site's accuracy on its held-out images served the correction of the final release
+/// (`params`) from its labelled rows `answered`, standardised as it serves that release; and
+/// `true` (the correction serves).
+#[allow(clippy::too_many_arguments)]
+fn serve_correction(
+    data: &SeedData,
+    head: &HeadConfig,
+    params: &[f32],
+    pooled: Option<&FeatureSummary>,
+    labelled: &FeatureSet,
+    answered: &FeatureSet,
+    norm: FeatureNorm,
+    seed: u64,
+) -> anyhow::Result<(f32, bool)> {
+    let stats = serving_stats(norm, pooled, labelled, &data.stream, head, params);
+    let rows = standardised(stats.as_ref(), answered);
+    let device = fedge_models::training_device(fedge_models::Backend::default());
+    let settings = SiteHeadSettings::default();
+    let corrected = site_head::correct(head, params, &rows, &settings, seed ^ 0x517e, &device)?;
+    let accuracy = accuracy(head, &corrected, &standardised(stats.as_ref(), &data.test))?;
+    Ok((accuracy, true))
 }
 
 /// Runs the benchmark with `backbone` (the built-in `digits-conv` in `fedge bench labelling`)
@@ -536,6 +613,9 @@ pub fn run(
         queue_vs_random: Difference::of(&seeds, |s| s.queue.accuracy - s.random.accuracy),
         random_vs_none: Difference::of(&seeds, |s| s.random.accuracy - s.none),
         queue_vs_none: Difference::of(&seeds, |s| s.queue.accuracy - s.none),
+        served_vs_none: Difference::of(&seeds, |s| s.queue.served - s.none),
+        served_vs_queue: Difference::of(&seeds, |s| s.queue.served - s.queue.accuracy),
+        served_queue_vs_random: Difference::of(&seeds, |s| s.queue.served - s.random.served),
         seeds,
     })
 }
@@ -575,6 +655,14 @@ mod tests {
         assert!(seed.final_round > options.rounds);
         assert_eq!(ticks as u64, 3 * seed.final_round);
         assert!(report.queue_vs_random.is_some());
+        // What the site is served: the release, or its correction from the labels.
+        for arm in [&seed.queue, &seed.random] {
+            assert!((0.0..=1.0).contains(&arm.served), "{seed:?}");
+            if !arm.corrected {
+                assert_eq!(arm.served, arm.accuracy, "{seed:?}");
+            }
+        }
+        assert!(report.served_vs_none.is_some() && report.served_vs_queue.is_some());
     }
 
     #[test]

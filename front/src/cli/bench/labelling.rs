@@ -78,19 +78,21 @@ pub fn markdown(report: &LabellingReport) -> String {
         report.algorithm, o.budget, o.stream, o.rounds, o.after
     );
     out.push_str(
-        "| seed | at deployment | no labels | random | queue | queue − random | uncertainty random / queue | wrong random / queue | classes random / queue |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| seed | at deployment | no labels | random | queue | queue − random | queue, served per site | corrected | uncertainty random / queue | wrong random / queue | classes random / queue |\n\
+         |---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     let pct = |v: f32| f64::from(v) * 100.0;
     for s in &report.seeds {
         out.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:+.1} | {:.2} / {:.2} | {} / {} | {} / {} |\n",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:+.1} | {:.1} | {} | {:.2} / {:.2} | {} / {} | {} / {} |\n",
             s.seed,
             pct(s.before),
             pct(s.none),
             pct(s.random.accuracy),
             pct(s.queue.accuracy),
             pct(s.queue.accuracy - s.random.accuracy),
+            pct(s.queue.served),
+            if s.queue.corrected { "yes" } else { "no" },
             s.random.mean_uncertainty,
             s.queue.mean_uncertainty,
             s.random.wrong,
@@ -103,12 +105,13 @@ pub fn markdown(report: &LabellingReport) -> String {
     let mean =
         |f: fn(&b::SeedResult) -> f32| report.seeds.iter().map(|s| pct(f(s))).sum::<f64>() / n;
     out.push_str(&format!(
-        "| mean | {:.1} | {:.1} | {:.1} | {:.1} | {:+.1} | | | |\n\n",
+        "| mean | {:.1} | {:.1} | {:.1} | {:.1} | {:+.1} | {:.1} | | | | |\n\n",
         mean(|s| s.before),
         mean(|s| s.none),
         mean(|s| s.random.accuracy),
         mean(|s| s.queue.accuracy),
         mean(|s| s.queue.accuracy - s.random.accuracy),
+        mean(|s| s.queue.served),
     ));
     let line = |what: &str, d: &Option<Difference>| match d {
         Some(d) => format!(
@@ -120,6 +123,18 @@ pub fn markdown(report: &LabellingReport) -> String {
     out.push_str(&line("queue − random", &report.queue_vs_random));
     out.push_str(&line("random − no labels", &report.random_vs_none));
     out.push_str(&line("queue − no labels", &report.queue_vs_none));
+    out.push_str(&line(
+        "queue, served per site − no labels",
+        &report.served_vs_none,
+    ));
+    out.push_str(&line(
+        "queue, served per site − queue in the federation only",
+        &report.served_vs_queue,
+    ));
+    out.push_str(&line(
+        "served per site: queue − random",
+        &report.served_queue_vs_random,
+    ));
     if let (Some(s), Some(d)) = (report.seeds.first(), &report.queue_vs_random) {
         out.push_str(&format!(
             "{} held-out images per seed (one image = {:.2} points); goal queue − random ≥ +2: {}\n",

@@ -1,0 +1,279 @@
+//! A site's own correction of the release it serves, from the labelled rows it holds (the
+//! labelling queue's answers, or labelled data of its own), and the choice between the two
+//! (docs/algorithms.md §10).
+//!
+//! The correction is the release's head trained further on the site's rows, with FedProx's
+//! proximal term `μ/2 ‖θ − θ_release‖²` holding it near the release (a personal model kept near
+//! the global one, as Ditto does, Li et al. 2021): a few dozen labels move the head towards the
+//! site without forgetting what the federation learnt. The site's labels still go into the
+//! federation's update; this is what the site itself is served.
+//!
+//! The correction replaces the release only when it is better beyond noise on the same rows:
+//! every labelled row is scored by a correction that did not train on it (`folds`-fold), and
+//! the release's and the corrections' answers are compared with the gate's exact paired test
+//! (`fedge_wire::paired`), turned around: served when `P(at least this many gains | no better)`
+//! is below `significance`. With fewer rows than folds, or no row the two disagree on, the
+//! release stays. The correction served is then trained on every row.
+//!
+//! Pure computation on features (already standardised as the site serves them) and flat
+//! parameters: the device's driver, the simulator's benchmarks and the tests call it alike.
+
+use burn::prelude::Device;
+use fedge_models::HeadConfig;
+use fedge_models::head::predict_flat;
+use fedge_wire::{FeatureNorm, Objective, TrainParams};
+
+use crate::features::FeatureSet;
+use crate::train::{TrainError, TrainJob, train_head};
+
+/// How a site trains and judges its correction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SiteHeadSettings {
+    /// Epochs over the site's rows.
+    pub epochs: u32,
+    /// SGD's learning rate (momentum and batch size as a round's).
+    pub learning_rate: f32,
+    /// The proximal term's weight `μ`.
+    pub prox_mu: f32,
+    /// Folds of the rows, each scored by a correction trained on the others.
+    pub folds: usize,
+    /// One-sided level of the paired test the correction must pass.
+    pub significance: f64,
+}
+
+impl Default for SiteHeadSettings {
+    /// 30 epochs at the round's default rate, `μ` = 0.1, 5 folds, level 0.05 (the gate's).
+    fn default() -> Self {
+        Self {
+            epochs: 30,
+            learning_rate: 0.05,
+            prox_mu: 0.1,
+            folds: 5,
+            significance: 0.05,
+        }
+    }
+}
+
+/// What the site serves, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteHead {
+    /// The correction trained on every row, when it replaces the release; `None`: the release
+    /// as it is.
+    pub params: Option<Vec<f32>>,
+    /// Rows only the corrections got right (each by one that did not train on it).
+    pub gained: u32,
+    /// Rows only the release got right.
+    pub lost: u32,
+    /// Rows compared.
+    pub rows: u32,
+    /// The paired test's p-value of "the correction is no better".
+    pub p_value: f64,
+}
+
+impl SiteHead {
+    /// Whether the correction serves.
+    pub fn chosen(&self) -> bool {
+        self.params.is_some()
+    }
+
+    /// Why, in words for the status and the log.
+    pub fn reason(&self) -> String {
+        let counts = format!(
+            "{} of {} labelled rows gained, {} lost (p = {:.3})",
+            self.gained, self.rows, self.lost, self.p_value
+        );
+        match self.chosen() {
+            true => format!("the site's correction: {counts}"),
+            false => {
+                format!("the release as it is: the correction is not better beyond noise, {counts}")
+            }
+        }
+    }
+}
+
+/// The release's head `release` (flat, `head`'s layout) or the site's correction of it from
+/// its labelled `rows`, whichever the paired test picks (the module's comment). Deterministic
+/// for a given `seed`. The rows must be ones the release did not train on (labels that have
+/// not reached the federation yet): on rows it trained on, the release looks better than it
+/// is, and a site that judged once, when its labels came, keeps that judgement for the
+/// releases that follow ([`correct`] them).
+pub fn choose(
+    head: &HeadConfig,
+    release: &[f32],
+    rows: &FeatureSet,
+    settings: &SiteHeadSettings,
+    seed: u64,
+    device: &Device,
+) -> Result<SiteHead, TrainError> {
+    let mut judged = judge(head, release, rows, settings, seed, device)?;
+    if judged.p_value < settings.significance {
+        judged.params = Some(correct(head, release, rows, settings, seed, device)?);
+    }
+    Ok(judged)
+}
+
+/// The paired comparison of [`choose`] without the correction served (`params` is `None`):
+/// each row scored by a correction that did not train on it, against the release.
+pub fn judge(
+    head: &HeadConfig,
+    release: &[f32],
+    rows: &FeatureSet,
+    settings: &SiteHeadSettings,
+    seed: u64,
+    device: &Device,
+) -> Result<SiteHead, TrainError> {
+    let n = rows.len();
+    let folds = settings.folds.max(2);
+    let judged = |gained, lost, p_value| SiteHead {
+        params: None,
+        gained,
+        lost,
+        rows: n as u32,
+        p_value,
+    };
+    if n < folds {
+        return Ok(judged(0, 0, 1.0));
+    }
+    let by_release = predict_flat(head, release, &rows.features)?;
+    let (mut gained, mut lost) = (0u32, 0u32);
+    for fold in 0..folds {
+        let (held, kept): (Vec<usize>, Vec<usize>) = (0..n).partition(|i| i % folds == fold);
+        let kept = rows.rows(&kept);
+        let trained = correct(head, release, &kept, settings, seed ^ fold as u64, device)?;
+        let held_rows = rows.rows(&held);
+        let by_correction = predict_flat(head, &trained, &held_rows.features)?;
+        for (j, &i) in held.iter().enumerate() {
+            let y = rows.labels[i] as usize;
+            match (by_correction[j] == y, by_release[i] == y) {
+                (true, false) => gained += 1,
+                (false, true) => lost += 1,
+                _ => {}
+            }
+        }
+    }
+    let p_value = fedge_wire::paired::improvement_p(gained, lost);
+    Ok(judged(gained, lost, p_value))
+}
+
+/// The release's head trained on `rows` with the proximal term towards it: the site's
+/// correction.
+pub fn correct(
+    head: &HeadConfig,
+    release: &[f32],
+    rows: &FeatureSet,
+    settings: &SiteHeadSettings,
+    seed: u64,
+    device: &Device,
+) -> Result<Vec<f32>, TrainError> {
+    let params = TrainParams {
+        objective: Objective::FedProx,
+        local_epochs: settings.epochs,
+        learning_rate: settings.learning_rate,
+        prox_mu: settings.prox_mu,
+        // The rows come standardised as the site serves them.
+        feature_norm: FeatureNorm::None,
+        ..TrainParams::default()
+    };
+    let job = TrainJob {
+        seed,
+        ..TrainJob::new(head, release, rows, &params, device)
+    };
+    Ok(train_head(&job)?.params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fedge_models::{Backend, training_device};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    const F: usize = 6;
+
+    /// `n` rows of three classes, each a Gaussian blob around its own corner; at a site whose
+    /// `swap` is set, classes 0 and 1 trade places (what the federation learnt is wrong there).
+    fn rows(n: usize, swap: bool, seed: u64) -> FeatureSet {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (mut features, mut labels) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let y = (i % 3) as u32;
+            let corner = match (swap, y) {
+                (true, 0) => 1,
+                (true, 1) => 0,
+                _ => y as usize,
+            };
+            for f in 0..F {
+                let centre = if f == corner { 3.0 } else { 0.0 };
+                features.push(centre + rng.random_range(-0.5..0.5));
+            }
+            labels.push(y);
+        }
+        FeatureSet {
+            dim: F,
+            features,
+            labels,
+        }
+    }
+
+    /// A head trained on the federation's (unswapped) rows.
+    fn release(head: &HeadConfig, device: &Device) -> Vec<f32> {
+        let params = TrainParams {
+            local_epochs: 40,
+            feature_norm: FeatureNorm::None,
+            ..TrainParams::default()
+        };
+        let data = rows(300, false, 1);
+        let init = head.init_flat(3);
+        train_head(&TrainJob::new(head, &init, &data, &params, device))
+            .unwrap()
+            .params
+    }
+
+    #[test]
+    fn a_site_where_the_release_is_wrong_is_served_its_correction_and_one_where_it_is_right_is_not()
+    {
+        let device = training_device(Backend::default());
+        let head = HeadConfig::new(F, 3).with_hidden(8);
+        let release = release(&head, &device);
+        let settings = SiteHeadSettings::default();
+        // Two classes swapped: the release gets two thirds of the rows wrong.
+        let site = rows(45, true, 7);
+        let chosen = choose(&head, &release, &site, &settings, 5, &device).unwrap();
+        assert!(chosen.chosen(), "{}", chosen.reason());
+        assert!(chosen.gained > chosen.lost + 10, "{chosen:?}");
+        let served = chosen.params.clone().unwrap();
+        let test = rows(90, true, 8);
+        let right = |params: &[f32]| {
+            let predicted = predict_flat(&head, params, &test.features).unwrap();
+            (predicted.iter().zip(&test.labels))
+                .filter(|(p, y)| **p == **y as usize)
+                .count()
+        };
+        assert!(right(&served) > right(&release) + 30, "{chosen:?}");
+        // A site like the federation's: nothing to gain beyond noise, the release stays.
+        let like = rows(45, false, 9);
+        let kept = choose(&head, &release, &like, &settings, 5, &device).unwrap();
+        assert!(!kept.chosen(), "{}", kept.reason());
+        assert!(kept.reason().contains("the release as it is"));
+    }
+
+    #[test]
+    fn too_few_rows_keep_the_release() {
+        let device = training_device(Backend::default());
+        let head = HeadConfig::new(F, 3).with_hidden(8);
+        let release = head.init_flat(1);
+        for n in [0, 1, 3] {
+            let site = rows(n, true, 2);
+            let kept = choose(
+                &head,
+                &release,
+                &site,
+                &SiteHeadSettings::default(),
+                1,
+                &device,
+            );
+            let kept = kept.unwrap();
+            assert!(!kept.chosen() && kept.rows == n as u32, "{kept:?}");
+        }
+    }
+}
