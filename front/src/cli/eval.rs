@@ -117,6 +117,16 @@ pub struct EvalArgs {
         help_heading = "Privacy"
     )]
     pub dp_delta: f64,
+    /// Also pair every algorithm by seed against each of these (names as in --algorithms), as
+    /// against the first: `--paired-against fedavg` with `fedavg/feature_norm=none` first gives
+    /// both the gain over no standardisation and over the default `pooled`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "ALGORITHM",
+        help_heading = "Output"
+    )]
+    pub paired_against: Vec<String>,
     #[command(flatten)]
     pub json: JsonArgs,
     /// Write the table as Markdown.
@@ -286,6 +296,14 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         }
     }
     let algorithms: Vec<Algorithm> = grids.iter().flat_map(|(_, v)| v.clone()).collect();
+    for baseline in &args.paired_against {
+        let names = || grids.iter().map(|(a, _)| a.name.as_str());
+        anyhow::ensure!(
+            names().any(|n| n == baseline),
+            "--paired-against {baseline}: name one of --algorithms ({})",
+            names().collect::<Vec<_>>().join(", ")
+        );
+    }
     let options = BenchOptions {
         scenario,
         rounds: args.rounds,
@@ -381,6 +399,22 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         );
         println!("{}", eval::paired_markdown(&paired));
     }
+    let also_paired = paired_against(&args.paired_against, &results)?;
+    if options.seeds > 1 {
+        for (baseline, rows) in &also_paired {
+            println!("paired by seed against {baseline}:");
+            println!("{}", eval::paired_markdown(rows));
+        }
+    }
+    let prior_em = eval::Tta::prior_em_counts();
+    if prior_em.iter().any(|c| *c > 0) {
+        let [kept, few, no_better, not_finite] = prior_em;
+        println!(
+            "prior-em over every scored round: fit kept {kept}, pooled for too few calibration \
+             rows {few}, for no better likelihood on rows the fit did not see {no_better}, for \
+             values not finite {not_finite}"
+        );
+    }
     if let Some(path) = &args.markdown {
         write_file(path, &table)?;
     }
@@ -436,6 +470,17 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     };
     let mut report = eval::report_json(&meta, &results);
     report["paired"] = serde_json::json!(eval::paired(&results));
+    if !also_paired.is_empty() {
+        let rows: serde_json::Map<String, serde_json::Value> = (also_paired.into_iter())
+            .map(|(baseline, rows)| (baseline, serde_json::json!(rows)))
+            .collect();
+        report["paired_against"] = serde_json::Value::Object(rows);
+    }
+    if prior_em.iter().any(|c| *c > 0) {
+        let [kept, too_few_rows, no_better, not_finite] = prior_em;
+        report["prior_em"] = serde_json::json!({"kept": kept, "too_few_rows": too_few_rows,
+            "no_better": no_better, "not_finite": not_finite});
+    }
     if fedddl {
         // How FedDDL's views were made.
         report["fedddl"] =
@@ -452,6 +497,29 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         report["privacy"] = serde_json::to_value(&privacy)?;
     }
     args.json.write(&report)
+}
+
+/// Every algorithm paired by seed against each of `baselines` in turn (the results with the
+/// baseline's first, as [`eval::paired`] pairs against the first); a name that did not run is
+/// an error that lists the ones that did.
+fn paired_against(
+    baselines: &[String],
+    results: &[RunResult],
+) -> anyhow::Result<Vec<(String, Vec<eval::Paired>)>> {
+    baselines
+        .iter()
+        .map(|baseline| {
+            let (first, rest): (Vec<RunResult>, Vec<RunResult>) =
+                (results.iter().cloned()).partition(|r| &r.algorithm == baseline);
+            if first.is_empty() && !results.is_empty() {
+                let mut ran: Vec<&str> = results.iter().map(|r| r.algorithm.as_str()).collect();
+                ran.sort_unstable();
+                ran.dedup();
+                anyhow::bail!("--paired-against {baseline}: not among {}", ran.join(", "));
+            }
+            Ok((baseline.clone(), eval::paired(&[first, rest].concat())))
+        })
+        .collect()
 }
 
 /// [`eval::run_all`] under a progress bar of rounds.

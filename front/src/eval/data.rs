@@ -1,10 +1,12 @@
 //! The benchmark's data: domains through a backbone, features cached on disk, split per seed.
 //!
-//! Domains are built once per data set (the rotated data sets with a fixed seed, so every seed
-//! and algorithm sees the same six domains) and their features computed once per (data set,
+//! Domains are built once per data set and their features computed once per (data set,
 //! backbone); with a cache folder they are kept on disk, keyed by the backbone's bytes and the
 //! images. Seeds then vary the 90/10 train/validation split, the head's initialisation, client
-//! sampling and the trainers' shuffles.
+//! sampling and the trainers' shuffles. On `digits-sensor` every image is seen through every
+//! sensor once, and each seed deals the images afresh into the six disjoint domains
+//! ([`Prepared::split`]), so seeds also redraw each domain's images; the other data sets keep
+//! the domains [`DOMAIN_SEED`] gives them (the same six domains for every seed).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use fedge_device::{DdlViews, FeatureSet, Fnv64};
 use fedge_edge::data::{
-    DIGITS_ANGLES, Domain, ImageSet, digits_domains, imagefolder_domains, split_indices,
+    DIGITS_ANGLES, Domain, ImageSet, digits_domains, imagefolder_domains, load_digits,
+    split_indices,
 };
 use fedge_edge::features;
 use fedge_edge::views::{DEFAULT_GROUPS, ViewSettings};
@@ -21,13 +24,18 @@ use fedge_models::Backbone;
 
 use super::masks::MaskSource;
 use crate::datasets::{
-    BiasedDomain, background_domains, digits_bg_domains, digits_sensor_domains, fashion_mnist,
+    BiasedDomain, SENSORS, background_domains, digits_bg_domains, fashion_mnist,
     fashion_mnist_domains,
 };
 use fedge_models::generate::{DIGITS_CONV, DIGITS_CONV_ONNX, digits_conv_card};
 
-/// The seed that partitions and rotates the built-in and IDX data sets into domains.
+/// The seed that partitions and rotates the built-in and IDX data sets into domains (on
+/// `digits-sensor`, only the sensors' noise: its domains are dealt per seed).
 pub const DOMAIN_SEED: u64 = 0;
+
+/// Mixed into a seed to deal `digits-sensor`'s images into domains, so that no seed deals them
+/// as [`DOMAIN_SEED`] did (the domains the earlier benchmarks and `balanced`'s constants saw).
+const REDRAW_SALT: u64 = 0x5eed_0d0a_1a5e_0001;
 
 /// Fraction of each client's data held out for model selection.
 pub const VAL_FRACTION: f32 = 0.1;
@@ -151,6 +159,9 @@ pub struct Prepared {
     /// The backbone's trainable tail (`--train-tail`): the features are then the cut's
     /// activations.
     pub tail: Option<Arc<fedge_models::Tail>>,
+    /// When each seed deals the images into domains afresh: every domain holds every image
+    /// (through its own sensor), and these are the images' classes, row for row.
+    redraw: Option<Vec<u32>>,
 }
 
 /// What builds FedDDL's views of a client's training rows: the backbone, its cache, the pool.
@@ -334,7 +345,7 @@ pub fn prepare_with(
     let mut domains: Vec<(Domain, Option<Domain>)> = match dataset {
         Dataset::Digits => same(digits_domains(&DIGITS_ANGLES, DOMAIN_SEED)),
         Dataset::DigitsBg { bias } => split_views(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
-        Dataset::DigitsSensor => same(digits_sensor_domains(DOMAIN_SEED)),
+        Dataset::DigitsSensor => same(every_image_through_every_sensor()),
         Dataset::DigitsRotated { angles } => same(digits_domains(angles, DOMAIN_SEED)),
         Dataset::FashionMnist { dir, limit } => same(fashion_mnist_domains(
             dir,
@@ -412,6 +423,7 @@ pub fn prepare_with(
             pool,
         })
     });
+    let redraw = matches!(dataset, Dataset::DigitsSensor).then(|| out[0].all.labels.clone());
     Ok(Prepared {
         backbone: card.name,
         feature_size: card.feature_size,
@@ -419,28 +431,71 @@ pub fn prepare_with(
         domains: out,
         views,
         tail,
+        redraw,
     })
 }
 
+/// `digits-sensor`'s domains before a seed deals them: every digit through each sensor of
+/// [`SENSORS`] (the noise drawn once, with [`DOMAIN_SEED`]).
+fn every_image_through_every_sensor() -> Vec<Domain> {
+    let all = load_digits();
+    (SENSORS.iter().enumerate())
+        .map(|(i, sensor)| Domain {
+            name: sensor.name.to_string(),
+            data: sensor.apply(&all, DOMAIN_SEED ^ (i as u64 + 1)),
+        })
+        .collect()
+}
+
+/// Rows `0..labels.len()` dealt into `parts` disjoint parts of about equal size and class mix
+/// (shuffled with `seed`, then each class dealt round-robin).
+fn deal(labels: &[u32], parts: usize, seed: u64) -> Vec<Vec<usize>> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut order: Vec<usize> = (0..labels.len()).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    order.sort_by_key(|&i| labels[i]);
+    let mut out = vec![Vec::new(); parts.max(1)];
+    for (n, i) in order.into_iter().enumerate() {
+        out[n % parts.max(1)].push(i);
+    }
+    out
+}
+
 impl Prepared {
-    /// Every domain split 90/10 into training and validation for `seed`.
+    /// Every domain split 90/10 into training and validation for `seed`; on `digits-sensor`,
+    /// each domain's images first dealt for `seed` (disjoint across domains).
     pub fn split(&self, seed: u64) -> Vec<DomainData> {
+        let dealt = (self.redraw.as_ref())
+            .map(|labels| deal(labels, self.domains.len(), seed ^ REDRAW_SALT));
         self.domains
             .iter()
             .enumerate()
             .map(|(d, domain)| {
                 let salt = seed ^ (d as u64 + 1);
-                let (train, val) = split_indices(domain.all.len(), VAL_FRACTION, salt);
+                let mine = dealt.as_ref().map(|parts| parts[d].as_slice());
+                let all = mine.map_or(Arc::clone(&domain.all), |r| Arc::new(domain.all.rows(r)));
+                let held_out = match (mine, Arc::ptr_eq(&domain.all, &domain.held_out)) {
+                    (None, _) => Arc::clone(&domain.held_out),
+                    (Some(_), true) => Arc::clone(&all),
+                    (Some(r), false) => Arc::new(domain.held_out.rows(r)),
+                };
+                let (train, val) = split_indices(all.len(), VAL_FRACTION, salt);
+                // The training rows as rows of the domain's images.
+                let train_images: Vec<usize> = match mine {
+                    Some(r) => train.iter().map(|&i| r[i]).collect(),
+                    None => train.clone(),
+                };
                 DomainData {
                     name: domain.name.clone(),
-                    train: Arc::new(domain.all.rows(&train)),
-                    val: Arc::new(domain.all.rows(&val)),
-                    held_out: Arc::clone(&domain.held_out),
+                    train: Arc::new(all.rows(&train)),
+                    val: Arc::new(all.rows(&val)),
+                    held_out,
                     views: domain.images.as_ref().zip(self.views.as_ref()).map(
                         |(images, maker)| {
                             Arc::new(ViewSource {
                                 maker: Arc::clone(maker),
-                                images: images.subset(&train),
+                                images: images.subset(&train_images),
                                 seed: salt,
                                 built: Mutex::default(),
                             })
@@ -496,6 +551,67 @@ mod tests {
         for (f, y) in train.features.iter().zip(&train.labels) {
             assert_eq!(*f, *y as f32, "rows stay whole");
         }
+    }
+
+    #[test]
+    fn each_seed_deals_the_sensor_domains_images_afresh_disjoint_and_stratified() {
+        // Two domains that see the same 40 images (4 classes), each through its own "sensor".
+        let labels: Vec<u32> = (0..40).map(|i| i % 4).collect();
+        let view = |offset: f32| FeatureSet {
+            dim: 1,
+            features: (0..40).map(|i| i as f32 + offset).collect(),
+            labels: labels.clone(),
+        };
+        let domain = |name: &str, set: FeatureSet| {
+            let all = Arc::new(set);
+            PreparedDomain {
+                name: name.into(),
+                held_out: Arc::clone(&all),
+                all,
+                images: None,
+            }
+        };
+        let prepared = Prepared {
+            backbone: "test".into(),
+            feature_size: 1,
+            classes: 4,
+            domains: vec![domain("a", view(0.0)), domain("b", view(1000.0))],
+            views: None,
+            tail: None,
+            redraw: Some(labels.clone()),
+        };
+        let images = |d: &DomainData, offset: f32| -> Vec<usize> {
+            let mut rows: Vec<usize> = (d.train.features.iter())
+                .chain(&d.val.features)
+                .map(|v| (v - offset) as usize)
+                .collect();
+            rows.sort();
+            rows
+        };
+        let first = prepared.split(3);
+        let (a, b) = (images(&first[0], 0.0), images(&first[1], 1000.0));
+        assert_eq!((a.len(), b.len()), (20, 20));
+        assert!(a.iter().all(|i| !b.contains(i)), "disjoint: {a:?} {b:?}");
+        for d in &first {
+            let mut per_class = [0; 4];
+            d.train
+                .labels
+                .iter()
+                .chain(&d.val.labels)
+                .for_each(|y| per_class[*y as usize] += 1);
+            assert_eq!(per_class, [5; 4], "stratified");
+            assert_eq!(d.held_out.len(), 20, "held out: the domain's own images");
+        }
+        assert_ne!(
+            images(&prepared.split(4)[0], 0.0),
+            a,
+            "another seed, other images"
+        );
+        assert_eq!(
+            images(&prepared.split(3)[0], 0.0),
+            a,
+            "the same seed, the same"
+        );
     }
 
     #[test]

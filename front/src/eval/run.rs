@@ -15,7 +15,7 @@ use fedge_sim::{Action, CoordinatorSpec, DeviceSpec, NodeId, Observed, Sim, Upst
 use fedge_wire::{FeatureNorm, Objective};
 
 use super::clients::{Client, clients, standardised_site};
-use super::tta::{Tta, t3a_accuracy};
+use super::tta::{Tta, prior_em_accuracy, t3a_accuracy};
 use super::{Algorithm, BenchOptions, DomainData, RunResult, Scenario, TargetSite, Transport};
 
 /// How far ahead devices' absences are scheduled (virtual ms): past any run's end.
@@ -341,6 +341,13 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     let target_accuracy = match algorithm.tta {
                         Tta::None => score(params_head, scored)?,
                         Tta::T3a => t3a_accuracy(head, params_head, calibration, scored),
+                        Tta::PriorEm => {
+                            let pool = pooled_summary.as_ref();
+                            match prior_em_accuracy(head, params_head, &held_out, pool, norm)? {
+                                Some(accuracy) => accuracy,
+                                None => score(params_head, scored)?,
+                            }
+                        }
                     };
                     scores.push((report.round, val, target_accuracy, report.reported.len()));
                     this_round.clear();

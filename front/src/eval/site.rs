@@ -5,9 +5,12 @@
 //! The held-out domain's rows are shuffled per seed and halved: the statistics see `n` rows
 //! of the first half (`all`: every row, the scored ones included — transductive, what the
 //! benchmark measured before), the score is on the second half. With a label shift both halves
-//! are drawn with the site's class mix (a class first, then one of its rows, with
-//! replacement), the mix itself drawn per seed. Every feature normalisation of a run is scored
-//! on the same rows, so their differences are paired.
+//! are drawn with the site's class mix, the mix itself drawn per seed, without replacement:
+//! each class gets its share of the rows, and where a class of the half has fewer rows than
+//! its share asks, the half shrinks so that the mix holds (a site that sees one class of a
+//! domain with 15 images of it per half has 15 calibration images, whatever `n`). Every
+//! feature normalisation of a run is scored on the same rows, so their differences are
+//! paired.
 
 use std::fmt;
 use std::str::FromStr;
@@ -254,9 +257,10 @@ impl TargetSite {
     }
 }
 
-/// `count` rows of `pool` drawn with class proportions `prior` (a class, then one of its rows
-/// in `pool`, with replacement); classes without a row in `pool` are left out and the others
-/// renormalised.
+/// At most `count` distinct rows of `pool` with class proportions `prior`, without
+/// replacement: as many rows as every class's rows in `pool` allow at those proportions, each
+/// class's number by largest remainders, its rows drawn at random, the result shuffled.
+/// Classes without a row in `pool` are left out and the others renormalised.
 fn draw(
     set: &FeatureSet,
     pool: &[usize],
@@ -277,21 +281,35 @@ fn draw(
     if total <= 0.0 {
         return Vec::new();
     }
-    (0..count)
-        .map(|_| {
-            let mut u = rng.random::<f64>() * total;
-            let mut class = weights.iter().rposition(|w| *w > 0.0).unwrap_or(0);
-            for (k, w) in weights.iter().enumerate() {
-                if u < *w {
-                    class = k;
-                    break;
-                }
-                u -= w;
-            }
-            let rows = &by_class[class];
-            rows[rng.random_range(0..rows.len())]
-        })
-        .collect()
+    let shares: Vec<f64> = weights.iter().map(|w| w / total).collect();
+    // The most rows the classes' rows allow at these shares.
+    let allowed = (shares.iter().zip(&by_class))
+        .filter(|(p, _)| **p > 0.0)
+        .map(|(p, rows)| (rows.len() as f64 / p).floor() as usize)
+        .min()
+        .unwrap_or(0);
+    let n = count.min(allowed);
+    let exact: Vec<f64> = shares.iter().map(|p| p * n as f64).collect();
+    let mut counts: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
+    let mut order: Vec<usize> = (0..exact.len()).collect();
+    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())));
+    let mut missing = n.saturating_sub(counts.iter().sum());
+    for k in order {
+        if missing == 0 {
+            break;
+        }
+        if counts[k] < by_class[k].len() && shares[k] > 0.0 {
+            counts[k] += 1;
+            missing -= 1;
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for (rows, &c) in by_class.iter_mut().zip(&counts) {
+        rows.shuffle(rng);
+        out.extend_from_slice(&rows[..c.min(rows.len())]);
+    }
+    out.shuffle(rng);
+    out
 }
 
 #[cfg(test)]
@@ -368,12 +386,26 @@ mod tests {
             let s = shares(part, 10);
             let top = s.iter().cloned().fold(0.0, f64::max);
             assert!((top - 0.8).abs() < 0.06, "{s:?}");
+            // Without replacement: the dominant class's rows in the half (about 50) allow
+            // about 1.25 times as many rows in all, each once (features are row numbers).
+            assert!((30..=90).contains(&part.len()), "{}", part.len());
+            let mut rows = part.features.clone();
+            rows.sort_by(f32::total_cmp);
+            rows.dedup();
+            assert_eq!(rows.len(), part.len(), "a row drawn twice");
+        }
+        for v in &site.calibration.features {
+            assert!(!site.scored.features.contains(v), "{v} is in both");
         }
         let one = SiteOptions {
             label_shift: LabelShift::Classes(1),
             calibration: Calibration::Rows(16),
         };
         let site = TargetSite::new(&held_out, 10, one, 2);
+        assert_eq!(site.calibration.len(), 16);
+        // A domain with 3 images per class: one class leaves at most 3 per half, once each.
+        let small = TargetSite::new(&set(3, 10), 10, one, 2);
+        assert!(small.calibration.len() <= 3 && small.scored.len() <= 3);
         let first = site.scored.labels[0];
         assert!(site.scored.labels.iter().all(|y| *y == first));
         assert!(site.calibration.labels.iter().all(|y| *y == first));

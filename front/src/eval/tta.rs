@@ -1,4 +1,6 @@
-//! A test-time adaptation baseline from the field for the held-out site: T3A (Iwasawa &
+//! Test-time adaptations of the held-out site's classifier, from its unlabelled calibration
+//! rows: `prior-em`, fedge's label-shift-aware estimator (`fedge_device::site_norm::label_shift`,
+//! docs/algorithms.md §7), and a baseline from the field, T3A (Iwasawa &
 //! Matsuo, "Test-Time Classifier Adjustment Module for Model-Agnostic Domain Generalization",
 //! NeurIPS 2021), which replaces the head's last linear layer with class prototypes built from
 //! the site's own unlabelled rows.
@@ -13,9 +15,14 @@
 //! rows are classified with them, as a site that calibrated on some images and then serves
 //! others would. It uses unlabelled target data, like site normalisation.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use fedge_device::FeatureSet;
+use fedge_device::site_norm::{FeatureNorm, FeatureSummary, Outcome, prior_shift};
 use fedge_models::HeadConfig;
 use fedge_models::head::{Forward, argmax};
+
+use super::TargetSite;
 
 /// Supports kept per class (the paper's `M`; it reports 1 to 100 and "all").
 pub const T3A_FILTER: usize = 20;
@@ -28,15 +35,32 @@ pub enum Tta {
     None,
     /// T3A's prototype classifier.
     T3a,
+    /// The site's class prior and an affine map of its features, estimated together against
+    /// the pooled class-conditional statistics, the head's output corrected by the prior
+    /// ratio; `pooled` where the fit does not explain the calibration rows better.
+    PriorEm,
 }
 
 impl Tta {
+    /// Every adaptation, in the order the error lists them.
+    pub const ALL: [Tta; 3] = [Tta::None, Tta::T3a, Tta::PriorEm];
+
     /// The spelling after `/tta=`.
     pub fn name(self) -> &'static str {
         match self {
             Tta::None => "none",
             Tta::T3a => "t3a",
+            Tta::PriorEm => "prior-em",
         }
+    }
+}
+
+impl Tta {
+    /// How often `prior-em` kept its fit in this process so far, and why not otherwise: kept,
+    /// too few calibration rows, no better than `pooled` on rows the fit did not see, not
+    /// finite (one count per scoring: every aggregated round of every run).
+    pub fn prior_em_counts() -> [u64; 4] {
+        PRIOR_EM_COUNTS.get()
     }
 }
 
@@ -44,11 +68,90 @@ impl std::str::FromStr for Tta {
     type Err = anyhow::Error;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Tta::None, Tta::T3a]
-            .into_iter()
-            .find(|t| t.name() == s)
-            .ok_or_else(|| anyhow::anyhow!("tta: {s:?} is not one of none, t3a"))
+        Tta::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Tta::ALL.iter().map(|t| t.name()).collect();
+            anyhow::anyhow!("tta: {s:?} is not one of {}", names.join(", "))
+        })
     }
+}
+
+/// How often `prior-em` kept its fit, and why not otherwise, over a process's scorings (every
+/// aggregated round of every run), for the summary `fedge eval` prints.
+#[derive(Debug, Default)]
+struct PriorEmCounts {
+    accepted: AtomicU64,
+    too_few_rows: AtomicU64,
+    no_better: AtomicU64,
+    not_finite: AtomicU64,
+}
+
+/// The process's [`PriorEmCounts`].
+static PRIOR_EM_COUNTS: PriorEmCounts = PriorEmCounts {
+    accepted: AtomicU64::new(0),
+    too_few_rows: AtomicU64::new(0),
+    no_better: AtomicU64::new(0),
+    not_finite: AtomicU64::new(0),
+};
+
+impl PriorEmCounts {
+    fn count(&self, outcome: &Outcome) {
+        let counter = match outcome {
+            Outcome::Accepted { .. } => &self.accepted,
+            Outcome::TooFewRows(_) => &self.too_few_rows,
+            Outcome::NoBetter { .. } => &self.no_better,
+            Outcome::NotFinite => &self.not_finite,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Kept, too few rows, no better than `pooled`, not finite.
+    fn get(&self) -> [u64; 4] {
+        [
+            &self.accepted,
+            &self.too_few_rows,
+            &self.no_better,
+            &self.not_finite,
+        ]
+        .map(|c| c.load(Ordering::Relaxed))
+    }
+}
+
+/// `prior-em`'s accuracy on `site`'s scored rows: the estimator fitted on its calibration rows
+/// (their labels never read) against the round's `pooled` summary, for a head trained under
+/// `pooled` statistics. `None` when there is no pool to fit against (a federation's first
+/// rounds, or a pool that does not hold together): the site then serves as its
+/// normalisation does without adaptation, which the caller scores.
+pub fn prior_em_accuracy(
+    head: &HeadConfig,
+    params: &[f32],
+    site: &TargetSite,
+    pooled: Option<&FeatureSummary>,
+    norm: FeatureNorm,
+) -> anyhow::Result<Option<f32>> {
+    anyhow::ensure!(
+        norm == FeatureNorm::Pooled,
+        "/tta=prior-em adapts a head trained under feature_norm = pooled (the default), not {}",
+        norm.name()
+    );
+    let calibration = &site.calibration;
+    let Some(pooled) = pooled else {
+        return Ok(None);
+    };
+    let Some(fit) = prior_shift(pooled, &calibration.features, calibration.dim, head, params)
+    else {
+        return Ok(None);
+    };
+    PRIOR_EM_COUNTS.count(&fit.outcome);
+    let scored = &site.scored;
+    let predicted = (fit.predict(head, params, &scored.features, scored.dim))
+        .ok_or_else(|| anyhow::anyhow!("the head's parameters do not fit its sizes"))?;
+    if scored.is_empty() {
+        return Ok(Some(0.0));
+    }
+    let right = (predicted.iter().zip(&scored.labels))
+        .filter(|(p, y)| **p == **y as usize)
+        .count();
+    Ok(Some(right as f32 / scored.len() as f32))
 }
 
 /// The classifier's logits `z·W + b` of a projector output `z` (T3A's warm-up supports).
@@ -158,6 +261,8 @@ mod tests {
         let adapted = t3a_accuracy(&head, &params, &rows(8), &rows(10));
         assert_eq!(adapted, 1.0);
         assert_eq!("t3a".parse::<Tta>().unwrap(), Tta::T3a);
-        assert!("tent".parse::<Tta>().is_err());
+        assert_eq!("prior-em".parse::<Tta>().unwrap(), Tta::PriorEm);
+        let unknown = "tent".parse::<Tta>().unwrap_err().to_string();
+        assert!(unknown.contains("prior-em"), "{unknown}");
     }
 }
