@@ -127,6 +127,9 @@ pub struct SeedResult {
     pub before: f32,
     /// After the same rounds as the labelling arms, without labels.
     pub none: f32,
+    /// The same, with label-free adaptation to the site (`balanced`'s statistics estimated
+    /// from the unlabelled stream against the final release's pooled summary).
+    pub label_free: f32,
     /// The last round of every arm.
     pub final_round: u64,
     /// `budget` images at random.
@@ -185,6 +188,9 @@ pub struct LabellingReport {
     /// What the per-site choice serves after the queue's labels − the queue's labels in the
     /// federation only.
     pub served_vs_queue: Option<Difference>,
+    /// What the per-site choice serves after the queue's labels − label-free adaptation
+    /// without labels.
+    pub served_vs_label_free: Option<Difference>,
     /// What the per-site choice serves: after the queue's labels − after random ones.
     pub served_queue_vs_random: Option<Difference>,
 }
@@ -341,6 +347,8 @@ struct ArmRun {
     /// The release the site scored its stream with.
     deployed_params: Vec<f32>,
     after: f32,
+    /// `after`, with the site's statistics adapted to its unlabelled stream (`balanced`).
+    label_free: f32,
     final_round: u64,
     picked: Option<Labelled>,
 }
@@ -488,10 +496,18 @@ fn run_arm(
                     )?,
                     false => (after, false),
                 };
+                let adapted = SiteNorm {
+                    norm: FeatureNorm::Balanced,
+                    pooled: pooled.as_ref(),
+                };
+                let stats = adapted.unlabelled(&data.stream, &head, &params);
+                let label_free =
+                    accuracy(&head, &params, &standardised(stats.as_ref(), &data.test))?;
                 return Ok(ArmRun {
                     before,
                     deployed_params,
                     after,
+                    label_free,
                     final_round: report.round,
                     picked: picked.map(|p| Labelled {
                         accuracy: after,
@@ -602,6 +618,7 @@ pub fn run(
             test: data.test.len(),
             before: queue.before,
             none: none.after,
+            label_free: none.label_free,
             final_round: queue.final_round,
             random: labelled(random)?,
             queue: labelled(queue)?,
@@ -616,6 +633,7 @@ pub fn run(
         served_vs_none: Difference::of(&seeds, |s| s.queue.served - s.none),
         served_vs_queue: Difference::of(&seeds, |s| s.queue.served - s.queue.accuracy),
         served_queue_vs_random: Difference::of(&seeds, |s| s.queue.served - s.random.served),
+        served_vs_label_free: Difference::of(&seeds, |s| s.queue.served - s.label_free),
         seeds,
     })
 }

@@ -135,6 +135,10 @@ pub fn markdown(report: &LabellingReport) -> String {
         "served per site: queue − random",
         &report.served_queue_vs_random,
     ));
+    out.push_str(&line(
+        "queue, served per site − label-free adaptation (balanced, no labels)",
+        &report.served_vs_label_free,
+    ));
     if let (Some(s), Some(d)) = (report.seeds.first(), &report.queue_vs_random) {
         out.push_str(&format!(
             "{} held-out images per seed (one image = {:.2} points); goal queue − random ≥ +2: {}\n",
