@@ -127,6 +127,7 @@ impl Rounds {
             }),
             pooled: pooled.filter(|_| pools).map(|p| p.recoded(codec)),
         };
+        let pool = task.pooled.clone();
         let kept = buffered.then(|| task.clone());
         let frame = self.task_frame(task);
         let held = UpdatesConfig {
@@ -149,6 +150,7 @@ impl Rounds {
         }
         let mut open = OpenRound::new(round, selected, accepted, times, frame.clone());
         open.pools = pools;
+        open.pool = pool;
         open.task = kept;
         self.open = Some(open);
         self.phase = Phase::Training;
@@ -340,7 +342,7 @@ impl Rounds {
             self.aggregated_rounds += 1;
             // A site's aggregate is not the global model: the global release is relayed.
             if self.config.relay.is_none() {
-                self.push_release(open.round, now_ms);
+                self.push_release(open.round, open.pool.as_ref(), now_ms);
             }
         }
         let done = self.config.rounds > 0 && self.aggregated_rounds >= self.config.rounds;

@@ -26,6 +26,9 @@ pub(super) struct OpenRound {
     pub(super) prototypes: ClientStats,
     /// Whether the round's task pools features: updates must carry a summary.
     pub(super) pools: bool,
+    /// The pooled summary the round's task carried (as sent): what its devices standardised
+    /// with, so what the release of its aggregate carries.
+    pub(super) pool: Option<FeatureSummary>,
     /// Feature summaries by client, when the round pools.
     pub(super) features: BTreeMap<String, FeatureSummary>,
     pub(super) val: Vec<(f32, u32)>,
@@ -62,6 +65,7 @@ impl OpenRound {
             class_stats: BTreeMap::new(),
             prototypes: BTreeMap::new(),
             pools: false,
+            pool: None,
             features: BTreeMap::new(),
             selected: selected.into_iter().collect(),
             val: Vec::new(),

@@ -226,3 +226,37 @@ fn a_summary_that_does_not_fit_is_refused_and_leaves_the_pool_alone() {
     );
     assert_eq!(m.pooled(), None);
 }
+
+#[test]
+fn a_release_carries_the_pool_its_head_was_trained_with_not_the_one_folded_since() {
+    let mut m = three_devices();
+    drain(&mut m);
+    for (c, centre) in [("x", 0.0), ("y", 1.0), ("z", 2.0)] {
+        m.handle_packet(c, &update_of(c, 1, 12, Some(summary_at(centre))), 1);
+    }
+    let out = drain(&mut m);
+    let sent = tasks(&out)[0]
+        .pooled
+        .clone()
+        .expect("round 2 carries the pool");
+    // Round 2's devices standardise with `sent`; their summaries move the pool on.
+    for (c, centre) in [("x", 0.5), ("y", 1.5), ("z", 2.5)] {
+        m.handle_packet(c, &update_of(c, 2, 12, Some(summary_at(centre))), 2);
+    }
+    let out = drain(&mut m);
+    assert_eq!(reports(&out)[0].reported.len(), 3);
+    let folded = m.pooled().cloned().unwrap();
+    assert_ne!(
+        folded.recoded(fedge_wire::Codec::F16),
+        sent,
+        "the pool moved"
+    );
+    let released = releases(&out)[0].pooled.clone().expect("a pool");
+    assert_eq!(
+        released, sent,
+        "round 2's head serves with what it trained with"
+    );
+    // The next task carries the pool folded since.
+    let next = tasks(&out)[0].pooled.clone().unwrap();
+    assert_eq!(next, folded.recoded(fedge_wire::Codec::F16));
+}

@@ -14,8 +14,22 @@ pub(super) const MAX_SITES: usize = 1024;
 
 impl Rounds {
     /// The global head as a release for `round` (the round whose aggregate it is), when the
-    /// configuration names the head and the parameters hold it.
+    /// configuration names the head and the parameters hold it; with the federation's pooled
+    /// summary as it stands.
     pub fn release(&self, round: u64) -> Option<ModelRelease> {
+        self.release_with(round, None)
+    }
+
+    /// [`Rounds::release`] carrying `trained_with`, the pooled summary the round's task
+    /// carried, when it carried one: the head was trained on features standardised with it, so
+    /// a site must serve it with it, not with the pool folded since from the round's updates.
+    /// A round whose task carried none (the federation's first) releases the pool folded from
+    /// it, the nearest to the devices' own class-balanced statistics it trained with.
+    fn release_with(
+        &self,
+        round: u64,
+        trained_with: Option<&fedge_wire::FeatureSummary>,
+    ) -> Option<ModelRelease> {
         let head = self.config.head.clone()?;
         let params = self.params.get(..head.num_params())?;
         Some(ModelRelease {
@@ -29,17 +43,21 @@ impl Rounds {
             params: TensorF32::from_slice(params),
             head,
             feature_norm: self.config.train.feature_norm,
-            pooled: self
-                .pooled
-                .clone()
+            pooled: (trained_with.or(self.pooled.as_ref()))
+                .cloned()
                 .filter(|_| self.config.train.feature_norm.pools()),
         })
     }
 
     /// Hands `round`'s aggregate, if there is a release to make, to the release pipeline
     /// (`crate::release`): released at once, or a candidate.
-    pub(super) fn push_release(&mut self, round: u64, now_ms: u64) {
-        if let Some(release) = self.release(round) {
+    pub(super) fn push_release(
+        &mut self,
+        round: u64,
+        trained_with: Option<&fedge_wire::FeatureSummary>,
+        now_ms: u64,
+    ) {
+        if let Some(release) = self.release_with(round, trained_with) {
             self.releases.aggregated(release, now_ms);
             self.take_release_steps();
         }
