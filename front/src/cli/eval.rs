@@ -3,13 +3,10 @@
 //! turns flags into its options and prints what comes back.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, ValueEnum};
 use fedge::eval::{
-    self, Algorithm, BenchOptions, Calibration, LabelShift, Prepared, RunResult, Scenario,
-    SiteOptions, Transport,
+    self, Algorithm, BenchOptions, Calibration, LabelShift, Scenario, SiteOptions, Transport,
 };
 
 use super::args::{DatasetArgs, FeatureArgs, JsonArgs, write_file};
@@ -328,7 +325,9 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         |domain| spinner.set_message(format!("features of {domain}")),
     )?;
     spinner.finish_and_clear();
-    let results = run_with_progress(&prepared, &algorithms, &options, args.transport).await?;
+    let results =
+        super::eval_progress::run_with_progress(&prepared, &algorithms, &options, args.transport)
+            .await?;
     let all_runs = results;
     let (results, choices) = eval::choose(&grids, &all_runs);
     if args.tune {
@@ -399,7 +398,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         );
         println!("{}", eval::paired_markdown(&paired));
     }
-    let also_paired = paired_against(&args.paired_against, &results)?;
+    let also_paired = eval::paired_against(&args.paired_against, &results)?;
     if options.seeds > 1 {
         for (baseline, rows) in &also_paired {
             println!("paired by seed against {baseline}:");
@@ -497,109 +496,4 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         report["privacy"] = serde_json::to_value(&privacy)?;
     }
     args.json.write(&report)
-}
-
-/// Every algorithm paired by seed against each of `baselines` in turn (the results with the
-/// baseline's first, as [`eval::paired`] pairs against the first); a name that did not run is
-/// an error that lists the ones that did.
-fn paired_against(
-    baselines: &[String],
-    results: &[RunResult],
-) -> anyhow::Result<Vec<(String, Vec<eval::Paired>)>> {
-    baselines
-        .iter()
-        .map(|baseline| {
-            let (first, rest): (Vec<RunResult>, Vec<RunResult>) =
-                (results.iter().cloned()).partition(|r| &r.algorithm == baseline);
-            if first.is_empty() && !results.is_empty() {
-                let mut ran: Vec<&str> = results.iter().map(|r| r.algorithm.as_str()).collect();
-                ran.sort_unstable();
-                ran.dedup();
-                anyhow::bail!("--paired-against {baseline}: not among {}", ran.join(", "));
-            }
-            Ok((baseline.clone(), eval::paired(&[first, rest].concat())))
-        })
-        .collect()
-}
-
-/// [`eval::run_all`] under a progress bar of rounds.
-async fn run_with_progress(
-    prepared: &Prepared,
-    algorithms: &[Algorithm],
-    options: &BenchOptions,
-    transport: Transport,
-) -> anyhow::Result<Vec<RunResult>> {
-    let runs = algorithms.len() as u64 * prepared.domains.len() as u64 * options.seeds.max(1);
-    let bar = indicatif::ProgressBar::new(runs * options.rounds).with_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} rounds, {msg} [{elapsed} / ~{duration}]",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    // Ctrl-C: the runs that finished are reported; a second one quits at once.
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::spawn({
-        let (stop, bar) = (Arc::clone(&stop), bar.clone());
-        async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                stop.store(true, Ordering::Relaxed);
-                bar.println("stopping after the current run; Ctrl-C again quits at once");
-                let _ = tokio::signal::ctrl_c().await;
-                std::process::exit(130);
-            }
-        }
-    });
-    let mut done = 0u64;
-    let mut results = Vec::new();
-    let outcome = eval::run_into(
-        prepared,
-        algorithms,
-        options,
-        transport,
-        &stop,
-        &mut results,
-        |p| match p {
-            eval::Progress::Round {
-                algorithm,
-                target,
-                seed,
-                round,
-            } => {
-                bar.set_message(format!(
-                    "run {}/{runs}: {algorithm} on {target} (seed {seed}), round {round}",
-                    done + 1
-                ));
-                bar.inc(1);
-            }
-            eval::Progress::Run(r) => {
-                done += 1;
-                // Rounds a run did not aggregate still count as done.
-                bar.set_position(done * options.rounds);
-                bar.set_message(format!(
-                    "{} on {}: {:.3}",
-                    r.algorithm, r.target, r.target_accuracy
-                ));
-            }
-        },
-    )
-    .await;
-    watcher.abort();
-    bar.finish_and_clear();
-    if let Err(e) = outcome {
-        if !results.is_empty() {
-            println!(
-                "the {} of {runs} runs that finished before the error:",
-                results.len()
-            );
-            println!("{}", eval::markdown(&results));
-        }
-        return Err(e);
-    }
-    if stop.load(Ordering::Relaxed) {
-        println!(
-            "stopped: {} of {runs} runs finished; the tables below hold them",
-            results.len()
-        );
-    }
-    Ok(results)
 }

@@ -10,6 +10,7 @@ pub mod attack;
 pub mod bench;
 pub mod demo;
 pub mod eval;
+mod eval_progress;
 #[cfg(test)]
 mod tests;
 

@@ -36,7 +36,7 @@ pub use data::{
 };
 pub use masks::{BRIGHT_BOX_THRESHOLD, MaskSource};
 pub use pace::{NOMINAL_TRAIN_MS, Pace, Window, absences, slowdown};
-pub use paired::{Paired, interval, paired, paired_by, paired_markdown};
+pub use paired::{Paired, interval, paired, paired_against, paired_by, paired_markdown};
 pub use report::{
     PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,
     privacy_markdown, privacy_rows, report_json, summarise, tradeoff_lines,

@@ -91,6 +91,29 @@ pub fn paired_by(results: &[RunResult], score: impl Fn(&RunResult) -> f32) -> Ve
         .collect()
 }
 
+/// Every algorithm paired by seed against each of `baselines` in turn (the results with the
+/// baseline's first, as [`paired`] pairs against the first); a name that did not run is
+/// an error that lists the ones that did.
+pub fn paired_against(
+    baselines: &[String],
+    results: &[RunResult],
+) -> anyhow::Result<Vec<(String, Vec<Paired>)>> {
+    baselines
+        .iter()
+        .map(|baseline| {
+            let (first, rest): (Vec<RunResult>, Vec<RunResult>) =
+                (results.iter().cloned()).partition(|r| &r.algorithm == baseline);
+            if first.is_empty() && !results.is_empty() {
+                let mut ran: Vec<&str> = results.iter().map(|r| r.algorithm.as_str()).collect();
+                ran.sort_unstable();
+                ran.dedup();
+                anyhow::bail!("--paired-against {baseline}: not among {}", ran.join(", "));
+            }
+            Ok((baseline.clone(), paired(&[first, rest].concat())))
+        })
+        .collect()
+}
+
 /// The mean of `values` and the half-width of its 95 % Student-t interval (0 with one value);
 /// `None` without values.
 pub fn interval(values: &[f64]) -> Option<(f64, f64)> {

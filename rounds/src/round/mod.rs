@@ -567,6 +567,9 @@ impl Rounds {
 mod tests;
 
 #[cfg(test)]
+mod objectives_tests;
+
+#[cfg(test)]
 mod guard_tests;
 
 #[cfg(test)]

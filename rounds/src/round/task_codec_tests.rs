@@ -3,7 +3,8 @@
 
 use fedge_wire::{ClientUpdate, Codec, LocalMetrics, TensorF32, TrainParams};
 
-use super::tests::{M, config, drain, feddim_update, tasks, update};
+use super::objectives_tests::feddim_update;
+use super::tests::{M, config, drain, tasks, update};
 use super::*;
 use crate::objectives::feddim::InsightConfig;
 use crate::strategy::FedAvg;
