@@ -52,10 +52,8 @@ use crate::eval::{Algorithm, VAL_FRACTION, interval, split_features};
 
 mod site;
 
+pub use site::SITE;
 use site::{SeedData, seed_data, serve_correction, served, serving_stats, site_better};
-
-/// The deployed site's client id (and sensor).
-pub const SITE: &str = "blurred";
 
 /// The benchmark's settings.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -14,9 +14,11 @@ use fedge_edge::data::ImageSet;
 use fedge_models::head::argmax;
 use fedge_models::{Backbone, Forward, HeadConfig};
 
-use super::SITE;
 use crate::datasets::SENSORS;
 use crate::eval::{VAL_FRACTION, split_features};
+
+/// The deployed site's client id (and sensor).
+pub const SITE: &str = "blurred";
 
 /// One seed's data as features: the five training sites, the deployed site's stream and its
 /// held-out images.
