@@ -16,7 +16,7 @@
 //! release stays. The correction served is then trained on every row.
 //!
 //! Pure computation on features (already standardised as the site serves them) and flat
-//! parameters: the device's driver, the simulator's benchmarks and the tests call it alike.
+//! parameters ([`Corrector`]): the device's driver, the simulator's benchmarks and the tests call it alike.
 
 use burn::prelude::Device;
 use fedge_models::HeadConfig;
@@ -71,6 +71,11 @@ pub struct SiteHead {
 }
 
 impl SiteHead {
+    /// Whether the comparison finds the correction better at `settings.significance`.
+    pub fn better(&self, settings: &SiteHeadSettings) -> bool {
+        self.p_value < settings.significance
+    }
+
     /// Whether the correction serves.
     pub fn chosen(&self) -> bool {
         self.params.is_some()
@@ -91,94 +96,98 @@ impl SiteHead {
     }
 }
 
-/// The release's head `release` (flat, `head`'s layout) or the site's correction of it from
-/// its labelled `rows`, whichever the paired test picks (the module's comment). Deterministic
-/// for a given `seed`. The rows must be ones the release did not train on (labels that have
-/// not reached the federation yet): on rows it trained on, the release looks better than it
-/// is, and a site that judged once, when its labels came, keeps that judgement for the
-/// releases that follow ([`correct`] them).
-pub fn choose(
-    head: &HeadConfig,
-    release: &[f32],
-    rows: &FeatureSet,
-    settings: &SiteHeadSettings,
-    seed: u64,
-    device: &Device,
-) -> Result<SiteHead, TrainError> {
-    let mut judged = judge(head, release, rows, settings, seed, device)?;
-    if judged.p_value < settings.significance {
-        judged.params = Some(correct(head, release, rows, settings, seed, device)?);
-    }
-    Ok(judged)
+/// What a site corrects releases with: the head's sizes, the settings and the Burn device.
+#[derive(Clone, Copy)]
+pub struct Corrector<'a> {
+    /// The head's sizes (the releases' layout).
+    pub head: &'a HeadConfig,
+    /// How the correction is trained and judged.
+    pub settings: SiteHeadSettings,
+    /// Burn device to train on.
+    pub device: &'a Device,
 }
 
-/// The paired comparison of [`choose`] without the correction served (`params` is `None`):
-/// each row scored by a correction that did not train on it, against the release.
-pub fn judge(
-    head: &HeadConfig,
-    release: &[f32],
-    rows: &FeatureSet,
-    settings: &SiteHeadSettings,
-    seed: u64,
-    device: &Device,
-) -> Result<SiteHead, TrainError> {
-    let n = rows.len();
-    let folds = settings.folds.max(2);
-    let judged = |gained, lost, p_value| SiteHead {
-        params: None,
-        gained,
-        lost,
-        rows: n as u32,
-        p_value,
-    };
-    if n < folds {
-        return Ok(judged(0, 0, 1.0));
+impl Corrector<'_> {
+    /// The release's head `release` (flat) or the site's correction of it from its labelled
+    /// `rows`, whichever the paired test picks (the module's comment). Deterministic for a
+    /// given `seed`. The rows must be ones the release did not train on (labels that have not
+    /// reached the federation yet): on rows it trained on, the release looks better than it
+    /// is, so a site that judged once, when its labels came, keeps that judgement for the
+    /// releases that follow ([`Corrector::correct`] them).
+    pub fn choose(
+        &self,
+        release: &[f32],
+        rows: &FeatureSet,
+        seed: u64,
+    ) -> Result<SiteHead, TrainError> {
+        let mut judged = self.judge(release, rows, seed)?;
+        if judged.better(&self.settings) {
+            judged.params = Some(self.correct(release, rows, seed)?);
+        }
+        Ok(judged)
     }
-    let by_release = predict_flat(head, release, &rows.features)?;
-    let (mut gained, mut lost) = (0u32, 0u32);
-    for fold in 0..folds {
-        let (held, kept): (Vec<usize>, Vec<usize>) = (0..n).partition(|i| i % folds == fold);
-        let kept = rows.rows(&kept);
-        let trained = correct(head, release, &kept, settings, seed ^ fold as u64, device)?;
-        let held_rows = rows.rows(&held);
-        let by_correction = predict_flat(head, &trained, &held_rows.features)?;
-        for (j, &i) in held.iter().enumerate() {
-            let y = rows.labels[i] as usize;
-            match (by_correction[j] == y, by_release[i] == y) {
-                (true, false) => gained += 1,
-                (false, true) => lost += 1,
-                _ => {}
+
+    /// The paired comparison of [`Corrector::choose`] without the correction served
+    /// (`params` is `None`): each row scored by a correction that did not train on it, against
+    /// the release.
+    pub fn judge(
+        &self,
+        release: &[f32],
+        rows: &FeatureSet,
+        seed: u64,
+    ) -> Result<SiteHead, TrainError> {
+        let n = rows.len();
+        let folds = self.settings.folds.max(2);
+        let (mut gained, mut lost) = (0u32, 0u32);
+        if n >= folds {
+            let by_release = predict_flat(self.head, release, &rows.features)?;
+            for fold in 0..folds {
+                let (held, kept): (Vec<usize>, Vec<usize>) =
+                    (0..n).partition(|i| i % folds == fold);
+                let trained = self.correct(release, &rows.rows(&kept), seed ^ fold as u64)?;
+                let by_correction = predict_flat(self.head, &trained, &rows.rows(&held).features)?;
+                for (&i, &answer) in held.iter().zip(&by_correction) {
+                    let y = rows.labels[i] as usize;
+                    match (answer == y, by_release[i] == y) {
+                        (true, false) => gained += 1,
+                        (false, true) => lost += 1,
+                        _ => {}
+                    }
+                }
             }
         }
+        Ok(SiteHead {
+            params: None,
+            gained,
+            lost,
+            rows: n as u32,
+            p_value: fedge_wire::paired::improvement_p(gained, lost),
+        })
     }
-    let p_value = fedge_wire::paired::improvement_p(gained, lost);
-    Ok(judged(gained, lost, p_value))
-}
 
-/// The release's head trained on `rows` with the proximal term towards it: the site's
-/// correction.
-pub fn correct(
-    head: &HeadConfig,
-    release: &[f32],
-    rows: &FeatureSet,
-    settings: &SiteHeadSettings,
-    seed: u64,
-    device: &Device,
-) -> Result<Vec<f32>, TrainError> {
-    let params = TrainParams {
-        objective: Objective::FedProx,
-        local_epochs: settings.epochs,
-        learning_rate: settings.learning_rate,
-        prox_mu: settings.prox_mu,
-        // The rows come standardised as the site serves them.
-        feature_norm: FeatureNorm::None,
-        ..TrainParams::default()
-    };
-    let job = TrainJob {
-        seed,
-        ..TrainJob::new(head, release, rows, &params, device)
-    };
-    Ok(train_head(&job)?.params)
+    /// The release's head trained on `rows` with the proximal term towards it: the site's
+    /// correction.
+    pub fn correct(
+        &self,
+        release: &[f32],
+        rows: &FeatureSet,
+        seed: u64,
+    ) -> Result<Vec<f32>, TrainError> {
+        let params = TrainParams {
+            objective: Objective::FedProx,
+            local_epochs: self.settings.epochs,
+            learning_rate: self.settings.learning_rate,
+            prox_mu: self.settings.prox_mu,
+            // The rows come standardised as the site serves them.
+            feature_norm: FeatureNorm::None,
+            ..TrainParams::default()
+        };
+        let job = TrainJob {
+            seed,
+            ..TrainJob::new(self.head, release, rows, &params, self.device)
+        };
+        Ok(train_head(&job)?.params)
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +198,18 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     const F: usize = 6;
+
+    fn corrector<'a>(
+        head: &'a HeadConfig,
+        settings: &SiteHeadSettings,
+        device: &'a Device,
+    ) -> Corrector<'a> {
+        Corrector {
+            head,
+            settings: *settings,
+            device,
+        }
+    }
 
     /// `n` rows of three classes, each a Gaussian blob around its own corner; at a site whose
     /// `swap` is set, classes 0 and 1 trade places (what the federation learnt is wrong there).
@@ -238,7 +259,9 @@ mod tests {
         let settings = SiteHeadSettings::default();
         // Two classes swapped: the release gets two thirds of the rows wrong.
         let site = rows(45, true, 7);
-        let chosen = choose(&head, &release, &site, &settings, 5, &device).unwrap();
+        let chosen = corrector(&head, &settings, &device)
+            .choose(&release, &site, 5)
+            .unwrap();
         assert!(chosen.chosen(), "{}", chosen.reason());
         assert!(chosen.gained > chosen.lost + 10, "{chosen:?}");
         let served = chosen.params.clone().unwrap();
@@ -252,7 +275,9 @@ mod tests {
         assert!(right(&served) > right(&release) + 30, "{chosen:?}");
         // A site like the federation's: nothing to gain beyond noise, the release stays.
         let like = rows(45, false, 9);
-        let kept = choose(&head, &release, &like, &settings, 5, &device).unwrap();
+        let kept = corrector(&head, &settings, &device)
+            .choose(&release, &like, 5)
+            .unwrap();
         assert!(!kept.chosen(), "{}", kept.reason());
         assert!(kept.reason().contains("the release as it is"));
     }
@@ -264,15 +289,9 @@ mod tests {
         let release = head.init_flat(1);
         for n in [0, 1, 3] {
             let site = rows(n, true, 2);
-            let kept = choose(
-                &head,
-                &release,
-                &site,
-                &SiteHeadSettings::default(),
-                1,
-                &device,
-            );
-            let kept = kept.unwrap();
+            let settings = SiteHeadSettings::default();
+            let corrector = corrector(&head, &settings, &device);
+            let kept = corrector.choose(&release, &site, 1).unwrap();
             assert!(!kept.chosen() && kept.rows == n as u32, "{kept:?}");
         }
     }

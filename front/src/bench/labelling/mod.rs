@@ -388,7 +388,7 @@ fn run_arm(
             };
             if let Some((before, deployed_params, picked)) = deployed.take_if(|_| done) {
                 let after = score(&params, pooled.as_ref(), &labelled)?;
-                let (served, corrected) = match better {
+                let served = match better {
                     true => serve_correction(
                         data,
                         &head,
@@ -399,7 +399,7 @@ fn run_arm(
                         norm,
                         seed,
                     )?,
-                    false => (after, false),
+                    false => after,
                 };
                 let adapted = SiteNorm {
                     norm: FeatureNorm::Balanced,
@@ -418,7 +418,7 @@ fn run_arm(
                         accuracy: after,
                         rounds_with_site: with_site,
                         served,
-                        corrected,
+                        corrected: better,
                         ..p
                     }),
                 });

@@ -6,11 +6,12 @@
 use std::sync::Arc;
 
 use fedge_device::labelling::uncertainty;
-use fedge_device::site_head::{self, SiteHeadSettings};
+use fedge_device::site_head::{Corrector, SiteHeadSettings};
 use fedge_device::site_norm::{FeatureNorm, FeatureStats, FeatureSummary, SiteNorm, standardised};
 use fedge_device::train::DeviceData;
 use fedge_device::{FeatureSet, accuracy};
 use fedge_edge::data::ImageSet;
+use fedge_models::Device;
 use fedge_models::head::argmax;
 use fedge_models::{Backbone, Forward, HeadConfig};
 
@@ -120,7 +121,7 @@ pub(super) fn served(
 
 /// Whether the site's correction of the release it labelled from (`params`) is better beyond
 /// noise on its labelled `rows` (standardised as served), which that release has not trained
-/// on (`fedge_device::site_head::judge`).
+/// on (`fedge_device::site_head::Corrector::judge`).
 pub(super) fn site_better(
     head: &HeadConfig,
     params: &[f32],
@@ -128,14 +129,13 @@ pub(super) fn site_better(
     seed: u64,
 ) -> anyhow::Result<bool> {
     let device = fedge_models::training_device(fedge_models::Backend::default());
-    let settings = SiteHeadSettings::default();
-    let judged = site_head::judge(head, params, rows, &settings, seed ^ 0x517e, &device)?;
-    Ok(judged.p_value < settings.significance)
+    let corrector = corrector(head, &device);
+    let judged = corrector.judge(params, rows, seed ^ 0x517e)?;
+    Ok(judged.better(&corrector.settings))
 }
 
 /// The site's accuracy on its held-out images served the correction of the final release
-/// (`params`) from its labelled rows `answered`, standardised as it serves that release; and
-/// `true` (the correction serves).
+/// (`params`) from its labelled rows `answered`, standardised as it serves that release.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn serve_correction(
     data: &SeedData,
@@ -146,12 +146,23 @@ pub(super) fn serve_correction(
     answered: &FeatureSet,
     norm: FeatureNorm,
     seed: u64,
-) -> anyhow::Result<(f32, bool)> {
+) -> anyhow::Result<f32> {
     let stats = serving_stats(norm, pooled, labelled, &data.stream, head, params);
     let rows = standardised(stats.as_ref(), answered);
     let device = fedge_models::training_device(fedge_models::Backend::default());
-    let settings = SiteHeadSettings::default();
-    let corrected = site_head::correct(head, params, &rows, &settings, seed ^ 0x517e, &device)?;
-    let accuracy = accuracy(head, &corrected, &standardised(stats.as_ref(), &data.test))?;
-    Ok((accuracy, true))
+    let corrected = corrector(head, &device).correct(params, &rows, seed ^ 0x517e)?;
+    Ok(accuracy(
+        head,
+        &corrected,
+        &standardised(stats.as_ref(), &data.test),
+    )?)
+}
+
+/// The per-site choice with its default settings.
+fn corrector<'a>(head: &'a HeadConfig, device: &'a Device) -> Corrector<'a> {
+    Corrector {
+        head,
+        settings: SiteHeadSettings::default(),
+        device,
+    }
 }
