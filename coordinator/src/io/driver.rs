@@ -541,4 +541,56 @@ mod tests {
         let kept = crate::store::control::load(&file).unwrap().unwrap();
         assert_eq!(kept.pool_reset, Some(0));
     }
+
+    #[test]
+    fn a_status_with_hostile_loading_and_skip_fields_is_read_or_refused_never_trusted() {
+        let mut rounds = Rounds::new(
+            RoundConfig::default(),
+            Box::new(crate::strategy::FedAvg),
+            vec![0.0; 4],
+        );
+        // Counts at their limits, a file name with terminal escapes: read, the device online,
+        // nothing of it used for a decision.
+        let status = |client: &str| {
+            serde_json::to_value(fedge_wire::EdgeStatus {
+                client_id: client.into(),
+                online: true,
+                updated_at: "t1".into(),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        let mut extreme = status("cam-1");
+        for (field, value) in [
+            ("loading", serde_json::json!("features\u{1b}[2J")),
+            ("loading_done", serde_json::json!(u64::MAX)),
+            ("loading_total", serde_json::json!(1)),
+            ("skipped_images", serde_json::json!(u64::MAX)),
+            (
+                "last_skipped_image",
+                serde_json::json!("\u{1b}]0;owned\u{7}"),
+            ),
+            ("last_skipped_reason", serde_json::json!("x".repeat(1000))),
+        ] {
+            extreme[field] = value;
+        }
+        handle_edge_status(&mut rounds, "cam-1", extreme.to_string().as_bytes(), 0);
+        assert!(rounds.online().contains("cam-1"));
+        assert!(
+            rounds.rejected_total().is_empty(),
+            "{:?}",
+            rounds.rejected_total()
+        );
+        // A negative count or one past u64 is not a status: refused, counted, nothing changes.
+        for bad in ["-1", "18446744073709551616", "\"many\""] {
+            let text = status("cam-2").to_string().replacen(
+                "\"online\":true",
+                &format!("\"online\":true,\"skipped_images\":{bad}"),
+                1,
+            );
+            handle_edge_status(&mut rounds, "cam-2", text.as_bytes(), 1);
+        }
+        assert!(!rounds.online().contains("cam-2"));
+        assert_eq!(rounds.rejected_total().get("malformed"), Some(&3));
+    }
 }
