@@ -273,16 +273,7 @@ fn a_finished_federation_runs_again_under_a_new_run_when_the_operator_says() {
 
 #[test]
 fn a_new_run_too_long_to_count_is_refused_as_bad_control() {
-    let mut m = machine(
-        &["a", "b"],
-        RoundConfig {
-            rounds: 1,
-            ..config()
-        },
-    );
-    drain(&mut m);
-    answer(&mut m, 1, &["a", "b"], 2);
-    assert_eq!(m.phase(), Phase::Finished);
+    let mut m = finished_one_round();
     let run = m.config().run;
     m.apply_control(&Command::NewRun { rounds: u64::MAX }, 3);
     assert_eq!(rejected_reasons(&drain(&mut m)), ["bad_control"]);
@@ -298,6 +289,34 @@ fn a_new_run_too_long_to_count_is_refused_as_bad_control() {
     assert_eq!(m.phase(), Phase::Training);
 }
 
+/// Endless rounds of every online device, a quorum of two; a device that fails two in a
+/// row rests.
+fn resting_after_two() -> RoundConfig {
+    RoundConfig {
+        rounds: 0,
+        min_clients: 2,
+        min_updates: 2,
+        fraction: 1.0,
+        max_missed_rounds: 2,
+        ..config()
+    }
+}
+
+/// `a` and `b` ran a one-round federation to its end.
+fn finished_one_round() -> Rounds {
+    let mut m = machine(
+        &["a", "b"],
+        RoundConfig {
+            rounds: 1,
+            ..config()
+        },
+    );
+    drain(&mut m);
+    answer(&mut m, 1, &["a", "b"], 2);
+    assert_eq!(m.phase(), Phase::Finished);
+    m
+}
+
 fn rejected_reasons(out: &[Output]) -> Vec<&'static str> {
     out.iter()
         .filter_map(|o| match o {
@@ -309,14 +328,7 @@ fn rejected_reasons(out: &[Output]) -> Vec<&'static str> {
 
 #[test]
 fn a_device_failing_rounds_in_a_row_rests_until_it_reports_healthy() {
-    let three = RoundConfig {
-        rounds: 0,
-        min_clients: 2,
-        min_updates: 2,
-        fraction: 1.0,
-        max_missed_rounds: 2,
-        ..config()
-    };
+    let three = resting_after_two();
     let mut m = three_online(three);
     let mut t = 0;
     // c never answers: each round waits out its deadline for it.
@@ -361,14 +373,7 @@ fn declining(client: &str, run: u64, round: u64, at: &str) -> fedge_wire::EdgeSt
 
 #[test]
 fn a_device_that_declines_is_not_waited_for_and_rests_after_declining_in_a_row() {
-    let three = RoundConfig {
-        rounds: 0,
-        min_clients: 2,
-        min_updates: 2,
-        fraction: 1.0,
-        max_missed_rounds: 2,
-        ..config()
-    };
+    let three = resting_after_two();
     let run = three.run;
     let mut m = three_online(three);
     let task = tasks(&drain(&mut m)).pop().unwrap();
@@ -477,16 +482,7 @@ fn a_site_aggregator_refuses_reset_pool_and_names_where_to_send_it() {
 
 #[test]
 fn every_command_s_planned_settings_are_the_ones_it_leaves() {
-    let mut m = machine(
-        &["a", "b"],
-        RoundConfig {
-            rounds: 1,
-            ..config()
-        },
-    );
-    drain(&mut m);
-    answer(&mut m, 1, &["a", "b"], 2);
-    assert_eq!(m.phase(), Phase::Finished);
+    let mut m = finished_one_round();
     let commands = [
         Command::Pause,
         Command::Ban { client: "b".into() },
@@ -556,12 +552,8 @@ fn a_resting_device_is_tried_again_when_its_rest_ends_and_rests_longer_if_it_fai
     // Three devices, all needed: a resting c stops the federation, which must not wait for
     // ever for a status without an error that a declining device never sends.
     let all = RoundConfig {
-        rounds: 0,
         min_clients: 3,
-        min_updates: 2,
-        fraction: 1.0,
-        max_missed_rounds: 2,
-        ..config()
+        ..resting_after_two()
     };
     let run = all.run;
     let mut m = three_online(all);
