@@ -265,9 +265,10 @@ fn a_feature_cache_limit_cuts_the_data_and_check_says_how_much() {
     assert!(kept.class_counts().iter().all(|&c| c > 0));
 }
 
-/// Publishes `payload` retained on `topic` of the broker at `port`.
+/// Publishes `payload` retained on `topic` of the broker at `port` (an empty one clears it).
 fn retain(port: u16, topic: &str, payload: Vec<u8>) {
-    let options = rumqttc::MqttOptions::new("retainer", "127.0.0.1", port);
+    let mut options = rumqttc::MqttOptions::new("retainer", "127.0.0.1", port);
+    options.set_max_packet_size(1 << 20, 1 << 20);
     let (client, mut connection) = rumqttc::Client::new(options, 8);
     client
         .publish(topic, rumqttc::QoS::AtLeastOnce, true, payload)

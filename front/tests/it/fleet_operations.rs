@@ -95,21 +95,8 @@ impl Fleet {
     }
 
     fn start_coordinator(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.root.join("coordinator.log"))
-            .unwrap();
-        let child = Command::new(common::coordinator_binary())
-            .args(["run", "--config"])
-            .arg(self.config())
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.coordinator = Some(KillOnDrop(child));
+        let log = self.root.join("coordinator.log");
+        self.coordinator = Some(crate::releases::start_coordinator(&self.config(), &log));
     }
 
     /// SIGTERM, as systemd stops it, and the process gone.

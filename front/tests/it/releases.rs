@@ -330,7 +330,7 @@ async fn answer(client: &AsyncClient, topics: &Topics, seen: &mut Seen, task: Ro
 }
 
 /// The coordinator binary on `config`, its log (info) appended to `log`, killed on drop.
-fn start_coordinator(config: &Path, log: &Path) -> KillOnDrop {
+pub(crate) fn start_coordinator(config: &Path, log: &Path) -> KillOnDrop {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

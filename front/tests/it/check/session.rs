@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use fedge_edge::check::run_checks;
 use fedge_wire::{BackboneRef, DeviceKey, Message, Topics};
 
+use super::retain;
 use crate::broker_hardening::mosquitto::Broker;
 use crate::common::{self, KillOnDrop};
 
@@ -126,23 +127,6 @@ fn a_check_beside_a_running_agent_proves_its_tls_files_and_leaves_its_session_al
         "{said}"
     );
     assert!(said.contains("(free now)"), "{said}");
-}
-
-/// Publishes `payload` retained on `topic` of the broker at `port` (an empty one clears it).
-fn retain(port: u16, topic: &str, payload: Vec<u8>) {
-    let mut options = rumqttc::MqttOptions::new("retainer", "127.0.0.1", port);
-    options.set_max_packet_size(1 << 20, 1 << 20);
-    let (client, mut connection) = rumqttc::Client::new(options, 8);
-    client
-        .publish(topic, rumqttc::QoS::AtLeastOnce, true, payload)
-        .unwrap();
-    for event in connection.iter() {
-        if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) = event {
-            break;
-        }
-        event.unwrap();
-    }
-    let _ = client.disconnect();
 }
 
 #[test]
