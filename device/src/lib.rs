@@ -20,6 +20,7 @@ pub mod labelling;
 pub mod local_dp;
 pub mod machine;
 pub mod random;
+pub mod site_choice;
 pub mod site_head;
 pub mod site_norm;
 pub mod state;

@@ -136,11 +136,28 @@ impl Corrector<'_> {
         rows: &FeatureSet,
         seed: u64,
     ) -> Result<SiteHead, TrainError> {
+        let by_release = match rows.len() >= self.settings.folds.max(2) {
+            true => predict_flat(self.head, release, &rows.features)?,
+            false => Vec::new(),
+        };
+        self.judge_against(release, rows, &by_release, seed)
+    }
+
+    /// [`Corrector::judge`] against `baseline`, the classes what the site serves now answers
+    /// for `rows` (the release, or its label-free adaptation): each row scored by a correction
+    /// of `release` that did not train on it.
+    pub fn judge_against(
+        &self,
+        release: &[f32],
+        rows: &FeatureSet,
+        baseline: &[usize],
+        seed: u64,
+    ) -> Result<SiteHead, TrainError> {
         let n = rows.len();
         let folds = self.settings.folds.max(2);
         let (mut gained, mut lost) = (0u32, 0u32);
-        if n >= folds {
-            let by_release = predict_flat(self.head, release, &rows.features)?;
+        if n >= folds && baseline.len() == n {
+            let by_release = baseline;
             for fold in 0..folds {
                 let (held, kept): (Vec<usize>, Vec<usize>) =
                     (0..n).partition(|i| i % folds == fold);

@@ -43,7 +43,8 @@ enum Command {
     /// per image on standard output.
     ///
     /// Each line holds `file`, `class`, `index`, `probability`, `top_k` (the best classes with
-    /// their probabilities), `logits` and `model_round`; an image that cannot be read gives a
+    /// their probabilities), `logits`, `model_round` and `variant` (the variant of the release
+    /// the device serves at its site, as the running agent kept it); an image that cannot be read gives a
     /// line with `file` and `error`, the other images are still predicted, and the exit code is
     /// 1. Images are decoded and resized as training images are (PNG or JPEG).
     #[command(
@@ -63,6 +64,10 @@ enum Command {
         /// Best classes listed per image (at most all of them).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         top_k: u64,
+        /// The release as the federation made it, not the variant of it the device serves at
+        /// its site (`[inference] adapt`; what an ONNX export of the release answers).
+        #[arg(long)]
+        as_released: bool,
         /// PNG or JPEG files.
         #[arg(required = true, value_name = "IMAGE")]
         images: Vec<PathBuf>,
@@ -136,10 +141,11 @@ fn main() -> anyhow::Result<()> {
             config,
             model,
             top_k,
+            as_released,
             images,
         } => {
             let top_k = usize::try_from(top_k).unwrap_or(usize::MAX);
-            if !cmd::predict::predict(&config, model.as_deref(), top_k, &images)? {
+            if !cmd::predict::predict(&config, model.as_deref(), top_k, as_released, &images)? {
                 std::process::exit(1);
             }
         }

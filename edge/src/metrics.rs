@@ -37,6 +37,7 @@ pub struct EdgeMetrics {
     labelling_waiting: Gauge,
     labelling_labelled: Gauge,
     serving: Family<ReleaseLabels, Gauge>,
+    site_variant: Family<VariantLabels, Gauge>,
     images_skipped: Counter,
     /// Held while `images_skipped` is brought up to a total, so two callers add it once.
     skipped_sync: std::sync::Mutex<()>,
@@ -45,6 +46,11 @@ pub struct EdgeMetrics {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReleaseLabels {
     sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct VariantLabels {
+    variant: &'static str,
 }
 
 impl std::fmt::Debug for EdgeMetrics {
@@ -70,6 +76,15 @@ impl Default for EdgeMetrics {
         let labelling_waiting = Gauge::default();
         let labelling_labelled = Gauge::default();
         let serving = Family::default();
+        let site_variant = Family::<VariantLabels, Gauge>::default();
+        for variant in fedge_wire::SiteVariant::ALL {
+            let labels = VariantLabels {
+                variant: variant.name(),
+            };
+            site_variant
+                .get_or_create(&labels)
+                .set(i64::from(variant == fedge_wire::SiteVariant::Release));
+        }
         let images_skipped = Counter::default();
         let r = &mut registry;
         r.register(
@@ -143,6 +158,12 @@ impl Default for EdgeMetrics {
             "1 for the release (its SHA-256) the device serves predictions with",
             serving.clone(),
         );
+        r.register(
+            "site_variant",
+            "1 for the variant of the release the device serves at its site (release, prior-em, \
+             correction), 0 for the others",
+            site_variant.clone(),
+        );
         Self {
             registry,
             rounds_trained,
@@ -159,6 +180,7 @@ impl Default for EdgeMetrics {
             labelling_waiting,
             labelling_labelled,
             serving,
+            site_variant,
             images_skipped,
             skipped_sync: Default::default(),
         }
@@ -191,6 +213,16 @@ impl EdgeMetrics {
                 sha256: sha256.to_owned(),
             })
             .set(1);
+    }
+
+    /// The site serves `variant` of the release (1 for it, 0 for the others).
+    pub fn site_variant(&self, variant: fedge_wire::SiteVariant) {
+        for v in fedge_wire::SiteVariant::ALL {
+            let labels = VariantLabels { variant: v.name() };
+            self.site_variant
+                .get_or_create(&labels)
+                .set(i64::from(v == variant));
+        }
     }
 
     /// The labelling queue holds `waiting` inputs; `labelled` labels were given.

@@ -30,6 +30,7 @@ pub mod paired;
 pub mod previous;
 mod serving;
 pub mod site_stats;
+mod site_variant;
 mod status;
 mod tensor;
 mod topics;
@@ -62,6 +63,7 @@ pub use serving::{MAX_CANARIES, ServingPointer, Stage, decode_serving};
 pub use site_stats::{
     Familiarity, FeatureStats, FeatureSummary, MIN_CLASS_DEVICES, MIN_CLASS_ROWS,
 };
+pub use site_variant::{SiteAdapt, SiteChoice, SiteVariant};
 pub use status::{
     AuditHead, BufferStatus, CoordinatorStatus, Declined, DriftStatus, EdgeStatus, GateOutcome,
     GateVerdict, LabellingStatus, RejectCounts, ReleaseRef, ReleaseStatus, RunSummary,

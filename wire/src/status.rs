@@ -358,6 +358,10 @@ pub struct EdgeStatus {
     /// pooled summary). Not signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<DriftStatus>,
+    /// The variant of the served release the device serves at its site, and why (absent
+    /// until it serves one). Not signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site_choice: Option<crate::SiteChoice>,
     /// The site's labelling queue, in counts only (absent without `[labelling]`). Not signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labelling: Option<LabellingStatus>,
@@ -473,6 +477,7 @@ impl Default for EdgeStatus {
             epsilon: None,
             declined: None,
             drift: None,
+            site_choice: None,
             labelling: None,
             loading: None,
             loading_done: 0,
@@ -849,6 +854,7 @@ mod tests {
                 reason: "cannot".into(),
             }),
             drift: None,
+            site_choice: None,
             labelling: None,
             loading: Some("features".into()),
             loading_done: 200,

@@ -147,6 +147,16 @@ impl Agent {
         }
     }
 
+    /// The device serves `choice`, a variant of its release chosen for its site: it goes into
+    /// the status, published at once when it changed.
+    pub fn handle_site_choice(&mut self, choice: Option<fedge_wire::SiteChoice>) {
+        if self.status.site_choice == choice {
+            return;
+        }
+        self.status.site_choice = choice;
+        self.publish_status();
+    }
+
     /// An evaluation-only device scored a release or a candidate (or could not: the error goes
     /// into `last_error`); the status says which one its `evaluation` is of.
     pub fn handle_evaluated(&mut self, scored: Scored) {

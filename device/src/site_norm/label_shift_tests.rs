@@ -10,8 +10,8 @@ use super::{FeatureSet, FeatureSummary, summary_of};
 use crate::random::standard_normal;
 use fedge_models::HeadConfig;
 
-const F: usize = 4;
-const K: usize = 3;
+pub(crate) const F: usize = 4;
+pub(crate) const K: usize = 3;
 /// The pool's class means; every class has unit variance per feature.
 const MEANS: [[f32; F]; K] = [
     [0.0, 0.0, 0.0, 0.0],
@@ -20,7 +20,7 @@ const MEANS: [[f32; F]; K] = [
 ];
 
 /// `counts[k]` rows of class `k`, each `scale ⊙ z + shift` with `z ~ N(μ_k, I)`.
-fn site(counts: [usize; K], scale: [f32; F], shift: [f32; F], seed: u64) -> FeatureSet {
+pub(crate) fn site(counts: [usize; K], scale: [f32; F], shift: [f32; F], seed: u64) -> FeatureSet {
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut features, mut labels) = (Vec::new(), Vec::new());
     for (k, &n) in counts.iter().enumerate() {
@@ -43,17 +43,17 @@ fn site(counts: [usize; K], scale: [f32; F], shift: [f32; F], seed: u64) -> Feat
     .rows(&order)
 }
 
-const SAME: [f32; F] = [1.0; F];
-const NONE: [f32; F] = [0.0; F];
+pub(crate) const SAME: [f32; F] = [1.0; F];
+pub(crate) const NONE: [f32; F] = [0.0; F];
 
-fn pool() -> FeatureSummary {
+pub(crate) fn pool() -> FeatureSummary {
     summary_of(&site([400, 400, 400], SAME, NONE, 1), K).unwrap()
 }
 
 /// The pool's Bayes classifier as a head: hidden units `x` and `−x` (so ReLU passes `x`
 /// through), logits `Σ_j μ̂_kj x̂_j / ŵ_j − ½ Σ_j μ̂_kj² / ŵ_j + log π⁰_k` in the standardised
 /// space the head is trained in.
-fn bayes_head(pool: &FeatureSummary) -> (HeadConfig, Vec<f32>) {
+pub(crate) fn bayes_head(pool: &FeatureSummary) -> (HeadConfig, Vec<f32>) {
     let stats = pool.balanced_stats().unwrap();
     let head = HeadConfig::new(F, K).with_hidden(2 * F);
     let h = 2 * F;

@@ -23,7 +23,7 @@ use crate::features::FeatureSet;
 
 pub mod label_shift;
 #[cfg(test)]
-mod label_shift_tests;
+pub(crate) mod label_shift_tests;
 
 pub use label_shift::{Outcome, PriorShift, prior_shift};
 

@@ -23,6 +23,7 @@ use super::refresh::{self, Refreshed};
 use super::serve;
 use super::setup::AgentSetup;
 use super::stamp::{self, LoadingWatch, json};
+use super::variant;
 use crate::data::LoadReport;
 use fedge_device::local_dp::LocalDp;
 use fedge_device::machine::{Agent, AgentSummary, InvalidIdentity, Output, Scored, Trained};
@@ -77,6 +78,19 @@ pub async fn run_agent(
     }
     let topics = Topics::new(&setup.federation).map_err(|e| InvalidIdentity(e.to_string()))?;
     let infer_topic = serve::request_topic(&setup, &topics);
+    // The rows with their site statistics, rebuilt when the data change.
+    let mut data = DeviceData::new(
+        Arc::clone(&setup.train),
+        Arc::clone(&setup.val),
+        setup.views.clone(),
+    );
+    // The release kept on disk, with the variant of it the site served, serves from the first
+    // request on, until the machine chooses another.
+    let restored = serve::restore(&setup);
+    if let Some(release) = &restored {
+        serve::install(&setup, release, data.serving_stats(release).as_deref());
+        variant::adopt_kept(&setup, release);
+    }
     let server = serve::start_http(&setup, stop.clone()).await?;
     let labelling_page = serve::start_labelling(&setup, stop.clone()).await?;
     // What the device's data loading shows: in the status and the metrics.
@@ -118,21 +132,17 @@ pub async fn run_agent(
     let (done_tx, mut done_rx) =
         mpsc::unbounded_channel::<(Trained, Option<(Refreshed, DeviceData)>)>();
     let (scored_tx, mut scored_rx) = mpsc::unbounded_channel::<Scored>();
+    let (chosen_tx, mut chosen_rx) = mpsc::unbounded_channel::<variant::Chosen>();
     let done = Done {
         local_state: Arc::new(std::sync::Mutex::new(LocalState::default())),
         trained: done_tx,
         scored: scored_tx,
+        chosen: chosen_tx,
     };
-    // The rows with their site statistics, rebuilt when the data change.
-    let mut data = DeviceData::new(
-        Arc::clone(&setup.train),
-        Arc::clone(&setup.val),
-        setup.views.clone(),
-    );
-    // The release kept on disk serves until the machine chooses another (an evaluation-only
-    // device's machine asks to score it).
-    if let Some(release) = serve::restore(&setup) {
-        serve::install(&setup, &release, data.serving_stats(&release).as_deref());
+    // The restored release: its variant is chosen again (the site's data may have changed),
+    // and an evaluation-only device's machine asks to score it.
+    if let Some(release) = restored {
+        choose_variant(&mut agent, &mut setup, &mut data, &release, &done);
         agent.hold_model(release);
         perform(&mut agent, &mut setup, &mut data, &client, &done, &report);
     }
@@ -198,6 +208,11 @@ pub async fn run_agent(
                 agent.handle_trained(trained);
             }
             Some(scored) = scored_rx.recv() => agent.handle_evaluated(scored),
+            Some(chosen) = chosen_rx.recv() => {
+                if let Some(choice) = variant::adopt(&setup, chosen) {
+                    agent.handle_site_choice(Some(choice));
+                }
+            }
             _ = tick(&mut look) => {
                 // A rescan computing the features of new images: the status says how far.
                 if loading.due(report.loading(), Instant::now()) && connected {
@@ -208,6 +223,7 @@ pub async fn run_agent(
             _ = drift.woken() => {
                 if let Some(window) = drift.take_window() {
                     serve::readapt(&setup, window);
+                    agent.handle_site_choice(serve::choice(&setup));
                 }
                 agent.handle_drift(drift.snapshot());
             }
@@ -239,6 +255,7 @@ struct Done {
     local_state: Arc<std::sync::Mutex<LocalState>>,
     trained: mpsc::UnboundedSender<(Trained, Option<(Refreshed, DeviceData)>)>,
     scored: mpsc::UnboundedSender<Scored>,
+    chosen: mpsc::UnboundedSender<variant::Chosen>,
 }
 
 /// Carries out every output the machine has queued.
@@ -290,6 +307,7 @@ fn perform(
             }
             Output::Serve(release) => {
                 serve::keep(setup, &release, data.serving_stats(&release).as_deref());
+                choose_variant(agent, setup, data, &release, done);
             }
             Output::Score(release, against) => {
                 spawn_scoring(setup, data, *release, against, done.scored.clone())
@@ -303,6 +321,27 @@ fn perform(
             }
         }
     }
+}
+
+/// The site's variant of `release`, which now serves as it is, chosen off the loop
+/// (`super::variant`); the device's labels are numbered as the release's classes first, where
+/// its classes are among them.
+fn choose_variant(
+    agent: &mut Agent,
+    setup: &mut AgentSetup,
+    data: &mut DeviceData,
+    release: &ModelRelease,
+    done: &Done,
+) {
+    if labels::align(setup, &release.classes).is_ok() && !data.holds(&setup.train, &setup.val) {
+        *data = DeviceData::new(
+            Arc::clone(&setup.train),
+            Arc::clone(&setup.val),
+            setup.views.clone(),
+        );
+    }
+    agent.handle_site_choice(serve::choice(setup));
+    variant::spawn_choice(setup, data, release, &done.chosen);
 }
 
 fn spawn_training(

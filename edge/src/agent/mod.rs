@@ -1,6 +1,7 @@
 //! The device agent's I/O: the tokio and MQTT loop that feeds `fedge_device`'s agent machine and
 //! performs its outputs ([`driver`]), the round state file ([`state`]), what a running agent
-//! needs ([`setup`]), the labels and releases it serves with ([`labels`], [`serve`]), a
+//! needs ([`setup`]), the labels and releases it serves with ([`labels`], [`serve`]) and the variant of each
+//! release its site serves ([`variant`]), a
 //! growing site folder taken in ([`refresh`]), what the driver adds to the machine's status
 //! ([`stamp`]: the time, the data's loading and the files left out, the tag) and the
 //! coordinator's word from before the agent connected, held back ([`backlog`]).
@@ -16,6 +17,7 @@ pub mod serve;
 pub mod setup;
 pub mod stamp;
 pub mod state;
+pub mod variant;
 
 pub use driver::{AgentError, run_agent};
 pub use setup::{AgentSetup, Serving};

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use super::setup::AgentSetup;
 use crate::inference::config::ListenError;
 use crate::inference::{Prediction, Predictor, http, serving_log, store};
+use fedge_device::site_choice::SiteServing;
 use fedge_device::site_norm::FeatureStats;
 
 /// The release kept in the device's model file, if there is one that verifies (a damaged or
@@ -89,6 +90,23 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
                 d
             });
             setup.serving.drift.restart(reference);
+            // The release as it is until the site's variant is chosen (`super::variant`).
+            let reason = match setup.serving.inference.adapt {
+                fedge_wire::SiteAdapt::Off => "release: [inference] adapt = \"off\"",
+                fedge_wire::SiteAdapt::Choose => "release: the site's variant is being chosen",
+            };
+            let stats = predictor.site_stats().cloned();
+            let predictor = match predictor.adapted(SiteServing::release(stats, reason)) {
+                Ok(predictor) => predictor,
+                Err(e) => {
+                    tracing::warn!(client = %setup.client_id, "cannot serve the released model: {e}");
+                    return;
+                }
+            };
+            setup
+                .serving
+                .metrics
+                .site_variant(fedge_wire::SiteVariant::Release);
             let predictor = served_by(setup, predictor)
                 .with_limits(limits)
                 .with_unfamiliar_distance(distance)
@@ -103,9 +121,14 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
     }
 }
 
+/// The variant of the release the device serves, when it serves one.
+pub fn choice(setup: &AgentSetup) -> Option<fedge_wire::SiteChoice> {
+    http::current(&setup.serving.predictor).map(|p| p.choice())
+}
+
 /// `predictor` telling the site's labelling queue of every image it answers, when there is
 /// one.
-fn served_by(setup: &AgentSetup, predictor: Predictor) -> Predictor {
+pub(super) fn served_by(setup: &AgentSetup, predictor: Predictor) -> Predictor {
     match &setup.serving.labelling {
         Some(labelling) => predictor.with_served(Arc::clone(&labelling.queue) as _),
         None => predictor,
@@ -153,8 +176,17 @@ pub fn readapt(setup: &AgentSetup, window: Vec<f32>) {
     };
     let limits = crate::inference::ImageLimits::for_memory_budget(setup.memory_budget_mb);
     let tail = setup.tail.clone();
-    match Predictor::with_tail_parts(Arc::clone(backbone), release, Some(stats), tail) {
+    let reason =
+        "release: the site's statistics re-estimated from the requests after a drift alarm";
+    let built =
+        Predictor::with_tail_parts(Arc::clone(backbone), release, Some(stats.clone()), tail)
+            .and_then(|p| p.adapted(SiteServing::release(Some(stats), reason)));
+    match built {
         Ok(predictor) => {
+            setup
+                .serving
+                .metrics
+                .site_variant(fedge_wire::SiteVariant::Release);
             let predictor = served_by(setup, predictor)
                 .with_limits(limits)
                 .with_unfamiliar_distance(setup.serving.inference.unfamiliar_distance)

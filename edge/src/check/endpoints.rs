@@ -117,8 +117,18 @@ pub fn check_inference(config: &EdgeConfig, running: Option<&str>) -> Check {
         ),
         None => "no cache_dir: the released model is not kept across restarts".into(),
     };
+    let adapt = match inference.adapt {
+        fedge_wire::SiteAdapt::Choose => {
+            "; adapt = \"choose\": each release is served as it is unless its label-free \
+             adaptation or the site's correction from its labelled rows is better"
+        }
+        fedge_wire::SiteAdapt::Off => "; adapt = \"off\": each release is served as it is",
+    };
     let Some(listen) = &inference.listen else {
-        return pass("inference", format!("no HTTP endpoint{mqtt}; {kept}"));
+        return pass(
+            "inference",
+            format!("no HTTP endpoint{mqtt}; {kept}{adapt}"),
+        );
     };
     // Anyone who reaches the endpoint can ask for predictions: say so when that is more than
     // this machine.
@@ -128,11 +138,14 @@ pub fn check_inference(config: &EdgeConfig, running: Option<&str>) -> Check {
     match (TcpListener::bind(listen.as_str()), running) {
         (Ok(_), _) => pass(
             "inference",
-            format!("HTTP endpoint on {listen} (free now){mqtt}; {kept}{open}"),
+            format!("HTTP endpoint on {listen} (free now){mqtt}; {kept}{adapt}{open}"),
         ),
         (Err(_), Some(_)) => pass(
             "inference",
-            format!("HTTP endpoint on {listen} (in use: the agent is running){mqtt}; {kept}{open}"),
+            format!(
+                "HTTP endpoint on {listen} (in use: the agent is running){mqtt}; {kept}; {}{open}",
+                served_variant(listen)
+            ),
         ),
         (Err(e), None) => fail(
             "inference",
@@ -206,6 +219,38 @@ pub fn check_labelling(
 }
 
 /// The warning for an endpoint without authentication that listens beyond loopback.
+/// What the running agent's `GET /v1/model` says it serves: the release and the variant of it
+/// at this site, with why.
+fn served_variant(listen: &str) -> String {
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(listen)
+        .ok()
+        .and_then(|mut a| a.next());
+    let Some(answer) = addr.and_then(|addr| get(addr, "/v1/model")) else {
+        return "the endpoint did not answer GET /v1/model".into();
+    };
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    #[derive(serde::Deserialize)]
+    struct Model {
+        round: u64,
+        sha256: String,
+        variant: fedge_wire::SiteVariant,
+        variant_reason: String,
+    }
+    match serde_json::from_str::<Model>(body) {
+        Ok(m) => format!(
+            "serves the release of round {} ({}…) as the variant {}: {}",
+            m.round,
+            &m.sha256[..m.sha256.len().min(12)],
+            m.variant.name(),
+            m.variant_reason
+        ),
+        Err(_) if answer.contains(" 503 ") || answer.contains(" 404 ") => {
+            "no release served yet".into()
+        }
+        Err(e) => format!("GET /v1/model answered what is not its model ({e})"),
+    }
+}
+
 fn beyond_loopback(loopback: bool, what: &str) -> String {
     match loopback {
         true => String::new(),

@@ -1,4 +1,5 @@
-//! `fedge-edge predict`: one JSON line per image, with the release the device keeps.
+//! `fedge-edge predict`: one JSON line per image, with the release the device keeps and the
+//! variant of it the device serves at its site.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,10 +19,11 @@ pub fn predict(
     profile: &Path,
     model: Option<&Path>,
     top_k: usize,
+    as_released: bool,
     images: &[PathBuf],
 ) -> anyhow::Result<bool> {
     use anyhow::Context;
-    use fedge_edge::inference::{Predictor, store};
+    use fedge_edge::inference::{Predictor, store, variant_store};
 
     let config = EdgeConfig::load(profile)?;
     let model_path = match model {
@@ -81,9 +83,23 @@ pub fn predict(
             fedge_device::site_norm::release_stats(&release, &setup.train, &setup.val)
         }
     };
-    let predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)
+    let sha256 = release.sha256_hex();
+    let mut predictor = Predictor::new(std::sync::Arc::new(backbone), release, site)
         .with_context(|| format!("using {}", model_path.display()))?
         .with_unfamiliar_distance(config.inference.unfamiliar_distance);
+    // The variant of the release the running device serves at this site, as it kept it.
+    if !as_released {
+        match variant_store::load(&model_path, &sha256) {
+            Ok(Some(kept)) => {
+                let path = variant_store::variant_path(&model_path);
+                predictor = predictor
+                    .adapted(kept.serving())
+                    .with_context(|| format!("using {}", path.display()))?;
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("note: {e}"),
+        }
+    }
     let mut all_ok = true;
     let mut out = std::io::stdout().lock();
     for image in images {

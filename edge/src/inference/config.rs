@@ -54,6 +54,13 @@ pub struct InferenceConfig {
     /// with the pooled summary (`feature_norm = "pooled"` or `"balanced"`).
     #[serde(default = "default_unfamiliar_distance")]
     pub unfamiliar_distance: f32,
+    /// What the device serves of each release at its site: `"choose"` (the default), the
+    /// release as it is unless its label-free adaptation (`prior-em`) or the site's own
+    /// correction from its labelled rows is better beyond noise (docs/algorithms.md §10); or
+    /// `"off"`, the release as it is. The status, the metrics and every answer name the
+    /// variant served.
+    #[serde(default)]
+    pub adapt: fedge_wire::SiteAdapt,
 }
 
 fn default_unfamiliar_distance() -> f32 {
@@ -96,6 +103,7 @@ impl Default for InferenceConfig {
             max_connections: default_max_connections(),
             header_timeout_s: default_header_timeout_s(),
             unfamiliar_distance: default_unfamiliar_distance(),
+            adapt: fedge_wire::SiteAdapt::default(),
         }
     }
 }

@@ -5,7 +5,7 @@
 //!   as JSON (`class`, `index`, `probability`, `top_k`, `logits`, `model_round`, `model_sha256`, `distance`,
 //!   `unfamiliar`).
 //! - `GET /v1/model`: the release in use (federation, run, round, strategy, backbone, sha256,
-//!   classes, head sizes).
+//!   classes, head sizes) and the variant of it this site serves, with why.
 //! - `GET /v1/drift`: the drift alarm's state (docs/algorithms.md §9); `POST /v1/drift/readapt`:
 //!   the site's command to re-adapt, as after an alarm (the next requests become the window).
 //! - `GET /healthz`: `200 ok`, and whether a model is loaded.
@@ -148,6 +148,9 @@ struct ModelInfo<'a> {
     classes: &'a [String],
     features: usize,
     hidden: usize,
+    /// The variant of the release this site serves (`[inference] adapt`), and why.
+    variant: fedge_wire::SiteVariant,
+    variant_reason: String,
 }
 
 /// The endpoint's routes over `state`, with `config`'s default `top_k` and body limit and
@@ -379,6 +382,8 @@ async fn model(State(app): State<AppState>) -> Response {
         classes: &release.classes,
         features: release.head.features,
         hidden: release.head.hidden,
+        variant: predictor.choice().variant,
+        variant_reason: predictor.choice().reason,
     })
     .into_response()
 }

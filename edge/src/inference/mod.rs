@@ -6,8 +6,8 @@
 //! answer over HTTP ([`http`], configured by `[inference]`, [`config`]). `fedge-edge predict`
 //! runs the same predictor on files.
 //!
-//! Modules, leaves first: [`config`], [`store`], [`serving_log`] (which release the device
-//! served, from when), [`drift`], [`predictor`], [`upload`], [`http`].
+//! Modules, leaves first: [`config`], [`store`], [`variant_store`] (the variant of the release
+//! the site serves), [`serving_log`] (which release the device served, from when), [`drift`], [`predictor`], [`upload`], [`http`].
 
 pub mod config;
 pub mod drift;
@@ -16,6 +16,7 @@ pub mod predictor;
 pub mod serving_log;
 pub mod store;
 pub mod upload;
+pub mod variant_store;
 
 pub use config::InferenceConfig;
 pub use drift::DriftWatch;

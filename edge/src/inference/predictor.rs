@@ -6,10 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use fedge_models::{Backbone, BackboneError, HeadConfig};
-use fedge_wire::{FeatureNorm, InvalidRelease, ModelRelease};
+use fedge_wire::{FeatureNorm, InvalidRelease, ModelRelease, SiteChoice, SiteVariant};
 use serde::Serialize;
 
 use crate::data::decode::{decode_bytes_within, to_chw};
+use fedge_device::site_choice::SiteServing;
 use fedge_device::site_norm::FeatureStats;
 
 /// The raw value of a fully-on 8-bit pixel, the scale image files are decoded to (as
@@ -62,6 +63,9 @@ impl ImageLimits {
 /// A release that cannot be used with this backbone.
 #[derive(Debug, thiserror::Error)]
 pub enum PredictorError {
+    /// A variant chosen for the site does not fit the release.
+    #[error("the site's variant does not fit the release: {0}")]
+    Variant(String),
     /// The release does not verify.
     #[error("the model release does not verify: {0}")]
     Release(#[from] InvalidRelease),
@@ -195,6 +199,9 @@ pub struct Prediction {
     /// class and probability are not to be trusted whatever the probability says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unfamiliar: Option<bool>,
+    /// The variant of the release that answered at this site (`[inference] adapt`): the
+    /// release as it is, its label-free adaptation or the site's correction.
+    pub variant: SiteVariant,
 }
 
 /// Default `[inference] unfamiliar_distance`: on the built-in digits, 99.9 % of the training
@@ -232,6 +239,11 @@ pub struct Predictor {
     /// With a release that trains the backbone's tail: the tail and the backbone up to its cut,
     /// which run instead of the whole backbone.
     tail: Option<Arc<crate::features::TailParts>>,
+    /// The variant of the release served at this site, and why.
+    variant: SiteVariant,
+    variant_reason: String,
+    /// Added to the head's logits (the label-free variant's prior correction).
+    log_ratio: Option<Vec<f32>>,
 }
 
 impl Predictor {
@@ -315,7 +327,54 @@ impl Predictor {
             served: None,
             sha256,
             tail,
+            variant: SiteVariant::Release,
+            variant_reason: String::new(),
+            log_ratio: None,
         })
+    }
+
+    /// The same predictor serving `served`, a variant of its release chosen for this site
+    /// (`fedge_device::site_choice`): its statistics, its head's parameters and the correction
+    /// of the head's logits, each checked against the release's sizes.
+    pub fn adapted(mut self, served: SiteServing) -> Result<Self, PredictorError> {
+        let head = &self.release.head;
+        let wrong = |what: &str, got: usize, expected: usize| {
+            Err(PredictorError::Variant(format!(
+                "its {what} hold {got} values, the release's head takes {expected}"
+            )))
+        };
+        if let Some(stats) = &served.stats
+            && stats.mean.len() != head.features
+        {
+            return wrong("statistics", stats.mean.len(), head.features);
+        }
+        if let Some(params) = &served.params
+            && params.len() != head.num_params()
+        {
+            return wrong("parameters", params.len(), head.num_params());
+        }
+        if let Some(ratio) = &served.log_ratio
+            && ratio.len() != head.classes
+        {
+            return wrong("prior correction", ratio.len(), head.classes);
+        }
+        if let Some(params) = served.params {
+            self.params = params;
+        }
+        self.site = served.stats;
+        self.log_ratio = served.log_ratio;
+        self.variant = served.variant;
+        self.variant_reason = served.reason;
+        Ok(self)
+    }
+
+    /// The variant it serves, of which release, and why.
+    pub fn choice(&self) -> SiteChoice {
+        SiteChoice {
+            variant: self.variant,
+            sha256: self.sha256.clone(),
+            reason: self.variant_reason.clone(),
+        }
     }
 
     /// The same predictor feeding every prediction's distance to `watch`.
@@ -454,7 +513,10 @@ impl Predictor {
             }
             None => features,
         };
-        let logits = logits(&self.release.head, &self.params, features);
+        let mut logits = logits(&self.release.head, &self.params, features);
+        if let Some(ratio) = &self.log_ratio {
+            logits.iter_mut().zip(ratio).for_each(|(l, r)| *l += r);
+        }
         let probabilities = softmax(&logits);
         let index = fedge_models::head::argmax(&logits);
         let mut order: Vec<usize> = (0..logits.len()).collect();
@@ -478,6 +540,7 @@ impl Predictor {
             model_sha256: self.sha256.clone(),
             distance,
             unfamiliar,
+            variant: self.variant,
         }
     }
 

@@ -407,6 +407,7 @@ mod tests {
                 model_sha256: String::new(),
                 distance: None,
                 unfamiliar: None,
+                variant: fedge_wire::SiteVariant::Release,
             };
             assert!(
                 queue

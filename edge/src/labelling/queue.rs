@@ -557,6 +557,7 @@ mod tests {
             model_sha256: String::new(),
             distance: None,
             unfamiliar: None,
+            variant: fedge_wire::SiteVariant::Release,
         }
     }
 

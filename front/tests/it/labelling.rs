@@ -352,6 +352,7 @@ async fn undo_shows_the_undone_input_at_once() {
             model_sha256: String::new(),
             distance: None,
             unfamiliar: None,
+            variant: fedge_wire::SiteVariant::Release,
         };
         assert!(queue.offer(png.get_ref(), &prediction, &classes).unwrap());
     }

@@ -212,10 +212,10 @@ async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
         // Round 1's metrics: site-b's folder grows before round 2's rescan.
         seen.metrics.len() as u64 >= ROUNDS
             && seen.model.as_ref().is_some_and(|m| m.round == ROUNDS)
-            && seen
-                .statuses
-                .get("unseen")
-                .is_some_and(|s| s["evaluation"]["model_round"].as_u64() == Some(ROUNDS))
+            && seen.statuses.get("unseen").is_some_and(|s| {
+                s["evaluation"]["model_round"].as_u64() == Some(ROUNDS)
+                    && variant_chosen(s, &seen.model.as_ref().unwrap().sha256_hex())
+            })
     }));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut agents: Vec<KillOnDrop> = devices
@@ -297,6 +297,14 @@ async fn a_federation_of_processes_ends_with_a_model_every_tool_agrees_on() {
     restart_without_broker(root, http_port, &seen);
 }
 
+/// Whether `status` says the device chose the variant of the release `sha256` it serves at its
+/// site (it serves the release as it is while it chooses).
+fn variant_chosen(status: &Value, sha256: &str) -> bool {
+    let choice = &status["site_choice"];
+    choice["sha256"] == sha256
+        && !(choice["reason"].as_str()).is_some_and(|r| r.contains("being chosen"))
+}
+
 /// A device's first retained status with `online: true`.
 async fn device_status(port: u16, client: &str) -> Value {
     let topic = Topics::new(FEDERATION).unwrap().edge_status(client);
@@ -339,7 +347,27 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     );
     let lines = common::json_lines(&out.stdout);
     assert_eq!(lines.len(), images.len());
+    // The variant of the release the device serves at its site, as its status says it: the
+    // evaluation site holds 400 labelled images the release never trained on, against which
+    // its correction is judged.
+    let choice = &seen.statuses["unseen"]["site_choice"];
+    let variant = choice["variant"].as_str().unwrap();
+    assert!(["release", "correction"].contains(&variant), "{choice}");
+    assert!(
+        choice["reason"].as_str().unwrap().contains("labelled rows"),
+        "{choice}"
+    );
+    eprintln!("the unseen site serves: {choice}");
+    // The release as the federation made it, which the ONNX export below holds.
+    let out = common::succeeded(
+        Command::new(edge_binary())
+            .args(["predict", "--as-released", "--top-k", "2", "--config"])
+            .arg(root.join("unseen.toml"))
+            .args(&images),
+    );
+    let released = common::json_lines(&out.stdout);
     for (line, image) in lines.iter().zip(&images) {
+        assert_eq!(line["variant"], variant);
         assert_eq!(line["file"], image.to_str().unwrap());
         assert_eq!(line["model_round"], ROUNDS);
         assert_eq!(line["top_k"].as_array().unwrap().len(), 2);
@@ -402,7 +430,8 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     assert_eq!(onnx_card.classes, model.classes);
     assert_eq!(onnx_card.output_name, "probabilities");
     let tract = fedge_models::Backbone::load(&card_path).unwrap();
-    for (line, image) in lines.iter().zip(&images) {
+    for (line, image) in released.iter().zip(&images) {
+        assert_eq!(line["variant"], "release");
         let pixels = image::open(image).unwrap().to_luma8();
         let raw: Vec<f32> = pixels.iter().map(|&p| f32::from(p)).collect();
         let probabilities = tract.features_of(&raw, (1, 8, 8), 255.0, 1).unwrap();
@@ -411,7 +440,7 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     if let Some(python) = common::onnxruntime::python() {
         let answers = common::onnxruntime::predict(&python, &card_path, &images);
         assert_eq!(answers.len(), images.len());
-        for (answer, line) in answers.iter().zip(&lines) {
+        for (answer, line) in answers.iter().zip(&released) {
             assert_eq!(answer["class"], line["class"], "{answer}");
             assert_close(&answer["logits"], &line["logits"], 1e-4);
         }
@@ -436,6 +465,8 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
     assert_eq!(info["round"], ROUNDS);
     assert_eq!(info["sha256"], model.sha256_hex());
     assert_eq!(info["classes"].as_array().unwrap().len(), 10);
+    assert_eq!(info["variant"], variant);
+    assert_eq!(info["variant_reason"], choice["reason"]);
     for (line, image) in lines.iter().zip(&images) {
         let mut response = agent
             .post(format!("{base}/v1/predict?top_k=2"))
@@ -450,8 +481,9 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
             .unwrap();
         assert_eq!(answer["class"], line["class"]);
         assert_close(&answer["logits"], &line["logits"], 1e-5);
-        // Every answer names the release that made it.
+        // Every answer names the release that made it, and the variant of it.
         assert_eq!(answer["model_sha256"], model.sha256_hex());
+        assert_eq!(answer["variant"], variant);
     }
     // The device's serving log ends with that release; its metrics name it.
     let log = fedge_edge::inference::serving_log::read(
@@ -624,6 +656,11 @@ fn restart_without_broker(root: &Path, http_port: u16, seen: &Seen) {
                 .map(|t| serde_json::from_str(&t).unwrap())
                 .unwrap();
             assert_eq!(info["sha256"], seen.model.as_ref().unwrap().sha256_hex());
+            // The variant it kept serves from the first answer on.
+            assert_eq!(
+                info["variant"],
+                seen.statuses["unseen"]["site_choice"]["variant"]
+            );
             return;
         }
         assert!(

@@ -1,0 +1,258 @@
+//! The per-site choice (docs/algorithms.md §10, "The per-site choice"): what a device serves on
+//! top of the release it was told to serve, among
+//!
+//! - the release as it is ([`SiteVariant::Release`]), standardised as its `feature_norm` says;
+//! - its label-free adaptation ([`SiteVariant::PriorEm`], [`crate::site_norm::label_shift`]):
+//!   the site's class prior and feature map from the site's rows, labels unread;
+//! - the site's correction of its head ([`SiteVariant::Correction`], [`crate::site_head`]),
+//!   trained on the site's labelled rows.
+//!
+//! The rule cannot serve worse than the release beyond noise: a variant replaces what serves
+//! only when the gate's paired test finds it better on the site's labelled rows (the rows the
+//! release did not train on: a device's held-back share, an evaluation site's samples); the
+//! correction is judged against what serves by then, each row scored by a correction that did
+//! not train on it. Without enough labelled rows ([`min_labelled`]) there is no correction, and
+//! the label-free variant serves only where its fit explains the site's rows better than the
+//! pool does (likelihood only). Pure computation: the device's driver runs it off its loop and
+//! installs what it returns.
+
+use fedge_models::HeadConfig;
+use fedge_models::head::{Forward, argmax};
+use fedge_wire::{FeatureNorm, ModelRelease, SiteVariant};
+
+use crate::features::FeatureSet;
+use crate::site_head::Corrector;
+use crate::site_norm::{FeatureStats, prior_shift, standardised};
+
+/// The fewest labelled rows the device compares variants on: two per fold of the correction's
+/// judgement (with fewer, no variant can pass the paired test anyway: it needs five gains and
+/// no loss at the 5 % level).
+pub fn min_labelled(corrector: &Corrector<'_>) -> usize {
+    2 * corrector.settings.folds.max(2)
+}
+
+/// What a site serves: the variant, and what it takes to serve it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteServing {
+    /// The variant.
+    pub variant: SiteVariant,
+    /// What the features are standardised with (`None`: as the backbone made them).
+    pub stats: Option<FeatureStats>,
+    /// The head's parameters when they are not the release's (the correction).
+    pub params: Option<Vec<f32>>,
+    /// Added to the head's logits, one per class (the label-free prior correction).
+    pub log_ratio: Option<Vec<f32>>,
+    /// Why, in words (the status and the log say it).
+    pub reason: String,
+}
+
+impl SiteServing {
+    /// The release as it is, standardised with `stats`.
+    pub fn release(stats: Option<FeatureStats>, reason: impl Into<String>) -> Self {
+        Self {
+            variant: SiteVariant::Release,
+            stats,
+            params: None,
+            log_ratio: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// The classes this variant of a release (head `head`, parameters `release`) answers for
+    /// `rows` (unstandardised); `None` when the parameters or rows do not fit the head.
+    pub fn answers(
+        &self,
+        head: &HeadConfig,
+        release: &[f32],
+        rows: &FeatureSet,
+    ) -> Option<Vec<usize>> {
+        let params = self.params.as_deref().unwrap_or(release);
+        let tensors = head.split(params).ok()?;
+        let rows = standardised(self.stats.as_ref(), rows);
+        let mut forward = Forward::new(head);
+        let dim = head.features;
+        if rows.dim != dim {
+            return None;
+        }
+        let answers = (rows.features.chunks_exact(dim.max(1)))
+            .map(|x| {
+                let mut logits = forward.logits(&tensors, x).to_vec();
+                if let Some(ratio) = &self.log_ratio {
+                    logits.iter_mut().zip(ratio).for_each(|(l, r)| *l += r);
+                }
+                argmax(&logits)
+            })
+            .collect();
+        Some(answers)
+    }
+}
+
+/// What a site holds to choose with.
+#[derive(Clone, Copy)]
+pub struct SiteRows<'a> {
+    /// The site's rows, labels unread (what it sees: its data, or its requests).
+    pub unlabelled: &'a FeatureSet,
+    /// Labelled rows the release did not train on.
+    pub labelled: &'a FeatureSet,
+}
+
+/// Chooses what the site serves of `release` (verified parameters `params`), which it
+/// standardises with `base` as the release's `feature_norm` says (the module's comment).
+/// Deterministic for a given `seed`. A training error of the correction leaves what serves by
+/// then, with the error in the reason.
+pub fn choose(
+    release: &ModelRelease,
+    params: &[f32],
+    base: Option<FeatureStats>,
+    rows: SiteRows<'_>,
+    corrector: &Corrector<'_>,
+    seed: u64,
+) -> SiteServing {
+    let head = &release.head;
+    if head.tail.is_some() {
+        return SiteServing::release(
+            base,
+            "the release trains the backbone's tail: served as it is",
+        );
+    }
+    let labelled = rows.labelled;
+    let judged = labelled.len() >= min_labelled(corrector) && labelled.dim == head.features;
+    let mut serves = SiteServing::release(base, "");
+    let mut why = Vec::new();
+    // The label-free variant, where the head learnt on the pooled statistics.
+    match (release.feature_norm, &release.pooled) {
+        (FeatureNorm::Pooled, Some(pooled)) => {
+            match prior_shift(
+                pooled,
+                &rows.unlabelled.features,
+                rows.unlabelled.dim,
+                head,
+                params,
+            ) {
+                Some(fit) if fit.accepted() => {
+                    let candidate = SiteServing {
+                        variant: SiteVariant::PriorEm,
+                        stats: Some(fit.stats),
+                        params: None,
+                        log_ratio: Some(fit.log_ratio),
+                        reason: String::new(),
+                    };
+                    match judged {
+                        false => {
+                            why.push(format!(
+                                "prior-em explains the site's {} rows better than the pool, \
+                                 and fewer than {} labelled rows to compare on",
+                                rows.unlabelled.len(),
+                                min_labelled(corrector)
+                            ));
+                            serves = candidate;
+                        }
+                        true => {
+                            let (gained, lost) =
+                                discordant(head, params, &serves, &candidate, labelled);
+                            let p = fedge_wire::paired::improvement_p(gained, lost);
+                            let better = p < corrector.settings.significance;
+                            why.push(format!(
+                                "prior-em {} on {} labelled rows: {gained} gained, {lost} lost \
+                                 (p = {p:.3})",
+                                if better {
+                                    "better"
+                                } else {
+                                    "not better beyond noise"
+                                },
+                                labelled.len()
+                            ));
+                            if better {
+                                serves = candidate;
+                            }
+                        }
+                    }
+                }
+                Some(fit) => why.push(format!("prior-em not fitted ({:?})", fit.outcome)),
+                None => why.push("prior-em cannot read the release's pooled summary".into()),
+            }
+        }
+        (norm, _) => why.push(format!(
+            "prior-em adapts a head trained under feature_norm = pooled, not {}",
+            norm.name()
+        )),
+    }
+    // The correction, judged against what serves by now.
+    match judged {
+        false => why.push(format!(
+            "no correction: {} labelled rows, {} needed",
+            labelled.len(),
+            min_labelled(corrector)
+        )),
+        true => match correction(head, params, &serves, labelled, corrector, seed) {
+            Ok((Some(corrected), counts)) => {
+                why.push(format!("the correction is better: {counts}"));
+                serves = SiteServing {
+                    variant: SiteVariant::Correction,
+                    stats: serves.stats,
+                    params: Some(corrected),
+                    log_ratio: None,
+                    reason: String::new(),
+                };
+            }
+            Ok((None, counts)) => why.push(format!(
+                "the correction is not better beyond noise: {counts}"
+            )),
+            Err(e) => why.push(format!("the correction failed to train: {e}")),
+        },
+    }
+    serves.reason = format!("{}: {}", serves.variant.name(), why.join("; "));
+    serves
+}
+
+/// Rows only `candidate` gets right, and rows only `current` does.
+fn discordant(
+    head: &HeadConfig,
+    params: &[f32],
+    current: &SiteServing,
+    candidate: &SiteServing,
+    labelled: &FeatureSet,
+) -> (u32, u32) {
+    let (Some(a), Some(b)) = (
+        current.answers(head, params, labelled),
+        candidate.answers(head, params, labelled),
+    ) else {
+        return (0, 0);
+    };
+    let (mut gained, mut lost) = (0, 0);
+    for ((&was, &now), &y) in a.iter().zip(&b).zip(&labelled.labels) {
+        match (now == y as usize, was == y as usize) {
+            (true, false) => gained += 1,
+            (false, true) => lost += 1,
+            _ => {}
+        }
+    }
+    (gained, lost)
+}
+
+/// The correction of the release on `labelled` (standardised as `serves` standardises) when the
+/// paired test finds it better than `serves`, with the comparison's counts in words.
+fn correction(
+    head: &HeadConfig,
+    params: &[f32],
+    serves: &SiteServing,
+    labelled: &FeatureSet,
+    corrector: &Corrector<'_>,
+    seed: u64,
+) -> Result<(Option<Vec<f32>>, String), crate::train::TrainError> {
+    let baseline = serves.answers(head, params, labelled).unwrap_or_default();
+    let rows = standardised(serves.stats.as_ref(), labelled);
+    let judged = corrector.judge_against(params, &rows, &baseline, seed)?;
+    let counts = format!(
+        "{} gained, {} lost of {} labelled rows (p = {:.3})",
+        judged.gained, judged.lost, judged.rows, judged.p_value
+    );
+    match judged.better(&corrector.settings) {
+        true => Ok((Some(corrector.correct(params, &rows, seed)?), counts)),
+        false => Ok((None, counts)),
+    }
+}
+
+#[cfg(test)]
+#[path = "site_choice_tests.rs"]
+mod tests;
