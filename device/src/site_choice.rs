@@ -21,7 +21,9 @@ use fedge_models::head::{Forward, argmax};
 use fedge_wire::{FeatureNorm, ModelRelease, SiteVariant};
 
 use crate::features::FeatureSet;
-use crate::site_head::Corrector;
+use burn::prelude::Device;
+
+use crate::site_head::{Corrector, SiteHeadSettings};
 use crate::site_norm::{FeatureStats, prior_shift, standardised};
 
 /// The fewest labelled rows the device compares variants on: two per fold of the correction's
@@ -203,6 +205,24 @@ pub fn choose(
     }
     serves.reason = format!("{}: {}", serves.variant.name(), why.join("; "));
     serves
+}
+
+/// [`choose`] with the default settings of the correction ([`SiteHeadSettings::default`]),
+/// trained on the Burn `device`: what a serving device runs.
+pub fn choose_on(
+    device: &Device,
+    release: &ModelRelease,
+    params: &[f32],
+    base: Option<FeatureStats>,
+    rows: SiteRows<'_>,
+    seed: u64,
+) -> SiteServing {
+    let corrector = Corrector {
+        head: &release.head,
+        settings: SiteHeadSettings::default(),
+        device,
+    };
+    choose(release, params, base, rows, &corrector, seed)
 }
 
 /// Rows only `candidate` gets right, and rows only `current` does.

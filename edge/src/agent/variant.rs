@@ -6,8 +6,7 @@
 use std::sync::Arc;
 
 use fedge_device::FeatureSet;
-use fedge_device::site_choice::{SiteRows, SiteServing, choose};
-use fedge_device::site_head::{Corrector, SiteHeadSettings};
+use fedge_device::site_choice::{SiteRows, SiteServing, choose_on};
 use fedge_device::train::DeviceData;
 use fedge_wire::{ModelRelease, SiteAdapt, SiteChoice};
 use tokio::sync::mpsc;
@@ -56,16 +55,11 @@ pub fn spawn_choice(
         };
         let none = FeatureSet::default();
         let labelled = if aligned { &*val } else { &none };
-        let corrector = Corrector {
-            head: &release.head,
-            settings: SiteHeadSettings::default(),
-            device: &device,
-        };
         let rows = SiteRows {
             unlabelled: &unlabelled,
             labelled,
         };
-        let served = choose(&release, &params, base, rows, &corrector, seed);
+        let served = choose_on(&device, &release, &params, base, rows, seed);
         let _ = done.send(Chosen {
             sha256: release.sha256_hex(),
             served,

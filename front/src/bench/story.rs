@@ -12,7 +12,8 @@
 //!    federation's rounds);
 //! 3. labels (`bench::labelling`): a federation of five sensors in the simulator; the blurred
 //!    site's queue asks for 50 labels, a simulated labeller gives the true ones, the site trains
-//!    as a sixth device; its accuracy after the next rounds, against 50 random labels and none.
+//!    as a sixth device; its accuracy after the next rounds, against 50 random labels and none,
+//!    and what the per-site choice then serves it (the release or its correction).
 
 use serde::Serialize;
 
@@ -51,6 +52,10 @@ pub struct DriftStory {
     pub no_labels: f32,
     pub random_labels: f32,
     pub queue_labels: f32,
+    /// What the per-site choice serves the site after the labels: accuracy (%) and variant
+    /// (`release`, or its `correction` from the site's 50 labels).
+    pub served: f32,
+    pub served_variant: &'static str,
     pub rounds: u64,
     pub after: u64,
 }
@@ -103,6 +108,11 @@ pub fn run(
         no_labels: pct(site.none),
         random_labels: pct(site.random.accuracy),
         queue_labels: pct(site.queue.accuracy),
+        served: pct(site.queue.served),
+        served_variant: match site.queue.corrected {
+            true => fedge_wire::SiteVariant::Correction.name(),
+            false => fedge_wire::SiteVariant::Release.name(),
+        },
         rounds: options.rounds,
         after: options.after,
     })
@@ -167,6 +177,17 @@ pub fn markdown(s: &DriftStory) -> String {
             format!("{:.1} %", s.queue_labels),
             "fedge bench labelling",
         ),
+        (
+            "6. served at the site",
+            format!(
+                "the per-site choice (`[inference] adapt = \"choose\"`): the site's correction \
+                 from its {} labels replaces the release only when better on them beyond noise; \
+                 serves the {}",
+                s.budget, s.served_variant
+            ),
+            format!("{:.1} %", s.served),
+            "fedge bench labelling",
+        ),
     ];
     let mut out = format!(
         "A site that changes (digits-sensor, digits-conv, seed {}): accuracy of what the site is \
@@ -194,5 +215,6 @@ pub fn bars(s: &DriftStory) -> Vec<Bar> {
         bar("4. federated, blurred", s.before_labels),
         bar("5. + 50 random labels", s.random_labels),
         bar("5. + 50 queue labels", s.queue_labels),
+        bar("6. served at the site", s.served),
     ]
 }

@@ -362,6 +362,18 @@ fn print_table(result: &DemoResult, asked: u64) {
         result.seconds,
         result.rejected.values().sum::<u64>()
     );
+    if let Some(served) = &result.served_at_target {
+        println!(
+            "served at the unseen site (per-site choice, judged on {} labelled images, scored on \
+             {} others): {} {:.3} (the release as it is: {:.3}); {}",
+            served.labelled,
+            served.scored,
+            served.variant.name(),
+            served.served,
+            served.release,
+            served.reason
+        );
+    }
     if let (Some(delta), Some(epsilon)) = (
         result.delta,
         result.rounds.iter().rev().find_map(|r| r.epsilon),

@@ -5,6 +5,7 @@
 mod data;
 pub mod hostile;
 mod options;
+pub mod served;
 pub mod site;
 pub mod sites;
 
@@ -108,6 +109,9 @@ pub struct DemoResult {
     /// Under central DP: the δ every round's `epsilon` is at.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<f64>,
+    /// What the per-site choice serves the unseen site with the final release.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_at_target: Option<served::Served>,
 }
 
 /// Runs the federation; `on_round` sees every round as it ends.
@@ -418,6 +422,9 @@ pub async fn run(
             sites::figures(data, &last.map(|r| r.gamma.clone()).unwrap_or_default())
         }
     };
+    let release = last_aggregated.and_then(|round| rounds.release(round));
+    let served_at_target = (release.as_ref())
+        .and_then(|r| served::at_site(&data.target, r, options.backend, options.seed));
     Ok(DemoResult {
         final_target_accuracy: rows
             .iter()
@@ -434,7 +441,7 @@ pub async fn run(
         seconds,
         attacks: hostile.attacks,
         attacks_untraced: hostile.untraced,
-        release: last_aggregated.and_then(|round| rounds.release(round)),
+        release,
         export: None,
         sites: site_figures,
         delta: options
@@ -442,6 +449,7 @@ pub async fn run(
             .as_ref()
             .and_then(|p| p.central())
             .map(|dp| dp.delta),
+        served_at_target,
     })
 }
 
