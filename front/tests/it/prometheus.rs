@@ -479,6 +479,14 @@ pub async fn check_edge_metrics(training: SocketAddr, evaluating: SocketAddr, ro
         unseen.contains("fedge_edge_serving_release{sha256=\""),
         "{unseen}"
     );
+    // One variant of the release serves at the site, and the gauge says which.
+    let variants = ["release", "prior-em", "correction"].map(|v| {
+        number(
+            &unseen,
+            &format!("fedge_edge_site_variant{{variant=\"{v}\"}} "),
+        )
+    });
+    assert_eq!(variants.iter().sum::<f64>(), 1.0, "{unseen}");
     let http = "fedge_edge_inference_requests_total{via=\"http\",outcome=";
     assert!(
         number(&unseen, &format!("{http}\"ok\"}} ")) >= 1.0,

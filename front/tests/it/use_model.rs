@@ -485,6 +485,17 @@ async fn use_the_model(root: &Path, seen: &Seen, http_port: u16) {
         assert_eq!(answer["model_sha256"], model.sha256_hex());
         assert_eq!(answer["variant"], variant);
     }
+    // `fedge-edge check` on the running device names the variant and why.
+    let out = Command::new(edge_binary())
+        .args(["check", "--dry-run", "--config"])
+        .arg(root.join("unseen.toml"))
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains(&format!("as the variant {variant}: ")),
+        "{printed}"
+    );
     // The device's serving log ends with that release; its metrics name it.
     let log = fedge_edge::inference::serving_log::read(
         &root.join("cache-unseen").join("unseen.serving.jsonl"),
