@@ -60,6 +60,38 @@ impl SiteServing {
         }
     }
 
+    /// Whether its statistics, parameters and prior correction have the sizes of `head`; why
+    /// not otherwise.
+    pub fn fits(&self, head: &HeadConfig) -> Result<(), String> {
+        let sizes = [
+            (
+                "statistics",
+                self.stats.as_ref().map(|s| s.mean.len()),
+                head.features,
+            ),
+            (
+                "parameters",
+                self.params.as_ref().map(Vec::len),
+                head.num_params(),
+            ),
+            (
+                "prior correction",
+                self.log_ratio.as_ref().map(Vec::len),
+                head.classes,
+            ),
+        ];
+        match sizes
+            .into_iter()
+            .find(|(_, got, want)| got.is_some_and(|g| g != *want))
+        {
+            Some((what, got, want)) => Err(format!(
+                "its {what} hold {} values, the release's head takes {want}",
+                got.unwrap_or_default()
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The classes this variant of a release (head `head`, parameters `release`) answers for
     /// `rows` (unstandardised); `None` when the parameters or rows do not fit the head.
     pub fn answers(

@@ -188,3 +188,46 @@ fn a_release_not_trained_on_pooled_statistics_or_with_a_tail_gets_no_label_free_
     assert_eq!(served.variant, SiteVariant::Release);
     assert!(served.reason.contains("tail"), "{}", served.reason);
 }
+
+#[test]
+fn a_variant_of_other_sizes_does_not_fit_the_head() {
+    let pool = pool();
+    let (release, params) = release(&pool, FeatureNorm::Pooled);
+    let good = SiteServing {
+        variant: SiteVariant::Correction,
+        stats: pool.balanced_stats(),
+        params: Some(params.clone()),
+        log_ratio: Some(vec![0.0; K]),
+        reason: String::new(),
+    };
+    assert_eq!(good.fits(&release.head), Ok(()));
+    let short = SiteServing {
+        params: Some(params[1..].to_vec()),
+        ..good.clone()
+    };
+    let error = short.fits(&release.head).unwrap_err();
+    assert!(error.contains("parameters hold"), "{error}");
+    let ratio = SiteServing {
+        log_ratio: Some(vec![0.0; K + 1]),
+        ..good.clone()
+    };
+    assert!(
+        ratio
+            .fits(&release.head)
+            .unwrap_err()
+            .contains("prior correction")
+    );
+    let stats = SiteServing {
+        stats: Some(fedge_wire::FeatureStats {
+            mean: vec![0.0; 1],
+            inv_std: vec![1.0; 1],
+        }),
+        ..good
+    };
+    assert!(
+        stats
+            .fits(&release.head)
+            .unwrap_err()
+            .contains("statistics")
+    );
+}

@@ -90,7 +90,7 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
                 d
             });
             setup.serving.drift.restart(reference);
-            // The release as it is until the site's variant is chosen (`super::variant`).
+            // The release as it is until the site's variant is chosen.
             let reason = match setup.serving.inference.adapt {
                 fedge_wire::SiteAdapt::Off => "release: [inference] adapt = \"off\"",
                 fedge_wire::SiteAdapt::Choose => "release: the site's variant is being chosen",

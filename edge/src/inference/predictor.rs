@@ -337,27 +337,9 @@ impl Predictor {
     /// (`fedge_device::site_choice`): its statistics, its head's parameters and the correction
     /// of the head's logits, each checked against the release's sizes.
     pub fn adapted(mut self, served: SiteServing) -> Result<Self, PredictorError> {
-        let head = &self.release.head;
-        let wrong = |what: &str, got: usize, expected: usize| {
-            Err(PredictorError::Variant(format!(
-                "its {what} hold {got} values, the release's head takes {expected}"
-            )))
-        };
-        if let Some(stats) = &served.stats
-            && stats.mean.len() != head.features
-        {
-            return wrong("statistics", stats.mean.len(), head.features);
-        }
-        if let Some(params) = &served.params
-            && params.len() != head.num_params()
-        {
-            return wrong("parameters", params.len(), head.num_params());
-        }
-        if let Some(ratio) = &served.log_ratio
-            && ratio.len() != head.classes
-        {
-            return wrong("prior correction", ratio.len(), head.classes);
-        }
+        served
+            .fits(&self.release.head)
+            .map_err(PredictorError::Variant)?;
         if let Some(params) = served.params {
             self.params = params;
         }

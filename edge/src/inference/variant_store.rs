@@ -1,5 +1,5 @@
 //! Where a device keeps the variant of its release it serves at its site
-//! (`crate::agent::variant`): `<client_id>.variant.json` beside the model file, so that
+//! (chosen by the agent): `<client_id>.variant.json` beside the model file, so that
 //! `fedge-edge predict` answers as the running device does. JSON, written atomically; it names
 //! the release it is a variant of and is ignored beside any other. A file that cannot be read
 //! is reported and ignored: the release then serves as it is.
