@@ -372,6 +372,7 @@ async fn model(State(app): State<AppState>) -> Response {
         return no_model();
     };
     let release = predictor.release();
+    let choice = predictor.choice();
     Json(ModelInfo {
         federation: &release.federation,
         run: format!("{:016x}", release.run),
@@ -382,8 +383,8 @@ async fn model(State(app): State<AppState>) -> Response {
         classes: &release.classes,
         features: release.head.features,
         hidden: release.head.hidden,
-        variant: predictor.choice().variant,
-        variant_reason: predictor.choice().reason,
+        variant: choice.variant,
+        variant_reason: choice.reason,
     })
     .into_response()
 }
