@@ -240,7 +240,11 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<std::process::ExitCode> {
+async fn main() -> std::process::ExitCode {
+    fedge_daemon::exit::finish(run().await)
+}
+
+async fn run() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     init_logs(cli.log.log_format, "info,rumqttd=off");
     let done: anyhow::Result<()> = match cli.command {

@@ -110,3 +110,32 @@ fn a_mismatched_delta_fails_with_the_file_named() {
         "nothing written on error"
     );
 }
+
+#[test]
+fn a_nan_delta_is_one_line_of_error_even_with_backtraces_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    write_example(dir.path());
+    npy::write_f32(
+        &dir.path().join("deltas/beta.npy"),
+        &[1.0, f32::NAN, 3.0, 4.0],
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fedge-coordinator"))
+        .current_dir(dir.path())
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .args(["aggregate", "--global", "G.npy", "--deltas", "deltas"])
+        .args(["--out", "NEW.npy"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(
+        lines[0].contains("beta.npy") && lines[0].contains("not finite"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("NEW.npy").exists(), "nothing written");
+}

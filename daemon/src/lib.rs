@@ -10,12 +10,14 @@
 //! - [`metrics`]: the `GET /metrics` server for Prometheus and the process's memory.
 //! - [`signals`]: the stop signals (Ctrl-C, SIGTERM) a daemon ends on.
 //! - [`help`]: the command line's help checked the same way for both daemons.
+//! - [`exit`]: how a command ends on an error: one line, no backtrace.
 //! - [`reference`]: the configuration reference (Markdown) made from a configuration type.
 //!
 //! It knows nothing of rounds, messages, MQTT or ML.
 
 pub mod checks;
 pub mod durable;
+pub mod exit;
 pub mod help;
 pub mod lists;
 pub mod logs;

@@ -131,7 +131,11 @@ enum Command {
     ConfigReference,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    fedge_daemon::exit::finish(run())
+}
+
+fn run() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     init_logs(cli.log.log_format, "info");
     match cli.command {
@@ -146,7 +150,7 @@ fn main() -> anyhow::Result<()> {
         } => {
             let top_k = usize::try_from(top_k).unwrap_or(usize::MAX);
             if !cmd::predict::predict(&config, model.as_deref(), top_k, as_released, &images)? {
-                std::process::exit(1);
+                return Ok(std::process::ExitCode::FAILURE);
             }
         }
         Command::Enroll {
@@ -170,7 +174,7 @@ fn main() -> anyhow::Result<()> {
             )
         ),
     }
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@ mod cli;
 use clap::Parser;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     cli::args::init_logs(&cli.log);
-    cli.command.run().await
+    let done = cli.command.run().await;
+    fedge_daemon::exit::finish(done.map(|()| std::process::ExitCode::SUCCESS))
 }

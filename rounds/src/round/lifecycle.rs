@@ -403,7 +403,9 @@ impl Rounds {
         for (i, clip) in &clips {
             scales[*i] = (clip.bound / clip.norm) as f32;
             lengths[*i] = clip.bound;
-            tracing::warn!(
+            // The guard doing its job, not something to act on: INFO (the round's status and
+            // report name every scaled update).
+            tracing::info!(
                 client = %clip.client,
                 norm = clip.norm,
                 bound = clip.bound,
