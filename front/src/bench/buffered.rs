@@ -144,6 +144,7 @@ pub fn run(
             },
             rounds: arm.rounds,
             seeds: 1,
+            first_seed: seed,
             local_epochs: options.local_epochs,
             hidden: 64,
             site: SiteOptions::transductive(),

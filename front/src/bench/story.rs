@@ -109,10 +109,7 @@ pub fn run(
         random_labels: pct(site.random.accuracy),
         queue_labels: pct(site.queue.accuracy),
         served: pct(site.queue.served),
-        served_variant: match site.queue.corrected {
-            true => fedge_wire::SiteVariant::Correction.name(),
-            false => fedge_wire::SiteVariant::Release.name(),
-        },
+        served_variant: site.queue.variant.name(),
         rounds: options.rounds,
         after: options.after,
     })

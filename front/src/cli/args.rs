@@ -108,8 +108,8 @@ pub struct TimingArgs {
 pub struct DatasetArgs {
     /// `digits` (built in, six rotated domains), `fashion-mnist` (IDX files, see --data-dir; six
     /// rotated domains), `digits-bg` / `fashion-mnist-bg` (objects on backgrounds that follow
-    /// the class differently at each site), `digits-sensor` (six sensors: contrast, noise, blur,
-    /// light), `digits:A,B,...` (the digits rotated by the angles given) or `imagefolder:PATH`
+    /// the class differently at each site), `digits-sensor` / `fashion-mnist-sensor` (six
+    /// sensors: contrast, noise, blur, light), `digits:A,B,...` (the digits rotated by the angles given) or `imagefolder:PATH`
     /// (PATH/<domain>/<class>/*.png|jpg, e.g. PACS).
     #[arg(long, default_value = "digits", value_parser = dataset_name)]
     pub dataset: String,

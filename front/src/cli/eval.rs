@@ -66,9 +66,12 @@ pub struct EvalArgs {
     /// Rounds per run.
     #[arg(long, default_value_t = 20, help_heading = "Runs")]
     pub rounds: u64,
-    /// Seeds (0..N).
+    /// How many seeds (FIRST..FIRST+N, FIRST from --first-seed).
     #[arg(long, default_value_t = 3, help_heading = "Runs")]
     pub seeds: u64,
+    /// The first seed: e.g. 100 with --seeds 5 runs seeds 100-104, never used to tune anything.
+    #[arg(long, default_value_t = 0, help_heading = "Runs")]
+    pub first_seed: u64,
     /// Local epochs per round.
     #[arg(long, default_value_t = 5, help_heading = "Runs")]
     pub local_epochs: u32,
@@ -305,6 +308,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         scenario,
         rounds: args.rounds,
         seeds: args.seeds,
+        first_seed: args.first_seed,
         local_epochs: args.local_epochs,
         hidden: 64,
         site: args.site(),
@@ -412,6 +416,16 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             "prior-em over every scored round: fit kept {kept}, pooled for too few calibration \
              rows {few}, for no better likelihood on rows the fit did not see {no_better}, for \
              values not finite {not_finite}"
+        );
+    }
+    let served = eval::served_counts();
+    if served.iter().any(|(_, n)| *n > 0) {
+        let counts: Vec<String> = (served.iter())
+            .map(|(variant, n)| format!("{} {n}", variant.name()))
+            .collect();
+        println!(
+            "the per-site choice over every scored round served: {}",
+            counts.join(", ")
         );
     }
     if let Some(path) = &args.markdown {

@@ -3,8 +3,8 @@
 //! Domains are built once per data set and their features computed once per (data set,
 //! backbone); with a cache folder they are kept on disk, keyed by the backbone's bytes and the
 //! images. Seeds then vary the 90/10 train/validation split, the head's initialisation, client
-//! sampling and the trainers' shuffles. On `digits-sensor` every image is seen through every
-//! sensor once, and each seed deals the images afresh into the six disjoint domains
+//! sampling and the trainers' shuffles. On `digits-sensor` and `fashion-mnist-sensor` every
+//! image is seen through every sensor once, and each seed deals the images afresh into the six disjoint domains
 //! ([`Prepared::split`]), so seeds also redraw each domain's images; the other data sets keep
 //! the domains [`DOMAIN_SEED`] gives them (the same six domains for every seed).
 
@@ -60,6 +60,14 @@ pub enum Dataset {
     /// The digits through six sensors (`crate::datasets::SENSORS`): clean, low contrast,
     /// noisy, blurred, washed out, dark and noisy; one sensor per domain.
     DigitsSensor,
+    /// Fashion-MNIST through the same six sensors, built as [`Dataset::DigitsSensor`] is:
+    /// every image through every sensor, dealt into the domains per seed.
+    FashionMnistSensor {
+        /// Folder of the four IDX files.
+        dir: PathBuf,
+        /// Images drawn in all; `None` uses the 70,000.
+        limit: Option<usize>,
+    },
     /// The digits on lying backgrounds: six domains `bg0`..`bg5`, each with its own
     /// background↔class shortcut of strength `bias` (see `crate::datasets::background_domains`).
     DigitsBg {
@@ -97,7 +105,8 @@ impl Dataset {
         }
     }
 
-    /// Parses `digits`, `digits-bg`, `fashion-mnist`, `fashion-mnist-bg` or `imagefolder:PATH`;
+    /// Parses `digits`, `digits-bg`, `digits-sensor`, `fashion-mnist`, `fashion-mnist-bg`,
+    /// `fashion-mnist-sensor` or `imagefolder:PATH`;
     /// `data_dir` is Fashion-MNIST's folder (default: where Debian's `dataset-fashion-mnist`
     /// puts it), `limit` its number of images (0 = all).
     pub fn parse(spec: &str, data_dir: Option<&Path>, limit: usize) -> anyhow::Result<Self> {
@@ -113,6 +122,7 @@ impl Dataset {
             "digits-bg" => Dataset::DigitsBg { bias },
             "digits-sensor" => Dataset::DigitsSensor,
             "fashion-mnist" => Dataset::FashionMnist { dir: dir(), limit },
+            "fashion-mnist-sensor" => Dataset::FashionMnistSensor { dir: dir(), limit },
             "fashion-mnist-bg" => Dataset::FashionMnistBg {
                 dir: dir(),
                 limit,
@@ -135,7 +145,7 @@ impl Dataset {
                 Some(root) if !root.is_empty() => Dataset::ImageFolder { root: root.into() },
                 _ => anyhow::bail!(
                     "unknown data set {spec:?}; available: digits, digits-bg, digits-sensor, \
-                     fashion-mnist, fashion-mnist-bg, imagefolder:PATH (and digits:A,B,... \
+                     fashion-mnist, fashion-mnist-bg, fashion-mnist-sensor, imagefolder:PATH (and digits:A,B,... \
                      for chosen rotations)"
                 ),
             },
@@ -345,7 +355,10 @@ pub fn prepare_with(
     let mut domains: Vec<(Domain, Option<Domain>)> = match dataset {
         Dataset::Digits => same(digits_domains(&DIGITS_ANGLES, DOMAIN_SEED)),
         Dataset::DigitsBg { bias } => split_views(digits_bg_domains(6, *bias, DOMAIN_SEED)?),
-        Dataset::DigitsSensor => same(every_image_through_every_sensor()),
+        Dataset::DigitsSensor => same(every_image_through_every_sensor(&load_digits())),
+        Dataset::FashionMnistSensor { dir, limit } => same(every_image_through_every_sensor(
+            &fashion_mnist(dir, DOMAIN_SEED, *limit, side)?,
+        )),
         Dataset::DigitsRotated { angles } => same(digits_domains(angles, DOMAIN_SEED)),
         Dataset::FashionMnist { dir, limit } => same(fashion_mnist_domains(
             dir,
@@ -423,7 +436,11 @@ pub fn prepare_with(
             pool,
         })
     });
-    let redraw = matches!(dataset, Dataset::DigitsSensor).then(|| out[0].all.labels.clone());
+    let redraw = matches!(
+        dataset,
+        Dataset::DigitsSensor | Dataset::FashionMnistSensor { .. }
+    )
+    .then(|| out[0].all.labels.clone());
     Ok(Prepared {
         backbone: card.name,
         feature_size: card.feature_size,
@@ -435,14 +452,13 @@ pub fn prepare_with(
     })
 }
 
-/// `digits-sensor`'s domains before a seed deals them: every digit through each sensor of
-/// [`SENSORS`] (the noise drawn once, with [`DOMAIN_SEED`]).
-fn every_image_through_every_sensor() -> Vec<Domain> {
-    let all = load_digits();
+/// A sensor data set's domains before a seed deals them: every image of `all` through each
+/// sensor of [`SENSORS`] (the noise drawn once, with [`DOMAIN_SEED`]).
+fn every_image_through_every_sensor(all: &ImageSet) -> Vec<Domain> {
     (SENSORS.iter().enumerate())
         .map(|(i, sensor)| Domain {
             name: sensor.name.to_string(),
-            data: sensor.apply(&all, DOMAIN_SEED ^ (i as u64 + 1)),
+            data: sensor.apply(all, DOMAIN_SEED ^ (i as u64 + 1)),
         })
         .collect()
 }
@@ -463,8 +479,8 @@ fn deal(labels: &[u32], parts: usize, seed: u64) -> Vec<Vec<usize>> {
 }
 
 impl Prepared {
-    /// Every domain split 90/10 into training and validation for `seed`; on `digits-sensor`,
-    /// each domain's images first dealt for `seed` (disjoint across domains).
+    /// Every domain split 90/10 into training and validation for `seed`; on the sensor data
+    /// sets, each domain's images first dealt for `seed` (disjoint across domains).
     pub fn split(&self, seed: u64) -> Vec<DomainData> {
         let dealt = (self.redraw.as_ref())
             .map(|labels| deal(labels, self.domains.len(), seed ^ REDRAW_SALT));
@@ -623,8 +639,16 @@ mod tests {
                 root: "data/PACS".into()
             }
         );
+        assert_eq!(
+            Dataset::parse("fashion-mnist-sensor", Some(Path::new("fm")), 600).unwrap(),
+            Dataset::FashionMnistSensor {
+                dir: "fm".into(),
+                limit: Some(600)
+            }
+        );
         let err = Dataset::parse("imagenet", None, 0).unwrap_err().to_string();
         assert!(err.contains("imagefolder:PATH"), "{err}");
+        assert!(err.contains("fashion-mnist-sensor"), "{err}");
         assert_eq!(
             Dataset::parse("digits:0, 90,180", None, 0).unwrap(),
             Dataset::DigitsRotated {

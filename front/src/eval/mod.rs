@@ -17,6 +17,7 @@
 //! - `run`: one run in process or over MQTT; clients of a round train in parallel.
 //! - `report`: the summary over seeds, the Markdown table, the JSON report, the plots' data.
 
+mod choice;
 mod clients;
 mod data;
 mod masks;
@@ -29,6 +30,7 @@ mod sweep;
 mod tta;
 mod tune;
 
+pub use choice::served_counts;
 pub use clients::partition;
 pub use data::{
     DOMAIN_SEED, Dataset, DomainData, Prepared, PreparedDomain, VAL_FRACTION, digits,
@@ -352,8 +354,10 @@ pub struct BenchOptions {
     pub scenario: Scenario,
     /// Rounds per run.
     pub rounds: u64,
-    /// Seeds 0..seeds.
+    /// How many seeds: `first_seed..first_seed + seeds`.
     pub seeds: u64,
+    /// The first seed (0 unless seeds never used to tune are asked for).
+    pub first_seed: u64,
     /// Local epochs per round.
     pub local_epochs: u32,
     /// Projector width.

@@ -14,6 +14,7 @@ use fedge_models::{HeadConfig, ModelLayout};
 use fedge_sim::{Action, CoordinatorSpec, DeviceSpec, NodeId, Observed, Sim, Upstream};
 use fedge_wire::{FeatureNorm, Objective};
 
+use super::choice::choice_accuracy;
 use super::clients::{Client, clients, standardised_site};
 use super::tta::{Tta, prior_em_accuracy, t3a_accuracy};
 use super::{Algorithm, BenchOptions, DomainData, RunResult, Scenario, TargetSite, Transport};
@@ -345,6 +346,17 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                             let pool = pooled_summary.as_ref();
                             match prior_em_accuracy(head, params_head, &held_out, pool, norm)? {
                                 Some(accuracy) => accuracy,
+                                None => score(params_head, scored)?,
+                            }
+                        }
+                        Tta::Choose | Tta::ChooseLabelled => {
+                            // The release a device receives for this round, when it is one.
+                            let release = (sim.coordinator(global))
+                                .and_then(|r| r.releases().serving().cloned())
+                                .filter(|r| r.round == report.round);
+                            let labelled = algorithm.tta == Tta::ChooseLabelled;
+                            match release {
+                                Some(r) => choice_accuracy(&r, &held_out, labelled, seed)?.0,
                                 None => score(params_head, scored)?,
                             }
                         }

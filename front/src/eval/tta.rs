@@ -1,5 +1,5 @@
 //! Test-time adaptations of the held-out site's classifier, from its unlabelled calibration
-//! rows: `prior-em`, fedge's label-shift-aware estimator (`fedge_device::site_norm::label_shift`,
+//! rows (the device's per-site choice, `choose`, is in `super::choice`): `prior-em`, fedge's label-shift-aware estimator (`fedge_device::site_norm::label_shift`,
 //! docs/algorithms.md §7), and a baseline from the field, T3A (Iwasawa &
 //! Matsuo, "Test-Time Classifier Adjustment Module for Model-Agnostic Domain Generalization",
 //! NeurIPS 2021), which replaces the head's last linear layer with class prototypes built from
@@ -39,11 +39,21 @@ pub enum Tta {
     /// the pooled class-conditional statistics, the head's output corrected by the prior
     /// ratio; `pooled` where the fit does not explain the calibration rows better.
     PriorEm,
+    /// The device's per-site choice, the calibration rows unlabelled (`super::choice`).
+    Choose,
+    /// The device's per-site choice with the calibration rows' labels read.
+    ChooseLabelled,
 }
 
 impl Tta {
     /// Every adaptation, in the order the error lists them.
-    pub const ALL: [Tta; 3] = [Tta::None, Tta::T3a, Tta::PriorEm];
+    pub const ALL: [Tta; 5] = [
+        Tta::None,
+        Tta::T3a,
+        Tta::PriorEm,
+        Tta::Choose,
+        Tta::ChooseLabelled,
+    ];
 
     /// The spelling after `/tta=`.
     pub fn name(self) -> &'static str {
@@ -51,6 +61,8 @@ impl Tta {
             Tta::None => "none",
             Tta::T3a => "t3a",
             Tta::PriorEm => "prior-em",
+            Tta::Choose => "choose",
+            Tta::ChooseLabelled => "choose-labelled",
         }
     }
 }
@@ -262,6 +274,9 @@ mod tests {
         assert_eq!(adapted, 1.0);
         assert_eq!("t3a".parse::<Tta>().unwrap(), Tta::T3a);
         assert_eq!("prior-em".parse::<Tta>().unwrap(), Tta::PriorEm);
+        for tta in Tta::ALL {
+            assert_eq!(tta.name().parse::<Tta>().unwrap(), tta);
+        }
         let unknown = "tent".parse::<Tta>().unwrap_err().to_string();
         assert!(unknown.contains("prior-em"), "{unknown}");
     }

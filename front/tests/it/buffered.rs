@@ -411,6 +411,7 @@ fn sites_run_synchronous_rounds_under_a_buffered_global_coordinator() {
         scenario: Scenario::Sites { devices: 2 },
         rounds: 6,
         seeds: 1,
+        first_seed: 0,
         local_epochs: 1,
         hidden: 16,
         site: SiteOptions::transductive(),

@@ -1,19 +1,19 @@
 //! The deployed site of `fedge bench labelling`: its data as features (the five training
 //! sites, the blurred stream it serves and the images that score it), the statistics and
-//! answers of what it serves, and its own correction of a release from its labels
-//! (`fedge_device::site_head`).
+//! answers of what it serves, and what the device's per-site choice serves it
+//! (`fedge_device::site_choice`).
 
 use std::sync::Arc;
 
+use fedge_device::FeatureSet;
 use fedge_device::labelling::uncertainty;
-use fedge_device::site_head::{Corrector, SiteHeadSettings};
-use fedge_device::site_norm::{FeatureNorm, FeatureStats, FeatureSummary, SiteNorm, standardised};
+use fedge_device::site_choice::{SiteRows, choose_on};
+use fedge_device::site_norm::{FeatureNorm, FeatureStats, FeatureSummary, SiteNorm, release_stats};
 use fedge_device::train::DeviceData;
-use fedge_device::{FeatureSet, accuracy};
 use fedge_edge::data::ImageSet;
-use fedge_models::Device;
 use fedge_models::head::argmax;
 use fedge_models::{Backbone, Forward, HeadConfig};
+use fedge_wire::{ModelRelease, SiteVariant};
 
 use crate::datasets::SENSORS;
 use crate::eval::{VAL_FRACTION, split_features};
@@ -119,50 +119,33 @@ pub(super) fn served(
         .collect())
 }
 
-/// Whether the site's correction of the release it labelled from (`params`) is better beyond
-/// noise on its labelled `rows` (standardised as served), which that release has not trained
-/// on (`fedge_device::site_head::Corrector::judge`).
-pub(super) fn site_better(
-    head: &HeadConfig,
-    params: &[f32],
-    rows: &FeatureSet,
-    seed: u64,
-) -> anyhow::Result<bool> {
-    let device = fedge_models::training_device(fedge_models::Backend::default());
-    let corrector = corrector(head, &device);
-    let judged = corrector.judge(params, rows, seed ^ 0x517e)?;
-    Ok(judged.better(&corrector.settings))
-}
-
-/// The site's accuracy on its held-out images served the correction of the final release
-/// (`params`) from its labelled rows `answered`, standardised as it serves that release.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn serve_correction(
+/// What the device's per-site choice (`fedge_device::site_choice::choose_on`, as `fedge-edge`
+/// runs it on a training device) serves the site of the final `release`, from the images it
+/// labelled: its training rows `train`, every row `picked` (labels unread, for the label-free
+/// variant) and its held-back share `held_back`, the labelled rows the release did not train
+/// on, which the choice judges on; its accuracy on the held-out images, and the variant.
+pub(super) fn serve_choice(
     data: &SeedData,
-    head: &HeadConfig,
-    params: &[f32],
-    pooled: Option<&FeatureSummary>,
-    labelled: &FeatureSet,
-    answered: &FeatureSet,
-    norm: FeatureNorm,
+    release: &ModelRelease,
+    (train, picked, held_back): (&FeatureSet, &FeatureSet, &FeatureSet),
     seed: u64,
-) -> anyhow::Result<f32> {
-    let stats = serving_stats(norm, pooled, labelled, &data.stream, head, params);
-    let rows = standardised(stats.as_ref(), answered);
+) -> anyhow::Result<(f32, SiteVariant)> {
+    let params = release.params.to_vec();
+    let unlabelled = FeatureSet {
+        labels: vec![0; picked.len()],
+        ..picked.clone()
+    };
+    let base = release_stats(release, train, &unlabelled);
     let device = fedge_models::training_device(fedge_models::Backend::default());
-    let corrected = corrector(head, &device).correct(params, &rows, seed ^ 0x517e)?;
-    Ok(accuracy(
-        head,
-        &corrected,
-        &standardised(stats.as_ref(), &data.test),
-    )?)
-}
-
-/// The per-site choice with its default settings.
-fn corrector<'a>(head: &'a HeadConfig, device: &'a Device) -> Corrector<'a> {
-    Corrector {
-        head,
-        settings: SiteHeadSettings::default(),
-        device,
-    }
+    let rows = SiteRows {
+        unlabelled: &unlabelled,
+        labelled: held_back,
+    };
+    let served = choose_on(&device, release, &params, base, rows, seed ^ 0x517e);
+    let answers = (served.answers(&release.head, &params, &data.test))
+        .ok_or_else(|| anyhow::anyhow!("the release's parameters do not fit its head"))?;
+    let right = (answers.iter().zip(&data.test.labels))
+        .filter(|(a, y)| **a == **y as usize)
+        .count();
+    Ok((right as f32 / data.test.len().max(1) as f32, served.variant))
 }

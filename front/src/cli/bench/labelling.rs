@@ -78,7 +78,7 @@ pub fn markdown(report: &LabellingReport) -> String {
         report.algorithm, o.budget, o.stream, o.rounds, o.after
     );
     out.push_str(
-        "| seed | at deployment | no labels | random | queue | queue − random | queue, served per site | corrected | uncertainty random / queue | wrong random / queue | classes random / queue |\n\
+        "| seed | at deployment | no labels | random | queue | queue − random | queue, served per site | variant served | uncertainty random / queue | wrong random / queue | classes random / queue |\n\
          |---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     let pct = |v: f32| f64::from(v) * 100.0;
@@ -92,7 +92,7 @@ pub fn markdown(report: &LabellingReport) -> String {
             pct(s.queue.accuracy),
             pct(s.queue.accuracy - s.random.accuracy),
             pct(s.queue.served),
-            if s.queue.corrected { "yes" } else { "no" },
+            s.queue.variant.name(),
             s.random.mean_uncertainty,
             s.queue.mean_uncertainty,
             s.random.wrong,
