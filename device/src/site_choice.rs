@@ -206,6 +206,11 @@ pub fn choose(
                 None => why.push("prior-em cannot read the release's pooled summary".into()),
             }
         }
+        (FeatureNorm::Pooled, None) => why.push(
+            "no prior-em: the release carries no pooled summary (every device under local DP \
+             sends none)"
+                .into(),
+        ),
         (norm, _) => why.push(format!(
             "prior-em adapts a head trained under feature_norm = pooled, not {}",
             norm.name()

@@ -231,3 +231,25 @@ fn a_variant_of_other_sizes_does_not_fit_the_head() {
             .contains("statistics")
     );
 }
+
+/// Every device under local DP sends no feature summary, so a `pooled` release carries no
+/// pool: no label-free variant, and the reason says why; the site's labels still correct it.
+#[test]
+fn a_release_without_a_pool_gets_no_label_free_variant_but_is_still_corrected() {
+    let device = training_device(Backend::default());
+    let pool = pool();
+    let (mut release, params) = release(&pool, FeatureNorm::Pooled);
+    release.pooled = None;
+    let requests = swapped(&site([70, 70, 70], SAME, NONE, 31));
+    let none = FeatureSet::default();
+    let served = chosen(&release, &params, &requests, &none, &device);
+    assert_eq!(served.variant, SiteVariant::Release);
+    assert!(
+        served.reason.contains("no pooled summary"),
+        "{}",
+        served.reason
+    );
+    let labelled = swapped(&site([20, 20, 20], SAME, NONE, 32));
+    let served = chosen(&release, &params, &requests, &labelled, &device);
+    assert_eq!(served.variant, SiteVariant::Correction, "{}", served.reason);
+}

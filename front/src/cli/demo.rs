@@ -72,8 +72,8 @@ pub struct DemoArgs {
     pub stragglers: bool,
     /// Buffered: `none` (FedBuff: each update by its samples) or `interval` (its samples
     /// times the versions since its agent's last update counted, so slow agents' data are
-    /// not outvoted by fast ones').
-    #[arg(long, default_value = "none", value_parser = super::bench::buffered::participation_parser(), help_heading = "Aggregation")]
+    /// not outvoted by fast ones'); the coordinator's default.
+    #[arg(long, default_value = fedge_coordinator::buffer::ParticipationWeight::default().name(), value_parser = super::bench::buffered::participation_parser(), help_heading = "Aggregation")]
     pub participation: fedge_coordinator::buffer::ParticipationWeight,
     /// Add one hostile participant running these attacks every round (comma-separated, or
     /// `all`; see `fedge attack --help`).

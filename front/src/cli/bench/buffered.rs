@@ -39,11 +39,11 @@ pub struct BufferedArgs {
     #[arg(long)]
     pub slow_domains: bool,
     /// Buffered: the staleness weight, `inverse-sqrt` (1/√(1+s)) or `constant`.
-    #[arg(long, default_value = "inverse-sqrt", value_parser = staleness_parser())]
+    #[arg(long, default_value = StalenessWeight::default().name(), value_parser = staleness_parser())]
     pub staleness: StalenessWeight,
     /// Buffered: the participation weight, `none` (FedBuff) or `interval` (the samples times
-    /// the versions since the device's last update counted).
-    #[arg(long, default_value = "none", value_parser = participation_parser())]
+    /// the versions since the device's last update counted); the coordinator's default.
+    #[arg(long, default_value = ParticipationWeight::default().name(), value_parser = participation_parser())]
     pub participation: ParticipationWeight,
     #[command(flatten)]
     pub features: FeatureArgs,
