@@ -177,9 +177,10 @@ pub fn markdown(s: &DriftStory) -> String {
         (
             "6. served at the site",
             format!(
-                "the per-site choice (`[inference] adapt = \"choose\"`): the site's correction \
-                 from its {} labels replaces the release only when better on them beyond noise; \
-                 serves the {}",
+                "the per-site choice (`[inference] adapt = \"choose\"`) on what the device \
+                 holds, its {} labelled images: a variant replaces the release only when better \
+                 beyond noise on those the release did not train on, or without enough of them \
+                 (`prior-em`) when it explains the images better than the pool; serves: {}",
                 s.budget, s.served_variant
             ),
             format!("{:.1} %", s.served),

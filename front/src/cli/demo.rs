@@ -362,6 +362,11 @@ fn print_table(result: &DemoResult, asked: u64) {
         result.seconds,
         result.rejected.values().sum::<u64>()
     );
+    if let Some(line) =
+        fedge::demo::norm_scaled_summary((result.rounds.iter()).flat_map(|r| &r.norm_scaled))
+    {
+        println!("{line}");
+    }
     if let Some(served) = &result.served_at_target {
         println!(
             "served at the unseen site (per-site choice, judged on {} labelled images, scored on \

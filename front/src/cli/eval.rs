@@ -418,6 +418,9 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
              values not finite {not_finite}"
         );
     }
+    if let Some(line) = fedge::demo::norm_scaled_summary(&eval::norm_scaled()) {
+        println!("{line}");
+    }
     let served = eval::served_counts();
     if served.iter().any(|(_, n)| *n > 0) {
         let counts: Vec<String> = (served.iter())

@@ -65,6 +65,30 @@ pub struct RoundRow {
     /// Buffered mode: the version's updates by staleness (index: versions behind).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub staleness: Vec<u64>,
+    /// The clients whose update the norm guard scaled down this round (`max_norm_ratio`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub norm_scaled: Vec<String>,
+}
+
+/// One line for a run's norm-guard scalings (the guard doing its job, which the log keeps at
+/// INFO): how many updates were scaled down, and whose; `None` when none was.
+pub fn norm_scaled_summary<'a>(scaled: impl IntoIterator<Item = &'a String>) -> Option<String> {
+    let mut by_client = std::collections::BTreeMap::<&str, u64>::new();
+    for client in scaled {
+        *by_client.entry(client.as_str()).or_default() += 1;
+    }
+    let total: u64 = by_client.values().sum();
+    (total > 0).then(|| {
+        let whom: Vec<String> = (by_client.iter())
+            .map(|(client, n)| format!("{client} {n}"))
+            .collect();
+        format!(
+            "the norm guard scaled {total} update{} down to max_norm_ratio × the round's median \
+             norm ({})",
+            if total == 1 { "" } else { "s" },
+            whom.join(", ")
+        )
+    })
 }
 
 /// The outcome of a demo.
@@ -545,5 +569,21 @@ fn row_of(report: &RoundReport, target_accuracy: Option<f32>) -> RoundRow {
             .unwrap_or_default(),
         epsilon: report.privacy.as_ref().map(|p| p.epsilon),
         staleness: report.staleness.clone(),
+        norm_scaled: (report.norm_clipped.iter())
+            .map(|c| c.client.clone())
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_norm_guard_summary_counts_updates_per_client_on_one_line() {
+        let scaled = ["blurred", "noisy", "blurred"].map(String::from);
+        let line = super::norm_scaled_summary(&scaled).unwrap();
+        assert!(line.starts_with("the norm guard scaled 3 updates down"), "{line}");
+        assert!(line.ends_with("(blurred 2, noisy 1)"), "{line}");
+        assert!(!line.contains('\n'));
+        assert_eq!(super::norm_scaled_summary(&[]), None);
     }
 }

@@ -43,7 +43,7 @@ pub use report::{
     PrivacyRow, ReportMeta, Summary, SummaryRow, curves, markdown, mean_std, plot_bars,
     privacy_markdown, privacy_rows, report_json, summarise, tradeoff_lines,
 };
-pub use run::{RunSpec, run_one, run_one_mqtt};
+pub use run::{RunSpec, norm_scaled, run_one, run_one_mqtt};
 pub use site::{Calibration, LabelShift, SiteOptions, TargetSite};
 pub use sweep::{Progress, run_all, run_into, run_lodo};
 pub use tta::{T3A_FILTER, Tta, t3a_accuracy};

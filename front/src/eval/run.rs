@@ -22,6 +22,19 @@ use super::{Algorithm, BenchOptions, DomainData, RunResult, Scenario, TargetSite
 /// How far ahead devices' absences are scheduled (virtual ms): past any run's end.
 const AWAY_HORIZON_MS: u64 = 6 * 3600 * 1000;
 
+/// The clients whose update the norm guard scaled down, over every run of this process (one
+/// entry per scaling), for the one line `fedge eval` prints instead of a log line each.
+static NORM_SCALED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The clients whose update the norm guard scaled down in this process's runs so far (one entry
+/// per scaling).
+pub fn norm_scaled() -> Vec<String> {
+    NORM_SCALED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 /// What one run needs: the algorithm, the seed's splits with the held-out domain, the seed,
 /// the head and the benchmark's options.
 #[derive(Clone, Copy)]
@@ -323,6 +336,10 @@ pub fn run_one(spec: &RunSpec<'_>, mut on_round: impl FnMut(u64)) -> anyhow::Res
                     report,
                     params,
                 } if coordinator == global && report.aggregated => {
+                    NORM_SCALED
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend((report.norm_clipped.iter()).map(|c| c.client.clone()));
                     let params_head = layout.head_part(&params);
                     let pooled_summary =
                         (sim.coordinator(global)).and_then(|r| r.pooled()).cloned();

@@ -105,6 +105,8 @@ pub struct Labelled {
     pub classes: usize,
     /// Rounds that aggregated the site's update.
     pub rounds_with_site: u64,
+    /// Of those, rounds whose norm guard scaled the site's update down (`max_norm_ratio`).
+    pub norm_scaled: u64,
     /// The site's accuracy with what the device's per-site choice serves it
     /// (`fedge_device::site_choice`): the final release, its label-free adaptation or its
     /// correction from the site's labels, whichever is better beyond noise on them.
@@ -320,6 +322,7 @@ fn run_arm(
     let mut held_back = empty.clone();
     let mut deployed: Option<(f32, Vec<f32>, Option<Labelled>)> = None;
     let mut with_site = 0u64;
+    let mut norm_scaled = 0u64;
     let score = |params: &[f32], pooled: Option<&FeatureSummary>, train: &FeatureSet| {
         let stats = serving_stats(norm, pooled, train, &data.stream, &head, params);
         accuracy(&head, params, &standardised(stats.as_ref(), &data.test))
@@ -346,6 +349,11 @@ fn run_arm(
             if report.reported.iter().any(|c| c == SITE) {
                 with_site += 1;
             }
+            norm_scaled += report
+                .norm_clipped
+                .iter()
+                .filter(|c| c.client == SITE)
+                .count() as u64;
             if report.round == options.rounds {
                 let before = score(&params, pooled.as_ref(), &empty)?;
                 let stats =
@@ -369,6 +377,7 @@ fn run_arm(
                         wrong: chosen.iter().filter(|&&i| !scores[i].1).count(),
                         classes: seen_classes.len(),
                         rounds_with_site: 0,
+                        norm_scaled: 0,
                         served: f32::NAN,
                         variant: fedge_wire::SiteVariant::Release,
                     });
@@ -410,6 +419,7 @@ fn run_arm(
                     picked: picked.map(|p| Labelled {
                         accuracy: after,
                         rounds_with_site: with_site,
+                        norm_scaled,
                         served,
                         variant,
                         ..p

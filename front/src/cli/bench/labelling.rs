@@ -153,5 +153,15 @@ pub fn markdown(report: &LabellingReport) -> String {
             }
         ));
     }
+    let arms = (report.seeds.iter()).flat_map(|s| [&s.random, &s.queue]);
+    let (scaled, rounds) = arms.fold((0, 0), |(n, m), a| {
+        (n + a.norm_scaled, m + a.rounds_with_site)
+    });
+    if scaled > 0 {
+        out.push_str(&format!(
+            "the norm guard scaled the site's update down in {scaled} of its {rounds} rounds \
+             (both labelling arms, every seed)\n"
+        ));
+    }
     out
 }
