@@ -581,7 +581,10 @@ mod tests {
     fn the_norm_guard_summary_counts_updates_per_client_on_one_line() {
         let scaled = ["blurred", "noisy", "blurred"].map(String::from);
         let line = super::norm_scaled_summary(&scaled).unwrap();
-        assert!(line.starts_with("the norm guard scaled 3 updates down"), "{line}");
+        assert!(
+            line.starts_with("the norm guard scaled 3 updates down"),
+            "{line}"
+        );
         assert!(line.ends_with("(blurred 2, noisy 1)"), "{line}");
         assert!(!line.contains('\n'));
         assert_eq!(super::norm_scaled_summary(&[]), None);
