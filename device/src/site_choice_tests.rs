@@ -79,15 +79,16 @@ fn swapped(set: &FeatureSet) -> FeatureSet {
 }
 
 #[test]
-fn a_skewed_site_without_labels_is_served_prior_em_and_with_labels_what_beats_the_release() {
+fn a_shifted_site_is_served_prior_em_without_labels_and_a_skewed_one_only_with_them() {
     let device = training_device(Backend::default());
     let pool = pool();
     let (release, params) = release(&pool, FeatureNorm::Pooled);
     let shift = [3.0, -2.0, 0.5, 1.0];
-    // 80 % of one class, moved as a whole.
-    let requests = site([160, 20, 20], SAME, shift, 11);
-    let test = site([400, 50, 50], SAME, shift, 12);
     let none = FeatureSet::default();
+    let as_is = SiteServing::release(pool.balanced_stats(), "");
+    // The pool's class mix, moved as a whole: label-free prior-em serves, and helps.
+    let requests = site([70, 70, 70], SAME, shift, 14);
+    let test = site([150, 150, 150], SAME, shift, 15);
     let label_free = chosen(&release, &params, &requests, &none, &device);
     assert_eq!(
         label_free.variant,
@@ -100,13 +101,29 @@ fn a_skewed_site_without_labels_is_served_prior_em_and_with_labels_what_beats_th
         "{}",
         label_free.reason
     );
-    let as_is = SiteServing::release(pool.balanced_stats(), "");
     let (before, after) = (
         accuracy(&release, &params, &as_is, &test),
         accuracy(&release, &params, &label_free, &test),
     );
     assert!(after > before + 0.1, "{before} → {after}");
-    // With 60 labelled rows the label-free variant must also win on them to serve.
+    // 80 % of one class, moved as a whole: the fit's class mix gives one class a majority,
+    // so without labels the release serves, and the reason says why.
+    let requests = site([160, 20, 20], SAME, shift, 11);
+    let test = site([400, 50, 50], SAME, shift, 12);
+    let unlabelled = chosen(&release, &params, &requests, &none, &device);
+    assert_eq!(
+        unlabelled.variant,
+        SiteVariant::Release,
+        "{}",
+        unlabelled.reason
+    );
+    assert!(
+        unlabelled.reason.contains("only labels can tell"),
+        "{}",
+        unlabelled.reason
+    );
+    // With 60 labelled rows a variant must win on them to serve, and one does.
+    let before = accuracy(&release, &params, &as_is, &test);
     let labelled = site([48, 6, 6], SAME, shift, 13);
     let judged = chosen(&release, &params, &requests, &labelled, &device);
     assert_ne!(judged.variant, SiteVariant::Release, "{}", judged.reason);
@@ -252,4 +269,22 @@ fn a_release_without_a_pool_gets_no_label_free_variant_but_is_still_corrected() 
     let labelled = swapped(&site([20, 20, 20], SAME, NONE, 32));
     let served = chosen(&release, &params, &requests, &labelled, &device);
     assert_eq!(served.variant, SiteVariant::Correction, "{}", served.reason);
+}
+
+/// A site that shows one class, moved as a whole: without labels, a shift could carry its rows
+/// onto any class, so the label-free variant is not served however well it fits.
+#[test]
+fn a_one_class_site_without_labels_keeps_the_release() {
+    let device = training_device(Backend::default());
+    let pool = pool();
+    let (release, params) = release(&pool, FeatureNorm::Pooled);
+    let requests = site([200, 0, 0], SAME, [3.0, -2.0, 0.5, 1.0], 51);
+    let none = FeatureSet::default();
+    let served = chosen(&release, &params, &requests, &none, &device);
+    assert_eq!(served.variant, SiteVariant::Release, "{}", served.reason);
+    assert!(
+        served.reason.contains("only labels can tell"),
+        "{}",
+        served.reason
+    );
 }
