@@ -11,10 +11,10 @@
 //! only when the gate's paired test finds it better on the site's labelled rows (the rows the
 //! release did not train on: a device's held-back share, an evaluation site's samples); the
 //! correction is judged against what serves by then, each row scored by a correction that did
-//! not train on it. Without enough labelled rows ([`min_labelled`]) there is no correction, and
-//! the label-free variant serves only where its fit explains the site's rows better than the
-//! pool does (likelihood only). Pure computation: the device's driver runs it off its loop and
-//! installs what it returns.
+//! not train on it. Without enough labelled rows ([`min_labelled`]) the release serves as it is:
+//! no correction, and no label-free variant either, since a fit that explains the site's rows
+//! better than the pool does can still carry them onto the wrong classes. Pure computation:
+//! the device's driver runs it off its loop and installs what it returns.
 
 use fedge_models::HeadConfig;
 use fedge_models::head::{Forward, argmax};
@@ -164,7 +164,6 @@ pub fn choose(
                 params,
             ) {
                 Some(fit) if fit.accepted() => {
-                    let largest = fit.prior.iter().copied().fold(0.0, f64::max);
                     let candidate = SiteServing {
                         variant: SiteVariant::PriorEm,
                         stats: Some(fit.stats),
@@ -173,22 +172,17 @@ pub fn choose(
                         reason: String::new(),
                     };
                     match judged {
-                        false if largest > LABEL_FREE_MAX_SHARE => why.push(format!(
-                            "no prior-em without labelled rows: its class mix gives one class \
-                             {:.0} % of the site's {} rows, where a feature shift and the mix \
-                             can trade off and only labels can tell the fit is right",
-                            100.0 * largest,
-                            rows.unlabelled.len()
+                        // Without labels it is not served: a class mix and a feature shift
+                        // explain a site's rows together and can trade off, so a fit that
+                        // explains the rows better can still carry them onto the wrong
+                        // classes (docs/algorithms.md §10).
+                        false => why.push(format!(
+                            "prior-em explains the site's {} rows better than the pool, but \
+                             serves only when better on labelled rows, and fewer than {} are \
+                             here",
+                            rows.unlabelled.len(),
+                            min_labelled(corrector)
                         )),
-                        false => {
-                            why.push(format!(
-                                "prior-em explains the site's {} rows better than the pool, \
-                                 and fewer than {} labelled rows to compare on",
-                                rows.unlabelled.len(),
-                                min_labelled(corrector)
-                            ));
-                            serves = candidate;
-                        }
                         true => {
                             let (gained, lost) =
                                 discordant(head, params, &serves, &candidate, labelled);
@@ -251,16 +245,6 @@ pub fn choose(
     serves.reason = format!("{}: {}", serves.variant.name(), why.join("; "));
     serves
 }
-
-/// The largest share of a site's rows that `prior-em`'s estimate of the site's class mix may
-/// give one class for it to serve without labelled rows. A class mix and a per-feature shift
-/// explain a site's rows together, and without labels the two can trade off: at a site that
-/// shows one class, a shift can carry its rows onto any class (on `fashion-mnist-sensor`,
-/// one-class sites lost 28 points to likelihood-only `prior-em`). Where no class holds a
-/// majority, the others anchor the shift; where one does, only labels can say the fit is
-/// right. Set once, after that measurement, as the majority line rather than a value fitted to
-/// it (BENCHMARKS.md, "The per-site choice on the label-shift grid").
-pub const LABEL_FREE_MAX_SHARE: f64 = 0.5;
 
 /// [`choose`] with the default settings of the correction ([`SiteHeadSettings::default`]),
 /// trained on the Burn `device`: what a serving device runs.
