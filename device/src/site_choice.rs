@@ -209,8 +209,8 @@ pub fn choose(
             }
         }
         (FeatureNorm::Pooled, None) => why.push(
-            "no prior-em: the release carries no pooled summary (every device under local DP \
-             sends none)"
+            "no prior-em: the release carries no pooled summary (its devices sent none: under \
+             local DP, or behind site aggregators)"
                 .into(),
         ),
         (norm, _) => why.push(format!(

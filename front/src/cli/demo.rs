@@ -239,8 +239,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let data = demo::prepare(&options)?;
     if options.sites > 0 {
         eprintln!(
-            "fedge demo: {} sites, each its own broker and site aggregator with the agents of one domain",
-            options.sites
+            "fedge demo: {} sites, each its own broker and site aggregator with the agents of its \
+             source domains (site s holds the domains d with d mod {} = s, and is named after them)",
+            options.sites, options.sites
         );
     }
     let runs = match options.aggregation.is_buffered() {
@@ -389,14 +390,18 @@ fn print_table(result: &DemoResult, asked: u64) {
         print_attacks(result, asked);
     }
     if !result.sites.is_empty() {
+        let width = (result.sites.keys().map(|n| n.chars().count()))
+            .max()
+            .unwrap_or(0)
+            .max(12);
         println!(
-            "{:<12} {:>7} {:>8} {:>7}",
+            "{:<width$} {:>7} {:>8} {:>7}",
             "site", "devices", "samples", "gamma"
         );
         for (name, site) in &result.sites {
             let gamma = site.gamma.map_or("-".into(), |g| format!("{g:.3}"));
             println!(
-                "{name:<12} {:>7} {:>8} {gamma:>7}",
+                "{name:<width$} {:>7} {:>8} {gamma:>7}",
                 site.devices, site.samples
             );
         }

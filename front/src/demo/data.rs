@@ -90,9 +90,17 @@ pub fn prepare(options: &DemoOptions) -> anyhow::Result<DemoData> {
         let first = &domains[holding.domains[0]].name;
         let (id, site) = match options.sites {
             0 => (format!("site-{c}-{first}"), None),
-            _ => (
+            // A site is named after every domain it holds (site s: the domains d with
+            // d mod sites = s), joined by `-` (`+` is an MQTT wildcard).
+            sites => (
                 format!("cam-{c}-{first}"),
-                Some(format!("site-{}", domains[holding.site_domain].name)),
+                Some(format!(
+                    "site-{}",
+                    (domains.iter().skip(holding.site_domain).step_by(sites))
+                        .map(|d| d.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join("-")
+                )),
             ),
         };
         let views = if options.train.objective == Objective::FedDdl {

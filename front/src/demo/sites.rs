@@ -1,7 +1,8 @@
 //! `fedge demo --sites S`: each site its own embedded broker, site aggregator (the
 //! coordinator's relay mode with its upstream link, as `fedge-coordinator run` with
-//! `role = "site"` runs them) and devices, which hold the site's one rotated domain: the
-//! domain is the site. The global coordinator sees the sites as its clients.
+//! `role = "site"` runs them) and devices, which hold the site's rotated domains (site s: the
+//! domains d with d mod S = s; one each when S is the number of source domains), the site
+//! named after them. The global coordinator sees the sites as its clients.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

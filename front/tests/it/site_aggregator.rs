@@ -362,7 +362,7 @@ fn the_demo_runs_its_devices_behind_sites() {
         "{result}"
     );
     let sites = result["sites"].as_object().unwrap();
-    let devices: Vec<u64> = ["site-rot0", "site-rot15", "site-rot30"]
+    let devices: Vec<u64> = ["site-rot0-rot45", "site-rot15-rot60", "site-rot30"]
         .iter()
         .map(|s| sites[*s]["devices"].as_u64().unwrap())
         .collect();
