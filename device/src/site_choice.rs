@@ -121,6 +121,18 @@ impl SiteServing {
     }
 }
 
+impl SiteServing {
+    /// The share of the labelled `rows` (unstandardised) this variant of a release (head
+    /// `head`, parameters `release`) answers right; `None` when they do not fit the head.
+    pub fn accuracy(&self, head: &HeadConfig, release: &[f32], rows: &FeatureSet) -> Option<f32> {
+        let answers = self.answers(head, release, rows)?;
+        let right = (answers.iter().zip(&rows.labels))
+            .filter(|(a, y)| **a == **y as usize)
+            .count();
+        Some(right as f32 / rows.len().max(1) as f32)
+    }
+}
+
 /// What a site holds to choose with.
 #[derive(Clone, Copy)]
 pub struct SiteRows<'a> {
@@ -153,8 +165,15 @@ pub fn choose(
     let judged = labelled.len() >= min_labelled(corrector) && labelled.dim == head.features;
     let mut serves = SiteServing::release(base, "");
     let mut why = Vec::new();
-    // The label-free variant, where the head learnt on the pooled statistics.
+    // The label-free variant, where the head learnt on the pooled statistics, judged on the
+    // labelled rows. Without them it is not even fitted: a class mix and a feature shift
+    // explain a site's rows together and can trade off, so a fit that explains the rows better
+    // can still carry them onto the wrong classes (docs/algorithms.md §10).
     match (release.feature_norm, &release.pooled) {
+        (FeatureNorm::Pooled, Some(_)) if !judged => why.push(format!(
+            "no prior-em: it serves only when better on labelled rows, and fewer than {} are here",
+            min_labelled(corrector)
+        )),
         (FeatureNorm::Pooled, Some(pooled)) => {
             match prior_shift(
                 pooled,
@@ -171,37 +190,21 @@ pub fn choose(
                         log_ratio: Some(fit.log_ratio),
                         reason: String::new(),
                     };
-                    match judged {
-                        // Without labels it is not served: a class mix and a feature shift
-                        // explain a site's rows together and can trade off, so a fit that
-                        // explains the rows better can still carry them onto the wrong
-                        // classes (docs/algorithms.md §10).
-                        false => why.push(format!(
-                            "prior-em explains the site's {} rows better than the pool, but \
-                             serves only when better on labelled rows, and fewer than {} are \
-                             here",
-                            rows.unlabelled.len(),
-                            min_labelled(corrector)
-                        )),
-                        true => {
-                            let (gained, lost) =
-                                discordant(head, params, &serves, &candidate, labelled);
-                            let p = fedge_wire::paired::improvement_p(gained, lost);
-                            let better = p < corrector.settings.significance;
-                            why.push(format!(
-                                "prior-em {} on {} labelled rows: {gained} gained, {lost} lost \
-                                 (p = {p:.3})",
-                                if better {
-                                    "better"
-                                } else {
-                                    "not better beyond noise"
-                                },
-                                labelled.len()
-                            ));
-                            if better {
-                                serves = candidate;
-                            }
-                        }
+                    let (gained, lost) = discordant(head, params, &serves, &candidate, labelled);
+                    let p = fedge_wire::paired::improvement_p(gained, lost);
+                    let better = p < corrector.settings.significance;
+                    why.push(format!(
+                        "prior-em {} on {} labelled rows: {gained} gained, {lost} lost (p = \
+                         {p:.3})",
+                        if better {
+                            "better"
+                        } else {
+                            "not better beyond noise"
+                        },
+                        labelled.len()
+                    ));
+                    if better {
+                        serves = candidate;
                     }
                 }
                 Some(fit) => why.push(format!("prior-em not fitted ({:?})", fit.outcome)),
@@ -262,6 +265,32 @@ pub fn choose_on(
         device,
     };
     choose(release, params, base, rows, &corrector, seed)
+}
+
+/// [`choose_on`] for a site that simulation builds (`fedge demo`, `fedge eval`, the benchmarks):
+/// it standardises as a device with training rows `train` (none for a serving-only site) does
+/// to use `release` (`site_norm::release_stats`, its other rows `rows.unlabelled`, whose labels
+/// are never read), the release's own parameters. Also returns that standardisation, which the
+/// release as it is serves with.
+pub fn choose_at_site(
+    device: &Device,
+    release: &ModelRelease,
+    train: &FeatureSet,
+    rows: SiteRows<'_>,
+    seed: u64,
+) -> (SiteServing, Option<FeatureStats>) {
+    let unlabelled = FeatureSet {
+        labels: vec![0; rows.unlabelled.len()],
+        ..rows.unlabelled.clone()
+    };
+    let base = crate::site_norm::release_stats(release, train, &unlabelled);
+    let rows = SiteRows {
+        unlabelled: &unlabelled,
+        labelled: rows.labelled,
+    };
+    let params = release.params.to_vec();
+    let served = choose_on(device, release, &params, base.clone(), rows, seed);
+    (served, base)
 }
 
 /// Rows only `candidate` gets right, and rows only `current` does.

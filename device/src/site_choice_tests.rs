@@ -56,11 +56,7 @@ fn accuracy(
     served: &SiteServing,
     test: &FeatureSet,
 ) -> f64 {
-    let answers = served.answers(&release.head, params, test).unwrap();
-    let right = (answers.iter().zip(&test.labels))
-        .filter(|(a, y)| **a == **y as usize)
-        .count();
-    right as f64 / test.len() as f64
+    f64::from(served.accuracy(&release.head, params, test).unwrap())
 }
 
 /// `set` with the features of classes 0 and 1 traded: what the federation learnt is wrong here.
@@ -86,8 +82,8 @@ fn prior_em_serves_only_when_labelled_rows_find_it_better() {
     let shift = [3.0, -2.0, 0.5, 1.0];
     let none = FeatureSet::default();
     let as_is = SiteServing::release(pool.balanced_stats(), "");
-    // 80 % of one class, moved as a whole. Without labels the release serves, however well
-    // the fit explains the rows, and the reason says so.
+    // 80 % of one class, moved as a whole. Without labels the release serves, whatever a fit
+    // would explain, and the reason says so.
     let requests = site([160, 20, 20], SAME, shift, 11);
     let test = site([400, 50, 50], SAME, shift, 12);
     let unlabelled = chosen(&release, &params, &requests, &none, &device);
@@ -100,7 +96,7 @@ fn prior_em_serves_only_when_labelled_rows_find_it_better() {
     assert!(
         unlabelled
             .reason
-            .contains("explains the site's 200 rows better"),
+            .contains("no prior-em: it serves only when better on labelled rows"),
         "{}",
         unlabelled.reason
     );
@@ -161,7 +157,7 @@ fn a_site_like_the_pool_keeps_the_release_and_so_do_sites_with_nothing_to_go_on(
     }
     let empty = chosen(&release, &params, &none, &none, &device);
     assert_eq!(empty.variant, SiteVariant::Release, "{}", empty.reason);
-    assert!(empty.reason.contains("TooFewRows(0)"), "{}", empty.reason);
+    assert!(empty.reason.contains("no prior-em"), "{}", empty.reason);
 }
 
 #[test]

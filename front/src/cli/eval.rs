@@ -282,7 +282,20 @@ impl EvalArgs {
 }
 
 /// Runs every algorithm with every domain held out, for every seed, and prints the table.
+/// The seeds `--first-seed` and `--seeds` ask for, or why they cannot be run.
+pub fn seed_range(first: u64, seeds: u64) -> anyhow::Result<std::ops::Range<u64>> {
+    let end = first.checked_add(seeds.max(1)).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--first-seed {first} with --seeds {seeds} runs past the largest seed ({}): give a \
+             smaller --first-seed",
+            u64::MAX
+        )
+    })?;
+    Ok(first..end)
+}
+
 pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
+    seed_range(args.first_seed, args.seeds)?;
     let dataset = args.data.dataset()?;
     let scenario = args.scenario()?;
     let mut grids = args.grids(&dataset)?;

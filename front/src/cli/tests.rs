@@ -168,3 +168,11 @@ fn hidden_spellings_stay_out_of_the_help() {
     assert!(help.contains("head") && help.contains("feddim"), "{help}");
     assert!(!help.contains("--algorithms"), "{help}");
 }
+
+#[test]
+fn seeds_past_the_largest_are_refused_with_the_fix() {
+    assert_eq!(super::eval::seed_range(200, 5).unwrap(), 200..205);
+    assert_eq!(super::eval::seed_range(0, 0).unwrap(), 0..1);
+    let e = super::eval::seed_range(u64::MAX, 2).unwrap_err().to_string();
+    assert!(e.contains("smaller --first-seed"), "{e}");
+}

@@ -6,7 +6,7 @@
 //! its requests.
 
 use fedge_device::FeatureSet;
-use fedge_device::site_choice::{SiteRows, SiteServing, choose_on};
+use fedge_device::site_choice::{SiteRows, SiteServing, choose_at_site};
 use fedge_wire::{ModelRelease, SiteVariant};
 use serde::Serialize;
 
@@ -35,24 +35,13 @@ pub fn at_site(
     let params = release.verify().ok()?;
     let (labelled, scored): (Vec<usize>, Vec<usize>) = (0..target.len()).partition(|i| i % 4 == 0);
     let (labelled, scored) = (target.rows(&labelled), target.rows(&scored));
-    let unlabelled = FeatureSet {
-        labels: vec![0; target.len()],
-        ..target.clone()
-    };
-    let base = fedge_device::site_norm::release_stats(release, &FeatureSet::default(), &unlabelled);
     let device = fedge_models::training_device(backend);
     let rows = SiteRows {
-        unlabelled: &unlabelled,
+        unlabelled: target,
         labelled: &labelled,
     };
-    let served = choose_on(&device, release, &params, base.clone(), rows, seed);
-    let accuracy = |s: &SiteServing| {
-        let answers = s.answers(&release.head, &params, &scored)?;
-        let right = (answers.iter().zip(&scored.labels))
-            .filter(|(a, y)| **a == **y as usize)
-            .count();
-        Some(right as f32 / scored.len().max(1) as f32)
-    };
+    let (served, base) = choose_at_site(&device, release, &FeatureSet::default(), rows, seed);
+    let accuracy = |s: &SiteServing| s.accuracy(&release.head, &params, &scored);
     Some(Served {
         release: accuracy(&SiteServing::release(base, ""))?,
         served: accuracy(&served)?,

@@ -9,8 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fedge_device::FeatureSet;
-use fedge_device::site_choice::{SiteRows, choose_on};
-use fedge_device::site_norm::release_stats;
+use fedge_device::site_choice::{SiteRows, choose_at_site};
 use fedge_wire::{ModelRelease, SiteVariant};
 
 use super::TargetSite;
@@ -46,30 +45,20 @@ pub fn choice_accuracy(
     labelled: bool,
     seed: u64,
 ) -> anyhow::Result<(f32, SiteVariant)> {
-    let params = release.params.to_vec();
     let calibration = &site.calibration;
-    let unlabelled = FeatureSet {
-        labels: vec![0; calibration.len()],
-        ..calibration.clone()
-    };
     let no_labels = FeatureSet {
         dim: calibration.dim,
         ..FeatureSet::default()
     };
     let rows = SiteRows {
-        unlabelled: &unlabelled,
+        unlabelled: calibration,
         labelled: if labelled { calibration } else { &no_labels },
     };
-    // What a site with no training rows of its own standardises with to use the release.
-    let base = release_stats(release, &FeatureSet::default(), &unlabelled);
+    // A site with no training rows of its own, as an evaluation site is.
     let device = fedge_models::training_device(fedge_models::Backend::default());
-    let served = choose_on(&device, release, &params, base, rows, seed);
+    let (served, _) = choose_at_site(&device, release, &FeatureSet::default(), rows, seed);
     SERVED[slot(served.variant)].fetch_add(1, Ordering::Relaxed);
-    let scored = &site.scored;
-    let answers = (served.answers(&release.head, &params, scored))
+    let accuracy = (served.accuracy(&release.head, &release.params.to_vec(), &site.scored))
         .ok_or_else(|| anyhow::anyhow!("the release's parameters do not fit its head"))?;
-    let right = (answers.iter().zip(&scored.labels))
-        .filter(|(a, y)| **a == **y as usize)
-        .count();
-    Ok((right as f32 / scored.len().max(1) as f32, served.variant))
+    Ok((accuracy, served.variant))
 }

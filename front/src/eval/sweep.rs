@@ -78,7 +78,7 @@ fn cases<'a>(
     algorithms: &'a [Algorithm],
     (first, seeds): (u64, u64),
 ) -> impl Iterator<Item = Case<'a>> + 'a {
-    (first..first + seeds.max(1)).flat_map(move |seed| {
+    (first..first.saturating_add(seeds.max(1))).flat_map(move |seed| {
         let domains = Arc::new(prepared.split(seed));
         (0..domains.len()).flat_map(move |target| {
             let domains = Arc::clone(&domains);

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use fedge_device::FeatureSet;
 use fedge_device::labelling::uncertainty;
-use fedge_device::site_choice::{SiteRows, choose_on};
-use fedge_device::site_norm::{FeatureNorm, FeatureStats, FeatureSummary, SiteNorm, release_stats};
+use fedge_device::site_choice::{SiteRows, choose_at_site};
+use fedge_device::site_norm::{FeatureNorm, FeatureStats, FeatureSummary, SiteNorm};
 use fedge_device::train::DeviceData;
 use fedge_edge::data::ImageSet;
 use fedge_models::head::argmax;
@@ -130,22 +130,13 @@ pub(super) fn serve_choice(
     (train, picked, held_back): (&FeatureSet, &FeatureSet, &FeatureSet),
     seed: u64,
 ) -> anyhow::Result<(f32, SiteVariant)> {
-    let params = release.params.to_vec();
-    let unlabelled = FeatureSet {
-        labels: vec![0; picked.len()],
-        ..picked.clone()
-    };
-    let base = release_stats(release, train, &unlabelled);
     let device = fedge_models::training_device(fedge_models::Backend::default());
     let rows = SiteRows {
-        unlabelled: &unlabelled,
+        unlabelled: picked,
         labelled: held_back,
     };
-    let served = choose_on(&device, release, &params, base, rows, seed ^ 0x517e);
-    let answers = (served.answers(&release.head, &params, &data.test))
+    let (served, _) = choose_at_site(&device, release, train, rows, seed ^ 0x517e);
+    let accuracy = (served.accuracy(&release.head, &release.params.to_vec(), &data.test))
         .ok_or_else(|| anyhow::anyhow!("the release's parameters do not fit its head"))?;
-    let right = (answers.iter().zip(&data.test.labels))
-        .filter(|(a, y)| **a == **y as usize)
-        .count();
-    Ok((right as f32 / data.test.len().max(1) as f32, served.variant))
+    Ok((accuracy, served.variant))
 }
