@@ -173,6 +173,8 @@ fn hidden_spellings_stay_out_of_the_help() {
 fn seeds_past_the_largest_are_refused_with_the_fix() {
     assert_eq!(super::eval::seed_range(200, 5).unwrap(), 200..205);
     assert_eq!(super::eval::seed_range(0, 0).unwrap(), 0..1);
-    let e = super::eval::seed_range(u64::MAX, 2).unwrap_err().to_string();
+    let e = super::eval::seed_range(u64::MAX, 2)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("smaller --first-seed"), "{e}");
 }
