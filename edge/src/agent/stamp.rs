@@ -39,6 +39,14 @@ pub fn json(status: &EdgeStatus, setup: &AgentSetup, report: &LoadReport) -> Str
         ..with_facts(status, labelling, report, loads)
     };
     setup.serving.metrics.images_skipped(stamped.skipped_images);
+    // The drift watch as it stands now, from the first status after a release is installed
+    // (not only after an alarm), so that the status says what `GET /v1/drift` and the metrics
+    // say.
+    if status.online
+        && let Some(drift) = setup.serving.drift.snapshot()
+    {
+        stamped.drift = Some(drift);
+    }
     if let Some(key) = &setup.key {
         stamped.sign(&setup.federation, key);
     }

@@ -10,9 +10,12 @@
 //!
 //! After an alarm the watch keeps the features of the next [`RECENT_REQUESTS`] requests (the
 //! site as it is now) and wakes the loop again once it has them ([`DriftWatch::take_window`]):
-//! the agent re-estimates the site's statistics from them and serves with those
-//! (the agent's `readapt`), and the watch starts again with that window as its
-//! reference ([`DriftWatch::adapted`]). Meanwhile no other alarm is raised.
+//! the agent re-estimates the site's statistics from them where the release standardises with
+//! the site's own (the agent's `readapt`). The reference stays what it was: a camera that stays
+//! broken stays drifted (level 1 in the status, the metrics and `GET /v1/drift` alike) until it
+//! is mended or the site says the change is its new normal (`POST /v1/drift/readapt`,
+//! [`DriftWatch::start_window`]), whose window then becomes the reference
+//! ([`DriftWatch::adapted`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -43,6 +46,8 @@ struct State {
     window: Option<Vec<f32>>,
     /// A full window, waiting for the agent to take it.
     ready: Option<Vec<f32>>,
+    /// The window was the site's command: it becomes the new reference.
+    rereference: bool,
     alarms: u64,
     last_alarm: Option<String>,
     adaptations: u64,
@@ -104,26 +109,21 @@ impl DriftWatch {
             if collecting.len() >= REFERENCE_REQUESTS.max(MIN_REFERENCE) {
                 let reference = std::mem::take(collecting);
                 state.collecting = None;
-                state.detector = DriftDetector::new(reference);
+                state.detector = DriftDetector::from_stream(reference);
             }
             return;
         }
+        let mut wake = false;
         if let Some(window) = &mut state.window {
             window.extend_from_slice(features);
             if window.len() >= RECENT_REQUESTS * features.len().max(1) {
                 state.ready = state.window.take();
-                drop(state);
-                self.wake.notify_one();
+                wake = true;
             }
-            return;
         }
-        if state.ready.is_some() {
-            return;
-        }
-        let Some(detector) = &mut state.detector else {
+        let Some(seen) = state.detector.as_mut().map(|d| d.observe(distance)) else {
             return;
         };
-        let seen = detector.observe(distance);
         if let Some(m) = &self.metrics {
             m.drift_level(seen.level.min(1.0));
         }
@@ -134,28 +134,35 @@ impl DriftWatch {
                 requests = state.requests,
                 alarms = state.alarms,
                 "drift alarm: what this device serves no longer looks like its reference \
-                 (a new sensor, a dirty lens, new light or new objects?); taking the next {} \
-                 requests to re-estimate the site's statistics",
-                RECENT_REQUESTS
+                 (a new sensor, a dirty lens, new light or new objects?); it stays drifted \
+                 until that changes back or the site makes the change its new normal \
+                 (POST /v1/drift/readapt)"
             );
             state.last_alarm = Some(at);
-            state.window = Some(Vec::with_capacity(RECENT_REQUESTS * features.len()));
+            if state.window.is_none() && state.ready.is_none() {
+                state.window = Some(Vec::with_capacity(RECENT_REQUESTS * features.len()));
+            }
             if let Some(m) = &self.metrics {
                 m.drift_alarm();
             }
+            wake = true;
+        }
+        if wake {
             drop(state);
             self.wake.notify_one();
         }
     }
 
-    /// The site's own command to re-adapt: the next requests become the window, as after an
-    /// alarm. False when nothing is watched or a window is being gathered or waits already.
+    /// The site's own command: the change is its new normal. The next requests become the
+    /// window its statistics are re-estimated from and then the detector's reference. False
+    /// when nothing is watched or a window is being gathered or waits already.
     pub fn start_window(&self) -> bool {
         let mut state = self.lock();
         if !state.watching || state.window.is_some() || state.ready.is_some() {
             return false;
         }
         state.window = Some(Vec::new());
+        state.rereference = true;
         true
     }
 
@@ -166,13 +173,15 @@ impl DriftWatch {
     }
 
     /// The site re-estimated its statistics from the window (`adapted`), or could not, and
-    /// serves on: the watch starts again with `reference`, the window's distances under what
-    /// it serves now, as the site's new normal.
+    /// serves on. When the window was the site's command, `reference` (the window's distances)
+    /// becomes the detector's reference; after an alarm the reference stays the site's own.
     pub fn adapted(&self, reference: Vec<f32>, adapted: bool) {
         let mut state = self.lock();
         state.window = None;
         state.ready = None;
-        if let Some(detector) = DriftDetector::new(reference) {
+        if std::mem::take(&mut state.rereference)
+            && let Some(detector) = DriftDetector::from_stream(reference)
+        {
             state.detector = Some(detector);
         }
         if adapted {
@@ -180,8 +189,9 @@ impl DriftWatch {
             let at = fedge_mqtt::now_rfc3339();
             state.last_adapted = Some(at);
         }
+        let level = state.detector.as_ref().map_or(0.0, |d| d.level().min(1.0));
         if let Some(m) = &self.metrics {
-            m.drift_level(0.0);
+            m.drift_level(level);
         }
     }
 
@@ -232,8 +242,8 @@ mod tests {
         }
         assert_eq!(watch.snapshot().unwrap().alarms, 0);
         // The site's images move away from everything it knew.
-        for _ in 0..50 {
-            watch.observe(&[0.0], Some(5.0));
+        for i in 0..50 {
+            watch.observe(&[0.0], Some(5.0 + (i % 7) as f32 / 10.0));
         }
         let status = watch.snapshot().unwrap();
         assert!(status.alarms >= 1, "{status:?}");
@@ -266,9 +276,55 @@ mod tests {
         }
         let status = watch.snapshot().unwrap();
         assert_eq!(status.reference as usize, REFERENCE_REQUESTS);
-        for _ in 0..40 {
-            watch.observe(&[0.0], Some(9.0));
+        // The detector learns the stream's scale for its first batches, then catches it.
+        for i in 0..300 {
+            watch.observe(&[0.0], Some(9.0 + (i % 7) as f32 / 10.0));
         }
         assert!(watch.snapshot().unwrap().alarms >= 1);
+    }
+
+    #[test]
+    fn a_camera_that_stays_changed_stays_drifted_until_the_site_makes_it_its_normal() {
+        let metrics = Arc::new(EdgeMetrics::default());
+        let watch = DriftWatch::new(Some(Arc::clone(&metrics)));
+        let reference: Vec<f32> = (0..400).map(|i| 1.0 + (i * 7 % 40) as f32 / 40.0).collect();
+        watch.restart(Some(reference.clone()));
+        for i in 0..1_000 {
+            watch.observe(&[0.0], Some(reference[i % reference.len()]));
+        }
+        let changed = |i: usize| 3.0 + (i * 3 % 11) as f32 / 10.0;
+        for i in 0..2_000 {
+            watch.observe(&[0.0], Some(changed(i)));
+            if let Some(window) = watch.take_window() {
+                // The agent re-estimates from the window and serves on: the reference stays.
+                assert_eq!(window.len(), RECENT_REQUESTS);
+                watch.adapted(vec![3.0; RECENT_REQUESTS], true);
+            }
+        }
+        let status = watch.snapshot().unwrap();
+        assert_eq!((status.alarms, status.adaptations), (1, 1), "{status:?}");
+        assert_eq!(status.level, 1.0, "still drifted: {status:?}");
+        assert!(metrics.encode().contains("fedge_edge_drift_level 1"));
+        // The site says the change is its new normal: its window becomes the reference.
+        assert!(watch.start_window());
+        let mut window = Vec::new();
+        for i in 0..RECENT_REQUESTS {
+            window.push(changed(i));
+            watch.observe(&[0.0], Some(changed(i)));
+        }
+        assert!(watch.take_window().is_some());
+        watch.adapted(window, true);
+        for i in 0..2_000 {
+            watch.observe(&[0.0], Some(changed(i + 5)));
+        }
+        let status = watch.snapshot().unwrap();
+        assert_eq!(status.alarms, 1, "{status:?}");
+        assert!(status.level < 0.5, "{status:?}");
+        let exposition = metrics.encode();
+        let line = (exposition.lines())
+            .find(|l| l.starts_with("fedge_edge_drift_level "))
+            .unwrap();
+        let metric: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((metric - status.level).abs() < 1e-6, "{line} vs {status:?}");
     }
 }

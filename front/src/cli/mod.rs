@@ -11,6 +11,7 @@ pub mod bench;
 pub mod demo;
 pub mod eval;
 mod eval_progress;
+pub mod seeds;
 #[cfg(test)]
 mod tests;
 

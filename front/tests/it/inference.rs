@@ -391,7 +391,8 @@ fn requests_through_a_new_sensor_raise_the_drift_alarm() {
 
 /// After an alarm, the window of requests since it: a `balanced` release is served with
 /// statistics re-estimated from it, a `pooled` one keeps the federation's; either way the
-/// drift watch takes the window as its new reference.
+/// drift watch keeps the site's own rows as its reference (a camera that stays changed stays
+/// drifted until the site says the change is its new normal).
 #[test]
 fn after_an_alarm_a_site_re_estimates_only_statistics_that_are_its_own() {
     use fedge::datasets::SENSORS;
@@ -432,8 +433,9 @@ fn after_an_alarm_a_site_re_estimates_only_statistics_that_are_its_own() {
         let after = current(&setup.serving.predictor).unwrap();
         let drift = setup.serving.drift.snapshot().unwrap();
         assert_eq!(
-            drift.reference, 256,
-            "{norm:?}: the window is the new reference"
+            drift.reference as usize,
+            (setup.train.len() + setup.val.len()).min(fedge_device::drift::MAX_REFERENCE),
+            "{norm:?}: the reference stays the site's own rows"
         );
         assert_eq!(drift.adaptations, u64::from(re_estimated), "{norm:?}");
         let moved = after.site_stats().unwrap().mean != before.site_stats().unwrap().mean;
@@ -488,6 +490,11 @@ fn the_drift_watch_answers_over_http_and_takes_the_site_s_command_to_re_adapt() 
     assert_eq!(watch.take_window().map(|w| w.len()), Some(recent * 512));
     let (_, body) = answer(http.get(url("/v1/drift")).call());
     assert_eq!(json(&body)["requests"], recent);
+    // The site's command makes the window its new normal: the reference once re-estimated.
+    assert_eq!(json(&body)["reference"], 1797);
+    watch.adapted(vec![1.0; recent], true);
+    let (_, body) = answer(http.get(url("/v1/drift")).call());
+    assert_eq!(json(&body)["reference"], recent);
     // A release without a pooled summary: nothing watched.
     install(&state, Predictor::new(backbone, release(5), None).unwrap());
     let (status, body) = answer(http.get(url("/v1/drift")).call());
