@@ -22,6 +22,7 @@ pub mod enrol;
 mod envelope;
 mod error;
 mod frames;
+pub mod head_check;
 pub mod hex;
 pub mod layout;
 mod messages;
@@ -49,6 +50,7 @@ pub use error::{DecodeError, UnknownName};
 pub use frames::{
     TaskError, decode_backbone, decode_pointer, decode_release, decode_release_within, decode_task,
 };
+pub use head_check::HeadCheck;
 pub use layout::{FlatLayoutError, HeadConfig, HeadTensors, ModelLayout};
 pub use messages::{
     BackboneObject, BackboneRef, Chunk, ClassStats, ClientUpdate, FeatureNorm, InvalidTrain,

@@ -398,6 +398,11 @@ pub struct EdgeStatus {
     /// serves, on the same images (what the gate decides on); signed with the rest when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paired: Option<PairedScore>,
+    /// The served release against the one it replaced, on the same requests (the canary's
+    /// look at the head, docs/algorithms.md §11); absent until a release replaced another on a
+    /// serving device. Signed with the rest when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_check: Option<crate::HeadCheck>,
     /// Whether the tag also covers `drift`, `last_error`, `epsilon` and `labelling` (devices
     /// of this release set it; older ones signed none of them, and the coordinator believes no
     /// drift alarm and no error of a status whose tag does not cover them).
@@ -488,6 +493,7 @@ impl Default for EdgeStatus {
             serving: None,
             evaluated: None,
             paired: None,
+            head_check: None,
             tag_covers_all: true,
         }
     }
@@ -548,6 +554,12 @@ impl EdgeStatus {
             && let Ok(encoded) = postcard::to_allocvec(paired)
         {
             bytes.extend_from_slice(b"\0paired");
+            bytes.extend_from_slice(&encoded);
+        }
+        if let Some(check) = &self.head_check
+            && let Ok(encoded) = postcard::to_allocvec(check)
+        {
+            bytes.extend_from_slice(b"\0head");
             bytes.extend_from_slice(&encoded);
         }
         // What steers canaries and resting, signed by the devices that say so (the flag itself
@@ -790,6 +802,12 @@ mod tests {
                 adaptations: 0,
                 last_adapted: None,
             }),
+            head_check: Some(crate::HeadCheck {
+                confident: 60,
+                changed: 2,
+                requests: 90,
+                ..crate::HeadCheck::new("ab".repeat(32), "cd".repeat(32))
+            }),
             ..EdgeStatus::default()
         };
         assert!(
@@ -804,6 +822,7 @@ mod tests {
         for forge in [
             |s: &mut EdgeStatus| s.paired.as_mut().unwrap().lost = 0,
             |s: &mut EdgeStatus| s.drift.as_mut().unwrap().alarms = 3,
+            |s: &mut EdgeStatus| s.head_check.as_mut().unwrap().changed = 60,
             |s: &mut EdgeStatus| s.last_error = "no_report".into(),
             |s: &mut EdgeStatus| s.epsilon = Some(1.0),
             // Dropping the flag leaves the tag over fewer bytes: it no longer verifies.
@@ -870,6 +889,7 @@ mod tests {
                 gained: 3,
                 lost: 1,
             }),
+            head_check: None,
             tag_covers_all: true,
         };
         let json = serde_json::to_string(&status).unwrap();

@@ -147,6 +147,7 @@ pub async fn run_agent(
         perform(&mut agent, &mut setup, &mut data, &client, &done, &report);
     }
     let drift = Arc::clone(&setup.serving.drift);
+    let head = Arc::clone(&setup.serving.head);
     let origin = Instant::now();
     let (metrics_topic, status_topic) = (topics.metrics(), topics.edge_status(&setup.client_id));
     // The first connection's time: the coordinator's word from before it is not this run's.
@@ -216,6 +217,14 @@ pub async fn run_agent(
             _ = tick(&mut look) => {
                 // A rescan computing the features of new images: the status says how far.
                 if loading.due(report.loading(), Instant::now()) && connected {
+                    let status = json(agent.status(), &setup, &report);
+                    let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, status);
+                }
+            }
+            _ = head.woken() => {
+                // The new release against the one it replaced: the count the canary stage
+                // decides on, published as it grows.
+                if connected {
                     let status = json(agent.status(), &setup, &report);
                     let _ = client.try_publish(&status_topic, QoS::AtLeastOnce, true, status);
                 }

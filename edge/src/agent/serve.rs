@@ -107,10 +107,12 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
                 .serving
                 .metrics
                 .site_variant(fedge_wire::SiteVariant::Release);
+            let previous = http::current(&setup.serving.predictor);
             let predictor = served_by(setup, predictor)
                 .with_limits(limits)
                 .with_unfamiliar_distance(distance)
                 .with_drift(Arc::clone(&setup.serving.drift));
+            let predictor = beside_previous(setup, predictor, previous.as_deref());
             tracing::info!(client = %setup.client_id, round = release.round, sha256 = %release.sha256_hex(), "serving the released model");
             http::install(&setup.serving.predictor, predictor);
             setup.serving.metrics.serving(&release.sha256_hex());
@@ -124,6 +126,44 @@ pub fn install(setup: &AgentSetup, release: &ModelRelease, site: Option<&Feature
 /// The variant of the release the device serves, when it serves one.
 pub fn choice(setup: &AgentSetup) -> Option<fedge_wire::SiteChoice> {
     http::current(&setup.serving.predictor).map(|p| p.choice())
+}
+
+/// `predictor` answering beside the release it replaces (`previous`, what served until now),
+/// its answers counted in the device's head watch (`fedge_wire::head_check`): a variant of the
+/// same release keeps the comparison it had; a release whose head reads other features or
+/// classes, or one that replaced none, is compared with nothing.
+pub(super) fn beside_previous(
+    setup: &AgentSetup,
+    predictor: Predictor,
+    previous: Option<&Predictor>,
+) -> Predictor {
+    let watch = Arc::clone(&setup.serving.head);
+    let Some(previous) = previous else {
+        watch.restart(None);
+        return predictor;
+    };
+    let sha256 = predictor.choice().sha256;
+    if previous.choice().sha256 == sha256 {
+        return match previous.shadow() {
+            Some(shadow) => predictor.with_shadow(Arc::clone(shadow), watch),
+            None => predictor,
+        };
+    }
+    let (new, old) = (&predictor.release().head, &previous.release().head);
+    let comparable = new.tail.is_none()
+        && new.features == old.features
+        && predictor.release().classes == previous.release().classes;
+    match previous.as_shadow().filter(|_| comparable) {
+        Some(shadow) => {
+            let against = shadow.sha256.clone();
+            watch.restart(Some(fedge_wire::HeadCheck::new(sha256, against)));
+            predictor.with_shadow(Arc::new(shadow), watch)
+        }
+        None => {
+            watch.restart(None);
+            predictor
+        }
+    }
 }
 
 /// `predictor` telling the site's labelling queue of every image it answers, when there is
@@ -191,6 +231,7 @@ pub fn readapt(setup: &AgentSetup, window: Vec<f32>) {
                 .with_limits(limits)
                 .with_unfamiliar_distance(setup.serving.inference.unfamiliar_distance)
                 .with_drift(Arc::clone(&setup.serving.drift));
+            let predictor = beside_previous(setup, predictor, Some(&current));
             setup.serving.drift.adapted(reference(&predictor), true);
             http::install(&setup.serving.predictor, predictor);
             tracing::info!(client = %setup.client_id, requests = rows, "drift: the site's statistics re-estimated from the requests after the alarm; serving with them");

@@ -98,6 +98,9 @@ pub struct Serving {
     pub gate: crate::inference::http::Gate,
     /// The drift alarm on what the device serves, fed by every prediction.
     pub drift: Arc<crate::inference::DriftWatch>,
+    /// The release served against the one it replaced, on every prediction (the canary's look
+    /// at the head).
+    pub head: Arc<crate::inference::HeadWatch>,
     /// The device's metrics (fed whether or not they are served).
     pub metrics: Arc<crate::metrics::EdgeMetrics>,
     /// Serve them for Prometheus on `GET /metrics` at this address.

@@ -47,6 +47,9 @@ pub fn json(status: &EdgeStatus, setup: &AgentSetup, report: &LoadReport) -> Str
     {
         stamped.drift = Some(drift);
     }
+    if status.online {
+        stamped.head_check = setup.serving.head.snapshot();
+    }
     if let Some(key) = &setup.key {
         stamped.sign(&setup.federation, key);
     }

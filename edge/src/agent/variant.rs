@@ -97,6 +97,7 @@ pub fn adopt(setup: &AgentSetup, chosen: Chosen) -> Option<SiteChoice> {
         ))
         .with_unfamiliar_distance(setup.serving.inference.unfamiliar_distance)
         .with_drift(Arc::clone(&setup.serving.drift));
+    let predictor = super::serve::beside_previous(setup, predictor, Some(&current));
     let choice = predictor.choice();
     http::install(&setup.serving.predictor, predictor);
     // Kept for `fedge-edge predict`, which answers as the device does.

@@ -131,6 +131,7 @@ impl EdgeConfig {
             predictor: inference::http::shared(None),
             gate: inference::http::Gate::new(self.inference.max_in_flight),
             drift: Arc::new(inference::DriftWatch::new(Some(Arc::clone(&metrics)))),
+            head: Arc::new(inference::HeadWatch::default()),
             metrics,
             metrics_listen: self.metrics_listen,
             labelling,

@@ -5,10 +5,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use fedge_models::{Backbone, BackboneError, HeadConfig};
+use fedge_models::{Backbone, BackboneError};
 use fedge_wire::{FeatureNorm, InvalidRelease, ModelRelease, SiteChoice, SiteVariant};
 use serde::Serialize;
 
+use super::scores::{logits, softmax};
 use crate::data::decode::{decode_bytes_within, to_chw};
 use fedge_device::site_choice::SiteServing;
 use fedge_device::site_norm::FeatureStats;
@@ -244,6 +245,9 @@ pub struct Predictor {
     variant_reason: String,
     /// Added to the head's logits (the label-free variant's prior correction).
     log_ratio: Option<Vec<f32>>,
+    /// The release this one replaced, answering every request beside it, and the count of
+    /// their answers (the canary's look at the head).
+    shadow: Option<(Arc<super::Shadow>, Arc<super::HeadWatch>)>,
 }
 
 impl Predictor {
@@ -330,6 +334,7 @@ impl Predictor {
             variant: SiteVariant::Release,
             variant_reason: String::new(),
             log_ratio: None,
+            shadow: None,
         })
     }
 
@@ -357,6 +362,30 @@ impl Predictor {
             sha256: self.sha256.clone(),
             reason: self.variant_reason.clone(),
         }
+    }
+
+    /// The same predictor answering beside `shadow`, the release it replaced, every request
+    /// counted in `watch`.
+    pub fn with_shadow(mut self, shadow: Arc<super::Shadow>, watch: Arc<super::HeadWatch>) -> Self {
+        self.shadow = Some((shadow, watch));
+        self
+    }
+
+    /// The release it answers beside, if any.
+    pub fn shadow(&self) -> Option<&Arc<super::Shadow>> {
+        self.shadow.as_ref().map(|(s, _)| s)
+    }
+
+    /// This predictor as a shadow of the release that replaces it: `None` when it trains the
+    /// backbone's tail (its head reads other features than a successor's).
+    pub fn as_shadow(&self) -> Option<super::Shadow> {
+        self.tail.is_none().then(|| super::Shadow {
+            sha256: self.sha256.clone(),
+            head: self.release.head.clone(),
+            params: self.params.clone(),
+            site: self.site.clone(),
+            log_ratio: self.log_ratio.clone(),
+        })
     }
 
     /// The same predictor feeding every prediction's distance to `watch`.
@@ -483,6 +512,7 @@ impl Predictor {
         if let Some(watch) = &self.drift {
             watch.observe(features, distance);
         }
+        let raw = features;
         let standardised;
         let features = match &self.site {
             Some(stats) => {
@@ -501,6 +531,13 @@ impl Predictor {
         }
         let probabilities = softmax(&logits);
         let index = fedge_models::head::argmax(&logits);
+        if let Some((shadow, watch)) = &self.shadow
+            && shadow.head.features == raw.len()
+            && shadow.head.classes == logits.len()
+        {
+            let (before, probability) = shadow.answer(raw);
+            watch.count(before, probability, index);
+        }
         let mut order: Vec<usize> = (0..logits.len()).collect();
         // Stable: equal probabilities keep the class order, so the first is `index`.
         order.sort_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
@@ -564,25 +601,6 @@ impl Predictor {
     }
 }
 
-/// The head's logits for one feature vector, by the one forward pass (`fedge_models::Forward`,
-/// which `fedge_models::head::predict_flat` runs too: the same sums, so the same winner). The
-/// parameters come from a verified release, whose layout matches its head; were they not, every
-/// class would score 0.
-fn logits(config: &HeadConfig, flat: &[f32], x: &[f32]) -> Vec<f32> {
-    match config.split(flat) {
-        Ok(head) => fedge_models::Forward::new(config).logits(&head, x).to_vec(),
-        Err(_) => vec![0.0; config.classes],
-    }
-}
-
-/// Softmax, shifted by the largest logit so that no exponential overflows.
-pub(crate) fn softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Cursor;
@@ -594,6 +612,7 @@ mod tests {
 
     use super::*;
     use crate::data::digits_domains;
+    use fedge_models::HeadConfig;
 
     fn backbone() -> Arc<Backbone> {
         let card = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/assets/digits-conv.toml");

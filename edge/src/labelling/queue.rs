@@ -281,7 +281,7 @@ impl LabelQueue {
         prediction: &Prediction,
         classes: &[String],
     ) -> Result<bool, QueueError> {
-        let probabilities = crate::inference::predictor::softmax(&prediction.logits);
+        let probabilities = crate::inference::scores::softmax(&prediction.logits);
         let u = uncertainty(&probabilities);
         let mut inner = self.lock();
         if image.len() as u64 > self.settings.max_bytes / self.settings.capacity.max(1) as u64 {

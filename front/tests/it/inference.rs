@@ -398,16 +398,7 @@ fn after_an_alarm_a_site_re_estimates_only_statistics_that_are_its_own() {
     use fedge::datasets::SENSORS;
     use fedge_edge::agent::serve;
     let dir = tempfile::tempdir().unwrap();
-    let profile = common::profile_copy("generic-x86_64.toml", dir.path(), |text| {
-        text.replace("enabled = true", "enabled = false").replace(
-            "# [inference]\n# listen = \"127.0.0.1:8085\"\n# mqtt = true",
-            "[inference]\nmqtt = true",
-        )
-    });
-    let setup = fedge_edge::config::EdgeConfig::load(&profile)
-        .unwrap()
-        .setup()
-        .unwrap();
+    let setup = common::serving_setup(dir.path());
     let backbone = setup.serving.backbone.clone().expect("kept to serve");
     let pooled = fedge_device::site_norm::summary_of(&setup.train, 10).unwrap();
     // The site's window after a switch to the blurred sensor: 256 requests' raw features.

@@ -19,6 +19,7 @@ mod bad_input;
 mod bench_smoke;
 mod broker_hardening;
 mod buffered;
+mod canary_head;
 mod check;
 mod config_reference;
 mod containers;

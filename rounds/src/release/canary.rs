@@ -1,5 +1,7 @@
 //! The canary stage (docs/algorithms.md §11): which devices serve a promoted release first,
-//! and when a stage fails (a strict majority of its devices alarmed) or ends.
+//! and when a stage fails (a strict majority of its devices object: a drift alarm while
+//! serving it, or its head changing most of the answers the release before it was confident
+//! of, `fedge_wire::head_check`) or ends.
 
 use fedge_wire::ModelRelease;
 
@@ -27,29 +29,40 @@ impl ReleaseFlow {
         order.into_iter().take(n).map(|(_, c)| c.clone()).collect()
     }
 
-    /// Ends a canary stage whose window passed, or fails one whose devices raised a drift
-    /// alarm while serving its release.
+    /// Ends a canary stage whose window passed, or fails one whose devices object to its
+    /// release: a drift alarm while serving it, or a head check against the release before it
+    /// that changed most confident answers.
     pub(super) fn watch_canary(&mut self, now_ms: u64) {
         let Some(canary) = &self.canary else {
             return;
         };
         let sha = canary.release.sha256_hex();
-        let alarmed: Vec<&String> = (canary.devices.iter())
-            .filter(|c| {
-                self.devices
-                    .get(*c)
-                    .is_some_and(|v| v.serving.as_deref() == Some(sha.as_str()) && v.alarms > 0)
-            })
-            .collect();
-        // A strict majority of the canaries: one device's alarm (a forged status, a site's
+        let before = self.history.back().map(ModelRelease::sha256_hex);
+        let objection = |client: &String| -> Option<String> {
+            let view = self.devices.get(client)?;
+            if view.serving.as_deref() != Some(sha.as_str()) {
+                return None;
+            }
+            if view.alarms > 0 {
+                return Some(format!("{client}: drift alarm"));
+            }
+            let check = view.head.as_ref().filter(|h| {
+                h.release == sha && Some(&h.against) == before.as_ref() && h.objects()
+            })?;
+            Some(format!(
+                "{client}: changed {} of {} confident answers of the release before",
+                check.changed, check.confident
+            ))
+        };
+        let objected: Vec<String> = canary.devices.iter().filter_map(objection).collect();
+        // A strict majority of the canaries: one device's objection (a forged status, a site's
         // odd requests) does not send the fleet back.
-        if 2 * alarmed.len() > canary.devices.len() {
-            let names: Vec<&str> = alarmed.iter().map(|c| c.as_str()).collect();
+        if 2 * objected.len() > canary.devices.len() {
             let reason = format!(
-                "canary failed: {} of {} canary device(s) raised a drift alarm serving it ({})",
-                names.len(),
+                "canary failed: {} of {} canary device(s) object to it ({})",
+                objected.len(),
                 canary.devices.len(),
-                names.join(", ")
+                objected.join("; ")
             );
             let canary = self.canary.take().expect("a canary under way");
             let back = self

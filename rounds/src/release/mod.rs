@@ -86,6 +86,8 @@ struct DeviceView {
     online: bool,
     serving: Option<String>,
     alarms: u64,
+    /// What it counted of the release it serves against the one it replaced.
+    head: Option<fedge_wire::HeadCheck>,
 }
 
 /// Most releases a site's scores are kept for.
@@ -279,6 +281,7 @@ impl ReleaseFlow {
                 online: true,
                 serving: status.serving.clone(),
                 alarms: status.believed_drift(keyed).map_or(0, |d| d.alarms),
+                head: status.head_check.clone(),
             };
             if self.devices.len() < MAX_FOLLOWED || self.devices.contains_key(client) {
                 self.devices.insert(client.to_owned(), view);

@@ -255,6 +255,78 @@ fn a_canary_whose_devices_mostly_raise_a_drift_alarm_sends_every_device_back() {
     assert_eq!(flow.next_deadline(), None);
 }
 
+/// A canary's status: it serves `serving` and counted `changed` of `confident` answers of
+/// the release `against` changed.
+fn head_checked(
+    client: &str,
+    serving: &ModelRelease,
+    against: &ModelRelease,
+    confident: u64,
+    changed: u64,
+) -> EdgeStatus {
+    EdgeStatus {
+        client_id: client.into(),
+        online: true,
+        serving: Some(serving.sha256_hex()),
+        head_check: Some(fedge_wire::HeadCheck {
+            requests: confident * 2,
+            confident,
+            changed,
+            ..fedge_wire::HeadCheck::new(serving.sha256_hex(), against.sha256_hex())
+        }),
+        ..EdgeStatus::default()
+    }
+}
+
+#[test]
+fn a_canary_whose_heads_mostly_change_the_confident_answers_sends_every_device_back() {
+    let mut flow = ReleaseFlow::new(gated(), "plant");
+    online(&mut flow, &["a", "b", "c", "d"]);
+    flow.aggregated(release(1), 0);
+    scores_served(&mut flow, "site", 1);
+    flow.aggregated(release(2), 10);
+    compares(&mut flow, "site", &release(2), (1, 1), 20).unwrap();
+    let s = steps(&mut flow);
+    let canary = pointers(&s).last().unwrap().canary.clone();
+    let report = |flow: &mut ReleaseFlow, i: usize, status: EdgeStatus| {
+        flow.device_status(&canary[i], &status, true, 30).unwrap();
+    };
+    // An honest successor changes a few; too few confident answers say nothing; a count
+    // against another release than the one replaced is not this stage's.
+    report(
+        &mut flow,
+        0,
+        head_checked(&canary[0], &release(2), &release(1), 80, 70),
+    );
+    report(
+        &mut flow,
+        1,
+        head_checked(&canary[1], &release(2), &release(1), 200, 9),
+    );
+    report(
+        &mut flow,
+        2,
+        head_checked(&canary[2], &release(2), &release(1), 40, 40),
+    );
+    assert!(released(&steps(&mut flow)).is_empty());
+    report(
+        &mut flow,
+        1,
+        head_checked(&canary[1], &release(2), &release(3), 200, 190),
+    );
+    assert!(released(&steps(&mut flow)).is_empty());
+    // A majority of canaries whose head changed most confident answers: back to release 1.
+    report(
+        &mut flow,
+        2,
+        head_checked(&canary[2], &release(2), &release(1), 60, 58),
+    );
+    let s = steps(&mut flow);
+    assert_eq!(released(&s), [1]);
+    assert_eq!(pointers(&s)[0].sha256, release(1).sha256_hex());
+    assert!(s.iter().any(|e| matches!(e, Step::Event(ReleaseEvent::RolledBack { reason, .. }) if reason.contains("changed 58 of 60 confident answers") && reason.contains("2 of 3"))), "{s:?}");
+}
+
 #[test]
 fn only_named_unbanned_evaluation_sites_with_true_counts_score() {
     let config = ReleaseConfig {

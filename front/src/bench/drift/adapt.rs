@@ -40,37 +40,19 @@ pub fn adaptation(
     let all = load_digits();
     let f = backbone.card().feature_size;
     let classes = all.class_names.len();
-    let features = |set: &ImageSet| -> anyhow::Result<FeatureSet> {
-        let shape = (set.channels, set.height, set.width);
-        Ok(FeatureSet {
-            dim: f,
-            features: backbone.features_of(&set.images, shape, set.raw_max, 64)?,
-            labels: set.labels.clone(),
-        })
-    };
+    let features = |set: &ImageSet| super::site::features_of(backbone, set);
     let blurred = SENSORS
         .iter()
         .find(|s| s.name == "blurred")
         .expect("a blurred sensor");
     let mut out = Vec::new();
     for &seed in seeds {
-        let mut parts = all.partition(SENSORS.len(), seed);
-        let deployed = parts.pop().expect("six parts");
-        let mut federation = FeatureSet {
-            dim: f,
-            features: Vec::new(),
-            labels: Vec::new(),
-        };
-        for (i, (part, sensor)) in parts.iter().zip(&SENSORS).enumerate() {
-            let seen = features(&sensor.apply(part, seed ^ (i as u64 + 1)))?;
-            federation.features.extend(seen.features);
-            federation.labels.extend(seen.labels);
-        }
-        let pooled = fedge_device::site_norm::summary_of(&federation, classes)
-            .ok_or_else(|| anyhow::anyhow!("no pooled summary"))?;
-        let pooled_stats = pooled
-            .balanced_stats()
-            .ok_or_else(|| anyhow::anyhow!("no pooled statistics"))?;
+        let super::site::Federation {
+            rows: federation,
+            pooled,
+            stats: pooled_stats,
+            deployed,
+        } = super::site::federation(backbone, &all, seed)?;
         let head = HeadConfig::new(f, classes).with_hidden(64);
         let init = head.init_flat(seed);
         let params = TrainParams {

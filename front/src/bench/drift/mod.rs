@@ -32,6 +32,7 @@ use site::site;
 pub use stream::{Change, Stream};
 
 mod adapt;
+pub mod canary;
 pub use adapt::{Adapted, adaptation};
 
 /// Longest wait for an alarm after a change before it counts as missed.

@@ -60,3 +60,55 @@ pub(super) fn site(backbone: &Backbone, all: &ImageSet, seed: u64) -> anyhow::Re
         labels: served.labels.clone(),
     })
 }
+
+/// The backbone's features of `set`, with its labels.
+pub(super) fn features_of(
+    backbone: &Backbone,
+    set: &ImageSet,
+) -> anyhow::Result<fedge_device::FeatureSet> {
+    let shape = (set.channels, set.height, set.width);
+    Ok(fedge_device::FeatureSet {
+        dim: backbone.card().feature_size,
+        features: backbone.features_of(&set.images, shape, set.raw_max, 64)?,
+        labels: set.labels.clone(),
+    })
+}
+
+/// One seed's federation, for the tables that train a head on it: the five sites' features
+/// (each through its own sensor), their pooled summary and statistics, and the deployed
+/// part's images.
+pub(super) struct Federation {
+    pub(super) rows: fedge_device::FeatureSet,
+    pub(super) pooled: fedge_wire::FeatureSummary,
+    pub(super) stats: fedge_wire::FeatureStats,
+    pub(super) deployed: ImageSet,
+}
+
+pub(super) fn federation(
+    backbone: &Backbone,
+    all: &ImageSet,
+    seed: u64,
+) -> anyhow::Result<Federation> {
+    let mut parts = all.partition(SENSORS.len(), seed);
+    let deployed = parts.pop().expect("six parts");
+    let mut rows = fedge_device::FeatureSet {
+        dim: backbone.card().feature_size,
+        ..fedge_device::FeatureSet::default()
+    };
+    for (i, (part, sensor)) in parts.iter().zip(&SENSORS).enumerate() {
+        let seen = features_of(backbone, &sensor.apply(part, seed ^ (i as u64 + 1)))?;
+        rows.features.extend(seen.features);
+        rows.labels.extend(seen.labels);
+    }
+    let pooled = fedge_device::site_norm::summary_of(&rows, all.class_names.len())
+        .ok_or_else(|| anyhow::anyhow!("no pooled summary"))?;
+    let stats = pooled
+        .balanced_stats()
+        .ok_or_else(|| anyhow::anyhow!("no pooled statistics"))?;
+    Ok(Federation {
+        rows,
+        pooled,
+        stats,
+        deployed,
+    })
+}

@@ -21,6 +21,15 @@ pub struct DriftArgs {
     /// count, a range or a list, as --seeds.
     #[arg(long, default_value = "20")]
     pub adapt_seeds: crate::cli::seeds::Seeds,
+    /// Seeds of the canary table (a head trained twice per seed): a count, a range or a list.
+    #[arg(long, default_value = "100..120")]
+    pub canary_seeds: crate::cli::seeds::Seeds,
+    /// Canary stages per seed and candidate.
+    #[arg(long, default_value_t = 20)]
+    pub canary_trials: usize,
+    /// Requests per canary device before a stage passes.
+    #[arg(long, default_value_t = 500)]
+    pub canary_requests: u64,
     /// Requests after a switch that the site re-estimates its statistics from (the
     /// re-adaptation table).
     #[arg(long, default_value_t = fedge_edge::inference::drift::RECENT_REQUESTS)]
@@ -108,6 +117,37 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
             c.delays.len(),
             c.missed,
             c.early
+        );
+    }
+    let stages = b::canary::run(
+        &backbone,
+        &args.canary_seeds.0,
+        args.canary_trials,
+        args.canary_requests,
+    )?;
+    println!(
+        "canary stages of three devices ({}), each candidate against the release it replaces \
+         on the same requests; rolled back when a majority of the canaries object (≥ {} \
+         confident answers, more than {:.0}% of them changed), passed after {} requests each",
+        b::canary::CANARY_SENSORS.join(", "),
+        fedge_wire::head_check::MIN_CONFIDENT,
+        fedge_wire::head_check::MAX_CHANGED * 100.0,
+        args.canary_requests
+    );
+    println!(
+        "{:>10} {:>7} {:>12} {:>16} {:>16}",
+        "candidate", "stages", "rolled back", "requests (med)", "changed (med)"
+    );
+    for s in &stages {
+        let median = |v: &[u64]| v.get(v.len() / 2).map_or("-".to_owned(), |v| v.to_string());
+        let changed = s.changed.get(s.changed.len() / 2).copied().unwrap_or(0.0);
+        println!(
+            "{:>10} {:>7} {:>11.1}% {:>16} {:>15.1}%",
+            s.candidate,
+            s.trials,
+            s.rolled_back.len() as f64 * 100.0 / s.trials.max(1) as f64,
+            median(&s.rolled_back),
+            changed * 100.0
         );
     }
     let adapted = b::adaptation(&backbone, &args.adapt_seeds.0, args.window)?;

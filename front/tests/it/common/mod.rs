@@ -18,7 +18,7 @@ pub use coordinator::{
 };
 pub use device::{client_update, edge_status_json, signed_status_json, update_frame};
 pub use mosquitto::{Mosquitto, binary as mosquitto_binary};
-pub use profiles::{firmware_configs, profile_copy, repo_root, shipped_profiles};
+pub use profiles::{firmware_configs, profile_copy, repo_root, serving_setup, shipped_profiles};
 
 use std::ops::{Deref, DerefMut};
 use std::process::Child;

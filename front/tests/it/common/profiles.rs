@@ -49,3 +49,18 @@ pub fn profile_copy(name: &str, dir: &Path, edit: impl FnOnce(String) -> String)
     std::fs::write(&path, edit(text)).unwrap();
     path
 }
+
+/// The shipped generic profile's agent set up in `dir` to serve predictions (over MQTT, no
+/// HTTP listener, no labelling page), for tests that install releases by hand.
+pub fn serving_setup(dir: &Path) -> fedge_edge::agent::AgentSetup {
+    let profile = profile_copy("generic-x86_64.toml", dir, |text| {
+        text.replace("enabled = true", "enabled = false").replace(
+            "# [inference]\n# listen = \"127.0.0.1:8085\"\n# mqtt = true",
+            "[inference]\nmqtt = true",
+        )
+    });
+    fedge_edge::config::EdgeConfig::load(&profile)
+        .unwrap()
+        .setup()
+        .unwrap()
+}
