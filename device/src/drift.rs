@@ -61,9 +61,20 @@ pub const THRESHOLD: f64 = 10.0;
 /// Identical values in a row that make a stream frozen.
 pub const FROZEN: u32 = 30;
 
+/// Which way a detector watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sides {
+    /// Values moving up or down (the familiarity distance).
+    Both,
+    /// Values falling only (the served head's confidence: a head more sure of itself is no
+    /// harm).
+    Lower,
+}
+
 /// A two-sided CUSUM on batch means of normal scores against a reference sample.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DriftDetector {
+    sides: Sides,
     /// The reference scores, sorted.
     reference: Vec<f32>,
     /// The reference's effective size.
@@ -127,6 +138,7 @@ impl DriftDetector {
                 .collect();
         }
         let mut detector = Self {
+            sides: Sides::Both,
             reference: values,
             n_eff: n as f64,
             floor: 1.0 / (BATCH as f64).sqrt(),
@@ -154,6 +166,14 @@ impl DriftDetector {
             detector.n_eff = n as f64 * (1.0 - r) / (1.0 + r);
         }
         Some(detector)
+    }
+
+    /// The same detector watching the lower side only, without the frozen-input rule: what
+    /// the confidence's detector is (a sure head saturates at probability 1, and repeats it
+    /// without any camera being frozen).
+    pub fn lower_only(mut self) -> Self {
+        self.sides = Sides::Lower;
+        self
     }
 
     /// The reference's size.
@@ -213,7 +233,9 @@ impl DriftDetector {
         let scale = self.scale();
         let k = ALLOWANCE + REFERENCE_MARGIN / (self.n_eff.sqrt() * scale);
         let u = mean / scale;
-        self.upper = (self.upper + u - k).clamp(0.0, THRESHOLD);
+        if self.sides == Sides::Both {
+            self.upper = (self.upper + u - k).clamp(0.0, THRESHOLD);
+        }
         self.lower = (self.lower - u - k).clamp(0.0, THRESHOLD);
     }
 
@@ -243,7 +265,7 @@ impl DriftDetector {
 
     /// `max(U, L) / h` now, or 1 on a frozen stream: 0 on a quiet stream, 1 while drifted.
     pub fn level(&self) -> f64 {
-        if self.repeats >= FROZEN {
+        if self.sides == Sides::Both && self.repeats >= FROZEN {
             return 1.0;
         }
         self.upper.max(self.lower) / THRESHOLD
@@ -269,6 +291,62 @@ impl DriftDetector {
         };
         let rank = (below + not_above) as f64 / 2.0;
         probit((rank + 0.5) / (n as f64 + 1.0))
+    }
+}
+
+/// The alarm a serving device runs: the familiarity distance's detector and, where the device
+/// has a reference of the served head's top probability, one on that confidence (its lower side:
+/// a camera that leaves the features' distances where they were can still make the head
+/// unsure). The stream is drifted while either is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftPair {
+    /// On the familiarity distance.
+    pub distance: DriftDetector,
+    /// On the served head's top probability, lower side.
+    pub confidence: Option<DriftDetector>,
+    drifted: bool,
+}
+
+impl DriftPair {
+    /// Both detectors (the confidence one is made lower-sided here).
+    pub fn new(distance: DriftDetector, confidence: Option<DriftDetector>) -> Self {
+        Self {
+            distance,
+            confidence: confidence.map(DriftDetector::lower_only),
+            drifted: false,
+        }
+    }
+
+    /// One request: its distance and the served head's top probability.
+    pub fn observe(&mut self, distance: f32, confidence: Option<f32>) -> Observation {
+        let seen = self.distance.observe(distance);
+        if let (Some(detector), Some(value)) = (&mut self.confidence, confidence) {
+            detector.observe(value);
+        }
+        let was = self.drifted;
+        self.drifted =
+            self.distance.drifted() || self.confidence.as_ref().is_some_and(|c| c.drifted());
+        Observation {
+            z: seen.z,
+            level: self.level(),
+            alarm: self.drifted && !was,
+        }
+    }
+
+    /// Watches the confidence with `detector` from now on (lower side), or no longer.
+    pub fn set_confidence(&mut self, detector: Option<DriftDetector>) {
+        self.confidence = detector.map(DriftDetector::lower_only);
+    }
+
+    /// The larger of the two levels.
+    pub fn level(&self) -> f64 {
+        let confidence = self.confidence.as_ref().map_or(0.0, DriftDetector::level);
+        self.distance.level().max(confidence)
+    }
+
+    /// Whether the stream is drifted.
+    pub fn drifted(&self) -> bool {
+        self.drifted
     }
 }
 
@@ -494,6 +572,42 @@ mod tests {
             "{} vs {floor}",
             detector.scale()
         );
+    }
+
+    #[test]
+    fn the_pair_catches_a_head_grown_unsure_and_ignores_a_sure_one_repeating_itself() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let distances = ar1(&mut rng, 0.0, 300);
+        // A sure head: half of its answers at exactly 1.
+        let sure = |rng: &mut rand::rngs::StdRng| -> f32 {
+            if rng.random::<bool>() {
+                1.0
+            } else {
+                0.9 + 0.1 * rng.random::<f32>()
+            }
+        };
+        let confidence: Vec<f32> = (0..500).map(|_| sure(&mut rng)).collect();
+        let mut pair = DriftPair::new(
+            DriftDetector::new(distances).unwrap(),
+            DriftDetector::from_stream(confidence),
+        );
+        for _ in 0..20_000 {
+            let (d, c) = (normal(&mut rng) as f32, sure(&mut rng));
+            assert!(!pair.observe(d, Some(c)).alarm);
+        }
+        // Sure all the time, with typical distances: no frozen camera, no alarm.
+        for _ in 0..1_000 {
+            assert!(!pair.observe(normal(&mut rng) as f32, Some(1.0)).alarm);
+        }
+        // The distances stay; the head grows unsure: caught.
+        let delay = (1..=1_000)
+            .find(|_| {
+                let c = 0.5 + 0.3 * rng.random::<f32>();
+                pair.observe(normal(&mut rng) as f32, Some(c)).alarm
+            })
+            .expect("caught");
+        assert!(delay < 100, "{delay}");
+        assert!(!pair.distance.drifted() && pair.drifted());
     }
 
     #[test]

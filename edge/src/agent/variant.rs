@@ -100,6 +100,7 @@ pub fn adopt(setup: &AgentSetup, chosen: Chosen) -> Option<SiteChoice> {
     let predictor = super::serve::beside_previous(setup, predictor, Some(&current));
     let choice = predictor.choice();
     http::install(&setup.serving.predictor, predictor);
+    setup.serving.drift.head_changed();
     // Kept for `fedge-edge predict`, which answers as the device does.
     if let Some(model_file) = &setup.serving.model_file
         && let Err(e) = variant_store::save(model_file, &kept)

@@ -19,7 +19,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use fedge_device::drift::{DriftDetector, MIN_REFERENCE};
+use fedge_device::drift::{DriftDetector, DriftPair, MIN_REFERENCE};
 use fedge_wire::DriftStatus;
 
 use crate::metrics::EdgeMetrics;
@@ -39,9 +39,12 @@ pub struct DriftWatch {
 
 #[derive(Debug, Default)]
 struct State {
-    detector: Option<DriftDetector>,
+    detector: Option<DriftPair>,
     /// The first requests' distances, while they are the reference to be.
     collecting: Option<Vec<f32>>,
+    /// The served head's confidence on the requests since it was installed, while they are
+    /// the confidence's reference to be.
+    confidences: Option<Vec<f32>>,
     /// After an alarm: the features of the requests since, while they are gathered.
     window: Option<Vec<f32>>,
     /// A full window, waiting for the agent to take it.
@@ -85,17 +88,18 @@ impl DriftWatch {
         };
         state.watching = true;
         match DriftDetector::new(reference) {
-            Some(detector) => state.detector = Some(detector),
+            Some(detector) => state.detector = Some(DriftPair::new(detector, None)),
             None => state.collecting = Some(Vec::with_capacity(REFERENCE_REQUESTS)),
         }
+        state.confidences = Some(Vec::with_capacity(REFERENCE_REQUESTS));
         if let Some(m) = &self.metrics {
             m.drift_level(0.0);
         }
     }
 
-    /// One prediction: its raw backbone features and their distance (none: the release
-    /// measures none).
-    pub fn observe(&self, features: &[f32], distance: Option<f32>) {
+    /// One prediction: its raw backbone features, their distance (none: the release
+    /// measures none) and the served head's top probability.
+    pub fn observe(&self, features: &[f32], distance: Option<f32>, confidence: f32) {
         let Some(distance) = distance else {
             return;
         };
@@ -104,12 +108,25 @@ impl DriftWatch {
             return;
         }
         state.requests += 1;
-        if let Some(collecting) = &mut state.collecting {
-            collecting.push(distance);
-            if collecting.len() >= REFERENCE_REQUESTS.max(MIN_REFERENCE) {
-                let reference = std::mem::take(collecting);
-                state.collecting = None;
-                state.detector = DriftDetector::from_stream(reference);
+        let full = |values: &mut Option<Vec<f32>>, value: f32| -> Option<Vec<f32>> {
+            let collecting = values.as_mut()?;
+            collecting.push(value);
+            if collecting.len() < REFERENCE_REQUESTS.max(MIN_REFERENCE) {
+                return None;
+            }
+            values.take()
+        };
+        // The confidence's reference: what the head served now answered on the site's own
+        // requests (a release's rows are not it: the head trained on them).
+        if let Some(reference) = full(&mut state.confidences, confidence)
+            && let Some(pair) = &mut state.detector
+        {
+            pair.set_confidence(DriftDetector::from_stream(reference));
+        }
+        if state.collecting.is_some() {
+            if let Some(reference) = full(&mut state.collecting, distance) {
+                state.detector = DriftDetector::from_stream(reference)
+                    .map(|detector| DriftPair::new(detector, None));
             }
             return;
         }
@@ -121,7 +138,8 @@ impl DriftWatch {
                 wake = true;
             }
         }
-        let Some(seen) = state.detector.as_mut().map(|d| d.observe(distance)) else {
+        let Some(seen) = (state.detector.as_mut()).map(|d| d.observe(distance, Some(confidence)))
+        else {
             return;
         };
         if let Some(m) = &self.metrics {
@@ -150,6 +168,18 @@ impl DriftWatch {
         if wake {
             drop(state);
             self.wake.notify_one();
+        }
+    }
+
+    /// Another head serves the same release (the site's variant): the confidence's reference
+    /// is learnt again from the next requests; the distance's stays.
+    pub fn head_changed(&self) {
+        let mut state = self.lock();
+        if state.watching {
+            if let Some(pair) = &mut state.detector {
+                pair.set_confidence(None);
+            }
+            state.confidences = Some(Vec::with_capacity(REFERENCE_REQUESTS));
         }
     }
 
@@ -182,8 +212,10 @@ impl DriftWatch {
         if std::mem::take(&mut state.rereference)
             && let Some(detector) = DriftDetector::from_stream(reference)
         {
-            state.detector = Some(detector);
+            state.detector = Some(DriftPair::new(detector, None));
         }
+        // The head now served answers otherwise: its confidence is learnt again.
+        state.confidences = Some(Vec::with_capacity(REFERENCE_REQUESTS));
         if adapted {
             state.adaptations += 1;
             let at = fedge_mqtt::now_rfc3339();
@@ -203,7 +235,7 @@ impl DriftWatch {
             alarms: state.alarms,
             last_alarm: state.last_alarm.clone(),
             requests: state.requests,
-            reference: (state.detector.as_ref()).map_or(0, |d| d.reference_len() as u32),
+            reference: (state.detector.as_ref()).map_or(0, |d| d.distance.reference_len() as u32),
             adaptations: state.adaptations,
             last_adapted: state.last_adapted.clone(),
         })
@@ -226,6 +258,11 @@ impl DriftWatch {
 mod tests {
     use super::*;
 
+    /// A served head's confidence on request `i`: stable, never the same twice in a row.
+    fn confidence(i: usize) -> f32 {
+        0.5 + (i % 13) as f32 / 30.0
+    }
+
     #[tokio::test]
     async fn an_alarm_is_counted_timed_and_wakes_the_agent() {
         let metrics = Arc::new(EdgeMetrics::default());
@@ -238,12 +275,12 @@ mod tests {
             async move { watch.woken().await }
         });
         for i in 0..1_000 {
-            watch.observe(&[0.0], Some(reference[i % reference.len()]));
+            watch.observe(&[0.0], Some(reference[i % reference.len()]), confidence(i));
         }
         assert_eq!(watch.snapshot().unwrap().alarms, 0);
         // The site's images move away from everything it knew.
         for i in 0..50 {
-            watch.observe(&[0.0], Some(5.0 + (i % 7) as f32 / 10.0));
+            watch.observe(&[0.0], Some(5.0 + (i % 7) as f32 / 10.0), confidence(i));
         }
         let status = watch.snapshot().unwrap();
         assert!(status.alarms >= 1, "{status:?}");
@@ -260,7 +297,7 @@ mod tests {
         );
         // A new release starts again; predictions without a distance change nothing.
         watch.restart(Some(reference));
-        watch.observe(&[0.0], None);
+        watch.observe(&[0.0], None, 0.5);
         assert_eq!(watch.snapshot().unwrap().requests, 0);
         watch.restart(None);
         assert_eq!(watch.snapshot(), None);
@@ -272,15 +309,52 @@ mod tests {
         watch.restart(Some(Vec::new()));
         assert_eq!(watch.snapshot().unwrap().reference, 0);
         for i in 0..REFERENCE_REQUESTS {
-            watch.observe(&[0.0], Some(1.0 + (i % 10) as f32 / 10.0));
+            watch.observe(&[0.0], Some(1.0 + (i % 10) as f32 / 10.0), confidence(i));
         }
         let status = watch.snapshot().unwrap();
         assert_eq!(status.reference as usize, REFERENCE_REQUESTS);
         // The detector learns the stream's scale for its first batches, then catches it.
         for i in 0..300 {
-            watch.observe(&[0.0], Some(9.0 + (i % 7) as f32 / 10.0));
+            watch.observe(&[0.0], Some(9.0 + (i % 7) as f32 / 10.0), confidence(i));
         }
         assert!(watch.snapshot().unwrap().alarms >= 1);
+    }
+
+    #[test]
+    fn a_head_grown_unsure_on_familiar_looking_requests_raises_the_alarm() {
+        let watch = DriftWatch::new(None);
+        let reference: Vec<f32> = (0..400).map(|i| 1.0 + (i * 7 % 40) as f32 / 40.0).collect();
+        watch.restart(Some(reference.clone()));
+        // The first requests teach the head's confidence; the distances' reference is the rows.
+        for i in 0..2_000 {
+            watch.observe(&[0.0], Some(reference[i % reference.len()]), confidence(i));
+        }
+        assert_eq!(watch.snapshot().unwrap().alarms, 0);
+        for i in 0..300 {
+            let unsure = 0.2 + (i % 11) as f32 / 50.0;
+            watch.observe(&[0.0], Some(reference[i % reference.len()]), unsure);
+        }
+        assert_eq!(
+            watch.snapshot().unwrap().alarms,
+            1,
+            "{:?}",
+            watch.snapshot()
+        );
+        // Another head of the release: its confidence is learnt again, the alarm's level kept
+        // by the distance (quiet here) falls.
+        watch.head_changed();
+        for i in 0..1_000 {
+            watch.observe(
+                &[0.0],
+                Some(reference[i % reference.len()]),
+                0.3 + (i % 11) as f32 / 50.0,
+            );
+        }
+        assert!(
+            watch.snapshot().unwrap().level < 0.5,
+            "{:?}",
+            watch.snapshot()
+        );
     }
 
     #[test]
@@ -290,11 +364,11 @@ mod tests {
         let reference: Vec<f32> = (0..400).map(|i| 1.0 + (i * 7 % 40) as f32 / 40.0).collect();
         watch.restart(Some(reference.clone()));
         for i in 0..1_000 {
-            watch.observe(&[0.0], Some(reference[i % reference.len()]));
+            watch.observe(&[0.0], Some(reference[i % reference.len()]), confidence(i));
         }
         let changed = |i: usize| 3.0 + (i * 3 % 11) as f32 / 10.0;
         for i in 0..2_000 {
-            watch.observe(&[0.0], Some(changed(i)));
+            watch.observe(&[0.0], Some(changed(i)), confidence(i));
             if let Some(window) = watch.take_window() {
                 // The agent re-estimates from the window and serves on: the reference stays.
                 assert_eq!(window.len(), RECENT_REQUESTS);
@@ -310,12 +384,12 @@ mod tests {
         let mut window = Vec::new();
         for i in 0..RECENT_REQUESTS {
             window.push(changed(i));
-            watch.observe(&[0.0], Some(changed(i)));
+            watch.observe(&[0.0], Some(changed(i)), confidence(i));
         }
         assert!(watch.take_window().is_some());
         watch.adapted(window, true);
         for i in 0..2_000 {
-            watch.observe(&[0.0], Some(changed(i + 5)));
+            watch.observe(&[0.0], Some(changed(i + 5)), confidence(i));
         }
         let status = watch.snapshot().unwrap();
         assert_eq!(status.alarms, 1, "{status:?}");

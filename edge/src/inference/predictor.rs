@@ -509,9 +509,6 @@ impl Predictor {
         let distance = (self.familiarity.as_ref()).and_then(|f| f.distance(features));
         let unfamiliar =
             distance.map(|d| self.unfamiliar_distance > 0.0 && d > self.unfamiliar_distance);
-        if let Some(watch) = &self.drift {
-            watch.observe(features, distance);
-        }
         let raw = features;
         let standardised;
         let features = match &self.site {
@@ -531,6 +528,9 @@ impl Predictor {
         }
         let probabilities = softmax(&logits);
         let index = fedge_models::head::argmax(&logits);
+        if let Some(watch) = &self.drift {
+            watch.observe(raw, distance, probabilities[index]);
+        }
         if let Some((shadow, watch)) = &self.shadow
             && shadow.head.features == raw.len()
             && shadow.head.classes == logits.len()

@@ -17,7 +17,7 @@
 
 use serde::Serialize;
 
-use super::drift::{DriftOptions, Stream, adaptation};
+use super::drift::{Detector, DriftOptions, Stream, adaptation};
 use super::labelling::{LabellingOptions, Tick};
 use crate::plot::Bar;
 
@@ -75,7 +75,7 @@ pub fn run(
         },
     )?;
     let blurred = (drift.caught.iter())
-        .find(|c| c.change.name() == "blurred")
+        .find(|c| c.detector == Detector::WithConfidence && c.change.name() == "blurred")
         .ok_or_else(|| anyhow::anyhow!("no blurred sensor in digits-sensor"))?;
     let adapted = adaptation(backbone, &[seed], WINDOW)?
         .pop()
@@ -93,10 +93,13 @@ pub fn run(
     Ok(DriftStory {
         seed,
         quiet_requests: drift
-            .quiet_of(Stream::Independent)
+            .quiet_of(Detector::WithConfidence, Stream::Independent)
             .map(|q| q.requests)
             .sum(),
-        false_alarms: drift.quiet_of(Stream::Independent).map(|q| q.alarms).sum(),
+        false_alarms: drift
+            .quiet_of(Detector::WithConfidence, Stream::Independent)
+            .map(|q| q.alarms)
+            .sum(),
         alarm_after: blurred.quantile(0.5),
         switches: blurred.delays.len() + blurred.missed,
         missed: blurred.missed,

@@ -4,8 +4,7 @@
 use rand::Rng;
 use rand::rngs::StdRng;
 
-use super::site::Site;
-use crate::datasets::SENSORS;
+use super::site::{Site, VIEWS};
 
 /// How a site's requests follow each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,18 +60,18 @@ pub const FADE: u64 = 10_000;
 /// What happens to a site whose alarm is timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
-    /// Its sensor switches to sensor `sensor` of `digits-sensor` at once (the same images).
+    /// Its camera switches to view `view` at once (the same images).
     Switch {
-        /// The index in [`SENSORS`].
-        sensor: usize,
+        /// The index in [`VIEWS`].
+        view: usize,
         /// How its requests follow each other, before and after.
         stream: Stream,
     },
-    /// Sensor `sensor` fades in over [`FADE`] requests: request `t` after the start goes
+    /// View `view` fades in over [`FADE`] requests: request `t` after the start goes
     /// through it with probability `t / FADE`.
     Fade {
-        /// The index in [`SENSORS`].
-        sensor: usize,
+        /// The index in [`VIEWS`].
+        view: usize,
     },
     /// Label shift alone: the clean sensor, but every request is an image of one class
     /// (drawn per trial).
@@ -86,27 +85,25 @@ pub enum Change {
 impl Change {
     /// Every change the benchmark times, in the order its table shows them.
     pub fn all() -> Vec<Change> {
-        let sensor = |name: &str| {
-            (SENSORS.iter())
-                .position(|s| s.name == name)
-                .expect("a sensor of digits-sensor")
+        let view = |name: &str| {
+            (VIEWS.iter())
+                .position(|v| v.name == name)
+                .expect("a view of the bench")
         };
-        let mut all: Vec<Change> = (1..SENSORS.len())
-            .map(|sensor| Change::Switch {
-                sensor,
+        let mut all: Vec<Change> = (1..VIEWS.len())
+            .map(|view| Change::Switch {
+                view,
                 stream: Stream::Independent,
             })
             .collect();
         for name in ["blurred", "darknoisy"] {
             all.push(Change::Switch {
-                sensor: sensor(name),
+                view: view(name),
                 stream: Stream::Correlated,
             });
         }
         for name in ["blurred", "darknoisy"] {
-            all.push(Change::Fade {
-                sensor: sensor(name),
-            });
+            all.push(Change::Fade { view: view(name) });
         }
         all.extend([Change::OneClass, Change::Frozen, Change::Covered]);
         all
@@ -116,16 +113,22 @@ impl Change {
     pub fn name(&self) -> String {
         match self {
             Change::Switch {
-                sensor,
+                view,
                 stream: Stream::Independent,
-            } => SENSORS[*sensor].name.to_owned(),
-            Change::Switch { sensor, stream } => {
-                format!("{}, {}", SENSORS[*sensor].name, stream.name())
-            }
-            Change::Fade { sensor } => format!("{}, fading in", SENSORS[*sensor].name),
+            } => VIEWS[*view].name.to_owned(),
+            Change::Switch { view, stream } => format!("{}, {}", VIEWS[*view].name, stream.name()),
+            Change::Fade { view } => format!("{}, fading in", VIEWS[*view].name),
             Change::OneClass => "one class only".to_owned(),
             Change::Frozen => "frozen frame".to_owned(),
             Change::Covered => "covered lens".to_owned(),
+        }
+    }
+
+    /// The view the site sees once the change is complete, if it is one.
+    pub fn view(&self) -> Option<usize> {
+        match self {
+            Change::Switch { view, .. } | Change::Fade { view } => Some(*view),
+            _ => None,
         }
     }
 
@@ -155,8 +158,9 @@ impl<'a> Requests<'a> {
     /// The unchanged site's requests.
     pub(super) fn stable(&self, stream: Stream) -> Draw<'a> {
         Draw {
+            site: self.site,
             pool: self.order.clone(),
-            values: &self.site.served[0],
+            view: 0,
             to: None,
             fade: None,
             constant: None,
@@ -169,48 +173,67 @@ impl<'a> Requests<'a> {
     /// The site's requests after `change`.
     pub(super) fn changed(&self, change: Change, rng: &mut StdRng) -> Draw<'a> {
         let mut draw = self.stable(change.stream());
-        let served = &self.site.served;
+        let site = self.site;
         match change {
-            Change::Switch { sensor, .. } => draw.values = &served[sensor],
-            Change::Fade { sensor } => {
-                draw.to = Some(&served[sensor]);
+            Change::Switch { view, .. } => draw.view = view,
+            Change::Fade { view } => {
+                draw.to = Some(view);
                 draw.fade = Some(FADE);
             }
             Change::OneClass => {
-                let labels = &self.site.labels;
+                let labels = &site.labels;
                 let class = labels[rng.random_range(0..labels.len())];
                 draw.pool.retain(|i| labels[*i] == class);
             }
             Change::Frozen => {
-                draw.constant = Some(served[0][rng.random_range(0..served[0].len())]);
+                let i = rng.random_range(0..site.served[0].len());
+                draw.constant = Some(Request {
+                    distance: site.served[0][i],
+                    confidence: site.confidence[0][i],
+                });
             }
-            Change::Covered => draw.constant = Some(self.site.blank[0]),
+            Change::Covered => {
+                draw.constant = Some(Request {
+                    distance: site.blank[0],
+                    confidence: site.blank_confidence[0],
+                })
+            }
         }
         draw
     }
 }
 
-/// One stream of requests' distances.
+/// What one request gives the detectors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Request {
+    /// Its familiarity distance.
+    pub(super) distance: f32,
+    /// The served head's top probability.
+    pub(super) confidence: f32,
+}
+
+/// One stream of requests.
 pub(super) struct Draw<'a> {
+    site: &'a Site,
     /// The images that can come, ordered by clean distance.
     pool: Vec<usize>,
-    /// The distances requests measure (through the sensor the site sees).
-    values: &'a [f32],
-    /// The sensor fading in, and over how many requests.
-    to: Option<&'a [f32]>,
+    /// The view the site sees.
+    view: usize,
+    /// The view fading in, and over how many requests.
+    to: Option<usize>,
     fade: Option<u64>,
-    /// Every request the same distance.
-    constant: Option<f32>,
+    /// Every request the same.
+    constant: Option<Request>,
     rho: f64,
     latent: Option<f64>,
     t: u64,
 }
 
 impl Draw<'_> {
-    /// The next request's distance.
-    pub(super) fn next(&mut self, rng: &mut StdRng) -> f32 {
-        if let Some(value) = self.constant {
-            return value;
+    /// The next request.
+    pub(super) fn next(&mut self, rng: &mut StdRng) -> Request {
+        if let Some(request) = self.constant {
+            return request;
         }
         self.t += 1;
         let g = match self.latent {
@@ -220,11 +243,14 @@ impl Draw<'_> {
         self.latent = Some(g);
         let n = self.pool.len();
         let image = self.pool[((normal_cdf(g) * n as f64) as usize).min(n - 1)];
-        let values = match (self.to, self.fade) {
+        let view = match (self.to, self.fade) {
             (Some(to), Some(span)) if rng.random::<f64>() < self.t as f64 / span as f64 => to,
-            _ => self.values,
+            _ => self.view,
         };
-        values[image]
+        Request {
+            distance: self.site.served[view][image],
+            confidence: self.site.confidence[view][image],
+        }
     }
 }
 

@@ -67,57 +67,66 @@ pub fn run(args: DriftArgs) -> anyhow::Result<()> {
             at(1.0)
         );
     }
-    println!(
-        "false alarms on an unchanged site, per deployment ({} seeds, {} requests each)",
-        options.seeds.len(),
-        options.requests
-    );
-    println!(
-        "{:>10} {:>7} {:>9} {:>12} {:>8} {:>8} {:>8}",
-        "stream", "alarms", "per 100k", "≤1 per 100k", "median", "p95", "worst"
-    );
-    for stream in b::Stream::ALL {
-        let mut rates: Vec<f64> = report.quiet_of(stream).map(b::Quiet::rate).collect();
-        rates.sort_by(f64::total_cmp);
-        let alarms: u64 = report.quiet_of(stream).map(|q| q.alarms).sum();
-        let requests: u64 = report.quiet_of(stream).map(|q| q.requests).sum();
-        let n = rates.len().max(1);
-        let at = |q: f64| rates.get(((q * n as f64).ceil() as usize).clamp(1, n) - 1);
-        let show = |v: Option<&f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+    for detector in b::Detector::ALL {
         println!(
-            "{:>10} {:>7} {:>9.2} {:>11.0}% {:>8} {:>8} {:>8}",
-            stream.name(),
-            alarms,
-            alarms as f64 * 1e5 / requests.max(1) as f64,
-            rates.iter().filter(|r| **r <= 1.0).count() as f64 * 100.0 / n as f64,
-            show(at(0.5)),
-            show(at(0.95)),
-            show(rates.last())
+            "{}: false alarms on an unchanged site, per deployment ({} seeds, {} requests each)",
+            detector.name(),
+            options.seeds.len(),
+            options.requests
         );
-    }
-    println!(
-        "requests from the change to the alarm ({} trials per seed and change; missed: none \
-         within {})",
-        options.trials,
-        b::MAX_DELAY
-    );
-    println!(
-        "{:>24} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>7}",
-        "change", "median", "p95", "max", "≤300", "caught", "missed", "early"
-    );
-    for c in &report.caught {
-        let show = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
         println!(
-            "{:>24} {:>7} {:>7} {:>7} {:>7.1}% {:>7} {:>7} {:>7}",
-            c.change.name(),
-            show(c.quantile(0.5)),
-            show(c.quantile(0.95)),
-            show(c.delays.last().copied()),
-            c.caught_within(300) * 100.0,
-            c.delays.len(),
-            c.missed,
-            c.early
+            "{:>10} {:>7} {:>9} {:>12} {:>8} {:>8} {:>8}",
+            "stream", "alarms", "per 100k", "≤1 per 100k", "median", "p95", "worst"
         );
+        for stream in b::Stream::ALL {
+            let mut rates: Vec<f64> = report
+                .quiet_of(detector, stream)
+                .map(b::Quiet::rate)
+                .collect();
+            rates.sort_by(f64::total_cmp);
+            let alarms: u64 = report.quiet_of(detector, stream).map(|q| q.alarms).sum();
+            let requests: u64 = report.quiet_of(detector, stream).map(|q| q.requests).sum();
+            let n = rates.len().max(1);
+            let at = |q: f64| rates.get(((q * n as f64).ceil() as usize).clamp(1, n) - 1);
+            let show = |v: Option<&f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+            println!(
+                "{:>10} {:>7} {:>9.2} {:>11.0}% {:>8} {:>8} {:>8}",
+                stream.name(),
+                alarms,
+                alarms as f64 * 1e5 / requests.max(1) as f64,
+                rates.iter().filter(|r| **r <= 1.0).count() as f64 * 100.0 / n as f64,
+                show(at(0.5)),
+                show(at(0.95)),
+                show(rates.last())
+            );
+        }
+        println!(
+            "{}: requests from the change to the alarm ({} trials per seed and change; missed: \
+             none within {}); cost: the accuracy the change takes from a head trained on the \
+             federation (points, mean over seeds)",
+            detector.name(),
+            options.trials,
+            b::MAX_DELAY
+        );
+        println!(
+            "{:>24} {:>7} {:>7} {:>7} {:>8} {:>7} {:>7} {:>7} {:>9}",
+            "change", "median", "p95", "max", "≤300", "caught", "missed", "early", "cost (pt)"
+        );
+        for c in report.caught.iter().filter(|c| c.detector == detector) {
+            let show = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+            println!(
+                "{:>24} {:>7} {:>7} {:>7} {:>7.1}% {:>7} {:>7} {:>7} {:>9}",
+                c.change.name(),
+                show(c.quantile(0.5)),
+                show(c.quantile(0.95)),
+                show(c.delays.last().copied()),
+                c.caught_within(300) * 100.0,
+                c.delays.len(),
+                c.missed,
+                c.early,
+                c.cost().map_or("-".to_owned(), |c| format!("{c:.1}"))
+            );
+        }
     }
     let stages = b::canary::run(
         &backbone,
