@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::common;
 
-fn backbone() -> Arc<Backbone> {
+pub(crate) fn backbone() -> Arc<Backbone> {
     let card = common::repo_root().join("models/assets/digits-conv.toml");
     Arc::new(fedge_edge::features::load_backbone(&card).unwrap().0)
 }
@@ -70,15 +70,15 @@ fn assert_same(json: &Value, expected: &Prediction) {
 }
 
 /// The endpoint on a loopback port, on a runtime of its own.
-struct Server {
+pub(crate) struct Server {
     runtime: tokio::runtime::Runtime,
-    base: String,
+    pub(crate) base: String,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Server {
-    fn start(state: SharedPredictor) -> Self {
+    pub(crate) fn start(state: SharedPredictor) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -99,7 +99,7 @@ impl Server {
     }
 
     /// Stops the server; it must end promptly and cleanly.
-    fn stop(self) {
+    pub(crate) fn stop(self) {
         self.stop.send(true).unwrap();
         let ended = self
             .runtime
@@ -108,7 +108,7 @@ impl Server {
     }
 }
 
-fn client() -> ureq::Agent {
+pub(crate) fn client() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
@@ -117,7 +117,9 @@ fn client() -> ureq::Agent {
 }
 
 /// Status and body of a request.
-fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, String) {
+pub(crate) fn answer(
+    response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> (u16, String) {
     let mut response = response.unwrap();
     let status = response.status().as_u16();
     let body = response
@@ -129,7 +131,7 @@ fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u
     (status, body)
 }
 
-fn json(body: &str) -> Value {
+pub(crate) fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
@@ -286,7 +288,7 @@ fn the_endpoint_answers_what_the_predictor_answers() {
 }
 
 /// An 8-bit grayscale PNG of one 8×8 image on the raw scale `max`.
-fn png_of(raw: &[f32], max: f32) -> Vec<u8> {
+pub(crate) fn png_of(raw: &[f32], max: f32) -> Vec<u8> {
     let pixels = raw
         .iter()
         .map(|v| (v * 255.0 / max).round().clamp(0.0, 255.0) as u8)

@@ -25,6 +25,7 @@ mod config_reference;
 mod containers;
 mod coordinator_check;
 mod dashboards;
+mod drift_http;
 mod efficientnet;
 mod enrol;
 mod fedddl_masks;

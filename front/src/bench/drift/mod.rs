@@ -27,8 +27,9 @@ use fedge_device::drift::{DriftDetector, DriftPair};
 use fedge_edge::data::load_digits;
 use fedge_models::Backbone;
 
-use site::{VIEWS, site};
+use site::site;
 
+pub use site::{VIEWS, View};
 pub use stream::{Change, Stream};
 
 mod adapt;
