@@ -24,8 +24,8 @@ use crate::eval::{self, BenchOptions, Pace, Prepared, RunResult, RunSpec, Scenar
 /// The benchmark's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BufferedOptions {
-    /// Seeds 0..seeds; seed `s` holds out domain `s mod domains`.
-    pub seeds: u64,
+    /// The seeds; seed `s` holds out domain `s mod domains`.
+    pub seeds: Vec<u64>,
     /// Devices per source domain.
     pub clients_per_domain: usize,
     /// Devices per synchronous round, and devices training at once when buffered.
@@ -132,7 +132,7 @@ pub fn run(
     let head =
         fedge_models::HeadConfig::new(prepared.feature_size, prepared.classes).with_hidden(64);
     let arms = arms(options);
-    let cases: Vec<(u64, &Arm)> = (0..options.seeds.max(1))
+    let cases: Vec<(u64, &Arm)> = (options.seeds.iter().copied())
         .flat_map(|seed| arms.iter().map(move |arm| (seed, arm)))
         .collect();
     eval::in_parallel(&cases, |&(seed, arm)| {
@@ -143,8 +143,7 @@ pub fn run(
                 sample: options.sample,
             },
             rounds: arm.rounds,
-            seeds: 1,
-            first_seed: seed,
+            seeds: vec![seed],
             local_epochs: options.local_epochs,
             hidden: 64,
             site: SiteOptions::transductive(),

@@ -185,8 +185,8 @@ pub fn markdown(s: &DriftStory) -> String {
             format!(
                 "the per-site choice (`[inference] adapt = \"choose\"`) on what the device \
                  holds, its {} labelled images: a variant replaces the release only when better \
-                 beyond noise on those the release did not train on, or without enough of them \
-                 (`prior-em`) when it explains the images better than the pool; serves: {}",
+                 beyond noise on those the release did not train on (its held-back share); with \
+                 too few of them the release serves as it is; serves: {}",
                 s.budget, s.served_variant
             ),
             format!("{:.1} %", s.served),

@@ -66,11 +66,13 @@ pub struct EvalArgs {
     /// Rounds per run.
     #[arg(long, default_value_t = 20, help_heading = "Runs")]
     pub rounds: u64,
-    /// How many seeds (FIRST..FIRST+N, FIRST from --first-seed).
-    #[arg(long, default_value_t = 3, help_heading = "Runs")]
-    pub seeds: u64,
-    /// The first seed: e.g. 100 with --seeds 5 runs seeds 100-104, never used to tune anything.
-    #[arg(long, default_value_t = 0, help_heading = "Runs")]
+    /// Seeds: a count (3: seeds 0 to 2), a range (100..105, seeds never used to tune
+    /// anything) or a list (3,7,11).
+    #[arg(long, default_value = "3", help_heading = "Runs")]
+    pub seeds: crate::cli::seeds::Seeds,
+    /// Shifts every seed by this much (the spelling of earlier releases: --seeds 5
+    /// --first-seed 100 is --seeds 100..105).
+    #[arg(long, default_value_t = 0, hide = true)]
     pub first_seed: u64,
     /// Local epochs per round.
     #[arg(long, default_value_t = 5, help_heading = "Runs")]
@@ -282,20 +284,23 @@ impl EvalArgs {
 }
 
 /// Runs every algorithm with every domain held out, for every seed, and prints the table.
-/// The seeds `--first-seed` and `--seeds` ask for, or why they cannot be run.
-pub fn seed_range(first: u64, seeds: u64) -> anyhow::Result<std::ops::Range<u64>> {
-    let end = first.checked_add(seeds.max(1)).ok_or_else(|| {
-        anyhow::anyhow!(
-            "--first-seed {first} with --seeds {seeds} runs past the largest seed ({}): give a \
-             smaller --first-seed",
-            u64::MAX
-        )
-    })?;
-    Ok(first..end)
+/// The seeds `--seeds` names, each shifted by `--first-seed`, or why they cannot be run.
+pub fn shifted_seeds(first: u64, seeds: &crate::cli::seeds::Seeds) -> anyhow::Result<Vec<u64>> {
+    (seeds.0.iter())
+        .map(|seed| {
+            seed.checked_add(first).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--first-seed {first} shifts seed {seed} past the largest seed ({}): give a \
+                     smaller --first-seed",
+                    u64::MAX
+                )
+            })
+        })
+        .collect()
 }
 
 pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
-    seed_range(args.first_seed, args.seeds)?;
+    let seeds = shifted_seeds(args.first_seed, &args.seeds)?;
     let dataset = args.data.dataset()?;
     let scenario = args.scenario()?;
     let mut grids = args.grids(&dataset)?;
@@ -320,8 +325,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     let options = BenchOptions {
         scenario,
         rounds: args.rounds,
-        seeds: args.seeds,
-        first_seed: args.first_seed,
+        seeds,
         local_epochs: args.local_epochs,
         hidden: 64,
         site: args.site(),
@@ -398,8 +402,8 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         options.scenario,
         options.rounds,
         options.local_epochs,
-        options.seeds,
-        if options.seeds > 1 {
+        options.seeds.len(),
+        if options.seeds.len() > 1 {
             ", mean ± std over seeds"
         } else {
             " (one seed: no spread)"
@@ -408,7 +412,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
     );
     println!("{table}");
     let paired = eval::paired(&results);
-    if !paired.is_empty() && options.seeds > 1 {
+    if !paired.is_empty() && options.seeds.len() > 1 {
         println!(
             "paired by seed against the first algorithm (held-out site: label shift {}, calibration {}):",
             options.site.label_shift, options.site.calibration
@@ -416,7 +420,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         println!("{}", eval::paired_markdown(&paired));
     }
     let also_paired = eval::paired_against(&args.paired_against, &results)?;
-    if options.seeds > 1 {
+    if options.seeds.len() > 1 {
         for (baseline, rows) in &also_paired {
             println!("paired by seed against {baseline}:");
             println!("{}", eval::paired_markdown(rows));
@@ -454,7 +458,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
             prepared.backbone,
             args.scenario.name(),
             options.rounds,
-            options.seeds
+            options.seeds.len()
         );
         let title = format!("{what}: held-out accuracy per round");
         fedge::plot::write_curves(path, &title, &eval::curves(&results))?;
@@ -479,7 +483,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
                 args.data.dataset,
                 args.scenario.name(),
                 options.rounds,
-                options.seeds,
+                options.seeds.len(),
                 args.dp_delta,
                 args.dp_clip.unwrap_or_default()
             );
@@ -493,7 +497,7 @@ pub async fn run(args: EvalArgs) -> anyhow::Result<()> {
         scenario: args.scenario.name(),
         backbone: &prepared.backbone,
         rounds: options.rounds,
-        seeds: options.seeds,
+        seeds: options.seeds.len() as u64,
         local_epochs: options.local_epochs,
         site: options.site,
     };

@@ -12,7 +12,8 @@ pub async fn run_with_progress(
     options: &BenchOptions,
     transport: Transport,
 ) -> anyhow::Result<Vec<RunResult>> {
-    let runs = algorithms.len() as u64 * prepared.domains.len() as u64 * options.seeds.max(1);
+    let runs =
+        algorithms.len() as u64 * prepared.domains.len() as u64 * options.seeds.len().max(1) as u64;
     let bar = indicatif::ProgressBar::new(runs * options.rounds).with_style(
         indicatif::ProgressStyle::with_template(
             "{bar:40} {pos}/{len} rounds, {msg} [{elapsed} / ~{duration}]",

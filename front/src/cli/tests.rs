@@ -171,10 +171,13 @@ fn hidden_spellings_stay_out_of_the_help() {
 
 #[test]
 fn seeds_past_the_largest_are_refused_with_the_fix() {
-    assert_eq!(super::eval::seed_range(200, 5).unwrap(), 200..205);
-    assert_eq!(super::eval::seed_range(0, 0).unwrap(), 0..1);
-    let e = super::eval::seed_range(u64::MAX, 2)
-        .unwrap_err()
-        .to_string();
+    let seeds = |s: &str| s.parse::<super::seeds::Seeds>().unwrap();
+    let shifted = super::eval::shifted_seeds;
+    assert_eq!(
+        shifted(200, &seeds("5")).unwrap(),
+        [200, 201, 202, 203, 204]
+    );
+    assert_eq!(shifted(0, &seeds("100..102")).unwrap(), [100, 101]);
+    let e = shifted(u64::MAX, &seeds("2")).unwrap_err().to_string();
     assert!(e.contains("smaller --first-seed"), "{e}");
 }

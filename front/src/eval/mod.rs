@@ -354,10 +354,8 @@ pub struct BenchOptions {
     pub scenario: Scenario,
     /// Rounds per run.
     pub rounds: u64,
-    /// How many seeds: `first_seed..first_seed + seeds`.
-    pub seeds: u64,
-    /// The first seed (0 unless seeds never used to tune are asked for).
-    pub first_seed: u64,
+    /// The seeds, in order (each redraws the domains' images, the heads and the sampling).
+    pub seeds: Vec<u64>,
     /// Local epochs per round.
     pub local_epochs: u32,
     /// Projector width.

@@ -76,9 +76,9 @@ impl Case<'_> {
 fn cases<'a>(
     prepared: &'a Prepared,
     algorithms: &'a [Algorithm],
-    (first, seeds): (u64, u64),
+    seeds: &'a [u64],
 ) -> impl Iterator<Item = Case<'a>> + 'a {
-    (first..first.saturating_add(seeds.max(1))).flat_map(move |seed| {
+    seeds.iter().copied().flat_map(move |seed| {
         let domains = Arc::new(prepared.split(seed));
         (0..domains.len()).flat_map(move |target| {
             let domains = Arc::clone(&domains);
@@ -156,7 +156,7 @@ pub async fn run_into(
         "a trainable tail runs in the simulator only for now (leave out --transport mqtt)"
     );
     let head = head_of(prepared, options);
-    for case in cases(prepared, algorithms, (options.first_seed, options.seeds)) {
+    for case in cases(prepared, algorithms, &options.seeds) {
         if stop.load(Ordering::Relaxed) {
             break;
         }
@@ -179,7 +179,7 @@ fn in_process(
     mut progress: impl FnMut(Progress),
 ) -> anyhow::Result<()> {
     let head = head_of(prepared, options);
-    for case in cases(prepared, algorithms, (options.first_seed, options.seeds)) {
+    for case in cases(prepared, algorithms, &options.seeds) {
         if stop.load(Ordering::Relaxed) {
             break;
         }

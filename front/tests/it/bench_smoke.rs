@@ -18,8 +18,7 @@ fn lodo(rounds: u64, local_epochs: u32, hidden: usize) -> BenchOptions {
     BenchOptions {
         scenario: Scenario::Lodo,
         rounds,
-        seeds: 1,
-        first_seed: 0,
+        seeds: vec![0],
         local_epochs,
         hidden,
         site: fedge::eval::SiteOptions::transductive(),

@@ -357,7 +357,7 @@ fn buffered_aggregation_beats_synchronous_rounds_on_time_under_stragglers() {
     let prepared =
         fedge::eval::prepare(&fedge::eval::Dataset::Digits, None, None, None, |_| {}).unwrap();
     let options = BufferedOptions {
-        seeds: 1,
+        seeds: vec![0],
         clients_per_domain: 4,
         sample: 6,
         rounds: 4,
@@ -410,8 +410,7 @@ fn sites_run_synchronous_rounds_under_a_buffered_global_coordinator() {
     let options = BenchOptions {
         scenario: Scenario::Sites { devices: 2 },
         rounds: 6,
-        seeds: 1,
-        first_seed: 0,
+        seeds: vec![0],
         local_epochs: 1,
         hidden: 16,
         site: SiteOptions::transductive(),

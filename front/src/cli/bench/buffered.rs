@@ -11,8 +11,9 @@ use crate::cli::args::FeatureArgs;
 pub struct BufferedArgs {
     /// Seeds: each splits the digits into devices afresh, draws the stragglers and absences,
     /// and holds out another rotation.
-    #[arg(long, default_value_t = 5)]
-    pub seeds: u64,
+    /// A count (5: seeds 0 to 4), a range (100..105) or a list (3,7,11).
+    #[arg(long, default_value = "5")]
+    pub seeds: crate::cli::seeds::Seeds,
     /// Devices per rotation (source domain).
     #[arg(long, default_value_t = 10)]
     pub clients_per_domain: usize,
@@ -53,7 +54,7 @@ pub struct BufferedArgs {
 pub fn run(args: BufferedArgs) -> anyhow::Result<()> {
     use fedge::bench::buffered as b;
     let options = b::BufferedOptions {
-        seeds: args.seeds,
+        seeds: args.seeds.0.clone(),
         clients_per_domain: args.clients_per_domain,
         sample: args.sample,
         rounds: args.rounds,
@@ -74,7 +75,7 @@ pub fn run(args: BufferedArgs) -> anyhow::Result<()> {
         |domain| spinner.set_message(format!("features of {domain}")),
     )?;
     spinner.finish_and_clear();
-    let bar = indicatif::ProgressBar::new(options.seeds.max(1) * 3);
+    let bar = indicatif::ProgressBar::new(options.seeds.len().max(1) as u64 * 3);
     let runs = b::run(&prepared, &options, |_| bar.inc(1))?;
     bar.finish_and_clear();
     println!(

@@ -9,8 +9,9 @@ use crate::cli::args::JsonArgs;
 #[derive(Args, Debug, Clone, PartialEq)]
 pub struct LabellingArgs {
     /// Seeds: each deals the digits afresh, and draws its own head, trainings and picks.
-    #[arg(long, value_delimiter = ',', default_value = "0,1,2,3,4")]
-    pub seeds: Vec<u64>,
+    /// A count (5: seeds 0 to 4), a range (100..105) or a list (3,7,11).
+    #[arg(long, default_value = "5")]
+    pub seeds: crate::cli::seeds::Seeds,
     /// Labels the deployed site can afford (the queue's places).
     #[arg(long, default_value_t = 50)]
     pub budget: usize,
@@ -42,7 +43,7 @@ pub fn run(args: LabellingArgs) -> anyhow::Result<()> {
     let algorithm = fedge::eval::parse_algorithm(&args.algorithm)?;
     let (backbone, _) = fedge::eval::load_backbone(None)?;
     let options = b::LabellingOptions {
-        seeds: args.seeds.clone(),
+        seeds: args.seeds.0.clone(),
         budget: args.budget,
         stream: args.stream,
         rounds: args.rounds,
