@@ -57,8 +57,9 @@ pub enum BenchCommand {
     Buffered(buffered::BufferedArgs),
     /// FedDIM's cost: insight bytes (compact vs full) and local training with and without it.
     Feddim(feddim::FeddimArgs),
-    /// The drift alarm: false alarms per 100,000 requests of an unchanged site, and requests
-    /// until the alarm after a switch to another sensor (digits-sensor).
+    /// The drift alarm: false alarms per deployment on independent and correlated requests,
+    /// requests until the alarm after a camera changes (digits-sensor), and the canary's look
+    /// at the head.
     Drift(drift::DriftArgs),
     /// The labelling queue: what a blurred site's 50 labels picked by its queue are worth
     /// after the next federated rounds, against 50 picked at random (digits-sensor).
