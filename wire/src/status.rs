@@ -424,7 +424,8 @@ pub struct LabellingStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DriftStatus {
-    /// The CUSUM's level now, `max(U, L) / h`: 0 quiet, 1 at an alarm.
+    /// The alarm's level now, the larger of its detectors' `max(U, L) / h`: 0 quiet, 1 from an
+    /// alarm for as long as the change lasts.
     pub level: f64,
     /// Alarms since the release in use was installed.
     pub alarms: u64,
